@@ -1,0 +1,55 @@
+#pragma once
+// amp::decorate — the one-line switch from FP32 to mixed-precision training:
+//
+//   auto opt = optim::make_momentum(0.9);
+//   opt = amp::decorate(std::move(opt), amp_options);   // the one line
+//   auto train = opt->minimize(program, loss, collective::grad_allreduce_pass(sync));
+//
+// The decorated optimizer's minimize() runs the AMP passes around the wrapped
+// optimizer: amp::rewrite (casts), the loss gradient seeded with the loss scale,
+// autodiff, the gradient sync pass, check_finite_and_unscale on the FP32
+// gradients, the all-reduce (MAX) of found_inf, update_loss_scaling, and then
+// the wrapped optimizer's updates, all skipped on an overflow step.
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "amp/lists.h"
+#include "amp/loss_scaler.h"
+#include "runtime/optim/optimizer.h"
+
+namespace mix::amp {
+
+/// Names of the loss-scaler state variables (persistable; saved in checkpoints).
+struct ScalerVars {
+  static constexpr const char* scale = "loss_scaling";
+  static constexpr const char* good_steps = "loss_scaling.good_steps";
+  static constexpr const char* bad_steps = "loss_scaling.bad_steps";
+  static constexpr const char* skipped = "loss_scaling.skipped_steps";
+  static constexpr const char* skips_at_min = "loss_scaling.consecutive_skips_at_min";
+  static constexpr const char* found_inf = "found_inf";
+};
+
+/// Testing aid (--inject-overflow STEP[:RANK[:PARAM]]): at optimizer step
+/// `step`, make the gradients of rank `rank` (-1: every rank) non-finite,
+/// all of them or only `param`'s. Injected after the gradient all-reduce, so
+/// only that rank sees it locally and the found_inf all-reduce must carry it.
+struct InjectOverflow {
+  int64_t step = 0;
+  int rank = -1;
+  std::string param;
+};
+
+struct AmpOptions {
+  AmpLists lists = AmpLists::defaults();
+  LossScalerConfig scaler = preset("paddle");
+  DType low_dtype = DType::f16;
+  std::optional<InjectOverflow> inject;
+};
+
+std::unique_ptr<optim::Optimizer> decorate(std::unique_ptr<optim::Optimizer> inner, AmpOptions options = {});
+
+/// Declares the scaler's persistable state in `p`, initialised from `config`.
+void declare_scaler_state(Program& p, const LossScalerConfig& config);
+
+}  // namespace mix::amp

@@ -1,0 +1,32 @@
+// inject_overflow: the --inject-overflow testing aid. At optimizer step `step`
+// on rank `rank` (-1: all), writes +inf into the first element of every input
+// gradient, so a test can watch every rank skip that step together.
+#include <limits>
+
+#include "collective/communicator.h"
+#include "runtime/op_registry.h"
+#include "runtime/ops/gemm.h"
+
+namespace mix::amp {
+namespace {
+
+void inject_overflow_cpu(OpContext& ctx) {
+  const int64_t step = ctx.attr<int64_t>("step", 0);
+  const int rank = ctx.attr<int>("rank", -1);
+  const int my_rank = ctx.env.comm ? ctx.env.comm->rank() : 0;
+  if (ctx.env.step != step || (rank >= 0 && rank != my_rank)) return;
+  for (size_t i = 0; i < ctx.op.outs("Out").size(); ++i) {
+    Tensor& g = ctx.out_existing("Out", i);
+    if (g.numel() == 0) continue;
+    const float inf = std::numeric_limits<float>::infinity();
+    Tensor one = g.reshaped({g.numel()});
+    std::vector<float> v = one.to_floats();
+    v[0] = inf;
+    cpu::store_f32(v.data(), one);
+  }
+}
+
+MIX_REGISTER_OP("inject_overflow", OpInfo{{}, inject_overflow_cpu, {}, {}});
+
+}  // namespace
+}  // namespace mix::amp

@@ -1,0 +1,169 @@
+#include "amp/loss_scaler.h"
+
+#include <cmath>
+#include <variant>
+
+#include "runtime/check.h"
+
+namespace mix::amp {
+
+using Mode = LossScalerConfig::Mode;
+using OnMinScale = LossScalerConfig::OnMinScale;
+
+LossScalerConfig preset(std::string_view name) {
+  LossScalerConfig c;  // the defaults are Paddle's
+  if (name == "paddle") return c;
+  if (name == "pytorch") {
+    // torch.cuda.amp.GradScaler: init_scale=2**16, growth_factor=2,
+    // backoff_factor=0.5, growth_interval=2000; it backs off on every overflow.
+    c.init_loss_scaling = 65536.f;
+    c.incr_every_n_steps = 2000;
+    c.incr_ratio = 2.f;
+    c.decr_every_n_nan_or_inf = 1;
+    c.decr_ratio = 0.5f;
+    return c;
+  }
+  if (name == "static") {
+    c.mode = Mode::static_scale;
+    return c;
+  }
+  if (name == "none") {
+    c.mode = Mode::none;
+    c.init_loss_scaling = 1.f;
+    return c;
+  }
+  MIX_FAIL("unknown loss-scaling preset '" << name << "': expected one of paddle, pytorch, static, none");
+}
+
+std::string_view mode_name(Mode m) {
+  switch (m) {
+    case Mode::dynamic: return "dynamic";
+    case Mode::static_scale: return "static";
+    case Mode::none: return "none";
+  }
+  return "?";
+}
+
+Mode parse_mode(std::string_view name) {
+  if (name == "dynamic") return Mode::dynamic;
+  if (name == "static") return Mode::static_scale;
+  if (name == "none") return Mode::none;
+  MIX_FAIL("unknown loss-scaling mode '" << name << "': expected dynamic, static or none");
+}
+
+std::string_view on_min_scale_name(OnMinScale o) { return o == OnMinScale::error ? "error" : "continue"; }
+
+OnMinScale parse_on_min_scale(std::string_view name) {
+  if (name == "error") return OnMinScale::error;
+  if (name == "continue") return OnMinScale::continue_;
+  MIX_FAIL("unknown on-min-scale policy '" << name << "': expected error or continue");
+}
+
+namespace {
+bool positive_finite(float v) { return std::isfinite(v) && v > 0.f; }
+
+// The fields the update reads (every step checks them: a bad interval or ratio
+// would silently misbehave rather than fail).
+void validate_update(const LossScalerConfig& c) {
+  if (c.mode != Mode::dynamic) return;  // the other fields only drive the dynamic update
+  MIX_CHECK(c.incr_every_n_steps >= 1, "incr_every_n_steps must be at least 1, got " << c.incr_every_n_steps);
+  MIX_CHECK(c.decr_every_n_nan_or_inf >= 1,
+            "decr_every_n_nan_or_inf must be at least 1, got " << c.decr_every_n_nan_or_inf);
+  MIX_CHECK(std::isfinite(c.incr_ratio) && c.incr_ratio >= 1.f, "incr_ratio must be >= 1, got " << c.incr_ratio);
+  MIX_CHECK(positive_finite(c.decr_ratio) && c.decr_ratio <= 1.f,
+            "decr_ratio must be in (0, 1], got " << c.decr_ratio);
+  MIX_CHECK(positive_finite(c.min_loss_scaling),
+            "min_loss_scaling must be a positive finite number, got " << c.min_loss_scaling);
+}
+}  // namespace
+
+void validate(const LossScalerConfig& c) {
+  MIX_CHECK(positive_finite(c.init_loss_scaling),
+            "init_loss_scaling must be a positive finite number, got " << c.init_loss_scaling);
+  validate_update(c);
+  MIX_CHECK(c.mode != Mode::dynamic || c.min_loss_scaling <= c.init_loss_scaling,
+            "min_loss_scaling (" << c.min_loss_scaling << ") must not exceed init_loss_scaling ("
+                                 << c.init_loss_scaling << ")");
+}
+
+LossScalerState initial_state(const LossScalerConfig& c) {
+  LossScalerState s;
+  s.scale = c.mode == Mode::none ? 1.f : c.init_loss_scaling;
+  return s;
+}
+
+LossScalingParams to_params(const LossScalerConfig& c) {
+  LossScalingParams p;
+  p.dynamic = c.mode == Mode::dynamic;
+  p.incr_every_n_steps = c.incr_every_n_steps;
+  p.decr_every_n_nan_or_inf = c.decr_every_n_nan_or_inf;
+  p.incr_ratio = c.incr_ratio;
+  p.decr_ratio = c.decr_ratio;
+  p.min_loss_scaling = c.min_loss_scaling;
+  p.max_skips_at_min = c.max_skips_at_min;
+  return p;
+}
+
+void update_loss_scaling(const LossScalerConfig& c, LossScalerState& s, bool found_inf) {
+  validate_update(c);
+  const bool stuck = loss_scaling_step(to_params(c), s, found_inf);
+  if (!stuck || c.on_min_scale != OnMinScale::error) return;
+  if (c.mode == Mode::dynamic) {
+    MIX_FAIL("the loss scale is stuck at the minimum (min_loss_scaling " << c.min_loss_scaling << "): "
+             << s.consecutive_skips_at_min << " consecutive steps had inf/NaN gradients and were skipped "
+             << "(" << s.skipped_steps << " skipped in all). Training has diverged or the data has NaN/inf values. "
+             << "Try a lower --lr, check the data for NaN/inf, pass --on-min-scale continue to keep skipping, "
+             << "or train without FP16 overflow with --loss-scaling none or --precision fp32");
+  }
+  MIX_FAIL("the loss scale is stuck at the minimum: " << s.consecutive_skips_at_min
+           << " consecutive steps had inf/NaN gradients at the " << mode_name(c.mode) << " loss scale " << s.scale
+           << " and were skipped (" << s.skipped_steps << " skipped in all); a " << mode_name(c.mode)
+           << " scale cannot go lower. Training has diverged or the data has NaN/inf values. Try a lower --lr, "
+           << "check the data for NaN/inf, pass --on-min-scale continue to keep skipping, or use "
+           << "--loss-scaling dynamic, --loss-scaling none or --precision fp32");
+}
+
+std::map<std::string, Attr> to_op_attrs(const LossScalerConfig& c) {
+  return {
+      {"mode", std::string(mode_name(c.mode))},
+      {"incr_every_n_steps", int64_t{c.incr_every_n_steps}},
+      {"decr_every_n_nan_or_inf", int64_t{c.decr_every_n_nan_or_inf}},
+      {"incr_ratio", double{c.incr_ratio}},
+      {"decr_ratio", double{c.decr_ratio}},
+      {"min_loss_scaling", double{c.min_loss_scaling}},
+      {"on_min_scale", std::string(on_min_scale_name(c.on_min_scale))},
+      {"max_skips_at_min", int64_t{c.max_skips_at_min}},
+  };
+}
+
+namespace {
+template <typename T>
+T attr_of(const OpDesc& op, const char* name, T fallback) {
+  try {
+    return op.attr<T>(name, fallback);
+  } catch (const std::bad_variant_access&) {
+    MIX_FAIL("op " << op.type << ": attribute '" << name << "' has the wrong type");
+  }
+}
+}  // namespace
+
+LossScalerConfig from_op_attrs(const OpDesc& op) {
+  LossScalerConfig c;
+  c.mode = parse_mode(attr_of<std::string>(op, "mode", "dynamic"));
+  c.incr_every_n_steps = attr_of<int>(op, "incr_every_n_steps", c.incr_every_n_steps);
+  c.decr_every_n_nan_or_inf = attr_of<int>(op, "decr_every_n_nan_or_inf", c.decr_every_n_nan_or_inf);
+  c.incr_ratio = attr_of<float>(op, "incr_ratio", c.incr_ratio);
+  c.decr_ratio = attr_of<float>(op, "decr_ratio", c.decr_ratio);
+  c.min_loss_scaling = attr_of<float>(op, "min_loss_scaling", c.min_loss_scaling);
+  c.on_min_scale = parse_on_min_scale(attr_of<std::string>(op, "on_min_scale", "error"));
+  c.max_skips_at_min = attr_of<int>(op, "max_skips_at_min", c.max_skips_at_min);
+  return c;
+}
+
+LossScaler::LossScaler(LossScalerConfig config) : LossScaler(config, initial_state(config)) {}
+
+LossScaler::LossScaler(LossScalerConfig config, LossScalerState state) : config_(config), state_(state) {
+  validate(config_);
+}
+
+}  // namespace mix::amp

@@ -1,0 +1,96 @@
+#pragma once
+// The dynamic loss scaler (DESIGN.md, "Loss scaler"): Paddle's parameters and
+// semantics, with PyTorch GradScaler's as a preset.
+//
+// The scale multiplies the loss gradient so that small FP16 gradients do not
+// flush to zero; check_finite_and_unscale divides it out of the FP32 master
+// gradients and raises found_inf; every rank then feeds the same (all-reduced)
+// flag to update_loss_scaling, so every rank keeps the same scale and skips the
+// same steps. update_loss_scaling() below is that update on the host; the
+// update_loss_scaling op runs the same arithmetic (amp/loss_scaling_math.h).
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+
+#include "amp/loss_scaling_math.h"
+#include "runtime/program.h"
+
+namespace mix::amp {
+
+struct LossScalerConfig {
+  /// dynamic: Paddle's update; static_scale: a fixed scale (init_loss_scaling);
+  /// none: scale 1 (no scaling). In every mode an overflowed step is skipped.
+  enum class Mode { dynamic, static_scale, none };
+  /// What happens once max_skips_at_min consecutive steps overflowed with the
+  /// scale already at min_loss_scaling: stop with an error, or keep skipping.
+  enum class OnMinScale { error, continue_ };
+
+  Mode mode = Mode::dynamic;
+  float init_loss_scaling = 32768.f;
+  int incr_every_n_steps = 1000;
+  int decr_every_n_nan_or_inf = 2;
+  float incr_ratio = 2.f;
+  float decr_ratio = 0.8f;
+  float min_loss_scaling = 1.f;
+  OnMinScale on_min_scale = OnMinScale::error;
+  int max_skips_at_min = 100;  // consecutive skipped steps at the minimum before on_min_scale applies
+};
+
+/// "paddle" (the defaults above), "pytorch" (init 65536, x2 every 2000 good
+/// steps, x0.5 on every overflow), "static" (the scale stays init_loss_scaling),
+/// "none" (scale 1; an overflowed step is still skipped). Any other name throws
+/// mix::Error listing these.
+LossScalerConfig preset(std::string_view name);
+
+/// "dynamic" | "static" | "none" (the --loss-scaling values and the op's "mode" attr).
+std::string_view mode_name(LossScalerConfig::Mode m);
+LossScalerConfig::Mode parse_mode(std::string_view name);
+/// "error" | "continue" (the --on-min-scale values and the op's "on_min_scale" attr).
+std::string_view on_min_scale_name(LossScalerConfig::OnMinScale o);
+LossScalerConfig::OnMinScale parse_on_min_scale(std::string_view name);
+
+/// Throws mix::Error naming the first field out of range (intervals >= 1,
+/// incr_ratio >= 1, 0 < decr_ratio <= 1, 0 < min_loss_scaling <= init_loss_scaling,
+/// all finite).
+void validate(const LossScalerConfig& c);
+
+/// The state a run starts from: scale = init_loss_scaling (1 in mode none), counters 0.
+LossScalerState initial_state(const LossScalerConfig& c);
+
+/// The plain-field parameters the MIX_HD update takes.
+LossScalingParams to_params(const LossScalerConfig& c);
+
+/// One step of the scaler (DESIGN.md, "Loss scaler"), updating `s` in place.
+/// When max_skips_at_min consecutive overflow steps have been taken at the
+/// minimum scale and on_min_scale is error, throws mix::Error (after updating
+/// `s`) that says what to try.
+void update_loss_scaling(const LossScalerConfig& c, LossScalerState& s, bool found_inf);
+
+/// The update_loss_scaling op's attributes for a config, and back.
+/// Attribute names are the config's field names; mode and on_min_scale are strings.
+std::map<std::string, Attr> to_op_attrs(const LossScalerConfig& c);
+/// Missing attributes take the paddle defaults; a mistyped one throws mix::Error naming it.
+/// (init_loss_scaling is not an attribute: the op reads the scale from its input.)
+LossScalerConfig from_op_attrs(const OpDesc& op);
+
+/// A config and the state it drives (the host-side scaler of the trainer and tests).
+class LossScaler {
+ public:
+  explicit LossScaler(LossScalerConfig config = {});
+  /// Resumes from a saved state (checkpoints).
+  LossScaler(LossScalerConfig config, LossScalerState state);
+
+  /// Records one step; throws as update_loss_scaling() does.
+  void update(bool found_inf) { update_loss_scaling(config_, state_, found_inf); }
+  float scale() const { return state_.scale; }
+  const LossScalerState& state() const { return state_; }
+  void set_state(const LossScalerState& s) { state_ = s; }
+  const LossScalerConfig& config() const { return config_; }
+
+ private:
+  LossScalerConfig config_;
+  LossScalerState state_;
+};
+
+}  // namespace mix::amp

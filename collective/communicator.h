@@ -1,0 +1,73 @@
+#pragma once
+// The one communicator interface. Callers never ask which backend they hold:
+// MPI (host buffers, multi-process), local (one process, world size 1), and
+// later NCCL (device buffers) all implement it.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/dtype.h"
+
+namespace mix::collective {
+
+enum class ReduceOp { sum, max, avg };
+std::string_view reduce_op_name(ReduceOp op);
+
+/// Bytes handed to collectives, split by purpose, so that metrics can report
+/// what gradient sync moved separately from control traffic (found_inf, checks).
+struct ByteCounters {
+  uint64_t grad_allreduce_bytes = 0;  ///< payload of gradient all-reduces (count * dtype size)
+  uint64_t other_bytes = 0;           ///< every other collective's payload
+  uint64_t grad_allreduce_calls = 0;
+};
+
+enum class Traffic { gradients, control };
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  /// Rank among the processes on this host (MPI_Comm_split_type SHARED).
+  virtual int local_rank() const = 0;
+  virtual int local_size() const = 0;
+  virtual std::string backend_name() const = 0;
+
+  /// In-place all-reduce of `count` elements of `dtype` at `buf`.
+  /// f16/bf16 sums add in FP32 and round to 16 bits at every hop, as a GPU ring does.
+  /// avg is the sum followed by a multiply by 1/world (rounded to the dtype).
+  virtual void all_reduce(void* buf, size_t count, DType dtype, ReduceOp op, Traffic traffic = Traffic::control) = 0;
+  virtual void broadcast(void* buf, size_t bytes, int root) = 0;
+  /// Gathers `bytes_per_rank` bytes from every rank into recv (world * bytes_per_rank), rank order.
+  virtual void all_gather(const void* send, void* recv, size_t bytes_per_rank) = 0;
+  virtual void barrier() = 0;
+  /// Ends every process of the job (a dead or failing rank must not leave others hanging).
+  [[noreturn]] virtual void abort(int exit_code) = 0;
+
+  const ByteCounters& bytes() const { return bytes_; }
+  void reset_bytes() { bytes_ = {}; }
+
+ protected:
+  void count(size_t payload_bytes, Traffic traffic);
+  ByteCounters bytes_;
+};
+
+/// The world-size-1 backend: every collective is the identity.
+std::unique_ptr<Communicator> make_local_communicator();
+/// MPI backend over MPI_COMM_WORLD; calls MPI_Init_thread if needed. Throws if
+/// this build has no MPI.
+std::unique_ptr<Communicator> make_mpi_communicator();
+/// True when this process was started by mpirun/mpiexec (Open MPI, PMIx, MPICH, Slurm PMI env).
+bool launched_under_mpi();
+/// MPI when launched under MPI, else local.
+std::unique_ptr<Communicator> make_default_communicator();
+
+/// Elementwise reduction of `in` into `inout` with the communicator's
+/// semantics (f16/bf16: FP32 add, round per hop). Shared by the MPI user-defined
+/// op and by tests that compute expected results.
+void reduce_into(void* inout, const void* in, size_t count, DType dtype, ReduceOp op);
+
+}  // namespace mix::collective

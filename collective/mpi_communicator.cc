@@ -1,0 +1,295 @@
+// MPI backend over host buffers (a duplicate of MPI_COMM_WORLD).
+//
+// f16 and bf16 reductions go through user-defined ops that call reduce_into, so
+// that each hop adds in FP32 and rounds to 16 bits, as a GPU ring does; MPI has
+// no half types of its own. f32 max is a user-defined op too: the builtin
+// MPI_MAX keeps or drops a NaN depending on operand order, so two ranks of a
+// recursive-doubling all-reduce could end up disagreeing.
+#include "collective/mpi_communicator.h"
+
+#include "collective/mpi_check.h"  // first: it includes <mpi.h> without the C++ bindings
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+
+#include "collective/communicator.h"
+#include "runtime/check.h"
+#include "runtime/half.h"
+
+namespace mix::collective {
+
+namespace {
+
+// Communicators alive in this process, and whether one of them called MPI_Init:
+// MPI is finalized with the last one, and only when we started it.
+int g_live = 0;
+bool g_we_initialized = false;
+
+// MPI calls user functions from C: an exception must not cross it. reduce_into
+// throws only on null buffers, which MPI never passes, but be safe.
+template <DType D, ReduceOp O>
+void user_reduce(void* in, void* inout, int* len, MPI_Datatype* /*type*/) {
+  try {
+    reduce_into(inout, in, static_cast<size_t>(*len), D, O);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mixtrain: reduction inside MPI failed: %s\n", e.what());
+    std::fflush(nullptr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+}
+
+// Frees a derived datatype at scope exit, throwing or not.
+struct TypeGuard {
+  MPI_Datatype type = MPI_DATATYPE_NULL;
+  ~TypeGuard() {
+    if (type != MPI_DATATYPE_NULL) MIX_MPI_CHECK_NOTHROW(MPI_Type_free(&type));
+  }
+};
+
+// avg = sum * (1/world), once, after the whole reduction; 16-bit types scale in
+// FP32 and round back. Integers divide (truncating toward zero).
+void scale_by_inverse_world(void* buf, size_t n, DType dtype, int world) {
+  const float inv = 1.0f / static_cast<float>(world);
+  switch (dtype) {
+    case DType::f32: {
+      auto* p = static_cast<float*>(buf);
+      for (size_t i = 0; i < n; ++i) p[i] *= inv;
+      return;
+    }
+    case DType::f16:
+    case DType::bf16: {
+      auto* p = static_cast<uint16_t*>(buf);
+      constexpr size_t kBlock = 256;
+      float tmp[kBlock];
+      for (size_t base = 0; base < n; base += kBlock) {
+        const size_t m = std::min(kBlock, n - base);
+        if (dtype == DType::f16) {
+          half_bulk::f16_to_f32(p + base, tmp, m);
+        } else {
+          half_bulk::bf16_to_f32(p + base, tmp, m);
+        }
+        for (size_t i = 0; i < m; ++i) tmp[i] *= inv;
+        if (dtype == DType::f16) {
+          half_bulk::f32_to_f16(tmp, p + base, m);
+        } else {
+          half_bulk::f32_to_bf16(tmp, p + base, m);
+        }
+      }
+      return;
+    }
+    case DType::i32: {
+      auto* p = static_cast<int32_t*>(buf);
+      for (size_t i = 0; i < n; ++i) p[i] /= world;
+      return;
+    }
+    case DType::i64: {
+      auto* p = static_cast<int64_t*>(buf);
+      for (size_t i = 0; i < n; ++i) p[i] /= world;
+      return;
+    }
+  }
+}
+
+class MpiCommunicator final : public Communicator {
+ public:
+  explicit MpiCommunicator(size_t max_bytes_per_call) : max_bytes_per_call_(std::max<size_t>(1, max_bytes_per_call)) {
+    int initialized = 0;
+    MIX_MPI_CHECK(MPI_Initialized(&initialized));
+    if (!initialized) {
+      int finalized = 0;
+      MIX_MPI_CHECK(MPI_Finalized(&finalized));
+      MIX_CHECK(!finalized, "MPI was already finalized in this process; it cannot be started again "
+                            "(keep one MPI communicator alive for the whole run)");
+      int provided = 0;
+      // FUNNELED: only the main thread calls MPI; other threads may exist (BLAS, data loading).
+      MIX_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided));
+      g_we_initialized = true;
+      if (provided < MPI_THREAD_FUNNELED) {
+        spdlog::warn("MPI provides thread level {} below MPI_THREAD_FUNNELED; keep every MPI call on the main thread",
+                     provided);
+      }
+    }
+    ++g_live;
+    try {
+      // Errors come back as return codes, for MIX_MPI_CHECK to report, instead
+      // of MPI aborting the job with no context.
+      MIX_MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+      // A private duplicate (it inherits the error handler): our traffic never
+      // matches a message of a library sharing MPI_COMM_WORLD.
+      MIX_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm_));
+      MIX_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+      MIX_MPI_CHECK(MPI_Comm_size(comm_, &world_));
+      set_process_identity(rank_, world_);
+
+      // Key = world rank keeps the ranks of one host in world order.
+      MPI_Comm host = MPI_COMM_NULL;
+      MIX_MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &host));
+      const int rank_rc = MPI_Comm_rank(host, &local_rank_);
+      const int size_rc = MPI_Comm_size(host, &local_size_);
+      MIX_MPI_CHECK(MPI_Comm_free(&host));
+      MIX_MPI_CHECK(rank_rc);
+      MIX_MPI_CHECK(size_rc);
+
+      // One 2-byte element type for f16 and bf16; the op says how to add them.
+      MIX_MPI_CHECK(MPI_Type_contiguous(2, MPI_BYTE, &half_type_));
+      MIX_MPI_CHECK(MPI_Type_commit(&half_type_));
+      MIX_MPI_CHECK(MPI_Op_create(&user_reduce<DType::f16, ReduceOp::sum>, 1, &f16_sum_));
+      MIX_MPI_CHECK(MPI_Op_create(&user_reduce<DType::f16, ReduceOp::max>, 1, &f16_max_));
+      MIX_MPI_CHECK(MPI_Op_create(&user_reduce<DType::bf16, ReduceOp::sum>, 1, &bf16_sum_));
+      MIX_MPI_CHECK(MPI_Op_create(&user_reduce<DType::bf16, ReduceOp::max>, 1, &bf16_max_));
+      MIX_MPI_CHECK(MPI_Op_create(&user_reduce<DType::f32, ReduceOp::max>, 1, &f32_max_));
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+
+  ~MpiCommunicator() override { release(); }
+
+  MpiCommunicator(const MpiCommunicator&) = delete;
+  MpiCommunicator& operator=(const MpiCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_; }
+  int local_rank() const override { return local_rank_; }
+  int local_size() const override { return local_size_; }
+  std::string backend_name() const override { return "mpi"; }
+
+  void all_reduce(void* buf, size_t n, DType dtype, ReduceOp op, Traffic traffic) override {
+    MIX_CHECK(buf != nullptr || n == 0, "all_reduce of " << n << " " << dtype_name(dtype) << " elements ("
+                                                          << reduce_op_name(op) << ") got a null buffer");
+    count(n * dtype_size(dtype), traffic);
+    if (n == 0) return;
+
+    const bool is_max = op == ReduceOp::max;
+    MPI_Datatype type = MPI_DATATYPE_NULL;
+    MPI_Op mpi_op = MPI_OP_NULL;
+    switch (dtype) {
+      case DType::f32:
+        type = MPI_FLOAT;
+        mpi_op = is_max ? f32_max_ : MPI_SUM;
+        break;
+      case DType::f16:
+        type = half_type_;
+        mpi_op = is_max ? f16_max_ : f16_sum_;
+        break;
+      case DType::bf16:
+        type = half_type_;
+        mpi_op = is_max ? bf16_max_ : bf16_sum_;
+        break;
+      case DType::i32:
+        type = MPI_INT32_T;
+        mpi_op = is_max ? MPI_MAX : MPI_SUM;
+        break;
+      case DType::i64:
+        type = MPI_INT64_T;
+        mpi_op = is_max ? MPI_MAX : MPI_SUM;
+        break;
+    }
+    MIX_CHECK(type != MPI_DATATYPE_NULL, "all_reduce: unsupported dtype " << static_cast<int>(dtype));
+
+    const size_t elem = dtype_size(dtype);
+    const size_t chunk = elements_per_call(elem);
+    auto* p = static_cast<char*>(buf);
+    for (size_t off = 0; off < n; off += chunk) {
+      const int c = static_cast<int>(std::min(chunk, n - off));
+      MIX_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, p + off * elem, c, type, mpi_op, comm_));
+    }
+    if (op == ReduceOp::avg) scale_by_inverse_world(buf, n, dtype, world_);
+  }
+
+  void broadcast(void* buf, size_t bytes, int root) override {
+    MIX_CHECK(root >= 0 && root < world_, "broadcast root " << root << " is not a rank of a world of size " << world_);
+    MIX_CHECK(buf != nullptr || bytes == 0, "broadcast of " << bytes << " bytes got a null buffer");
+    count(bytes, Traffic::control);
+    const size_t chunk = elements_per_call(1);
+    auto* p = static_cast<char*>(buf);
+    for (size_t off = 0; off < bytes; off += chunk) {
+      const int c = static_cast<int>(std::min(chunk, bytes - off));
+      MIX_MPI_CHECK(MPI_Bcast(p + off, c, MPI_BYTE, root, comm_));
+    }
+  }
+
+  void all_gather(const void* send, void* recv, size_t bytes_per_rank) override {
+    MIX_CHECK((send != nullptr && recv != nullptr) || bytes_per_rank == 0,
+              "all_gather of " << bytes_per_rank << " bytes per rank got a null buffer");
+    count(bytes_per_rank, Traffic::control);
+    if (bytes_per_rank == 0) return;
+    auto* out = static_cast<char*>(recv);
+    // A send buffer that already sits in this rank's slot must be passed as
+    // MPI_IN_PLACE: MPI forbids overlapping send and receive buffers.
+    const bool in_place = send == out + static_cast<size_t>(rank_) * bytes_per_rank;
+    const auto* in = static_cast<const char*>(send);
+    const size_t chunk = elements_per_call(1);
+    if (bytes_per_rank <= chunk) {
+      const int c = static_cast<int>(bytes_per_rank);
+      MIX_MPI_CHECK(MPI_Allgather(in_place ? MPI_IN_PLACE : send, c, MPI_BYTE, recv, c, MPI_BYTE, comm_));
+      return;
+    }
+    // Chunk k of every rank's block: a receive type of `c` bytes whose extent is
+    // a whole block puts rank j's piece at recv + j * bytes_per_rank + offset.
+    for (size_t off = 0; off < bytes_per_rank; off += chunk) {
+      const int c = static_cast<int>(std::min(chunk, bytes_per_rank - off));
+      TypeGuard piece;
+      TypeGuard strided;
+      MIX_MPI_CHECK(MPI_Type_contiguous(c, MPI_BYTE, &piece.type));
+      MIX_MPI_CHECK(MPI_Type_create_resized(piece.type, 0, static_cast<MPI_Aint>(bytes_per_rank), &strided.type));
+      MIX_MPI_CHECK(MPI_Type_commit(&strided.type));
+      MIX_MPI_CHECK(MPI_Allgather(in_place ? MPI_IN_PLACE : in + off, c, MPI_BYTE, out + off, 1, strided.type, comm_));
+    }
+  }
+
+  void barrier() override { MIX_MPI_CHECK(MPI_Barrier(comm_)); }
+
+  [[noreturn]] void abort(int exit_code) override {
+    std::fflush(nullptr);
+    MPI_Abort(MPI_COMM_WORLD, exit_code);
+    std::_Exit(exit_code);  // MPI_Abort does not return; this is for the compiler and broken MPIs.
+  }
+
+ private:
+  /// Elements of `elem` bytes one MPI call may carry: within max_bytes_per_call_ and an int count.
+  size_t elements_per_call(size_t elem) const {
+    return std::clamp<size_t>(max_bytes_per_call_ / elem, 1, static_cast<size_t>(INT_MAX));
+  }
+
+  void release() noexcept {
+    for (MPI_Op* op : {&f16_sum_, &f16_max_, &bf16_sum_, &bf16_max_, &f32_max_}) {
+      if (*op != MPI_OP_NULL) MIX_MPI_CHECK_NOTHROW(MPI_Op_free(op));
+    }
+    if (half_type_ != MPI_DATATYPE_NULL) MIX_MPI_CHECK_NOTHROW(MPI_Type_free(&half_type_));
+    if (comm_ != MPI_COMM_NULL) MIX_MPI_CHECK_NOTHROW(MPI_Comm_free(&comm_));
+    if (--g_live == 0 && g_we_initialized) {
+      g_we_initialized = false;
+      MIX_MPI_CHECK_NOTHROW(MPI_Finalize());
+    }
+  }
+
+  size_t max_bytes_per_call_;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int world_ = 1;
+  int local_rank_ = 0;
+  int local_size_ = 1;
+  MPI_Datatype half_type_ = MPI_DATATYPE_NULL;
+  MPI_Op f16_sum_ = MPI_OP_NULL;
+  MPI_Op f16_max_ = MPI_OP_NULL;
+  MPI_Op bf16_sum_ = MPI_OP_NULL;
+  MPI_Op bf16_max_ = MPI_OP_NULL;
+  MPI_Op f32_max_ = MPI_OP_NULL;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_mpi_communicator(size_t max_bytes_per_call) {
+  return std::make_unique<MpiCommunicator>(max_bytes_per_call);
+}
+
+std::unique_ptr<Communicator> make_mpi_communicator() { return make_mpi_communicator(kMpiMaxBytesPerCall); }
+
+}  // namespace mix::collective

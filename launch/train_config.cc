@@ -1,0 +1,154 @@
+#include "launch/train_config.h"
+
+#include <CLI/CLI.hpp>
+#include <iostream>
+#include <sstream>
+
+#include "models/model.h"
+
+namespace mix::launch {
+
+std::string TrainConfig::effective_grad_reduce() const {
+  if (!grad_reduce.empty()) return grad_reduce;
+  return precision == "amp" ? "fp16" : "fp32";
+}
+
+std::vector<std::pair<std::string, std::string>> TrainConfig::fingerprint_fields() const {
+  auto num = [](auto v) {
+    std::ostringstream o;
+    o << v;
+    return o.str();
+  };
+  auto opt = [&](auto& v) { return v ? num(*v) : std::string("default"); };
+  auto list = [&](auto& v) {
+    std::string s;
+    for (auto& x : v) s += (s.empty() ? "" : ",") + num(x);
+    return s;
+  };
+  return {{"model", model},
+          {"hidden", list(hidden)},
+          {"data", data},
+          {"device", device},
+          {"precision", precision},
+          {"grad-reduce", effective_grad_reduce()},
+          {"grad-predivide", num(grad_predivide)},
+          {"batch-size", num(batch_size)},
+          {"steps", num(steps)},
+          {"epochs", num(epochs)},
+          {"lr", num(lr)},
+          {"lr-schedule", lr_schedule},
+          {"warmup-steps", num(warmup_steps)},
+          {"optimizer", optimizer},
+          {"momentum", num(momentum)},
+          {"weight-decay", num(weight_decay)},
+          {"loss-scaling", loss_scaling},
+          {"loss-scaling-preset", loss_scaling_preset},
+          {"init-loss-scaling", opt(init_loss_scaling)},
+          {"incr-every-n-steps", opt(incr_every_n_steps)},
+          {"decr-every-n-nan-or-inf", opt(decr_every_n_nan_or_inf)},
+          {"amp-white-list", list(amp_white_list)},
+          {"amp-black-list", list(amp_black_list)},
+          {"seed", num(seed)},
+          {"shuffle", shuffle ? "true" : "false"},
+          {"check-every", num(check_every)}};
+}
+
+std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
+  CLI::App app{"mixtrain: data-parallel mixed-precision training (run one process per device, e.g. under mixrun)"};
+  app.option_defaults()->always_capture_default();
+  auto models = models::model_names();
+
+  app.add_option("--model", c.model, "model to train")->check(CLI::IsMember(models));
+  app.add_option("--hidden", c.hidden, "MLP hidden layer sizes, comma separated")->delimiter(',');
+  app.add_option("--data", c.data, "data set")->check(CLI::IsMember({"fashion-mnist", "synthetic", "safetensors"}));
+  app.add_option("--data-dir", c.data_dir, "directory of the Fashion-MNIST IDX .gz files");
+  app.add_option("--data-file", c.data_file, "safetensors file with `inputs` F32 [N,...] and `labels` I64 [N]");
+  app.add_option("--shuffle", c.shuffle, "shuffle each epoch (seeded by seed and epoch)");
+  app.add_option("--synthetic-size", c.synthetic_size, "examples in the synthetic training set")->check(CLI::PositiveNumber);
+  app.add_option("--synthetic-features", c.synthetic_features, "features per synthetic example")->check(CLI::PositiveNumber);
+  app.add_option("--synthetic-classes", c.synthetic_classes, "classes of the synthetic task")->check(CLI::Range(2, 1000000));
+  app.add_option("--device", c.device, "device")->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--precision", c.precision, "fp32, or amp (FP16 where safe, dynamic loss scaling)")
+      ->check(CLI::IsMember({"fp32", "amp"}));
+  app.add_option("--grad-reduce", c.grad_reduce,
+                 "dtype of the gradient all-reduce: fp16 (before the cast to FP32; default under amp) or fp32")
+      ->check(CLI::IsMember({"fp16", "fp32"}));
+  app.add_option("--grad-predivide", c.grad_predivide,
+                 "multiply gradients by 1/F before the sum and F/world after (0: F = world size)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--bucket-mb", c.bucket_mb, "largest gradient bucket in MB")->check(CLI::PositiveNumber);
+  app.add_option("--batch-size", c.batch_size, "examples per rank per step")->check(CLI::PositiveNumber);
+  app.add_option("--steps", c.steps, "optimizer steps to run (overrides --epochs; 0 with --save writes the initial model)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--epochs", c.epochs, "passes over the training set")->check(CLI::PositiveNumber);
+  app.add_option("--lr", c.lr, "peak learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--lr-schedule", c.lr_schedule, "learning-rate schedule")
+      ->check(CLI::IsMember({"constant", "cosine", "onecycle"}));
+  app.add_option("--warmup-steps", c.warmup_steps, "linear warm-up steps")->check(CLI::NonNegativeNumber);
+  app.add_option("--optimizer", c.optimizer, "optimizer")->check(CLI::IsMember({"sgd", "momentum", "adamw"}));
+  app.add_option("--momentum", c.momentum, "momentum of --optimizer momentum")->check(CLI::Range(0.0, 1.0));
+  app.add_option("--weight-decay", c.weight_decay, "weight decay (decoupled for adamw)")->check(CLI::NonNegativeNumber);
+  app.add_option("--loss-scaling", c.loss_scaling, "loss scaling under amp")
+      ->check(CLI::IsMember({"dynamic", "static", "none"}));
+  app.add_option("--loss-scaling-preset", c.loss_scaling_preset, "defaults of the dynamic scaler")
+      ->check(CLI::IsMember({"paddle", "pytorch"}));
+  app.add_option("--init-loss-scaling", c.init_loss_scaling, "initial (or static) loss scale")->check(CLI::PositiveNumber);
+  app.add_option("--incr-every-n-steps", c.incr_every_n_steps, "finite steps before the scale grows")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--decr-every-n-nan-or-inf", c.decr_every_n_nan_or_inf, "overflow steps before the scale shrinks")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--incr-ratio", c.incr_ratio, "growth factor of the scale")->check(CLI::Range(1.0, 1e6));
+  app.add_option("--decr-ratio", c.decr_ratio, "shrink factor of the scale")->check(CLI::Range(1e-6, 1.0));
+  app.add_option("--min-loss-scaling", c.min_loss_scaling, "smallest loss scale")->check(CLI::PositiveNumber);
+  app.add_option("--on-min-scale", c.on_min_scale, "what to do after many skipped steps at the minimum scale")
+      ->check(CLI::IsMember({"error", "continue"}));
+  app.add_option("--amp-white-list", c.amp_white_list, "ops to run in FP16, comma separated")->delimiter(',');
+  app.add_option("--amp-black-list", c.amp_black_list, "ops to keep in FP32, comma separated")->delimiter(',');
+  app.add_option("--seed", c.seed, "seed of initialisation, shuffles and synthetic data");
+  app.add_option("--metrics", c.metrics, "JSON Lines metrics file (written by rank 0)");
+  app.add_option("--save", c.save, "checkpoint (safetensors) written at the end");
+  app.add_option("--resume", c.resume, "checkpoint to resume from (parameters, optimizer, scaler, step)");
+  app.add_option("--init-from", c.init_from, "safetensors parameters (e.g. a PyTorch state_dict) to start from");
+  app.add_flag("--print-program", c.print_program, "print the final training program and exit");
+  app.add_option("--check-every", c.check_every, "steps between cross-rank consistency checks (0: only at the end)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--inject-overflow", c.inject_overflow,
+                 "testing aid: STEP[:RANK[:PARAM]] makes that rank's gradients non-finite at that step");
+  app.add_flag("--benchmark", c.benchmark, "time steps after a warm-up; print samples/s and peak memory");
+  app.add_option("--benchmark-warmup", c.benchmark_warmup, "untimed warm-up steps of --benchmark")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--log-every", c.log_every, "steps between progress lines (0: about every 2 s)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--eval", c.eval, "evaluate on the test set at the end of each epoch");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    std::cout << app.help();
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "mixtrain: " << e.what() << "\n(run mixtrain --help for the flags)\n";
+    return 2;
+  }
+  auto bad = [](const std::string& msg) {
+    std::cerr << "mixtrain: " << msg << "\n";
+    return 2;
+  };
+  if (c.data == "safetensors" && c.data_file.empty()) return bad("--data safetensors needs --data-file FILE");
+  if (!c.data_file.empty() && c.data != "safetensors") c.data = "safetensors";
+  if (c.precision == "fp32" && c.grad_reduce == "fp16")
+    return bad("--grad-reduce fp16 needs --precision amp (FP32 training has no FP16 gradients to reduce)");
+  if (c.precision == "fp32" && !c.inject_overflow.empty())
+    return bad("--inject-overflow needs --precision amp (only AMP steps check for overflow)");
+  if (!c.resume.empty() && !c.init_from.empty()) return bad("--resume and --init-from are exclusive: use one");
+  if (c.model == "mlp" && c.hidden.empty()) return bad("--hidden needs at least one size for --model mlp");
+  if (c.steps == 0 && c.save.empty() && !c.print_program)
+    return bad("--steps 0 trains nothing: add --save FILE to write the initial parameters");
+  for (auto& w : c.amp_white_list)
+    for (auto& b : c.amp_black_list)
+      if (w == b)
+        return bad("op '" + w + "' is in both --amp-white-list and --amp-black-list; put it in one of them");
+  return std::nullopt;
+}
+
+}  // namespace mix::launch

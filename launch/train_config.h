@@ -1,0 +1,73 @@
+#pragma once
+// mixtrain's command line, parsed with CLI11 into a TrainConfig.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace mix::launch {
+
+struct TrainConfig {
+  // model
+  std::string model = "mlp";
+  std::vector<int64_t> hidden = {256, 128};
+  // data
+  std::string data = "fashion-mnist";
+  std::string data_dir = "/usr/share/datasets/fashion-mnist";
+  std::string data_file;
+  bool shuffle = true;
+  int64_t synthetic_size = 8192;
+  int64_t synthetic_features = 784;
+  int64_t synthetic_classes = 10;
+  // device and precision
+  std::string device = "cpu";
+  std::string precision = "amp";
+  std::string grad_reduce;  // empty: fp16 under AMP, fp32 otherwise
+  double grad_predivide = 0;
+  double bucket_mb = 25;
+  // schedule
+  int64_t batch_size = 64;
+  int64_t steps = -1;  // -1: run --epochs
+  int64_t epochs = 1;
+  double lr = 0.1;
+  std::string lr_schedule = "constant";
+  int64_t warmup_steps = 0;
+  std::string optimizer = "momentum";
+  double momentum = 0.9;
+  double weight_decay = 0;
+  // loss scaling
+  std::string loss_scaling = "dynamic";
+  std::string loss_scaling_preset = "paddle";
+  std::optional<double> init_loss_scaling;
+  std::optional<int64_t> incr_every_n_steps;
+  std::optional<int64_t> decr_every_n_nan_or_inf;
+  std::optional<double> incr_ratio;
+  std::optional<double> decr_ratio;
+  std::optional<double> min_loss_scaling;
+  std::string on_min_scale = "error";
+  std::vector<std::string> amp_white_list;
+  std::vector<std::string> amp_black_list;
+  // run control
+  uint64_t seed = 1;
+  std::string metrics;
+  std::string save;
+  std::string resume;
+  std::string init_from;
+  bool print_program = false;
+  int64_t check_every = 100;
+  std::string inject_overflow;
+  bool benchmark = false;
+  int64_t benchmark_warmup = 10;
+  int64_t log_every = 0;  // 0: a progress line about every 2 s
+  bool eval = true;
+
+  /// The fields every rank must agree on, as (name, value) text, for the startup fingerprint.
+  std::vector<std::pair<std::string, std::string>> fingerprint_fields() const;
+  std::string effective_grad_reduce() const;
+};
+
+/// Parses argv. Returns the exit code to use when the program should stop now
+/// (0 after --help, 2 after a bad flag or value, with the message printed).
+std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& out);
+
+}  // namespace mix::launch

@@ -1,0 +1,432 @@
+#include "launch/trainer.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <iostream>
+#include <sstream>
+
+#include "amp/decorate.h"
+#include "collective/consistency.h"
+#include "collective/grad_allreduce_pass.h"
+#include "launch/metrics.h"
+#include "models/model.h"
+#include "runtime/check.h"
+#include "runtime/data/dataset.h"
+#include "runtime/executor.h"
+#include "runtime/init.h"
+#include "runtime/io/checkpoint.h"
+#include "runtime/log.h"
+#include "runtime/optim/lr_schedule.h"
+
+namespace mix::launch {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using collective::Communicator;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+std::string format_eta(double s) {
+  const int64_t t = static_cast<int64_t>(s + 0.5);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%lld:%02lld:%02lld", static_cast<long long>(t / 3600),
+                static_cast<long long>((t / 60) % 60), static_cast<long long>(t % 60));
+  return buf;
+}
+
+data::TrainTest load_data(const TrainConfig& c) {
+  if (c.data == "fashion-mnist") return data::load_fashion_mnist(c.data_dir);
+  if (c.data == "safetensors") return data::load_safetensors_dataset(c.data_file);
+  return data::make_synthetic(c.synthetic_size, std::max<int64_t>(c.synthetic_size / 8, 1), c.synthetic_features,
+                              c.synthetic_classes, c.seed);
+}
+
+/// NaN or inf in the inputs would look like an overflow every step; stop with the place instead.
+void check_finite_data(const data::Dataset& ds, const std::string& where) {
+  const float* x = ds.inputs.data<float>();
+  for (int64_t i = 0; i < ds.inputs.numel(); ++i)
+    if (!std::isfinite(x[i])) {
+      const int64_t per = std::max<int64_t>(1, ds.inputs.numel() / std::max<int64_t>(1, ds.size()));
+      MIX_FAIL(where << " contains a non-finite value (" << x[i] << ") in example " << i / per
+                     << "; clean the data (mixtrain does not train on NaN or inf inputs)");
+    }
+}
+
+amp::LossScalerConfig scaler_config(const TrainConfig& c) {
+  amp::LossScalerConfig s = amp::preset(c.loss_scaling == "dynamic" ? c.loss_scaling_preset : c.loss_scaling);
+  if (c.init_loss_scaling) s.init_loss_scaling = static_cast<float>(*c.init_loss_scaling);
+  if (c.incr_every_n_steps) s.incr_every_n_steps = static_cast<int>(*c.incr_every_n_steps);
+  if (c.decr_every_n_nan_or_inf) s.decr_every_n_nan_or_inf = static_cast<int>(*c.decr_every_n_nan_or_inf);
+  if (c.incr_ratio) s.incr_ratio = static_cast<float>(*c.incr_ratio);
+  if (c.decr_ratio) s.decr_ratio = static_cast<float>(*c.decr_ratio);
+  if (c.min_loss_scaling) s.min_loss_scaling = static_cast<float>(*c.min_loss_scaling);
+  s.on_min_scale = c.on_min_scale == "continue" ? amp::LossScalerConfig::OnMinScale::continue_
+                                                : amp::LossScalerConfig::OnMinScale::error;
+  return s;
+}
+
+std::optional<amp::InjectOverflow> parse_inject(const std::string& spec) {
+  if (spec.empty()) return std::nullopt;
+  amp::InjectOverflow inj;
+  std::stringstream ss(spec);
+  std::string part;
+  std::vector<std::string> parts;
+  while (std::getline(ss, part, ':')) parts.push_back(part);
+  try {
+    MIX_CHECK(!parts.empty() && parts.size() <= 3, "");
+    inj.step = std::stoll(parts[0]);
+    if (parts.size() > 1 && !parts[1].empty()) inj.rank = std::stoi(parts[1]);
+    if (parts.size() > 2) inj.param = parts[2];
+  } catch (const std::exception&) {
+    MIX_FAIL("--inject-overflow '" << spec << "': expected STEP[:RANK[:PARAM]], e.g. 5:1 or 5:1:fc1.weight");
+  }
+  return inj;
+}
+
+std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c) {
+  if (c.optimizer == "sgd") return optim::make_sgd(c.weight_decay);
+  if (c.optimizer == "adamw") return optim::make_adamw(0.9, 0.999, 1e-8, c.weight_decay);
+  return optim::make_momentum(c.momentum, c.weight_decay);
+}
+
+/// Hash of the parameters' names, shapes and dtypes: equal models, equal hash.
+std::string model_signature(const Program& p) {
+  uint64_t h = fnv1a("model");
+  for (auto& name : p.parameters()) {
+    const VarDesc& v = p.var(name);
+    h = fnv1a(name + ":" + shape_str(v.shape) + ":" + std::string(dtype_name(v.dtype)), h);
+  }
+  std::ostringstream o;
+  o << p.parameters().size() << " parameters, hash " << std::hex << h;
+  return o.str();
+}
+
+/// Hash of the bytes of every FP32 master, for the periodic consistency check.
+std::string masters_hash(const Program& p, const Scope& scope) {
+  uint64_t h = fnv1a("masters");
+  for (auto& name : p.parameters()) {
+    const Tensor& t = scope.get(name);
+    h = fnv1a(t.raw(), t.bytes(), h);
+  }
+  std::ostringstream o;
+  o << std::hex << h;
+  return o.str();
+}
+
+int64_t read_i64(const Scope& s, const char* name) { return s.has(name) ? s.get(name).data<int64_t>()[0] : 0; }
+
+/// Rank 0 prints the rank -> host -> device table, one line a rank.
+void log_rank_table(Communicator& comm, const std::string& device) {
+  char host[64] = {0};
+  gethostname(host, sizeof(host) - 1);
+  std::string line = std::string(host) + " " + device;
+  line.resize(96, '\0');
+  std::vector<char> all(96 * static_cast<size_t>(comm.world_size()));
+  comm.all_gather(line.data(), all.data(), 96);
+  if (comm.rank() != 0) return;
+  spdlog::info("{} rank(s), backend {}:", comm.world_size(), comm.backend_name());
+  for (int r = 0; r < comm.world_size(); ++r)
+    spdlog::info("  rank {} -> {}", r, std::string(&all[static_cast<size_t>(r) * 96]).c_str());
+}
+
+struct EvalResult {
+  double accuracy = 0, loss = 0;
+  int64_t examples = 0;
+};
+
+}  // namespace
+
+int run_training(const TrainConfig& c, Communicator& comm) {
+  const int rank = comm.rank(), world = comm.world_size();
+  MIX_CHECK(c.device == "cpu",
+            "--device cuda: this build has no CUDA backend yet; run with --device cpu (the CUDA backend is its own "
+            "milestone)");
+  log_rank_table(comm, c.device);
+
+  // ---- data and model ------------------------------------------------------------
+  data::TrainTest data = load_data(c);
+  check_finite_data(data.train, c.data == "safetensors" ? c.data_file : c.data + " training set");
+  if (data.test.size() > 0) check_finite_data(data.test, c.data == "safetensors" ? c.data_file : c.data + " test set");
+  const Shape example = data.train.example_shape();
+  const int64_t features = shape_numel(example);
+  models::MlpConfig mc;
+  mc.in_features = features;
+  mc.hidden = c.model == "linear" ? std::vector<int64_t>{} : c.hidden;
+  mc.num_classes = std::max<int64_t>(data.train.num_classes, 2);
+  models::Model model = models::build_mlp(mc, c.model);
+  Program& program = model.program;
+
+  // ---- the training program: the one-line AMP switch ------------------------------
+  std::unique_ptr<optim::Optimizer> opt = make_optimizer(c);
+  const bool use_amp = c.precision == "amp";
+  if (use_amp) {
+    amp::AmpOptions ao;
+    ao.lists = amp::AmpLists::defaults().with_custom(c.amp_white_list, c.amp_black_list);
+    ao.scaler = scaler_config(c);
+    ao.inject = parse_inject(c.inject_overflow);
+    opt = amp::decorate(std::move(opt), ao);
+  }
+  collective::GradSyncOptions sync;
+  sync.mode = c.effective_grad_reduce() == "fp16" ? collective::GradReduce::fp16 : collective::GradReduce::fp32;
+  sync.world_size = world;
+  sync.predivide = c.grad_predivide;
+  sync.bucket_bytes = static_cast<size_t>(c.bucket_mb * 1024 * 1024);
+  optim::TrainProgram train = opt->minimize(program, model.loss, collective::grad_allreduce_pass(sync));
+
+  if (c.print_program) {
+    if (rank == 0) std::cout << program.str() << std::flush;
+    return 0;
+  }
+
+  // ---- state: initialise on every rank, then rank 0's values win --------------------
+  Scope scope;
+  initialize_persistables(program, scope, c.seed);
+  int64_t start_step = 0;
+  if (!c.init_from.empty()) {
+    int ignored = 0;
+    const int n = io::load_parameters(c.init_from, program, scope, &ignored);
+    if (rank == 0) spdlog::info("loaded {} parameters from {} ({} other tensors ignored)", n, c.init_from, ignored);
+  }
+  if (!c.resume.empty()) {
+    io::Metadata meta = io::load_checkpoint(c.resume, program, scope);
+    auto num = [&](const char* k, double fallback) { return meta.count(k) ? std::stod(meta.at(k)) : fallback; };
+    start_step = static_cast<int64_t>(num("step", 0));
+    if (use_amp) {
+      scope.get(amp::ScalerVars::scale).data<float>()[0] = static_cast<float>(num("loss_scale", 1));
+      scope.get(amp::ScalerVars::good_steps).data<int64_t>()[0] = static_cast<int64_t>(num("scaler_good_steps", 0));
+      scope.get(amp::ScalerVars::bad_steps).data<int64_t>()[0] = static_cast<int64_t>(num("scaler_bad_steps", 0));
+      scope.get(amp::ScalerVars::skipped).data<int64_t>()[0] = static_cast<int64_t>(num("scaler_skipped_steps", 0));
+    }
+    if (rank == 0) spdlog::info("resumed from {} at step {}", c.resume, start_step);
+  }
+  for (const VarDesc& v : program.vars())
+    if (v.persistable) {
+      Tensor& t = scope.get(v.name);
+      comm.broadcast(t.raw(), t.bytes(), 0);
+    }
+
+  collective::Fields fields = c.fingerprint_fields();
+  fields.emplace_back("parameters", model_signature(program));
+  fields.emplace_back("world", std::to_string(world));
+  collective::check_same_on_all_ranks(comm, "startup fingerprint", fields);
+
+  if (c.steps == 0) {
+    if (rank == 0) {
+      io::save_checkpoint(c.save, program, scope, {{"step", "0"}, {"model", c.model}, {"seed", std::to_string(c.seed)}});
+      spdlog::info("wrote the initial parameters to {}", c.save);
+    }
+    comm.barrier();
+    return 0;
+  }
+
+  // ---- schedule -------------------------------------------------------------------
+  const int64_t batch = c.batch_size;
+  data::DistributedSampler sampler(data.train.size(), rank, world, c.shuffle, c.seed);
+  const int64_t steps_per_epoch = (sampler.per_rank() + batch - 1) / batch;
+  MIX_CHECK(steps_per_epoch > 0, "the training set is empty");
+  const int64_t timed_steps = c.benchmark ? (c.steps > 0 ? c.steps : 50) : 0;
+  const int64_t total_steps = c.benchmark ? c.benchmark_warmup + timed_steps
+                                          : (c.steps > 0 ? c.steps : c.epochs * steps_per_epoch);
+  optim::LrSchedule lr{c.lr_schedule, c.lr, c.warmup_steps, total_steps};
+
+  Executor step_exec(program, {model.loss, amp::ScalerVars::found_inf});
+  Executor eval_exec(program, {model.logits, model.loss}, forward_ops);
+  ExecEnv env;
+  env.comm = &comm;
+  MetricsWriter metrics(rank == 0 ? c.metrics : "");
+  if (rank == 0)
+    spdlog::info("training {} ({}), {} steps of {} x {} examples, precision {}, gradient all-reduce in {}",
+                 c.model, model_signature(program), total_steps - start_step, world, batch, c.precision,
+                 c.effective_grad_reduce());
+
+  Tensor& lr_var = scope.get(optim::kLearningRate);
+  auto evaluate = [&]() {
+    EvalResult r;
+    const data::Dataset& ds = data.test;
+    if (ds.size() == 0) return r;
+    std::vector<int64_t> idx;
+    for (int64_t i = rank; i < ds.size(); i += world) idx.push_back(i);
+    const int64_t eval_batch = 1000;
+    double local[3] = {0, 0, 0};  // correct, loss sum, count
+    Tensor x, y;
+    for (int64_t b = 0; b < static_cast<int64_t>(idx.size()); b += eval_batch) {
+      const int64_t n = std::min<int64_t>(eval_batch, static_cast<int64_t>(idx.size()) - b);
+      data::gather_batch(ds, idx, b, n, x, y);
+      scope.set(model.input, x.reshaped({n, features}));
+      scope.set(model.label, y.reshaped({n, 1}));
+      eval_exec.run(scope, env);
+      const Tensor& logits = scope.get(model.logits);
+      std::vector<float> lv = logits.to_floats();
+      const int64_t k = logits.dim(-1);
+      for (int64_t i = 0; i < n; ++i) {
+        int64_t best = 0;
+        for (int64_t j = 1; j < k; ++j)
+          if (lv[i * k + j] > lv[i * k + best]) best = j;
+        local[0] += best == y.data<int64_t>()[i];
+      }
+      local[1] += static_cast<double>(scope.get(model.loss).item_float()) * static_cast<double>(n);
+      local[2] += static_cast<double>(n);
+    }
+    float sums[3] = {static_cast<float>(local[0]), static_cast<float>(local[1]), static_cast<float>(local[2])};
+    comm.all_reduce(sums, 3, DType::f32, collective::ReduceOp::sum);
+    r.examples = static_cast<int64_t>(sums[2]);
+    r.accuracy = sums[2] > 0 ? sums[0] / sums[2] : 0;
+    r.loss = sums[2] > 0 ? sums[1] / sums[2] : 0;
+    return r;
+  };
+
+  auto consistency_check = [&](int64_t step) {
+    collective::Fields f = {{"step", std::to_string(step)}, {"fp32 masters", masters_hash(program, scope)}};
+    if (use_amp) {
+      std::ostringstream s;
+      s << scope.get(amp::ScalerVars::scale).data<float>()[0];
+      f.emplace_back("loss scale", s.str());
+      f.emplace_back("good steps", std::to_string(read_i64(scope, amp::ScalerVars::good_steps)));
+      f.emplace_back("bad steps", std::to_string(read_i64(scope, amp::ScalerVars::bad_steps)));
+      f.emplace_back("skipped steps", std::to_string(read_i64(scope, amp::ScalerVars::skipped)));
+    }
+    collective::check_same_on_all_ranks(comm, "step " + std::to_string(step) + " consistency check", f);
+  };
+
+  // ---- the loop -----------------------------------------------------------------------
+  Tensor x, y;
+  std::vector<int64_t> order;
+  int64_t order_epoch = -1;
+  double timed_seconds = 0, sps_sum = 0;
+  int64_t sps_count = 0, skipped_total = 0;
+  EvalResult last_eval;
+  bool have_eval = false;
+  auto t_start = Clock::now(), t_last_log = Clock::now();
+  for (int64_t step = start_step; step < total_steps; ++step) {
+    const int64_t epoch = step / steps_per_epoch, in_epoch = step % steps_per_epoch;
+    if (epoch != order_epoch) {
+      order = sampler.indices(epoch);
+      order_epoch = epoch;
+    }
+    const int64_t begin = in_epoch * batch;
+    const int64_t n = std::min<int64_t>(batch, static_cast<int64_t>(order.size()) - begin);
+    data::gather_batch(data.train, order, begin, n, x, y);
+    scope.set(model.input, x.reshaped({n, features}));
+    scope.set(model.label, y.reshaped({n, 1}));
+    const double rate = lr.at(step);
+    lr_var.data<float>()[0] = static_cast<float>(rate);
+    env.step = step + 1;
+
+    const uint64_t bytes_before = comm.bytes().grad_allreduce_bytes;
+    const auto t0 = Clock::now();
+    step_exec.run(scope, env);
+    const double secs = seconds_since(t0);
+    const uint64_t grad_bytes = comm.bytes().grad_allreduce_bytes - bytes_before;
+
+    float loss_avg = scope.get(model.loss).item_float();
+    comm.all_reduce(&loss_avg, 1, DType::f32, collective::ReduceOp::avg);
+    const bool found_inf = use_amp && scope.get(amp::ScalerVars::found_inf).item_float() != 0.f;
+    skipped_total += found_inf;
+    const float scale = use_amp ? scope.get(amp::ScalerVars::scale).data<float>()[0] : 1.f;
+    const double samples_per_s = static_cast<double>(n * world) / std::max(secs, 1e-9);
+    const bool timed = !c.benchmark || step >= c.benchmark_warmup;
+    if (timed) {
+      timed_seconds += secs;
+      sps_sum += samples_per_s;
+      ++sps_count;
+    }
+    if (found_inf && rank == 0)
+      spdlog::warn("step {}: gradients overflowed (inf/NaN) at loss scale {}; step skipped, scale now {}", step + 1,
+                   scale, scope.get(amp::ScalerVars::scale).data<float>()[0]);
+    if (!std::isfinite(loss_avg) && !use_amp)
+      MIX_FAIL("step " << step + 1 << ": the loss is " << loss_avg
+                       << " in FP32 training; lower --lr or check the data");
+
+    metrics.write({{"step", step + 1},
+                   {"epoch", epoch},
+                   {"loss", loss_avg},
+                   {"loss_scale", scale},
+                   {"found_inf", found_inf},
+                   {"skipped", found_inf},
+                   {"lr", rate},
+                   {"grad_bytes", grad_bytes},
+                   {"step_ms", secs * 1e3},
+                   {"samples_per_s", samples_per_s}});
+
+    const bool last = step + 1 == total_steps;
+    const bool log_now = c.log_every > 0 ? (step + 1) % c.log_every == 0 : seconds_since(t_last_log) >= 2.0;
+    if (rank == 0 && (log_now || last)) {
+      t_last_log = Clock::now();
+      const double elapsed = seconds_since(t_start);
+      const double eta = elapsed / static_cast<double>(step + 1 - start_step) * static_cast<double>(total_steps - step - 1);
+      spdlog::info("step {}/{} loss {:.4f} scale {} {:.0f} samples/s ETA {}", step + 1, total_steps, loss_avg, scale,
+                   samples_per_s, format_eta(eta));
+    }
+    if ((c.check_every > 0 && (step + 1) % c.check_every == 0) || last) consistency_check(step + 1);
+
+    const bool epoch_end = in_epoch + 1 == steps_per_epoch || last;
+    if (c.eval && !c.benchmark && epoch_end && data.test.size() > 0) {
+      last_eval = evaluate();
+      have_eval = true;
+      if (rank == 0) {
+        spdlog::info("epoch {} test accuracy {:.2f}% ({} examples), test loss {:.4f}", epoch, 100 * last_eval.accuracy,
+                     last_eval.examples, last_eval.loss);
+        metrics.write({{"step", step + 1}, {"epoch", epoch}, {"eval_accuracy", last_eval.accuracy},
+                       {"val_loss", last_eval.loss}});
+      }
+    }
+  }
+
+  const int64_t steps_run = total_steps - start_step;
+  const size_t peak = allocator_for(cpu_device()).peak_bytes();
+  const MemoryPlan plan = step_exec.plan(batch);
+  const double mean_sps = sps_count ? sps_sum / static_cast<double>(sps_count) : 0;
+  const double overall_sps =
+      timed_seconds > 0 ? static_cast<double>(sps_count * batch * world) / timed_seconds : 0;
+  nlohmann::json summary = {{"summary", true},
+                            {"steps", steps_run},
+                            {"skipped_steps", skipped_total},
+                            {"samples_per_s", mean_sps},
+                            {"samples_per_s_overall", overall_sps},
+                            {"peak_bytes", peak},
+                            {"planned_peak_temporary_bytes", plan.peak_temporary_bytes},
+                            {"persistent_bytes", plan.persistent_bytes},
+                            {"world_size", world},
+                            {"precision", c.precision},
+                            {"grad_reduce", c.effective_grad_reduce()}};
+  if (use_amp) summary["final_loss_scale"] = scope.get(amp::ScalerVars::scale).data<float>()[0];
+  if (have_eval) {
+    summary["eval_accuracy"] = last_eval.accuracy;
+    summary["val_loss"] = last_eval.loss;
+  }
+  metrics.write(summary);
+  if (rank == 0) {
+    if (c.benchmark)
+      std::cout << "benchmark: " << c.model << " " << c.precision << " batch " << batch << " x " << world
+                << " ranks: " << overall_sps << " samples/s over " << sps_count << " timed steps, peak "
+                << peak << " bytes" << std::endl;
+    if (have_eval) spdlog::info("final test accuracy {:.2f}%", 100 * last_eval.accuracy);
+    if (!c.metrics.empty()) spdlog::info("metrics written to {}", c.metrics);
+  }
+  if (!c.save.empty()) {
+    if (rank == 0) {
+      io::Metadata meta = {{"step", std::to_string(total_steps)}, {"model", c.model}, {"seed", std::to_string(c.seed)},
+                           {"epoch", std::to_string(total_steps / steps_per_epoch)},
+                           {"batch_in_epoch", std::to_string(total_steps % steps_per_epoch)}};
+      if (use_amp) {
+        std::ostringstream s;
+        s.precision(9);
+        s << scope.get(amp::ScalerVars::scale).data<float>()[0];
+        meta["loss_scale"] = s.str();
+        meta["scaler_good_steps"] = std::to_string(read_i64(scope, amp::ScalerVars::good_steps));
+        meta["scaler_bad_steps"] = std::to_string(read_i64(scope, amp::ScalerVars::bad_steps));
+        meta["scaler_skipped_steps"] = std::to_string(read_i64(scope, amp::ScalerVars::skipped));
+      }
+      io::save_checkpoint(c.save, program, scope, meta);
+      spdlog::info("saved checkpoint {}", c.save);
+    }
+    comm.barrier();
+  }
+  return 0;
+}
+
+}  // namespace mix::launch

@@ -1,0 +1,47 @@
+#pragma once
+// Models build forward programs. Every model's forward program takes the feeds
+// `x` (f32 [batch, ...]) and `label` (i64 [batch, 1]) and ends with `logits`
+// and a scalar FP32 `loss` (mean cross-entropy). Parameters are FP32 masters
+// named and laid out as in PyTorch (`fc1.weight` [out, in], `fc1.bias` [out]).
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/program.h"
+
+namespace mix::models {
+
+struct Model {
+  std::string name;
+  Program program;
+  std::string input = "x";
+  std::string label = "label";
+  std::string logits = "logits";
+  std::string loss = "loss";
+  Shape example_shape;  // one input example, e.g. [784]
+  int64_t num_classes = 0;
+};
+
+/// An nn.Sequential-style MLP: fc1 -> relu -> fc2 -> relu -> ... -> fc{L+1}.
+/// With no hidden layers it is multinomial logistic regression (--model linear).
+struct MlpConfig {
+  int64_t in_features = 784;
+  std::vector<int64_t> hidden = {256, 128};
+  int64_t num_classes = 10;
+};
+Model build_mlp(const MlpConfig& c, const std::string& name = "mlp");
+
+/// Names --model accepts.
+std::vector<std::string> model_names();
+
+// ---- building blocks shared by models ------------------------------------------
+/// Declares a trainable FP32 parameter initialised U(-bound, bound).
+std::string add_parameter(Program& p, const std::string& name, const Shape& shape, double bound);
+/// nn.Linear: Out = X W^T + b, W [out, in], b [out], PyTorch's default init U(-1/sqrt(in), 1/sqrt(in)).
+/// The output is named `out_name` when given, else `<prefix>.out`.
+std::string linear(Program& p, const std::string& prefix, const std::string& x, int64_t in, int64_t out,
+                   const std::string& out_name = "");
+/// Mean softmax cross-entropy of `logits` against `label`, into the scalar `loss`.
+void cross_entropy_loss(Program& p, const std::string& logits, const std::string& label, const std::string& loss);
+
+}  // namespace mix::models

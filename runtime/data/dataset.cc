@@ -1,0 +1,10 @@
+#include "runtime/data/dataset.h"
+
+namespace mix::data {
+
+Shape Dataset::example_shape() const {
+  if (!inputs.defined() || inputs.ndim() == 0) return {};
+  return Shape(inputs.shape().begin() + 1, inputs.shape().end());
+}
+
+}  // namespace mix::data

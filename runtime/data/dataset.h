@@ -1,0 +1,69 @@
+#pragma once
+// Datasets of (input, label) examples and the per-rank sampler.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/tensor.h"
+
+namespace mix::data {
+
+/// A labelled data set held in memory: inputs f32 [N, ...], labels i64 [N].
+struct Dataset {
+  std::string name;
+  Tensor inputs;  // f32 [N, ...feature dims]
+  Tensor labels;  // i64 [N]
+  int64_t num_classes = 0;
+
+  int64_t size() const { return inputs.defined() && inputs.ndim() > 0 ? inputs.dim(0) : 0; }
+  /// Shape of one example, e.g. [784] or [1, 28, 28].
+  Shape example_shape() const;
+};
+
+struct TrainTest {
+  Dataset train;
+  Dataset test;
+};
+
+/// Fashion-MNIST from the Debian package dataset-fashion-mnist's IDX .gz files
+/// (train-images-idx3-ubyte.gz, ...). Pixels scaled to [0, 1] and normalised with
+/// the data set's mean 0.2860 and std 0.3530; inputs are [N, 784].
+/// Missing or corrupt files throw mix::Error naming the file and saying
+/// `apt-get install dataset-fashion-mnist` or --data-dir.
+TrainTest load_fashion_mnist(const std::string& dir = "/usr/share/datasets/fashion-mnist");
+
+/// A user's data: a safetensors file with `inputs` (F32 [N, ...]) and `labels`
+/// (I64 [N]); optional `test_inputs` / `test_labels`. Without test tensors the
+/// test split is empty. Errors name the file and the missing or mis-typed tensor.
+TrainTest load_safetensors_dataset(const std::string& path);
+
+/// Deterministic random data: inputs ~ N(0,1) [N, features], labels from a fixed
+/// random linear teacher so that the task is learnable.
+TrainTest make_synthetic(int64_t train_size, int64_t test_size, int64_t features, int64_t classes, uint64_t seed);
+
+/// PyTorch DistributedSampler semantics: each epoch's order is a permutation
+/// seeded by (seed, epoch), identical on every rank; rank r takes indices
+/// r, r+world, r+2*world, ... of the (padded to a multiple of world) order.
+/// With drop_last the epoch is truncated to a multiple of world instead.
+class DistributedSampler {
+ public:
+  DistributedSampler(int64_t dataset_size, int rank, int world, bool shuffle, uint64_t seed, bool drop_last = false);
+  /// This rank's indices for `epoch`.
+  std::vector<int64_t> indices(int64_t epoch) const;
+  int64_t per_rank() const { return per_rank_; }
+
+ private:
+  int64_t size_;
+  int rank_, world_;
+  bool shuffle_;
+  uint64_t seed_;
+  bool drop_last_;
+  int64_t per_rank_;
+};
+
+/// Copies examples `idx[begin, begin+count)` into a batch: inputs [count, ...], labels [count].
+void gather_batch(const Dataset& ds, const std::vector<int64_t>& idx, int64_t begin, int64_t count, Tensor& inputs,
+                  Tensor& labels);
+
+}  // namespace mix::data

@@ -1,0 +1,71 @@
+// PyTorch DistributedSampler semantics, and batch gathering.
+#include <cstring>
+#include <numeric>
+
+#include "runtime/check.h"
+#include "runtime/data/dataset.h"
+#include "runtime/random.h"
+
+namespace mix::data {
+
+DistributedSampler::DistributedSampler(int64_t dataset_size, int rank, int world, bool shuffle, uint64_t seed,
+                                       bool drop_last)
+    : size_(dataset_size), rank_(rank), world_(world), shuffle_(shuffle), seed_(seed), drop_last_(drop_last) {
+  MIX_CHECK(world >= 1, "world size must be >= 1, got " << world);
+  MIX_CHECK(rank >= 0 && rank < world, "rank " << rank << " is not in [0, " << world << ")");
+  MIX_CHECK(dataset_size >= 0, "negative data set size " << dataset_size);
+  // As torch.utils.data.DistributedSampler: drop_last rounds the epoch down to a
+  // multiple of world, otherwise up (the order wraps around to pad it).
+  per_rank_ = drop_last ? size_ / world : (size_ + world - 1) / world;
+}
+
+std::vector<int64_t> DistributedSampler::indices(int64_t epoch) const {
+  std::vector<int64_t> order(static_cast<size_t>(size_));
+  std::iota(order.begin(), order.end(), int64_t{0});
+  if (shuffle_ && size_ > 1) {
+    // Fisher-Yates, seeded by (seed, epoch) only: identical on every rank.
+    Rng rng = Rng::for_stream(seed_, static_cast<uint64_t>(epoch));
+    for (size_t i = order.size() - 1; i > 0; --i) {
+      const size_t j = static_cast<size_t>(rng.below(i + 1));
+      std::swap(order[i], order[j]);
+    }
+  }
+  const int64_t total = per_rank_ * world_;
+  std::vector<int64_t> mine;
+  mine.reserve(static_cast<size_t>(per_rank_));
+  // Position p of the padded (or truncated) order is order[p % size]: padding
+  // repeats the order from its start, as PyTorch does.
+  for (int64_t p = rank_; p < total; p += world_) mine.push_back(order[static_cast<size_t>(p % size_)]);
+  return mine;
+}
+
+void gather_batch(const Dataset& ds, const std::vector<int64_t>& idx, int64_t begin, int64_t count, Tensor& inputs,
+                  Tensor& labels) {
+  MIX_CHECK(begin >= 0 && count >= 0 && begin + count <= static_cast<int64_t>(idx.size()),
+            "batch [" << begin << ", " << begin + count << ") is outside the " << idx.size() << " indices");
+  MIX_CHECK(ds.labels.defined() && ds.labels.dtype() == DType::i64, "data set '" << ds.name << "' has no i64 labels");
+  const int64_t n = ds.size();
+  Shape shape = ds.inputs.shape();
+  MIX_CHECK(!shape.empty(), "data set '" << ds.name << "' has no inputs");
+  shape[0] = count;
+  if (!inputs.defined() || inputs.shape() != shape || inputs.dtype() != ds.inputs.dtype())
+    inputs = Tensor::empty(shape, ds.inputs.dtype());
+  if (!labels.defined() || labels.shape() != Shape{count} || labels.dtype() != DType::i64)
+    labels = Tensor::empty({count}, DType::i64);
+  MIX_CHECK(inputs.device().kind == DeviceKind::cpu && labels.device().kind == DeviceKind::cpu,
+            "gather_batch fills host tensors");
+
+  const size_t row_bytes = static_cast<size_t>(shape_numel(ds.example_shape())) * dtype_size(ds.inputs.dtype());
+  const char* src = static_cast<const char*>(ds.inputs.raw());
+  char* dst = static_cast<char*>(inputs.raw());
+  const int64_t* src_labels = ds.labels.data<int64_t>();
+  int64_t* dst_labels = labels.data<int64_t>();
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t e = idx[static_cast<size_t>(begin + i)];
+    MIX_CHECK(e >= 0 && e < n, "example index " << e << " is outside data set '" << ds.name << "' of " << n);
+    if (row_bytes) std::memcpy(dst + static_cast<size_t>(i) * row_bytes, src + static_cast<size_t>(e) * row_bytes, row_bytes);
+    dst_labels[i] = src_labels[e];
+  }
+}
+
+}  // namespace mix::data

@@ -1,0 +1,78 @@
+#include "runtime/executor.h"
+
+#include <map>
+
+#include "runtime/check.h"
+
+namespace mix {
+
+Executor::Executor(const Program& program, std::set<std::string> keep, OpFilter filter)
+    : program_(program), keep_(std::move(keep)) {
+  for (size_t i = 0; i < program.ops().size(); ++i)
+    if (filter(program.ops()[i])) op_indices_.push_back(i);
+
+  // Last position (in this executor's sequence) at which each variable is read or written.
+  std::map<std::string, size_t> last_use;
+  for (size_t k = 0; k < op_indices_.size(); ++k) {
+    const OpDesc& op = program.ops()[op_indices_[k]];
+    for (auto& n : op.all_inputs()) last_use[n] = k;
+    for (auto& n : op.all_outputs()) last_use[n] = k;
+  }
+  release_after_.assign(op_indices_.size(), {});
+  for (auto& [name, k] : last_use) {
+    if (keep_.count(name)) continue;
+    if (program.has_var(name) && program.var(name).persistable) continue;
+    release_after_[k].push_back(name);
+  }
+}
+
+void Executor::run(Scope& scope, ExecEnv& env) const {
+  const OpRegistry& reg = OpRegistry::instance();
+  for (size_t k = 0; k < op_indices_.size(); ++k) {
+    const OpDesc& op = program_.ops()[op_indices_[k]];
+    const OpInfo& info = reg.get(op.type);
+    const KernelFn& kernel = env.device.kind == DeviceKind::cpu ? info.cpu : info.cuda;
+    MIX_CHECK(kernel, "op " << op.type << " has no kernel for device " << env.device.str());
+    OpContext ctx(op, scope, env);
+    try {
+      kernel(ctx);
+    } catch (const Error& e) {
+      throw Error(std::string(e.what()) + " (in op " + std::to_string(op_indices_[k]) + ": " + op.type + ")");
+    }
+    for (auto& n : release_after_[k]) scope.erase(n);
+  }
+}
+
+MemoryPlan Executor::plan(int64_t batch) const {
+  MemoryPlan p;
+  p.release_after = release_after_;
+  auto bytes_of = [&](const std::string& n) -> size_t {
+    if (!program_.has_var(n)) return 0;
+    const VarDesc& v = program_.var(n);
+    int64_t count = 1;
+    for (int64_t d : v.shape) count *= d < 0 ? batch : d;
+    return static_cast<size_t>(count) * dtype_size(v.dtype);
+  };
+  for (auto& v : program_.vars())
+    if (v.persistable) p.persistent_bytes += bytes_of(v.name);
+
+  std::set<std::string> live;
+  size_t live_bytes = 0;
+  for (size_t k = 0; k < op_indices_.size(); ++k) {
+    const OpDesc& op = program_.ops()[op_indices_[k]];
+    for (auto& n : op.all_outputs()) {
+      if (program_.has_var(n) && program_.var(n).persistable) continue;
+      // Views (reshape2) share their input's storage; counting them again would
+      // overstate the plan, so a reshape2 output adds nothing.
+      if (op.type == "reshape2" || op.type == "reshape2_grad") continue;
+      if (live.insert(n).second) live_bytes += bytes_of(n);
+    }
+    p.peak_temporary_bytes = std::max(p.peak_temporary_bytes, live_bytes);
+    for (auto& n : release_after_[k]) {
+      if (live.erase(n)) live_bytes -= bytes_of(n);
+    }
+  }
+  return p;
+}
+
+}  // namespace mix

@@ -1,0 +1,28 @@
+#pragma once
+// Checkpoints: safetensors files whose tensors are the parameters under their
+// PyTorch state_dict names and layouts, the optimizer state as
+// `optimizer.<slot>.<param>` (and `optimizer.step`), and whose header metadata
+// holds the loss scaler, the step, the seed and the data position.
+#include <map>
+#include <string>
+
+#include "runtime/op_registry.h"
+#include "runtime/program.h"
+
+namespace mix::io {
+
+using Metadata = std::map<std::string, std::string>;
+
+/// Writes parameters and optimizer state (every persistable variable whose name
+/// is not in `metadata_vars`) and `meta`. Atomic: temporary file, then rename.
+void save_checkpoint(const std::string& path, const Program& p, const Scope& scope, const Metadata& meta);
+
+/// --init-from: loads every parameter of `p` from `path` (F32, F16 or BF16
+/// tensors; shapes must match). A missing parameter or a shape mismatch throws
+/// naming the tensor; tensors the model does not have are ignored (counted in the return).
+int load_parameters(const std::string& path, const Program& p, Scope& scope, int* ignored = nullptr);
+
+/// --resume: loads every persistable variable saved by save_checkpoint and returns the metadata.
+Metadata load_checkpoint(const std::string& path, const Program& p, Scope& scope);
+
+}  // namespace mix::io

@@ -1,0 +1,32 @@
+#pragma once
+// safetensors files: 8-byte little-endian header length, a JSON header
+// {"name": {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]}, ...,
+//  "__metadata__": {"key": "string value"}}, then the raw little-endian data.
+// This is the format PyTorch users save with the `safetensors` package, so
+// checkpoints and user data sets interchange with PyTorch.
+#include <map>
+#include <string>
+#include <vector>
+
+#include "runtime/tensor.h"
+
+namespace mix::io {
+
+struct SafetensorsFile {
+  /// Tensors in the file's order of data offsets.
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  std::map<std::string, std::string> metadata;
+
+  const Tensor* find(const std::string& name) const;
+};
+
+/// Reads a whole file. Errors (missing file, truncated data, bad JSON, an
+/// unknown dtype, offsets out of range) throw mix::Error naming the file and problem.
+SafetensorsFile read_safetensors(const std::string& path);
+
+/// Writes to `path + ".tmp"`, fsyncs, then renames over `path`, so a crash never
+/// leaves a half-written file under the final name.
+void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
+}  // namespace mix::io

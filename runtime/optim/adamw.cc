@@ -1,0 +1,70 @@
+// AdamW, torch.optim.AdamW semantics (decoupled weight decay, bias corrections
+// from the count of applied steps, optimizer.step, which skipped steps do not advance).
+#include <cmath>
+
+#include "runtime/kernels/functors.h"
+#include "runtime/optim/optimizer.h"
+#include "runtime/optim/update_op.h"
+
+namespace mix::optim {
+namespace {
+
+void adamw_cpu(OpContext& ctx) {
+  if (skip_this_step(ctx)) return;
+  auto [param, grad] = param_and_grad(ctx);
+  Tensor& m = ctx.out_existing("Moment1Out");
+  Tensor& v = ctx.out_existing("Moment2Out");
+  const int64_t t = ctx.in("Step").data<int64_t>()[0];
+  MIX_CHECK(t >= 1, "adamw: optimizer.step is " << t << " (the increment_step op must run first)");
+  const double beta1 = ctx.attr<double>("beta1", 0.9), beta2 = ctx.attr<double>("beta2", 0.999);
+  const float lr = learning_rate(ctx);
+  // Bias corrections in double, as PyTorch computes them on the host.
+  const double bias1 = 1.0 - std::pow(beta1, static_cast<double>(t));
+  const double bias2 = 1.0 - std::pow(beta2, static_cast<double>(t));
+  const fn::AdamWUpdate update{lr,
+                               static_cast<float>(beta1),
+                               static_cast<float>(beta2),
+                               ctx.attr<float>("epsilon", 1e-8f),
+                               ctx.attr<float>("weight_decay", 0.01f),
+                               static_cast<float>(lr / bias1),
+                               static_cast<float>(1.0 / std::sqrt(bias2))};
+  float* pp = param->data<float>();
+  float* mp = m.data<float>();
+  float* vp = v.data<float>();
+  const float* g = grad->data<float>();
+  for (int64_t i = 0; i < param->numel(); ++i) update(pp[i], mp[i], vp[i], g[i]);
+}
+
+MIX_REGISTER_OP("adamw", OpInfo{{}, adamw_cpu, {}, {}});
+
+class AdamW final : public Optimizer {
+ public:
+  AdamW(double b1, double b2, double eps, double wd) : beta1_(b1), beta2_(b2), eps_(eps), weight_decay_(wd) {}
+  std::string name() const override { return "adamw"; }
+  void append_update_ops(Program& p, const ParamGrads& grads, const std::string& skip) override {
+    declare_common(p, skip);
+    for (auto& [param, grad] : grads) {
+      const std::string m = declare_slot(p, "exp_avg", param);
+      const std::string v = declare_slot(p, "exp_avg_sq", param);
+      auto inputs = update_inputs(param, grad, kLearningRate, skip);
+      inputs["Moment1"] = {m};
+      inputs["Moment2"] = {v};
+      inputs["Step"] = {kOptimizerStep};
+      OpDesc op = make_op("adamw", inputs, {{"ParamOut", {param}}, {"Moment1Out", {m}}, {"Moment2Out", {v}}},
+                          {{"beta1", beta1_}, {"beta2", beta2_}, {"epsilon", eps_}, {"weight_decay", weight_decay_}});
+      op.role = OpRole::optimize;
+      p.append_op(std::move(op));
+    }
+  }
+
+ private:
+  double beta1_, beta2_, eps_, weight_decay_;
+};
+
+}  // namespace
+
+std::unique_ptr<Optimizer> make_adamw(double beta1, double beta2, double eps, double weight_decay) {
+  return std::make_unique<AdamW>(beta1, beta2, eps, weight_decay);
+}
+
+}  // namespace mix::optim

@@ -1,0 +1,32 @@
+#include "runtime/optim/lr_schedule.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace mix::optim {
+
+namespace {
+constexpr double kPi = 3.14159265358979323846;
+double cosine_between(double from, double to, double frac) {
+  return to + (from - to) * 0.5 * (1.0 + std::cos(kPi * std::clamp(frac, 0.0, 1.0)));
+}
+}  // namespace
+
+double LrSchedule::at(int64_t step) const {
+  const int64_t total = std::max<int64_t>(total_steps, 1);
+  if (kind == "onecycle") {
+    const int64_t up = warmup_steps > 0 ? warmup_steps : std::max<int64_t>(1, static_cast<int64_t>(0.3 * total));
+    const double initial = peak / 25.0, final_lr = initial / 1e4;
+    if (step < up) return cosine_between(initial, peak, static_cast<double>(step) / static_cast<double>(up));
+    return cosine_between(peak, final_lr,
+                          static_cast<double>(step - up) / static_cast<double>(std::max<int64_t>(1, total - up - 1)));
+  }
+  if (step < warmup_steps) return peak * static_cast<double>(step + 1) / static_cast<double>(warmup_steps);
+  if (kind == "cosine") {
+    const int64_t rest = std::max<int64_t>(1, total - warmup_steps);
+    return cosine_between(peak, 0.0, static_cast<double>(step - warmup_steps) / static_cast<double>(rest));
+  }
+  return peak;
+}
+
+}  // namespace mix::optim

@@ -1,0 +1,22 @@
+#pragma once
+// Learning-rate schedules, evaluated on the host once per step.
+#include <cstdint>
+#include <string>
+
+namespace mix::optim {
+
+struct LrSchedule {
+  std::string kind = "constant";  // constant | cosine | onecycle
+  double peak = 0.1;
+  int64_t warmup_steps = 0;
+  int64_t total_steps = 1;
+
+  /// The rate for 0-based step `step`:
+  ///  - a linear warm-up from peak/warmup to peak over warmup_steps (constant, cosine);
+  ///  - constant: peak;  cosine: half a cosine from peak to 0 over the remaining steps;
+  ///  - onecycle (torch OneCycleLR, pct_start 0.3 or the warm-up when given): cosine
+  ///    from peak/25 up to peak, then cosine down to peak/(25 * 1e4).
+  double at(int64_t step) const;
+};
+
+}  // namespace mix::optim

@@ -1,0 +1,41 @@
+#include "runtime/optim/optimizer.h"
+
+#include "runtime/autodiff.h"
+#include "runtime/op_registry.h"
+
+namespace mix::optim {
+
+TrainProgram Optimizer::minimize(Program& p, const std::string& loss, const GradSyncPass& sync) {
+  seed_loss_gradient(p, loss);
+  BackwardResult bw = append_backward(p, loss);
+  TrainProgram t;
+  t.loss = loss;
+  t.param_grads = sync ? sync(p, bw.param_grads) : bw.param_grads;
+  append_update_ops(p, t.param_grads, "");
+  return t;
+}
+
+void Optimizer::declare_common(Program& p, const std::string& skip) {
+  if (!p.has_var(kLearningRate)) {
+    VarDesc lr{kLearningRate, {1}, DType::f32, true, false, true, {}};
+    p.add_var(lr);
+  }
+  if (!p.has_var(kOptimizerStep)) {
+    VarDesc step{kOptimizerStep, {1}, DType::i64, true, false, true, {}};
+    p.add_var(step);
+  }
+  std::map<std::string, std::vector<std::string>> in{{"Step", {kOptimizerStep}}};
+  if (!skip.empty()) in["SkipUpdate"] = {skip};
+  OpDesc inc = make_op("increment_step", in, {{"StepOut", {kOptimizerStep}}});
+  inc.role = OpRole::optimize;
+  p.append_op(std::move(inc));
+}
+
+std::string Optimizer::declare_slot(Program& p, const std::string& slot, const std::string& param) {
+  const std::string name = "optimizer." + slot + "." + param;
+  VarDesc v{name, p.var(param).shape, DType::f32, true, false, true, {}};
+  p.add_var(v);
+  return name;
+}
+
+}  // namespace mix::optim

@@ -1,0 +1,42 @@
+// Plain SGD with optional (coupled, PyTorch-style) weight decay.
+#include "runtime/kernels/functors.h"
+#include "runtime/optim/optimizer.h"
+#include "runtime/optim/update_op.h"
+
+namespace mix::optim {
+namespace {
+
+void sgd_cpu(OpContext& ctx) {
+  if (skip_this_step(ctx)) return;
+  auto [param, grad] = param_and_grad(ctx);
+  const fn::SgdUpdate update{learning_rate(ctx), ctx.attr<float>("weight_decay", 0.f)};
+  float* p = param->data<float>();
+  const float* g = grad->data<float>();
+  for (int64_t i = 0; i < param->numel(); ++i) update(p[i], g[i]);
+}
+
+MIX_REGISTER_OP("sgd", OpInfo{{}, sgd_cpu, {}, {}});
+
+class Sgd final : public Optimizer {
+ public:
+  explicit Sgd(double wd) : weight_decay_(wd) {}
+  std::string name() const override { return "sgd"; }
+  void append_update_ops(Program& p, const ParamGrads& grads, const std::string& skip) override {
+    declare_common(p, skip);
+    for (auto& [param, grad] : grads) {
+      OpDesc op = make_op("sgd", update_inputs(param, grad, kLearningRate, skip), {{"ParamOut", {param}}},
+                          {{"weight_decay", weight_decay_}});
+      op.role = OpRole::optimize;
+      p.append_op(std::move(op));
+    }
+  }
+
+ private:
+  double weight_decay_;
+};
+
+}  // namespace
+
+std::unique_ptr<Optimizer> make_sgd(double weight_decay) { return std::make_unique<Sgd>(weight_decay); }
+
+}  // namespace mix::optim

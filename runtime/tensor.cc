@@ -1,0 +1,91 @@
+#include "runtime/tensor.h"
+
+#include <cstring>
+#include <sstream>
+
+#include "runtime/check.h"
+
+namespace mix {
+
+int64_t shape_numel(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+std::string shape_str(const Shape& s) {
+  std::ostringstream o;
+  o << '[';
+  for (size_t i = 0; i < s.size(); ++i) o << (i ? ", " : "") << (s[i] < 0 ? std::string("?") : std::to_string(s[i]));
+  o << ']';
+  return o.str();
+}
+
+Storage::Storage(Allocator& alloc, size_t bytes) : alloc_(alloc), bytes_(bytes), data_(alloc.allocate(bytes)) {}
+Storage::~Storage() { alloc_.deallocate(data_, bytes_); }
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  for (int64_t d : shape) MIX_CHECK(d >= 0, "negative dimension in shape " << shape_str(shape));
+  Tensor t;
+  t.shape_ = shape;
+  t.dtype_ = dtype;
+  t.storage_ = std::make_shared<Storage>(allocator_for(device), t.bytes());
+  return t;
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
+  t.fill_zero();
+  return t;
+}
+
+Tensor Tensor::from_floats(const Shape& shape, const std::vector<float>& values) {
+  MIX_CHECK(shape_numel(shape) == static_cast<int64_t>(values.size()),
+            "shape " << shape_str(shape) << " does not hold " << values.size() << " values");
+  Tensor t = empty(shape, DType::f32);
+  if (!values.empty()) std::memcpy(t.raw(), values.data(), t.bytes());
+  return t;
+}
+
+Tensor Tensor::reshaped(const Shape& shape) const {
+  MIX_CHECK(shape_numel(shape) == numel(), "cannot reshape " << shape_str(shape_) << " to " << shape_str(shape));
+  Tensor t = *this;
+  t.shape_ = shape;
+  return t;
+}
+
+Tensor Tensor::clone() const {
+  Tensor t = empty(shape_, dtype_, device());
+  if (bytes()) std::memcpy(t.raw(), raw(), bytes());
+  return t;
+}
+
+float Tensor::item_float(int64_t i) const {
+  MIX_CHECK(i >= 0 && i < numel(), "index " << i << " out of range for " << shape_str(shape_));
+  switch (dtype_) {
+    case DType::f32: return data<float>()[i];
+    case DType::f16: return half_bits_to_float(data<uint16_t>()[i]);
+    case DType::bf16: return bf16_bits_to_float(data<uint16_t>()[i]);
+    case DType::i32: return static_cast<float>(data<int32_t>()[i]);
+    case DType::i64: return static_cast<float>(data<int64_t>()[i]);
+  }
+  return 0.f;
+}
+
+std::vector<float> Tensor::to_floats() const {
+  std::vector<float> out(static_cast<size_t>(numel()));
+  if (dtype_ == DType::f32) {
+    if (!out.empty()) std::memcpy(out.data(), raw(), bytes());
+  } else if (dtype_ == DType::f16) {
+    half_bulk::f16_to_f32(data<uint16_t>(), out.data(), out.size());
+  } else {
+    for (size_t i = 0; i < out.size(); ++i) out[i] = item_float(static_cast<int64_t>(i));
+  }
+  return out;
+}
+
+void Tensor::fill_zero() {
+  if (bytes()) std::memset(raw(), 0, bytes());
+}
+
+}  // namespace mix

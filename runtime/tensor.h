@@ -1,0 +1,78 @@
+#pragma once
+// Tensor: a shape, a dtype, a device, and storage shared between views.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/allocator.h"
+#include "runtime/dtype.h"
+#include "runtime/half.h"
+
+namespace mix {
+
+using Shape = std::vector<int64_t>;
+
+int64_t shape_numel(const Shape& s);
+std::string shape_str(const Shape& s);
+
+/// Owns one allocation; freed through the allocator that made it.
+class Storage {
+ public:
+  Storage(Allocator& alloc, size_t bytes);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  Device device() const { return alloc_.device(); }
+
+ private:
+  Allocator& alloc_;
+  size_t bytes_;
+  void* data_;
+};
+
+class Tensor {
+ public:
+  Tensor() = default;
+  /// Uninitialised tensor on `device`.
+  static Tensor empty(const Shape& shape, DType dtype, Device device = cpu_device());
+  static Tensor zeros(const Shape& shape, DType dtype, Device device = cpu_device());
+  /// f32 tensor from values (tests and small constants).
+  static Tensor from_floats(const Shape& shape, const std::vector<float>& values);
+
+  bool defined() const { return storage_ != nullptr || numel() == 0; }
+  const Shape& shape() const { return shape_; }
+  int64_t dim(int i) const { return shape_.at(i < 0 ? shape_.size() + i : i); }
+  int ndim() const { return static_cast<int>(shape_.size()); }
+  int64_t numel() const { return shape_numel(shape_); }
+  DType dtype() const { return dtype_; }
+  Device device() const { return storage_ ? storage_->device() : cpu_device(); }
+  size_t bytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype_); }
+
+  void* raw() const { return storage_ ? static_cast<char*>(storage_->data()) + offset_ : nullptr; }
+  template <typename T>
+  T* data() const {
+    return static_cast<T*>(raw());
+  }
+
+  /// Same storage, new shape of equal element count.
+  Tensor reshaped(const Shape& shape) const;
+  /// A deep copy on the same device.
+  Tensor clone() const;
+  /// Element i widened to float (any floating dtype); for tests and checks.
+  float item_float(int64_t i = 0) const;
+  /// Copies every element, converted to float (tests, checkpoints, hashing).
+  std::vector<float> to_floats() const;
+  void fill_zero();
+  bool shares_storage(const Tensor& o) const { return storage_ == o.storage_; }
+
+ private:
+  Shape shape_;
+  DType dtype_ = DType::f32;
+  std::shared_ptr<Storage> storage_;
+  size_t offset_ = 0;
+};
+
+}  // namespace mix

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs, idempotently, every Debian package the build, the tests and the
+# default run need. Safe to run again: it installs only what is missing.
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config
+  libopenmpi-dev openmpi-bin          # MPI communicator, mpirun
+  libspdlog-dev libfmt-dev            # logging
+  catch2                              # unit tests (Catch2 2.x)
+  libcli11-dev                        # command lines
+  nlohmann-json3-dev                  # safetensors headers, metrics
+  libopenblas-dev                     # SGEMM of the CPU backend
+  zlib1g-dev                          # Fashion-MNIST .gz files
+  dataset-fashion-mnist               # the default data set
+  python3-numpy python3-torch         # reference values and parity tests (/usr/bin/python3)
+  python3-matplotlib                  # plots of the comparison scripts
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all ${#packages[@]} packages present"
+  exit 0
+fi
+echo "setup: installing ${missing[*]}"
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,557 @@
+// Multi-rank tests of the MPI communicator; CTest runs them under mpirun on 2
+// and on 4 ranks. Every rank runs every test case and takes part in every
+// collective in the same order, so a failing CHECK never leaves a rank waiting;
+// the exit code is the maximum over the ranks, so a failure anywhere fails the run.
+//
+// Expected values are closed forms (rank r contributes r+1: the sum is
+// n(n+1)/2, the max n). Where per-hop FP16 rounding makes the answer depend on
+// the reduction tree, which MPI chooses freely, the test enumerates every tree
+// over the ranks' values and requires the answer to be one of them and to be
+// identical on every rank.
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+
+#include "collective/mpi_check.h"  // first: <mpi.h> without the C++ bindings
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "collective/communicator.h"
+#include "collective/mpi_communicator.h"
+#include "runtime/check.h"
+#include "runtime/half.h"
+
+namespace {
+
+using mix::DType;
+using mix::collective::Communicator;
+using mix::collective::ReduceOp;
+using mix::collective::Traffic;
+namespace mc = mix::collective;
+
+Communicator* g_comm = nullptr;
+Communicator& comm() { return *g_comm; }
+
+const DType kDtypes[] = {DType::f16, DType::bf16, DType::f32, DType::i32};
+const ReduceOp kOps[] = {ReduceOp::sum, ReduceOp::max, ReduceOp::avg};
+const size_t kSizes[] = {1, 7, 1000, size_t{1} << 20};
+
+// ---- element access in any dtype ---------------------------------------------
+
+/// Stores v (exactly representable, or rounded as the dtype rounds) at element i.
+void store(void* buf, size_t i, DType t, double v) {
+  switch (t) {
+    case DType::f32: static_cast<float*>(buf)[i] = static_cast<float>(v); return;
+    case DType::f16: static_cast<uint16_t*>(buf)[i] = mix::float_to_half_bits(static_cast<float>(v)); return;
+    case DType::bf16: static_cast<uint16_t*>(buf)[i] = mix::float_to_bf16_bits(static_cast<float>(v)); return;
+    case DType::i32: static_cast<int32_t*>(buf)[i] = static_cast<int32_t>(v); return;
+    case DType::i64: static_cast<int64_t*>(buf)[i] = static_cast<int64_t>(v); return;
+  }
+}
+
+double load(const void* buf, size_t i, DType t) {
+  switch (t) {
+    case DType::f32: return static_cast<const float*>(buf)[i];
+    case DType::f16: return mix::half_bits_to_float(static_cast<const uint16_t*>(buf)[i]);
+    case DType::bf16: return mix::bf16_bits_to_float(static_cast<const uint16_t*>(buf)[i]);
+    case DType::i32: return static_cast<const int32_t*>(buf)[i];
+    case DType::i64: return static_cast<double>(static_cast<const int64_t*>(buf)[i]);
+  }
+  return 0;
+}
+
+/// The value the backend must produce from an exact sum or max: avg is the
+/// (exact) sum stored in the dtype, then multiplied by 1/world in FP32 and
+/// rounded to the dtype; integers divide, truncating toward zero.
+void store_expected(void* buf, size_t i, DType t, ReduceOp op, double exact, int world) {
+  if (op != ReduceOp::avg) return store(buf, i, t, exact);
+  if (t == DType::i32) return store(buf, i, t, static_cast<double>(static_cast<int32_t>(exact) / world));
+  store(buf, i, t, exact);
+  const float sum = static_cast<float>(load(buf, i, t));
+  store(buf, i, t, static_cast<double>(sum * (1.0f / static_cast<float>(world))));
+}
+
+/// Counts elements whose bytes differ; describes the first one.
+size_t count_mismatches(const std::vector<char>& got, const std::vector<char>& want, size_t n, DType t,
+                        std::string* first) {
+  const size_t es = mix::dtype_size(t);
+  size_t bad = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (std::memcmp(got.data() + i * es, want.data() + i * es, es) != 0) {
+      if (bad == 0) {
+        *first = "element " + std::to_string(i) + ": got " + std::to_string(load(got.data(), i, t)) + ", want " +
+                 std::to_string(load(want.data(), i, t));
+      }
+      ++bad;
+    }
+  }
+  return bad;
+}
+
+/// FNV-1a of a buffer: ranks compare results without gathering them whole.
+uint64_t fnv1a(const void* p, size_t bytes) {
+  uint64_t h = 1469598103934665603ull;
+  const auto* c = static_cast<const unsigned char*>(p);
+  for (size_t i = 0; i < bytes; ++i) h = (h ^ c[i]) * 1099511628211ull;
+  return h;
+}
+
+/// True when every rank holds the same 64-bit value.
+bool same_on_all_ranks(Communicator& c, uint64_t v) {
+  std::vector<uint64_t> all(static_cast<size_t>(c.world_size()));
+  c.all_gather(&v, all.data(), sizeof(v));
+  for (uint64_t x : all) {
+    if (x != v) return false;
+  }
+  return true;
+}
+
+/// Runs one all-reduce where rank r contributes value(r, i) at element i, and
+/// compares with the closed form from exact(i) (the exact sum or max).
+template <typename ValueFn, typename ExactFn>
+void check_reduce(Communicator& c, DType t, ReduceOp op, size_t n, ValueFn value, ExactFn exact) {
+  const int world = c.world_size();
+  const size_t es = mix::dtype_size(t);
+  std::vector<char> buf(n * es), want(n * es);
+  for (size_t i = 0; i < n; ++i) {
+    store(buf.data(), i, t, value(c.rank(), i));
+    store_expected(want.data(), i, t, op, exact(i), world);
+  }
+  c.all_reduce(buf.data(), n, t, op);
+  std::string first;
+  const size_t bad = count_mismatches(buf, want, n, t, &first);
+  INFO(mix::dtype_name(t) << " " << mc::reduce_op_name(op) << " of " << n << " elements on " << world
+                          << " ranks; rank " << c.rank() << " " << first);
+  CHECK(bad == 0);
+}
+
+// ---- every reduction tree ------------------------------------------------------
+
+using HopFn = float (*)(float, float);
+
+float f16_sum_hop(float a, float b) {
+  uint16_t x = mix::float_to_half_bits(a);
+  const uint16_t y = mix::float_to_half_bits(b);
+  mc::reduce_into(&x, &y, 1, DType::f16, ReduceOp::sum);
+  return mix::half_bits_to_float(x);
+}
+float bf16_sum_hop(float a, float b) {
+  uint16_t x = mix::float_to_bf16_bits(a);
+  const uint16_t y = mix::float_to_bf16_bits(b);
+  mc::reduce_into(&x, &y, 1, DType::bf16, ReduceOp::sum);
+  return mix::bf16_bits_to_float(x);
+}
+
+/// Every result of combining vals with `hop` over any binary tree and any order.
+std::set<float> all_tree_results(const std::vector<float>& vals, HopFn hop) {
+  if (vals.size() == 1) return {vals[0]};
+  std::set<float> out;
+  const unsigned n = static_cast<unsigned>(vals.size());
+  // Split into a part holding element 0 and a non-empty rest.
+  for (unsigned mask = 1; mask < (1u << n) - 1; mask += 2) {
+    std::vector<float> left, right;
+    for (unsigned k = 0; k < n; ++k) ((mask >> k) & 1u ? left : right).push_back(vals[k]);
+    for (float l : all_tree_results(left, hop)) {
+      for (float r : all_tree_results(right, hop)) {
+        out.insert(hop(l, r));
+        out.insert(hop(r, l));
+      }
+    }
+  }
+  return out;
+}
+
+std::string describe(const std::set<float>& s) {
+  std::string out;
+  for (float v : s) out += (out.empty() ? "" : ", ") + std::to_string(v);
+  return "{" + out + "}";
+}
+
+std::vector<std::string> all_hostnames(Communicator& c) {
+  constexpr size_t kLen = 256;
+  char mine[kLen] = {0};
+  gethostname(mine, kLen - 1);
+  std::vector<char> all(kLen * static_cast<size_t>(c.world_size()));
+  c.all_gather(mine, all.data(), kLen);
+  std::vector<std::string> names;
+  for (int r = 0; r < c.world_size(); ++r) names.emplace_back(all.data() + static_cast<size_t>(r) * kLen);
+  return names;
+}
+
+}  // namespace
+
+TEST_CASE("ranks, world and hosts", "[mpi]") {
+  Communicator& c = comm();
+  const int n = c.world_size();
+  CHECK(c.backend_name() == "mpi");
+  CHECK(c.rank() >= 0);
+  CHECK(c.rank() < n);
+  CHECK(mc::launched_under_mpi());
+  if (const char* env = std::getenv("OMPI_COMM_WORLD_SIZE")) CHECK(n == std::atoi(env));
+  if (const char* env = std::getenv("OMPI_COMM_WORLD_RANK")) CHECK(c.rank() == std::atoi(env));
+
+  int32_t me = c.rank();
+  std::vector<int32_t> ranks(static_cast<size_t>(n), -1);
+  c.all_gather(&me, ranks.data(), sizeof(me));
+  for (int r = 0; r < n; ++r) CHECK(ranks[static_cast<size_t>(r)] == r);
+
+  // local rank = position among the ranks of this host, in world order.
+  const auto hosts = all_hostnames(c);
+  int expect_local_rank = 0, expect_local_size = 0;
+  for (int r = 0; r < n; ++r) {
+    if (hosts[static_cast<size_t>(r)] != hosts[static_cast<size_t>(c.rank())]) continue;
+    if (r < c.rank()) ++expect_local_rank;
+    ++expect_local_size;
+  }
+  CHECK(c.local_rank() == expect_local_rank);
+  CHECK(c.local_size() == expect_local_size);
+  bool one_host = true;
+  for (const auto& host : hosts) one_host = one_host && host == hosts[0];
+  if (one_host) {
+    CHECK(c.local_rank() == c.rank());
+    CHECK(c.local_size() == n);
+  }
+  // set_process_identity ran at construction: errors name this rank.
+  CHECK(mix::process_identity().find("rank " + std::to_string(c.rank()) + "/" + std::to_string(n)) !=
+        std::string::npos);
+}
+
+TEST_CASE("rank r contributes r+1: closed forms for every dtype, op and size", "[mpi][all_reduce]") {
+  Communicator& c = comm();
+  const double n = c.world_size();
+  for (DType t : kDtypes) {
+    for (ReduceOp op : kOps) {
+      for (size_t size : kSizes) {
+        const double exact = op == ReduceOp::max ? n : n * (n + 1) / 2;
+        check_reduce(
+            c, t, op, size, [](int r, size_t) { return r + 1.0; }, [&](size_t) { return exact; });
+      }
+    }
+  }
+}
+
+TEST_CASE("per-element patterns", "[mpi][all_reduce]") {
+  Communicator& c = comm();
+  const int world = c.world_size();
+  const double n = world;
+  for (DType t : kDtypes) {
+    for (ReduceOp op : kOps) {
+      for (size_t size : {size_t{7}, size_t{1000}, size_t{1} << 20}) {
+        // A: (r+1) * (i % 5); the max comes from the last rank.
+        check_reduce(
+            c, t, op, size, [](int r, size_t i) { return (r + 1.0) * static_cast<double>(i % 5); },
+            [&](size_t i) {
+              const double k = static_cast<double>(i % 5);
+              return op == ReduceOp::max ? n * k : k * n * (n + 1) / 2;
+            });
+        // B: a rotating rank holds the max, values are signed, and floats carry
+        // quarters (exact in f16 and bf16): scale * ((r + i) % n) - 3 * (i % 3).
+        const double scale = t == DType::i32 ? 1.0 : 0.25;
+        check_reduce(
+            c, t, op, size,
+            [&](int r, size_t i) {
+              return scale * static_cast<double>((static_cast<size_t>(r) + i) % static_cast<size_t>(world)) -
+                     3.0 * static_cast<double>(i % 3);
+            },
+            [&](size_t i) {
+              const double k = 3.0 * static_cast<double>(i % 3);
+              return op == ReduceOp::max ? scale * (n - 1) - k : scale * n * (n - 1) / 2 - n * k;
+            });
+      }
+    }
+  }
+}
+
+TEST_CASE("f16/bf16 sums round per hop, in some tree order, identically on every rank", "[mpi][all_reduce][f16]") {
+  Communicator& c = comm();
+  const int world = c.world_size();
+  struct Case {
+    DType dtype;
+    float big;
+    HopFn hop;
+  };
+  // big + (n-1) ones: each 1 is half a spacing of big, so the answer depends on
+  // how the ones are grouped: on 4 ranks ((2048+1)+1)+1 = 2048, (2048+1)+(1+1) =
+  // 2050, 2048+((1+1)+1) = 2052.
+  for (const Case& k : {Case{DType::f16, 2048.0f, &f16_sum_hop}, Case{DType::bf16, 256.0f, &bf16_sum_hop}}) {
+    std::vector<float> vals(static_cast<size_t>(world), 1.0f);
+    vals[0] = k.big;
+    const std::set<float> plausible = world <= 8 ? all_tree_results(vals, k.hop) : std::set<float>{};
+    for (size_t size : {size_t{1}, size_t{1000}, size_t{1} << 20}) {
+      // The big value sits on rank i % n, so every rank plays every part.
+      std::vector<uint16_t> buf(size);
+      for (size_t i = 0; i < size; ++i) {
+        const float v = static_cast<int>(i % static_cast<size_t>(world)) == c.rank() ? k.big : 1.0f;
+        buf[i] = k.dtype == DType::f16 ? mix::float_to_half_bits(v) : mix::float_to_bf16_bits(v);
+      }
+      c.all_reduce(buf.data(), size, k.dtype, ReduceOp::sum);
+      size_t outside = 0;
+      float first_outside = 0;
+      for (size_t i = 0; i < size; ++i) {
+        const float got = k.dtype == DType::f16 ? mix::half_bits_to_float(buf[i]) : mix::bf16_bits_to_float(buf[i]);
+        // Without the enumeration (more than 8 ranks): within the exact sum's
+        // neighbourhood, at most one spacing of big (2 for f16, 2 for bf16) per extra rank.
+        const bool ok = plausible.empty()
+                            ? std::fabs(got - (k.big + static_cast<float>(world - 1))) <= 2.0f * static_cast<float>(world)
+                            : plausible.count(got) == 1;
+        if (!ok && outside++ == 0) first_outside = got;
+      }
+      INFO(mix::dtype_name(k.dtype) << " " << size << " elements, rank " << c.rank() << ": " << outside
+                                    << " results outside " << describe(plausible) << ", first " << first_outside);
+      CHECK(outside == 0);
+      CHECK(same_on_all_ranks(c, fnv1a(buf.data(), size * 2)));
+    }
+  }
+}
+
+TEST_CASE("inf and NaN survive every reduction tree", "[mpi][all_reduce]") {
+  Communicator& c = comm();
+  const int last = c.world_size() - 1;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  SECTION("f32 max: a NaN on one rank reaches every rank") {
+    // The builtin MPI_MAX keeps or drops a NaN by operand order; ours must not.
+    std::vector<float> v(64, 1.0f);
+    if (c.rank() == 0) v[0] = nan;
+    if (c.rank() == last) v[1] = nan;
+    v[2] = static_cast<float>(c.rank());
+    c.all_reduce(v.data(), v.size(), DType::f32, ReduceOp::max);
+    CHECK(std::isnan(v[0]));
+    CHECK(std::isnan(v[1]));
+    CHECK(v[2] == static_cast<float>(last));
+    CHECK(v[3] == 1.0f);
+  }
+  SECTION("f16 max and sum with NaN, and an overflowing f16 sum") {
+    std::vector<uint16_t> m(16, mix::float_to_half_bits(1.0f));
+    if (c.rank() == last) m[0] = 0x7e00;  // quiet NaN
+    if (c.rank() == 0) m[1] = 0x7e00;
+    c.all_reduce(m.data(), m.size(), DType::f16, ReduceOp::max);
+    CHECK(std::isnan(mix::half_bits_to_float(m[0])));
+    CHECK(std::isnan(mix::half_bits_to_float(m[1])));
+    CHECK(mix::half_bits_to_float(m[2]) == 1.0f);
+
+    // 40000 from every rank: the first hop already exceeds 65504 -> inf, as on a GPU.
+    std::vector<uint16_t> s(16, mix::float_to_half_bits(40000.0f));
+    if (c.rank() == 0) s[1] = 0x7e00;
+    c.all_reduce(s.data(), s.size(), DType::f16, ReduceOp::sum);
+    CHECK(mix::half_bits_to_float(s[0]) == (c.world_size() > 1 ? std::numeric_limits<float>::infinity() : 40000.0f));
+    CHECK(std::isnan(mix::half_bits_to_float(s[1])));
+  }
+}
+
+TEST_CASE("broadcast from the first and the last rank", "[mpi][broadcast]") {
+  Communicator& c = comm();
+  for (int root : {0, c.world_size() - 1}) {
+    for (size_t bytes : {size_t{1}, size_t{1000}, (size_t{1} << 20) + 3}) {
+      std::vector<unsigned char> buf(bytes, 0xEE);
+      auto pattern = [&](size_t i) { return static_cast<unsigned char>((i * 7 + static_cast<size_t>(root) * 13) & 0xff); };
+      if (c.rank() == root) {
+        for (size_t i = 0; i < bytes; ++i) buf[i] = pattern(i);
+      }
+      c.broadcast(buf.data(), bytes, root);
+      size_t bad = 0;
+      for (size_t i = 0; i < bytes; ++i) bad += buf[i] != pattern(i);
+      INFO("root " << root << ", " << bytes << " bytes, rank " << c.rank());
+      CHECK(bad == 0);
+    }
+  }
+  c.broadcast(nullptr, 0, 0);
+  int x = 0;
+  CHECK_THROWS_AS(c.broadcast(&x, sizeof(x), c.world_size()), mix::Error);
+  CHECK_THROWS_AS(c.broadcast(&x, sizeof(x), -1), mix::Error);
+}
+
+TEST_CASE("all_gather in rank order, and in place", "[mpi][all_gather]") {
+  Communicator& c = comm();
+  const size_t n = static_cast<size_t>(c.world_size());
+  const size_t me = static_cast<size_t>(c.rank());
+  auto pattern = [](size_t r, size_t i) { return static_cast<unsigned char>((r * 31 + i * 3 + 1) & 0xff); };
+  for (size_t bpr : {size_t{1}, size_t{13}, size_t{100000}}) {
+    std::vector<unsigned char> send(bpr), recv(bpr * n, 0xEE);
+    for (size_t i = 0; i < bpr; ++i) send[i] = pattern(me, i);
+    c.all_gather(send.data(), recv.data(), bpr);
+    size_t bad = 0;
+    for (size_t r = 0; r < n; ++r) {
+      for (size_t i = 0; i < bpr; ++i) bad += recv[r * bpr + i] != pattern(r, i);
+    }
+    INFO(bpr << " bytes per rank, rank " << me);
+    CHECK(bad == 0);
+
+    // In place: this rank's block already sits in its slot.
+    std::vector<unsigned char> inplace(bpr * n, 0xEE);
+    std::memcpy(inplace.data() + me * bpr, send.data(), bpr);
+    c.all_gather(inplace.data() + me * bpr, inplace.data(), bpr);
+    CHECK(inplace == recv);
+  }
+}
+
+TEST_CASE("barrier waits for every rank", "[mpi][barrier]") {
+  Communicator& c = comm();
+  const auto hosts = all_hostnames(c);
+  bool one_host = true;
+  for (const auto& host : hosts) one_host = one_host && host == hosts[0];
+  c.barrier();
+  if (!one_host) return;  // the file check needs one file system; barrier() above still ran
+
+  // Rank 0 makes a fresh directory and tells the others; the last rank writes
+  // its file late; after the barrier every rank must see every file.
+  char dir[256] = {0};
+  if (c.rank() == 0) {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "mix_barrier_XXXXXX").string();
+    std::vector<char> path(tmpl.begin(), tmpl.end());
+    path.push_back('\0');
+    if (mkdtemp(path.data()) != nullptr) std::snprintf(dir, sizeof(dir), "%s", path.data());
+  }
+  c.broadcast(dir, sizeof(dir), 0);
+  REQUIRE(dir[0] != '\0');  // same outcome on every rank: they all received rank 0's answer
+  if (c.rank() == c.world_size() - 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  std::ofstream(std::filesystem::path(dir) / std::to_string(c.rank())) << "here";
+  c.barrier();
+  int missing = 0;
+  for (int r = 0; r < c.world_size(); ++r) missing += !std::filesystem::exists(std::filesystem::path(dir) / std::to_string(r));
+  CHECK(missing == 0);
+  c.barrier();
+  if (c.rank() == 0) std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("byte counters split gradient and control traffic", "[mpi][bytes]") {
+  Communicator& c = comm();
+  c.reset_bytes();
+  std::vector<uint16_t> grads(1000, mix::float_to_half_bits(1.0f));
+  c.all_reduce(grads.data(), grads.size(), DType::f16, ReduceOp::sum, Traffic::gradients);
+  std::vector<float> grads32(10, 1.0f);
+  c.all_reduce(grads32.data(), grads32.size(), DType::f32, ReduceOp::avg, Traffic::gradients);
+  CHECK(c.bytes().grad_allreduce_bytes == 2040);
+  CHECK(c.bytes().grad_allreduce_calls == 2);
+  CHECK(c.bytes().other_bytes == 0);
+
+  int32_t found_inf = c.rank() == 0 ? 1 : 0;
+  c.all_reduce(&found_inf, 1, DType::i32, ReduceOp::max);
+  CHECK(found_inf == 1);
+  CHECK(c.bytes().other_bytes == 4);
+  char blob[100] = {};
+  c.broadcast(blob, sizeof(blob), 0);
+  CHECK(c.bytes().other_bytes == 104);
+  uint64_t fp = 42;
+  std::vector<uint64_t> all(static_cast<size_t>(c.world_size()));
+  c.all_gather(&fp, all.data(), sizeof(fp));  // counts what this rank hands in
+  CHECK(c.bytes().other_bytes == 112);
+  c.barrier();
+  CHECK(c.bytes().other_bytes == 112);
+  CHECK(c.bytes().grad_allreduce_bytes == 2040);
+  CHECK(c.bytes().grad_allreduce_calls == 2);
+  c.reset_bytes();
+  CHECK(c.bytes().grad_allreduce_bytes == 0);
+  CHECK(c.bytes().other_bytes == 0);
+  CHECK(c.bytes().grad_allreduce_calls == 0);
+}
+
+TEST_CASE("chunked calls give the same results (a second communicator, 1002 bytes per call)", "[mpi][chunks]") {
+  // What keeps counts beyond INT_MAX working, exercised on small buffers; this
+  // communicator does not own MPI, so destroying it leaves the main one working.
+  auto small = mc::make_mpi_communicator(1002);
+  Communicator& c = *small;
+  REQUIRE(c.rank() == comm().rank());
+  REQUIRE(c.world_size() == comm().world_size());
+  const double n = c.world_size();
+  for (DType t : kDtypes) {
+    for (ReduceOp op : kOps) {
+      check_reduce(
+          c, t, op, 100003, [](int r, size_t i) { return (r + 1.0) * static_cast<double>(i % 5); },
+          [&](size_t i) {
+            const double k = static_cast<double>(i % 5);
+            return op == ReduceOp::max ? n * k : k * n * (n + 1) / 2;
+          });
+    }
+  }
+  const int root = c.world_size() - 1;
+  std::vector<unsigned char> buf(10007, 0xEE);
+  if (c.rank() == root) {
+    for (size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<unsigned char>(i & 0xff);
+  }
+  c.broadcast(buf.data(), buf.size(), root);
+  size_t bad = 0;
+  for (size_t i = 0; i < buf.size(); ++i) bad += buf[i] != static_cast<unsigned char>(i & 0xff);
+  CHECK(bad == 0);
+
+  const size_t bpr = 5003, world = static_cast<size_t>(c.world_size()), me = static_cast<size_t>(c.rank());
+  auto pattern = [](size_t r, size_t i) { return static_cast<unsigned char>((r * 101 + i) & 0xff); };
+  std::vector<unsigned char> send(bpr), recv(bpr * world, 0xEE), inplace(bpr * world, 0xEE);
+  for (size_t i = 0; i < bpr; ++i) send[i] = pattern(me, i);
+  c.all_gather(send.data(), recv.data(), bpr);
+  bad = 0;
+  for (size_t r = 0; r < world; ++r) {
+    for (size_t i = 0; i < bpr; ++i) bad += recv[r * bpr + i] != pattern(r, i);
+  }
+  CHECK(bad == 0);
+  std::memcpy(inplace.data() + me * bpr, send.data(), bpr);
+  c.all_gather(inplace.data() + me * bpr, inplace.data(), bpr);
+  CHECK(inplace == recv);
+}
+
+TEST_CASE("make_default_communicator picks MPI under mpirun", "[mpi]") {
+  auto d = mc::make_default_communicator();
+  CHECK(d->backend_name() == "mpi");
+  CHECK(d->world_size() == comm().world_size());
+  CHECK(d->rank() == comm().rank());
+  int32_t one = 1;
+  d->all_reduce(&one, 1, DType::i32, ReduceOp::sum);
+  CHECK(one == d->world_size());
+}
+
+TEST_CASE("errors name the call, the place and the rank", "[mpi][errors]") {
+  Communicator& c = comm();
+  int x = 0;
+  // An invalid root fails each rank's argument check locally: no rank waits.
+  try {
+    MIX_MPI_CHECK(MPI_Bcast(&x, 1, MPI_INT, c.world_size() + 5, MPI_COMM_WORLD));
+    FAIL("MIX_MPI_CHECK did not throw on an invalid root");
+  } catch (const mix::Error& e) {
+    const std::string msg = e.what();
+    INFO(msg);
+    CHECK(msg.find("MPI_Bcast") != std::string::npos);
+    CHECK(msg.find("test_collectives.cc:") != std::string::npos);
+    CHECK(msg.find("rank " + std::to_string(c.rank()) + "/") != std::string::npos);
+    CHECK(msg.find("MPI call failed: ") != std::string::npos);
+  }
+  CHECK(mc::mpi_error_string(MPI_ERR_ROOT).size() > 0);
+  CHECK_THROWS_AS(c.all_reduce(nullptr, 3, DType::f32, ReduceOp::sum), mix::Error);
+  c.all_reduce(nullptr, 0, DType::f32, ReduceOp::sum);  // nothing to do is fine
+  c.barrier();
+}
+
+int main(int argc, char** argv) {
+  std::unique_ptr<Communicator> owner;
+  try {
+    owner = mc::make_mpi_communicator();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "test_collectives: cannot start MPI: %s\n", e.what());
+    return 1;
+  }
+  g_comm = owner.get();
+  int failed = Catch::Session().run(argc, argv);
+  // Any failure on any rank fails every rank.
+  int32_t worst = failed;
+  try {
+    owner->all_reduce(&worst, 1, DType::i32, ReduceOp::max);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "test_collectives: final all-reduce failed: %s\n", e.what());
+    worst = 1;
+  }
+  g_comm = nullptr;
+  owner.reset();  // MPI_Finalize
+  return worst != 0 ? 1 : 0;
+}

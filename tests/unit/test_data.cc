@@ -1,0 +1,657 @@
+// Data sets (Fashion-MNIST, a user's safetensors file, synthetic), the
+// deterministic RNG, the distributed sampler and batch gathering.
+#include <sys/wait.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "runtime/check.h"
+#include "runtime/data/dataset.h"
+#include "runtime/io/safetensors.h"
+#include "runtime/random.h"
+
+namespace fs = std::filesystem;
+using Catch::Matchers::Contains;
+using mix::DType;
+using mix::Shape;
+using mix::Tensor;
+using namespace mix::data;
+
+namespace {
+
+const char* const kFashionDir = "/usr/share/datasets/fashion-mnist";
+const char* const kPython = "/usr/bin/python3";
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    static int counter = 0;
+    path = fs::temp_directory_path() / ("mix_test_data_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::string file(const std::string& name) const { return (path / name).string(); }
+};
+
+std::string read_bytes(const std::string& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+void write_bytes(const std::string& p, const std::string& bytes) {
+  std::ofstream out(p, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+std::string be32(uint32_t v) {
+  return std::string{static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8),
+                     static_cast<char>(v)};
+}
+
+/// An IDX file's bytes: magic, dims, data.
+std::string idx_bytes(uint32_t magic, const std::vector<uint32_t>& dims, const std::vector<uint8_t>& data) {
+  std::string s = be32(magic);
+  for (uint32_t d : dims) s += be32(d);
+  s.append(data.begin(), data.end());
+  return s;
+}
+
+void write_gz(const std::string& p, const std::string& bytes) {
+  gzFile f = gzopen(p.c_str(), "wb");
+  REQUIRE(f != nullptr);
+  REQUIRE(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())) == static_cast<int>(bytes.size()));
+  REQUIRE(gzclose(f) == Z_OK);
+}
+
+/// A tiny Fashion-MNIST-shaped directory: `train_n` and `test_n` examples.
+/// Pixel j of image i is (i * 7 + j) % 256; label i is i % 10.
+void write_tiny_fashion(const TempDir& dir, int train_n, int test_n, bool gz = true) {
+  for (auto [prefix, n] : {std::pair<const char*, int>{"train", train_n}, {"t10k", test_n}}) {
+    std::vector<uint8_t> px(static_cast<size_t>(n) * 784), lb(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) {
+      for (int j = 0; j < 784; ++j) px[static_cast<size_t>(i) * 784 + j] = static_cast<uint8_t>((i * 7 + j) % 256);
+      lb[static_cast<size_t>(i)] = static_cast<uint8_t>(i % 10);
+    }
+    const std::string img = idx_bytes(0x803, {static_cast<uint32_t>(n), 28, 28}, px);
+    const std::string lbl = idx_bytes(0x801, {static_cast<uint32_t>(n)}, lb);
+    const std::string base = dir.file(std::string(prefix));
+    if (gz) {
+      write_gz(base + "-images-idx3-ubyte.gz", img);
+      write_gz(base + "-labels-idx1-ubyte.gz", lbl);
+    } else {
+      write_bytes(base + "-images-idx3-ubyte", img);
+      write_bytes(base + "-labels-idx1-ubyte", lbl);
+    }
+  }
+}
+
+const TrainTest& fashion() {
+  static const TrainTest tt = load_fashion_mnist(kFashionDir);
+  return tt;
+}
+
+int run_python(const TempDir& dir, const std::string& script, const std::string& args) {
+  const std::string sp = dir.file("script.py");
+  write_bytes(sp, script);
+  const std::string cmd = std::string(kPython) + " " + sp + " " + args;
+  const int rc = std::system(cmd.c_str());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.shape() == b.shape() &&
+         (a.bytes() == 0 || std::memcmp(a.raw(), b.raw(), a.bytes()) == 0);
+}
+
+Tensor labels_of(const std::vector<int64_t>& v) {
+  Tensor t = Tensor::empty({static_cast<int64_t>(v.size())}, DType::i64);
+  std::copy(v.begin(), v.end(), t.data<int64_t>());
+  return t;
+}
+
+}  // namespace
+
+// ---- Fashion-MNIST ------------------------------------------------------------
+
+TEST_CASE("Fashion-MNIST loads from the Debian package", "[data][fashion]") {
+  if (!fs::exists(kFashionDir)) {
+    WARN(kFashionDir << " missing (install dataset-fashion-mnist): not tested");
+    return;
+  }
+  const TrainTest& tt = fashion();
+  CHECK(tt.train.name == "fashion-mnist");
+  CHECK(tt.train.num_classes == 10);
+  CHECK(tt.test.num_classes == 10);
+  REQUIRE(tt.train.size() == 60000);
+  REQUIRE(tt.test.size() == 10000);
+  CHECK(tt.train.inputs.shape() == Shape{60000, 784});
+  CHECK(tt.test.inputs.shape() == Shape{10000, 784});
+  CHECK(tt.train.example_shape() == Shape{784});
+  CHECK(tt.train.inputs.dtype() == DType::f32);
+  CHECK(tt.train.labels.dtype() == DType::i64);
+  CHECK(tt.train.labels.shape() == Shape{60000});
+
+  for (const Dataset* ds : {&tt.train, &tt.test}) {
+    std::vector<int64_t> counts(10, 0);
+    const int64_t* l = ds->labels.data<int64_t>();
+    for (int64_t i = 0; i < ds->size(); ++i) {
+      REQUIRE(l[i] >= 0);
+      REQUIRE(l[i] < 10);
+      ++counts[static_cast<size_t>(l[i])];
+    }
+    for (int64_t c : counts) CHECK(c == ds->size() / 10);  // 6000 / 1000 per class
+  }
+  // Normalised with the training set's own statistics: mean ~0, std ~1.
+  const float* x = tt.train.inputs.data<float>();
+  const size_t n = static_cast<size_t>(tt.train.inputs.numel());
+  double s = 0, s2 = 0;
+  float lo = x[0], hi = x[0];
+  for (size_t i = 0; i < n; ++i) {
+    s += x[i];
+    s2 += static_cast<double>(x[i]) * x[i];
+    lo = std::min(lo, x[i]);
+    hi = std::max(hi, x[i]);
+  }
+  const double mean = s / n;
+  CHECK(std::abs(mean) < 0.01);
+  CHECK(std::abs(std::sqrt(s2 / n - mean * mean) - 1.0) < 0.01);
+  CHECK(lo == (0.0f - 0.2860f) / 0.3530f);
+  CHECK(hi == (1.0f - 0.2860f) / 0.3530f);
+}
+
+TEST_CASE("Fashion-MNIST matches an independent reader in Python", "[data][fashion][python]") {
+  if (!fs::exists(kFashionDir) || !fs::exists(kPython)) {
+    WARN("Fashion-MNIST or " << kPython << " missing: not tested");
+    return;
+  }
+  // Python decodes the files with gzip + numpy and applies torchvision's
+  // ToTensor + Normalize arithmetic in float32; we compare a few rows bit for bit.
+  TempDir dir;
+  const std::string out = dir.file("rows.bin");
+  const std::string script = R"PY(
+import gzip, sys
+import numpy as np
+d = sys.argv[1]
+img = np.frombuffer(gzip.open(d + "/t10k-images-idx3-ubyte.gz").read(), dtype=np.uint8, offset=16).reshape(-1, 784)
+lab = np.frombuffer(gzip.open(d + "/t10k-labels-idx1-ubyte.gz").read(), dtype=np.uint8, offset=8)
+rows = [0, 1, 4321, 9999]
+x = (img[rows].astype(np.float32) / np.float32(255) - np.float32(0.2860)) / np.float32(0.3530)
+with open(sys.argv[2], "wb") as f:
+    f.write(x.astype("<f4").tobytes() + lab[rows].astype("<i8").tobytes())
+)PY";
+  REQUIRE(run_python(dir, script, std::string(kFashionDir) + " " + out) == 0);
+  const std::string ref = read_bytes(out);
+  const int64_t rows[] = {0, 1, 4321, 9999};
+  REQUIRE(ref.size() == 4 * (784 * 4 + 8));
+  const Dataset& test = fashion().test;
+  for (int r = 0; r < 4; ++r) {
+    INFO("row " << rows[r]);
+    CHECK(std::memcmp(ref.data() + r * 784 * 4, test.inputs.data<float>() + rows[r] * 784, 784 * 4) == 0);
+    int64_t label;
+    std::memcpy(&label, ref.data() + 4 * 784 * 4 + r * 8, 8);
+    CHECK(test.labels.data<int64_t>()[rows[r]] == label);
+  }
+}
+
+TEST_CASE("Fashion-MNIST errors name the file and say how to get the data", "[data][fashion]") {
+  TempDir dir;
+  SECTION("missing directory") {
+    const std::string d = dir.file("nowhere");
+    REQUIRE_THROWS_WITH(load_fashion_mnist(d), Contains(d) && Contains("dataset-fashion-mnist") &&
+                                                   Contains("scripts/setup.sh") && Contains("--data-dir"));
+  }
+  SECTION("a missing file in an existing directory") {
+    write_tiny_fashion(dir, 5, 3);
+    fs::remove(dir.file("t10k-labels-idx1-ubyte.gz"));
+    REQUIRE_THROWS_WITH(load_fashion_mnist(dir.path.string()),
+                        Contains("t10k-labels-idx1-ubyte.gz") && Contains("not found") && Contains("--data-dir"));
+  }
+  SECTION("a truncated gzip file") {
+    write_tiny_fashion(dir, 20, 3);
+    const std::string p = dir.file("train-images-idx3-ubyte.gz");
+    const std::string gz = read_bytes(p);
+    write_bytes(p, gz.substr(0, gz.size() / 2));
+    REQUIRE_THROWS_WITH(load_fashion_mnist(dir.path.string()), Contains(p) && Contains("dataset-fashion-mnist"));
+  }
+  SECTION("a truncated copy of the real labels file") {
+    if (!fs::exists(kFashionDir)) return;
+    write_tiny_fashion(dir, 5, 3);
+    const std::string p = dir.file("train-labels-idx1-ubyte.gz");
+    const std::string gz = read_bytes(std::string(kFashionDir) + "/train-labels-idx1-ubyte.gz");
+    write_bytes(p, gz.substr(0, gz.size() - 100));
+    REQUIRE_THROWS_WITH(load_fashion_mnist(dir.path.string()), Contains(p) && Contains("--data-dir"));
+  }
+  SECTION("corrupt bytes inside the gzip stream") {
+    write_tiny_fashion(dir, 20, 3);
+    const std::string p = dir.file("train-images-idx3-ubyte.gz");
+    std::string gz = read_bytes(p);
+    for (size_t i = gz.size() / 3; i < gz.size() / 3 + 16; ++i) gz[i] = static_cast<char>(~gz[i]);
+    write_bytes(p, gz);
+    REQUIRE_THROWS_WITH(load_fashion_mnist(dir.path.string()), Contains(p) && Contains("--data-dir"));
+  }
+  SECTION("a bad gzip trailer (CRC) is caught") {
+    write_tiny_fashion(dir, 20, 3);
+    const std::string p = dir.file("t10k-labels-idx1-ubyte.gz");
+    std::string gz = read_bytes(p);
+    gz[gz.size() - 8] = static_cast<char>(gz[gz.size() - 8] ^ 0x55);  // first byte of the CRC32
+    write_bytes(p, gz);
+    REQUIRE_THROWS_WITH(load_fashion_mnist(dir.path.string()), Contains(p) && Contains("corrupt"));
+  }
+  SECTION("wrong magic number") {
+    write_tiny_fashion(dir, 5, 3);
+    const std::string p = dir.file("train-labels-idx1-ubyte.gz");
+    write_gz(p, idx_bytes(0x803, {5, 28, 28}, std::vector<uint8_t>(5 * 784)));  // images where labels belong
+    REQUIRE_THROWS_WITH(load_fashion_mnist(dir.path.string()),
+                        Contains(p) && Contains("magic") && Contains("0x00000801"));
+  }
+  SECTION("counts differ between images and labels") {
+    write_tiny_fashion(dir, 5, 3);
+    write_gz(dir.file("train-labels-idx1-ubyte.gz"), idx_bytes(0x801, {4}, {0, 1, 2, 3}));
+    REQUIRE_THROWS_WITH(load_fashion_mnist(dir.path.string()),
+                        Contains("train-images") && Contains("5 images") && Contains("4 labels"));
+  }
+  SECTION("images that are not 28x28") {
+    write_tiny_fashion(dir, 5, 3);
+    const std::string p = dir.file("t10k-images-idx3-ubyte.gz");
+    write_gz(p, idx_bytes(0x803, {3, 27, 28}, std::vector<uint8_t>(3 * 27 * 28)));
+    REQUIRE_THROWS_WITH(load_fashion_mnist(dir.path.string()), Contains(p) && Contains("28x28"));
+  }
+  SECTION("a label out of range") {
+    write_tiny_fashion(dir, 5, 3);
+    const std::string p = dir.file("train-labels-idx1-ubyte.gz");
+    write_gz(p, idx_bytes(0x801, {5}, {0, 1, 12, 3, 4}));
+    REQUIRE_THROWS_WITH(load_fashion_mnist(dir.path.string()), Contains(p) && Contains("index 2"));
+  }
+  SECTION("data beyond what the header describes") {
+    write_tiny_fashion(dir, 5, 3);
+    const std::string p = dir.file("train-labels-idx1-ubyte.gz");
+    write_gz(p, idx_bytes(0x801, {5}, {0, 1, 2, 3, 4, 5}));
+    REQUIRE_THROWS_WITH(load_fashion_mnist(dir.path.string()), Contains(p));
+  }
+}
+
+TEST_CASE("Fashion-MNIST reads gzip and uncompressed IDX files", "[data][fashion]") {
+  TempDir dir;
+  const bool gz = GENERATE(true, false);
+  write_tiny_fashion(dir, 12, 4, gz);
+  const TrainTest tt = load_fashion_mnist(dir.path.string());
+  REQUIRE(tt.train.size() == 12);
+  REQUIRE(tt.test.size() == 4);
+  for (int64_t i = 0; i < 12; ++i) CHECK(tt.train.labels.data<int64_t>()[i] == i % 10);
+  // Pixel j of image i is (i*7 + j) % 256.
+  const float* x = tt.train.inputs.data<float>();
+  for (int64_t i : {0, 5, 11}) {
+    for (int64_t j : {0, 1, 300, 783}) {
+      const float p = static_cast<float>((i * 7 + j) % 256) / 255.0f;
+      CHECK(x[i * 784 + j] == (p - 0.2860f) / 0.3530f);
+    }
+  }
+}
+
+// ---- a user's safetensors data set --------------------------------------------
+
+TEST_CASE("safetensors data sets load with and without a test split", "[data][safetensors]") {
+  TempDir dir;
+  const std::string p = dir.file("user.safetensors");
+  Tensor x = Tensor::empty({6, 2, 3}, DType::f32);
+  for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = static_cast<float>(i) * 0.5f;
+  const Tensor y = labels_of({0, 3, 1, 1, 0, 2});
+
+  SECTION("train only") {
+    mix::io::write_safetensors(p, {{"inputs", x}, {"labels", y}});
+    const TrainTest tt = load_safetensors_dataset(p);
+    CHECK(same_bytes(tt.train.inputs, x));
+    CHECK(same_bytes(tt.train.labels, y));
+    CHECK(tt.train.num_classes == 4);
+    CHECK(tt.train.example_shape() == Shape{2, 3});
+    CHECK(tt.test.size() == 0);
+    CHECK(tt.test.example_shape() == Shape{2, 3});
+    CHECK(tt.test.labels.shape() == Shape{0});
+    CHECK(tt.test.num_classes == 4);
+  }
+  SECTION("with a test split; classes counted over both") {
+    Tensor tx = Tensor::empty({2, 2, 3}, DType::f32);
+    tx.fill_zero();
+    mix::io::write_safetensors(p, {{"inputs", x}, {"labels", y}, {"test_inputs", tx}, {"test_labels", labels_of({6, 0})}});
+    const TrainTest tt = load_safetensors_dataset(p);
+    CHECK(tt.test.size() == 2);
+    CHECK(tt.train.num_classes == 7);
+    CHECK(tt.test.num_classes == 7);
+    CHECK(tt.test.labels.data<int64_t>()[0] == 6);
+  }
+  SECTION("1-D inputs are examples of one feature") {
+    mix::io::write_safetensors(p, {{"inputs", Tensor::from_floats({3}, {1, 2, 3})}, {"labels", labels_of({0, 1, 0})}});
+    const TrainTest tt = load_safetensors_dataset(p);
+    CHECK(tt.train.inputs.shape() == Shape{3, 1});
+    CHECK(tt.train.example_shape() == Shape{1});
+    CHECK(tt.train.num_classes == 2);
+  }
+}
+
+TEST_CASE("safetensors data set errors name the file and the tensor", "[data][safetensors]") {
+  TempDir dir;
+  const std::string p = dir.file("user.safetensors");
+  const Tensor x = Tensor::from_floats({4, 2}, {0, 1, 2, 3, 4, 5, 6, 7});
+  const Tensor y = labels_of({0, 1, 2, 1});
+  using mix::io::write_safetensors;
+  auto load = [&] { return load_safetensors_dataset(p); };
+
+  SECTION("missing file") { REQUIRE_THROWS_WITH(load(), Contains(p) && Contains("cannot open")); }
+  SECTION("missing inputs") {
+    write_safetensors(p, {{"x", x}, {"labels", y}});
+    REQUIRE_THROWS_WITH(load(), Contains(p) && Contains("'inputs'") && Contains("x (F32 [4, 2])"));
+  }
+  SECTION("missing labels") {
+    write_safetensors(p, {{"inputs", x}});
+    REQUIRE_THROWS_WITH(load(), Contains(p) && Contains("'labels'"));
+  }
+  SECTION("inputs not float32") {
+    Tensor xi = Tensor::zeros({4, 2}, DType::i64);
+    write_safetensors(p, {{"inputs", xi}, {"labels", y}});
+    REQUIRE_THROWS_WITH(load(), Contains(p) && Contains("'inputs'") && Contains("I64") && Contains("F32"));
+  }
+  SECTION("labels not int64") {
+    write_safetensors(p, {{"inputs", x}, {"labels", Tensor::from_floats({4}, {0, 1, 2, 1})}});
+    REQUIRE_THROWS_WITH(load(), Contains(p) && Contains("'labels'") && Contains("I64"));
+  }
+  SECTION("labels not 1-D") {
+    write_safetensors(p, {{"inputs", x}, {"labels", labels_of({0, 1, 2, 1}).reshaped({2, 2})}});
+    REQUIRE_THROWS_WITH(load(), Contains(p) && Contains("'labels'") && Contains("[2, 2]"));
+  }
+  SECTION("count mismatch") {
+    write_safetensors(p, {{"inputs", x}, {"labels", labels_of({0, 1, 2})}});
+    REQUIRE_THROWS_WITH(load(), Contains(p) && Contains("3 labels") && Contains("4 examples"));
+  }
+  SECTION("negative label") {
+    write_safetensors(p, {{"inputs", x}, {"labels", labels_of({0, 1, -1, 1})}});
+    REQUIRE_THROWS_WITH(load(), Contains(p) && Contains("negative") && Contains("index 2"));
+  }
+  SECTION("scalar inputs") {
+    write_safetensors(p, {{"inputs", Tensor::from_floats({}, {1})}, {"labels", y}});
+    REQUIRE_THROWS_WITH(load(), Contains(p) && Contains("scalar"));
+  }
+  SECTION("no examples") {
+    write_safetensors(p, {{"inputs", Tensor::empty({0, 2}, DType::f32)}, {"labels", labels_of({})}});
+    REQUIRE_THROWS_WITH(load(), Contains(p) && Contains("no examples"));
+  }
+  SECTION("test inputs without test labels") {
+    write_safetensors(p, {{"inputs", x}, {"labels", y}, {"test_inputs", x}});
+    REQUIRE_THROWS_WITH(load(), Contains(p) && Contains("test_labels"));
+  }
+  SECTION("test examples of another shape") {
+    write_safetensors(p, {{"inputs", x}, {"labels", y}, {"test_inputs", x.reshaped({2, 4})}, {"test_labels", labels_of({0, 1})}});
+    REQUIRE_THROWS_WITH(load(), Contains(p) && Contains("test_inputs") && Contains("[4]"));
+  }
+  SECTION("negative test label") {
+    write_safetensors(p, {{"inputs", x}, {"labels", y}, {"test_inputs", x}, {"test_labels", labels_of({0, 0, 0, -3})}});
+    REQUIRE_THROWS_WITH(load(), Contains(p) && Contains("'test_labels'") && Contains("index 3"));
+  }
+}
+
+// ---- RNG and synthetic data -----------------------------------------------------
+
+TEST_CASE("Rng is splitmix64 and its doubles are deterministic", "[data][random]") {
+  // Published splitmix64 outputs for seed 0: any change to the generator shows here.
+  mix::Rng r(0);
+  CHECK(r.next_u64() == 0xe220a8397b1dcdafull);
+  CHECK(r.next_u64() == 0x6e789e6aa1b965f4ull);
+  CHECK(r.next_u64() == 0x06c45d188009454full);
+
+  mix::Rng a = mix::Rng::for_stream(7, 0), b = mix::Rng::for_stream(7, 0), c = mix::Rng::for_stream(7, 1),
+           d = mix::Rng::for_stream(8, 0);
+  const uint64_t va = a.next_u64();
+  CHECK(va == b.next_u64());
+  CHECK(va != c.next_u64());
+  CHECK(va != d.next_u64());
+
+  mix::Rng u(42);
+  double s = 0, s2 = 0;
+  const int n = 200000;
+  for (int i = 0; i < n; ++i) {
+    const double v = u.uniform();
+    REQUIRE(v >= 0.0);
+    REQUIRE(v < 1.0);
+  }
+  for (int i = 0; i < n; ++i) {
+    const double z = u.normal();
+    s += z;
+    s2 += z * z;
+  }
+  CHECK(std::abs(s / n) < 0.01);
+  CHECK(std::abs(s2 / n - 1.0) < 0.02);
+
+  std::vector<int> counts(7, 0);
+  for (int i = 0; i < 70000; ++i) {
+    const uint64_t k = u.below(7);
+    REQUIRE(k < 7);
+    ++counts[k];
+  }
+  for (int k : counts) CHECK(std::abs(k - 10000) < 500);
+
+  // The library-free log agrees with libm to within a couple of ulps.
+  for (double x : {1e-300, 1e-10, 0.001, 0.3, 0.7071, 0.99999, 1.0, 1.00001, 1.5, 2.0, 1e10}) {
+    INFO(x);
+    CHECK(mix::Rng::log_exact_ops(x) == Approx(std::log(x)).epsilon(1e-15).margin(1e-20));
+  }
+}
+
+TEST_CASE("synthetic data is deterministic and learnable-shaped", "[data][synthetic]") {
+  const TrainTest a = make_synthetic(500, 100, 16, 4, 1234);
+  const TrainTest b = make_synthetic(500, 100, 16, 4, 1234);
+  const TrainTest c = make_synthetic(500, 100, 16, 4, 1235);
+  CHECK(a.train.name == "synthetic");
+  CHECK(a.train.num_classes == 4);
+  CHECK(a.test.num_classes == 4);
+  CHECK(a.train.inputs.shape() == Shape{500, 16});
+  CHECK(a.test.inputs.shape() == Shape{100, 16});
+  CHECK(a.train.labels.shape() == Shape{500});
+  CHECK(same_bytes(a.train.inputs, b.train.inputs));
+  CHECK(same_bytes(a.train.labels, b.train.labels));
+  CHECK(same_bytes(a.test.inputs, b.test.inputs));
+  CHECK(same_bytes(a.test.labels, b.test.labels));
+  CHECK_FALSE(same_bytes(a.train.inputs, c.train.inputs));
+  CHECK(std::memcmp(a.train.inputs.raw(), a.test.inputs.raw(), a.test.inputs.bytes()) != 0);
+
+  // The test split does not depend on the train size (separate streams), and the
+  // same teacher labels both.
+  const TrainTest e = make_synthetic(50, 100, 16, 4, 1234);
+  CHECK(same_bytes(e.test.inputs, a.test.inputs));
+  CHECK(same_bytes(e.test.labels, a.test.labels));
+  CHECK(std::memcmp(e.train.inputs.raw(), a.train.inputs.raw(), e.train.inputs.bytes()) == 0);
+
+  std::vector<int> counts(4, 0);
+  for (int64_t i = 0; i < 500; ++i) {
+    const int64_t l = a.train.labels.data<int64_t>()[i];
+    REQUIRE(l >= 0);
+    REQUIRE(l < 4);
+    ++counts[static_cast<size_t>(l)];
+  }
+  for (int k : counts) CHECK(k > 50);  // every class well represented
+
+  // Inputs are roughly N(0, 1).
+  double s = 0, s2 = 0;
+  const auto v = a.train.inputs.to_floats();
+  for (float f : v) {
+    s += f;
+    s2 += static_cast<double>(f) * f;
+  }
+  CHECK(std::abs(s / v.size()) < 0.05);
+  CHECK(std::abs(s2 / v.size() - 1.0) < 0.05);
+
+  CHECK_THROWS_AS(make_synthetic(0, 1, 4, 2, 1), mix::Error);
+  CHECK_THROWS_AS(make_synthetic(10, 1, 0, 2, 1), mix::Error);
+  CHECK_THROWS_AS(make_synthetic(10, 1, 4, 1, 1), mix::Error);
+  CHECK(make_synthetic(10, 0, 4, 2, 1).test.size() == 0);
+}
+
+// ---- the distributed sampler ----------------------------------------------------
+
+namespace {
+
+/// The global order rebuilt from every rank's share: position p belongs to rank p % world.
+std::vector<int64_t> interleave(int64_t size, int world, bool shuffle, uint64_t seed, int64_t epoch, bool drop_last) {
+  std::vector<std::vector<int64_t>> shares;
+  for (int r = 0; r < world; ++r) {
+    DistributedSampler s(size, r, world, shuffle, seed, drop_last);
+    shares.push_back(s.indices(epoch));
+    REQUIRE(static_cast<int64_t>(shares.back().size()) == s.per_rank());
+  }
+  std::vector<int64_t> order;
+  for (size_t k = 0; k < shares[0].size(); ++k)
+    for (int r = 0; r < world; ++r) order.push_back(shares[static_cast<size_t>(r)][k]);
+  return order;
+}
+
+}  // namespace
+
+TEST_CASE("DistributedSampler shards each epoch disjointly across ranks", "[data][sampler]") {
+  const int64_t size = GENERATE(1, 7, 12, 13, 100, 101);
+  const int world = GENERATE(1, 2, 3, 4);
+  const bool shuffle = GENERATE(true, false);
+  INFO("size " << size << " world " << world << " shuffle " << shuffle);
+  const int64_t per_rank = (size + world - 1) / world;
+
+  const std::vector<int64_t> order = interleave(size, world, shuffle, 99, 3, false);
+  REQUIRE(static_cast<int64_t>(order.size()) == per_rank * world);
+  // The first `size` positions are a permutation: shards are disjoint and cover the epoch.
+  std::vector<int64_t> first(order.begin(), order.begin() + size);
+  std::vector<int64_t> sorted = first;
+  std::sort(sorted.begin(), sorted.end());
+  for (int64_t i = 0; i < size; ++i) REQUIRE(sorted[static_cast<size_t>(i)] == i);
+  // Padding repeats the order from its start (PyTorch's wrap-around).
+  for (size_t p = static_cast<size_t>(size); p < order.size(); ++p) CHECK(order[p] == order[p % size]);
+
+  // Every world size sees the same permutation (it depends on seed and epoch only).
+  const std::vector<int64_t> single = interleave(size, 1, shuffle, 99, 3, false);
+  CHECK(first == single);
+  if (!shuffle) {
+    for (int64_t i = 0; i < size; ++i) CHECK(single[static_cast<size_t>(i)] == i);
+  }
+
+  // drop_last truncates to a multiple of world: disjoint, no repeats.
+  const std::vector<int64_t> dl = interleave(size, world, shuffle, 99, 3, true);
+  CHECK(static_cast<int64_t>(dl.size()) == size / world * world);
+  CHECK(std::set<int64_t>(dl.begin(), dl.end()).size() == dl.size());
+  CHECK(std::equal(dl.begin(), dl.end(), single.begin()));
+}
+
+TEST_CASE("DistributedSampler orders differ between epochs and seeds, and repeat exactly", "[data][sampler]") {
+  DistributedSampler s(1000, 1, 4, true, 5);
+  CHECK(s.per_rank() == 250);
+  CHECK(s.indices(0) == s.indices(0));
+  CHECK(s.indices(0) != s.indices(1));
+  CHECK(s.indices(1) != s.indices(2));
+  CHECK(DistributedSampler(1000, 1, 4, true, 5).indices(7) == s.indices(7));
+  CHECK(DistributedSampler(1000, 1, 4, true, 6).indices(0) != s.indices(0));
+  // Without shuffling every epoch is the identity order: rank 1 of 4 takes 1, 5, 9, ...
+  DistributedSampler plain(10, 1, 4, false, 5);
+  CHECK(plain.indices(0) == std::vector<int64_t>{1, 5, 9});
+  CHECK(plain.indices(3) == plain.indices(0));
+  CHECK(DistributedSampler(10, 3, 4, false, 0).indices(0) == std::vector<int64_t>{3, 7, 1});  // 11 wraps to 1
+  CHECK(DistributedSampler(10, 3, 4, false, 0, true).indices(0) == std::vector<int64_t>{3, 7});
+  // Fewer examples than ranks: padding repeats them; drop_last leaves nothing.
+  CHECK(DistributedSampler(2, 4, 5, false, 0).indices(0) == std::vector<int64_t>{0});
+  CHECK(DistributedSampler(2, 4, 5, false, 0, true).per_rank() == 0);
+  CHECK(DistributedSampler(0, 0, 2, true, 0).indices(0).empty());
+  CHECK_THROWS_AS(DistributedSampler(10, 2, 2, false, 0), mix::Error);
+  CHECK_THROWS_AS(DistributedSampler(10, 0, 0, false, 0), mix::Error);
+}
+
+TEST_CASE("DistributedSampler pads and truncates exactly as PyTorch's", "[data][sampler][python]") {
+  if (!fs::exists(kPython)) {
+    WARN(kPython << " missing: not compared with PyTorch");
+    return;
+  }
+  TempDir dir;
+  const std::string out = dir.file("torch.txt");
+  // shuffle=False, so the permutation itself (torch.randperm) is not involved.
+  const std::string script = R"PY(
+import sys
+from torch.utils.data.distributed import DistributedSampler
+with open(sys.argv[1], "w") as f:
+    for size in (1, 2, 5, 10, 11):
+        for world in (1, 2, 3, 4, 6):
+            for drop_last in (False, True):
+                for rank in range(world):
+                    s = DistributedSampler(range(size), num_replicas=world, rank=rank, shuffle=False, drop_last=drop_last)
+                    f.write("%d %d %d %d: %s\n" % (size, world, int(drop_last), rank, " ".join(map(str, s))))
+)PY";
+  REQUIRE(run_python(dir, script, out) == 0);
+  std::ifstream in(out);
+  std::string line;
+  int lines = 0;
+  while (std::getline(in, line)) {
+    std::istringstream ls(line);
+    int64_t size;
+    int world, drop_last, rank;
+    char colon;
+    ls >> size >> world >> drop_last >> rank >> colon;
+    std::vector<int64_t> want;
+    int64_t v;
+    while (ls >> v) want.push_back(v);
+    INFO(line);
+    CHECK(DistributedSampler(size, rank, world, false, 0, drop_last != 0).indices(0) == want);
+    ++lines;
+  }
+  CHECK(lines == 5 * (1 + 2 + 3 + 4 + 6) * 2);
+}
+
+// ---- batches --------------------------------------------------------------------
+
+TEST_CASE("gather_batch copies rows and reuses its buffers", "[data][batch]") {
+  Dataset ds;
+  ds.name = "tiny";
+  ds.inputs = Tensor::empty({5, 2, 3}, DType::f32);
+  for (int64_t i = 0; i < 30; ++i) ds.inputs.data<float>()[i] = static_cast<float>(i);
+  ds.labels = labels_of({10, 11, 12, 13, 14});
+  ds.num_classes = 15;
+  CHECK(ds.example_shape() == Shape{2, 3});
+  CHECK(Dataset{}.example_shape().empty());
+
+  const std::vector<int64_t> idx = {4, 0, 2, 2, 1};
+  Tensor x, y;
+  gather_batch(ds, idx, 1, 3, x, y);  // examples 0, 2, 2
+  REQUIRE(x.shape() == Shape{3, 2, 3});
+  REQUIRE(y.shape() == Shape{3});
+  CHECK(y.dtype() == DType::i64);
+  CHECK(std::vector<int64_t>(y.data<int64_t>(), y.data<int64_t>() + 3) == std::vector<int64_t>{10, 12, 12});
+  for (int k = 0; k < 6; ++k) {
+    CHECK(x.data<float>()[k] == static_cast<float>(k));
+    CHECK(x.data<float>()[6 + k] == static_cast<float>(12 + k));
+    CHECK(x.data<float>()[12 + k] == static_cast<float>(12 + k));
+  }
+
+  // Same shape: filled in place, no new allocation.
+  void* xp = x.raw();
+  void* yp = y.raw();
+  gather_batch(ds, idx, 0, 3, x, y);  // examples 4, 0, 2
+  CHECK(x.raw() == xp);
+  CHECK(y.raw() == yp);
+  CHECK(x.data<float>()[0] == 24.0f);
+  CHECK(y.data<int64_t>()[0] == 14);
+
+  // A last, shorter batch gets tensors of its own shape.
+  gather_batch(ds, idx, 3, 2, x, y);
+  CHECK(x.shape() == Shape{2, 2, 3});
+  CHECK(y.shape() == Shape{2});
+  CHECK(y.data<int64_t>()[1] == 11);
+
+  CHECK_THROWS_AS(gather_batch(ds, idx, 3, 3, x, y), mix::Error);
+  CHECK_THROWS_AS(gather_batch(ds, {0, 5}, 0, 2, x, y), mix::Error);
+  CHECK_THROWS_AS(gather_batch(ds, {-1}, 0, 1, x, y), mix::Error);
+}
