@@ -50,9 +50,9 @@ LossScalerConfig::Mode parse_mode(std::string_view name);
 std::string_view on_min_scale_name(LossScalerConfig::OnMinScale o);
 LossScalerConfig::OnMinScale parse_on_min_scale(std::string_view name);
 
-/// Throws mix::Error naming the first field out of range (intervals >= 1,
-/// incr_ratio >= 1, 0 < decr_ratio <= 1, 0 < min_loss_scaling <= init_loss_scaling,
-/// all finite).
+/// Throws mix::Error naming the first field out of range: init_loss_scaling
+/// positive and finite; in dynamic mode also intervals >= 1, incr_ratio >= 1,
+/// 0 < decr_ratio <= 1 and 0 < min_loss_scaling <= init_loss_scaling.
 void validate(const LossScalerConfig& c);
 
 /// The state a run starts from: scale = init_loss_scaling (1 in mode none), counters 0.

@@ -129,11 +129,9 @@ class MpiCommunicator final : public Communicator {
       // Key = world rank keeps the ranks of one host in world order.
       MPI_Comm host = MPI_COMM_NULL;
       MIX_MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &host));
-      const int rank_rc = MPI_Comm_rank(host, &local_rank_);
-      const int size_rc = MPI_Comm_size(host, &local_size_);
+      MIX_MPI_CHECK(MPI_Comm_rank(host, &local_rank_));
+      MIX_MPI_CHECK(MPI_Comm_size(host, &local_size_));
       MIX_MPI_CHECK(MPI_Comm_free(&host));
-      MIX_MPI_CHECK(rank_rc);
-      MIX_MPI_CHECK(size_rc);
 
       // One 2-byte element type for f16 and bf16; the op says how to add them.
       MIX_MPI_CHECK(MPI_Type_contiguous(2, MPI_BYTE, &half_type_));

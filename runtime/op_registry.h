@@ -55,7 +55,7 @@ class OpContext {
   std::vector<const Tensor*> ins(const std::string& slot) const;
   /// Allocates output `slot` (index i) with the given shape and dtype.
   Tensor& out(const std::string& slot, const Shape& shape, DType dtype, size_t i = 0);
-  /// nullptr when the optional output is absent (a gradient nobody needs).
+  /// False when the optional output is absent (a gradient nobody needs).
   bool wants(const std::string& slot) const { return !op.out_or_empty(slot).empty(); }
   /// The existing tensor bound to an output (in-place ops).
   Tensor& out_existing(const std::string& slot, size_t i = 0) { return scope.get(op.outs(slot).at(i)); }

@@ -51,6 +51,10 @@ std::string OpDesc::out_or_empty(const std::string& slot) const {
   auto it = outputs.find(slot);
   return it == outputs.end() || it->second.empty() ? std::string() : it->second[0];
 }
+void OpDesc::throw_bad_attr(const std::string& name) const {
+  MIX_FAIL("op " << type << ": attribute '" << name << "' has the wrong type");
+}
+
 std::vector<std::string> OpDesc::all_inputs() const {
   std::vector<std::string> r;
   for (auto& [slot, names] : inputs)

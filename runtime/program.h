@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <type_traits>
 #include <string>
 #include <unordered_map>
 #include <variant>
@@ -67,13 +68,16 @@ struct OpDesc {
     if (it == attrs.end()) return fallback;
     if constexpr (std::is_same_v<T, double> || std::is_same_v<T, float>) {
       if (auto* i = std::get_if<int64_t>(&it->second)) return static_cast<T>(*i);
-      return static_cast<T>(std::get<double>(it->second));
+      if (auto* d = std::get_if<double>(&it->second)) return static_cast<T>(*d);
     } else if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
-      return static_cast<T>(std::get<int64_t>(it->second));
+      if (auto* i = std::get_if<int64_t>(&it->second)) return static_cast<T>(*i);
     } else {
-      return std::get<T>(it->second);
+      if (auto* v = std::get_if<T>(&it->second)) return *v;
     }
+    throw_bad_attr(name);
   }
+  /// Throws mix::Error: attribute `name` has another type than the op asked for.
+  [[noreturn]] void throw_bad_attr(const std::string& name) const;
   /// All variable names read / written, in slot order.
   std::vector<std::string> all_inputs() const;
   std::vector<std::string> all_outputs() const;

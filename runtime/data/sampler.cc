@@ -33,9 +33,10 @@ std::vector<int64_t> DistributedSampler::indices(int64_t epoch) const {
   const int64_t total = per_rank_ * world_;
   std::vector<int64_t> mine;
   mine.reserve(static_cast<size_t>(per_rank_));
-  // Position p of the padded (or truncated) order is order[p % size]: padding
-  // repeats the order from its start, as PyTorch does.
-  for (int64_t p = rank_; p < total; p += world_) mine.push_back(order[static_cast<size_t>(p % size_)]);
+  // Position p of the padded order is order[p % size]: padding repeats the order
+  // from its start, as PyTorch does. A truncated order needs no wrapping.
+  for (int64_t p = rank_; p < total; p += world_)
+    mine.push_back(order[static_cast<size_t>(drop_last_ ? p : p % size_)]);
   return mine;
 }
 

@@ -1,9 +1,10 @@
 #pragma once
 // Paddle's elementwise broadcasting (elementwise_add, elementwise_mul):
 // Y's shape equals X's dims [axis, axis + Y.ndim), with axis = -1 meaning
-// X.ndim - Y.ndim (Y aligned to X's trailing dims). Trailing size-1 dims of Y
-// are dropped first, as Paddle does (Y [out, 1] against X [B, out, 1] or
-// X [B, out, H, W] with axis 1 both work).
+// X.ndim - Y.ndim (Y aligned to X's trailing dims). Size-1 dims at either end
+// of Y broadcast too: trailing ones as in Paddle (Y [C, 1] with axis 1 against
+// X [B, C, H, W]), leading ones as in PyTorch (a bias [1, C] against [B, C]),
+// and a Y of all ones is a scalar.
 //
 // X then factors as [pre, n, post] with Y = [n]: X's element (p, j, q) meets
 // Y's element j. Every kernel loops over that triple; a CUDA kernel indexes
@@ -22,52 +23,47 @@ struct BroadcastDims {
   bool same_shape() const { return pre == 1 && post == 1; }
 };
 
-namespace broadcast_detail {
-/// Y's dims without trailing 1s (a Y of all 1s keeps one dim).
-inline Shape trim_trailing_ones(const Shape& y) {
-  Shape t = y;
-  while (t.size() > 1 && t.back() == 1) t.pop_back();
-  return t;
-}
+/// Y placed in X: its core dims (Y without leading and trailing 1s, which
+/// broadcast trivially) equal X's dims [axis, axis + core.size()).
+struct Alignment {
+  int axis = 0;
+  Shape core;
+};
 
-/// The axis Y starts at in X, after checking ranks. `op` names the op in messages.
-inline int resolve_axis(const Shape& x, const Shape& y_trimmed, const Shape& y, int axis, const std::string& op) {
-  const int xn = static_cast<int>(x.size());
+inline Alignment align(const Shape& x, const Shape& y, int axis, const std::string& op) {
   MIX_CHECK(y.size() <= x.size(), op << ": Y " << shape_str(y) << " has more dims than X " << shape_str(x));
+  MIX_CHECK(axis >= -1, op << ": axis " << axis << " is invalid (-1 aligns Y with X's last dims)");
+  const int xn = static_cast<int>(x.size());
   const int a = axis < 0 ? xn - static_cast<int>(y.size()) : axis;
-  MIX_CHECK(a >= 0 && a + static_cast<int>(y_trimmed.size()) <= xn,
+  size_t lo = 0, hi = y.size();
+  while (hi > lo && y[hi - 1] == 1) --hi;
+  while (lo < hi && y[lo] == 1) ++lo;
+  Alignment r{a + static_cast<int>(lo), Shape(y.begin() + static_cast<std::ptrdiff_t>(lo),
+                                              y.begin() + static_cast<std::ptrdiff_t>(hi))};
+  MIX_CHECK(a <= xn && r.axis + static_cast<int>(r.core.size()) <= xn,
             op << ": axis " << axis << " does not place Y " << shape_str(y) << " inside X " << shape_str(x)
                << " (need 0 <= axis <= X.ndim - Y.ndim)");
-  return a;
+  return r;
 }
-}  // namespace broadcast_detail
 
 /// Checks Y against X at build time; a -1 (batch) in either shape matches any size.
 inline void check_broadcast_desc(const Shape& x, const Shape& y, int axis, const std::string& op) {
-  const Shape yt = broadcast_detail::trim_trailing_ones(y);
-  const int a = broadcast_detail::resolve_axis(x, yt, y, axis, op);
-  for (size_t i = 0; i < yt.size(); ++i) {
-    const int64_t xd = x[a + i], yd = yt[i];
+  const Alignment al = align(x, y, axis, op);
+  for (size_t i = 0; i < al.core.size(); ++i) {
+    const int64_t xd = x[al.axis + i], yd = al.core[i];
     MIX_CHECK(xd < 0 || yd < 0 || xd == yd, op << ": Y " << shape_str(y) << " does not match X " << shape_str(x)
-                                                << " at axis " << a << " (X dim " << a + i << " is " << xd
-                                                << ", Y dim " << i << " is " << yd << ")");
+                                                << " (X dim " << al.axis + i << " is " << xd << " where Y has " << yd
+                                                << "; attr axis " << axis << ")");
   }
 }
 
 /// The [pre, n, post] factorisation of X for a Y of concrete shape.
 inline BroadcastDims broadcast_dims(const Shape& x, const Shape& y, int axis, const std::string& op) {
   check_broadcast_desc(x, y, axis, op);
-  const Shape yt = broadcast_detail::trim_trailing_ones(y);
-  const int a = broadcast_detail::resolve_axis(x, yt, y, axis, op);
+  const Alignment al = align(x, y, axis, op);
   BroadcastDims d;
-  for (int i = 0; i < static_cast<int>(x.size()); ++i) {
-    if (i < a)
-      d.pre *= x[i];
-    else if (i < a + static_cast<int>(yt.size()))
-      d.n *= x[i];
-    else
-      d.post *= x[i];
-  }
+  const int end = al.axis + static_cast<int>(al.core.size());
+  for (int i = 0; i < static_cast<int>(x.size()); ++i) (i < al.axis ? d.pre : i < end ? d.n : d.post) *= x[i];
   MIX_CHECK(d.n == shape_numel(y), op << ": Y " << shape_str(y) << " does not match X " << shape_str(x));
   return d;
 }

@@ -147,6 +147,11 @@ TEST_CASE("elementwise_add: bias broadcast, same shape, axis, trailing ones", "[
                {{"axis", int64_t{1}}}};
   expect_close(run_forward(trail)["Out"].to_floats(), {10, 11, 22, 23, 34, 35, 16, 17, 28, 29, 40, 41}, kExact,
                "trailing ones");
+  // Leading ones broadcast (PyTorch's bias [1, C]); a Y of all ones is a scalar.
+  OpCase lead{"elementwise_add", {{"X", x}, {"Y", t({1, 3}, {10, 20, 30})}}, {"Out"}};
+  expect_close(run_forward(lead)["Out"].to_floats(), {11, 22, 33, 14, 25, 36}, kExact, "bias [1, 3]");
+  OpCase scalar{"elementwise_add", {{"X", x}, {"Y", t({1}, {0.5f})}}, {"Out"}};
+  expect_close(run_forward(scalar)["Out"].to_floats(), {1.5, 2.5, 3.5, 4.5, 5.5, 6.5}, kExact, "scalar [1]");
   // f16 and bf16: small integers are exact, so the sums are too.
   for (DType dt : {DType::f16, DType::bf16}) {
     auto o = run_forward(bias, dt)["Out"];

@@ -64,6 +64,8 @@ TEST_CASE("grad: elementwise_add and elementwise_mul with broadcasting", "[grad]
       {{2, 3, 4}, {3, 4}, -1},   // trailing block
       {{2, 3, 2}, {3, 1}, 1},    // trailing 1 dropped
       {{3, 2}, {3}, 0},          // leading axis
+      {{4, 3}, {1, 3}, -1},      // PyTorch-style bias with a leading 1
+      {{2, 3}, {1}, -1},         // scalar
   };
   uint64_t seed = 200;
   for (const char* type : {"elementwise_add", "elementwise_mul"})

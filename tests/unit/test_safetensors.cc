@@ -418,5 +418,26 @@ TEST_CASE("safetensors files interchange with Python", "[safetensors][python]") 
     REQUIRE(f.find("b"));
     CHECK(f.find("b")->data<int64_t>()[1] == -6);
     CHECK(f.metadata.at("k") == "v");
+
+    // And the helper's strict reader (it insists that tensors tile the data) reads ours.
+    const std::string q = dir.file("for_helper.safetensors");
+    Tensor bf = Tensor::empty({2}, DType::bf16);
+    bf.data<uint16_t>()[0] = mix::float_to_bf16_bits(1.0f);
+    bf.data<uint16_t>()[1] = mix::float_to_bf16_bits(-0.5f);
+    mix::io::write_safetensors(q,
+                               {{"w", Tensor::from_floats({2, 2}, {1, 2, 3, 4})},
+                                {"bf", bf},
+                                {"none", Tensor::empty({0, 5}, DType::i64)},
+                                {"i", Tensor::zeros({3}, DType::i32)}},
+                               {{"step", "9"}});
+    const std::string check = "import sys\nsys.path.insert(0, '" + helper.parent_path().string() +
+                              "')\nimport numpy as np\nimport safetensors_io as st\n"
+                              "t, d, m = st.load_with_dtypes(sys.argv[1])\n"
+                              "assert m == {'step': '9'}, m\n"
+                              "assert d == {'w': 'F32', 'bf': 'BF16', 'none': 'I64', 'i': 'I32'}, d\n"
+                              "assert t['w'].tolist() == [[1, 2], [3, 4]]\n"
+                              "assert st.bf16_to_f32(t['bf']).tolist() == [1.0, -0.5]\n"
+                              "assert t['none'].shape == (0, 5) and t['i'].tolist() == [0, 0, 0]\n";
+    CHECK(run_python(dir, check, q) == 0);
   }
 }

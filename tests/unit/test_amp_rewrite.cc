@@ -1,0 +1,186 @@
+// amp::rewrite and amp::decorate: casts exactly where the precision rules put
+// them, custom lists move ops, overlaps are errors, and the decorated program
+// has the AMP step in DESIGN.md's order.
+#include <catch2/catch.hpp>
+
+#include "amp/decorate.h"
+#include "amp/rewrite.h"
+#include "collective/grad_allreduce_pass.h"
+#include "models/model.h"
+#include "runtime/check.h"
+#include "runtime/op_registry.h"
+
+using namespace mix;
+
+namespace {
+
+models::Model small_mlp() {
+  models::MlpConfig c;
+  c.in_features = 12;
+  c.hidden = {8};
+  c.num_classes = 4;
+  return models::build_mlp(c);
+}
+
+/// The op that writes `var`, which must exist.
+const OpDesc& producer_of(const Program& p, const std::string& var) {
+  auto i = p.producer(var);
+  REQUIRE(i.has_value());
+  return p.ops()[*i];
+}
+
+std::vector<std::string> cast_outputs(const Program& p) {
+  std::vector<std::string> r;
+  for (auto& op : p.ops())
+    if (op.type == "cast") r.push_back(op.out("Out"));
+  return r;
+}
+
+size_t index_of_op(const Program& p, const std::string& type, const std::string& output) {
+  for (size_t i = 0; i < p.ops().size(); ++i)
+    if (p.ops()[i].type == type)
+      for (auto& o : p.ops()[i].all_outputs())
+        if (o == output) return i;
+  FAIL("no " << type << " op writes " << output);
+  return 0;
+}
+
+}  // namespace
+
+TEST_CASE("default lists: white ops FP16, black ops FP32, gray ops follow", "[amp]") {
+  models::Model m = small_mlp();
+  amp::RewriteResult r = amp::rewrite(m.program, amp::AmpLists::defaults());
+  const Program& p = m.program;
+
+  // White: both muls read FP16 copies of their inputs and weights.
+  CHECK(p.var("fc1.mul").dtype == DType::f16);
+  CHECK(p.var("fc2.mul").dtype == DType::f16);
+  CHECK(producer_of(p, "fc1.mul").in("Y") == "fc1.weight.cast_fp16");
+  CHECK(producer_of(p, "fc1.mul").in("X") == "x.cast_fp16");
+  // Gray after white: the bias add and relu run in FP16, the bias is cast.
+  CHECK(p.var("fc1.out").dtype == DType::f16);
+  CHECK(p.var("fc1.relu").dtype == DType::f16);
+  CHECK(producer_of(p, "fc1.out").in("Y") == "fc1.bias.cast_fp16");
+  // Black: cross-entropy reads an FP32 cast of the FP16 logits; the loss is FP32.
+  CHECK(p.var("logits").dtype == DType::f16);
+  CHECK(producer_of(p, "loss.per_example").in("Logits") == "logits.cast_fp32");
+  CHECK(p.var("loss").dtype == DType::f32);
+  // Parameters stay FP32 masters.
+  for (auto& name : p.parameters()) CHECK(p.var(name).dtype == DType::f32);
+
+  // Exactly these casts, each made once: the input, four parameters, the logits.
+  std::vector<std::string> casts = cast_outputs(p);
+  std::sort(casts.begin(), casts.end());
+  CHECK(casts == std::vector<std::string>{"fc1.bias.cast_fp16", "fc1.weight.cast_fp16", "fc2.bias.cast_fp16",
+                                          "fc2.weight.cast_fp16", "logits.cast_fp32", "x.cast_fp16"});
+  CHECK(r.casts_inserted == 6);
+}
+
+TEST_CASE("a gray op fed only by feeds and parameters keeps their dtype", "[amp]") {
+  Program p;
+  p.add_var(VarDesc{"x", {-1, 4}, DType::f32, false, false, true, {}});
+  p.append_op(make_op("relu", {{"X", {"x"}}}, {{"Out", {"y"}}}));
+  p.append_op(make_op("mean", {{"X", {"y"}}}, {{"Out", {"loss"}}}));
+  amp::rewrite(p, amp::AmpLists::defaults());
+  CHECK(p.var("y").dtype == DType::f32);
+  CHECK(cast_outputs(p).empty());
+}
+
+TEST_CASE("a gray op with a black producer runs in FP32 even next to a white one", "[amp]") {
+  Program p;
+  p.add_var(VarDesc{"x", {-1, 4}, DType::f32, false, false, true, {}});
+  p.add_var(VarDesc{"w", {4, 4}, DType::f32, true, true, false, {}});
+  p.append_op(make_op("mul", {{"X", {"x"}}, {"Y", {"w"}}}, {{"Out", {"a"}}}));      // white -> f16
+  p.append_op(make_op("softmax", {{"X", {"x"}}}, {{"Out", {"b"}}}));                // black -> f32
+  p.append_op(make_op("elementwise_add", {{"X", {"a"}}, {"Y", {"b"}}}, {{"Out", {"c"}}}));  // gray
+  amp::rewrite(p, amp::AmpLists::defaults());
+  CHECK(p.var("a").dtype == DType::f16);
+  CHECK(p.var("c").dtype == DType::f32);
+  CHECK(producer_of(p, "c").in("X") == "a.cast_fp32");
+}
+
+TEST_CASE("unlisted ops run in FP32", "[amp]") {
+  models::Model m = small_mlp();
+  // Take relu out of the gray list: it becomes unlisted and must run in FP32.
+  amp::AmpLists lists = amp::AmpLists::defaults();
+  lists.gray.erase("relu");
+  amp::rewrite(m.program, lists);
+  CHECK(m.program.var("fc1.relu").dtype == DType::f32);
+  CHECK(producer_of(m.program, "fc1.relu").in("X") == "fc1.out.cast_fp32");
+  // and fc2's mul casts relu's FP32 output back to FP16
+  CHECK(producer_of(m.program, "fc2.mul").in("X") == "fc1.relu.cast_fp16");
+}
+
+TEST_CASE("custom lists move ops; a name in both is an error naming it", "[amp]") {
+  SECTION("custom black list keeps mul in FP32: no FP16 anywhere") {
+    models::Model m = small_mlp();
+    amp::rewrite(m.program, amp::AmpLists::defaults().with_custom({}, {"mul"}));
+    for (auto& v : m.program.vars()) CHECK(v.dtype != DType::f16);
+    CHECK(cast_outputs(m.program).empty());
+  }
+  SECTION("custom white list runs softmax_with_cross_entropy in FP16") {
+    models::Model m = small_mlp();
+    amp::rewrite(m.program, amp::AmpLists::defaults().with_custom({"softmax_with_cross_entropy"}, {}));
+    CHECK(producer_of(m.program, "loss.per_example").in("Logits") == "logits");
+    CHECK(m.program.var("logits.softmax").dtype == DType::f16);
+    // mean is still black: it casts the FP16 per-example loss up.
+    CHECK(producer_of(m.program, "loss").in("X") == "loss.per_example.cast_fp32");
+  }
+  SECTION("overlap") {
+    try {
+      amp::AmpLists::defaults().with_custom({"relu", "mul"}, {"mul"});
+      FAIL("no error for an op in both lists");
+    } catch (const Error& e) {
+      CHECK_THAT(e.what(), Catch::Contains("'mul'") && Catch::Contains("both"));
+    }
+  }
+}
+
+TEST_CASE("decorate builds the AMP step in DESIGN.md's order", "[amp]") {
+  for (auto mode : {collective::GradReduce::fp16, collective::GradReduce::fp32}) {
+    models::Model m = small_mlp();
+    auto opt = amp::decorate(optim::make_sgd());
+    collective::GradSyncOptions sync;
+    sync.mode = mode;
+    sync.world_size = 2;
+    opt->minimize(m.program, m.loss, collective::grad_allreduce_pass(sync));
+    const Program& p = m.program;
+    INFO(p.str());
+
+    const size_t seed = index_of_op(p, "fill_like_scalar", "loss@GRAD");
+    const size_t reduce_w = mode == collective::GradReduce::fp16
+                                ? index_of_op(p, "c_allreduce_sum", "fc1.weight.cast_fp16@GRAD")
+                                : index_of_op(p, "c_allreduce_sum", "fc1.weight@GRAD");
+    const size_t cast_w = index_of_op(p, "cast", "fc1.weight@GRAD");
+    const size_t unscale = index_of_op(p, "check_finite_and_unscale", "found_inf");
+    const size_t flag_sync = index_of_op(p, "c_allreduce_max", "found_inf");
+    const size_t scaler = index_of_op(p, "update_loss_scaling", "loss_scaling");
+    const size_t update = index_of_op(p, "sgd", "fc1.weight");
+    CHECK(producer_of(p, "loss@GRAD").in("X") == "loss_scaling");
+    if (mode == collective::GradReduce::fp16) {
+      CHECK(seed < reduce_w);
+      CHECK(reduce_w < cast_w);  // FP16 all-reduce first, then the cast
+    } else {
+      CHECK(cast_w < reduce_w);  // cast first, FP32 all-reduce after
+    }
+    CHECK(std::max(cast_w, reduce_w) < unscale);
+    CHECK(unscale < flag_sync);
+    CHECK(flag_sync < scaler);
+    CHECK(scaler < update);
+    // Every update op is gated by the global flag.
+    for (auto& op : p.ops())
+      if (op.type == "sgd" || op.type == "increment_step") CHECK(op.in("SkipUpdate") == "found_inf");
+  }
+}
+
+TEST_CASE("FP32 training has no casts and reduces FP32 gradients", "[amp]") {
+  models::Model m = small_mlp();
+  auto opt = optim::make_sgd();
+  collective::GradSyncOptions sync;
+  sync.mode = collective::GradReduce::fp32;
+  opt->minimize(m.program, m.loss, collective::grad_allreduce_pass(sync));
+  CHECK(cast_outputs(m.program).empty());
+  for (auto& op : m.program.ops())
+    if (op.type == "c_allreduce_sum")
+      for (auto& n : op.ins("X")) CHECK(m.program.var(n).dtype == DType::f32);
+}
