@@ -55,11 +55,14 @@ std::vector<std::pair<std::string, std::string>> TrainConfig::fingerprint_fields
 
 std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
   CLI::App app{"mixtrain: data-parallel mixed-precision training (run one process per device, e.g. under mixrun)"};
-  app.option_defaults()->always_capture_default();
+  // A flag given twice takes its last value (scripts append overrides); list
+  // flags below opt back into taking every value.
+  app.option_defaults()->always_capture_default()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   auto models = models::model_names();
 
   app.add_option("--model", c.model, "model to train")->check(CLI::IsMember(models));
-  app.add_option("--hidden", c.hidden, "MLP hidden layer sizes, comma separated")->delimiter(',');
+  app.add_option("--hidden", c.hidden, "MLP hidden layer sizes, comma separated")->delimiter(',')
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_option("--data", c.data, "data set")->check(CLI::IsMember({"fashion-mnist", "synthetic", "safetensors"}));
   app.add_option("--data-dir", c.data_dir, "directory of the Fashion-MNIST IDX .gz files");
   app.add_option("--data-file", c.data_file, "safetensors file with `inputs` F32 [N,...] and `labels` I64 [N]");
@@ -102,8 +105,10 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
   app.add_option("--min-loss-scaling", c.min_loss_scaling, "smallest loss scale")->check(CLI::PositiveNumber);
   app.add_option("--on-min-scale", c.on_min_scale, "what to do after many skipped steps at the minimum scale")
       ->check(CLI::IsMember({"error", "continue"}));
-  app.add_option("--amp-white-list", c.amp_white_list, "ops to run in FP16, comma separated")->delimiter(',');
-  app.add_option("--amp-black-list", c.amp_black_list, "ops to keep in FP32, comma separated")->delimiter(',');
+  app.add_option("--amp-white-list", c.amp_white_list, "ops to run in FP16, comma separated")->delimiter(',')
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  app.add_option("--amp-black-list", c.amp_black_list, "ops to keep in FP32, comma separated")->delimiter(',')
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_option("--seed", c.seed, "seed of initialisation, shuffles and synthetic data");
   app.add_option("--metrics", c.metrics, "JSON Lines metrics file (written by rank 0)");
   app.add_option("--save", c.save, "checkpoint (safetensors) written at the end");

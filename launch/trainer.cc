@@ -200,6 +200,8 @@ int run_training(const TrainConfig& c, Communicator& comm) {
       scope.get(amp::ScalerVars::good_steps).data<int64_t>()[0] = static_cast<int64_t>(num("scaler_good_steps", 0));
       scope.get(amp::ScalerVars::bad_steps).data<int64_t>()[0] = static_cast<int64_t>(num("scaler_bad_steps", 0));
       scope.get(amp::ScalerVars::skipped).data<int64_t>()[0] = static_cast<int64_t>(num("scaler_skipped_steps", 0));
+      scope.get(amp::ScalerVars::skips_at_min).data<int64_t>()[0] =
+          static_cast<int64_t>(num("scaler_consecutive_skips_at_min", 0));
     }
     if (rank == 0) spdlog::info("resumed from {} at step {}", c.resume, start_step);
   }
@@ -420,6 +422,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
         meta["scaler_good_steps"] = std::to_string(read_i64(scope, amp::ScalerVars::good_steps));
         meta["scaler_bad_steps"] = std::to_string(read_i64(scope, amp::ScalerVars::bad_steps));
         meta["scaler_skipped_steps"] = std::to_string(read_i64(scope, amp::ScalerVars::skipped));
+        meta["scaler_consecutive_skips_at_min"] = std::to_string(read_i64(scope, amp::ScalerVars::skips_at_min));
       }
       io::save_checkpoint(c.save, program, scope, meta);
       spdlog::info("saved checkpoint {}", c.save);

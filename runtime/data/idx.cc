@@ -110,8 +110,9 @@ IdxArray read_idx(const std::string& path, uint32_t expected_magic, const char* 
     const uint32_t v = (uint32_t{d[0]} << 24) | (uint32_t{d[1]} << 16) | (uint32_t{d[2]} << 8) | d[3];
     a.dims.push_back(v);
     // Fashion-MNIST is 47 MB; anything past 4 GiB is a corrupt header, not data.
+    if (v != 0 && total > (size_t{1} << 32) / v)
+      MIX_FAIL(path << ": implausible IDX dimensions (corrupt header): " << kHint);
     total *= v;
-    if (total > (size_t{1} << 32)) MIX_FAIL(path << ": implausible IDX dimensions (corrupt header): " << kHint);
   }
   a.bytes.resize(total);
   read_exact(f, path, a.bytes.data(), total, (std::string("the ") + kind).c_str());

@@ -101,14 +101,17 @@ struct MomentumUpdate {
 /// torch.optim.AdamW: p *= 1 - lr*wd; m, v moments; step size lr / (1 - b1^t);
 /// denominator sqrt(v) / sqrt(1 - b2^t) + eps. Bias corrections come in
 /// precomputed (in double on the host) so every device uses the same values.
+/// (1 - beta) comes in computed in double, as PyTorch does in Python: 1 - 0.999f
+/// in float would be off by 1e-5 relative.
 struct AdamWUpdate {
   float lr, beta1, beta2, eps, weight_decay;
+  float one_minus_beta1, one_minus_beta2;
   float step_size;          // lr / (1 - beta1^t)
   float inv_sqrt_bias2;     // 1 / sqrt(1 - beta2^t)
   MIX_HD void operator()(float& p, float& m, float& v, float g) const {
     p *= 1.f - lr * weight_decay;
-    m = beta1 * m + (1.f - beta1) * g;
-    v = beta2 * v + (1.f - beta2) * g * g;
+    m = beta1 * m + one_minus_beta1 * g;
+    v = beta2 * v + one_minus_beta2 * g * g;
 #ifdef __CUDA_ARCH__
     const float denom = sqrtf(v) * inv_sqrt_bias2 + eps;
 #else

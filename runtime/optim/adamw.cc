@@ -26,6 +26,8 @@ void adamw_cpu(OpContext& ctx) {
                                static_cast<float>(beta2),
                                ctx.attr<float>("epsilon", 1e-8f),
                                ctx.attr<float>("weight_decay", 0.01f),
+                               static_cast<float>(1.0 - beta1),
+                               static_cast<float>(1.0 - beta2),
                                static_cast<float>(lr / bias1),
                                static_cast<float>(1.0 / std::sqrt(bias2))};
   float* pp = param->data<float>();

@@ -1,0 +1,129 @@
+// The executor's buffer plan and autodiff's bookkeeping: temporaries are freed
+// after their last use, persistables stay, the planned peak follows the batch
+// size, and a variable used twice gets its gradient contributions summed.
+#include <catch2/catch.hpp>
+
+#include "models/model.h"
+#include "runtime/allocator.h"
+#include "runtime/autodiff.h"
+#include "runtime/executor.h"
+#include "runtime/init.h"
+#include "runtime/op_registry.h"
+
+using namespace mix;
+
+namespace {
+Program chain() {
+  // y = relu(x); z = tanh(y); loss = mean(z)
+  Program p;
+  p.add_var(VarDesc{"x", {-1, 8}, DType::f32, false, false, true, {}});
+  p.append_op(make_op("relu", {{"X", {"x"}}}, {{"Out", {"y"}}}));
+  p.append_op(make_op("tanh", {{"X", {"y"}}}, {{"Out", {"z"}}}));
+  p.append_op(make_op("mean", {{"X", {"z"}}}, {{"Out", {"loss"}}}));
+  return p;
+}
+}  // namespace
+
+TEST_CASE("temporaries are released after their last use; kept ones survive", "[executor]") {
+  Program p = chain();
+  Executor ex(p, {"loss"});
+  MemoryPlan plan = ex.plan(4);
+  REQUIRE(plan.release_after.size() == 3);
+  // x and y are last read by ops 0 and 1; z by op 2; loss is kept.
+  CHECK(plan.release_after[0] == std::vector<std::string>{"x"});
+  CHECK(plan.release_after[1] == std::vector<std::string>{"y"});
+  CHECK(plan.release_after[2] == std::vector<std::string>{"z"});
+  // Peak: y and z (4 x 8 floats each) are live together while tanh runs.
+  CHECK(plan.peak_temporary_bytes == 2 * 4 * 8 * 4);
+  CHECK(ex.plan(8).peak_temporary_bytes == 2 * 8 * 8 * 4);
+
+  Scope s;
+  s.set("x", Tensor::from_floats({4, 8}, std::vector<float>(32, 0.5f)));
+  ExecEnv env;
+  ex.run(s, env);
+  CHECK_FALSE(s.has("x"));
+  CHECK_FALSE(s.has("y"));
+  CHECK_FALSE(s.has("z"));
+  REQUIRE(s.has("loss"));
+  CHECK(s.get("loss").item_float() == Approx(std::tanh(0.5f)));
+}
+
+TEST_CASE("the allocator's live bytes return to where they were after a run", "[executor]") {
+  Program p = chain();
+  Executor ex(p, {});
+  Allocator& a = allocator_for(cpu_device());
+  const size_t before = a.live_bytes();
+  {
+    Scope s;
+    s.set("x", Tensor::from_floats({16, 8}, std::vector<float>(128, 1.f)));
+    ExecEnv env;
+    ex.run(s, env);
+    CHECK(s.all().empty());
+  }
+  CHECK(a.live_bytes() == before);
+  CHECK(a.peak_bytes() >= before + 2 * 16 * 8 * 4);
+}
+
+TEST_CASE("a variable used twice gets the sum of both gradient contributions", "[autodiff]") {
+  // loss = mean(w * w) with w a parameter: d loss / dw = 2 w / n.
+  Program p;
+  p.add_var(VarDesc{"w", {3}, DType::f32, true, true, false, {}});
+  p.append_op(make_op("elementwise_mul", {{"X", {"w"}}, {"Y", {"w"}}}, {{"Out", {"sq"}}}));
+  p.append_op(make_op("mean", {{"X", {"sq"}}}, {{"Out", {"loss"}}}));
+  seed_loss_gradient(p, "loss");
+  BackwardResult bw = append_backward(p, "loss");
+  REQUIRE(bw.param_grads.size() == 1);
+  CHECK(bw.param_grads[0].second == "w@GRAD");
+  int sums = 0;
+  for (auto& op : p.ops()) sums += op.type == "sum" && op.out("Out") == "w@GRAD";
+  CHECK(sums == 1);
+
+  Scope s;
+  s.set("w", Tensor::from_floats({3}, {1.f, -2.f, 0.5f}));
+  Executor ex(p, {"w@GRAD"});
+  ExecEnv env;
+  ex.run(s, env);
+  const Tensor& g = s.get("w@GRAD");
+  CHECK(g.item_float(0) == Approx(2.f * 1.f / 3));
+  CHECK(g.item_float(1) == Approx(2.f * -2.f / 3));
+  CHECK(g.item_float(2) == Approx(2.f * 0.5f / 3));
+}
+
+TEST_CASE("autodiff skips branches that no parameter feeds and names missing gradients", "[autodiff]") {
+  models::MlpConfig c;
+  c.in_features = 6;
+  c.hidden = {5};
+  c.num_classes = 3;
+  models::Model m = models::build_mlp(c);
+  seed_loss_gradient(m.program, m.loss);
+  BackwardResult bw = append_backward(m.program, m.loss);
+  CHECK(bw.param_grads.size() == 4);
+  // No gradient for the data: x@GRAD is never written.
+  CHECK_FALSE(m.program.producer("x@GRAD").has_value());
+  CHECK_FALSE(m.program.producer("label@GRAD").has_value());
+
+  // An op without a gradient on a parameter's path is an error naming it.
+  Program p;
+  p.add_var(VarDesc{"w", {2}, DType::f32, true, true, false, {}});
+  p.append_op(make_op("fill_like_scalar", {{"X", {"w"}}}, {{"Out", {"f"}}}, {{"shape", std::vector<int64_t>{1}}}));
+  p.append_op(make_op("mean", {{"X", {"f"}}}, {{"Out", {"loss"}}}));
+  seed_loss_gradient(p, "loss");
+  CHECK_THROWS_WITH(append_backward(p, "loss"), Catch::Contains("fill_like_scalar") && Catch::Contains("no gradient"));
+}
+
+TEST_CASE("persistables get their declared initial values, identically for equal seeds", "[init]") {
+  models::Model m = models::build_mlp({20, {10}, 4});
+  Scope a, b, c;
+  initialize_persistables(m.program, a, 5);
+  initialize_persistables(m.program, b, 5);
+  initialize_persistables(m.program, c, 6);
+  const Tensor& wa = a.get("fc1.weight");
+  const float bound = 1.f / std::sqrt(20.f);
+  bool differs = false;
+  for (int64_t i = 0; i < wa.numel(); ++i) {
+    CHECK(std::abs(wa.item_float(i)) <= bound);
+    CHECK(wa.item_float(i) == b.get("fc1.weight").item_float(i));
+    differs = differs || wa.item_float(i) != c.get("fc1.weight").item_float(i);
+  }
+  CHECK(differs);
+}
