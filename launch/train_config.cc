@@ -40,7 +40,7 @@ std::vector<std::pair<std::string, std::string>> TrainConfig::fingerprint_fields
           {"warmup-steps", num(warmup_steps)},
           {"optimizer", optimizer},
           {"momentum", num(momentum)},
-          {"weight-decay", num(weight_decay)},
+          {"weight-decay", num(effective_weight_decay())},
           {"loss-scaling", loss_scaling},
           {"loss-scaling-preset", loss_scaling_preset},
           {"init-loss-scaling", opt(init_loss_scaling)},
@@ -90,7 +90,7 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
   app.add_option("--warmup-steps", c.warmup_steps, "linear warm-up steps")->check(CLI::NonNegativeNumber);
   app.add_option("--optimizer", c.optimizer, "optimizer")->check(CLI::IsMember({"sgd", "momentum", "adamw"}));
   app.add_option("--momentum", c.momentum, "momentum of --optimizer momentum")->check(CLI::Range(0.0, 1.0));
-  app.add_option("--weight-decay", c.weight_decay, "weight decay (decoupled for adamw)")->check(CLI::NonNegativeNumber);
+  app.add_option("--weight-decay", c.weight_decay, "weight decay, decoupled for adamw (0; 0.01 for adamw, as torch.optim.AdamW)")->check(CLI::NonNegativeNumber);
   app.add_option("--loss-scaling", c.loss_scaling, "loss scaling under amp")
       ->check(CLI::IsMember({"dynamic", "static", "none"}));
   app.add_option("--loss-scaling-preset", c.loss_scaling_preset, "defaults of the dynamic scaler")

@@ -34,7 +34,8 @@ struct TrainConfig {
   int64_t warmup_steps = 0;
   std::string optimizer = "momentum";
   double momentum = 0.9;
-  double weight_decay = 0;
+  std::optional<double> weight_decay;  // default 0, and 0.01 for adamw (torch.optim.AdamW's)
+  double effective_weight_decay() const { return weight_decay ? *weight_decay : optimizer == "adamw" ? 0.01 : 0.0; }
   // loss scaling
   std::string loss_scaling = "dynamic";
   std::string loss_scaling_preset = "paddle";

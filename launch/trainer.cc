@@ -2,7 +2,10 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <map>
 #include <cmath>
 #include <cstring>
 #include <iostream>
@@ -88,9 +91,10 @@ std::optional<amp::InjectOverflow> parse_inject(const std::string& spec) {
 }
 
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c) {
-  if (c.optimizer == "sgd") return optim::make_sgd(c.weight_decay);
-  if (c.optimizer == "adamw") return optim::make_adamw(0.9, 0.999, 1e-8, c.weight_decay);
-  return optim::make_momentum(c.momentum, c.weight_decay);
+  const double wd = c.effective_weight_decay();
+  if (c.optimizer == "sgd") return optim::make_sgd(wd);
+  if (c.optimizer == "adamw") return optim::make_adamw(0.9, 0.999, 1e-8, wd);
+  return optim::make_momentum(c.momentum, wd);
 }
 
 /// Hash of the parameters' names, shapes and dtypes: equal models, equal hash.
@@ -239,6 +243,10 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   Executor eval_exec(program, {model.logits, model.loss}, forward_ops);
   ExecEnv env;
   env.comm = &comm;
+  // MIX_PROFILE_OPS=1: time every op and print the totals by op type at the end.
+  std::map<std::string, double> op_seconds;
+  const char* profile_env = std::getenv("MIX_PROFILE_OPS");
+  if (profile_env && std::string(profile_env) == "1") env.op_seconds = &op_seconds;
   MetricsWriter metrics(rank == 0 ? c.metrics : "");
   if (rank == 0)
     spdlog::info("training {} ({}), {} steps of {} x {} examples, precision {}, gradient all-reduce in {}",
@@ -299,7 +307,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   std::vector<int64_t> order;
   int64_t order_epoch = -1;
   double timed_seconds = 0, sps_sum = 0;
-  int64_t sps_count = 0, skipped_total = 0;
+  int64_t sps_count = 0, skipped_total = 0, timed_samples = 0;
   EvalResult last_eval;
   bool have_eval = false;
   auto t_start = Clock::now(), t_last_log = Clock::now();
@@ -333,6 +341,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     const bool timed = !c.benchmark || step >= c.benchmark_warmup;
     if (timed) {
       timed_seconds += secs;
+      timed_samples += n * world;
       sps_sum += samples_per_s;
       ++sps_count;
     }
@@ -382,8 +391,8 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   const size_t peak = allocator_for(cpu_device()).peak_bytes();
   const MemoryPlan plan = step_exec.plan(batch);
   const double mean_sps = sps_count ? sps_sum / static_cast<double>(sps_count) : 0;
-  const double overall_sps =
-      timed_seconds > 0 ? static_cast<double>(sps_count * batch * world) / timed_seconds : 0;
+  // Samples over the time inside the training step (batch gathering excluded).
+  const double overall_sps = timed_seconds > 0 ? static_cast<double>(timed_samples) / timed_seconds : 0;
   nlohmann::json summary = {{"summary", true},
                             {"steps", steps_run},
                             {"skipped_steps", skipped_total},
@@ -401,10 +410,23 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     summary["val_loss"] = last_eval.loss;
   }
   metrics.write(summary);
+  if (env.op_seconds && rank == 0) {
+    std::vector<std::pair<double, std::string>> by_time;
+    double total = 0;
+    for (auto& [type, secs] : op_seconds) {
+      by_time.emplace_back(secs, type);
+      total += secs;
+    }
+    std::sort(by_time.rbegin(), by_time.rend());
+    spdlog::info("op time by type over {} steps ({:.3f} s in ops):", steps_run, total);
+    for (auto& [secs, type] : by_time)
+      spdlog::info("  {:<36} {:8.3f} ms/step {:5.1f}%", type, 1e3 * secs / static_cast<double>(steps_run),
+                   100 * secs / total);
+  }
   if (rank == 0) {
     if (c.benchmark)
       std::cout << "benchmark: " << c.model << " " << c.precision << " batch " << batch << " x " << world
-                << " ranks: " << overall_sps << " samples/s over " << sps_count << " timed steps, peak "
+                << " ranks: " << overall_sps << " samples/s over " << sps_count << " timed steps (step time only), peak "
                 << peak << " bytes" << std::endl;
     if (have_eval) spdlog::info("final test accuracy {:.2f}%", 100 * last_eval.accuracy);
     if (!c.metrics.empty()) spdlog::info("metrics written to {}", c.metrics);

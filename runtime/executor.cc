@@ -1,5 +1,6 @@
 #include "runtime/executor.h"
 
+#include <chrono>
 #include <map>
 
 #include "runtime/check.h"
@@ -35,7 +36,13 @@ void Executor::run(Scope& scope, ExecEnv& env) const {
     MIX_CHECK(kernel, "op " << op.type << " has no kernel for device " << env.device.str());
     OpContext ctx(op, scope, env);
     try {
-      kernel(ctx);
+      if (env.op_seconds) {
+        const auto t0 = std::chrono::steady_clock::now();
+        kernel(ctx);
+        (*env.op_seconds)[op.type] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      } else {
+        kernel(ctx);
+      }
     } catch (const Error& e) {
       throw Error(std::string(e.what()) + " (in op " + std::to_string(op_indices_[k]) + ": " + op.type + ")");
     }

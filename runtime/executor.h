@@ -29,6 +29,7 @@ inline bool forward_ops(const OpDesc& op) { return op.role == OpRole::forward ||
 class Executor {
  public:
   /// `keep`: temporaries the caller reads after run() (e.g. the loss); never released.
+  /// The executor refers to `program`, which must outlive it and not move.
   Executor(const Program& program, std::set<std::string> keep, OpFilter filter = all_ops);
 
   void run(Scope& scope, ExecEnv& env) const;

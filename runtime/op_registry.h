@@ -3,6 +3,7 @@
 // and the maker of its gradient ops. Each op's file registers all three side
 // by side (runtime/ops/<op>.cc), so an op's backward lives next to its forward.
 #include <functional>
+#include <map>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -40,6 +41,8 @@ struct ExecEnv {
   Device device = cpu_device();
   collective::Communicator* comm = nullptr;  // collective ops need it
   int64_t step = 0;                          // the optimizer step being run (1-based)
+  /// When set, the executor adds each op's wall time here, by op type (profiling).
+  std::map<std::string, double>* op_seconds = nullptr;
 };
 
 class OpContext {

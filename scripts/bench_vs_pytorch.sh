@@ -15,6 +15,12 @@
 # interleaved, and the best of each is kept: on a shared machine the best run
 # is the one least disturbed by other work.
 #
+# PyTorch runs with OMP_WAIT_POLICY=PASSIVE unless the caller sets it: Debian's
+# torch uses GNU OpenMP, whose spinning workers collapse (5-10x slower, measured)
+# when the cores are shared with other work; passive waiting costs little on an
+# idle machine and keeps the comparison fair on a busy one. OpenBLAS (mixtrain)
+# yields while it waits. Set OMP_WAIT_POLICY=ACTIVE to see the other figure.
+#
 # Prints samples/s of each, mixtrain FP32 / PyTorch (the target is >= 0.8) and
 # AMP / FP32. AMP on the CPU stores FP16 faithfully but computes in FP32, so the
 # casts cost time and AMP / FP32 < 1 is expected here; AMP pays off on GPUs.
@@ -32,7 +38,7 @@ BUILD="$ROOT/build"
 PYTHON=/usr/bin/python3
 WARMUP=10
 
-usage() { sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,28p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 need_value() { [[ $# -ge 2 && -n $2 ]] || { echo "bench_vs_pytorch: $1 needs a value" >&2; exit 2; }; }
 positive() { [[ $2 =~ ^[1-9][0-9]*$ ]] || { echo "bench_vs_pytorch: $1 must be a positive integer, got '$2'" >&2; exit 2; }; }
 while [[ $# -gt 0 ]]; do
@@ -54,8 +60,9 @@ MIXTRAIN="$BUILD/mixtrain"
   echo "bench_vs_pytorch: $PYTHON cannot import torch: run scripts/setup.sh (installs python3-torch)" >&2; exit 1; }
 
 # PyTorch: the same model, optimizer and batch shapes; prints "<samples/s>".
+TORCH_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 torch_run() {
-  OMP_NUM_THREADS=$THREADS "$PYTHON" - "$BATCH" "$STEPS" "$WARMUP" "$THREADS" "$HIDDEN" <<'EOF'
+  OMP_WAIT_POLICY=$TORCH_WAIT_POLICY OMP_NUM_THREADS=$THREADS "$PYTHON" - "$BATCH" "$STEPS" "$WARMUP" "$THREADS" "$HIDDEN" <<'EOF'
 import sys, time
 import torch
 import torch.nn.functional as F
@@ -117,7 +124,7 @@ best() { printf '%s\n' "$@" | sort -g | tail -1; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }'; }
 
 echo "MLP 784-${HIDDEN//,/-}-10, batch $BATCH, momentum SGD, $STEPS timed steps after $WARMUP warm-up, $THREADS threads, best of $REPEATS"
-echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg) at start"
+echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg) at start; PyTorch OMP_WAIT_POLICY=$TORCH_WAIT_POLICY"
 t_start=$SECONDS
 torch_all=() fp32_all=() amp_all=()
 for ((r = 1; r <= REPEATS; ++r)); do

@@ -14,7 +14,6 @@ packages=(
   zlib1g-dev                          # Fashion-MNIST .gz files
   dataset-fashion-mnist               # the default data set
   python3-numpy python3-torch         # reference values and parity tests (/usr/bin/python3)
-  python3-matplotlib                  # plots of the comparison scripts
 )
 
 missing=()

@@ -65,7 +65,7 @@ MIX_HD void softmax_grad_row(const T* y, const T* dy, T* dx, int64_t n) {
 
 /// Softmax of one row into y, and the cross-entropy -log softmax(x)[label]
 /// returned in FP32. The loss is log(sum exp(x - max)) + max - x[label], formed
-/// from the logits rather than from log(y), so it stays exact where y[label]
+/// from the logits rather than from log(y), so it stays accurate where y[label]
 /// underflows (a confidently wrong prediction gives a large finite loss, not inf).
 template <typename T>
 MIX_HD float softmax_cross_entropy_row(const T* x, T* y, int64_t n, int64_t label) {

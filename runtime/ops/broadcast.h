@@ -12,7 +12,11 @@
 #include <cstdint>
 #include <string>
 
+#include <algorithm>
+#include <vector>
+
 #include "runtime/check.h"
+#include "runtime/kernels/cpu_loops.h"
 #include "runtime/op_registry.h"
 #include "runtime/tensor.h"
 
@@ -69,31 +73,54 @@ inline BroadcastDims broadcast_dims(const Shape& x, const Shape& y, int axis, co
 }
 
 /// out[p, j, q] = f(x[p, j, q], y[j]) in float, rounded to T on store.
+/// out[p, j, q] = f(x[p, j, q], y[j]) over X viewed as [pre, n, post]. FP16/BF16
+/// rows are widened and narrowed in chunks (cpu_loops.h); out may alias x.
 template <typename T, typename F>
 void broadcast_binary(const T* x, const T* y, T* out, const BroadcastDims& d, F f) {
-  for (int64_t p = 0; p < d.pre; ++p)
-    for (int64_t j = 0; j < d.n; ++j) {
-      const float yj = to_float(y[j]);
-      const int64_t base = (p * d.n + j) * d.post;
-      for (int64_t q = 0; q < d.post; ++q) out[base + q] = from_float<T>(f(to_float(x[base + q]), yj));
+  std::vector<float> yf(static_cast<size_t>(d.n));
+  cpu::load_floats(y, yf.data(), d.n);
+  const int64_t row = d.n * d.post;
+  float buf[cpu::kChunk];
+  for (int64_t p = 0; p < d.pre; ++p) {
+    const T* xr = x + p * row;
+    T* outr = out + p * row;
+    for (int64_t s = 0; s < row; s += cpu::kChunk) {
+      const int64_t m = std::min(cpu::kChunk, row - s);
+      cpu::load_floats(xr + s, buf, m);
+      if (d.post == 1) {
+        for (int64_t k = 0; k < m; ++k) buf[k] = f(buf[k], yf[static_cast<size_t>(s + k)]);
+      } else {
+        for (int64_t k = 0; k < m; ++k) buf[k] = f(buf[k], yf[static_cast<size_t>((s + k) / d.post)]);
+      }
+      cpu::store_floats(buf, outr + s, m);
     }
+  }
 }
 
-/// acc[j] = sum over (p, q) of f(a[p, j, q], b[p, j, q]) in FP32 (b may be null:
-/// f then gets 0 for it). The caller rounds acc once on store.
+/// acc[j] = sum over p, q of f(a[p, j, q], b[p, j, q]) in FP32 (b may be null: f(a, 0)).
 template <typename T, typename F>
 void broadcast_reduce(const T* a, const T* b, float* acc, const BroadcastDims& d, F f) {
   for (int64_t j = 0; j < d.n; ++j) acc[j] = 0.f;
-  for (int64_t p = 0; p < d.pre; ++p)
-    for (int64_t j = 0; j < d.n; ++j) {
-      const int64_t base = (p * d.n + j) * d.post;
-      float s = 0.f;
-      for (int64_t q = 0; q < d.post; ++q) s += f(to_float(a[base + q]), b ? to_float(b[base + q]) : 0.f);
-      acc[j] += s;
+  const int64_t row = d.n * d.post;
+  float fa[cpu::kChunk], fb[cpu::kChunk];
+  for (int64_t p = 0; p < d.pre; ++p) {
+    for (int64_t s = 0; s < row; s += cpu::kChunk) {
+      const int64_t m = std::min(cpu::kChunk, row - s);
+      cpu::load_floats(a + p * row + s, fa, m);
+      if (b) {
+        cpu::load_floats(b + p * row + s, fb, m);
+      } else {
+        std::fill(fb, fb + m, 0.f);
+      }
+      if (d.post == 1) {
+        for (int64_t k = 0; k < m; ++k) acc[s + k] += f(fa[k], fb[k]);
+      } else {
+        for (int64_t k = 0; k < m; ++k) acc[(s + k) / d.post] += f(fa[k], fb[k]);
+      }
     }
+  }
 }
 
-/// Infer of elementwise_add / elementwise_mul: Out has X's shape and dtype.
 inline void infer_elementwise(Program& p, OpDesc& op) {
   const VarDesc& x = p.var(op.in("X"));
   const VarDesc& y = p.var(op.in("Y"));

@@ -30,10 +30,10 @@ void adamw_cpu(OpContext& ctx) {
                                static_cast<float>(1.0 - beta2),
                                static_cast<float>(lr / bias1),
                                static_cast<float>(1.0 / std::sqrt(bias2))};
-  float* pp = param->data<float>();
-  float* mp = m.data<float>();
-  float* vp = v.data<float>();
-  const float* g = grad->data<float>();
+  float* __restrict pp = param->data<float>();
+  float* __restrict mp = m.data<float>();
+  float* __restrict vp = v.data<float>();
+  const float* __restrict g = grad->data<float>();
   for (int64_t i = 0; i < param->numel(); ++i) update(pp[i], mp[i], vp[i], g[i]);
 }
 

@@ -10,8 +10,8 @@ void sgd_cpu(OpContext& ctx) {
   if (skip_this_step(ctx)) return;
   auto [param, grad] = param_and_grad(ctx);
   const fn::SgdUpdate update{learning_rate(ctx), ctx.attr<float>("weight_decay", 0.f)};
-  float* p = param->data<float>();
-  const float* g = grad->data<float>();
+  float* __restrict p = param->data<float>();
+  const float* __restrict g = grad->data<float>();
   for (int64_t i = 0; i < param->numel(); ++i) update(p[i], g[i]);
 }
 

@@ -16,6 +16,9 @@
 //                        outputs and gradients within a tolerance for that
 //                        dtype's rounding.
 //
+// MIX_GRADCHECK_VERBOSE=1 prints every comparison's largest error and its
+// ratio to the allowed one (how the tolerances below were calibrated).
+//
 // Header-only (each tests/unit/test_*.cc is its own executable).
 #include <catch2/catch.hpp>
 

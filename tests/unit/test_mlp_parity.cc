@@ -323,13 +323,14 @@ void check_adamw_params(const std::string& what, const Tensor& got, const Tensor
   double gmax = 0;
   for (float v : gr) gmax = std::max(gmax, std::fabs(static_cast<double>(v)));
   std::vector<float> strict_got, strict_want;
-  size_t ambiguous = 0, ambiguous_bad = 0;
+  size_t ambiguous = 0, ambiguous_bad = 0, ambiguous_lenient = 0;
   for (size_t i = 0; i < w.size(); ++i) {
     const double gtol = kGradTol.abs + kGradTol.of_max * gmax + kGradTol.rel * std::fabs(gr[i]);
     // An exact zero is structural (a relu closed for the whole batch): both sides get exactly 0, so
     // the update is exactly the decay, and any difference is a real one.
     if (gr[i] != 0.f && std::fabs(static_cast<double>(gr[i])) <= gtol) {
       ++ambiguous;
+      ambiguous_lenient += !(std::fabs(static_cast<double>(g[i]) - w[i]) <= kAdamTol.abs + kAdamTol.rel * std::fabs(w[i]));
       // Each step moves a parameter by at most about lr (|m / sqrt(v)| <= ~1 when g has one sign); allow
       // the two sides opposite signs on every step.
       if (!(std::fabs(static_cast<double>(g[i]) - w[i]) <= 2.0 * lr * steps + kAdamTol.abs + kAdamTol.rel * std::fabs(w[i])))
@@ -346,7 +347,8 @@ void check_adamw_params(const std::string& what, const Tensor& got, const Tensor
   CHECK(ambiguous_bad == 0);
   CHECK(ambiguous <= std::max<size_t>(2, w.size() / 100));
   if (verbose())
-    std::fprintf(stderr, "[parity] %-70s %zu elements with no reliable gradient sign\n", what.c_str(), ambiguous);
+    std::fprintf(stderr, "[parity] %-70s %zu elements with no reliable gradient sign, %zu of them over kAdamTol\n",
+                 what.c_str(), ambiguous, ambiguous_lenient);
 }
 
 }  // namespace

@@ -1,0 +1,128 @@
+#!/usr/bin/python3
+"""The FP16 gradient all-reduce moves half the bytes, and the program shows why.
+
+On 2 ranks under AMP:
+  1. grad_bytes (the payload this rank sent in gradient all-reduces per step,
+     count * dtype size, collective/communicator.h) is exactly 2 * N for
+     --grad-reduce fp16 and 4 * N for --grad-reduce fp32, N the number of
+     parameter elements (counted from the `--steps 0 --save` checkpoint), on
+     every step: the MLP's gradients are all FP16 under AMP (the biases follow
+     the FP16 adds), so all of them travel in the FP16 buckets;
+  2. --print-program in fp16 mode: a c_allreduce_sum (traffic "gradients")
+     consumes fc1.weight.cast_fp16@GRAD as f16 and the cast to FP32
+     (fc1.weight@GRAD = cast(X=fc1.weight.cast_fp16@GRAD)) comes after it;
+     in fp32 mode the cast comes first, the all-reduce moves fc1.weight@GRAD as
+     f32 and no all-reduce touches the FP16 gradient. The pre-division by the
+     world size shows as prescale=0.5.
+"""
+import re
+import sys
+
+import numpy as np
+
+import mixtest as mt
+
+STEPS = 6
+OP_LINE = re.compile(r"^\s*(\d+): (.*?) = (\w+)\((.*?)\)(?: \{(.*)\})?\s*$")
+
+
+def parse_program(text):
+    """[(index, outputs 'name:dtype[...]' text, op type, inputs text, attrs text)] of the printed ops."""
+    ops = []
+    for line in text.splitlines():
+        m = OP_LINE.match(line)
+        if m:
+            ops.append((int(m.group(1)), m.group(2), m.group(3), m.group(4), m.group(5) or ""))
+    return ops
+
+
+def outputs(op):
+    """{name: dtype} of an op's outputs."""
+    return {m.group(1): m.group(2) for m in re.finditer(r"([\w.@]+):(\w+)\[", op[1])}
+
+
+def inputs(op):
+    """The variable names an op reads (its "Slot=name" and "Slot=[a, b]" arguments, slots dropped)."""
+    return set(re.findall(r"[\w.]+(?:@GRAD)?", re.sub(r"[\w@.]+=", "", op[3])))
+
+
+def main():
+    mt.require_mixtrain()
+    mt.require_mpirun()
+    c = mt.Checks("grad_bytes")
+    d = mt.workdir("grad_bytes")
+    base = ["--precision", "amp", *mt.synthetic(size=512, features=48, classes=6, hidden=(40, 24)),
+            "--batch-size", 16, "--eval", "false", "--seed", 2]
+
+    init = d / "init.safetensors"
+    if not c.ok_run(mt.mixtrain([*base, "--steps", 0, "--save", init]), "initial parameters"):
+        c.finish()
+    params = mt.parameters_only(mt.load_checkpoint(init)[0])
+    n = int(sum(v.size for v in params.values()))
+    print(f"{len(params)} parameters, {n} elements: {', '.join(f'{k}{list(v.shape)}' for k, v in params.items())}")
+
+    per_step = {}
+    for mode in ("fp16", "fp32"):
+        met = d / f"{mode}.jsonl"
+        r = mt.mixtrain([*base, "--steps", STEPS, "--grad-reduce", mode, "--metrics", met], np=2, timeout=90)
+        if c.ok_run(r, f"2 ranks, --grad-reduce {mode}"):
+            m = mt.Metrics(met)
+            per_step[mode] = [s["grad_bytes"] for s in m.steps]
+            c.check(m.summary and m.summary.get("grad_reduce") == mode, f"{mode}: the summary names the mode",
+                    f"{m.summary and m.summary.get('grad_reduce')}")
+    if "fp16" in per_step:
+        c.check(per_step["fp16"] == [2 * n] * STEPS, f"fp16: grad_bytes = 2 * {n} = {2 * n} on every step",
+                f"{per_step['fp16']}")
+    if "fp32" in per_step:
+        c.check(per_step["fp32"] == [4 * n] * STEPS, f"fp32: grad_bytes = 4 * {n} = {4 * n} on every step",
+                f"{per_step['fp32']}")
+    if len(per_step) == 2:
+        c.check(all(2 * a == b for a, b in zip(per_step["fp16"], per_step["fp32"])) and per_step["fp16"],
+                "fp16 sends exactly half the bytes of fp32", f"{per_step['fp16'][0]} vs {per_step['fp32'][0]}")
+
+    # ---- the printed program ------------------------------------------------------------------
+    for mode in ("fp16", "fp32"):
+        r = mt.mixtrain([*base, "--grad-reduce", mode, "--print-program"], np=2, timeout=60)
+        if not c.ok_run(r, f"--print-program, --grad-reduce {mode}"):
+            continue
+        ops = parse_program(r.stdout)
+        c.check(len(ops) > 10, f"{mode}: the program prints its ops", f"{len(ops)} ops")
+        grad_ar = [op for op in ops if op[2] == "c_allreduce_sum" and 'traffic="gradients"' in op[4]]
+        cast = [op for op in ops if op[2] == "cast" and "fc1.weight@GRAD" in outputs(op)]
+        c.check(len(cast) == 1, f"{mode}: one cast produces fc1.weight@GRAD",
+                f"{[op[0] for op in cast]}")
+        if len(cast) != 1:
+            continue
+        cast = cast[0]
+        c.check(inputs(cast) == {"fc1.weight.cast_fp16@GRAD"} and outputs(cast)["fc1.weight@GRAD"] == "f32",
+                f"{mode}: that cast reads fc1.weight.cast_fp16@GRAD and writes f32", f"op {cast[0]}")
+        fp16_ar = [op for op in grad_ar if "fc1.weight.cast_fp16@GRAD" in inputs(op)]
+        fp32_ar = [op for op in grad_ar if "fc1.weight@GRAD" in inputs(op)]
+        if mode == "fp16":
+            ok = len(fp16_ar) == 1 and not fp32_ar
+            c.check(ok, "fp16: the all-reduce consumes fc1.weight.cast_fp16@GRAD (and none fc1.weight@GRAD)",
+                    f"{[op[0] for op in fp16_ar]} / {[op[0] for op in fp32_ar]}")
+            if ok:
+                ar = fp16_ar[0]
+                c.check(outputs(ar).get("fc1.weight.cast_fp16@GRAD") == "f16", "fp16: it moves f16")
+                c.check(ar[0] < cast[0], "fp16: the cast to FP32 comes after the all-reduce",
+                        f"all-reduce op {ar[0]}, cast op {cast[0]}")
+                c.check(all(dt == "f16" for op in grad_ar for dt in outputs(op).values()),
+                        "fp16: every gradient bucket of this MLP is f16")
+                c.check("prescale=0.5" in ar[4], "fp16: pre-divided by the world size 2", ar[4])
+        else:
+            ok = len(fp32_ar) == 1 and not fp16_ar
+            c.check(ok, "fp32: the all-reduce moves fc1.weight@GRAD (and none fc1.weight.cast_fp16@GRAD)",
+                    f"{[op[0] for op in fp32_ar]} / {[op[0] for op in fp16_ar]}")
+            if ok:
+                ar = fp32_ar[0]
+                c.check(outputs(ar).get("fc1.weight@GRAD") == "f32", "fp32: it moves f32")
+                c.check(cast[0] < ar[0], "fp32: the cast comes before the all-reduce",
+                        f"cast op {cast[0]}, all-reduce op {ar[0]}")
+        if mode == "fp16" and grad_ar:
+            print("fp16 all-reduce:", " ".join(f"{op[0]}: {op[2]}({op[3][:90]}...)" for op in grad_ar))
+    c.finish()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
