@@ -46,11 +46,65 @@ std::vector<std::pair<std::string, std::string>> TrainConfig::fingerprint_fields
           {"init-loss-scaling", opt(init_loss_scaling)},
           {"incr-every-n-steps", opt(incr_every_n_steps)},
           {"decr-every-n-nan-or-inf", opt(decr_every_n_nan_or_inf)},
+          {"incr-ratio", opt(incr_ratio)},
+          {"decr-ratio", opt(decr_ratio)},
+          {"min-loss-scaling", opt(min_loss_scaling)},
+          {"on-min-scale", on_min_scale},
+          {"bucket-mb", num(bucket_mb)},
+          {"synthetic-size", data == "synthetic" ? num(synthetic_size) : "-"},
+          {"synthetic-features", data == "synthetic" ? num(synthetic_features) : "-"},
+          {"synthetic-classes", data == "synthetic" ? num(synthetic_classes) : "-"},
+          {"inject-overflow", inject_overflow},
           {"amp-white-list", list(amp_white_list)},
           {"amp-black-list", list(amp_black_list)},
           {"seed", num(seed)},
           {"shuffle", shuffle ? "true" : "false"},
           {"check-every", num(check_every)}};
+}
+
+namespace {
+
+// CLI11's PositiveNumber prints the whole double range in its message; these say it plainly.
+CLI::Validator number_check(bool integer, bool allow_zero) {
+  const std::string what = std::string(allow_zero ? "a non-negative " : "a positive ") + (integer ? "integer" : "number");
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        try {
+          size_t used = 0;
+          const double v = integer ? static_cast<double>(std::stoll(text, &used)) : std::stod(text, &used);
+          if (used == text.size() && (allow_zero ? v >= 0 : v > 0)) return "";
+        } catch (const std::exception&) {
+        }
+        return "must be " + what + ", got '" + text + "'";
+      },
+      allow_zero ? "NONNEGATIVE" : "POSITIVE");
+}
+const CLI::Validator kPositiveInt = number_check(true, false);
+const CLI::Validator kNonNegativeInt = number_check(true, true);
+const CLI::Validator kPositive = number_check(false, false);
+const CLI::Validator kNonNegative = number_check(false, true);
+
+}  // namespace
+
+bool parse_inject_overflow(const std::string& text, InjectOverflowSpec& out) {
+  std::vector<std::string> parts;
+  std::string part;
+  std::stringstream ss(text);
+  while (std::getline(ss, part, ':')) parts.push_back(part);
+  if (parts.empty() || parts.size() > 3) return false;
+  try {
+    size_t used = 0;
+    out.step = std::stoll(parts[0], &used);
+    if (used != parts[0].size() || out.step < 1) return false;
+    if (parts.size() > 1 && !parts[1].empty()) {
+      out.rank = std::stoi(parts[1], &used);
+      if (used != parts[1].size() || out.rank < 0) return false;
+    }
+    if (parts.size() > 2) out.param = parts[2];
+  } catch (const std::exception&) {
+    return false;
+  }
+  return true;
 }
 
 std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
@@ -67,8 +121,8 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
   app.add_option("--data-dir", c.data_dir, "directory of the Fashion-MNIST IDX .gz files");
   app.add_option("--data-file", c.data_file, "safetensors file with `inputs` F32 [N,...] and `labels` I64 [N]");
   app.add_option("--shuffle", c.shuffle, "shuffle each epoch (seeded by seed and epoch)");
-  app.add_option("--synthetic-size", c.synthetic_size, "examples in the synthetic training set")->check(CLI::PositiveNumber);
-  app.add_option("--synthetic-features", c.synthetic_features, "features per synthetic example")->check(CLI::PositiveNumber);
+  app.add_option("--synthetic-size", c.synthetic_size, "examples in the synthetic training set")->check(kPositiveInt);
+  app.add_option("--synthetic-features", c.synthetic_features, "features per synthetic example")->check(kPositiveInt);
   app.add_option("--synthetic-classes", c.synthetic_classes, "classes of the synthetic task")->check(CLI::Range(2, 1000000));
   app.add_option("--device", c.device, "device")->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--precision", c.precision, "fp32, or amp (FP16 where safe, dynamic loss scaling)")
@@ -78,31 +132,31 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
       ->check(CLI::IsMember({"fp16", "fp32"}));
   app.add_option("--grad-predivide", c.grad_predivide,
                  "multiply gradients by 1/F before the sum and F/world after (0: F = world size)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--bucket-mb", c.bucket_mb, "largest gradient bucket in MB")->check(CLI::PositiveNumber);
-  app.add_option("--batch-size", c.batch_size, "examples per rank per step")->check(CLI::PositiveNumber);
+      ->check(kNonNegative);
+  app.add_option("--bucket-mb", c.bucket_mb, "largest gradient bucket in MB")->check(kPositive);
+  app.add_option("--batch-size", c.batch_size, "examples per rank per step")->check(kPositiveInt);
   app.add_option("--steps", c.steps, "optimizer steps to run (overrides --epochs; 0 with --save writes the initial model)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--epochs", c.epochs, "passes over the training set")->check(CLI::PositiveNumber);
-  app.add_option("--lr", c.lr, "peak learning rate")->check(CLI::PositiveNumber);
+      ->check(kNonNegativeInt);
+  app.add_option("--epochs", c.epochs, "passes over the training set")->check(kPositiveInt);
+  app.add_option("--lr", c.lr, "peak learning rate")->check(kPositive);
   app.add_option("--lr-schedule", c.lr_schedule, "learning-rate schedule")
       ->check(CLI::IsMember({"constant", "cosine", "onecycle"}));
-  app.add_option("--warmup-steps", c.warmup_steps, "linear warm-up steps")->check(CLI::NonNegativeNumber);
+  app.add_option("--warmup-steps", c.warmup_steps, "linear warm-up steps")->check(kNonNegativeInt);
   app.add_option("--optimizer", c.optimizer, "optimizer")->check(CLI::IsMember({"sgd", "momentum", "adamw"}));
   app.add_option("--momentum", c.momentum, "momentum of --optimizer momentum")->check(CLI::Range(0.0, 1.0));
-  app.add_option("--weight-decay", c.weight_decay, "weight decay, decoupled for adamw (0; 0.01 for adamw, as torch.optim.AdamW)")->check(CLI::NonNegativeNumber);
+  app.add_option("--weight-decay", c.weight_decay, "weight decay, decoupled for adamw (0; 0.01 for adamw, as torch.optim.AdamW)")->check(kNonNegative);
   app.add_option("--loss-scaling", c.loss_scaling, "loss scaling under amp")
       ->check(CLI::IsMember({"dynamic", "static", "none"}));
   app.add_option("--loss-scaling-preset", c.loss_scaling_preset, "defaults of the dynamic scaler")
       ->check(CLI::IsMember({"paddle", "pytorch"}));
-  app.add_option("--init-loss-scaling", c.init_loss_scaling, "initial (or static) loss scale")->check(CLI::PositiveNumber);
+  app.add_option("--init-loss-scaling", c.init_loss_scaling, "initial (or static) loss scale")->check(kPositive);
   app.add_option("--incr-every-n-steps", c.incr_every_n_steps, "finite steps before the scale grows")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositiveInt);
   app.add_option("--decr-every-n-nan-or-inf", c.decr_every_n_nan_or_inf, "overflow steps before the scale shrinks")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositiveInt);
   app.add_option("--incr-ratio", c.incr_ratio, "growth factor of the scale")->check(CLI::Range(1.0, 1e6));
   app.add_option("--decr-ratio", c.decr_ratio, "shrink factor of the scale")->check(CLI::Range(1e-6, 1.0));
-  app.add_option("--min-loss-scaling", c.min_loss_scaling, "smallest loss scale")->check(CLI::PositiveNumber);
+  app.add_option("--min-loss-scaling", c.min_loss_scaling, "smallest loss scale")->check(kPositive);
   app.add_option("--on-min-scale", c.on_min_scale, "what to do after many skipped steps at the minimum scale")
       ->check(CLI::IsMember({"error", "continue"}));
   app.add_option("--amp-white-list", c.amp_white_list, "ops to run in FP16, comma separated")->delimiter(',')
@@ -116,14 +170,14 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
   app.add_option("--init-from", c.init_from, "safetensors parameters (e.g. a PyTorch state_dict) to start from");
   app.add_flag("--print-program", c.print_program, "print the final training program and exit");
   app.add_option("--check-every", c.check_every, "steps between cross-rank consistency checks (0: only at the end)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegativeInt);
   app.add_option("--inject-overflow", c.inject_overflow,
                  "testing aid: STEP[:RANK[:PARAM]] makes that rank's gradients non-finite at that step");
   app.add_flag("--benchmark", c.benchmark, "time steps after a warm-up; print samples/s and peak memory");
   app.add_option("--benchmark-warmup", c.benchmark_warmup, "untimed warm-up steps of --benchmark")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegativeInt);
   app.add_option("--log-every", c.log_every, "steps between progress lines (0: about every 2 s)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegativeInt);
   app.add_option("--eval", c.eval, "evaluate on the test set at the end of each epoch");
 
   try {
@@ -145,6 +199,10 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
     return bad("--grad-reduce fp16 needs --precision amp (FP32 training has no FP16 gradients to reduce)");
   if (c.precision == "fp32" && !c.inject_overflow.empty())
     return bad("--inject-overflow needs --precision amp (only AMP steps check for overflow)");
+  InjectOverflowSpec inject;
+  if (!c.inject_overflow.empty() && !parse_inject_overflow(c.inject_overflow, inject))
+    return bad("--inject-overflow '" + c.inject_overflow +
+               "': expected STEP[:RANK[:PARAM]] with STEP >= 1, e.g. 5, 5:1 or 5:1:fc1.weight");
   if (!c.resume.empty() && !c.init_from.empty()) return bad("--resume and --init-from are exclusive: use one");
   if (c.model == "mlp" && c.hidden.empty()) return bad("--hidden needs at least one size for --model mlp");
   if (c.steps == 0 && c.save.empty() && !c.print_program)

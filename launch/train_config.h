@@ -56,7 +56,7 @@ struct TrainConfig {
   std::string init_from;
   bool print_program = false;
   int64_t check_every = 100;
-  std::string inject_overflow;
+  std::string inject_overflow;  // STEP[:RANK[:PARAM]], checked by parse_inject_overflow
   bool benchmark = false;
   int64_t benchmark_warmup = 10;
   int64_t log_every = 0;  // 0: a progress line about every 2 s
@@ -66,6 +66,14 @@ struct TrainConfig {
   std::vector<std::pair<std::string, std::string>> fingerprint_fields() const;
   std::string effective_grad_reduce() const;
 };
+
+/// Splits --inject-overflow STEP[:RANK[:PARAM]]; false when it does not parse.
+struct InjectOverflowSpec {
+  int64_t step = 0;
+  int rank = -1;
+  std::string param;
+};
+bool parse_inject_overflow(const std::string& text, InjectOverflowSpec& out);
 
 /// Parses argv. Returns the exit code to use when the program should stop now
 /// (0 after --help, 2 after a bad flag or value, with the message printed).

@@ -72,22 +72,10 @@ amp::LossScalerConfig scaler_config(const TrainConfig& c) {
   return s;
 }
 
-std::optional<amp::InjectOverflow> parse_inject(const std::string& spec) {
-  if (spec.empty()) return std::nullopt;
-  amp::InjectOverflow inj;
-  std::stringstream ss(spec);
-  std::string part;
-  std::vector<std::string> parts;
-  while (std::getline(ss, part, ':')) parts.push_back(part);
-  try {
-    MIX_CHECK(!parts.empty() && parts.size() <= 3, "");
-    inj.step = std::stoll(parts[0]);
-    if (parts.size() > 1 && !parts[1].empty()) inj.rank = std::stoi(parts[1]);
-    if (parts.size() > 2) inj.param = parts[2];
-  } catch (const std::exception&) {
-    MIX_FAIL("--inject-overflow '" << spec << "': expected STEP[:RANK[:PARAM]], e.g. 5:1 or 5:1:fc1.weight");
-  }
-  return inj;
+std::optional<amp::InjectOverflow> inject_from(const TrainConfig& c) {
+  InjectOverflowSpec spec;
+  if (c.inject_overflow.empty() || !parse_inject_overflow(c.inject_overflow, spec)) return std::nullopt;
+  return amp::InjectOverflow{spec.step, spec.rank, spec.param};
 }
 
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c) {
@@ -171,7 +159,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     amp::AmpOptions ao;
     ao.lists = amp::AmpLists::defaults().with_custom(c.amp_white_list, c.amp_black_list);
     ao.scaler = scaler_config(c);
-    ao.inject = parse_inject(c.inject_overflow);
+    ao.inject = inject_from(c);
     opt = amp::decorate(std::move(opt), ao);
   }
   collective::GradSyncOptions sync;
@@ -185,6 +173,12 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     if (rank == 0) std::cout << program.str() << std::flush;
     return 0;
   }
+
+  // Before any collective whose sizes depend on the model: every rank must agree.
+  collective::Fields fields = c.fingerprint_fields();
+  fields.emplace_back("parameters", model_signature(program));
+  fields.emplace_back("world", std::to_string(world));
+  collective::check_same_on_all_ranks(comm, "startup fingerprint", fields);
 
   // ---- state: initialise on every rank, then rank 0's values win --------------------
   Scope scope;
@@ -214,11 +208,6 @@ int run_training(const TrainConfig& c, Communicator& comm) {
       Tensor& t = scope.get(v.name);
       comm.broadcast(t.raw(), t.bytes(), 0);
     }
-
-  collective::Fields fields = c.fingerprint_fields();
-  fields.emplace_back("parameters", model_signature(program));
-  fields.emplace_back("world", std::to_string(world));
-  collective::check_same_on_all_ranks(comm, "startup fingerprint", fields);
 
   if (c.steps == 0) {
     if (rank == 0) {

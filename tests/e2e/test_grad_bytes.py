@@ -18,8 +18,6 @@ On 2 ranks under AMP:
 import re
 import sys
 
-import numpy as np
-
 import mixtest as mt
 
 STEPS = 6
