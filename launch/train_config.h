@@ -29,7 +29,7 @@ struct TrainConfig {
   int64_t batch_size = 64;
   int64_t steps = -1;  // -1: run --epochs
   int64_t epochs = 1;
-  double lr = 0.1;
+  double lr = 0.05;
   std::string lr_schedule = "constant";
   int64_t warmup_steps = 0;
   std::string optimizer = "momentum";

@@ -227,6 +227,15 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   const int64_t total_steps = c.benchmark ? c.benchmark_warmup + timed_steps
                                           : (c.steps > 0 ? c.steps : c.epochs * steps_per_epoch);
   optim::LrSchedule lr{c.lr_schedule, c.lr, c.warmup_steps, total_steps};
+  // Every rank must run the same number of steps from the same place, or one
+  // would wait forever in a collective the others never reach.
+  collective::check_same_on_all_ranks(comm, "run plan",
+                                      {{"training examples", std::to_string(data.train.size())},
+                                       {"test examples", std::to_string(data.test.size())},
+                                       {"steps per epoch", std::to_string(steps_per_epoch)},
+                                       {"total steps", std::to_string(total_steps)},
+                                       {"start step", std::to_string(start_step)},
+                                       {"benchmark", c.benchmark ? "on" : "off"}});
 
   Executor step_exec(program, {model.loss, amp::ScalerVars::found_inf});
   Executor eval_exec(program, {model.logits, model.loss}, forward_ops);

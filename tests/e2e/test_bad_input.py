@@ -7,6 +7,16 @@ DESIGN.md: bad flags or values exit 2 naming the flag; the startup fingerprint
 message naming the differing ranks and fields; a failure on one rank ends the
 whole job (main() calls Communicator::abort). Each case is one short run with a
 timeout; a case that hangs fails with "timed out" instead of hanging the test.
+
+Cases: unknown flag, --precision fp8, --batch-size 0 (exit 2, and no 300-digit
+range in the message), overlapping AMP lists (names the op), --grad-reduce fp16
+in FP32, malformed and unknown-parameter --inject-overflow; missing dataset dir,
+dir without the files, truncated .gz, truncated safetensors --data-file, NaN in
+--data-file (non-finite, example index), missing --init-from; MPMD jobs whose
+ranks differ in --model (both orders), the scaler flags, --bucket-mb,
+--synthetic-size, the size of their --data-file, --resume or --benchmark on one
+rank only (these two must only not hang), and a dead rank (a missing --data-file
+on rank 1, then on rank 0).
 """
 import os
 import re
@@ -27,13 +37,18 @@ def main():
              "--eval", "false"]
 
     def expect(args, what, rc=None, names=(), np=1, timeout=30, mpmd=None, absent=()):
-        """Runs one case; checks the status (rc, or any non-zero) and that each of `names` is in the output."""
+        """Runs one case; checks the status (rc; None: any non-zero; "ends": no hang) and that
+        each of `names` is in the output."""
         r = mt.mixtrain_mpmd(mpmd, timeout=timeout) if mpmd else mt.mixtrain(args, np=np, timeout=timeout)
-        status_ok = not r.timed_out and (r.rc == rc if rc is not None else r.rc not in (0, None))
-        want = f"exit {rc}" if rc is not None else "non-zero exit"
+        if rc == "ends":  # only "it does not hang": success and failure are both fine
+            status_ok, want = not r.timed_out, "the job ends (no hang)"
+        else:
+            status_ok = not r.timed_out and (r.rc == rc if rc is not None else r.rc not in (0, None))
+            want = f"exit {rc}" if rc is not None else "non-zero exit"
         got = "timed out (hang)" if r.timed_out else f"exit {r.rc}"
         c.check(status_ok, f"{what}: {want}", f"{got}, {r.seconds:.1f} s")
-        text = re.sub(r"\[rank \d+/\d+\]", "", r.out)  # "rank 1" must come from the message, not a log prefix
+        # "rank 1" must come from the message, not from a log prefix or the rank table.
+        text = re.sub(r"\[rank \d+/\d+\]|rank \d+ -> ", "", r.out)
         missing = [n for n in names if n not in text]
         c.check(not missing, f"{what}: message names {', '.join(repr(n) for n in names)}",
                 f"missing {missing}" if missing else "")
@@ -111,8 +126,9 @@ def main():
                mpmd=[(1, [*small, "--model", m0]), (1, [*small, "--model", m1])],
                names=["startup fingerprint", "rank 1 differs", "model"])
     # Flags that change what a rank computes or how it talks must be in the fingerprint too.
-    # Today the scaler flags differ unnoticed (the run succeeds; the scales would diverge on
-    # the first growth or overflow), and different buckets corrupt the heap in MPI_Allreduce.
+    # Before b69ede5 the scaler flags differed unnoticed (the run succeeded; the scales would
+    # diverge on the first growth or overflow) and different buckets corrupted the heap in
+    # MPI_Allreduce ("free(): invalid next size", exit 134).
     differing = {"--incr-ratio": ("2", "3"), "--decr-ratio": ("0.8", "0.5"), "--min-loss-scaling": ("1", "2"),
                  "--on-min-scale": ("error", "continue")}
     a0 = [x for k, (v, _) in differing.items() for x in (k, v)]
@@ -129,9 +145,27 @@ def main():
     # fingerprint notices, one rank finishes while the other waits in an all-reduce forever.
     epoch = ["--data", "synthetic", "--synthetic-features", 16, "--synthetic-classes", 4, "--hidden", 8,
              "--batch-size", 8, "--epochs", 1, "--eval", "false"]
-    expect(None, "rank 1 has another --synthetic-size (steps per epoch differ)", timeout=25,
+    expect(None, "rank 1 has another --synthetic-size (steps per epoch differ)", timeout=15,
            mpmd=[(1, [*epoch, "--synthetic-size", 256]), (1, [*epoch, "--synthetic-size", 512])],
            names=["rank 1 differs", "synthetic-size"])
+    # The same for data files of different sizes (each rank names its own file): --data-file
+    # may legitimately differ in path, but DistributedSampler needs one data set on all ranks.
+    other_size = d / "other_size.safetensors"
+    mt.safetensors_io.save(other_size, {"inputs": rng.standard_normal((256, 16)).astype(np.float32),
+                                        "labels": rng.integers(0, 4, 256).astype(np.int64)})
+    by_epoch = ["--hidden", "8", "--batch-size", 8, "--epochs", 1, "--eval", "false"]
+    expect(None, "rank 1's --data-file has 256 examples, rank 0's 128 (--epochs 1)", timeout=15,
+           mpmd=[(1, [*by_epoch, "--data-file", good]), (1, [*by_epoch, "--data-file", other_size])],
+           names=["rank 1"])
+    # Flags that change the number of steps on one rank only: whatever mixtrain makes of them
+    # (an error naming the flag, or rank 0's choice winning), the job must not hang.
+    resume_from = d / "two_steps.safetensors"
+    few = [*mt.synthetic(size=256, features=16, classes=4, hidden=(8,)), "--batch-size", 8, "--eval", "false"]
+    if c.ok_run(mt.mixtrain([*few, "--steps", 2, "--save", resume_from]), "checkpoint to resume from"):
+        expect(None, "only rank 1 resumes (--resume)", rc="ends", timeout=15,
+               mpmd=[(1, [*few, "--steps", 4]), (1, [*few, "--steps", 4, "--resume", resume_from])])
+    expect(None, "only rank 1 runs --benchmark", rc="ends", timeout=15,
+           mpmd=[(1, [*few, "--steps", 4]), (1, [*few, "--steps", 4, "--benchmark", "--benchmark-warmup", 2])])
     missing = d / "missing_data.safetensors"
     expect(None, "rank 1's --data-file does not exist (a dead rank)", timeout=60,
            mpmd=[(1, [*data_small, "--data-file", good]), (1, [*data_small, "--data-file", missing])],
