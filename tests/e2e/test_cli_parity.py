@@ -75,19 +75,7 @@ LOSS_TOL = (1e-6, 0.0, 1e-5)
 GRAD_SIGN_TOL = 1e-5  # times max|grad| of the tensor
 
 
-class Mlp(nn.Module):
-    def __init__(self, sizes):
-        super().__init__()
-        self.n = len(sizes) - 1
-        for i in range(self.n):
-            setattr(self, f"fc{i + 1}", nn.Linear(sizes[i], sizes[i + 1]))
-
-    def forward(self, x):
-        for i in range(self.n):
-            x = getattr(self, f"fc{i + 1}")(x)
-            if i + 1 < self.n:
-                x = torch.relu(x)
-        return x
+from mlp_reference import Mlp  # noqa: E402  (the reference MLP, state_dict names fc1..fcL)
 
 
 def batches():
