@@ -1,5 +1,7 @@
 #include "runtime/log.h"
 
+#include <spdlog/sinks/stdout_color_sinks.h>
+
 #include <unistd.h>
 
 #include <cstdlib>
@@ -37,6 +39,13 @@ void throw_check_failure(const char* what, const char* file, int line, const std
 namespace log {
 void init(int rank, int world) {
   set_process_identity(rank, world);
+  // mpirun hands ranks a pseudo-terminal, so spdlog would colour lines that end
+  // up in log files; colour only a single process on a terminal (MIX_LOG_COLOR=1 forces it).
+  const char* color = std::getenv("MIX_LOG_COLOR");
+  const bool want_color = color ? std::string(color) == "1" : world == 1 && !std::getenv("OMPI_COMM_WORLD_SIZE");
+  spdlog::drop("mixtrain");  // init may run more than once (tests)
+  auto logger = spdlog::stdout_color_mt("mixtrain", want_color ? spdlog::color_mode::automatic : spdlog::color_mode::never);
+  spdlog::set_default_logger(logger);
   spdlog::set_pattern("[rank " + std::to_string(rank) + "/" + std::to_string(world) + "] [%^%l%$] %v");
   const char* all = std::getenv("MIX_LOG_ALL_RANKS");
   const bool verbose = rank == 0 || (all && std::string(all) == "1");
