@@ -54,6 +54,8 @@ def have_mpirun():
 
 
 def require_mpirun():
+    if os.environ.get("MIX_WITH_MPI") == "OFF":
+        skip("this build has no MPI (MIX_WITH_MPI=OFF): multi-rank tests do not apply")
     if not have_mpirun():
         skip(f"no mpirun ({MPIRUN!r}); multi-rank tests need one (scripts/setup.sh installs Open MPI)")
 
