@@ -4,6 +4,7 @@
 #include <new>
 
 #include "runtime/check.h"
+#include "runtime/device_backend.h"
 
 namespace mix {
 
@@ -76,8 +77,8 @@ void CpuAllocator::release_cache() noexcept {
 
 Allocator& allocator_for(Device d) {
   static CpuAllocator cpu;
-  MIX_CHECK(d.kind == DeviceKind::cpu, "no allocator for device " << d.str() << " in this build");
-  return cpu;
+  if (d.kind == DeviceKind::cpu) return cpu;
+  return require_device_backend(d.kind).allocator(d.index);
 }
 
 }  // namespace mix

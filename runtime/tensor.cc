@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "runtime/check.h"
+#include "runtime/device_backend.h"
 
 namespace mix {
 
@@ -56,12 +57,27 @@ Tensor Tensor::reshaped(const Shape& shape) const {
 
 Tensor Tensor::clone() const {
   Tensor t = empty(shape_, dtype_, device());
-  if (bytes()) std::memcpy(t.raw(), raw(), bytes());
+  t.copy_from(*this);
   return t;
+}
+
+Tensor Tensor::to(Device d) const {
+  if (device() == d) return *this;
+  Tensor t = empty(shape_, dtype_, d);
+  t.copy_from(*this);
+  return t;
+}
+
+void Tensor::copy_from(const Tensor& src) {
+  MIX_CHECK(src.numel() == numel() && src.dtype() == dtype(),
+            "copy of " << dtype_name(src.dtype()) << shape_str(src.shape()) << " into " << dtype_name(dtype())
+                       << shape_str(shape_));
+  copy_bytes(raw(), device(), src.raw(), src.device(), bytes());
 }
 
 float Tensor::item_float(int64_t i) const {
   MIX_CHECK(i >= 0 && i < numel(), "index " << i << " out of range for " << shape_str(shape_));
+  if (device().kind != DeviceKind::cpu) return to(cpu_device()).item_float(i);
   switch (dtype_) {
     case DType::f32: return data<float>()[i];
     case DType::f16: return half_bits_to_float(data<uint16_t>()[i]);
@@ -73,6 +89,7 @@ float Tensor::item_float(int64_t i) const {
 }
 
 std::vector<float> Tensor::to_floats() const {
+  if (device().kind != DeviceKind::cpu) return to(cpu_device()).to_floats();
   std::vector<float> out(static_cast<size_t>(numel()));
   if (dtype_ == DType::f32) {
     if (!out.empty()) std::memcpy(out.data(), raw(), bytes());
@@ -85,7 +102,12 @@ std::vector<float> Tensor::to_floats() const {
 }
 
 void Tensor::fill_zero() {
-  if (bytes()) std::memset(raw(), 0, bytes());
+  if (!bytes()) return;
+  if (device().kind == DeviceKind::cpu) {
+    std::memset(raw(), 0, bytes());
+  } else {
+    require_device_backend(device().kind).zero(raw(), bytes(), device().index);
+  }
 }
 
 }  // namespace mix

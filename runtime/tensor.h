@@ -61,7 +61,11 @@ class Tensor {
   Tensor reshaped(const Shape& shape) const;
   /// A deep copy on the same device.
   Tensor clone() const;
-  /// Element i widened to float (any floating dtype); for tests and checks.
+  /// A copy on `device` (this tensor itself when it is already there).
+  Tensor to(Device device) const;
+  /// Copies every byte of `src` (same shape and dtype, any device) into this tensor.
+  void copy_from(const Tensor& src);
+  /// Element i widened to float (any dtype, any device: a device tensor is copied); for tests and checks.
   float item_float(int64_t i = 0) const;
   /// Copies every element, converted to float (tests, checkpoints, hashing).
   std::vector<float> to_floats() const;

@@ -1,0 +1,34 @@
+#pragma once
+// Per-device CUDA state: the compute stream every kernel of the step runs on,
+// the communication stream NCCL runs on, and the cuBLAS handle and workspace.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "runtime/cuda/stream.h"
+
+namespace mix::cuda {
+
+struct DeviceContext {
+  int device = 0;
+  Stream compute;
+  Stream comm;
+  cublasHandle_t cublas = nullptr;  // bound to `compute`
+  void* cublas_workspace = nullptr;
+  size_t cublas_workspace_bytes = 0;
+};
+
+/// The context of `device`, created (and the device made current) on first use.
+DeviceContext& context(int device);
+/// Makes `device` current for this thread and returns its context.
+DeviceContext& use_device(int device);
+
+/// FP32 GEMMs use TF32 tensor cores only when allowed (--allow-tf32; off by default).
+void set_allow_tf32(bool allow);
+bool allow_tf32();
+
+/// Number of visible GPUs (0 when there is no driver or device).
+int device_count();
+
+}  // namespace mix::cuda

@@ -1,0 +1,38 @@
+#pragma once
+// Devices other than the host plug in here. The CUDA backend (runtime/cuda/)
+// registers itself from a static initialiser, so the runtime and its callers
+// never #ifdef on CUDA: a CPU-only build simply has no backend for cuda.
+#include <cstddef>
+
+#include "runtime/allocator.h"
+#include "runtime/device.h"
+
+namespace mix {
+
+class DeviceBackend {
+ public:
+  virtual ~DeviceBackend() = default;
+  virtual int device_count() = 0;
+  /// The caching allocator of device `index`.
+  virtual Allocator& allocator(int index) = 0;
+  /// Copies `bytes` between any two of host and this backend's devices. Returns
+  /// when the copy is complete as seen from the host (ordered after the work
+  /// already queued on the device's compute stream).
+  virtual void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) = 0;
+  /// Fills with zero bytes on the device's compute stream.
+  virtual void zero(void* dst, size_t bytes, int index) = 0;
+  /// Waits for all work queued on the device.
+  virtual void synchronize(int index) = 0;
+};
+
+/// Registers the backend of a device kind (not cpu); later registrations replace earlier ones.
+void register_device_backend(DeviceKind kind, DeviceBackend* backend);
+/// The backend of `kind`, or nullptr when this build or machine has none.
+DeviceBackend* device_backend(DeviceKind kind);
+/// The backend of `kind`; throws a mix::Error saying the build has no such device.
+DeviceBackend& require_device_backend(DeviceKind kind);
+
+/// memcpy that works between host and any registered device.
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
+
+}  // namespace mix
