@@ -170,4 +170,29 @@ std::unique_ptr<Communicator> make_default_communicator() {
   return make_local_communicator();
 }
 
+namespace {
+DeviceCommunicatorFactory& device_comm_factory() {
+  static DeviceCommunicatorFactory f = nullptr;
+  return f;
+}
+DeviceBinder& device_binder() {
+  static DeviceBinder f = nullptr;
+  return f;
+}
+}  // namespace
+
+void register_device_communicator_factory(DeviceCommunicatorFactory f) { device_comm_factory() = f; }
+void register_device_binder(DeviceBinder f) { device_binder() = f; }
+
+std::unique_ptr<Communicator> make_device_communicator(Communicator& bootstrap, int device) {
+  if (!device_comm_factory())
+    MIX_FAIL("this build has no device communicator (NCCL comes with -DMIX_WITH_CUDA=ON); use --device cpu");
+  return device_comm_factory()(bootstrap, device);
+}
+
+int bind_device(Communicator& bootstrap) {
+  if (!device_binder()) MIX_FAIL("this build has no CUDA backend (-DMIX_WITH_CUDA=ON); use --device cpu");
+  return device_binder()(bootstrap);
+}
+
 }  // namespace mix::collective

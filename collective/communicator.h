@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "runtime/dtype.h"
@@ -64,6 +65,19 @@ std::unique_ptr<Communicator> make_mpi_communicator();
 bool launched_under_mpi();
 /// MPI when launched under MPI, else local.
 std::unique_ptr<Communicator> make_default_communicator();
+
+/// A communicator for DEVICE buffers (NCCL), bootstrapped over a host
+/// communicator; the CUDA backend registers the factory, so callers need no
+/// #ifdef. `device` is the GPU this rank drives.
+using DeviceCommunicatorFactory = std::unique_ptr<Communicator> (*)(Communicator& bootstrap, int device);
+void register_device_communicator_factory(DeviceCommunicatorFactory f);
+/// Throws mix::Error when this build has no device communicator.
+std::unique_ptr<Communicator> make_device_communicator(Communicator& bootstrap, int device);
+/// Picks this rank's GPU from its local rank and checks the binding (no two
+/// ranks on one GPU, no more local ranks than GPUs); the CUDA backend registers it.
+using DeviceBinder = int (*)(Communicator& bootstrap);
+void register_device_binder(DeviceBinder f);
+int bind_device(Communicator& bootstrap);
 
 /// Elementwise reduction of `in` into `inout` with the communicator's
 /// semantics (f16/bf16: FP32 add, round per hop). Shared by the MPI user-defined

@@ -21,6 +21,7 @@ struct TrainConfig {
   int64_t synthetic_classes = 10;
   // device and precision
   std::string device = "cpu";
+  bool allow_tf32 = false;
   std::string precision = "amp";
   std::string grad_reduce;  // empty: fp16 under AMP, fp32 otherwise
   double grad_predivide = 0;

@@ -18,6 +18,7 @@
 #include "models/model.h"
 #include "runtime/check.h"
 #include "runtime/data/dataset.h"
+#include "runtime/device_backend.h"
 #include "runtime/executor.h"
 #include "runtime/init.h"
 #include "runtime/io/checkpoint.h"
@@ -101,7 +102,7 @@ std::string model_signature(const Program& p) {
 std::string masters_hash(const Program& p, const Scope& scope) {
   uint64_t h = fnv1a("masters");
   for (auto& name : p.parameters()) {
-    const Tensor& t = scope.get(name);
+    const Tensor t = scope.get(name).to(cpu_device());
     h = fnv1a(t.raw(), t.bytes(), h);
   }
   std::ostringstream o;
@@ -109,7 +110,20 @@ std::string masters_hash(const Program& p, const Scope& scope) {
   return o.str();
 }
 
-int64_t read_i64(const Scope& s, const char* name) { return s.has(name) ? s.get(name).data<int64_t>()[0] : 0; }
+int64_t read_i64(const Scope& s, const char* name) {
+  return s.has(name) ? s.get(name).to(cpu_device()).data<int64_t>()[0] : 0;
+}
+
+float read_f32(const Scope& s, const char* name) { return s.get(name).item_float(0); }
+
+/// Writes a one-element FP32 variable wherever it lives (host or device).
+void write_f32(Tensor& t, float value) {
+  if (t.device().kind == DeviceKind::cpu) {
+    t.data<float>()[0] = value;
+  } else {
+    t.copy_from(Tensor::from_floats({1}, {value}));
+  }
+}
 
 /// Rank 0 prints the rank -> host -> device table, one line a rank.
 void log_rank_table(Communicator& comm, const std::string& device) {
@@ -134,10 +148,19 @@ struct EvalResult {
 
 int run_training(const TrainConfig& c, Communicator& comm) {
   const int rank = comm.rank(), world = comm.world_size();
-  MIX_CHECK(c.device == "cpu",
-            "--device cuda: this build has no CUDA backend yet; run with --device cpu (the CUDA backend is its own "
-            "milestone)");
-  log_rank_table(comm, c.device);
+  // On GPUs every rank drives the GPU of its local rank; gradients travel over
+  // the device communicator (NCCL), everything else over the host one.
+  const bool on_gpu = c.device == "cuda";
+  Device device = cpu_device();
+  std::unique_ptr<Communicator> device_comm;
+  if (on_gpu) {
+    const int gpu = collective::bind_device(comm);
+    device = Device{DeviceKind::cuda, gpu};
+    require_device_backend(DeviceKind::cuda).set_allow_tf32(c.allow_tf32);
+    device_comm = collective::make_device_communicator(comm, gpu);
+  }
+  Communicator& grad_comm = device_comm ? *device_comm : comm;
+  log_rank_table(comm, device.str());
 
   // ---- data and model ------------------------------------------------------------
   data::TrainTest data = load_data(c);
@@ -207,6 +230,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     if (v.persistable) {
       Tensor& t = scope.get(v.name);
       comm.broadcast(t.raw(), t.bytes(), 0);
+      if (on_gpu) scope.set(v.name, t.to(device));
     }
 
   if (c.steps == 0) {
@@ -240,7 +264,8 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   Executor step_exec(program, {model.loss, amp::ScalerVars::found_inf});
   Executor eval_exec(program, {model.logits, model.loss}, forward_ops);
   ExecEnv env;
-  env.comm = &comm;
+  env.comm = &grad_comm;
+  env.device = device;
   // MIX_PROFILE_OPS=1: time every op and print the totals by op type at the end.
   std::map<std::string, double> op_seconds;
   const char* profile_env = std::getenv("MIX_PROFILE_OPS");
@@ -251,7 +276,6 @@ int run_training(const TrainConfig& c, Communicator& comm) {
                  c.model, model_signature(program), total_steps - start_step, world, batch, c.precision,
                  c.effective_grad_reduce());
 
-  Tensor& lr_var = scope.get(optim::kLearningRate);
   auto evaluate = [&]() {
     EvalResult r;
     const data::Dataset& ds = data.test;
@@ -264,8 +288,8 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     for (int64_t b = 0; b < static_cast<int64_t>(idx.size()); b += eval_batch) {
       const int64_t n = std::min<int64_t>(eval_batch, static_cast<int64_t>(idx.size()) - b);
       data::gather_batch(ds, idx, b, n, x, y);
-      scope.set(model.input, x.reshaped({n, features}));
-      scope.set(model.label, y.reshaped({n, 1}));
+      scope.set(model.input, x.reshaped({n, features}).to(device));
+      scope.set(model.label, y.reshaped({n, 1}).to(device));
       eval_exec.run(scope, env);
       const Tensor& logits = scope.get(model.logits);
       std::vector<float> lv = logits.to_floats();
@@ -276,7 +300,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
           if (lv[i * k + j] > lv[i * k + best]) best = j;
         local[0] += best == y.data<int64_t>()[i];
       }
-      local[1] += static_cast<double>(scope.get(model.loss).item_float()) * static_cast<double>(n);
+      local[1] += static_cast<double>(read_f32(scope, model.loss.c_str())) * static_cast<double>(n);
       local[2] += static_cast<double>(n);
     }
     float sums[3] = {static_cast<float>(local[0]), static_cast<float>(local[1]), static_cast<float>(local[2])};
@@ -291,7 +315,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     collective::Fields f = {{"step", std::to_string(step)}, {"fp32 masters", masters_hash(program, scope)}};
     if (use_amp) {
       std::ostringstream s;
-      s << scope.get(amp::ScalerVars::scale).data<float>()[0];
+      s << read_f32(scope, amp::ScalerVars::scale);
       f.emplace_back("loss scale", s.str());
       f.emplace_back("good steps", std::to_string(read_i64(scope, amp::ScalerVars::good_steps)));
       f.emplace_back("bad steps", std::to_string(read_i64(scope, amp::ScalerVars::bad_steps)));
@@ -318,23 +342,24 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     const int64_t begin = in_epoch * batch;
     const int64_t n = std::min<int64_t>(batch, static_cast<int64_t>(order.size()) - begin);
     data::gather_batch(data.train, order, begin, n, x, y);
-    scope.set(model.input, x.reshaped({n, features}));
-    scope.set(model.label, y.reshaped({n, 1}));
+    scope.set(model.input, x.reshaped({n, features}).to(device));
+    scope.set(model.label, y.reshaped({n, 1}).to(device));
     const double rate = lr.at(step);
-    lr_var.data<float>()[0] = static_cast<float>(rate);
+    write_f32(scope.get(optim::kLearningRate), static_cast<float>(rate));
     env.step = step + 1;
 
-    const uint64_t bytes_before = comm.bytes().grad_allreduce_bytes;
+    const uint64_t bytes_before = grad_comm.bytes().grad_allreduce_bytes;
     const auto t0 = Clock::now();
     step_exec.run(scope, env);
     const double secs = seconds_since(t0);
-    const uint64_t grad_bytes = comm.bytes().grad_allreduce_bytes - bytes_before;
+    const uint64_t grad_bytes = grad_comm.bytes().grad_allreduce_bytes - bytes_before;
 
-    float loss_avg = scope.get(model.loss).item_float();
+    // Reading the loss and the flag are the step's only device-to-host copies.
+    float loss_avg = read_f32(scope, model.loss.c_str());
     comm.all_reduce(&loss_avg, 1, DType::f32, collective::ReduceOp::avg);
     const bool found_inf = use_amp && scope.get(amp::ScalerVars::found_inf).item_float() != 0.f;
     skipped_total += found_inf;
-    const float scale = use_amp ? scope.get(amp::ScalerVars::scale).data<float>()[0] : 1.f;
+    const float scale = use_amp ? read_f32(scope, amp::ScalerVars::scale) : 1.f;
     const double samples_per_s = static_cast<double>(n * world) / std::max(secs, 1e-9);
     const bool timed = !c.benchmark || step >= c.benchmark_warmup;
     if (timed) {
@@ -344,8 +369,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
       ++sps_count;
     }
     if (found_inf && rank == 0)
-      spdlog::warn("step {}: gradients overflowed (inf/NaN) at loss scale {}; step skipped, scale now {}", step + 1,
-                   scale, scope.get(amp::ScalerVars::scale).data<float>()[0]);
+      spdlog::warn("step {}: gradients overflowed (inf/NaN); step skipped, loss scale now {}", step + 1, scale);
     if (!std::isfinite(loss_avg) && !use_amp)
       MIX_FAIL("step " << step + 1 << ": the loss is " << loss_avg
                        << " in FP32 training; lower --lr or check the data");
@@ -386,7 +410,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   }
 
   const int64_t steps_run = total_steps - start_step;
-  const size_t peak = allocator_for(cpu_device()).peak_bytes();
+  const size_t peak = allocator_for(device).peak_bytes();
   const MemoryPlan plan = step_exec.plan(batch);
   const double mean_sps = sps_count ? sps_sum / static_cast<double>(sps_count) : 0;
   // Samples over the time inside the training step (batch gathering excluded).
@@ -402,7 +426,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
                             {"world_size", world},
                             {"precision", c.precision},
                             {"grad_reduce", c.effective_grad_reduce()}};
-  if (use_amp) summary["final_loss_scale"] = scope.get(amp::ScalerVars::scale).data<float>()[0];
+  if (use_amp) summary["final_loss_scale"] = read_f32(scope, amp::ScalerVars::scale);
   if (have_eval) {
     summary["eval_accuracy"] = last_eval.accuracy;
     summary["val_loss"] = last_eval.loss;
@@ -437,7 +461,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
       if (use_amp) {
         std::ostringstream s;
         s.precision(9);
-        s << scope.get(amp::ScalerVars::scale).data<float>()[0];
+        s << read_f32(scope, amp::ScalerVars::scale);
         meta["loss_scale"] = s.str();
         meta["scaler_good_steps"] = std::to_string(read_i64(scope, amp::ScalerVars::good_steps));
         meta["scaler_bad_steps"] = std::to_string(read_i64(scope, amp::ScalerVars::bad_steps));

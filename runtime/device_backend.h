@@ -23,6 +23,8 @@ class DeviceBackend {
   virtual void zero(void* dst, size_t bytes, int index) = 0;
   /// Waits for all work queued on the device.
   virtual void synchronize(int index) = 0;
+  /// FP32 GEMMs may use TF32 tensor cores (--allow-tf32); off unless asked.
+  virtual void set_allow_tf32(bool allow) { (void)allow; }
 };
 
 /// Registers the backend of a device kind (not cpu); later registrations replace earlier ones.

@@ -35,7 +35,7 @@ void copy_into(const std::string& path, const std::string& name, const Tensor& s
 void save_checkpoint(const std::string& path, const Program& p, const Scope& scope, const Metadata& meta) {
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (const VarDesc& v : p.vars())
-    if (saved_as_tensor(v)) tensors.emplace_back(v.name, scope.get(v.name));
+    if (saved_as_tensor(v)) tensors.emplace_back(v.name, scope.get(v.name).to(cpu_device()));
   write_safetensors(path, tensors, meta);
 }
 

@@ -1,0 +1,118 @@
+#pragma once
+// The caching device allocator and pinned host buffers.
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+
+#include "runtime/allocator.h"
+
+namespace mix::cuda {
+
+/// Makes `device` current for the lifetime of the guard and restores the
+/// previous device after (the destructor never throws).
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int prev_ = -1;
+  bool changed_ = false;
+};
+
+/// A caching allocator of one GPU's memory.
+///
+/// Sizes are rounded up to 512 bytes up to 1 MiB and to 2 MiB above, so the
+/// sizes a training step asks for every step fall into a few classes. Freed
+/// blocks are kept in a free list ordered by size and handed out again by best
+/// fit; a cached block is used only when it is less than twice the rounded
+/// request (small requests never pin down large blocks). Blocks are never split.
+///
+/// Stream-ordered reuse: every block belongs to the device's compute stream. A
+/// block freed on the host may be handed out again at once, because whatever the
+/// next owner queues on the compute stream runs after the last use by the
+/// previous owner. A block used on another stream (e.g. the communication stream
+/// for NCCL) must be ordered back onto the compute stream before it is freed:
+/// record an Event on that stream after its last use there and make the compute
+/// stream wait for it (`ev.record(comm); ev.wait(compute)`).
+///
+/// live/peak count the requested bytes handed out (the metrics' peak_bytes);
+/// cached_bytes() is what is held in the free list, reserved_bytes() all that is
+/// held from cudaMalloc. When cudaMalloc fails the cache is returned to the
+/// driver and the allocation retried once; if it fails again a mix::Error names
+/// the device, the request, live/cached bytes and the device's free/total memory.
+class CudaCachingAllocator final : public Allocator {
+ public:
+  explicit CudaCachingAllocator(int device);
+  /// Returns the cached blocks to the driver; blocks still handed out are leaked.
+  ~CudaCachingAllocator() override;
+  CudaCachingAllocator(const CudaCachingAllocator&) = delete;
+  CudaCachingAllocator& operator=(const CudaCachingAllocator&) = delete;
+
+  void* allocate(size_t bytes) override;
+  /// Never throws; `bytes` must be what was passed to allocate().
+  void deallocate(void* p, size_t bytes) noexcept override;
+  Device device() const override { return {DeviceKind::cuda, device_}; }
+
+  size_t cached_bytes() const;
+  size_t reserved_bytes() const;
+  /// Returns every cached block to the driver (waits for the device first).
+  void empty_cache() noexcept;
+
+  /// The size class of a request (exposed for tests).
+  static size_t round_size(size_t bytes);
+
+  static constexpr size_t kSmallGranularity = 512;
+  static constexpr size_t kSmallLimit = size_t{1} << 20;
+  static constexpr size_t kLargeGranularity = size_t{2} << 20;
+
+ private:
+  struct Block {
+    size_t size;       // rounded size of the cudaMalloc'd block
+    size_t requested;  // what the caller asked for (counted in live bytes)
+  };
+  void* malloc_with_retry(size_t rounded, size_t requested);
+  void empty_cache_locked() noexcept;
+
+  int device_;
+  mutable std::mutex mu_;
+  std::multimap<size_t, void*> free_;              // block size -> block
+  std::unordered_map<void*, Block> handed_out_;  // every block now handed out
+  size_t cached_ = 0;
+  size_t reserved_ = 0;
+};
+
+/// Page-locked host memory (cudaMallocHost) for input batches, so host->device
+/// copies of them are asynchronous DMA. Move-only; the destructor never throws.
+class PinnedHostBuffer {
+ public:
+  PinnedHostBuffer() = default;
+  explicit PinnedHostBuffer(size_t bytes);
+  ~PinnedHostBuffer();
+  PinnedHostBuffer(PinnedHostBuffer&& o) noexcept : p_(o.p_), bytes_(o.bytes_) {
+    o.p_ = nullptr;
+    o.bytes_ = 0;
+  }
+  PinnedHostBuffer& operator=(PinnedHostBuffer&& o) noexcept;
+  PinnedHostBuffer(const PinnedHostBuffer&) = delete;
+  PinnedHostBuffer& operator=(const PinnedHostBuffer&) = delete;
+
+  void* data() const { return p_; }
+  template <typename T>
+  T* data() const {
+    return static_cast<T*>(p_);
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void reset() noexcept;
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+}  // namespace mix::cuda
