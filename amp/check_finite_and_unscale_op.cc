@@ -68,9 +68,8 @@ void run_common(OpContext& ctx, bool to_f32) {
   const float scale = scale_t.data<float>()[0];
   // The scaler keeps the scale >= min_loss_scaling > 0; anything else is a bug
   // upstream, and would turn every gradient into inf/NaN silently.
-  MIX_CHECK(fn::is_finite(scale) && scale > 0.f, ctx.op.type << ": the loss scale must be positive and finite, got "
-                                                              << scale);
-  const fn::UnscaleCheck f{1.f / scale};
+  MIX_CHECK(fn::valid_loss_scale(scale), ctx.op.type << ": the loss scale must be positive and finite, got " << scale);
+  const fn::UnscaleCheck f = fn::unscale_check_for(scale);
 
   bool found = false;
   if (const Tensor* prev = ctx.in_opt("FoundInfiniteIn")) {

@@ -53,14 +53,21 @@ OpRegistry& OpRegistry::instance() {
 
 bool OpRegistry::add(const std::string& type, OpInfo info) {
   MIX_CHECK(!ops_.count(type), "op type '" << type << "' registered twice");
+  if (auto it = pending_cuda_.find(type); it != pending_cuda_.end()) {
+    info.cuda = std::move(it->second);
+    pending_cuda_.erase(it);
+  }
   ops_[type] = std::move(info);
   return true;
 }
 
 bool OpRegistry::add_cuda_kernel(const std::string& type, KernelFn fn) {
   auto it = ops_.find(type);
-  MIX_CHECK(it != ops_.end(), "CUDA kernel for unregistered op '" << type << "'");
-  it->second.cuda = std::move(fn);
+  if (it == ops_.end()) {
+    pending_cuda_[type] = std::move(fn);
+  } else {
+    it->second.cuda = std::move(fn);
+  }
   return true;
 }
 

@@ -94,12 +94,15 @@ class OpRegistry {
   bool add(const std::string& type, OpInfo info);
   const OpInfo& get(const std::string& type) const;
   bool has(const std::string& type) const { return ops_.count(type) > 0; }
-  /// Adds a CUDA kernel to an op registered elsewhere.
+  /// Adds a CUDA kernel to an op registered elsewhere. Static initialisers run
+  /// in no fixed order across files, so a kernel for an op not registered yet
+  /// is held until its op arrives.
   bool add_cuda_kernel(const std::string& type, KernelFn fn);
   std::vector<std::string> types() const;
 
  private:
   std::unordered_map<std::string, OpInfo> ops_;
+  std::unordered_map<std::string, KernelFn> pending_cuda_;
 };
 
 /// Static registration: `MIX_REGISTER_OP("relu", OpInfo{...});` in the op's file.

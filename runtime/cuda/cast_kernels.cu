@@ -27,10 +27,4 @@ void launch_scaled_cast_f32_to_f16(const float* in, uint16_t* out, size_t n, flo
   MIX_CUDA_CHECK(cudaGetLastError());
 }
 
-int device_count() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
-  return n;
-}
-
 }  // namespace mix::cuda

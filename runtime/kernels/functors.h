@@ -6,6 +6,7 @@
 // Functors compute in float; storage conversion (rounding to FP16/BF16 on
 // store) is the loop's job, exactly where a GPU kernel rounds.
 #include <cmath>
+#include <cstdint>
 
 #include "runtime/half.h"
 
@@ -66,6 +67,19 @@ struct Add {
 struct Mul {
   MIX_HD float operator()(float a, float b) const { return a * b; }
 };
+/// The first operand: the summand of elementwise_add's bias gradient, dY = sum(dOut).
+struct TakeFirst {
+  MIX_HD float operator()(float a, float) const { return a; }
+};
+
+// ---- mean ------------------------------------------------------------------------
+/// The mean from a sum taken in double: one rounding, to float, at the end.
+MIX_HD float mean_from_sum(double sum, int64_t n) { return static_cast<float>(sum / static_cast<double>(n)); }
+/// mean_grad's dX[i] = dOut / numel, the quotient formed in double and rounded
+/// once, so numel beyond 2^24 loses nothing extra.
+MIX_HD float mean_grad_value(float dout, int64_t n) {
+  return static_cast<float>(static_cast<double>(dout) / static_cast<double>(n));
+}
 
 // ---- AMP ------------------------------------------------------------------------
 /// check_finite_and_unscale: out = g / scale (as g * (1/scale)); `found` is set
@@ -77,6 +91,11 @@ struct UnscaleCheck {
     return g * inv_scale;
   }
 };
+/// The unscale functor for a loss scale (the reciprocal taken once, in float).
+MIX_HD UnscaleCheck unscale_check_for(float scale) { return UnscaleCheck{1.f / scale}; }
+/// The scaler keeps the scale >= min_loss_scaling > 0: anything else is a bug
+/// upstream, and would turn every gradient into inf/NaN silently.
+MIX_HD bool valid_loss_scale(float scale) { return is_finite(scale) && scale > 0.f; }
 
 // ---- optimizer updates on FP32 masters (PyTorch semantics) ------------------------
 /// SGD: g' = g + wd * p; p -= lr * g'.
@@ -100,7 +119,7 @@ struct MomentumUpdate {
 
 /// torch.optim.AdamW: p *= 1 - lr*wd; m, v moments; step size lr / (1 - b1^t);
 /// denominator sqrt(v) / sqrt(1 - b2^t) + eps. Bias corrections come in
-/// precomputed (in double on the host) so every device uses the same values.
+/// precomputed in double (adamw_update_for_step) so every device uses the same values.
 /// (1 - beta) comes in computed in double, as PyTorch does in Python: 1 - 0.999f
 /// in float would be off by 1e-5 relative.
 struct AdamWUpdate {
@@ -120,5 +139,32 @@ struct AdamWUpdate {
     p -= step_size * m / denom;
   }
 };
+
+/// The AdamW update of step t (t >= 1, the count of applied steps): bias
+/// corrections 1 - beta^t and (1 - beta) in double, as PyTorch computes them in
+/// Python, rounded to float once. The CPU kernel calls this on the host; the
+/// CUDA kernel calls it on the device with t read from device memory (double
+/// pow there is within 2 ulp of the host's, so the float results agree).
+MIX_HD AdamWUpdate adamw_update_for_step(float lr, double beta1, double beta2, float eps, float weight_decay,
+                                         int64_t t) {
+#ifdef __CUDA_ARCH__
+  const double bias1 = 1.0 - pow(beta1, static_cast<double>(t));
+  const double bias2 = 1.0 - pow(beta2, static_cast<double>(t));
+  const double inv_sqrt_bias2 = 1.0 / sqrt(bias2);
+#else
+  const double bias1 = 1.0 - std::pow(beta1, static_cast<double>(t));
+  const double bias2 = 1.0 - std::pow(beta2, static_cast<double>(t));
+  const double inv_sqrt_bias2 = 1.0 / std::sqrt(bias2);
+#endif
+  return AdamWUpdate{lr,
+                     static_cast<float>(beta1),
+                     static_cast<float>(beta2),
+                     eps,
+                     weight_decay,
+                     static_cast<float>(1.0 - beta1),
+                     static_cast<float>(1.0 - beta2),
+                     static_cast<float>(lr / bias1),
+                     static_cast<float>(inv_sqrt_bias2)};
+}
 
 }  // namespace mix::fn

@@ -5,9 +5,11 @@
 //
 // The CPU kernels (runtime/ops/softmax.cc, softmax_with_cross_entropy.cc) run
 // the whole-row functions, one row at a time. A CUDA kernel that gives a row to
-// one thread can call them unchanged; one that splits a row over a block does
-// its max and sum as block reductions and applies the element functors
-// (SoftmaxNormalize, SoftmaxGradElem) so its arithmetic stays identical.
+// one thread can call them unchanged; one that splits a row over a block
+// (runtime/ops/cuda/softmax.cu, cross_entropy.cu) does its max and sums as
+// block reductions that combine with max_of and FP32 adds, and applies the
+// element steps below (exp_shifted, SoftmaxNormalize, ...), so only the order
+// of the row's additions differs from the CPU's.
 #include <cmath>
 #include <cstdint>
 
@@ -15,11 +17,26 @@
 
 namespace mix::fn {
 
+// ---- element and combine steps (shared by the whole-row functions below and
+// the CUDA kernels, whose block reductions combine partial results with them) --
+
+/// The running maximum of a row: v replaces m only when strictly larger, so a
+/// NaN never becomes the maximum (the row's sum of exponentials turns NaN instead).
+MIX_HD float max_of(float m, float v) { return v > m ? v : m; }
+
+/// exp(x - max): one term of a row's sum, and the numerator of its softmax.
+MIX_HD float exp_shifted(float x, float max) { return expf(x - max); }
+
 /// exp(x - max) * inv_sum: one softmax output from its logit.
 struct SoftmaxNormalize {
   float max, inv_sum;
-  MIX_HD float operator()(float x) const { return expf(x - max) * inv_sum; }
+  MIX_HD float operator()(float x) const { return exp_shifted(x, max) * inv_sum; }
 };
+/// The normaliser of a row from its max and sum(exp(x - max)).
+MIX_HD SoftmaxNormalize softmax_normalizer(float max, float sum_exp) { return SoftmaxNormalize{max, 1.f / sum_exp}; }
+
+/// dy * y: one term of softmax_grad's dot = sum(dy * y) over the row.
+MIX_HD float softmax_grad_dot_term(float y, float dy) { return dy * y; }
 
 /// y * (dy - dot), dot = sum(dy * y) over the row: one softmax input gradient.
 struct SoftmaxGradElem {
@@ -27,13 +44,21 @@ struct SoftmaxGradElem {
   MIX_HD float operator()(float y, float dy) const { return y * (dy - dot); }
 };
 
+/// The cross-entropy -log softmax(x)[label] = log(sum exp(x - max)) + max - x[label].
+MIX_HD float cross_entropy_loss(float sum_exp, float max, float x_label) { return logf(sum_exp) + max - x_label; }
+
+/// One element of dlogits = (softmax - onehot(label)) * dloss.
+MIX_HD float softmax_cross_entropy_grad_elem(float y, bool is_label, float dloss) {
+  const float onehot = is_label ? 1.f : 0.f;
+  return (y - onehot) * dloss;
+}
+
+// ---- whole rows ------------------------------------------------------------------
+
 template <typename T>
 MIX_HD float row_max(const T* x, int64_t n) {
   float m = -INFINITY;
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = to_float(x[i]);
-    m = v > m ? v : m;
-  }
+  for (int64_t i = 0; i < n; ++i) m = max_of(m, to_float(x[i]));
   return m;
 }
 
@@ -42,7 +67,7 @@ MIX_HD float row_max(const T* x, int64_t n) {
 template <typename T>
 MIX_HD float row_sum_exp(const T* x, int64_t n, float max) {
   float s = 0.f;
-  for (int64_t i = 0; i < n; ++i) s += expf(to_float(x[i]) - max);
+  for (int64_t i = 0; i < n; ++i) s += exp_shifted(to_float(x[i]), max);
   return s;
 }
 
@@ -50,7 +75,7 @@ MIX_HD float row_sum_exp(const T* x, int64_t n, float max) {
 template <typename T>
 MIX_HD void softmax_row(const T* x, T* y, int64_t n) {
   const float m = row_max(x, n);
-  const SoftmaxNormalize f{m, 1.f / row_sum_exp(x, n, m)};
+  const SoftmaxNormalize f = softmax_normalizer(m, row_sum_exp(x, n, m));
   for (int64_t i = 0; i < n; ++i) y[i] = from_float<T>(f(to_float(x[i])));
 }
 
@@ -58,7 +83,7 @@ MIX_HD void softmax_row(const T* x, T* y, int64_t n) {
 template <typename T>
 MIX_HD void softmax_grad_row(const T* y, const T* dy, T* dx, int64_t n) {
   float dot = 0.f;
-  for (int64_t i = 0; i < n; ++i) dot += to_float(dy[i]) * to_float(y[i]);
+  for (int64_t i = 0; i < n; ++i) dot += softmax_grad_dot_term(to_float(y[i]), to_float(dy[i]));
   const SoftmaxGradElem f{dot};
   for (int64_t i = 0; i < n; ++i) dx[i] = from_float<T>(f(to_float(y[i]), to_float(dy[i])));
 }
@@ -71,18 +96,16 @@ template <typename T>
 MIX_HD float softmax_cross_entropy_row(const T* x, T* y, int64_t n, int64_t label) {
   const float m = row_max(x, n);
   const float s = row_sum_exp(x, n, m);
-  const SoftmaxNormalize f{m, 1.f / s};
+  const SoftmaxNormalize f = softmax_normalizer(m, s);
   for (int64_t i = 0; i < n; ++i) y[i] = from_float<T>(f(to_float(x[i])));
-  return logf(s) + m - to_float(x[label]);
+  return cross_entropy_loss(s, m, to_float(x[label]));
 }
 
 /// dlogits = (softmax - onehot(label)) * dloss over one row.
 template <typename T>
 MIX_HD void softmax_cross_entropy_grad_row(const T* y, T* dx, int64_t n, int64_t label, float dloss) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float onehot = i == label ? 1.f : 0.f;
-    dx[i] = from_float<T>((to_float(y[i]) - onehot) * dloss);
-  }
+  for (int64_t i = 0; i < n; ++i)
+    dx[i] = from_float<T>(softmax_cross_entropy_grad_elem(to_float(y[i]), i == label, dloss));
 }
 
 }  // namespace mix::fn

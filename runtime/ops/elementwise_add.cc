@@ -45,8 +45,7 @@ void add_grad_cpu(OpContext& ctx) {
     std::vector<float> acc(static_cast<size_t>(d.n));
     cpu::dispatch_floating(dout.dtype(), [&](auto tag) {
       using T = decltype(tag);
-      broadcast_reduce(dout.data<T>(), static_cast<const T*>(nullptr), acc.data(), d,
-                       [](float g, float) { return g; });
+      broadcast_reduce(dout.data<T>(), static_cast<const T*>(nullptr), acc.data(), d, fn::TakeFirst{});
     });
     cpu::store_f32(acc.data(), dy);
   }

@@ -7,6 +7,7 @@
 
 #include "runtime/check.h"
 #include "runtime/kernels/cpu_loops.h"
+#include "runtime/kernels/functors.h"
 #include "runtime/op_registry.h"
 #include "runtime/ops/gemm.h"
 
@@ -29,7 +30,7 @@ void mean_cpu(OpContext& ctx) {
     const T* v = x.data<T>();
     for (int64_t i = 0; i < n; ++i) s += static_cast<double>(to_float(v[i]));
   });
-  const float m = static_cast<float>(s / static_cast<double>(n));
+  const float m = fn::mean_from_sum(s, n);
   Tensor& out = ctx.out("Out", {1}, x.dtype());
   cpu::store_f32(&m, out);
 }
@@ -39,7 +40,7 @@ void mean_grad_cpu(OpContext& ctx) {
   const Tensor& dout = ctx.in("Out@GRAD");
   MIX_CHECK(dout.numel() == 1, "mean_grad: Out@GRAD must hold one value, has shape " << shape_str(dout.shape()));
   // The quotient is formed in double and rounded once, so numel beyond 2^24 loses nothing extra.
-  const float g = static_cast<float>(static_cast<double>(dout.item_float(0)) / static_cast<double>(x.numel()));
+  const float g = fn::mean_grad_value(dout.item_float(0), x.numel());
   Tensor& dx = ctx.out("X@GRAD", x.shape(), x.dtype());
   std::vector<float> v(static_cast<size_t>(x.numel()), g);
   cpu::store_f32(v.data(), dx);

@@ -16,20 +16,10 @@ void adamw_cpu(OpContext& ctx) {
   Tensor& v = ctx.out_existing("Moment2Out");
   const int64_t t = ctx.in("Step").data<int64_t>()[0];
   MIX_CHECK(t >= 1, "adamw: optimizer.step is " << t << " (the increment_step op must run first)");
-  const double beta1 = ctx.attr<double>("beta1", 0.9), beta2 = ctx.attr<double>("beta2", 0.999);
-  const float lr = learning_rate(ctx);
   // Bias corrections in double, as PyTorch computes them on the host.
-  const double bias1 = 1.0 - std::pow(beta1, static_cast<double>(t));
-  const double bias2 = 1.0 - std::pow(beta2, static_cast<double>(t));
-  const fn::AdamWUpdate update{lr,
-                               static_cast<float>(beta1),
-                               static_cast<float>(beta2),
-                               ctx.attr<float>("epsilon", 1e-8f),
-                               ctx.attr<float>("weight_decay", 0.01f),
-                               static_cast<float>(1.0 - beta1),
-                               static_cast<float>(1.0 - beta2),
-                               static_cast<float>(lr / bias1),
-                               static_cast<float>(1.0 / std::sqrt(bias2))};
+  const fn::AdamWUpdate update =
+      fn::adamw_update_for_step(learning_rate(ctx), ctx.attr<double>("beta1", 0.9), ctx.attr<double>("beta2", 0.999),
+                                ctx.attr<float>("epsilon", 1e-8f), ctx.attr<float>("weight_decay", 0.01f), t);
   float* __restrict pp = param->data<float>();
   float* __restrict mp = m.data<float>();
   float* __restrict vp = v.data<float>();

@@ -10,8 +10,12 @@ import time
 import mixtest
 
 
+# Marks this test's processes, so that a concurrently running test's ranks are never touched.
+MARK = f"MIX_DEAD_RANK_TEST={os.getpid()}"
+
+
 def rank_pids(rank):
-    """PIDs of mixtrain processes whose environment says OMPI_COMM_WORLD_RANK=rank."""
+    """PIDs of this test's mixtrain processes whose environment says OMPI_COMM_WORLD_RANK=rank."""
     pids = []
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
@@ -21,7 +25,8 @@ def rank_pids(rank):
                 if not f.read().split(b"\0")[0].endswith(b"mixtrain"):
                     continue
             with open(f"/proc/{pid}/environ", "rb") as f:
-                if f"OMPI_COMM_WORLD_RANK={rank}".encode() in f.read().split(b"\0"):
+                env = f.read().split(b"\0")
+                if f"OMPI_COMM_WORLD_RANK={rank}".encode() in env and MARK.encode() in env:
                     pids.append(int(pid))
         except OSError:
             continue
@@ -33,7 +38,7 @@ def main():
     mixtest.require_mpirun()
     checks = mixtest.Checks("dead_rank")
     # Long enough that it is still training when the kill comes.
-    cmd = [mixtest.MPIRUN, *mixtest.mpirun_flags(), "-np", "2", str(mixtest.MIXTRAIN), "--data", "synthetic",
+    cmd = [mixtest.MPIRUN, *mixtest.mpirun_flags(), "-x", MARK, "-np", "2", str(mixtest.MIXTRAIN), "--data", "synthetic",
            "--synthetic-size", "4096", "--synthetic-features", "64", "--hidden", "32", "--batch-size", "16",
            "--steps", "1000000", "--eval", "false", "--log-every", "1000"]
     job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)

@@ -1,0 +1,247 @@
+// CUDA kernels of the AMP ops: check_finite_and_unscale and its fused twin
+// cast_check_finite_and_unscale (fn::UnscaleCheck), update_loss_scaling
+// (amp::loss_scaling_step, the MIX_HD update LossScaler runs on the host) and
+// the inject_overflow testing aid. Slots, attributes and semantics are those
+// of the CPU ops in amp/*_op.cc.
+//
+// Host round trips. check_finite_and_unscale makes none: the flag is raised on
+// the device (one integer atomicOr per block that saw a non-finite value,
+// order-independent, hence reproducible) and read by whoever needs it, on the
+// device too (the optimizer ops' SkipUpdate, update_loss_scaling). The CPU op
+// refuses a scale that is not positive and finite; the device cannot throw, so
+// such a scale raises found_inf instead: the step is skipped, not applied with
+// inf/NaN gradients, and the dynamic scaler falls back to min_loss_scaling.
+//
+// update_loss_scaling runs the update in one device thread, which also records
+// whether the scale is stuck at the minimum. The "stuck" error has to reach
+// the host, so when on_min_scale is "error" (the default) the op reads that
+// 4-byte flag every step: one small device-to-host copy, which waits for the
+// step's work queued so far (the op runs last in the step, after the
+// optimizer). Only when the flag is set does it copy the state the step
+// started from and replay the step on the host with amp::update_loss_scaling,
+// which throws the scaler's own message; the device state is already written,
+// as the CPU op writes its state back before the error propagates. With
+// on_min_scale "continue" (or max_skips_at_min <= 0) there is no copy at all.
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "amp/loss_scaler.h"
+#include "amp/loss_scaling_math.h"
+#include "collective/communicator.h"
+#include "runtime/kernels/functors.h"
+#include "runtime/ops/cuda/device_ops.cuh"
+
+namespace mix::amp {
+namespace {
+
+using cuda::ScalarRef;
+
+// ---- check_finite_and_unscale ----------------------------------------------------------
+
+/// FoundInfinite = FoundInfiniteIn (when given) or an invalid scale.
+struct InitFoundInf {
+  int32_t* found;
+  ScalarRef prev;
+  const float* scale;
+  __device__ void operator()(int64_t) const {
+    found[0] = cuda::flag_set(prev) || !fn::valid_loss_scale(scale[0]) ? 1 : 0;
+  }
+};
+
+template <typename In, typename Out>
+__global__ void unscale_check_kernel(const In* x, Out* out, int64_t n, const float* scale, int32_t* found) {
+  const fn::UnscaleCheck f = fn::unscale_check_for(scale[0]);
+  bool any = false;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] = from_float<Out>(f(to_float(x[i]), any));
+  // Every thread reaches this (no early return above): one atomic per block at most.
+  if (__syncthreads_or(any) && threadIdx.x == 0) atomicOr(reinterpret_cast<int*>(found), 1);
+}
+
+void run_unscale(OpContext& ctx, bool to_f32) {
+  const Tensor scale = ctx.in("Scale");
+  MIX_CHECK(scale.dtype() == DType::f32 && scale.numel() == 1,
+            ctx.op.type << ": Scale must be f32 [1], got " << dtype_name(scale.dtype()) << shape_str(scale.shape()));
+  cuda::check_on_device(ctx, scale, "Scale");
+  const Tensor* prev_p = ctx.in_opt("FoundInfiniteIn");
+  Tensor prev;  // by value: FoundInfinite may be the same variable
+  if (prev_p) {
+    MIX_CHECK(prev_p->dtype() == DType::i32 && prev_p->numel() == 1,
+              ctx.op.type << ": FoundInfiniteIn must be i32 [1]");
+    cuda::check_on_device(ctx, *prev_p, "FoundInfiniteIn");
+    prev = *prev_p;
+  }
+  const auto& x_names = ctx.op.ins("X");
+  const auto& out_names = ctx.op.outs("Out");
+  MIX_CHECK(x_names.size() == out_names.size(),
+            ctx.op.type << ": X holds " << x_names.size() << " variables but Out holds " << out_names.size());
+
+  const cudaStream_t stream = cuda::compute_stream(ctx);
+  Tensor& found = ctx.out("FoundInfinite", {1}, DType::i32);
+  int32_t* found_p = found.data<int32_t>();
+  cuda::launch_grid_stride(1, stream, InitFoundInf{found_p, prev_p ? cuda::scalar_ref(&prev) : ScalarRef{},
+                                                   scale.data<float>()});
+  for (size_t i = 0; i < x_names.size(); ++i) {
+    // By value: shares the storage, and stays valid if Out replaces the scope entry.
+    const Tensor x = ctx.scope.get(x_names[i]);
+    const DType out_dtype = to_f32 ? DType::f32 : x.dtype();
+    MIX_CHECK(out_names[i] != x_names[i] || out_dtype == x.dtype(),
+              ctx.op.type << ": Out '" << out_names[i] << "' must be a new variable for " << dtype_name(x.dtype())
+                          << " X");
+    cuda::check_on_device(ctx, x, "X '" + x_names[i] + "'");
+    Tensor& out = ctx.out("Out", x.shape(), out_dtype, i);
+    if (x.numel() == 0) continue;
+    cuda::dispatch_floating(x.dtype(), [&](auto in_tag) {
+      using In = decltype(in_tag);
+      cuda::dispatch_floating(out_dtype, [&](auto out_tag) {
+        using Out = decltype(out_tag);
+        unscale_check_kernel<In, Out><<<cuda::grid_blocks(x.numel()), cuda::kBlock, 0, stream>>>(
+            x.data<In>(), out.data<Out>(), x.numel(), scale.data<float>(), found_p);
+        MIX_CUDA_CHECK(cudaGetLastError());
+      });
+    });
+  }
+}
+
+void check_finite_and_unscale_cuda(OpContext& ctx) { run_unscale(ctx, false); }
+void cast_check_finite_and_unscale_cuda(OpContext& ctx) { run_unscale(ctx, true); }
+
+// ---- update_loss_scaling ---------------------------------------------------------------
+
+/// What the update kernel leaves for the host: the stuck flag first (the one
+/// value read every step), then what the host needs to replay the step.
+struct LossScalingRecord {
+  int32_t stuck;
+  int32_t found_inf;
+  LossScalerState before;
+};
+
+struct LossScalingUpdate {
+  ScalarRef found_inf;
+  const float* scale_in;
+  const int64_t* good_in;
+  const int64_t* bad_in;
+  const int64_t* skipped_in;
+  const int64_t* at_min_in;
+  float* scale_out;
+  int64_t* good_out;
+  int64_t* bad_out;
+  int64_t* skipped_out;
+  int64_t* at_min_out;
+  LossScalingParams params;
+  LossScalingRecord* record;
+  __device__ void operator()(int64_t) const {
+    // Read everything before writing anything: outputs alias inputs.
+    const bool found = cuda::flag_set(found_inf);
+    LossScalerState s;
+    s.scale = scale_in[0];
+    s.good_steps = good_in[0];
+    s.bad_steps = bad_in[0];
+    s.skipped_steps = skipped_in[0];
+    s.consecutive_skips_at_min = at_min_in[0];
+    record->before = s;
+    record->found_inf = found ? 1 : 0;
+    record->stuck = loss_scaling_step(params, s, found) ? 1 : 0;
+    scale_out[0] = s.scale;
+    good_out[0] = s.good_steps;
+    bad_out[0] = s.bad_steps;
+    skipped_out[0] = s.skipped_steps;
+    at_min_out[0] = s.consecutive_skips_at_min;
+  }
+};
+
+/// A state input, by value (its output may replace the scope entry), checked.
+Tensor state_input(const OpContext& ctx, const char* slot, DType dtype) {
+  const Tensor t = ctx.in(slot);
+  MIX_CHECK(t.numel() == 1, "update_loss_scaling: " << slot << " '" << ctx.op.in(slot) << "' must hold one value, has "
+                                                   << shape_str(t.shape()));
+  MIX_CHECK(t.dtype() == dtype, "update_loss_scaling: " << slot << " must be " << dtype_name(dtype) << ", not "
+                                                        << dtype_name(t.dtype()));
+  cuda::check_on_device(ctx, t, slot);
+  return t;
+}
+
+void update_loss_scaling_cuda(OpContext& ctx) {
+  const LossScalerConfig config = from_op_attrs(ctx.op);
+  const Tensor flag = ctx.in("FoundInfinite");
+  MIX_CHECK(flag.numel() == 1, "update_loss_scaling: FoundInfinite '" << ctx.op.in("FoundInfinite")
+                                                                       << "' must hold one value, has "
+                                                                       << shape_str(flag.shape()));
+  MIX_CHECK(flag.dtype() == DType::i32 || flag.dtype() == DType::i64 || flag.dtype() == DType::f32,
+            "update_loss_scaling: FoundInfinite must be i32, i64 or f32, not " << dtype_name(flag.dtype()));
+  cuda::check_on_device(ctx, flag, "FoundInfinite");
+  const Tensor scale = state_input(ctx, "PrevLossScaling", DType::f32);
+  const Tensor good = state_input(ctx, "InGoodSteps", DType::i64);
+  const Tensor bad = state_input(ctx, "InBadSteps", DType::i64);
+  const Tensor skipped = state_input(ctx, "Skipped", DType::i64);
+  const Tensor at_min = state_input(ctx, "ConsecutiveSkipsAtMin", DType::i64);
+
+  const cudaStream_t stream = cuda::compute_stream(ctx);
+  constexpr int64_t kRecordWords = (sizeof(LossScalingRecord) + 7) / 8;
+  Tensor record = Tensor::empty({kRecordWords}, DType::i64, ctx.env.device);
+  auto* record_p = static_cast<LossScalingRecord*>(record.raw());
+  const LossScalingUpdate f{cuda::scalar_ref(&flag),
+                            scale.data<float>(),
+                            good.data<int64_t>(),
+                            bad.data<int64_t>(),
+                            skipped.data<int64_t>(),
+                            at_min.data<int64_t>(),
+                            ctx.out("LossScaling", {1}, DType::f32).data<float>(),
+                            ctx.out("OutGoodSteps", {1}, DType::i64).data<int64_t>(),
+                            ctx.out("OutBadSteps", {1}, DType::i64).data<int64_t>(),
+                            ctx.out("OutSkipped", {1}, DType::i64).data<int64_t>(),
+                            ctx.out("OutConsecutiveSkipsAtMin", {1}, DType::i64).data<int64_t>(),
+                            to_params(config),
+                            record_p};
+  cuda::launch_grid_stride(1, stream, f);
+
+  const LossScalingParams params = to_params(config);
+  if (config.on_min_scale != LossScalerConfig::OnMinScale::error || params.max_skips_at_min <= 0) return;
+  int32_t stuck = 0;
+  MIX_CUDA_CHECK(cudaMemcpyAsync(&stuck, &record_p->stuck, sizeof stuck, cudaMemcpyDeviceToHost, stream));
+  MIX_CUDA_CHECK(cudaStreamSynchronize(stream));
+  if (!stuck) return;
+  LossScalingRecord rec{};
+  MIX_CUDA_CHECK(cudaMemcpyAsync(&rec, record_p, sizeof rec, cudaMemcpyDeviceToHost, stream));
+  MIX_CUDA_CHECK(cudaStreamSynchronize(stream));
+  LossScalerState replay = rec.before;
+  update_loss_scaling(config, replay, rec.found_inf != 0);  // throws the scaler's "stuck" error
+  MIX_FAIL("update_loss_scaling: the device found the loss scale stuck at the minimum, the host replay of the step "
+           "did not (scale " << rec.before.scale << ", found_inf " << rec.found_inf << ")");
+}
+
+// ---- inject_overflow -------------------------------------------------------------------
+
+template <typename T>
+struct WriteInfFirst {
+  T* g;
+  __device__ void operator()(int64_t) const { g[0] = from_float<T>(INFINITY); }
+};
+
+void inject_overflow_cuda(OpContext& ctx) {
+  const int64_t step = ctx.attr<int64_t>("step", 0);
+  const int rank = ctx.attr<int>("rank", -1);
+  const int my_rank = ctx.env.comm ? ctx.env.comm->rank() : 0;
+  if (ctx.env.step != step || (rank >= 0 && rank != my_rank)) return;
+  const cudaStream_t stream = cuda::compute_stream(ctx);
+  for (size_t i = 0; i < ctx.op.outs("Out").size(); ++i) {
+    Tensor& g = ctx.out_existing("Out", i);
+    if (g.numel() == 0) continue;
+    cuda::check_on_device(ctx, g, "Out");
+    cuda::dispatch_floating(g.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      cuda::launch_grid_stride(1, stream, WriteInfFirst<T>{g.data<T>()});
+    });
+  }
+}
+
+const bool registered =
+    OpRegistry::instance().add_cuda_kernel("check_finite_and_unscale", check_finite_and_unscale_cuda) &&
+    OpRegistry::instance().add_cuda_kernel("cast_check_finite_and_unscale", cast_check_finite_and_unscale_cuda) &&
+    OpRegistry::instance().add_cuda_kernel("update_loss_scaling", update_loss_scaling_cuda) &&
+    OpRegistry::instance().add_cuda_kernel("inject_overflow", inject_overflow_cuda);
+
+}  // namespace
+}  // namespace mix::amp

@@ -1,0 +1,45 @@
+#pragma once
+// Device binding: every rank drives the GPU whose index is its local rank
+// (DESIGN.md, "Data parallelism"). Built with CUDA only (device_binding.cu, in
+// mix_cuda); callers normally reach bind_local_gpu through
+// collective::bind_device(), which it registers itself with.
+#include <string>
+#include <vector>
+
+#include "collective/communicator.h"
+
+namespace mix::collective {
+
+/// What one rank sees of its GPUs, as all-gathered by bind_local_gpu.
+struct GpuBinding {
+  int rank = 0;
+  int local_rank = 0;
+  int local_size = 1;
+  int visible_gpus = 0;         ///< cudaGetDeviceCount (0 when it failed)
+  int device = -1;              ///< the GPU index picked (the local rank), -1 when out of range
+  std::string host;             ///< gethostname
+  std::string pci_bus_id;       ///< cudaDeviceGetPCIBusId of `device` ("" when none)
+  std::string visible_devices;  ///< CUDA_VISIBLE_DEVICES, or "unset"
+  std::string cuda_error;       ///< why cudaGetDeviceCount or cudaDeviceGetPCIBusId failed, if one did
+};
+
+/// Checks a gathered table (one entry per rank, rank order) and throws
+/// CollectiveError (collective/consistency.h) when more ranks share a host
+/// than that host's ranks see GPUs ("N ranks on host H but only G GPUs visible
+/// (CUDA_VISIBLE_DEVICES=...)"), or when two ranks of one host would drive the
+/// same GPU (same PCI bus id; the message names both ranks). Every rank checks
+/// the same table, so every rank throws the same error together. Pure host
+/// code: tested without a GPU.
+void check_gpu_bindings(const std::vector<GpuBinding>& table);
+
+/// What this rank sees (no communication).
+GpuBinding local_gpu_binding(const Communicator& bootstrap);
+
+/// Collective over `bootstrap`: all-gathers every rank's GpuBinding, checks the
+/// table (check_gpu_bindings), makes the GPU current and returns its index (the
+/// local rank). The whole table lands in *table when it is not null.
+int bind_local_gpu(Communicator& bootstrap, std::vector<GpuBinding>* table);
+/// bind_local_gpu without the table (the DeviceBinder of communicator.h).
+int bind_local_gpu(Communicator& bootstrap);
+
+}  // namespace mix::collective

@@ -1,0 +1,424 @@
+// The NCCL backend (device buffers). Host code only: NCCL brings its own
+// kernels. See nccl_communicator.h for the semantics and the failure handling.
+//
+// Every collective is launched on a non-blocking communicator and then awaited
+// by polling (`await`): cudaStreamQuery for completion, ncclCommGetAsyncError
+// for failures NCCL sees off the stream (a dead peer, a network error), and a
+// deadline. A blocking cudaStreamSynchronize would wait forever on a collective
+// that a dead rank never joins; the poll loop is that synchronize with a way out.
+#include "collective/nccl_communicator.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "collective/nccl_check.h"
+#include "runtime/check.h"
+#include "runtime/cuda/context.h"
+#include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda/stream.h"
+
+// Non-blocking communicators and ncclCommFinalize came with 2.14; ncclAvg and
+// ncclBfloat16 with 2.10.
+#if !defined(NCCL_VERSION_CODE) || NCCL_VERSION_CODE < NCCL_VERSION(2, 14, 0)
+#error "mixtrain needs NCCL 2.14 or newer (non-blocking communicators); point NCCL_ROOT at a newer NCCL"
+#endif
+
+namespace mix::collective {
+
+namespace {
+
+constexpr double kDefaultTimeoutS = 300.0;
+
+ncclDataType_t nccl_type(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return ncclFloat32;
+    case DType::f16: return ncclFloat16;
+    case DType::bf16: return ncclBfloat16;
+    case DType::i32: return ncclInt32;
+    case DType::i64: return ncclInt64;
+  }
+  MIX_FAIL("NCCL all_reduce: unsupported dtype " << static_cast<int>(dtype));
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return ncclSum;
+    case ReduceOp::max: return ncclMax;
+    case ReduceOp::avg: return ncclAvg;
+  }
+  MIX_FAIL("NCCL all_reduce: unsupported reduction " << static_cast<int>(op));
+}
+
+std::string format_seconds(double s) {
+  std::ostringstream o;
+  o << s << " s";
+  return o.str();
+}
+
+/// Polling pauses: yield for the first 100 us (small collectives, such as the
+/// per-step found_inf max, finish in tens of microseconds), then sleep, growing
+/// to 200 us, so that a long all-reduce costs no CPU while it runs.
+class Backoff {
+ public:
+  void pause(std::chrono::steady_clock::duration waited) {
+    using namespace std::chrono;
+    if (waited < microseconds(100)) {
+      std::this_thread::yield();
+      return;
+    }
+    std::this_thread::sleep_for(sleep_);
+    sleep_ = std::min(sleep_ * 2, microseconds(200));
+  }
+
+ private:
+  std::chrono::microseconds sleep_{10};
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(Communicator& bootstrap, int device)
+      : bootstrap_(bootstrap),
+        device_(device),
+        rank_(bootstrap.rank()),
+        world_(bootstrap.world_size()),
+        local_rank_(bootstrap.local_rank()),
+        local_size_(bootstrap.local_size()),
+        timeout_s_(nccl_timeout_seconds()) {
+    const int visible = cuda::device_count();
+    if (device < 0 || device >= visible) {
+      MIX_FAIL("NCCL communicator: GPU " << device << " requested on " << process_identity() << " but " << visible
+                                         << " GPU(s) are visible (check CUDA_VISIBLE_DEVICES and nvidia-smi)");
+    }
+    try {
+      MIX_CUDA_CHECK(cudaSetDevice(device_));
+      ctx_ = &cuda::context(device_);
+      compute_done_ = std::make_unique<cuda::Event>();
+      MIX_CUDA_CHECK(cudaMalloc(&barrier_buf_, sizeof(int32_t)));
+      MIX_CUDA_CHECK(cudaMemset(barrier_buf_, 0, sizeof(int32_t)));
+      init_nccl();
+    } catch (...) {
+      release(/*graceful=*/false);
+      throw;
+    }
+  }
+
+  ~NcclCommunicator() override {
+    // After a failure, or while an exception unwinds (other ranks may be gone or
+    // stuck), finalizing could wait on peers: abort instead.
+    release(/*graceful=*/failure_.empty() && std::uncaught_exceptions() == 0);
+  }
+
+  NcclCommunicator(const NcclCommunicator&) = delete;
+  NcclCommunicator& operator=(const NcclCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_; }
+  int local_rank() const override { return local_rank_; }
+  int local_size() const override { return local_size_; }
+  std::string backend_name() const override { return "nccl"; }
+
+  void all_reduce(void* buf, size_t n, DType dtype, ReduceOp op, Traffic traffic) override {
+    const auto what = [&] {
+      return MIX_STR_CAT("all_reduce (" << reduce_op_name(op) << " of " << n << " " << dtype_name(dtype) << " = "
+                                        << n * dtype_size(dtype) << " bytes)");
+    };
+    MIX_CHECK(buf != nullptr || n == 0, "NCCL " << what() << " got a null buffer");
+    const ncclDataType_t type = nccl_type(dtype);
+    const ncclRedOp_t nop = nccl_op(op);
+    check_alive(what);
+    if (n == 0) {
+      count(0, traffic);
+      return;
+    }
+    check_device_buffer(buf, "buffer", what);
+    count(n * dtype_size(dtype), traffic);
+    prepare(what);
+    launch_and_wait(what, ncclAllReduce(buf, buf, n, type, nop, comm_, stream()));
+  }
+
+  void broadcast(void* buf, size_t bytes, int root) override {
+    const auto what = [&] { return MIX_STR_CAT("broadcast (" << bytes << " bytes from rank " << root << ")"); };
+    MIX_CHECK(root >= 0 && root < world_, "NCCL broadcast root " << root << " is not a rank of a world of size " << world_);
+    MIX_CHECK(buf != nullptr || bytes == 0, "NCCL " << what() << " got a null buffer");
+    check_alive(what);
+    if (bytes == 0) return;
+    check_device_buffer(buf, "buffer", what);
+    count(bytes, Traffic::control);
+    prepare(what);
+    launch_and_wait(what, ncclBroadcast(buf, buf, bytes, ncclUint8, root, comm_, stream()));
+  }
+
+  void all_gather(const void* send, void* recv, size_t bytes_per_rank) override {
+    const auto what = [&] { return MIX_STR_CAT("all_gather (" << bytes_per_rank << " bytes per rank)"); };
+    MIX_CHECK((send != nullptr && recv != nullptr) || bytes_per_rank == 0, "NCCL " << what() << " got a null buffer");
+    check_alive(what);
+    if (bytes_per_rank == 0) return;
+    check_device_buffer(send, "send buffer", what);
+    check_device_buffer(recv, "receive buffer", what);
+    count(bytes_per_rank, Traffic::control);
+    prepare(what);
+    // A send buffer at recv + rank * bytes_per_rank is NCCL's in-place form; any
+    // other overlap is the caller's error, as with MPI.
+    launch_and_wait(what, ncclAllGather(send, recv, bytes_per_rank, ncclUint8, comm_, stream()));
+  }
+
+  /// An all-reduce of one int on the device: it also proves the NCCL path works.
+  /// Not counted, like the MPI backend's barrier.
+  void barrier() override {
+    const auto what = [] { return std::string("barrier (all_reduce of one int32)"); };
+    prepare(what);
+    launch_and_wait(what, ncclAllReduce(barrier_buf_, barrier_buf_, 1, ncclInt32, ncclSum, comm_, stream()));
+  }
+
+  [[noreturn]] void abort(int exit_code) override {
+    abort_nccl();
+    bootstrap_.abort(exit_code);
+    std::_Exit(exit_code);  // bootstrap_.abort does not return; this is for the compiler
+  }
+
+ private:
+  cudaStream_t stream() const { return ctx_->comm.get(); }
+
+  template <typename What>
+  void check_alive(const What& what) const {
+    if (!failure_.empty()) {
+      MIX_FAIL("NCCL " << what() << " on " << process_identity()
+                       << ": the NCCL communicator was aborted after an earlier failure: " << failure_);
+    }
+  }
+
+  template <typename What>
+  void prepare(const What& what) {
+    check_alive(what);
+    MIX_CUDA_CHECK(cudaSetDevice(device_));
+    // The buffer may still be being written by kernels queued on the compute
+    // stream: the communication stream waits for them on the device.
+    compute_done_->record(ctx_->compute.get());
+    compute_done_->wait(stream());
+  }
+
+  /// Device (or managed) memory of this rank's GPU, or a message that says what it is.
+  template <typename What>
+  void check_device_buffer(const void* p, const char* which, const What& what) const {
+    cudaPointerAttributes attr{};
+    const cudaError_t e = cudaPointerGetAttributes(&attr, p);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();  // not sticky; do not leave it for an unrelated check to find
+      MIX_FAIL("NCCL " << what() << " on " << process_identity() << ": cannot tell what memory the " << which << " "
+                       << p << " is (" << cudaGetErrorString(e) << ")");
+    }
+    if (attr.type == cudaMemoryTypeManaged) return;
+    if (attr.type != cudaMemoryTypeDevice) {
+      MIX_FAIL("NCCL " << what() << " on " << process_identity() << ": the " << which << " " << p
+                       << " is host memory, but the NCCL communicator takes device buffers of GPU " << device_
+                       << " (host data goes through the host communicator)");
+    }
+    if (attr.device != device_) {
+      MIX_FAIL("NCCL " << what() << " on " << process_identity() << ": the " << which << " " << p << " is on GPU "
+                       << attr.device << ", but this rank's NCCL communicator drives GPU " << device_);
+    }
+  }
+
+  void init_nccl() {
+    // Rank 0 makes the id and says whether it could: if it could not, every rank
+    // fails here together instead of the others waiting in ncclCommInitRank.
+    struct {
+      int32_t ok;
+      ncclUniqueId id;
+    } hello{};
+    std::string rank0_error;
+    if (rank_ == 0) {
+      const ncclResult_t rc = ncclGetUniqueId(&hello.id);
+      hello.ok = rc == ncclSuccess ? 1 : 0;
+      if (rc != ncclSuccess) rank0_error = nccl_error_text(rc);
+    }
+    bootstrap_.broadcast(&hello, sizeof(hello), 0);
+    if (!hello.ok) {
+      MIX_FAIL("NCCL init on " << process_identity() << ": rank 0 could not create the NCCL unique id"
+                               << (rank0_error.empty() ? std::string(" (see rank 0's log)") : ": " + rank0_error));
+    }
+
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    // Non-blocking: ncclCommInitRank and every launch return at once, so that a
+    // peer that never arrives ends in a timeout here, not in a hang inside NCCL.
+    config.blocking = 0;
+    config.commName = "mixtrain";
+    const auto what = [&] {
+      return MIX_STR_CAT("ncclCommInitRank (rank " << rank_ << " of " << world_ << ", GPU " << device_ << ")");
+    };
+    const ncclResult_t rc = ncclCommInitRankConfig(&comm_, world_, hello.id, rank_, &config);
+    if (rc != ncclSuccess && rc != ncclInProgress) fail(what(), nccl_error_text(rc, comm_));
+    await(what, /*stream_work=*/false);
+  }
+
+  /// `rc` is what the launching call returned; then waits for the collective.
+  template <typename What>
+  void launch_and_wait(const What& what, ncclResult_t rc) {
+    if (rc != ncclSuccess && rc != ncclInProgress) fail(what(), nccl_error_text(rc, comm_));
+    await(what, /*stream_work=*/true);
+  }
+
+  /// The watchdog: returns when the communicator's state is ncclSuccess and, with
+  /// stream_work, the communication stream is idle; aborts and throws on an
+  /// error or when the timeout passes.
+  template <typename What>
+  void await(const What& what, bool stream_work) {
+    using clock = std::chrono::steady_clock;
+    const auto start = clock::now();
+    const auto timeout = std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(timeout_s_));
+    Backoff backoff;
+    for (;;) {
+      ncclResult_t state = ncclSuccess;
+      const ncclResult_t rc = ncclCommGetAsyncError(comm_, &state);
+      if (rc != ncclSuccess) fail(what(), "ncclCommGetAsyncError failed: " + nccl_error_text(rc, comm_));
+      if (state != ncclSuccess && state != ncclInProgress) fail(what(), nccl_error_text(state, comm_));
+      bool done = state == ncclSuccess;
+      if (done && stream_work) {
+        const cudaError_t e = cudaStreamQuery(stream());
+        if (e == cudaErrorNotReady) {
+          (void)cudaGetLastError();  // "not ready" is no error; leave nothing for a later check to trip over
+          done = false;
+        } else if (e != cudaSuccess) {
+          fail(what(), std::string("CUDA error on the communication stream: ") + cudaGetErrorString(e) +
+                           " (a kernel before or inside the collective failed; CUDA_LAUNCH_BLOCKING=1 and "
+                           "compute-sanitizer narrow it down)");
+        }
+      }
+      if (done) return;
+      const auto waited = clock::now() - start;
+      if (waited >= timeout) {
+        fail(what(),
+             std::string("no progress within ") + format_seconds(timeout_s_) + " (MIX_NCCL_TIMEOUT_S; " +
+                 (state == ncclInProgress ? "NCCL had not finished setting the call up"
+                                          : "the collective was queued on the GPU but did not complete") +
+                 "): another rank has probably died, hangs, or called a different collective (a different order, "
+                 "count, dtype or root); look at the other ranks' logs first, rerun with NCCL_DEBUG=INFO "
+                 "(NCCL_DEBUG_SUBSYS=INIT,COLL,NET) to see where NCCL waits, and raise MIX_NCCL_TIMEOUT_S only if "
+                 "one collective really takes that long");
+      }
+      backoff.pause(waited);
+    }
+  }
+
+  /// Aborts the NCCL communicator (ending its kernels), remembers why, throws.
+  [[noreturn]] void fail(const std::string& what, const std::string& why) {
+    std::string msg = "NCCL " + what + " failed on " + process_identity() + ", GPU " + std::to_string(device_) + ": " +
+                      why + "; the NCCL communicator was aborted";
+    failure_ = msg;
+    abort_nccl();
+    throw Error(msg);
+  }
+
+  void abort_nccl() noexcept {
+    if (!comm_) return;
+    if (failure_.empty()) failure_ = "abort() was called";
+    MIX_NCCL_CHECK_NOTHROW(ncclCommAbort(comm_));
+    comm_ = nullptr;
+  }
+
+  /// Frees everything; never throws. graceful: finalize (flushing outstanding
+  /// work, bounded by the timeout) and destroy; otherwise, or if that fails, abort.
+  void release(bool graceful) noexcept {
+    if (comm_) {
+      MIX_CUDA_CHECK_NOTHROW(cudaSetDevice(device_));
+      if (graceful && finalize_nccl()) {
+        MIX_NCCL_CHECK_NOTHROW(ncclCommDestroy(comm_));
+        comm_ = nullptr;
+      } else {
+        MIX_NCCL_CHECK_NOTHROW(ncclCommAbort(comm_));
+        comm_ = nullptr;
+      }
+    }
+    if (barrier_buf_) {
+      MIX_CUDA_CHECK_NOTHROW(cudaFree(barrier_buf_));
+      barrier_buf_ = nullptr;
+    }
+    compute_done_.reset();
+  }
+
+  /// ncclCommFinalize, polled until the communicator is quiescent; false (with a
+  /// report on stderr) on an error or after the timeout.
+  bool finalize_nccl() noexcept {
+    ncclResult_t rc = ncclCommFinalize(comm_);
+    if (rc != ncclSuccess && rc != ncclInProgress) {
+      report_nccl_failure("ncclCommFinalize(comm_)", __FILE__, __LINE__, rc);
+      return false;
+    }
+    using clock = std::chrono::steady_clock;
+    const auto start = clock::now();
+    const auto timeout = std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(timeout_s_));
+    Backoff backoff;
+    for (;;) {
+      ncclResult_t state = ncclSuccess;
+      rc = ncclCommGetAsyncError(comm_, &state);
+      if (rc != ncclSuccess) {
+        report_nccl_failure("ncclCommGetAsyncError(comm_, &state)", __FILE__, __LINE__, rc);
+        return false;
+      }
+      if (state == ncclSuccess) return true;
+      if (state != ncclInProgress) {
+        report_nccl_failure("ncclCommFinalize(comm_) (asynchronous result)", __FILE__, __LINE__, state);
+        return false;
+      }
+      const auto waited = clock::now() - start;
+      if (waited >= timeout) {
+        std::fprintf(stderr,
+                     "mixtrain: ncclCommFinalize did not finish within %g s (MIX_NCCL_TIMEOUT_S) on GPU %d; "
+                     "aborting the NCCL communicator instead [%s]\n",
+                     timeout_s_, device_, process_identity().c_str());
+        return false;
+      }
+      backoff.pause(waited);
+    }
+  }
+
+  Communicator& bootstrap_;
+  const int device_;
+  const int rank_, world_, local_rank_, local_size_;
+  const double timeout_s_;
+  cuda::DeviceContext* ctx_ = nullptr;
+  std::unique_ptr<cuda::Event> compute_done_;
+  void* barrier_buf_ = nullptr;  // one int32 on the device, for barrier()
+  ncclComm_t comm_ = nullptr;
+  std::string failure_;  // the first failure; set once the communicator is aborted
+};
+
+// The CUDA backend provides the device communicator: callers reach it through
+// make_device_communicator() without an #ifdef.
+struct RegisterNccl {
+  RegisterNccl() { register_device_communicator_factory(&make_nccl_communicator); }
+};
+[[maybe_unused]] const RegisterNccl g_register_nccl;
+
+}  // namespace
+
+double nccl_timeout_seconds() {
+  const char* v = std::getenv("MIX_NCCL_TIMEOUT_S");
+  if (!v || !*v) return kDefaultTimeoutS;
+  char* end = nullptr;
+  const double s = std::strtod(v, &end);
+  if (end == v || *end != '\0' || !std::isfinite(s) || s <= 0) {
+    MIX_FAIL("MIX_NCCL_TIMEOUT_S=" << v << " is not a positive number of seconds (the default is "
+                                   << kDefaultTimeoutS << ")");
+  }
+  return s;
+}
+
+std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap, int device) {
+  return std::make_unique<NcclCommunicator>(bootstrap, device);
+}
+
+}  // namespace mix::collective

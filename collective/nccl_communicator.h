@@ -1,0 +1,62 @@
+#pragma once
+// The NCCL backend of the one communicator interface (communicator.h), for
+// DEVICE buffers. Built only with CUDA (collective/nccl_communicator.cu, in
+// mix_cuda); callers normally reach it through make_device_communicator(),
+// which it registers itself with, and need no #ifdef.
+//
+// Semantics, as seen by a caller of Communicator:
+// - Every buffer is device memory (cudaMalloc or managed) of `device`; a host
+//   pointer is refused with a message instead of crashing inside NCCL.
+// - Collectives run on the device's communication stream
+//   (mix::cuda::context(device).comm). Before launching, that stream is made to
+//   wait (on the device, no host sync) for the work already queued on the
+//   compute stream, so a buffer written by the step's kernels is complete when
+//   NCCL reads it. Buffers written on any other stream must be complete first.
+// - Every call returns only when the collective has completed (the host waits
+//   for the communication stream), so the result may be used on any stream and
+//   the buffer freed or reused at once. Overlap of communication with backward
+//   will come later, by ordering the streams with events instead of waiting.
+// - all_reduce: f16 (ncclFloat16), bf16 (ncclBfloat16), f32, i32, i64; sum, max
+//   and avg (ncclAvg). NCCL adds 16-bit values per hop like the MPI backend,
+//   but its avg of floating types multiplies every input by 1/world before the
+//   sum (integers: sum, then divide), so for world > 1 an f16/bf16/f32 avg may
+//   differ from the MPI backend's sum-then-scale in the last bit. Gradient
+//   buckets use sum with explicit pre/post scaling (allreduce_op) anyway.
+// - rank/world/local rank come from the bootstrap communicator, which must
+//   outlive this one; byte counters count payloads as the MPI backend does.
+//
+// Failure handling (no rank hangs forever):
+// - The communicator is non-blocking (ncclConfig_t::blocking = 0): init and
+//   every launch return at once, and this code polls. After each launch it
+//   polls cudaStreamQuery (completion) and ncclCommGetAsyncError (network and
+//   peer failures) until the collective completes, an error appears, or the
+//   timeout passes: MIX_NCCL_TIMEOUT_S seconds (default 300, fractions allowed)
+//   per call, also for ncclCommInitRank.
+// - On an error or a timeout the NCCL communicator is aborted (ncclCommAbort,
+//   which also ends NCCL kernels still running), and mix::Error is thrown naming
+//   the rank, the host, the GPU, the operation and its size, what NCCL said, and
+//   what to check (the other ranks' logs, NCCL_DEBUG=INFO, MIX_NCCL_TIMEOUT_S).
+//   Every later call throws at once, naming that first failure. mixtrain's
+//   main then calls abort(), which ends the whole job through the bootstrap.
+// - abort(code): ncclCommAbort (if not yet aborted), then bootstrap.abort(code).
+// - Destructor (never throws): ncclCommFinalize polled with the same timeout,
+//   then ncclCommDestroy; after a failure, or while an exception is unwinding
+//   (peers may be gone, so a finalize could wait on them), ncclCommAbort instead.
+#include <memory>
+
+#include "collective/communicator.h"
+
+namespace mix::collective {
+
+/// NCCL communicator of all ranks of `bootstrap`, this rank driving GPU `device`
+/// (see bind_local_gpu). Collective over `bootstrap`: every rank calls it.
+/// Rank 0 makes the ncclUniqueId, `bootstrap` broadcasts it, every rank calls
+/// ncclCommInitRank on `device`. Throws mix::Error on failure or timeout.
+std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap, int device);
+
+/// Seconds one NCCL call may take before the communicator is aborted:
+/// MIX_NCCL_TIMEOUT_S, default 300. Throws mix::Error on a value that is not a
+/// positive number.
+double nccl_timeout_seconds();
+
+}  // namespace mix::collective

@@ -1,0 +1,90 @@
+// The CUDA device backend: registers itself with the runtime from a static
+// initialiser, so Tensor, allocator_for and copy_bytes reach the GPUs without
+// any #ifdef in their callers.
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "runtime/check.h"
+#include "runtime/cuda/context.h"
+#include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda/device_allocator.h"
+#include "runtime/device_backend.h"
+
+namespace mix::cuda {
+
+namespace {
+
+class CudaBackend final : public DeviceBackend {
+ public:
+  int device_count() override { return cuda::device_count(); }
+
+  Allocator& allocator(int index) override {
+    std::call_once(once_, [this] {
+      const int n = cuda::device_count();
+      for (int i = 0; i < n; ++i) allocators_.push_back(std::make_unique<CudaCachingAllocator>(i));
+    });
+    MIX_CHECK(index >= 0 && index < static_cast<int>(allocators_.size()),
+              "CUDA device " << index << " requested but " << allocators_.size()
+                             << " GPU(s) are visible (check CUDA_VISIBLE_DEVICES)");
+    return *allocators_[index];
+  }
+
+  void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) override {
+    if (bytes == 0) return;
+    // The copy runs on the compute stream of the device written to (or read
+    // from, for a device -> host copy), so it is ordered after the kernels
+    // queued there that produce or consume the bytes.
+    const int dev = dst_device.kind == DeviceKind::cuda ? dst_device.index : src_device.index;
+    DeviceGuard guard(dev);
+    DeviceContext& c = context(dev);
+    if (dst_device.kind == DeviceKind::cuda && src_device.kind == DeviceKind::cuda &&
+        dst_device.index != src_device.index) {
+      // Another GPU's bytes: they are final once its compute stream drains
+      // (the copy is synchronous for the host anyway).
+      context(src_device.index).compute.synchronize();
+    }
+    MIX_CUDA_CHECK(cudaSetDevice(dev));  // creating a context above may have switched devices
+    // cudaMemcpyDefault: unified addressing tells host from device pointers
+    // (and does peer copies between GPUs).
+    MIX_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, c.compute.get()));
+    c.compute.synchronize();
+  }
+
+  void zero(void* dst, size_t bytes, int index) override {
+    if (bytes == 0) return;
+    DeviceGuard guard(index);
+    DeviceContext& c = context(index);
+    MIX_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, c.compute.get()));
+  }
+
+  void synchronize(int index) override {
+    DeviceGuard guard(index);
+    // Every stream of the device: compute, communication, and any other.
+    MIX_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+
+  void set_allow_tf32(bool allow) override { cuda::set_allow_tf32(allow); }
+
+ private:
+  std::once_flag once_;
+  std::vector<std::unique_ptr<CudaCachingAllocator>> allocators_;
+};
+
+// Never destroyed: tensors in static storage may free device memory after
+// this file's statics would have been destroyed, and freeing GPU memory from
+// static destructors races the CUDA runtime's own teardown.
+CudaBackend& instance() {
+  static auto* backend = new CudaBackend;
+  return *backend;
+}
+
+// Registration touches no CUDA API: a process without a GPU or driver loads fine.
+[[maybe_unused]] const bool registered = [] {
+  register_device_backend(DeviceKind::cuda, &instance());
+  return true;
+}();
+
+}  // namespace
+
+}  // namespace mix::cuda

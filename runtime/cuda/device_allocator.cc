@@ -1,0 +1,205 @@
+#include "runtime/cuda/device_allocator.h"
+
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <string>
+
+#include "runtime/check.h"
+#include "runtime/cuda/cuda_check.h"
+
+namespace mix::cuda {
+
+namespace {
+
+// "1073741824 bytes (1.00 GiB)": the exact figure to grep for, and one to read.
+std::string bytes_str(size_t bytes) {
+  static const char* const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024.0 && u < 6) {
+    v /= 1024.0;
+    ++u;
+  }
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%zu bytes (%.2f %s)", bytes, v, kUnits[u]);
+  return buf;
+}
+
+size_t round_up(size_t n, size_t granularity) {
+  if (n > std::numeric_limits<size_t>::max() - granularity) return std::numeric_limits<size_t>::max();
+  return (n + granularity - 1) / granularity * granularity;
+}
+
+}  // namespace
+
+DeviceGuard::DeviceGuard(int device) {
+  MIX_CUDA_CHECK(cudaGetDevice(&prev_));
+  if (prev_ != device) {
+    MIX_CUDA_CHECK(cudaSetDevice(device));
+    changed_ = true;
+  }
+}
+
+DeviceGuard::~DeviceGuard() {
+  if (changed_) MIX_CUDA_CHECK_NOTHROW(cudaSetDevice(prev_));
+}
+
+size_t CudaCachingAllocator::round_size(size_t bytes) {
+  return bytes <= kSmallLimit ? round_up(bytes, kSmallGranularity) : round_up(bytes, kLargeGranularity);
+}
+
+CudaCachingAllocator::CudaCachingAllocator(int device) : device_(device) {}
+
+CudaCachingAllocator::~CudaCachingAllocator() { empty_cache(); }
+
+void* CudaCachingAllocator::allocate(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  const size_t rounded = round_size(bytes);
+  std::lock_guard<std::mutex> lock(mu_);
+  // Best fit among the cached blocks, if it wastes less than half of itself.
+  // Equal sizes come out last-freed first (see deallocate), which keeps the
+  // most recently touched memory in the caches.
+  auto it = free_.lower_bound(rounded);
+  if (it != free_.end() && it->first / 2 < rounded) {
+    void* p = it->second;
+    const size_t size = it->first;
+    handed_out_.emplace(p, Block{size, bytes});  // first: if it throws, the block stays cached
+    free_.erase(it);
+    cached_ -= size;
+    count_alloc(bytes);
+    return p;
+  }
+  void* p = malloc_with_retry(rounded, bytes);
+  try {
+    handed_out_.emplace(p, Block{rounded, bytes});
+  } catch (...) {
+    MIX_CUDA_CHECK_NOTHROW(cudaFree(p));
+    reserved_ -= rounded;
+    throw;
+  }
+  count_alloc(bytes);
+  return p;
+}
+
+void* CudaCachingAllocator::malloc_with_retry(size_t rounded, size_t requested) {
+  DeviceGuard guard(device_);
+  void* p = nullptr;
+  cudaError_t err = cudaMalloc(&p, rounded);
+  const size_t cached_before = cached_;
+  if (err == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();  // out of memory is not sticky; do not let a later launch check report it
+    empty_cache_locked();
+    err = cudaMalloc(&p, rounded);
+  }
+  if (err == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();
+    size_t free_b = 0, total_b = 0;
+    std::string info;
+    if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
+      info = "device free " + bytes_str(free_b) + " of total " + bytes_str(total_b);
+    } else {
+      (void)cudaGetLastError();
+      info = "device free/total unknown";
+    }
+    MIX_FAIL("CUDA out of memory on device " << device_ << " allocating " << bytes_str(requested)
+                                             << " (rounded to " << rounded << " bytes; live "
+                                             << bytes_str(live_bytes()) << ", cached " << bytes_str(cached_before)
+                                             << " returned to the driver before retrying, " << info
+                                             << ") [" << process_identity() << "]");
+  }
+  if (err != cudaSuccess)  // not a lack of memory: a sticky error from earlier work, or a broken device
+    ::mix::throw_check_failure("cudaMalloc(&p, rounded)", __FILE__, __LINE__,
+                               std::string("CUDA error: ") + cudaGetErrorString(err));
+  reserved_ += rounded;
+  return p;
+}
+
+void CudaCachingAllocator::deallocate(void* p, size_t bytes) noexcept {
+  if (!p) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = handed_out_.find(p);
+  if (it == handed_out_.end()) {
+    std::fprintf(stderr, "CudaCachingAllocator(cuda:%d): free of %p (%zu bytes), which it did not allocate (%s)\n",
+                 device_, p, bytes, process_identity().c_str());
+    return;
+  }
+  const Block b = it->second;
+  handed_out_.erase(it);
+  count_free(b.requested);
+  try {
+    // Hint = first block of this size: the new one goes in front of it (LIFO).
+    free_.emplace_hint(free_.lower_bound(b.size), b.size, p);
+    cached_ += b.size;
+  } catch (...) {
+    // No memory for the bookkeeping: give the block back instead (cudaFree
+    // waits for the device, so no queued kernel still uses it).
+    MIX_CUDA_CHECK_NOTHROW(cudaFree(p));
+    reserved_ -= b.size;
+  }
+}
+
+size_t CudaCachingAllocator::cached_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cached_;
+}
+
+size_t CudaCachingAllocator::reserved_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return reserved_;
+}
+
+void CudaCachingAllocator::empty_cache() noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  empty_cache_locked();
+}
+
+void CudaCachingAllocator::empty_cache_locked() noexcept {
+  if (free_.empty()) return;
+  int prev = -1;
+  const bool have_prev = cudaGetDevice(&prev) == cudaSuccess;
+  MIX_CUDA_CHECK_NOTHROW(cudaSetDevice(device_));
+  // A cached block may still be read by work queued before it was freed (on
+  // the compute stream, or on another stream ordered onto it): wait for it all.
+  MIX_CUDA_CHECK_NOTHROW(cudaDeviceSynchronize());
+  for (auto& [size, p] : free_) {
+    MIX_CUDA_CHECK_NOTHROW(cudaFree(p));
+    reserved_ -= size;
+  }
+  free_.clear();
+  cached_ = 0;
+  if (have_prev && prev != device_) MIX_CUDA_CHECK_NOTHROW(cudaSetDevice(prev));
+}
+
+PinnedHostBuffer::PinnedHostBuffer(size_t bytes) : bytes_(bytes) {
+  if (bytes == 0) return;
+  const cudaError_t err = cudaMallocHost(&p_, bytes);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    p_ = nullptr;
+    bytes_ = 0;
+    MIX_FAIL("could not allocate " << bytes_str(bytes) << " of pinned host memory: " << cudaGetErrorString(err)
+                                   << " [" << process_identity() << "]");
+  }
+}
+
+PinnedHostBuffer::~PinnedHostBuffer() { reset(); }
+
+PinnedHostBuffer& PinnedHostBuffer::operator=(PinnedHostBuffer&& o) noexcept {
+  if (this != &o) {
+    reset();
+    p_ = o.p_;
+    bytes_ = o.bytes_;
+    o.p_ = nullptr;
+    o.bytes_ = 0;
+  }
+  return *this;
+}
+
+void PinnedHostBuffer::reset() noexcept {
+  if (p_) MIX_CUDA_CHECK_NOTHROW(cudaFreeHost(p_));
+  p_ = nullptr;
+  bytes_ = 0;
+}
+
+}  // namespace mix::cuda

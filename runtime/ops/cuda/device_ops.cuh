@@ -1,0 +1,183 @@
+#pragma once
+// Launch plumbing shared by the CUDA kernels of the ops (runtime/ops/cuda/,
+// runtime/optim/cuda/, amp/cuda/): the compute stream, device checks, loads of
+// scalars that live in device memory, elementwise maps and deterministic block
+// reductions. There is no math here: every value is computed by a MIX_HD
+// functor or function of runtime/kernels/ (or amp/loss_scaling_math.h), the
+// same code the CPU kernels run.
+//
+// Storage: FP16 and BF16 tensors hold raw 16-bit patterns (half_t, bf16_t);
+// kernels widen with half.h's to_float and round on store with from_float<T>,
+// exactly where the CPU loops convert.
+//
+// Reductions never use atomics on floats: a block reduces with a fixed tree
+// (block_reduce), so a result depends only on the inputs and the launch shape,
+// and launch shapes depend only on tensor sizes, never on the GPU model. Their
+// FP32 adds are __fadd_rn: nvcc may not contract an explicitly rounded add
+// with the product before it into an FMA, so each product term rounds as it
+// does on the CPU.
+//
+// Lifetimes: scratch tensors made in a launcher are released when it returns,
+// while its kernels may still run. That is safe because every kernel runs on
+// the device's compute stream and the device allocator reuses memory in stream
+// order (a later user of the block is queued behind these kernels).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "runtime/check.h"
+#include "runtime/cuda/context.h"
+#include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda/launch.cuh"
+#include "runtime/dtype.h"
+#include "runtime/half.h"
+#include "runtime/kernels/cpu_loops.h"
+#include "runtime/kernels/softmax_row.h"
+#include "runtime/op_registry.h"
+
+namespace mix::cuda {
+
+/// Threads per block of the row and reduction kernels (block_reduce assumes it).
+inline constexpr int kBlock = 256;
+
+/// The compute stream of the op's GPU: every kernel of the step runs on it.
+inline cudaStream_t compute_stream(const OpContext& ctx) {
+  MIX_CHECK(ctx.env.device.kind == DeviceKind::cuda,
+            ctx.op.type << ": CUDA kernel run for device " << ctx.env.device.str());
+  return context(ctx.env.device.index).compute.get();
+}
+
+/// Inputs must already be on the op's GPU: a host pointer handed to a kernel is
+/// an illegal address reported at some later sync, far from its cause.
+inline void check_on_device(const OpContext& ctx, const Tensor& t, const std::string& slot) {
+  MIX_CHECK(t.numel() == 0 || t.device() == ctx.env.device,
+            ctx.op.type << ": input " << slot << " is on " << t.device().str() << ", expected "
+                        << ctx.env.device.str() << " (copy it with Tensor::to)");
+}
+
+/// The host-side dtype switch: f(T{}) with T = float, half_t or bf16_t.
+template <typename F>
+void dispatch_floating(DType t, F&& f) {
+  cpu::dispatch_floating(t, static_cast<F&&>(f));
+}
+
+/// Blocks of a grid-stride launch over n elements (as launch_grid_stride picks them).
+inline unsigned grid_blocks(int64_t n) {
+  return static_cast<unsigned>(std::clamp<int64_t>((n + kBlock - 1) / kBlock, 1, 65535));
+}
+
+/// Device copy of `bytes` on the compute stream (dst may equal src: then nothing).
+inline void copy_on_stream(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
+  if (bytes == 0 || dst == src) return;
+  MIX_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
+}
+
+// ---- scalars that live in device memory ---------------------------------------------
+
+/// A one-element tensor read by a kernel (a flag, the learning rate, Loss@GRAD):
+/// its address and dtype. p == nullptr stands for an absent optional input.
+struct ScalarRef {
+  const void* p = nullptr;
+  DType dtype = DType::f32;
+};
+
+inline ScalarRef scalar_ref(const Tensor* t) { return t ? ScalarRef{t->raw(), t->dtype()} : ScalarRef{}; }
+
+/// Element i widened to float, as Tensor::item_float does on the host.
+__device__ __forceinline__ float load_as_float(const void* p, DType t, int64_t i) {
+  switch (t) {
+    case DType::f32: return static_cast<const float*>(p)[i];
+    case DType::f16: return to_float(static_cast<const half_t*>(p)[i]);
+    case DType::bf16: return to_float(static_cast<const bf16_t*>(p)[i]);
+    case DType::i32: return static_cast<float>(static_cast<const int32_t*>(p)[i]);
+    case DType::i64: return static_cast<float>(static_cast<const int64_t*>(p)[i]);
+  }
+  return 0.f;
+}
+__device__ __forceinline__ float load_as_float(ScalarRef s, int64_t i = 0) { return load_as_float(s.p, s.dtype, i); }
+
+/// A flag such as SkipUpdate or FoundInfinite: set when present and nonzero
+/// (a NaN counts as set), as the CPU kernels' item_float(0) != 0.
+__device__ __forceinline__ bool flag_set(ScalarRef s) { return s.p != nullptr && load_as_float(s) != 0.f; }
+
+// ---- elementwise maps (run by launch_grid_stride) ------------------------------------
+
+/// out[i] = op(x[i]); out may alias x.
+template <typename T, typename Op>
+struct UnaryMap {
+  const T* x;
+  T* out;
+  Op op;
+  __device__ void operator()(int64_t i) const { out[i] = from_float<T>(op(to_float(x[i]))); }
+};
+
+/// out[i] = op(a[i], b[i]); out may alias a or b.
+template <typename T, typename Op>
+struct BinaryMap {
+  const T* a;
+  const T* b;
+  T* out;
+  Op op;
+  __device__ void operator()(int64_t i) const { out[i] = from_float<T>(op(to_float(a[i]), to_float(b[i]))); }
+};
+
+/// Runs a unary functor over a floating tensor (out: x's shape and dtype), as cpu::unary_tensor.
+template <typename Op>
+void unary_tensor(const OpContext& ctx, const Tensor& x, Tensor& out, Op op) {
+  MIX_CHECK(x.dtype() == out.dtype() && x.numel() == out.numel(), ctx.op.type << ": mismatched input and output");
+  const cudaStream_t stream = compute_stream(ctx);
+  dispatch_floating(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    launch_grid_stride(x.numel(), stream, UnaryMap<T, Op>{x.data<T>(), out.data<T>(), op});
+  });
+}
+
+/// out = op(a, b) elementwise, all of one dtype and size, as cpu::binary_tensor.
+template <typename Op>
+void binary_tensor(const OpContext& ctx, const Tensor& a, const Tensor& b, Tensor& out, Op op) {
+  MIX_CHECK(a.dtype() == b.dtype() && a.numel() == b.numel(),
+            ctx.op.type << ": mismatched inputs " << dtype_name(a.dtype()) << shape_str(a.shape()) << " and "
+                        << dtype_name(b.dtype()) << shape_str(b.shape()));
+  MIX_CHECK(out.dtype() == a.dtype() && out.numel() == a.numel(), ctx.op.type << ": mismatched output");
+  const cudaStream_t stream = compute_stream(ctx);
+  dispatch_floating(a.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    launch_grid_stride(a.numel(), stream, BinaryMap<T, Op>{a.data<T>(), b.data<T>(), out.data<T>(), op});
+  });
+}
+
+// ---- block reductions ------------------------------------------------------------------
+
+/// FP32 sum step, never contracted into an FMA (see the header comment).
+struct AddRn {
+  __device__ float operator()(float a, float b) const { return __fadd_rn(a, b); }
+};
+/// FP64 sum step (mean's accumulator).
+struct AddRnDouble {
+  __device__ double operator()(double a, double b) const { return __dadd_rn(a, b); }
+};
+/// The max step of softmax rows, fn::max_of (NaN never wins, as on the CPU).
+struct MaxOf {
+  __device__ float operator()(float a, float b) const { return fn::max_of(a, b); }
+};
+
+/// Reduces one value per thread over a block of kBlock threads with a fixed
+/// pairing tree; every thread gets the result. `shared` holds kBlock values.
+/// All threads of the block must call it (it synchronises).
+template <typename V, typename Op>
+__device__ V block_reduce(V v, V* shared, Op op) {
+  const int tid = static_cast<int>(threadIdx.x);
+  shared[tid] = v;
+  __syncthreads();
+  for (int s = kBlock / 2; s > 0; s >>= 1) {
+    if (tid < s) shared[tid] = op(shared[tid], shared[tid + s]);
+    __syncthreads();
+  }
+  const V r = shared[0];
+  __syncthreads();  // the caller may reuse `shared` right away
+  return r;
+}
+
+}  // namespace mix::cuda

@@ -1,0 +1,181 @@
+// CUDA kernels of elementwise_add, elementwise_mul and their _grad ops, with
+// the [pre, n, post] broadcasting of runtime/ops/broadcast.h: X's element i
+// meets Y's element j = (i / post) % n.
+//
+// The Y gradients (bias gradients) reduce over pre and post in FP32. Columns of
+// up to kSequentialMax terms get one thread each, adding in the CPU's order
+// (p-major, then q), so they are bit-identical to the CPU; longer columns get a
+// block each, with a fixed tree (deterministic, no atomics) whose order of
+// additions differs from the CPU's.
+#include <cstring>
+
+#include "runtime/kernels/functors.h"
+#include "runtime/ops/broadcast.h"
+#include "runtime/ops/cuda/device_ops.cuh"
+
+namespace mix::cuda {
+namespace {
+
+/// Longest column (pre * post terms) reduced by a single thread.
+constexpr int64_t kSequentialMax = 1024;
+
+// ---- kernels -------------------------------------------------------------------------
+
+/// out[p, j, q] = f(x[p, j, q], y[j]); out may alias x.
+template <typename T, typename F>
+struct BroadcastMap {
+  const T* x;
+  const T* y;
+  T* out;
+  int64_t n, post;
+  F f;
+  __device__ void operator()(int64_t i) const {
+    out[i] = from_float<T>(f(to_float(x[i]), to_float(y[(i / post) % n])));
+  }
+};
+
+/// The term f(a, b) of column j at (p, q); b may be null (f(a, 0)), as broadcast_reduce.
+template <typename T, typename F>
+__device__ __forceinline__ float column_term(const T* a, const T* b, const BroadcastDims& d, F f, int64_t j,
+                                             int64_t p, int64_t q) {
+  const int64_t idx = (p * d.n + j) * d.post + q;
+  return f(to_float(a[idx]), b ? to_float(b[idx]) : 0.f);
+}
+
+/// acc[j] = sum over p, q of f(a, b), one thread per column, in the CPU's order.
+template <typename T, typename TOut, typename F>
+struct ColumnSumSequential {
+  const T* a;
+  const T* b;
+  TOut* out;
+  BroadcastDims d;
+  F f;
+  __device__ void operator()(int64_t j) const {
+    float acc = 0.f;
+    for (int64_t p = 0; p < d.pre; ++p)
+      for (int64_t q = 0; q < d.post; ++q) acc = __fadd_rn(acc, column_term(a, b, d, f, j, p, q));
+    out[j] = from_float<TOut>(acc);
+  }
+};
+
+/// The same sum, one block per column: thread-strided partial sums, then a tree.
+template <typename T, typename TOut, typename F>
+__global__ void column_sum_tree(const T* a, const T* b, TOut* out, BroadcastDims d, F f) {
+  __shared__ float shared[kBlock];
+  const int64_t m = d.pre * d.post;
+  for (int64_t j = blockIdx.x; j < d.n; j += gridDim.x) {
+    float acc = 0.f;
+    for (int64_t k = threadIdx.x; k < m; k += kBlock)
+      acc = __fadd_rn(acc, column_term(a, b, d, f, j, k / d.post, k % d.post));
+    acc = block_reduce(acc, shared, AddRn{});
+    if (threadIdx.x == 0) out[j] = from_float<TOut>(acc);
+  }
+}
+
+// ---- launchers -----------------------------------------------------------------------
+
+template <typename F>
+void broadcast_binary(const OpContext& ctx, const Tensor& x, const Tensor& y, Tensor& out, const BroadcastDims& d,
+                      F f) {
+  const cudaStream_t stream = compute_stream(ctx);
+  dispatch_floating(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    launch_grid_stride(x.numel(), stream, BroadcastMap<T, F>{x.data<T>(), y.data<T>(), out.data<T>(), d.n, d.post, f});
+  });
+}
+
+/// dy[j] = sum of f(a, b) over column j (b may be null), rounded once to dy's dtype.
+template <typename F>
+void broadcast_reduce(const OpContext& ctx, const Tensor& a, const Tensor* b, Tensor& dy, const BroadcastDims& d, F f) {
+  MIX_CHECK(dy.numel() == d.n, ctx.op.type << ": gradient of " << d.n << " values has shape " << shape_str(dy.shape()));
+  const cudaStream_t stream = compute_stream(ctx);
+  dispatch_floating(a.dtype(), [&](auto in_tag) {
+    using T = decltype(in_tag);
+    dispatch_floating(dy.dtype(), [&](auto out_tag) {
+      using TOut = decltype(out_tag);
+      const T* bp = b ? b->data<T>() : nullptr;
+      if (d.pre * d.post <= kSequentialMax) {
+        launch_grid_stride(d.n, stream, ColumnSumSequential<T, TOut, F>{a.data<T>(), bp, dy.data<TOut>(), d, f});
+      } else {
+        const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(d.n, 65535));
+        column_sum_tree<T, TOut, F><<<blocks, kBlock, 0, stream>>>(a.data<T>(), bp, dy.data<TOut>(), d, f);
+        MIX_CUDA_CHECK(cudaGetLastError());
+      }
+    });
+  });
+}
+
+void add_cuda(OpContext& ctx) {
+  const Tensor x = ctx.in("X");  // by value: Out may replace X's scope entry
+  const Tensor y = ctx.in("Y");
+  check_same_dtype(x, y, "elementwise_add");
+  check_on_device(ctx, x, "X");
+  check_on_device(ctx, y, "Y");
+  const BroadcastDims d = broadcast_dims(x.shape(), y.shape(), ctx.attr<int>("axis", -1), "elementwise_add");
+  Tensor& out = ctx.out("Out", x.shape(), x.dtype());
+  broadcast_binary(ctx, x, y, out, d, fn::Add{});
+}
+
+void add_grad_cuda(OpContext& ctx) {
+  const Tensor y = ctx.in("Y");  // read for its shape and dtype only
+  const Tensor dout = ctx.in("Out@GRAD");
+  check_on_device(ctx, dout, "Out@GRAD");
+  const BroadcastDims d = broadcast_dims(dout.shape(), y.shape(), ctx.attr<int>("axis", -1), "elementwise_add_grad");
+  const cudaStream_t stream = compute_stream(ctx);
+  if (ctx.wants("X@GRAD")) {
+    // A copy, not a view: gradients get scaled and reduced in place later on.
+    Tensor& dx = ctx.out("X@GRAD", dout.shape(), dout.dtype());
+    copy_on_stream(dx.raw(), dout.raw(), dout.bytes(), stream);
+  }
+  if (ctx.wants("Y@GRAD")) {
+    Tensor& dy = ctx.out("Y@GRAD", y.shape(), y.dtype());
+    if (d.same_shape()) {
+      MIX_CHECK(dy.bytes() == dout.bytes(), "elementwise_add_grad: Y " << dtype_name(y.dtype()) << " and Out@GRAD "
+                                                                       << dtype_name(dout.dtype()) << " differ");
+      copy_on_stream(dy.raw(), dout.raw(), dout.bytes(), stream);
+      return;
+    }
+    broadcast_reduce(ctx, dout, nullptr, dy, d, fn::TakeFirst{});
+  }
+}
+
+void mul_cuda(OpContext& ctx) {
+  const Tensor x = ctx.in("X");
+  const Tensor y = ctx.in("Y");
+  check_same_dtype(x, y, "elementwise_mul");
+  check_on_device(ctx, x, "X");
+  check_on_device(ctx, y, "Y");
+  const BroadcastDims d = broadcast_dims(x.shape(), y.shape(), ctx.attr<int>("axis", -1), "elementwise_mul");
+  Tensor& out = ctx.out("Out", x.shape(), x.dtype());
+  broadcast_binary(ctx, x, y, out, d, fn::Mul{});
+}
+
+void mul_grad_cuda(OpContext& ctx) {
+  const Tensor x = ctx.in("X");
+  const Tensor y = ctx.in("Y");
+  const Tensor dout = ctx.in("Out@GRAD");
+  check_same_dtype(x, y, "elementwise_mul_grad");
+  MIX_CHECK(dout.shape() == x.shape() && dout.dtype() == x.dtype(),
+            "elementwise_mul_grad: Out@GRAD " << shape_str(dout.shape()) << " does not match X "
+                                              << shape_str(x.shape()));
+  check_on_device(ctx, x, "X");
+  check_on_device(ctx, y, "Y");
+  check_on_device(ctx, dout, "Out@GRAD");
+  const BroadcastDims d = broadcast_dims(x.shape(), y.shape(), ctx.attr<int>("axis", -1), "elementwise_mul_grad");
+  if (ctx.wants("X@GRAD")) {
+    Tensor& dx = ctx.out("X@GRAD", x.shape(), x.dtype());
+    broadcast_binary(ctx, dout, y, dx, d, fn::Mul{});
+  }
+  if (ctx.wants("Y@GRAD")) {
+    Tensor& dy = ctx.out("Y@GRAD", y.shape(), y.dtype());
+    broadcast_reduce(ctx, dout, &x, dy, d, fn::Mul{});
+  }
+}
+
+const bool registered = OpRegistry::instance().add_cuda_kernel("elementwise_add", add_cuda) &&
+                        OpRegistry::instance().add_cuda_kernel("elementwise_add_grad", add_grad_cuda) &&
+                        OpRegistry::instance().add_cuda_kernel("elementwise_mul", mul_cuda) &&
+                        OpRegistry::instance().add_cuda_kernel("elementwise_mul_grad", mul_grad_cuda);
+
+}  // namespace
+}  // namespace mix::cuda

@@ -1,0 +1,106 @@
+// CUDA kernels of softmax (last axis) and softmax_grad: one block per row, the
+// row's max and sums as block reductions (fixed trees, no atomics), and the
+// element steps of runtime/kernels/softmax_row.h (exp_shifted,
+// softmax_normalizer, SoftmaxNormalize, softmax_grad_dot_term, SoftmaxGradElem).
+// Only the order of the row's additions differs from the CPU's sequential loop.
+#include <string>
+
+#include "runtime/kernels/softmax_row.h"
+#include "runtime/ops/cuda/device_ops.cuh"
+
+namespace mix::cuda {
+namespace {
+
+// ---- kernels (rows of length cols; grid-stride over rows) ------------------------------
+
+template <typename T>
+__global__ void softmax_rows(const T* x, T* y, int64_t rows, int64_t cols) {
+  __shared__ float shared[kBlock];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* xr = x + r * cols;
+    T* yr = y + r * cols;
+    float m = -INFINITY;
+    for (int64_t i = threadIdx.x; i < cols; i += kBlock) m = fn::max_of(m, to_float(xr[i]));
+    m = block_reduce(m, shared, MaxOf{});
+    float s = 0.f;
+    for (int64_t i = threadIdx.x; i < cols; i += kBlock) s = __fadd_rn(s, fn::exp_shifted(to_float(xr[i]), m));
+    s = block_reduce(s, shared, AddRn{});
+    const fn::SoftmaxNormalize f = fn::softmax_normalizer(m, s);
+    for (int64_t i = threadIdx.x; i < cols; i += kBlock) yr[i] = from_float<T>(f(to_float(xr[i])));
+  }
+}
+
+template <typename T>
+__global__ void softmax_grad_rows(const T* y, const T* dy, T* dx, int64_t rows, int64_t cols) {
+  __shared__ float shared[kBlock];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* yr = y + r * cols;
+    const T* dyr = dy + r * cols;
+    T* dxr = dx + r * cols;
+    float dot = 0.f;
+    for (int64_t i = threadIdx.x; i < cols; i += kBlock)
+      dot = __fadd_rn(dot, fn::softmax_grad_dot_term(to_float(yr[i]), to_float(dyr[i])));
+    dot = block_reduce(dot, shared, AddRn{});
+    const fn::SoftmaxGradElem f{dot};
+    for (int64_t i = threadIdx.x; i < cols; i += kBlock) dxr[i] = from_float<T>(f(to_float(yr[i]), to_float(dyr[i])));
+  }
+}
+
+// ---- launchers -----------------------------------------------------------------------
+
+struct Rows {
+  int64_t rows, cols;
+};
+
+/// As softmax.cc: the last axis only (the build-time inference checked it too).
+Rows rows_of(const OpContext& ctx, const Shape& s) {
+  const int64_t last = static_cast<int64_t>(s.size()) - 1;
+  const int64_t axis = ctx.attr<int64_t>("axis", -1);
+  MIX_CHECK(!s.empty(), ctx.op.type << ": input must have at least one dim");
+  MIX_CHECK(axis == -1 || axis == last, ctx.op.type << ": only the last axis is supported (axis -1 or " << last
+                                                    << "), got axis " << axis
+                                                    << "; transpose the softmax axis to the end first");
+  const int64_t cols = s.back();
+  return {cols == 0 ? 0 : shape_numel(s) / cols, cols};
+}
+
+unsigned row_blocks(int64_t rows) { return static_cast<unsigned>(std::clamp<int64_t>(rows, 1, 65535)); }
+
+void softmax_cuda(OpContext& ctx) {
+  const Tensor x = ctx.in("X");  // by value: Out may replace X's scope entry
+  check_on_device(ctx, x, "X");
+  const Rows r = rows_of(ctx, x.shape());
+  Tensor& out = ctx.out("Out", x.shape(), x.dtype());
+  if (r.rows == 0) return;
+  const cudaStream_t stream = compute_stream(ctx);
+  dispatch_floating(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    softmax_rows<T><<<row_blocks(r.rows), kBlock, 0, stream>>>(x.data<T>(), out.data<T>(), r.rows, r.cols);
+    MIX_CUDA_CHECK(cudaGetLastError());
+  });
+}
+
+void softmax_grad_cuda(OpContext& ctx) {
+  const Tensor y = ctx.in("Out");
+  const Tensor dy = ctx.in("Out@GRAD");
+  MIX_CHECK(y.shape() == dy.shape() && y.dtype() == dy.dtype(),
+            "softmax_grad: Out@GRAD " << shape_str(dy.shape()) << " does not match Out " << shape_str(y.shape()));
+  check_on_device(ctx, y, "Out");
+  check_on_device(ctx, dy, "Out@GRAD");
+  const Rows r = rows_of(ctx, y.shape());
+  Tensor& dx = ctx.out("X@GRAD", y.shape(), y.dtype());
+  if (r.rows == 0) return;
+  const cudaStream_t stream = compute_stream(ctx);
+  dispatch_floating(y.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    softmax_grad_rows<T>
+        <<<row_blocks(r.rows), kBlock, 0, stream>>>(y.data<T>(), dy.data<T>(), dx.data<T>(), r.rows, r.cols);
+    MIX_CUDA_CHECK(cudaGetLastError());
+  });
+}
+
+const bool registered = OpRegistry::instance().add_cuda_kernel("softmax", softmax_cuda) &&
+                        OpRegistry::instance().add_cuda_kernel("softmax_grad", softmax_grad_cuda);
+
+}  // namespace
+}  // namespace mix::cuda

@@ -1,0 +1,216 @@
+#!/usr/bin/env bash
+# Writes a self-contained folder for building mixtrain on an air-gapped GPU node
+# that has only the NVIDIA driver, a CUDA toolkit (with NCCL/cuDNN), CMake and a
+# host C++ compiler: no Debian -dev packages, no Open MPI, no network.
+#
+#   scripts/gpu_bundle.sh DIR
+#
+# DIR/src          the sources (git ls-files + untracked files that are not ignored)
+# DIR/deps/include headers of spdlog, fmt, CLI11, nlohmann-json, Catch2, OpenBLAS, zlib
+# DIR/deps/lib     libopenblas.so.0 (+ libgfortran.so.5, libquadmath.so.0 it needs), libz.so.1
+# DIR/README.txt   how to build from it (cmake -DMIX_BUNDLE_DIR=DIR, or gpu_check.sh --bundle DIR)
+#
+# Run it on a development machine where scripts/setup.sh installed the packages.
+# DIR must be new, empty, or a folder an earlier run of this script wrote.
+# Fails when the result is not under 60 MB (60,000,000 bytes).
+set -euo pipefail
+
+die() { echo "gpu_bundle: $*" >&2; exit 1; }
+[ $# -eq 1 ] || { echo "usage: scripts/gpu_bundle.sh DIR" >&2; exit 2; }
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+dir="$1"
+limit=60000000
+marker=".mixtrain-gpu-bundle"
+
+for tool in git dpkg dpkg-query readelf tar; do
+  command -v "$tool" >/dev/null 2>&1 || die "needs '$tool' (run this on a Debian development machine)"
+done
+git -C "$root" rev-parse --is-inside-work-tree >/dev/null 2>&1 || die "$root is not a git checkout"
+
+abs="$(realpath -m "$dir")"
+case "$abs/" in
+  "$root"/*)  # inside the checkout only where git ignores it (e.g. runs/), else it would copy itself
+    git -C "$root" check-ignore -q "$abs" || die "DIR must be outside the source tree or in a git-ignored folder (e.g. runs/)" ;;
+esac
+if [ -e "$dir" ]; then
+  [ -d "$dir" ] || die "$dir exists and is not a folder"
+  if [ -n "$(ls -A "$dir")" ]; then
+    [ -f "$dir/$marker" ] || die "$dir is not empty and was not written by gpu_bundle.sh; refusing to overwrite it"
+    rm -rf "${dir:?}/src" "${dir:?}/deps" "${dir:?}/README.txt" "${dir:?}/$marker"
+  fi
+fi
+mkdir -p "$dir"
+dir="$(cd "$dir" && pwd)"
+touch "$dir/$marker"
+mkdir -p "$dir/src" "$dir/deps/include" "$dir/deps/lib" "$dir/deps/licenses"
+
+# ---- (a) sources --------------------------------------------------------------
+# Tracked files plus untracked files that .gitignore does not exclude; files
+# deleted in the working tree and submodule entries (folders) are left out.
+while IFS= read -r -d '' f; do
+  if [ -f "$root/$f" ] || [ -L "$root/$f" ]; then
+    printf '%s\0' "$f"
+  fi
+done < <(git -C "$root" ls-files -z --cached --others --exclude-standard | sort -zu) >"$dir/.srclist"
+tar -C "$root" --null --no-recursion -T "$dir/.srclist" -cf - | tar -C "$dir/src" -xf -
+n_src=$(tr -cd '\0' <"$dir/.srclist" | wc -c)
+rm -f "$dir/.srclist"
+[ -f "$dir/src/CMakeLists.txt" ] || die "copying the sources failed (no CMakeLists.txt in $dir/src)"
+
+# ---- (b) header-only libraries from their Debian packages -----------------------
+versions="$dir/deps/VERSIONS.txt"
+: >"$versions"
+pkg_version() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || echo "?"; }
+note_pkg() {  # package: version line + its copyright file
+  echo "$1 $(pkg_version "$1")" >>"$versions"
+  if [ -f "/usr/share/doc/$1/copyright" ]; then
+    cp "/usr/share/doc/$1/copyright" "$dir/deps/licenses/$1.copyright"
+  fi
+}
+# owner_pkg FILE BASENAME: the package that installed FILE, noted in VERSIONS.txt.
+owner_pkg() {
+  local pkg
+  pkg="$(dpkg -S "$1" 2>/dev/null || dpkg -S "/lib/${1#/usr/lib/}" 2>/dev/null || true)"
+  pkg="${pkg%%:*}"
+  if [ -n "$pkg" ]; then
+    note_pkg "$pkg"
+  fi
+  echo "  $2 <- $1 (${pkg:-unknown package})" >>"$versions"
+}
+copy_pkg_headers() {  # package: every file it installs under /usr/include, same layout
+  local pkg="$1" n=0 f
+  dpkg -s "$pkg" >/dev/null 2>&1 || die "package $pkg is not installed (scripts/setup.sh installs it)"
+  while IFS= read -r f; do
+    case "$f" in /usr/include/*) ;; *) continue ;; esac
+    [ -f "$f" ] || continue
+    mkdir -p "$dir/deps/include/$(dirname "${f#/usr/include/}")"
+    cp -p "$f" "$dir/deps/include/${f#/usr/include/}"
+    n=$((n + 1))
+  done < <(dpkg -L "$pkg")
+  [ "$n" -gt 0 ] || die "package $pkg installs no headers under /usr/include"
+  note_pkg "$pkg"
+}
+for pkg in libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev catch2 zlib1g-dev; do
+  copy_pkg_headers "$pkg"
+done
+# spdlog is used header-only (SPDLOG_HEADER_ONLY + FMT_HEADER_ONLY): that needs
+# fmt's format-inl.h and spdlog's -inl.h implementation files.
+for f in fmt/format-inl.h fmt/format.h spdlog/spdlog-inl.h spdlog/sinks/stdout_color_sinks-inl.h \
+         CLI/CLI.hpp nlohmann/json.hpp catch2/catch.hpp zlib.h zconf.h; do
+  [ -f "$dir/deps/include/$f" ] || die "bundled headers lack $f"
+done
+
+# ---- (c) shared libraries: OpenBLAS (pthread flavour) and zlib -------------------
+multiarch="$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)"
+ob_inc="" ob_lib=""
+if command -v pkg-config >/dev/null 2>&1 && pkg-config --exists openblas; then
+  ob_inc="$(pkg-config --variable=includedir openblas)"; ob_inc="${ob_inc%/}"
+  ob_lib="$(pkg-config --variable=libdir openblas)"; ob_lib="${ob_lib%/}"
+fi
+[ -f "$ob_inc/cblas.h" ] || ob_inc="/usr/include/$multiarch/openblas-pthread"
+[ -e "$ob_lib/libopenblas.so" ] || ob_lib="/usr/lib/$multiarch/openblas-pthread"
+if [ ! -f "$ob_inc/cblas.h" ] || [ ! -f "$ob_inc/openblas_config.h" ]; then
+  die "no OpenBLAS headers in $ob_inc (install libopenblas-dev)"
+fi
+[ -e "$ob_lib/libopenblas.so" ] || die "no libopenblas.so in $ob_lib (install libopenblas-dev)"
+for h in cblas.h openblas_config.h f77blas.h; do
+  [ -f "$ob_inc/$h" ] && cp -p "$ob_inc/$h" "$dir/deps/include/$h"
+done
+owner_pkg "$ob_inc/cblas.h" cblas.h
+
+soname() { readelf -d "$1" | sed -n 's/.*(SONAME).*\[\(.*\)\].*/\1/p'; }
+needed() { readelf -d "$1" | sed -n 's/.*(NEEDED).*\[\(.*\)\].*/\1/p'; }
+# bundle_so PATH [LINKNAME]: the real file, its SONAME symlink and the link-time name.
+bundle_so() {
+  local real base so
+  real="$(readlink -f "$1")"
+  [ -f "$real" ] || die "$1 does not exist"
+  base="$(basename "$real")"
+  so="$(soname "$real")"
+  [ -n "$so" ] || die "$real has no SONAME"
+  cp -p "$real" "$dir/deps/lib/$base"
+  chmod u+w "$dir/deps/lib/$base"
+  owner_pkg "$real" "$base" >/dev/null
+  [ "$so" = "$base" ] || ln -sfn "$base" "$dir/deps/lib/$so"
+  if [ $# -ge 2 ] && [ "$2" != "$so" ] && [ "$2" != "$base" ]; then
+    ln -sfn "$so" "$dir/deps/lib/$2"
+  fi
+  echo "$so"
+}
+# Libraries every Linux machine with a C++ compiler has: never bundled.
+is_system_lib() {
+  case "$1" in
+    libc.so.*|libm.so.*|libpthread.so.*|libdl.so.*|librt.so.*|ld-linux*|libgcc_s.so.*|libstdc++.so.*|linux-vdso*) return 0 ;;
+  esac
+  return 1
+}
+# resolve_so SONAME: where the dynamic loader finds it on this machine.
+resolve_so() {
+  local p
+  p="$(/sbin/ldconfig -p 2>/dev/null | awk -v n="$1" '$1 == n && /x86-64|x86_64/ {print $NF; exit}')"
+  [ -n "$p" ] || for d in "/usr/lib/$multiarch" "/lib/$multiarch" /usr/lib /lib; do
+    [ -e "$d/$1" ] && { p="$d/$1"; break; }
+  done
+  [ -n "$p" ] || die "cannot find $1, a dependency of the bundled libraries"
+  echo "$p"
+}
+# The NEEDED closure (minus the system libraries) of a bundled library.
+bundle_closure() {
+  local lib="$1" dep
+  for dep in $(needed "$lib"); do
+    is_system_lib "$dep" && continue
+    [ -e "$dir/deps/lib/$dep" ] && continue
+    bundle_so "$(resolve_so "$dep")" >/dev/null
+    bundle_closure "$dir/deps/lib/$dep"
+  done
+}
+ob_so="$(bundle_so "$ob_lib/libopenblas.so" libopenblas.so)"
+bundle_closure "$dir/deps/lib/$ob_so"
+z_so="$(bundle_so "$(resolve_so libz.so.1)" libz.so)"
+bundle_closure "$dir/deps/lib/$z_so"
+glibc_needed="$(for lib in "$dir"/deps/lib/*; do [ -L "$lib" ] || readelf -V "$lib"; done \
+  | grep -o 'GLIBC_[0-9][0-9.]*' | sort -uV | tail -1)"
+
+# ---- README --------------------------------------------------------------------
+commit="$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+dirty=""
+[ -z "$(git -C "$root" status --porcelain 2>/dev/null)" ] || dirty=" (plus uncommitted changes)"
+cat >"$dir/README.txt" <<EOF
+mixtrain GPU bundle
+===================
+Written by scripts/gpu_bundle.sh on $(date -u +%FT%TZ) from commit $commit$dirty
+on $(uname -m) ($(sed -n 's/^PRETTY_NAME="\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' /etc/os-release 2>/dev/null)).
+
+What is in it
+  src/           the mixtrain sources ($n_src files)
+  deps/include/  headers: spdlog, fmt, CLI11, nlohmann-json, Catch2 2.x, OpenBLAS (cblas.h), zlib
+  deps/lib/      shared libraries: $(find "$dir/deps/lib" -mindepth 1 -printf '%f\n' | sort | tr '\n' ' ')
+  deps/VERSIONS.txt, deps/licenses/   Debian package versions and copyright files
+
+What the GPU machine needs
+  Linux x86_64 with glibc >= ${glibc_needed#GLIBC_} (the bundled libraries need it), the NVIDIA
+  driver, a CUDA toolkit (nvcc, cuBLAS; NCCL and cuDNN in the toolkit or under
+  NCCL_ROOT / CUDNN_ROOT), CMake >= 3.24 and a C++20 host compiler (GCC >= 11).
+  Open MPI is not needed: the bundle builds a single-process mixtrain (MIX_WITH_MPI=OFF).
+  No network access, no other packages.
+
+How to use it
+  1. Copy this whole folder to the GPU machine (any path; keep its layout):
+       rsync -a $(basename "$dir")/ gpu-node:/scratch/mixbundle/
+  2. Run the GPU check from it (builds with CUDA, runs the [cuda] tests, trains the MLP):
+       /scratch/mixbundle/src/scripts/gpu_check.sh --bundle /scratch/mixbundle --out /scratch/gpu_check
+     or build by hand:
+       cmake -S /scratch/mixbundle/src -B build -DMIX_BUNDLE_DIR=/scratch/mixbundle \\
+             -DMIX_WITH_MPI=OFF -DMIX_WITH_CUDA=ON -DCMAKE_BUILD_TYPE=Release
+       cmake --build build -j
+       build/mixtrain --device cuda --data synthetic --steps 100 --eval false
+  Pass MIX_BUNDLE_DIR as an absolute path. With -DMIX_BUNDLE_DIR every non-CUDA
+  dependency (spdlog, fmt, CLI11, nlohmann-json, Catch2, OpenBLAS, zlib) comes from
+  deps/ only; spdlog and fmt are used header-only. The programs carry an RPATH to
+  deps/lib, so they run without LD_LIBRARY_PATH -- do not move the bundle after
+  building (or rebuild / set LD_LIBRARY_PATH=<bundle>/deps/lib if you do).
+EOF
+
+size=$(du -sb "$dir" | cut -f1)
+echo "gpu_bundle: wrote $dir ($size bytes: src $(du -sb "$dir/src" | cut -f1), deps $(du -sb "$dir/deps" | cut -f1); $n_src source files)"
+[ "$size" -lt "$limit" ] || die "the bundle is $size bytes, over the $limit-byte limit"

@@ -1,0 +1,1094 @@
+// [cuda] Every op with a CUDA kernel against its CPU twin: the op runs as a
+// one-op Program through the Executor on the CPU and on cuda:0 with the same
+// random inputs (copied with Tensor::to), in FP32, FP16 and BF16.
+//
+// How close the two must be follows from how each kernel computes (the reason
+// is stated at each comparison):
+//  - identical: same functor, same inputs, same sequence of rounded operations
+//    (selects, single adds or multiplies, conversions, the loss-scaler update).
+//    NaN must meet NaN (GPUs and x86 make NaNs with different payloads).
+//  - within a few ulps: functors with a multiply feeding an add, which nvcc
+//    contracts into an FMA (one rounding instead of two), and libm functions
+//    (erff, expf, tanhf: CUDA's are within 2 ulp, glibc's within 1-2 ulp).
+//  - reductions (softmax rows, mean, long bias-gradient columns) add in another
+//    order than the CPU's sequential loop. Both twins are then compared with
+//    one reference computed in double (long double for mean) from the same
+//    inputs, each within the error bound of its own order of additions; a
+//    bound on CPU - GPU alone would be the CPU's (n-1)·u, too loose to notice a
+//    lost term.
+// Outputs rounded to FP16/BF16 add half an ulp of that type against a reference
+// (store_rel / store_abs), and one ulp between two computed results.
+//
+// Without a GPU (or in a build without CUDA) the test exits 77, which CTest
+// reports as skipped, never as passed.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "amp/loss_scaler.h"
+#include "runtime/check.h"
+#include "runtime/executor.h"
+#include "runtime/half.h"
+#include "runtime/op_registry.h"
+#include "runtime/ops/broadcast.h"
+#include "runtime/program.h"
+#include "runtime/random.h"
+#include "runtime/tensor.h"
+#include "tests/unit/gradcheck.h"
+
+#ifdef MIX_HAVE_CUDA
+#include "runtime/cuda/context.h"
+#endif
+
+namespace {
+
+using mix::Attr;
+using mix::cpu_device;
+using mix::Device;
+using mix::DeviceKind;
+using mix::DType;
+using mix::Executor;
+using mix::ExecEnv;
+using mix::make_op;
+using mix::OpDesc;
+using mix::Program;
+using mix::Scope;
+using mix::Shape;
+using mix::Tensor;
+using mix::testing::to_dtype;
+using mix::testing::uniform_tensor;
+using mix::testing::var_desc;
+
+const Device kGpu{DeviceKind::cuda, 0};
+const DType kFloatTypes[] = {DType::f32, DType::f16, DType::bf16};
+
+/// FP32 unit roundoff: one rounding moves a value by at most kU·|value|.
+constexpr double kU = 0x1p-24;
+
+void require_gpu() {
+#ifndef MIX_HAVE_CUDA
+  WARN("this build has no CUDA: skipped");
+  std::exit(77);
+#else
+  if (mix::cuda::device_count() == 0) {
+    WARN("no GPU visible: skipped");
+    std::exit(77);
+  }
+#endif
+}
+
+/// Half an ulp of dtype t, relative: the error of rounding an exact value on store.
+double store_rel(DType t) { return t == DType::f16 ? 0x1p-11 : t == DType::bf16 ? 0x1p-8 : 0x1p-24; }
+/// Half the smallest subnormal of t: the same bound where the value is subnormal.
+double store_abs(DType t) { return t == DType::f16 ? 0x1p-25 : t == DType::bf16 ? 0x1p-134 : 0x1p-150; }
+
+std::string dname(DType t) { return std::string(mix::dtype_name(t)); }
+
+/// base + i ("x3"); appends rather than `"x" + std::to_string(i)`, on which GCC 12 warns falsely (-Wrestrict).
+std::string numbered(const char* base, size_t i) {
+  std::string s = base;
+  s += std::to_string(i);
+  return s;
+}
+
+// ---- tensors ----------------------------------------------------------------------------
+
+/// Uniform values in [lo, hi) stored in dtype t.
+Tensor random_tensor(const Shape& s, DType t, uint64_t seed, float lo = -1.f, float hi = 1.f) {
+  return to_dtype(uniform_tensor(s, seed, lo, hi), t);
+}
+
+Tensor floats(const Shape& s, const std::vector<float>& v, DType t) { return to_dtype(Tensor::from_floats(s, v), t); }
+
+Tensor i64s(const Shape& s, const std::vector<int64_t>& v) { return mix::testing::i64_tensor(s, v); }
+
+Tensor i32s(const Shape& s, const std::vector<int32_t>& v) {
+  Tensor t = Tensor::empty(s, DType::i32);
+  REQUIRE(t.numel() == static_cast<int64_t>(v.size()));
+  std::memcpy(t.raw(), v.data(), t.bytes());
+  return t;
+}
+
+/// Every element as double (floating dtypes).
+std::vector<double> doubles(const Tensor& t) {
+  const std::vector<float> f = t.to_floats();
+  return {f.begin(), f.end()};
+}
+
+// ---- one op on a device -------------------------------------------------------------------
+
+struct OneOp {
+  OpDesc op;
+  std::vector<std::pair<std::string, Tensor>> feeds;  // variable -> host value
+  int64_t step = 0;                                   // ExecEnv::step
+};
+
+/// Runs the op on `device` over fresh copies of the feeds; returns `results` on the host.
+std::map<std::string, Tensor> run_on(const OneOp& c, Device device, const std::vector<std::string>& results) {
+  Program p;
+  for (auto& [name, t] : c.feeds) p.add_var(var_desc(name, t.shape(), t.dtype()));
+  p.append_op(c.op);
+  Scope scope;
+  for (auto& [name, t] : c.feeds) scope.set(name, device == cpu_device() ? t.clone() : t.to(device));
+  ExecEnv env;
+  env.device = device;
+  env.step = c.step;
+  std::set<std::string> keep;
+  for (auto& n : c.op.all_inputs()) keep.insert(n);
+  for (auto& n : c.op.all_outputs()) keep.insert(n);
+  Executor(p, keep).run(scope, env);
+  std::map<std::string, Tensor> out;
+  for (auto& name : results) {
+    const Tensor& t = scope.get(name);
+    // The kernel really ran where it was asked to: its outputs live there.
+    if (t.numel() > 0) CHECK(t.device() == device);
+    out[name] = t.to(cpu_device());
+  }
+  return out;
+}
+
+struct Both {
+  std::map<std::string, Tensor> cpu, gpu;
+};
+Both run_both(const OneOp& c, const std::vector<std::string>& results) {
+  return {run_on(c, cpu_device(), results), run_on(c, kGpu, results)};
+}
+
+// ---- comparisons --------------------------------------------------------------------------
+
+uint32_t bits_at(const Tensor& t, int64_t i) {
+  switch (t.dtype()) {
+    case DType::f32: return mix::float_bits(t.data<float>()[i]);
+    case DType::f16:
+    case DType::bf16: return t.data<uint16_t>()[i];
+    default: return 0;
+  }
+}
+
+/// Bit for bit (any NaN matches any NaN); integers byte for byte.
+void expect_identical(const Tensor& gpu, const Tensor& cpu, const std::string& what) {
+  INFO(what);
+  REQUIRE(gpu.shape() == cpu.shape());
+  REQUIRE(gpu.dtype() == cpu.dtype());
+  if (!mix::is_floating(cpu.dtype())) {
+    CHECK(std::memcmp(gpu.raw(), cpu.raw(), cpu.bytes()) == 0);
+    return;
+  }
+  int64_t bad = 0, first = -1;
+  for (int64_t i = 0; i < cpu.numel(); ++i) {
+    const bool both_nan = std::isnan(cpu.item_float(i)) && std::isnan(gpu.item_float(i));
+    if (!both_nan && bits_at(gpu, i) != bits_at(cpu, i)) {
+      if (first < 0) first = i;
+      ++bad;
+    }
+  }
+  INFO(bad << " of " << cpu.numel() << " elements differ; first at [" << first << "]: gpu "
+            << (first >= 0 ? gpu.item_float(first) : 0.f) << ", cpu " << (first >= 0 ? cpu.item_float(first) : 0.f));
+  CHECK(bad == 0);
+}
+
+/// |got[i] - ref[i]| <= allowed(i); a NaN reference needs a NaN, an infinite one the same infinity.
+void expect_within(const Tensor& got_t, const std::vector<double>& ref, const std::function<double(int64_t)>& allowed,
+                   const std::string& what) {
+  INFO(what);
+  const std::vector<double> got = doubles(got_t);
+  REQUIRE(got.size() == ref.size());
+  int64_t bad = 0, worst = -1;
+  double worst_ratio = 0.0;
+  for (int64_t i = 0; i < static_cast<int64_t>(got.size()); ++i) {
+    const double g = got[i], r = ref[i];
+    bool ok;
+    double ratio = 0.0;
+    if (std::isnan(r) || std::isinf(r)) {
+      ok = std::isnan(r) ? std::isnan(g) : g == r;
+      ratio = ok ? 0.0 : 1e300;
+    } else {
+      const double err = std::fabs(g - r), lim = allowed(i);
+      ok = err <= lim;  // NaN fails
+      ratio = std::isnan(err) ? 1e300 : err / lim;
+    }
+    if (!ok) ++bad;
+    if (ratio > worst_ratio || worst < 0) {
+      worst_ratio = ratio;
+      worst = i;
+    }
+  }
+  INFO(bad << " of " << got.size() << " elements outside the bound; worst at [" << worst << "]: got "
+            << (worst >= 0 ? got[worst] : 0.0) << ", expected " << (worst >= 0 ? ref[worst] : 0.0) << ", allowed "
+            << (worst >= 0 ? allowed(worst) : 0.0) << " (err/allowed " << worst_ratio << ")");
+  CHECK(bad == 0);
+}
+
+/// Two computed results (CPU and GPU): each within `f32_err(i)` of the exact
+/// FP32 computation, so they differ by up to twice that, plus one ulp of the
+/// storage type each may have rounded to differently.
+void expect_close_to_cpu(const Tensor& gpu, const Tensor& cpu, const std::function<double(int64_t)>& f32_err,
+                         const std::string& what) {
+  const std::vector<double> ref = doubles(cpu);
+  const DType t = cpu.dtype();
+  expect_within(
+      gpu, ref, [&](int64_t i) { return 2.0 * f32_err(i) + 2.0 * (store_rel(t) * std::fabs(ref[i]) + store_abs(t)); },
+      what);
+}
+
+Tensor with_specials(const Tensor& x_f32, DType t) {
+  std::vector<float> v = x_f32.to_floats();
+  const float inf = std::numeric_limits<float>::infinity();
+  const float specials[] = {0.f, -0.f, inf, -inf, std::nanf(""), 1e-30f, -1e-30f, 6e-8f, 65504.f, -70000.f};
+  for (size_t k = 0; k < std::size(specials) && k < v.size(); ++k) v[k * 7 % v.size()] = specials[k];
+  return floats(x_f32.shape(), v, t);
+}
+
+}  // namespace
+
+// ---- activations --------------------------------------------------------------------------
+
+TEST_CASE("relu, gelu, tanh and their gradients match the CPU", "[cuda][activation]") {
+  require_gpu();
+  const Shape s{37, 129};  // 4773 elements: several blocks, a ragged tail
+  for (DType dt : kFloatTypes) {
+    const Tensor x = random_tensor(s, dt, 11, -4.f, 4.f);
+    const Tensor dy = random_tensor(s, dt, 12);
+    const std::vector<float> xv = x.to_floats(), dyv = dy.to_floats();
+    for (std::string type : {"relu", "gelu", "tanh"}) {
+      const bool relu = type == "relu";
+      const Tensor xin = relu ? with_specials(x, dt) : x;
+      const OneOp fwd{make_op(type, {{"X", {"x"}}}, {{"Out", {"y"}}}), {{"x", xin}}};
+      const Both f = run_both(fwd, {"y"});
+      const bool reads_input = type == "gelu";
+      const Tensor saved = reads_input ? xin : f.cpu.at("y");
+      const OneOp bwd{make_op(type + "_grad", {{reads_input ? "X" : "Out", {"s"}}, {"Out@GRAD", {"dy"}}},
+                              {{"X@GRAD", {"dx"}}}),
+                      {{"s", saved}, {"dy", dy}}};
+      const Both b = run_both(bwd, {"dx"});
+      const std::string what = type + " " + dname(dt);
+      if (relu) {
+        // A compare and a select: nothing rounds, so identical, specials included.
+        expect_identical(f.gpu.at("y"), f.cpu.at("y"), what);
+        expect_identical(b.gpu.at("dx"), b.cpu.at("dx"), what + " grad");
+      } else if (type == "gelu") {
+        // erff/expf differ by up to 2 + 1 ulp between CUDA and glibc; 1 + erf(x/sqrt2)
+        // cancels for x < 0 (an absolute error of a few u, times |x|/2), and
+        // GeluBwd's cdf + x * pdf is contracted into an FMA on the GPU. 8u·(1 + |x|)
+        // (times |dy| for the grad) bounds the FP32 difference, 8u·|ref| the rest.
+        const Tensor& ry = f.cpu.at("y");
+        const std::vector<double> ryv = doubles(ry);
+        expect_close_to_cpu(
+            f.gpu.at("y"), ry, [&](int64_t i) { return 4 * kU * (1 + std::fabs(xv[i])) + 4 * kU * std::fabs(ryv[i]); },
+            what);
+        const std::vector<double> rdx = doubles(b.cpu.at("dx"));
+        expect_close_to_cpu(
+            b.gpu.at("dx"), b.cpu.at("dx"),
+            [&](int64_t i) { return 4 * kU * (1 + std::fabs(xv[i])) * std::fabs(dyv[i]) + 4 * kU * std::fabs(rdx[i]); },
+            what + " grad");
+      } else {
+        // tanhf: within 2 ulp on either side (4u relative each). TanhBwd's
+        // 1 - y*y is an FMA on the GPU: at most u·y^2 <= u apart before the
+        // multiply by dy.
+        const std::vector<double> ry = doubles(f.cpu.at("y"));
+        expect_close_to_cpu(f.gpu.at("y"), f.cpu.at("y"), [&](int64_t i) { return 4 * kU * std::fabs(ry[i]); }, what);
+        const std::vector<double> rdx = doubles(b.cpu.at("dx"));
+        expect_close_to_cpu(
+            b.gpu.at("dx"), b.cpu.at("dx"),
+            [&](int64_t i) { return 2 * kU * std::fabs(dyv[i]) + 2 * kU * std::fabs(rdx[i]); }, what + " grad");
+      }
+    }
+  }
+}
+
+// ---- cast, scale, fill ------------------------------------------------------------------------
+
+TEST_CASE("cast between float dtypes and integers is identical to the CPU", "[cuda][cast]") {
+  require_gpu();
+  // Rounding ties, overflow to inf, subnormals of every type, NaN and signed zeros.
+  std::vector<float> v = {0.f,     -0.f,     1.f,           -1.f,          65504.f,     65519.f,      65520.f,
+                          70000.f, 1e-8f,    6e-8f,         2.98e-8f,      1e-45f,      3.4e38f,      -3.4e38f,
+                          1.f + 0x1p-11f,    1.f + 0x3p-11f, 1.f + 0x1p-8f, 1.f + 0x3p-8f, 1e-40f,     -1e-39f,
+                          std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                          std::nanf("")};
+  mix::Rng rng(5);
+  while (v.size() < 3001) v.push_back(static_cast<float>(rng.normal() * 1000.0));
+  const Shape s{static_cast<int64_t>(v.size())};
+  for (DType from : kFloatTypes)
+    for (DType to : kFloatTypes) {
+      const OneOp c{make_op("cast", {{"X", {"x"}}}, {{"Out", {"y"}}}, {{"out_dtype", dname(to)}}),
+                    {{"x", floats(s, v, from)}}};
+      const Both r = run_both(c, {"y"});
+      // Widening is exact and both round with round-to-nearest-even (half.h on the
+      // GPU, F16C or the same portable code on the CPU): identical.
+      expect_identical(r.gpu.at("y"), r.cpu.at("y"), "cast " + dname(from) + " -> " + dname(to));
+    }
+  const std::vector<int64_t> ints = {0, 1, -1, 2147483647, -2147483648LL, (1LL << 40) + 1, -(1LL << 53) - 1, 12345};
+  const Shape is{static_cast<int64_t>(ints.size())};
+  for (const char* to : {"i32", "f32"}) {
+    const OneOp c{make_op("cast", {{"X", {"x"}}}, {{"Out", {"y"}}}, {{"out_dtype", std::string(to)}}),
+                  {{"x", i64s(is, ints)}}};
+    const Both r = run_both(c, {"y"});
+    // static_cast on both (modular narrowing, round-to-nearest to float).
+    expect_identical(r.gpu.at("y"), r.cpu.at("y"), std::string("cast i64 -> ") + to);
+  }
+  const OneOp c{make_op("cast", {{"X", {"x"}}}, {{"Out", {"y"}}}, {{"out_dtype", std::string("i64")}}),
+                {{"x", i32s({3}, {-7, 0, 2147483647})}}};
+  const Both r = run_both(c, {"y"});
+  expect_identical(r.gpu.at("y"), r.cpu.at("y"), "cast i32 -> i64");
+}
+
+TEST_CASE("scale matches the CPU", "[cuda][scale]") {
+  require_gpu();
+  const Shape s{50, 77};
+  for (DType dt : kFloatTypes) {
+    const Tensor x = with_specials(uniform_tensor(s, 21, -3.f, 3.f), dt);
+    const std::vector<float> xv = x.to_floats();
+    struct Case {
+      double scale, bias;
+      bool after;
+    };
+    for (const Case k : {Case{1.75, 0.0, true}, Case{-0.3, 0.25, false}, Case{1.75, 0.25, true}}) {
+      const OneOp c{make_op("scale", {{"X", {"x"}}}, {{"Out", {"y"}}},
+                            {{"scale", k.scale}, {"bias", k.bias}, {"bias_after_scale", k.after}}),
+                    {{"x", x}}};
+      const Both r = run_both(c, {"y"});
+      const std::string what =
+          "scale " + dname(dt) + " bias " + std::to_string(k.bias) + (k.after ? " after" : " before");
+      if (k.bias == 0.0 || !k.after) {
+        // scale * x (+ 0) and scale * (x + bias): no multiply feeds an add, so no
+        // FMA: the same two roundings on both sides.
+        expect_identical(r.gpu.at("y"), r.cpu.at("y"), what);
+      } else {
+        // scale * x + bias is one FMA on the GPU: one rounding fewer, at most
+        // u·|scale·x| apart, plus the final rounding u·|ref|.
+        const std::vector<double> ref = doubles(r.cpu.at("y"));
+        expect_close_to_cpu(
+            r.gpu.at("y"), r.cpu.at("y"),
+            [&](int64_t i) { return kU * std::fabs(k.scale * xv[i]) + kU * std::fabs(ref[i]); }, what);
+      }
+    }
+  }
+}
+
+TEST_CASE("fill_constant and fill_like_scalar are identical to the CPU", "[cuda][fill]") {
+  require_gpu();
+  for (DType dt : kFloatTypes) {
+    const OneOp c{make_op("fill_constant", {}, {{"Out", {"y"}}},
+                          {{"shape", std::vector<int64_t>{3, 1000}}, {"dtype", dname(dt)}, {"value", 0.1}}),
+                  {}};
+    const Both r = run_both(c, {"y"});
+    // One conversion of the same float on both sides.
+    expect_identical(r.gpu.at("y"), r.cpu.at("y"), "fill_constant " + dname(dt));
+    const OneOp l{make_op("fill_like_scalar", {{"X", {"x"}}}, {{"Out", {"y"}}},
+                          {{"shape", std::vector<int64_t>{5, 7}}}),
+                  {{"x", floats({1}, {3.14159f}, dt)}}};
+    const Both rl = run_both(l, {"y"});
+    expect_identical(rl.gpu.at("y"), rl.cpu.at("y"), "fill_like_scalar " + dname(dt));
+  }
+}
+
+// ---- sum, elementwise ---------------------------------------------------------------------------
+
+TEST_CASE("sum of several inputs is identical to the CPU, in place too", "[cuda][sum]") {
+  require_gpu();
+  for (DType dt : kFloatTypes)
+    for (int k : {1, 3, 11}) {  // 11 > 8 inputs per launch: the chunked path
+      std::vector<std::pair<std::string, Tensor>> feeds;
+      std::vector<std::string> names;
+      for (int i = 0; i < k; ++i) {
+        names.push_back(numbered("x", static_cast<size_t>(i)));
+        feeds.push_back({names.back(), random_tensor({33, 65}, dt, 100 + i, -10.f, 10.f)});
+      }
+      for (bool in_place : {false, true}) {
+        const std::string out = in_place ? names[0] : "y";
+        const OneOp c{make_op("sum", {{"X", names}}, {{"Out", {out}}}), feeds};
+        const Both r = run_both(c, {out});
+        // FP32 adds in input order and one rounding on store, on both sides.
+        expect_identical(r.gpu.at(out), r.cpu.at(out),
+                         "sum of " + std::to_string(k) + " " + dname(dt) + (in_place ? " in place" : ""));
+      }
+    }
+}
+
+TEST_CASE("elementwise_add/mul and their gradients match the CPU", "[cuda][elementwise]") {
+  require_gpu();
+  struct Case {
+    Shape x, y;
+    int axis;
+  };
+  const Case cases[] = {
+      {{64, 100}, {100}, -1},         // a bias: pre 64, n 100, post 1
+      {{2, 3, 4, 5}, {3, 4}, 1},      // pre 2, n 12, post 5
+      {{1500, 3, 2}, {3, 1}, 1},      // trailing 1 in Y; columns of 3000 terms (the tree path)
+      {{4, 5}, {4, 5}, -1},           // same shape
+      {{6, 9}, {1, 9}, -1},           // leading 1 in Y
+      {{2, 3, 7}, {1}, -1},           // a scalar Y: one column of all 42 terms
+  };
+  for (DType dt : kFloatTypes)
+    for (const Case& k : cases) {
+      const Tensor x = random_tensor(k.x, dt, 31, -2.f, 2.f);
+      const Tensor y = random_tensor(k.y, dt, 32, -2.f, 2.f);
+      const Tensor dout = random_tensor(k.x, dt, 33);
+      const mix::BroadcastDims d = mix::broadcast_dims(k.x, k.y, k.axis, "test");
+      const std::string what = dname(dt) + " X" + mix::shape_str(k.x) + " Y" + mix::shape_str(k.y);
+      const std::map<std::string, Attr> attrs{{"axis", int64_t{k.axis}}};
+      for (std::string type : {"elementwise_add", "elementwise_mul"}) {
+        const bool mul = type == "elementwise_mul";
+        const OneOp fwd{make_op(type, {{"X", {"x"}}, {"Y", {"y"}}}, {{"Out", {"out"}}}, attrs), {{"x", x}, {"y", y}}};
+        const Both f = run_both(fwd, {"out"});
+        // One add or multiply per element: identical.
+        expect_identical(f.gpu.at("out"), f.cpu.at("out"), type + " " + what);
+
+        std::map<std::string, std::vector<std::string>> ins{{"Y", {"y"}}, {"Out@GRAD", {"dout"}}};
+        std::vector<std::pair<std::string, Tensor>> feeds{{"y", y}, {"dout", dout}};
+        if (mul) {
+          ins["X"] = {"x"};
+          feeds.push_back({"x", x});
+        }
+        const OneOp bwd{make_op(type + "_grad", ins, {{"X@GRAD", {"dx"}}, {"Y@GRAD", {"dy"}}}, attrs), feeds};
+        const Both b = run_both(bwd, {"dx", "dy"});
+        // dX is a copy (add) or one multiply (mul): identical.
+        expect_identical(b.gpu.at("dx"), b.cpu.at("dx"), type + "_grad dX " + what);
+        const int64_t m = d.pre * d.post;
+        if (d.same_shape() || m <= 1024) {
+          // Columns of up to 1024 terms: one thread each, adding in the CPU's
+          // order, and no FMA (the adds are __fadd_rn): identical.
+          expect_identical(b.gpu.at("dy"), b.cpu.at("dy"), type + "_grad dY " + what);
+          continue;
+        }
+        // Longer columns: per-thread partial sums of ceil(m/256) terms, then an
+        // 8-level tree. Against the column sums in double of the same (rounded)
+        // terms: FP32 summation error <= (ceil(m/256) + 8)·u·sum|terms| for the
+        // GPU and (m - 1)·u·sum|terms| for the CPU's sequential loop; then the
+        // rounding on store.
+        const std::vector<float> xv = x.to_floats(), dv = dout.to_floats();
+        std::vector<double> ref(static_cast<size_t>(d.n), 0.0), mag(static_cast<size_t>(d.n), 0.0);
+        for (int64_t p = 0; p < d.pre; ++p)
+          for (int64_t j = 0; j < d.n; ++j)
+            for (int64_t q = 0; q < d.post; ++q) {
+              const int64_t i = (p * d.n + j) * d.post + q;
+              const float term = mul ? dv[i] * xv[i] : dv[i];
+              ref[j] += term;
+              mag[j] += std::fabs(term);
+            }
+        const auto bound = [&](double terms) {
+          return [&, terms](int64_t j) {
+            return terms * kU * mag[j] + store_rel(dt) * std::fabs(ref[j]) + store_abs(dt);
+          };
+        };
+        expect_within(b.gpu.at("dy"), ref, bound(static_cast<double>((m + 255) / 256 + 8)),
+                      type + "_grad dY (GPU tree) " + what);
+        expect_within(b.cpu.at("dy"), ref, bound(static_cast<double>(m)), type + "_grad dY (CPU) " + what);
+      }
+    }
+}
+
+// ---- mean ---------------------------------------------------------------------------------------
+
+TEST_CASE("mean and mean_grad match the CPU", "[cuda][mean]") {
+  require_gpu();
+  for (DType dt : kFloatTypes)
+    for (const Shape& s : {Shape{1}, Shape{1000}, Shape{317, 331}, Shape{3000000}}) {
+      const Tensor x = random_tensor(s, dt, 41, -1.f, 3.f);
+      const OneOp c{make_op("mean", {{"X", {"x"}}}, {{"Out", {"y"}}}), {{"x", x}}};
+      const Both r = run_both(c, {"y"});
+      // Reference: the sum in long double (64-bit mantissa: exact to ~n·2^-64).
+      const std::vector<float> xv = x.to_floats();
+      long double sum = 0, abs_sum = 0;
+      for (float v : xv) {
+        sum += v;
+        abs_sum += std::fabs(v);
+      }
+      const int64_t n = x.numel();
+      const std::vector<double> ref{static_cast<double>(sum / n)};
+      // Double summation error <= (terms added in sequence)·2^-53·sum|x|: the
+      // CPU's n, the GPU's ceil(n / (blocks·256)) per thread, two 8-level trees and
+      // ceil(blocks/256) in the second pass (+ slack 8); divided by n, then one
+      // rounding on store.
+      const int64_t blocks = std::min<int64_t>(std::max<int64_t>((n + 2047) / 2048, 1), 1024);
+      const int64_t per_thread = (n + blocks * 256 - 1) / (blocks * 256);
+      const double gpu_terms = static_cast<double>(per_thread + 16 + (blocks + 255) / 256 + 8);
+      const auto bound = [&](double terms) {
+        return [&, terms](int64_t) {
+          return terms * 0x1p-53 * static_cast<double>(abs_sum) / static_cast<double>(n) +
+                 store_rel(dt) * std::fabs(ref[0]) + store_abs(dt);
+        };
+      };
+      const std::string what = "mean " + dname(dt) + " of " + std::to_string(n);
+      expect_within(r.gpu.at("y"), ref, bound(gpu_terms), what + " (GPU)");
+      expect_within(r.cpu.at("y"), ref, bound(static_cast<double>(n)), what + " (CPU)");
+
+      const Tensor dout = floats({1}, {0.7f}, dt);
+      const OneOp g{make_op("mean_grad", {{"X", {"x"}}, {"Out@GRAD", {"dout"}}}, {{"X@GRAD", {"dx"}}}),
+                    {{"x", x}, {"dout", dout}}};
+      const Both rg = run_both(g, {"dx"});
+      // dOut / n in double (IEEE division on both), one rounding: identical.
+      expect_identical(rg.gpu.at("dx"), rg.cpu.at("dx"), "mean_grad " + dname(dt) + " of " + std::to_string(n));
+    }
+}
+
+// ---- softmax, cross-entropy ------------------------------------------------------------------------
+
+namespace {
+
+/// Softmax rows and their log-sum-exp in double from float logits, with x - max
+/// rounded in float as the kernels round it (the kernels' defined input to exp).
+struct SoftmaxRef {
+  std::vector<double> y, max, lse;  // y per element; max, log(sum exp(x - max)) per row
+};
+SoftmaxRef softmax_ref(const std::vector<float>& x, int64_t rows, int64_t cols) {
+  SoftmaxRef r;
+  r.y.resize(x.size());
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* xr = x.data() + i * cols;
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t k = 0; k < cols; ++k) m = xr[k] > m ? xr[k] : m;
+    double s = 0.0;
+    for (int64_t k = 0; k < cols; ++k) s += std::exp(static_cast<double>(xr[k] - m));
+    for (int64_t k = 0; k < cols; ++k) r.y[i * cols + k] = std::exp(static_cast<double>(xr[k] - m)) / s;
+    r.max.push_back(m);
+    r.lse.push_back(std::log(s));
+  }
+  return r;
+}
+
+/// Relative error bound of a softmax output whose row sum adds `terms` values in
+/// sequence: expf within 2 ulp (4u) in the term and in the output, the sum's
+/// terms·u plus its terms' 4u, 1/sum and the multiply u each (+ slack).
+double softmax_rel(int64_t terms) { return static_cast<double>(terms + 20) * kU; }
+
+int64_t gpu_row_terms(int64_t cols) { return (cols + 255) / 256 + 8; }
+
+}  // namespace
+
+TEST_CASE("softmax and softmax_grad match the CPU and a double reference", "[cuda][softmax]") {
+  require_gpu();
+  const float ninf = -std::numeric_limits<float>::infinity();
+  for (DType dt : kFloatTypes)
+    for (const Shape& s : {Shape{7, 10}, Shape{33, 257}, Shape{3, 5000}, Shape{2, 3, 64}, Shape{1, 1}}) {
+      std::vector<float> xv = uniform_tensor(s, 51, -5.f, 5.f).to_floats();
+      const int64_t cols = s.back(), rows = static_cast<int64_t>(xv.size()) / cols;
+      if (rows >= 2 && cols >= 4) {
+        xv[1] = xv[3] = ninf;                                     // masked entries
+        for (int64_t k = 0; k < cols; ++k) xv[cols + k] = ninf;  // a fully masked row: NaN, as in PyTorch
+      }
+      const Tensor x = floats(s, xv, dt);
+      xv = x.to_floats();  // the values the kernels see
+      const std::string what = dname(dt) + " " + mix::shape_str(s);
+      const OneOp c{make_op("softmax", {{"X", {"x"}}}, {{"Out", {"y"}}}), {{"x", x}}};
+      const Both r = run_both(c, {"y"});
+      const SoftmaxRef ref = softmax_ref(xv, rows, cols);
+      const auto bound = [&](int64_t terms) {
+        return [&, terms](int64_t i) {
+          return (softmax_rel(terms) + store_rel(dt)) * std::fabs(ref.y[i]) + store_abs(dt);
+        };
+      };
+      expect_within(r.gpu.at("y"), ref.y, bound(gpu_row_terms(cols)), "softmax (GPU) " + what);
+      expect_within(r.cpu.at("y"), ref.y, bound(cols), "softmax (CPU) " + what);
+
+      // The gradient from the same Out (the CPU's) and a random dOut.
+      const Tensor y = r.cpu.at("y");
+      const Tensor dy = random_tensor(s, dt, 52);
+      const OneOp g{make_op("softmax_grad", {{"Out", {"y"}}, {"Out@GRAD", {"dy"}}}, {{"X@GRAD", {"dx"}}}),
+                    {{"y", y}, {"dy", dy}}};
+      const Both rg = run_both(g, {"dx"});
+      // dot = sum(dy * y) in double of the float products (rounded alike on both
+      // sides: the GPU's adds are __fadd_rn, never fused); its FP32 summation
+      // error terms·u·sum|dy·y| reaches dx_i scaled by |y_i|; dy_i - dot and the
+      // multiply round once each.
+      const std::vector<float> yv = y.to_floats(), dyv = dy.to_floats();
+      std::vector<double> dref(yv.size()), dot(static_cast<size_t>(rows)), mag(static_cast<size_t>(rows));
+      for (int64_t i = 0; i < rows; ++i) {
+        for (int64_t k = 0; k < cols; ++k) {
+          const float term = dyv[i * cols + k] * yv[i * cols + k];
+          dot[i] += term;
+          mag[i] += std::fabs(term);
+        }
+        for (int64_t k = 0; k < cols; ++k) dref[i * cols + k] = yv[i * cols + k] * (dyv[i * cols + k] - dot[i]);
+      }
+      const auto gbound = [&](int64_t terms) {
+        return [&, terms](int64_t e) {
+          const int64_t i = e / cols;
+          return std::fabs(yv[e]) * (static_cast<double>(terms) * kU * mag[i] +
+                                     2 * kU * (std::fabs(dyv[e]) + std::fabs(dot[i]))) +
+                 (2 * kU + store_rel(dt)) * std::fabs(dref[e]) + store_abs(dt);
+        };
+      };
+      expect_within(rg.gpu.at("dx"), dref, gbound(gpu_row_terms(cols)), "softmax_grad (GPU) " + what);
+      expect_within(rg.cpu.at("dx"), dref, gbound(cols), "softmax_grad (CPU) " + what);
+    }
+}
+
+TEST_CASE("softmax_with_cross_entropy and its gradient match the CPU and a double reference", "[cuda][cross_entropy]") {
+  require_gpu();
+  struct Case {
+    Shape logits;
+    int64_t ignore;
+    bool i32_labels;
+  };
+  const Case cases[] = {
+      {{64, 10}, -100, false}, {{16, 1000}, 3, false}, {{5, 3, 300}, -100, true}, {{4, 1}, -100, false}};
+  for (DType dt : kFloatTypes)
+    for (const Case& k : cases) {
+      const int64_t cols = k.logits.back(), rows = mix::shape_numel(k.logits) / cols;
+      const Tensor x = random_tensor(k.logits, dt, 61, -6.f, 6.f);
+      const std::vector<float> xv = x.to_floats();
+      mix::Rng rng(62);
+      std::vector<int64_t> labels(static_cast<size_t>(rows));
+      for (auto& l : labels) l = static_cast<int64_t>(rng.below(static_cast<uint64_t>(cols)));
+      labels[0] = k.ignore;  // an ignored row: loss 0, gradient 0
+      if (rows > 2) labels[2] = cols - 1;
+      Shape label_shape(k.logits.begin(), k.logits.end() - 1);
+      label_shape.push_back(1);
+      Tensor label = i64s(label_shape, labels);
+      if (k.i32_labels) label = i32s(label_shape, std::vector<int32_t>(labels.begin(), labels.end()));
+      const std::map<std::string, Attr> attrs{{"ignore_index", k.ignore}};
+      const OneOp c{make_op("softmax_with_cross_entropy", {{"Logits", {"x"}}, {"Label", {"label"}}},
+                            {{"Softmax", {"sm"}}, {"Loss", {"loss"}}}, attrs),
+                    {{"x", x}, {"label", label}}};
+      const Both r = run_both(c, {"sm", "loss"});
+      const std::string what = dname(dt) + " " + mix::shape_str(k.logits);
+
+      const SoftmaxRef ref = softmax_ref(xv, rows, cols);
+      const auto bound = [&](int64_t terms) {
+        return [&, terms](int64_t i) {
+          return (softmax_rel(terms) + store_rel(dt)) * std::fabs(ref.y[i]) + store_abs(dt);
+        };
+      };
+      expect_within(r.gpu.at("sm"), ref.y, bound(gpu_row_terms(cols)), "softmax (GPU) " + what);
+      expect_within(r.cpu.at("sm"), ref.y, bound(cols), "softmax (CPU) " + what);
+      // loss = log(s) + max - x[label]: the sum's relative error becomes an absolute
+      // error of log(s) (terms·u + 4u for the expf terms); logf within 1 ulp, and
+      // two adds: 4u times the magnitudes involved (+ slack); ignored rows are 0.
+      std::vector<double> lref(static_cast<size_t>(rows));
+      std::vector<double> lmag(static_cast<size_t>(rows));
+      for (int64_t i = 0; i < rows; ++i) {
+        if (labels[i] == k.ignore) continue;
+        const double xl = xv[i * cols + labels[i]];
+        lref[i] = ref.lse[i] + ref.max[i] - xl;
+        lmag[i] = std::fabs(ref.lse[i]) + std::fabs(ref.max[i]) + std::fabs(xl);
+      }
+      const auto lbound = [&](int64_t terms) {
+        return [&, terms](int64_t i) {
+          return static_cast<double>(terms + 8) * kU + 4 * kU * lmag[i] + store_rel(dt) * std::fabs(lref[i]) +
+                 store_abs(dt);
+        };
+      };
+      expect_within(r.gpu.at("loss"), lref, lbound(gpu_row_terms(cols)), "loss (GPU) " + what);
+      expect_within(r.cpu.at("loss"), lref, lbound(cols), "loss (CPU) " + what);
+
+      // The gradient from the same Softmax (the CPU's): (y - onehot) * dloss is a
+      // subtract and a multiply, no FMA: identical.
+      const Tensor dloss = random_tensor(label_shape, dt, 63);
+      const OneOp g{make_op("softmax_with_cross_entropy_grad",
+                            {{"Softmax", {"sm"}}, {"Label", {"label"}}, {"Loss@GRAD", {"dloss"}}},
+                            {{"Logits@GRAD", {"dx"}}}, attrs),
+                    {{"sm", r.cpu.at("sm")}, {"label", label}, {"dloss", dloss}}};
+      const Both rg = run_both(g, {"dx"});
+      expect_identical(rg.gpu.at("dx"), rg.cpu.at("dx"), "softmax_with_cross_entropy_grad " + what);
+    }
+}
+
+TEST_CASE("softmax_with_cross_entropy on CUDA: an out-of-range label poisons its row with NaN",
+          "[cuda][cross_entropy]") {
+  require_gpu();
+  // The CPU kernel throws naming the row; the GPU cannot without a host round
+  // trip, so the row's loss and gradient are NaN (see cross_entropy.cu).
+  const Tensor x = random_tensor({3, 5}, DType::f32, 71);
+  const Tensor label = i64s({3, 1}, {1, 5, 2});
+  const OneOp c{make_op("softmax_with_cross_entropy", {{"Logits", {"x"}}, {"Label", {"label"}}},
+                        {{"Softmax", {"sm"}}, {"Loss", {"loss"}}}),
+                {{"x", x}, {"label", label}}};
+  CHECK_THROWS_WITH(run_on(c, cpu_device(), {"loss"}), Catch::Matchers::Contains("label 5 at row 1"));
+  const auto r = run_on(c, kGpu, {"sm", "loss"});
+  const std::vector<float> loss = r.at("loss").to_floats();
+  CHECK(std::isfinite(loss[0]));
+  CHECK(std::isnan(loss[1]));
+  CHECK(std::isfinite(loss[2]));
+  const OneOp g{make_op("softmax_with_cross_entropy_grad",
+                        {{"Softmax", {"sm"}}, {"Label", {"label"}}, {"Loss@GRAD", {"dloss"}}},
+                        {{"Logits@GRAD", {"dx"}}}),
+                {{"sm", r.at("sm")}, {"label", label}, {"dloss", Tensor::from_floats({3, 1}, {1.f, 1.f, 1.f})}}};
+  const std::vector<float> dx = run_on(g, kGpu, {"dx"}).at("dx").to_floats();
+  for (int64_t k = 0; k < 5; ++k) {
+    CHECK(std::isfinite(dx[k]));
+    CHECK(std::isnan(dx[5 + k]));
+  }
+}
+
+// ---- reshape2 -------------------------------------------------------------------------------------
+
+TEST_CASE("reshape2 on CUDA is a view of the device tensor", "[cuda][reshape2]") {
+  require_gpu();
+  Program p;
+  p.add_var(var_desc("x", {2, 3, 4}, DType::f16));
+  p.append_op(make_op("reshape2", {{"X", {"x"}}}, {{"Out", {"y"}}}, {{"shape", std::vector<int64_t>{0, -1}}}));
+  p.append_op(make_op("reshape2_grad", {{"X", {"x"}}, {"Out@GRAD", {"y"}}}, {{"X@GRAD", {"dx"}}}));
+  const Tensor x = random_tensor({2, 3, 4}, DType::f16, 81);
+  Scope scope;
+  scope.set("x", x.to(kGpu));
+  ExecEnv env;
+  env.device = kGpu;
+  Executor(p, {"x", "y", "dx"}).run(scope, env);
+  CHECK(scope.get("y").shape() == Shape{2, 12});
+  CHECK(scope.get("y").shares_storage(scope.get("x")));
+  CHECK(scope.get("dx").shape() == Shape{2, 3, 4});
+  CHECK(scope.get("dx").shares_storage(scope.get("x")));
+  CHECK(scope.get("y").device() == kGpu);
+  expect_identical(scope.get("dx").to(cpu_device()), x, "reshape2 round trip");
+}
+
+// ---- optimizer updates ------------------------------------------------------------------------------
+
+namespace {
+
+/// Inputs every update op has: the FP32 master "p", its gradient "g", the
+/// learning rate "lr" and, when skip >= 0, an i32 SkipUpdate flag "skip".
+std::map<std::string, std::vector<std::string>> update_ins(int skip) {
+  std::map<std::string, std::vector<std::string>> in{{"Param", {"p"}}, {"Grad", {"g"}}, {"LearningRate", {"lr"}}};
+  if (skip >= 0) in["SkipUpdate"] = {"skip"};
+  return in;
+}
+std::vector<std::pair<std::string, Tensor>> update_feeds(const Tensor& p, const Tensor& g, float lr, int skip) {
+  std::vector<std::pair<std::string, Tensor>> f{{"p", p}, {"g", g}, {"lr", Tensor::from_floats({1}, {lr})}};
+  if (skip >= 0) f.push_back({"skip", i32s({1}, {skip})});
+  return f;
+}
+
+}  // namespace
+
+TEST_CASE("sgd and momentum updates match the CPU; a skipped step changes nothing", "[cuda][optim]") {
+  require_gpu();
+  const Shape s{330, 101};
+  const Tensor p = uniform_tensor(s, 91, -2.f, 2.f);
+  const Tensor g = uniform_tensor(s, 92, -1.f, 1.f);
+  const Tensor buf = uniform_tensor(s, 93, -0.5f, 0.5f);
+  const std::vector<float> pv = p.to_floats(), gv = g.to_floats(), bv = buf.to_floats();
+  const double wd = 0.01;
+  // Every value entering the update (lr, mu, wd <= 1): each of the few roundings
+  // either side makes (fewer on the GPU, which contracts a * b + c into FMAs)
+  // is at most u times an intermediate bounded by about twice this.
+  const auto magnitude = [&](int64_t i) {
+    return std::fabs(pv[i]) + std::fabs(gv[i]) + std::fabs(bv[i]) + wd * std::fabs(pv[i]);
+  };
+  for (int skip : {-1, 0, 1}) {
+    const std::string what = skip < 0 ? "" : skip ? " (skipped)" : " (not skipped)";
+    const OneOp sgd{make_op("sgd", update_ins(skip), {{"ParamOut", {"p"}}}, {{"weight_decay", wd}}),
+                    update_feeds(p, g, 0.05f, skip)};
+    const Both r = run_both(sgd, {"p"});
+    if (skip == 1) {
+      expect_identical(r.gpu.at("p"), p, "sgd" + what);
+      expect_identical(r.cpu.at("p"), p, "sgd on the CPU" + what);
+    } else {
+      expect_close_to_cpu(r.gpu.at("p"), r.cpu.at("p"), [&](int64_t i) { return 4 * kU * magnitude(i); }, "sgd" + what);
+    }
+    for (bool nesterov : {false, true}) {
+      auto ins = update_ins(skip);
+      ins["Velocity"] = {"v"};
+      auto feeds = update_feeds(p, g, 0.05f, skip);
+      feeds.push_back({"v", buf});
+      const OneOp mom{make_op("momentum", ins, {{"ParamOut", {"p"}}, {"VelocityOut", {"v"}}},
+                              {{"mu", 0.9}, {"weight_decay", wd}, {"use_nesterov", nesterov}}),
+                      feeds};
+      const Both rm = run_both(mom, {"p", "v"});
+      const std::string w = std::string("momentum") + (nesterov ? " nesterov" : "") + what;
+      if (skip == 1) {
+        expect_identical(rm.gpu.at("p"), p, w);
+        expect_identical(rm.gpu.at("v"), buf, w + " velocity");
+      } else {
+        expect_close_to_cpu(rm.gpu.at("p"), rm.cpu.at("p"), [&](int64_t i) { return 8 * kU * magnitude(i); }, w);
+        expect_close_to_cpu(rm.gpu.at("v"), rm.cpu.at("v"), [&](int64_t i) { return 4 * kU * magnitude(i); },
+                            w + " velocity");
+      }
+    }
+  }
+}
+
+TEST_CASE("adamw matches the CPU at several steps, bias corrections computed on the device", "[cuda][optim]") {
+  require_gpu();
+  const Shape s{257, 130};
+  const Tensor p = uniform_tensor(s, 101, -2.f, 2.f);
+  const Tensor g = uniform_tensor(s, 102, -1.f, 1.f);
+  const Tensor m = uniform_tensor(s, 103, -0.1f, 0.1f);
+  const Tensor v = uniform_tensor(s, 104, 0.f, 0.01f);
+  const std::vector<float> pv = p.to_floats(), gv = g.to_floats(), mv = m.to_floats(), vv = v.to_floats();
+  const double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, wd = 0.01;
+  const float lr = 1e-3f;
+  for (int64_t step : {1, 2, 10, 1000}) {
+    for (int skip : {0, 1}) {
+      auto ins = update_ins(skip);
+      ins["Moment1"] = {"m"};
+      ins["Moment2"] = {"v"};
+      ins["Step"] = {"t"};
+      auto feeds = update_feeds(p, g, lr, skip);
+      feeds.push_back({"m", m});
+      feeds.push_back({"v", v});
+      feeds.push_back({"t", i64s({1}, {step})});
+      const OneOp op{make_op("adamw", ins, {{"ParamOut", {"p"}}, {"Moment1Out", {"m"}}, {"Moment2Out", {"v"}}},
+                             {{"beta1", beta1}, {"beta2", beta2}, {"epsilon", eps}, {"weight_decay", wd}}),
+                     feeds};
+      const Both r = run_both(op, {"p", "m", "v"});
+      const std::string what = "adamw step " + std::to_string(step) + (skip ? " (skipped)" : "");
+      if (skip) {
+        expect_identical(r.gpu.at("p"), p, what);
+        expect_identical(r.gpu.at("m"), m, what + " m");
+        expect_identical(r.gpu.at("v"), v, what + " v");
+        continue;
+      }
+      // The moments: beta * m + (1 - beta) * g (* g): FMAs on the GPU, so within
+      // a few u of the terms' magnitudes. The parameter: the decay and the step
+      // size * m / denom, whose size U is taken from the CPU's new moments; the
+      // GPU's double pow is within 2 ulp of glibc's, far below float precision.
+      const std::vector<float> m1 = r.cpu.at("m").to_floats(), v1 = r.cpu.at("v").to_floats();
+      const double bias1 = 1 - std::pow(beta1, static_cast<double>(step));
+      const double bias2 = 1 - std::pow(beta2, static_cast<double>(step));
+      const auto update_size = [&](int64_t i) {
+        return lr / bias1 * std::fabs(m1[i]) / (std::sqrt(v1[i]) / std::sqrt(bias2) + eps);
+      };
+      expect_close_to_cpu(r.gpu.at("m"), r.cpu.at("m"),
+                          [&](int64_t i) { return 4 * kU * (std::fabs(mv[i]) + std::fabs(gv[i])); }, what + " m");
+      expect_close_to_cpu(r.gpu.at("v"), r.cpu.at("v"),
+                          [&](int64_t i) { return 4 * kU * (std::fabs(vv[i]) + gv[i] * gv[i]); }, what + " v");
+      // m/denom: relative errors of m (~4u·(|m|+|g|)/|m|, large where m nearly
+      // cancels) and of the denominator enter the update; bounded by 16u of the
+      // update with m's own absolute bound carried through.
+      expect_close_to_cpu(
+          r.gpu.at("p"), r.cpu.at("p"),
+          [&](int64_t i) {
+            const double m_err = 4 * kU * (std::fabs(mv[i]) + std::fabs(gv[i]));
+            const double denom = std::sqrt(v1[i]) / std::sqrt(bias2) + eps;
+            return 4 * kU * std::fabs(pv[i]) + 16 * kU * update_size(i) + lr / bias1 * m_err / denom;
+          },
+          what);
+    }
+  }
+}
+
+TEST_CASE("increment_step advances the device step unless the step is skipped", "[cuda][optim]") {
+  require_gpu();
+  for (int skip : {-1, 0, 1}) {
+    std::map<std::string, std::vector<std::string>> ins{{"Step", {"t"}}};
+    std::vector<std::pair<std::string, Tensor>> feeds{{"t", i64s({1}, {41})}};
+    if (skip >= 0) {
+      ins["SkipUpdate"] = {"skip"};
+      feeds.push_back({"skip", i32s({1}, {skip})});
+    }
+    const OneOp c{make_op("increment_step", ins, {{"StepOut", {"t"}}}), feeds};
+    const Both r = run_both(c, {"t"});
+    expect_identical(r.gpu.at("t"), r.cpu.at("t"), "increment_step skip " + std::to_string(skip));
+    CHECK(r.gpu.at("t").data<int64_t>()[0] == (skip == 1 ? 41 : 42));
+  }
+}
+
+// ---- AMP ------------------------------------------------------------------------------------------
+
+TEST_CASE("check_finite_and_unscale and the fused cast twin match the CPU, flag included", "[cuda][amp]") {
+  require_gpu();
+  const float inf = std::numeric_limits<float>::infinity();
+  struct Case {
+    float scale;
+    int bad;       // 0: all finite; 1: an inf in X[1]; 2: a NaN in X[2]
+    int prev;      // FoundInfiniteIn: -1 absent, else its value
+  };
+  const Case cases[] = {{1024.f, 0, -1}, {3.f, 0, -1}, {1024.f, 1, -1}, {65536.f, 2, 0}, {3.f, 0, 1}, {0.5f, 0, 0}};
+  for (const Case& k : cases)
+    for (bool fused : {false, true}) {
+      std::vector<Tensor> xs = {random_tensor({1000}, DType::f32, 111, -1e4f, 1e4f),
+                                random_tensor({37, 5}, DType::f16, 112, -6e4f, 6e4f),
+                                random_tensor({300}, DType::bf16, 113, -1e4f, 1e4f)};
+      if (k.bad == 1) {
+        std::vector<float> v = xs[1].to_floats();
+        v[17] = -inf;
+        xs[1] = floats(xs[1].shape(), v, DType::f16);
+      } else if (k.bad == 2) {
+        std::vector<float> v = xs[2].to_floats();
+        v[299] = std::nanf("");
+        xs[2] = floats(xs[2].shape(), v, DType::bf16);
+      }
+      std::vector<std::pair<std::string, Tensor>> feeds{{"scale", Tensor::from_floats({1}, {k.scale})}};
+      std::vector<std::string> xn, outn;
+      for (size_t i = 0; i < xs.size(); ++i) {
+        xn.push_back(numbered("g", i));
+        outn.push_back(fused ? xn.back() + "_f32" : xn.back());  // in place unless cast
+        feeds.push_back({xn.back(), xs[i]});
+      }
+      std::map<std::string, std::vector<std::string>> ins{{"X", xn}, {"Scale", {"scale"}}};
+      if (k.prev >= 0) {
+        ins["FoundInfiniteIn"] = {"found_in"};
+        feeds.push_back({"found_in", i32s({1}, {k.prev})});
+      }
+      const std::string type = fused ? "cast_check_finite_and_unscale" : "check_finite_and_unscale";
+      const OneOp c{make_op(type, ins, {{"Out", outn}, {"FoundInfinite", {"found"}}}), feeds};
+      std::vector<std::string> results = outn;
+      results.push_back("found");
+      const Both r = run_both(c, results);
+      const std::string what = type + " scale " + std::to_string(k.scale) + " case " + std::to_string(k.bad) + "/" +
+                               std::to_string(k.prev);
+      // g * (1/scale): the same reciprocal, one multiply, one rounding on store.
+      for (auto& o : outn) expect_identical(r.gpu.at(o), r.cpu.at(o), what + " " + o);
+      expect_identical(r.gpu.at("found"), r.cpu.at("found"), what + " found_inf");
+      CHECK(r.gpu.at("found").data<int32_t>()[0] == (k.bad != 0 || k.prev == 1 ? 1 : 0));
+    }
+}
+
+TEST_CASE("check_finite_and_unscale on CUDA: an invalid scale raises found_inf", "[cuda][amp]") {
+  require_gpu();
+  // The CPU op throws; the device cannot, so the step is flagged (see amp_ops.cu).
+  const OneOp c{make_op("check_finite_and_unscale", {{"X", {"g"}}, {"Scale", {"scale"}}},
+                        {{"Out", {"g"}}, {"FoundInfinite", {"found"}}}),
+                {{"g", Tensor::from_floats({4}, {1, 2, 3, 4})}, {"scale", Tensor::from_floats({1}, {0.f})}}};
+  CHECK_THROWS_WITH(run_on(c, cpu_device(), {"found"}), Catch::Matchers::Contains("positive and finite"));
+  CHECK(run_on(c, kGpu, {"found"}).at("found").data<int32_t>()[0] == 1);
+}
+
+namespace {
+
+/// The scaler's state variables and the update_loss_scaling op over them (in place).
+struct ScalerProgram {
+  Program p;
+  explicit ScalerProgram(const mix::amp::LossScalerConfig& config, DType flag_dtype) {
+    p.add_var(var_desc("found", {1}, flag_dtype));
+    p.add_var(var_desc("scale", {1}, DType::f32));
+    for (const char* n : {"good", "bad", "skipped", "at_min"}) p.add_var(var_desc(n, {1}, DType::i64));
+    p.append_op(make_op("update_loss_scaling",
+                        {{"FoundInfinite", {"found"}},
+                         {"PrevLossScaling", {"scale"}},
+                         {"InGoodSteps", {"good"}},
+                         {"InBadSteps", {"bad"}},
+                         {"Skipped", {"skipped"}},
+                         {"ConsecutiveSkipsAtMin", {"at_min"}}},
+                        {{"LossScaling", {"scale"}},
+                         {"OutGoodSteps", {"good"}},
+                         {"OutBadSteps", {"bad"}},
+                         {"OutSkipped", {"skipped"}},
+                         {"OutConsecutiveSkipsAtMin", {"at_min"}}},
+                        mix::amp::to_op_attrs(config)));
+  }
+};
+
+struct ScalerRun {
+  ScalerProgram prog;
+  Device device;
+  Scope scope;
+  ExecEnv env;
+  DType flag_dtype;
+  ScalerRun(const mix::amp::LossScalerConfig& config, const mix::amp::LossScalerState& s, Device d, DType fd)
+      : prog(config, fd), device(d), flag_dtype(fd) {
+    env.device = d;
+    scope.set("scale", Tensor::from_floats({1}, {s.scale}).to(d));
+    scope.set("good", i64s({1}, {s.good_steps}).to(d));
+    scope.set("bad", i64s({1}, {s.bad_steps}).to(d));
+    scope.set("skipped", i64s({1}, {s.skipped_steps}).to(d));
+    scope.set("at_min", i64s({1}, {s.consecutive_skips_at_min}).to(d));
+  }
+  /// One step with the given flag value (stored in flag_dtype).
+  void step(float flag) {
+    Tensor f;
+    if (flag_dtype == DType::f32) f = Tensor::from_floats({1}, {flag});
+    if (flag_dtype == DType::i32) f = i32s({1}, {static_cast<int32_t>(flag)});
+    if (flag_dtype == DType::i64) f = i64s({1}, {static_cast<int64_t>(flag)});
+    scope.set("found", f.to(device));
+    Executor(prog.p, {"found", "scale", "good", "bad", "skipped", "at_min"}).run(scope, env);
+  }
+  mix::amp::LossScalerState state() const {
+    mix::amp::LossScalerState s;
+    s.scale = scope.get("scale").to(cpu_device()).data<float>()[0];
+    s.good_steps = scope.get("good").to(cpu_device()).data<int64_t>()[0];
+    s.bad_steps = scope.get("bad").to(cpu_device()).data<int64_t>()[0];
+    s.skipped_steps = scope.get("skipped").to(cpu_device()).data<int64_t>()[0];
+    s.consecutive_skips_at_min = scope.get("at_min").to(cpu_device()).data<int64_t>()[0];
+    return s;
+  }
+};
+
+void expect_same_state(const mix::amp::LossScalerState& gpu, const mix::amp::LossScalerState& cpu) {
+  CHECK(mix::float_bits(gpu.scale) == mix::float_bits(cpu.scale));
+  CHECK(gpu.good_steps == cpu.good_steps);
+  CHECK(gpu.bad_steps == cpu.bad_steps);
+  CHECK(gpu.skipped_steps == cpu.skipped_steps);
+  CHECK(gpu.consecutive_skips_at_min == cpu.consecutive_skips_at_min);
+}
+
+}  // namespace
+
+TEST_CASE("update_loss_scaling on the device takes the CPU's decisions step by step", "[cuda][amp]") {
+  require_gpu();
+  mix::amp::LossScalerConfig config = mix::amp::preset("paddle");
+  config.incr_every_n_steps = 25;
+  config.decr_every_n_nan_or_inf = 2;
+  config.decr_ratio = 0.5f;
+  config.init_loss_scaling = 1024.f;
+  config.min_loss_scaling = 2.f;
+  config.on_min_scale = mix::amp::LossScalerConfig::OnMinScale::continue_;
+  for (const char* mode : {"dynamic", "static", "none"})
+    for (DType fd : {DType::i32, DType::f32, DType::i64}) {
+      config.mode = mix::amp::parse_mode(mode);
+      const mix::amp::LossScalerState start = mix::amp::initial_state(config);
+      ScalerRun cpu(config, start, cpu_device(), fd), gpu(config, start, kGpu, fd);
+      mix::Rng rng(121);
+      for (int step = 0; step < 600; ++step) {
+        // Runs of overflows (down to the minimum and stuck there), and long finite
+        // stretches (growth); a NaN flag counts as an overflow.
+        const bool burst = (step / 100) % 3 == 1;
+        float flag = rng.uniform() < (burst ? 0.9 : 0.03) ? 1.f : 0.f;
+        if (fd == DType::f32 && flag != 0.f && step % 7 == 0) flag = std::nanf("");
+        cpu.step(flag);
+        gpu.step(flag);
+        INFO("mode " << mode << ", flag " << dname(fd) << ", step " << step);
+        // The same MIX_HD update on both (one float multiply per change): identical.
+        expect_same_state(gpu.state(), cpu.state());
+      }
+    }
+}
+
+TEST_CASE("update_loss_scaling on CUDA raises the scaler's stuck error, state written back", "[cuda][amp]") {
+  require_gpu();
+  mix::amp::LossScalerConfig config = mix::amp::preset("paddle");
+  config.init_loss_scaling = 1.f;
+  config.min_loss_scaling = 1.f;
+  config.max_skips_at_min = 3;
+  mix::amp::LossScalerState start = mix::amp::initial_state(config);
+  ScalerRun cpu(config, start, cpu_device(), DType::i32), gpu(config, start, kGpu, DType::i32);
+  for (int step = 0; step < 2; ++step) {
+    cpu.step(1.f);
+    gpu.step(1.f);
+  }
+  std::string cpu_error, gpu_error;
+  try {
+    cpu.step(1.f);
+  } catch (const mix::Error& e) {
+    cpu_error = e.what();
+  }
+  try {
+    gpu.step(1.f);
+  } catch (const mix::Error& e) {
+    gpu_error = e.what();
+  }
+  CHECK_THAT(cpu_error, Catch::Matchers::Contains("stuck at the minimum"));
+  CHECK(gpu_error == cpu_error);
+  expect_same_state(gpu.state(), cpu.state());
+  CHECK(gpu.state().consecutive_skips_at_min == 3);
+}
+
+TEST_CASE("inject_overflow writes inf into the first element at its step only", "[cuda][amp]") {
+  require_gpu();
+  for (int64_t env_step : {4, 5}) {
+    const OneOp c{make_op("inject_overflow", {{"X", {"a", "b", "c"}}}, {{"Out", {"a", "b", "c"}}},
+                          {{"step", int64_t{5}}, {"rank", int64_t{-1}}}),
+                  {{"a", random_tensor({10}, DType::f32, 131)},
+                   {"b", random_tensor({3, 4}, DType::f16, 132)},
+                   {"c", random_tensor({7}, DType::bf16, 133)}},
+                  env_step};
+    const Both r = run_both(c, {"a", "b", "c"});
+    for (const char* n : {"a", "b", "c"}) {
+      expect_identical(r.gpu.at(n), r.cpu.at(n), std::string("inject_overflow ") + n);
+      CHECK(std::isinf(r.gpu.at(n).item_float(0)) == (env_step == 5));
+    }
+  }
+}

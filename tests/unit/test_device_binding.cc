@@ -1,0 +1,125 @@
+// The host-side checks of the CUDA backend's collectives, which need no GPU:
+// the device-binding table checks (more ranks than GPUs on a host, two ranks on
+// one GPU) on made-up tables of several hosts, and the MIX_NCCL_TIMEOUT_S
+// parser. They run wherever the build has CUDA; a build without CUDA exits 77
+// (CTest: skipped), since there is nothing of this to test there.
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "collective/communicator.h"
+#include "collective/consistency.h"
+#include "runtime/check.h"
+
+#ifdef MIX_HAVE_CUDA
+#include "collective/device_binding.h"
+#include "collective/nccl_communicator.h"
+
+namespace {
+
+using mix::collective::check_gpu_bindings;
+using mix::collective::CollectiveError;
+using mix::collective::GpuBinding;
+
+/// `per_host` ranks on each of `hosts`, every host with `gpus` GPUs, every rank
+/// bound to the GPU of its local rank (bus ids 0000:<local>:00.0).
+std::vector<GpuBinding> table(int hosts, int per_host, int gpus) {
+  std::vector<GpuBinding> t;
+  for (int h = 0; h < hosts; ++h) {
+    for (int l = 0; l < per_host; ++l) {
+      GpuBinding b;
+      b.rank = static_cast<int>(t.size());
+      b.local_rank = l;
+      b.local_size = per_host;
+      b.visible_gpus = gpus;
+      b.host = "node" + std::to_string(h);
+      b.visible_devices = "unset";
+      if (l < gpus) {
+        b.device = l;
+        b.pci_bus_id = "0000:" + std::to_string(10 + l) + ":00.0";
+      }
+      t.push_back(b);
+    }
+  }
+  return t;
+}
+
+std::string message_of(const std::vector<GpuBinding>& t) {
+  try {
+    check_gpu_bindings(t);
+  } catch (const CollectiveError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("a valid binding passes: one rank per GPU on every host", "[binding]") {
+  CHECK_NOTHROW(check_gpu_bindings(table(1, 1, 1)));
+  CHECK_NOTHROW(check_gpu_bindings(table(2, 8, 8)));
+  CHECK_NOTHROW(check_gpu_bindings(table(3, 2, 4)));  // fewer ranks than GPUs is fine
+  // The same bus ids on different hosts are different GPUs.
+  CHECK_NOTHROW(check_gpu_bindings(table(4, 4, 4)));
+}
+
+TEST_CASE("more local ranks than visible GPUs names the host, the counts and CUDA_VISIBLE_DEVICES", "[binding]") {
+  auto t = table(2, 4, 4);
+  for (auto& b : t) {
+    if (b.host != "node1") continue;
+    b.visible_gpus = 2;
+    b.visible_devices = "0,1";
+    if (b.local_rank >= 2) {
+      b.device = -1;
+      b.pci_bus_id.clear();
+    }
+  }
+  const std::string msg = message_of(t);
+  CHECK_THAT(msg, Catch::Contains("4 ranks on host node1 but only 2 GPUs visible (CUDA_VISIBLE_DEVICES=0,1)"));
+  CHECK_THAT(msg, Catch::Contains("rank 6"));  // the first rank of node1 without a GPU (local rank 2)
+
+  // No GPU at all: the CUDA error is part of the message.
+  auto none = table(1, 2, 0);
+  for (auto& b : none) b.cuda_error = "cudaGetDeviceCount: no CUDA-capable device is detected";
+  const std::string msg0 = message_of(none);
+  CHECK_THAT(msg0, Catch::Contains("2 ranks on host node0 but only 0 GPUs visible (CUDA_VISIBLE_DEVICES=unset)"));
+  CHECK_THAT(msg0, Catch::Contains("no CUDA-capable device"));
+}
+
+TEST_CASE("two ranks of one host on one GPU are named, with both CUDA_VISIBLE_DEVICES", "[binding]") {
+  // Rank 5 (node1, local rank 1) sees the GPUs in another order, so its device
+  // 1 is the GPU rank 4 drives as device 0.
+  auto t = table(2, 4, 4);
+  t[5].visible_devices = "1,0,2,3";
+  t[5].pci_bus_id = t[4].pci_bus_id;
+  const std::string msg = message_of(t);
+  CHECK_THAT(msg, Catch::Contains("ranks 4 and 5 on host node1 would share GPU 0000:10:00.0"));
+  CHECK_THAT(msg, Catch::Contains("CUDA_VISIBLE_DEVICES=1,0,2,3"));
+}
+
+TEST_CASE("MIX_NCCL_TIMEOUT_S: default 300 s, fractions allowed, garbage refused", "[binding]") {
+  using mix::collective::nccl_timeout_seconds;
+  unsetenv("MIX_NCCL_TIMEOUT_S");
+  CHECK(nccl_timeout_seconds() == 300.0);
+  setenv("MIX_NCCL_TIMEOUT_S", "", 1);
+  CHECK(nccl_timeout_seconds() == 300.0);
+  setenv("MIX_NCCL_TIMEOUT_S", "2.5", 1);
+  CHECK(nccl_timeout_seconds() == 2.5);
+  for (const char* bad : {"0", "-1", "abc", "10s", "inf", "nan"}) {
+    INFO(bad);
+    setenv("MIX_NCCL_TIMEOUT_S", bad, 1);
+    CHECK_THROWS_WITH(nccl_timeout_seconds(), Catch::Contains("MIX_NCCL_TIMEOUT_S=") &&
+                                                  Catch::Contains("not a positive number of seconds"));
+  }
+  unsetenv("MIX_NCCL_TIMEOUT_S");
+}
+
+#else  // no CUDA in this build
+
+TEST_CASE("device binding checks", "[binding]") {
+  WARN("this build has no CUDA: skipped");
+  std::exit(77);
+}
+
+#endif
