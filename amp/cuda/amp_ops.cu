@@ -16,12 +16,15 @@
 // whether the scale is stuck at the minimum. The "stuck" error has to reach
 // the host, so when on_min_scale is "error" (the default) the op reads that
 // 4-byte flag every step: one small device-to-host copy, which waits for the
-// step's work queued so far (the op runs last in the step, after the
-// optimizer). Only when the flag is set does it copy the state the step
-// started from and replay the step on the host with amp::update_loss_scaling,
-// which throws the scaler's own message; the device state is already written,
-// as the CPU op writes its state back before the error propagates. With
-// on_min_scale "continue" (or max_skips_at_min <= 0) there is no copy at all.
+// step's work queued so far. The op runs after the found_inf all-reduce and
+// before the optimizer updates, so this is the step's one host round trip,
+// the read of the global overflow flag that issue 3 allows; the error is
+// raised at the same op as on the CPU, before any update. Only when the flag
+// is set does the op copy the state the step started from and replay the step
+// on the host with amp::update_loss_scaling, which throws the scaler's own
+// message; the device state is already written, as the CPU op writes its
+// state back before the error propagates. With on_min_scale "continue" (or
+// max_skips_at_min <= 0) there is no copy at all.
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -81,15 +84,15 @@ void run_unscale(OpContext& ctx, bool to_f32) {
   const cudaStream_t stream = cuda::compute_stream(ctx);
   Tensor& found = ctx.out("FoundInfinite", {1}, DType::i32);
   int32_t* found_p = found.data<int32_t>();
-  cuda::launch_grid_stride(1, stream, InitFoundInf{found_p, prev_p ? cuda::scalar_ref(&prev) : ScalarRef{},
-                                                   scale.data<float>()});
+  cuda::launch_grid_stride(1, stream,
+                           InitFoundInf{found_p, prev_p ? cuda::scalar_ref(&prev) : ScalarRef{}, scale.data<float>()});
   for (size_t i = 0; i < x_names.size(); ++i) {
     // By value: shares the storage, and stays valid if Out replaces the scope entry.
     const Tensor x = ctx.scope.get(x_names[i]);
     const DType out_dtype = to_f32 ? DType::f32 : x.dtype();
-    MIX_CHECK(out_names[i] != x_names[i] || out_dtype == x.dtype(),
-              ctx.op.type << ": Out '" << out_names[i] << "' must be a new variable for " << dtype_name(x.dtype())
-                          << " X");
+    MIX_CHECK(out_names[i] != x_names[i] || out_dtype == x.dtype(), ctx.op.type << ": Out '" << out_names[i]
+                                                                                << "' must be a new variable for "
+                                                                                << dtype_name(x.dtype()) << " X");
     cuda::check_on_device(ctx, x, "X '" + x_names[i] + "'");
     Tensor& out = ctx.out("Out", x.shape(), out_dtype, i);
     if (x.numel() == 0) continue;
@@ -156,9 +159,9 @@ struct LossScalingUpdate {
 Tensor state_input(const OpContext& ctx, const char* slot, DType dtype) {
   const Tensor t = ctx.in(slot);
   MIX_CHECK(t.numel() == 1, "update_loss_scaling: " << slot << " '" << ctx.op.in(slot) << "' must hold one value, has "
-                                                   << shape_str(t.shape()));
-  MIX_CHECK(t.dtype() == dtype, "update_loss_scaling: " << slot << " must be " << dtype_name(dtype) << ", not "
-                                                        << dtype_name(t.dtype()));
+                                                    << shape_str(t.shape()));
+  MIX_CHECK(t.dtype() == dtype,
+            "update_loss_scaling: " << slot << " must be " << dtype_name(dtype) << ", not " << dtype_name(t.dtype()));
   cuda::check_on_device(ctx, t, slot);
   return t;
 }
@@ -167,8 +170,8 @@ void update_loss_scaling_cuda(OpContext& ctx) {
   const LossScalerConfig config = from_op_attrs(ctx.op);
   const Tensor flag = ctx.in("FoundInfinite");
   MIX_CHECK(flag.numel() == 1, "update_loss_scaling: FoundInfinite '" << ctx.op.in("FoundInfinite")
-                                                                       << "' must hold one value, has "
-                                                                       << shape_str(flag.shape()));
+                                                                      << "' must hold one value, has "
+                                                                      << shape_str(flag.shape()));
   MIX_CHECK(flag.dtype() == DType::i32 || flag.dtype() == DType::i64 || flag.dtype() == DType::f32,
             "update_loss_scaling: FoundInfinite must be i32, i64 or f32, not " << dtype_name(flag.dtype()));
   cuda::check_on_device(ctx, flag, "FoundInfinite");
@@ -208,8 +211,10 @@ void update_loss_scaling_cuda(OpContext& ctx) {
   MIX_CUDA_CHECK(cudaStreamSynchronize(stream));
   LossScalerState replay = rec.before;
   update_loss_scaling(config, replay, rec.found_inf != 0);  // throws the scaler's "stuck" error
-  MIX_FAIL("update_loss_scaling: the device found the loss scale stuck at the minimum, the host replay of the step "
-           "did not (scale " << rec.before.scale << ", found_inf " << rec.found_inf << ")");
+  MIX_FAIL(
+      "update_loss_scaling: the device found the loss scale stuck at the minimum, the host replay of the step "
+      "did not (scale "
+      << rec.before.scale << ", found_inf " << rec.found_inf << ")");
 }
 
 // ---- inject_overflow -------------------------------------------------------------------

@@ -75,14 +75,14 @@ void scale_cuda(OpContext& ctx) {
   const Tensor x = ctx.in("X");
   check_on_device(ctx, x, "X");
   Tensor& out = ctx.out("Out", x.shape(), x.dtype());
-  unary_tensor(ctx, x, out,
-               fn::Scale{ctx.attr<float>("scale", 1.f), ctx.attr<float>("bias", 0.f),
-                         ctx.attr<bool>("bias_after_scale", true)});
+  unary_tensor(
+      ctx, x, out,
+      fn::Scale{ctx.attr<float>("scale", 1.f), ctx.attr<float>("bias", 0.f), ctx.attr<bool>("bias_after_scale", true)});
 }
 
 void fill_constant_cuda(OpContext& ctx) {
-  Tensor& out = ctx.out("Out", ctx.attr<std::vector<int64_t>>("shape", {1}),
-                        parse_dtype(ctx.attr<std::string>("dtype", "f32")));
+  Tensor& out =
+      ctx.out("Out", ctx.attr<std::vector<int64_t>>("shape", {1}), parse_dtype(ctx.attr<std::string>("dtype", "f32")));
   const float value = ctx.attr<float>("value", 0.f);
   const cudaStream_t stream = compute_stream(ctx);
   dispatch_floating(out.dtype(), [&](auto tag) {

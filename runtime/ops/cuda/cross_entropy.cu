@@ -51,9 +51,15 @@ __global__ void softmax_cross_entropy_rows(const T* x, const L* labels, T* y, T*
     if (threadIdx.x == 0) {
       int64_t label = 0;
       switch (label_kind(labels, r, classes, ignore, label)) {
-        case LabelKind::valid: loss[r] = from_float<T>(fn::cross_entropy_loss(s, m, to_float(xr[label]))); break;
-        case LabelKind::ignored: loss[r] = from_float<T>(0.f); break;
-        case LabelKind::invalid: loss[r] = from_float<T>(NAN); break;
+        case LabelKind::valid:
+          loss[r] = from_float<T>(fn::cross_entropy_loss(s, m, to_float(xr[label])));
+          break;
+        case LabelKind::ignored:
+          loss[r] = from_float<T>(0.f);
+          break;
+        case LabelKind::invalid:
+          loss[r] = from_float<T>(NAN);
+          break;
       }
     }
   }
@@ -72,11 +78,15 @@ struct CrossEntropyGrad {
     int64_t label = 0;
     switch (label_kind(labels, row, classes, ignore, label)) {
       case LabelKind::valid:
-        dx[i] = from_float<T>(fn::softmax_cross_entropy_grad_elem(to_float(y[i]), i - row * classes == label,
-                                                                  load_as_float(dloss, row)));
+        dx[i] = from_float<T>(
+            fn::softmax_cross_entropy_grad_elem(to_float(y[i]), i - row * classes == label, load_as_float(dloss, row)));
         break;
-      case LabelKind::ignored: dx[i] = from_float<T>(0.f); break;
-      case LabelKind::invalid: dx[i] = from_float<T>(NAN); break;
+      case LabelKind::ignored:
+        dx[i] = from_float<T>(0.f);
+        break;
+      case LabelKind::invalid:
+        dx[i] = from_float<T>(NAN);
+        break;
     }
   }
 };
@@ -164,9 +174,8 @@ void swce_grad_cuda(OpContext& ctx) {
   });
 }
 
-const bool registered =
-    OpRegistry::instance().add_cuda_kernel("softmax_with_cross_entropy", swce_cuda) &&
-    OpRegistry::instance().add_cuda_kernel("softmax_with_cross_entropy_grad", swce_grad_cuda);
+const bool registered = OpRegistry::instance().add_cuda_kernel("softmax_with_cross_entropy", swce_cuda) &&
+                        OpRegistry::instance().add_cuda_kernel("softmax_with_cross_entropy_grad", swce_grad_cuda);
 
 }  // namespace
 }  // namespace mix::cuda

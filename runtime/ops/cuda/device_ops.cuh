@@ -53,8 +53,8 @@ inline cudaStream_t compute_stream(const OpContext& ctx) {
 /// an illegal address reported at some later sync, far from its cause.
 inline void check_on_device(const OpContext& ctx, const Tensor& t, const std::string& slot) {
   MIX_CHECK(t.numel() == 0 || t.device() == ctx.env.device,
-            ctx.op.type << ": input " << slot << " is on " << t.device().str() << ", expected "
-                        << ctx.env.device.str() << " (copy it with Tensor::to)");
+            ctx.op.type << ": input " << slot << " is on " << t.device().str() << ", expected " << ctx.env.device.str()
+                        << " (copy it with Tensor::to)");
 }
 
 /// The host-side dtype switch: f(T{}) with T = float, half_t or bf16_t.
@@ -88,11 +88,16 @@ inline ScalarRef scalar_ref(const Tensor* t) { return t ? ScalarRef{t->raw(), t-
 /// Element i widened to float, as Tensor::item_float does on the host.
 __device__ __forceinline__ float load_as_float(const void* p, DType t, int64_t i) {
   switch (t) {
-    case DType::f32: return static_cast<const float*>(p)[i];
-    case DType::f16: return to_float(static_cast<const half_t*>(p)[i]);
-    case DType::bf16: return to_float(static_cast<const bf16_t*>(p)[i]);
-    case DType::i32: return static_cast<float>(static_cast<const int32_t*>(p)[i]);
-    case DType::i64: return static_cast<float>(static_cast<const int64_t*>(p)[i]);
+    case DType::f32:
+      return static_cast<const float*>(p)[i];
+    case DType::f16:
+      return to_float(static_cast<const half_t*>(p)[i]);
+    case DType::bf16:
+      return to_float(static_cast<const bf16_t*>(p)[i]);
+    case DType::i32:
+      return static_cast<float>(static_cast<const int32_t*>(p)[i]);
+    case DType::i64:
+      return static_cast<float>(static_cast<const int64_t*>(p)[i]);
   }
   return 0.f;
 }

@@ -36,8 +36,8 @@ struct BroadcastMap {
 
 /// The term f(a, b) of column j at (p, q); b may be null (f(a, 0)), as broadcast_reduce.
 template <typename T, typename F>
-__device__ __forceinline__ float column_term(const T* a, const T* b, const BroadcastDims& d, F f, int64_t j,
-                                             int64_t p, int64_t q) {
+__device__ __forceinline__ float column_term(const T* a, const T* b, const BroadcastDims& d, F f, int64_t j, int64_t p,
+                                             int64_t q) {
   const int64_t idx = (p * d.n + j) * d.post + q;
   return f(to_float(a[idx]), b ? to_float(b[idx]) : 0.f);
 }
@@ -155,9 +155,9 @@ void mul_grad_cuda(OpContext& ctx) {
   const Tensor y = ctx.in("Y");
   const Tensor dout = ctx.in("Out@GRAD");
   check_same_dtype(x, y, "elementwise_mul_grad");
-  MIX_CHECK(dout.shape() == x.shape() && dout.dtype() == x.dtype(),
-            "elementwise_mul_grad: Out@GRAD " << shape_str(dout.shape()) << " does not match X "
-                                              << shape_str(x.shape()));
+  MIX_CHECK(
+      dout.shape() == x.shape() && dout.dtype() == x.dtype(),
+      "elementwise_mul_grad: Out@GRAD " << shape_str(dout.shape()) << " does not match X " << shape_str(x.shape()));
   check_on_device(ctx, x, "X");
   check_on_device(ctx, y, "Y");
   check_on_device(ctx, dout, "Out@GRAD");
