@@ -5,22 +5,11 @@
 #include "runtime/check.h"
 #include "runtime/op_registry.h"
 #include "runtime/ops/gemm.h"
+#include "runtime/ops/gemm_shapes.h"
 
 namespace mix {
 namespace {
 
-struct MulDims {
-  int64_t rows, in, out;
-};
-
-MulDims mul_dims(const Shape& x, const Shape& y, int x_num_col_dims) {
-  MIX_CHECK(y.size() == 2, "mul: weight must be 2-D [out, in], got " << shape_str(y));
-  int64_t rows = 1, in = 1;
-  for (int i = 0; i < static_cast<int>(x.size()); ++i) (i < x_num_col_dims ? rows : in) *= x[i];
-  MIX_CHECK(in == y[1] || in < 0, "mul: input " << shape_str(x) << " has " << in << " features, weight "
-                                                << shape_str(y) << " expects " << y[1]);
-  return {rows, in, y[0]};
-}
 
 void infer_mul(Program& p, OpDesc& op) {
   const VarDesc& x = p.var(op.in("X"));

@@ -21,6 +21,7 @@
 #include "runtime/cuda/launch.cuh"
 #include "runtime/half.h"
 #include "runtime/op_registry.h"
+#include "runtime/ops/gemm_shapes.h"
 
 namespace mix {
 namespace {
@@ -43,42 +44,6 @@ void store_f32_as(const float* src, void* dst, DType dtype, int64_t n, cudaStrea
 
 // ---- launchers -----------------------------------------------------------------------------
 
-// Same rules as matmul_dims in runtime/ops/matmul.cc (kept private there), on run-time shapes.
-struct MatmulDims {
-  Shape batch;            // X's leading dims
-  int64_t count = 1;      // product of the batch dims
-  int64_t m = 0, k = 0, n = 0;
-  bool y_shared = false;  // Y is 2-D: one matrix for every batch entry
-  Shape out() const {
-    Shape s = batch;
-    s.push_back(m);
-    s.push_back(n);
-    return s;
-  }
-};
-
-MatmulDims matmul_dims(const Shape& x, const Shape& y, bool tx, bool ty) {
-  MIX_CHECK(x.size() >= 2 && y.size() >= 2,
-            "matmul: X " << shape_str(x) << " and Y " << shape_str(y) << " must both have at least 2 dims");
-  MatmulDims d;
-  const size_t xb = x.size() - 2, yb = y.size() - 2;
-  d.batch.assign(x.begin(), x.begin() + static_cast<std::ptrdiff_t>(xb));
-  d.y_shared = yb == 0;
-  if (!d.y_shared) {
-    bool same = xb == yb;
-    for (size_t i = 0; same && i < xb; ++i) same = x[i] == y[i];
-    MIX_CHECK(same, "matmul: batch dims of X " << shape_str(x) << " and Y " << shape_str(y)
-                                                << " differ (Y must have X's leading dims, or be 2-D)");
-  }
-  for (int64_t b : d.batch) d.count *= b;
-  d.m = tx ? x[xb + 1] : x[xb];
-  d.k = tx ? x[xb] : x[xb + 1];
-  const int64_t yk = ty ? y[yb + 1] : y[yb];
-  d.n = ty ? y[yb] : y[yb + 1];
-  MIX_CHECK(d.k == yk, "matmul: X " << shape_str(x) << (tx ? " (transposed)" : "") << " has K = " << d.k << " but Y "
-                                    << shape_str(y) << (ty ? " (transposed)" : "") << " has K = " << yk);
-  return d;
-}
 
 struct Attrs {
   bool tx, ty;

@@ -7,25 +7,11 @@
 #include "runtime/cuda/context.h"
 #include "runtime/cuda/gemm.h"
 #include "runtime/op_registry.h"
+#include "runtime/ops/gemm_shapes.h"
 
 namespace mix {
 namespace {
 
-// Same rule as mul_dims in runtime/ops/mul.cc (kept private there).
-struct MulDims {
-  int64_t rows, in, out;
-};
-
-MulDims mul_dims(const Shape& x, const Shape& y, int x_num_col_dims) {
-  MIX_CHECK(y.size() == 2, "mul: weight must be 2-D [out, in], got " << shape_str(y));
-  MIX_CHECK(x_num_col_dims >= 1 && x_num_col_dims <= static_cast<int>(x.size()),
-            "mul: x_num_col_dims = " << x_num_col_dims << " for input " << shape_str(x));
-  int64_t rows = 1, in = 1;
-  for (int i = 0; i < static_cast<int>(x.size()); ++i) (i < x_num_col_dims ? rows : in) *= x[i];
-  MIX_CHECK(in == y[1], "mul: input " << shape_str(x) << " has " << in << " features, weight " << shape_str(y)
-                                      << " expects " << y[1]);
-  return {rows, in, y[0]};
-}
 
 void check_device(const Tensor& t, const ExecEnv& env, const char* what) {
   MIX_CHECK(t.numel() == 0 || t.device() == env.device,
