@@ -13,12 +13,21 @@
 #include <cstdint>
 
 #include "runtime/kernels/softmax_row.h"
+#include "runtime/ops/cross_entropy_shapes.h"
 #include "runtime/ops/cuda/device_ops.cuh"
 
 namespace mix::cuda {
 namespace {
 
-constexpr const char* kOp = "softmax_with_cross_entropy";
+using xent::Dims;
+using xent::kOp;
+using xent::loss_shape_of;
+
+/// Host-side checks of shapes and attributes: the CPU kernel's, from the shared header.
+Dims dims_of(const OpContext& ctx, const Tensor& logits, const Tensor& label) {
+  xent::check_attrs(ctx.op, logits.shape().size());
+  return xent::dims_of(logits, label);
+}
 
 /// What a row's label asks for.
 enum class LabelKind { valid, ignored, invalid };
@@ -93,31 +102,8 @@ struct CrossEntropyGrad {
 
 // ---- launchers -----------------------------------------------------------------------
 
-struct Dims {
-  int64_t rows, classes;
-};
 
-/// Host-side checks of shapes and attributes, as the CPU kernel makes them.
-Dims dims_of(const OpContext& ctx, const Tensor& logits, const Tensor& label) {
-  MIX_CHECK(!ctx.attr<bool>("soft_label", false), kOp << ": soft_label=true is not supported (hard labels only)");
-  MIX_CHECK(logits.ndim() >= 1, kOp << ": Logits must have at least one dim");
-  const int64_t axis = ctx.attr<int64_t>("axis", -1);
-  const int64_t last = logits.ndim() - 1;
-  MIX_CHECK(axis == -1 || axis == last,
-            kOp << ": only the last axis is supported (axis -1 or " << last << "), got axis " << axis);
-  MIX_CHECK(label.dtype() == DType::i64 || label.dtype() == DType::i32,
-            kOp << ": Label is " << dtype_name(label.dtype()) << ", expected i64 class indices");
-  const int64_t c = logits.dim(-1);
-  const int64_t rows = c == 0 ? 0 : logits.numel() / c;
-  MIX_CHECK(label.numel() == rows, kOp << ": Label holds " << label.numel() << " values for " << rows << " rows");
-  return {rows, c};
-}
 
-Shape loss_shape_of(const Shape& logits) {
-  Shape s(logits.begin(), logits.end() - 1);
-  s.push_back(1);
-  return s;
-}
 
 /// f(L{}) with L the C++ type of the label dtype.
 template <typename F>
