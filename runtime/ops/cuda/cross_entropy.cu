@@ -49,14 +49,8 @@ __global__ void softmax_cross_entropy_rows(const T* x, const L* labels, T* y, T*
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = x + r * classes;
     T* yr = y + r * classes;
-    float m = -INFINITY;
-    for (int64_t i = threadIdx.x; i < classes; i += kBlock) m = fn::max_of(m, to_float(xr[i]));
-    m = block_reduce(m, shared, MaxOf{});
-    float s = 0.f;
-    for (int64_t i = threadIdx.x; i < classes; i += kBlock) s = __fadd_rn(s, fn::exp_shifted(to_float(xr[i]), m));
-    s = block_reduce(s, shared, AddRn{});
-    const fn::SoftmaxNormalize f = fn::softmax_normalizer(m, s);
-    for (int64_t i = threadIdx.x; i < classes; i += kBlock) yr[i] = from_float<T>(f(to_float(xr[i])));
+    const RowSoftmax row = softmax_row_block(xr, yr, classes, shared);
+    const float m = row.max, s = row.sum;
     if (threadIdx.x == 0) {
       int64_t label = 0;
       switch (label_kind(labels, r, classes, ignore, label)) {

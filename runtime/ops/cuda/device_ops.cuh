@@ -185,4 +185,23 @@ __device__ V block_reduce(V v, V* shared, Op op) {
   return r;
 }
 
+/// Block-wide softmax of one row: y = softmax(x) through the shared row steps
+/// (max, exp_shifted, softmax_normalizer). Returns the row's max and sum of
+/// exponentials, which cross-entropy also needs. Every thread of the block calls it.
+struct RowSoftmax {
+  float max, sum;
+};
+template <typename T>
+__device__ RowSoftmax softmax_row_block(const T* xr, T* yr, int64_t cols, float* shared) {
+  float m = -INFINITY;
+  for (int64_t i = threadIdx.x; i < cols; i += kBlock) m = fn::max_of(m, to_float(xr[i]));
+  m = block_reduce(m, shared, MaxOf{});
+  float s = 0.f;
+  for (int64_t i = threadIdx.x; i < cols; i += kBlock) s = __fadd_rn(s, fn::exp_shifted(to_float(xr[i]), m));
+  s = block_reduce(s, shared, AddRn{});
+  const fn::SoftmaxNormalize f = fn::softmax_normalizer(m, s);
+  for (int64_t i = threadIdx.x; i < cols; i += kBlock) yr[i] = from_float<T>(f(to_float(xr[i])));
+  return {m, s};
+}
+
 }  // namespace mix::cuda

@@ -19,14 +19,7 @@ __global__ void softmax_rows(const T* x, T* y, int64_t rows, int64_t cols) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = x + r * cols;
     T* yr = y + r * cols;
-    float m = -INFINITY;
-    for (int64_t i = threadIdx.x; i < cols; i += kBlock) m = fn::max_of(m, to_float(xr[i]));
-    m = block_reduce(m, shared, MaxOf{});
-    float s = 0.f;
-    for (int64_t i = threadIdx.x; i < cols; i += kBlock) s = __fadd_rn(s, fn::exp_shifted(to_float(xr[i]), m));
-    s = block_reduce(s, shared, AddRn{});
-    const fn::SoftmaxNormalize f = fn::softmax_normalizer(m, s);
-    for (int64_t i = threadIdx.x; i < cols; i += kBlock) yr[i] = from_float<T>(f(to_float(xr[i])));
+    softmax_row_block(xr, yr, cols, shared);
   }
 }
 
