@@ -8,8 +8,7 @@
 // the reduction tree, which MPI chooses freely, the test enumerates every tree
 // over the ranks' values and requires the answer to be one of them and to be
 // identical on every rank.
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
+#include "tests/mpi/mpi_test_main.h"
 
 #include "collective/mpi_check.h"  // first: <mpi.h> without the C++ bindings
 
@@ -533,25 +532,4 @@ TEST_CASE("errors name the call, the place and the rank", "[mpi][errors]") {
   c.barrier();
 }
 
-int main(int argc, char** argv) {
-  std::unique_ptr<Communicator> owner;
-  try {
-    owner = mc::make_mpi_communicator();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "test_collectives: cannot start MPI: %s\n", e.what());
-    return 1;
-  }
-  g_comm = owner.get();
-  int failed = Catch::Session().run(argc, argv);
-  // Any failure on any rank fails every rank.
-  int32_t worst = failed;
-  try {
-    owner->all_reduce(&worst, 1, DType::i32, ReduceOp::max);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "test_collectives: final all-reduce failed: %s\n", e.what());
-    worst = 1;
-  }
-  g_comm = nullptr;
-  owner.reset();  // MPI_Finalize
-  return worst != 0 ? 1 : 0;
-}
+int main(int argc, char** argv) { return mix::testing::run_mpi_tests(argc, argv, "test_collectives", g_comm); }

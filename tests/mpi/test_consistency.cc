@@ -1,8 +1,7 @@
 // The cross-rank consistency check under MPI: equal fields pass; a field that
 // differs on one rank fails on every rank, naming that rank, the field and both
 // values; long values that differ only past the record size still differ.
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
+#include "tests/mpi/mpi_test_main.h"
 #include <cstdio>
 
 #include "collective/communicator.h"
@@ -48,18 +47,4 @@ TEST_CASE("a different number of fields is an error, not a hang", "[consistency]
   CHECK_THROWS_WITH(check_same_on_all_ranks(c, "count", f), Catch::Contains("fields"));
 }
 
-int main(int argc, char** argv) {
-  std::unique_ptr<Communicator> owner;
-  try {
-    owner = make_mpi_communicator();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "test_consistency: cannot start MPI: %s\n", e.what());
-    return 1;
-  }
-  g_comm = owner.get();
-  int32_t failed = Catch::Session().run(argc, argv);
-  owner->all_reduce(&failed, 1, DType::i32, ReduceOp::max);  // any rank's failure fails all
-  g_comm = nullptr;
-  owner.reset();
-  return failed != 0 ? 1 : 0;
-}
+int main(int argc, char** argv) { return mix::testing::run_mpi_tests(argc, argv, "test_consistency", g_comm); }

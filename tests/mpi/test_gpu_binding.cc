@@ -7,8 +7,7 @@
 // succeeds, the NCCL communicator is built over MPI and checked with
 // closed-form values (rank r contributes r + 1). A build without CUDA checks
 // that asking for a GPU fails on every rank with a message saying so.
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
+#include "tests/mpi/mpi_test_main.h"
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -186,18 +185,4 @@ TEST_CASE("without CUDA, asking for a GPU fails on every rank with a message", "
 
 #endif
 
-int main(int argc, char** argv) {
-  std::unique_ptr<Communicator> owner;
-  try {
-    owner = make_mpi_communicator();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "test_gpu_binding: cannot start MPI: %s\n", e.what());
-    return 1;
-  }
-  g_comm = owner.get();
-  int32_t failed = Catch::Session().run(argc, argv);
-  owner->all_reduce(&failed, 1, DType::i32, ReduceOp::max);  // any rank's failure fails all
-  g_comm = nullptr;
-  owner.reset();
-  return failed != 0 ? 1 : 0;
-}
+int main(int argc, char** argv) { return mix::testing::run_mpi_tests(argc, argv, "test_gpu_binding", g_comm); }

@@ -2,6 +2,8 @@
 // Without a GPU (or in a build without CUDA) the test exits 77, which CTest
 // reports as skipped, never as passed.
 #include <catch2/catch.hpp>
+
+#include "tests/unit/require_gpu.h"
 #include <cstdlib>
 #include <vector>
 
@@ -13,19 +15,12 @@
 #include <cuda_runtime.h>
 namespace mix::cuda {
 void launch_scaled_cast_f32_to_f16(const float* in, uint16_t* out, size_t n, float scale, cudaStream_t stream);
-int device_count();
 }  // namespace mix::cuda
 #endif
 
 TEST_CASE("scaled cast kernel matches the CPU twin bit for bit", "[cuda]") {
-#ifndef MIX_HAVE_CUDA
-  WARN("this build has no CUDA: skipped");
-  std::exit(77);
-#else
-  if (mix::cuda::device_count() == 0) {
-    WARN("no GPU visible: skipped");
-    std::exit(77);
-  }
+  mix::testing::require_gpu();
+#ifdef MIX_HAVE_CUDA
   const size_t n = 1 << 20;
   const float scale = 1024.f;
   std::vector<float> in(n);

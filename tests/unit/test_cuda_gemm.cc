@@ -27,6 +27,8 @@
 // as skipped, never as passed.
 #include <catch2/catch.hpp>
 
+#include "tests/unit/require_gpu.h"
+
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -51,17 +53,7 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-void require_gpu() {
-#ifndef MIX_HAVE_CUDA
-  WARN("this build has no CUDA: skipped");
-  std::exit(77);
-#else
-  if (cuda::device_count() == 0) {
-    WARN("no GPU visible: skipped");
-    std::exit(77);
-  }
-#endif
-}
+using mix::testing::require_gpu;
 
 const Device kGpu{DeviceKind::cuda, 0};
 

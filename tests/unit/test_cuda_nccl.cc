@@ -5,6 +5,8 @@
 // Without a GPU (or in a build without CUDA) the test exits 77, which CTest
 // reports as skipped, never as passed.
 #include <catch2/catch.hpp>
+
+#include "tests/unit/require_gpu.h"
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -90,12 +92,7 @@ std::vector<unsigned char> make_values(DType dtype, size_t n, uint64_t seed) {
   return out;
 }
 
-void skip_without_gpu() {
-  if (mix::cuda::device_count() == 0) {
-    WARN("no GPU visible: skipped");
-    std::exit(77);
-  }
-}
+void skip_without_gpu() { mix::testing::require_gpu(); }
 
 }  // namespace
 

@@ -23,6 +23,8 @@
 // reports as skipped, never as passed.
 #include <catch2/catch.hpp>
 
+#include "tests/unit/require_gpu.h"
+
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -76,17 +78,7 @@ const DType kFloatTypes[] = {DType::f32, DType::f16, DType::bf16};
 /// FP32 unit roundoff: one rounding moves a value by at most kU·|value|.
 constexpr double kU = 0x1p-24;
 
-void require_gpu() {
-#ifndef MIX_HAVE_CUDA
-  WARN("this build has no CUDA: skipped");
-  std::exit(77);
-#else
-  if (mix::cuda::device_count() == 0) {
-    WARN("no GPU visible: skipped");
-    std::exit(77);
-  }
-#endif
-}
+using mix::testing::require_gpu;
 
 /// Half an ulp of dtype t, relative: the error of rounding an exact value on store.
 double store_rel(DType t) { return t == DType::f16 ? 0x1p-11 : t == DType::bf16 ? 0x1p-8 : 0x1p-24; }

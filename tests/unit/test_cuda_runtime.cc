@@ -3,6 +3,8 @@
 // Without a GPU (or in a build without CUDA) the test exits 77, which CTest
 // reports as skipped, never as passed.
 #include <catch2/catch.hpp>
+
+#include "tests/unit/require_gpu.h"
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -29,12 +31,7 @@
 namespace {
 
 #ifdef MIX_HAVE_CUDA
-void require_gpu_or_skip() {
-  if (mix::cuda::device_count() == 0) {
-    WARN("no GPU visible: skipped");
-    std::exit(77);
-  }
-}
+void require_gpu_or_skip() { mix::testing::require_gpu(); }
 
 const mix::Device kGpu{mix::DeviceKind::cuda, 0};
 
