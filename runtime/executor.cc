@@ -69,9 +69,10 @@ MemoryPlan Executor::plan(int64_t batch) const {
     const OpDesc& op = program_.ops()[op_indices_[k]];
     for (auto& n : op.all_outputs()) {
       if (program_.has_var(n) && program_.var(n).persistable) continue;
-      // Views (reshape2) share their input's storage; counting them again would
-      // overstate the plan, so a reshape2 output adds nothing.
-      if (op.type == "reshape2" || op.type == "reshape2_grad") continue;
+      // Views (reshape2, flatten) share their input's storage; counting them
+      // again would overstate the plan, so their outputs add nothing.
+      if (op.type == "reshape2" || op.type == "reshape2_grad" || op.type == "flatten" || op.type == "flatten_grad")
+        continue;
       if (live.insert(n).second) live_bytes += bytes_of(n);
     }
     p.peak_temporary_bytes = std::max(p.peak_temporary_bytes, live_bytes);

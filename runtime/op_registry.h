@@ -43,6 +43,9 @@ struct ExecEnv {
   int64_t step = 0;                          // the optimizer step being run (1-based)
   /// When set, the executor adds each op's wall time here, by op type (profiling).
   std::map<std::string, double>* op_seconds = nullptr;
+  /// False for evaluation: batch_norm normalises with its running statistics
+  /// and updates nothing (PyTorch's model.eval()).
+  bool training = true;
 };
 
 class OpContext {

@@ -36,6 +36,8 @@ struct VarDesc {
   bool is_parameter = false;  // a trainable FP32 master
   bool stop_gradient = false; // data, labels, constants
   VarInit init;               // persistable variables only
+  bool is_buffer = false;     // model state that is not trained (batch_norm's running statistics):
+                              // saved, loaded by --init-from and kept equal on every rank
 };
 
 using Attr = std::variant<bool, int64_t, double, std::string, std::vector<int64_t>, std::vector<std::string>>;

@@ -81,6 +81,29 @@ MIX_HD float mean_grad_value(float dout, int64_t n) {
   return static_cast<float>(static_cast<double>(dout) / static_cast<double>(n));
 }
 
+// ---- batch_norm (per channel; statistics in FP32, activations in any dtype) -------
+/// 1 / sqrt(var + eps): the saved inverse standard deviation (Paddle's SavedVariance).
+MIX_HD float bn_inv_std(float var, float eps) { return 1.f / sqrtf(var + eps); }
+/// Forward: y = (x - mean) * (inv_std * scale) + bias.
+struct BnNormalize {
+  float mean, scale_inv_std, bias;
+  MIX_HD float operator()(float x) const { return (x - mean) * scale_inv_std + bias; }
+};
+/// Backward of the training-mode forward, from the channel's means over its M
+/// values of dy and dy * xhat: dx = scale inv_std (dy - mean(dy) - xhat mean(dy xhat)).
+struct BnBackward {
+  float mean, inv_std, scale_inv_std, mean_dy, mean_dy_xhat;
+  MIX_HD float operator()(float x, float dy) const {
+    const float xhat = (x - mean) * inv_std;
+    return scale_inv_std * (dy - mean_dy - xhat * mean_dy_xhat);
+  }
+};
+/// Running statistics, Paddle's momentum convention (PyTorch's momentum is 1 - this):
+/// running = momentum * running + (1 - momentum) * batch.
+MIX_HD float bn_running_update(float running, float batch, float momentum) {
+  return momentum * running + (1.f - momentum) * batch;
+}
+
 // ---- AMP ------------------------------------------------------------------------
 /// check_finite_and_unscale: out = g / scale (as g * (1/scale)); `found` is set
 /// for any non-finite input. The loop ORs the flags.

@@ -99,6 +99,9 @@ struct Input {
   std::string slot;
   Tensor value = {};             // f32 for float inputs (stored in the run's dtype), or an integer tensor
   bool differentiable = true; // float inputs only: false feeds it as a stop_gradient constant
+  bool keep_f32 = false;      // float inputs that stay FP32 when the op runs in FP16 (batch_norm's Scale)
+  /// The dtype this input has in a run of the op in `run`.
+  DType dtype_in(DType run) const { return keep_f32 ? DType::f32 : run; }
 };
 
 struct OpCase {
@@ -107,6 +110,7 @@ struct OpCase {
   std::vector<std::string> outputs = {};  // every output slot the op writes
   std::map<std::string, Attr> attrs = {};
   std::vector<std::string> project = {};  // output slots in the loss; empty: all of `outputs`
+  std::set<std::string> fp32_outputs = {}; // outputs that are FP32 whatever dtype the op runs in
 
   std::string describe() const {
     std::ostringstream o;
@@ -168,7 +172,7 @@ inline std::unique_ptr<BuiltCase> build_case(const OpCase& c, DType dtype) {
     v.name = var_base(in.slot) + std::to_string(i);
     v.shape = in.value.shape();
     const bool is_float = is_floating(in.value.dtype());
-    v.dtype = is_float ? dtype : in.value.dtype();
+    v.dtype = is_float ? in.dtype_in(dtype) : in.value.dtype();
     if (is_float && in.differentiable) {
       v.is_parameter = true;
       v.persistable = true;
@@ -240,7 +244,7 @@ inline RunResult run_case(const BuiltCase& b, const std::vector<Input>& inputs,
   Scope scope;
   for (size_t i = 0; i < inputs.size(); ++i) {
     const Tensor& v = inputs[i].value;
-    scope.set(b.input_vars[i], is_floating(v.dtype()) ? to_dtype(v, b.dtype) : v.clone());
+    scope.set(b.input_vars[i], is_floating(v.dtype()) ? to_dtype(v, inputs[i].dtype_in(b.dtype)) : v.clone());
   }
   for (auto& [slot, name] : b.r_vars) scope.set(name, r.at(slot).clone());
   ExecEnv env;
@@ -389,7 +393,7 @@ inline void check_low_precision(const OpCase& c, DType low = DType::f16, Toleran
   for (auto& slot : c.outputs) {
     const Tensor& o = got.outputs.at(slot);
     if (!is_floating(o.dtype())) continue;
-    CHECK(o.dtype() == low);
+    CHECK(o.dtype() == (c.fp32_outputs.count(slot) ? DType::f32 : low));
     expect_close(o.to_floats(), to_doubles(ref.outputs.at(slot).to_floats()), tol, "output " + slot);
   }
   for (size_t i = 0; i < c.inputs.size(); ++i) {
@@ -398,7 +402,7 @@ inline void check_low_precision(const OpCase& c, DType low = DType::f16, Toleran
     INFO("input " << in.slot << " #" << i);
     REQUIRE(ref.grads[i].defined());
     REQUIRE(got.grads[i].defined());
-    CHECK(got.grads[i].dtype() == low);
+    CHECK(got.grads[i].dtype() == in.dtype_in(low));
     CHECK(got.grads[i].shape() == in.value.shape());
     expect_close(got.grads[i].to_floats(), to_doubles(ref.grads[i].to_floats()), tol,
                  "gradient of " + in.slot + " #" + std::to_string(i));
@@ -407,7 +411,8 @@ inline void check_low_precision(const OpCase& c, DType low = DType::f16, Toleran
 
 /// Runs just the op (inputs as feeds, float ones in `dtype`) and returns its outputs by slot.
 /// Also checks that the build-time inference declared the shapes and dtypes the kernel produced.
-inline std::map<std::string, Tensor> run_forward(const OpCase& c, DType dtype = DType::f32) {
+/// `training` false runs it as evaluation does (ExecEnv::training).
+inline std::map<std::string, Tensor> run_forward(const OpCase& c, DType dtype = DType::f32, bool training = true) {
   Program p;
   std::map<std::string, std::vector<std::string>> ins, outs;
   Scope scope;
@@ -416,11 +421,11 @@ inline std::map<std::string, Tensor> run_forward(const OpCase& c, DType dtype = 
     VarDesc v;
     v.name = var_base(in.slot) + std::to_string(i);
     v.shape = in.value.shape();
-    v.dtype = is_floating(in.value.dtype()) ? dtype : in.value.dtype();
+    v.dtype = is_floating(in.value.dtype()) ? in.dtype_in(dtype) : in.value.dtype();
     v.stop_gradient = true;
     p.add_var(v);
     ins[in.slot].push_back(v.name);
-    scope.set(v.name, is_floating(in.value.dtype()) ? to_dtype(in.value, dtype) : in.value.clone());
+    scope.set(v.name, is_floating(in.value.dtype()) ? to_dtype(in.value, in.dtype_in(dtype)) : in.value.clone());
   }
   std::set<std::string> keep;
   for (auto& slot : c.outputs) {
@@ -429,6 +434,7 @@ inline std::map<std::string, Tensor> run_forward(const OpCase& c, DType dtype = 
   }
   p.append_op(make_op(c.type, ins, outs, c.attrs));
   ExecEnv env;
+  env.training = training;
   Executor(p, keep).run(scope, env);
   std::map<std::string, Tensor> res;
   for (auto& slot : c.outputs) {

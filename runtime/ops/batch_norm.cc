@@ -1,0 +1,201 @@
+// batch_norm over X[N, C, ...] (NCHW; statistics per channel over N and the
+// spatial dims), with Paddle's slots:
+//   inputs  X, Scale[C], Bias[C], Mean[C], Variance[C]  (running statistics)
+//           NumBatchesTracked (optional i64 scalar, PyTorch's counter)
+//   outputs Y (X's shape and dtype), MeanOut, VarianceOut (the running statistics,
+//           normally the same variables as Mean and Variance), SavedMean[C] and
+//           SavedVariance[C] (the batch mean and 1/sqrt(var + eps), read by the grad),
+//           NumBatchesTrackedOut (optional)
+//   attrs   momentum (0.9: running = 0.9 running + 0.1 batch, PyTorch's momentum 0.1),
+//           epsilon (1e-5), is_test (false)
+// Scale, Bias and all statistics are FP32 even when X is FP16 (DESIGN.md); the
+// sums run in double and Y is rounded once on store. The running variance takes
+// the unbiased batch variance, as PyTorch does, so its checkpoints interchange.
+// Evaluation (is_test, or an executor run with ExecEnv::training false) normalises
+// with the running statistics and updates nothing.
+#include <cmath>
+#include <vector>
+
+#include "runtime/check.h"
+#include "runtime/kernels/cpu_loops.h"
+#include "runtime/kernels/functors.h"
+#include "runtime/op_registry.h"
+#include "runtime/ops/batch_norm_shapes.h"
+
+namespace mix {
+namespace {
+
+void infer_batch_norm(Program& p, OpDesc& op) {
+  const VarDesc& x = p.var(op.in("X"));
+  MIX_CHECK(is_floating(x.dtype), "batch_norm: X " << x.name << " must be a float tensor");
+  const int64_t c = batch_norm_channels(x.shape);
+  for (const char* slot : {"Scale", "Bias", "Mean", "Variance"}) {
+    const VarDesc& v = p.var(op.in(slot));
+    MIX_CHECK(v.dtype == DType::f32 && v.shape == Shape{c},
+              "batch_norm: " << slot << " " << v.name << " must be f32[" << c << "] (X " << x.name << " has " << c
+                             << " channels), got " << dtype_name(v.dtype) << shape_str(v.shape));
+  }
+  declare_var(p, op.out("Y"), x.shape, x.dtype);
+  for (const char* slot : {"MeanOut", "VarianceOut", "SavedMean", "SavedVariance"})
+    if (!op.out_or_empty(slot).empty()) declare_var(p, op.out(slot), {c}, DType::f32);
+  if (!op.out_or_empty("NumBatchesTrackedOut").empty()) declare_var(p, op.out("NumBatchesTrackedOut"), {}, DType::i64);
+}
+
+/// Calls f(row, n, c, values) for every [n, c] row of X widened to FP32 (S values each).
+template <typename F>
+void for_each_row(const Tensor& x, const BatchNormDims& d, std::vector<float>& buf, F&& f) {
+  buf.resize(static_cast<size_t>(d.spatial));
+  cpu::dispatch_floating(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    for (int64_t n = 0; n < d.n; ++n)
+      for (int64_t c = 0; c < d.c; ++c) {
+        const int64_t row = n * d.c + c;
+        cpu::load_floats(x.data<T>() + row * d.spatial, buf.data(), d.spatial);
+        f(row, c, buf.data());
+      }
+  });
+}
+
+/// Y[row] = normalize(X[row]) with one functor per channel.
+void normalize(const Tensor& x, const BatchNormDims& d, const std::vector<fn::BnNormalize>& per_channel, Tensor& y) {
+  std::vector<float> buf;
+  cpu::dispatch_floating(y.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    for_each_row(x, d, buf, [&](int64_t row, int64_t c, float* v) {
+      for (int64_t i = 0; i < d.spatial; ++i) v[i] = per_channel[static_cast<size_t>(c)](v[i]);
+      cpu::store_floats(v, y.data<T>() + row * d.spatial, d.spatial);
+    });
+  });
+}
+
+void batch_norm_cpu(OpContext& ctx) {
+  const Tensor& x = ctx.in("X");
+  const BatchNormDims d = batch_norm_dims(x.shape());
+  const float* scale = ctx.in("Scale").data<float>();
+  const float* bias = ctx.in("Bias").data<float>();
+  const float eps = ctx.attr<float>("epsilon", 1e-5f);
+  const bool training = ctx.env.training && !ctx.attr<bool>("is_test", false);
+  std::vector<fn::BnNormalize> norm(static_cast<size_t>(d.c));
+
+  if (!training) {
+    const float* rmean = ctx.in("Mean").data<float>();
+    const float* rvar = ctx.in("Variance").data<float>();
+    for (int64_t c = 0; c < d.c; ++c)
+      norm[static_cast<size_t>(c)] = {rmean[c], fn::bn_inv_std(rvar[c], eps) * scale[c], bias[c]};
+    normalize(x, d, norm, ctx.out("Y", x.shape(), x.dtype()));
+    return;
+  }
+
+  const int64_t m = d.n * d.spatial;  // values per channel
+  MIX_CHECK(m > 1, "batch_norm: training needs more than one value per channel, X is " << shape_str(x.shape())
+                                                                                       << " (use a larger batch)");
+  std::vector<double> sum(static_cast<size_t>(d.c), 0.0), sum_sq(static_cast<size_t>(d.c), 0.0);
+  std::vector<float> buf;
+  for_each_row(x, d, buf, [&](int64_t, int64_t c, const float* v) {
+    double s = 0, ss = 0;
+    for (int64_t i = 0; i < d.spatial; ++i) {
+      s += v[i];
+      ss += static_cast<double>(v[i]) * v[i];
+    }
+    sum[static_cast<size_t>(c)] += s;
+    sum_sq[static_cast<size_t>(c)] += ss;
+  });
+  // Read the running statistics before writing: MeanOut is normally Mean itself.
+  const std::vector<float> rmean = ctx.in("Mean").to_floats(), rvar = ctx.in("Variance").to_floats();
+  const float momentum = ctx.attr<float>("momentum", 0.9f);
+  Tensor& saved_mean = ctx.out("SavedMean", {d.c}, DType::f32);
+  Tensor& saved_inv_std = ctx.out("SavedVariance", {d.c}, DType::f32);
+  Tensor& mean_out = ctx.out("MeanOut", {d.c}, DType::f32);
+  Tensor& var_out = ctx.out("VarianceOut", {d.c}, DType::f32);
+  for (int64_t c = 0; c < d.c; ++c) {
+    const size_t k = static_cast<size_t>(c);
+    const double mean = sum[k] / static_cast<double>(m);
+    const double var = std::max(0.0, sum_sq[k] / static_cast<double>(m) - mean * mean);  // biased: normalises
+    const float inv_std = fn::bn_inv_std(static_cast<float>(var), eps);
+    saved_mean.data<float>()[c] = static_cast<float>(mean);
+    saved_inv_std.data<float>()[c] = inv_std;
+    norm[k] = {static_cast<float>(mean), inv_std * scale[c], bias[c]};
+    const double unbiased = var * static_cast<double>(m) / static_cast<double>(m - 1);
+    mean_out.data<float>()[c] = fn::bn_running_update(rmean[k], static_cast<float>(mean), momentum);
+    var_out.data<float>()[c] = fn::bn_running_update(rvar[k], static_cast<float>(unbiased), momentum);
+  }
+  if (ctx.wants("NumBatchesTrackedOut")) {
+    const int64_t seen = ctx.in("NumBatchesTracked").data<int64_t>()[0];
+    ctx.out("NumBatchesTrackedOut", {}, DType::i64).data<int64_t>()[0] = seen + 1;
+  }
+  normalize(x, d, norm, ctx.out("Y", x.shape(), x.dtype()));
+}
+
+void batch_norm_grad_cpu(OpContext& ctx) {
+  const Tensor& x = ctx.in("X");
+  const Tensor& dy = ctx.in("Y@GRAD");
+  const BatchNormDims d = batch_norm_dims(x.shape());
+  MIX_CHECK(dy.shape() == x.shape() && dy.dtype() == x.dtype(), "batch_norm_grad: Y@GRAD must match X");
+  const float* scale = ctx.in("Scale").data<float>();
+  const float* mean = ctx.in("SavedMean").data<float>();
+  const float* inv_std = ctx.in("SavedVariance").data<float>();
+  const int64_t m = d.n * d.spatial;
+
+  // Per channel: sum(dy) and sum(dy * xhat), in double.
+  std::vector<double> sum_dy(static_cast<size_t>(d.c), 0.0), sum_dy_xhat(static_cast<size_t>(d.c), 0.0);
+  std::vector<float> xbuf, dybuf(static_cast<size_t>(d.spatial));
+  cpu::dispatch_floating(dy.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    for_each_row(x, d, xbuf, [&](int64_t row, int64_t c, const float* xv) {
+      cpu::load_floats(dy.data<T>() + row * d.spatial, dybuf.data(), d.spatial);
+      double s = 0, sx = 0;
+      for (int64_t i = 0; i < d.spatial; ++i) {
+        s += dybuf[static_cast<size_t>(i)];
+        sx += static_cast<double>(dybuf[static_cast<size_t>(i)]) * ((xv[i] - mean[c]) * inv_std[c]);
+      }
+      sum_dy[static_cast<size_t>(c)] += s;
+      sum_dy_xhat[static_cast<size_t>(c)] += sx;
+    });
+  });
+  if (ctx.wants("Scale@GRAD")) {
+    float* ds = ctx.out("Scale@GRAD", {d.c}, DType::f32).data<float>();
+    for (int64_t c = 0; c < d.c; ++c) ds[c] = static_cast<float>(sum_dy_xhat[static_cast<size_t>(c)]);
+  }
+  if (ctx.wants("Bias@GRAD")) {
+    float* db = ctx.out("Bias@GRAD", {d.c}, DType::f32).data<float>();
+    for (int64_t c = 0; c < d.c; ++c) db[c] = static_cast<float>(sum_dy[static_cast<size_t>(c)]);
+  }
+  if (!ctx.wants("X@GRAD")) return;
+  Tensor& dx = ctx.out("X@GRAD", x.shape(), x.dtype());
+  std::vector<fn::BnBackward> back(static_cast<size_t>(d.c));
+  for (int64_t c = 0; c < d.c; ++c) {
+    const size_t k = static_cast<size_t>(c);
+    back[k] = {mean[c], inv_std[c], scale[c] * inv_std[c], static_cast<float>(sum_dy[k] / static_cast<double>(m)),
+               static_cast<float>(sum_dy_xhat[k] / static_cast<double>(m))};
+  }
+  cpu::dispatch_floating(dx.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    for_each_row(x, d, xbuf, [&](int64_t row, int64_t c, float* xv) {
+      cpu::load_floats(dy.data<T>() + row * d.spatial, dybuf.data(), d.spatial);
+      const fn::BnBackward& b = back[static_cast<size_t>(c)];
+      for (int64_t i = 0; i < d.spatial; ++i) xv[i] = b(xv[i], dybuf[static_cast<size_t>(i)]);
+      cpu::store_floats(xv, dx.data<T>() + row * d.spatial, d.spatial);
+    });
+  });
+}
+
+std::vector<OpDesc> batch_norm_grad_maker(const OpDesc& fwd, GradContext& g) {
+  const std::string dy = g.grad_of_output(fwd.out("Y"));
+  if (dy.empty()) return {};
+  return {make_op("batch_norm_grad",
+                  {{"X", {fwd.in("X")}},
+                   {"Scale", {fwd.in("Scale")}},
+                   {"SavedMean", {fwd.out("SavedMean")}},
+                   {"SavedVariance", {fwd.out("SavedVariance")}},
+                   {"Y@GRAD", {dy}}},
+                  {{"X@GRAD", {g.grad_for_input(fwd.in("X"))}},
+                   {"Scale@GRAD", {g.grad_for_input(fwd.in("Scale"))}},
+                   {"Bias@GRAD", {g.grad_for_input(fwd.in("Bias"))}}},
+                  fwd.attrs)};
+}
+
+MIX_REGISTER_OP("batch_norm", OpInfo{infer_batch_norm, batch_norm_cpu, {}, batch_norm_grad_maker});
+MIX_REGISTER_OP("batch_norm_grad", OpInfo{{}, batch_norm_grad_cpu, {}, {}});
+
+}  // namespace
+}  // namespace mix
