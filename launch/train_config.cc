@@ -27,6 +27,9 @@ std::vector<std::pair<std::string, std::string>> TrainConfig::fingerprint_fields
   };
   return {{"model", model},
           {"hidden", list(hidden)},
+          {"image-size", opt(image_size)},
+          {"width", opt(width)},
+          {"blocks", list(blocks)},
           {"data", data},
           {"device", device},
           {"allow-tf32", allow_tf32 ? "on" : "off"},
@@ -52,7 +55,7 @@ std::vector<std::pair<std::string, std::string>> TrainConfig::fingerprint_fields
           {"min-loss-scaling", opt(min_loss_scaling)},
           {"on-min-scale", on_min_scale},
           {"bucket-mb", num(bucket_mb)},
-          {"synthetic-size", data == "synthetic" ? num(synthetic_size) : "-"},
+          {"synthetic-size", data == "synthetic" ? opt(synthetic_size) : "-"},
           {"synthetic-features", data == "synthetic" ? num(synthetic_features) : "-"},
           {"synthetic-classes", data == "synthetic" ? num(synthetic_classes) : "-"},
           {"inject-overflow", inject_overflow},
@@ -118,6 +121,12 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
   app.add_option("--model", c.model, "model to train")->check(CLI::IsMember(models));
   app.add_option("--hidden", c.hidden, "MLP hidden layer sizes, comma separated")->delimiter(',')
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  app.add_option("--image-size", c.image_size, "ResNets: height and width of synthetic images (224; 32 for resnet-small)")
+      ->check(kPositiveInt);
+  app.add_option("--width", c.width, "ResNets: channels of the stem and first stage (64; 16 for resnet-small)")
+      ->check(kPositiveInt);
+  app.add_option("--blocks", c.blocks, "ResNets: blocks per stage, comma separated (resnet-small: 2,2,2)")
+      ->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)->check(kPositiveInt);
   app.add_option("--data", c.data, "data set")->check(CLI::IsMember({"fashion-mnist", "synthetic", "safetensors"}));
   app.add_option("--data-dir", c.data_dir, "directory of the Fashion-MNIST IDX .gz files");
   app.add_option("--data-file", c.data_file, "safetensors file with `inputs` F32 [N,...] and `labels` I64 [N]");
@@ -207,6 +216,11 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
                "': expected STEP[:RANK[:PARAM]] with STEP >= 1, e.g. 5, 5:1 or 5:1:fc1.weight");
   if (!c.resume.empty() && !c.init_from.empty()) return bad("--resume and --init-from are exclusive: use one");
   if (c.model == "mlp" && c.hidden.empty()) return bad("--hidden needs at least one size for --model mlp");
+  if (!c.is_resnet() && (c.image_size || c.width || !c.blocks.empty()))
+    return bad("--image-size, --width and --blocks are for the ResNet models (--model " + c.model + ")");
+  if (c.image_size && c.data != "synthetic")
+    return bad("--image-size sets the size of synthetic images; with --data " + c.data +
+               " the images have the data set's size");
   if (c.steps == 0 && c.save.empty() && !c.print_program)
     return bad("--steps 0 trains nothing: add --save FILE to write the initial parameters");
   for (auto& w : c.amp_white_list)

@@ -11,12 +11,17 @@ struct TrainConfig {
   // model
   std::string model = "mlp";
   std::vector<int64_t> hidden = {256, 128};
+  // ResNets: overrides of the preset (models::resnet_preset); image size of synthetic data
+  std::optional<int64_t> image_size;
+  std::optional<int64_t> width;
+  std::vector<int64_t> blocks;
+  bool is_resnet() const { return model.rfind("resnet", 0) == 0; }
   // data
   std::string data = "fashion-mnist";
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   std::string data_file;
   bool shuffle = true;
-  int64_t synthetic_size = 8192;
+  std::optional<int64_t> synthetic_size;  // default 8192 examples, 512 images
   int64_t synthetic_features = 784;
   int64_t synthetic_classes = 10;
   // device and precision

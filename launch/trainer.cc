@@ -45,8 +45,62 @@ std::string format_eta(double s) {
 data::TrainTest load_data(const TrainConfig& c) {
   if (c.data == "fashion-mnist") return data::load_fashion_mnist(c.data_dir);
   if (c.data == "safetensors") return data::load_safetensors_dataset(c.data_file);
-  return data::make_synthetic(c.synthetic_size, std::max<int64_t>(c.synthetic_size / 8, 1), c.synthetic_features,
-                              c.synthetic_classes, c.seed);
+  if (c.is_resnet()) {
+    // Images for the ResNets: 3 x 224 x 224 (32 x 32 for resnet-small) unless --image-size says otherwise.
+    const int64_t size = c.image_size ? *c.image_size : (c.model == "resnet-small" ? 32 : 224);
+    const int64_t n = c.synthetic_size.value_or(512);
+    return data::make_synthetic_images(n, std::max<int64_t>(n / 8, 1), 3, size, c.synthetic_classes, c.seed);
+  }
+  const int64_t n = c.synthetic_size.value_or(8192);
+  return data::make_synthetic(n, std::max<int64_t>(n / 8, 1), c.synthetic_features, c.synthetic_classes, c.seed);
+}
+
+/// The model --model names, shaped for the data: the MLP takes flat features; a
+/// ResNet takes [C, H, W] images (flat square images such as Fashion-MNIST's 784
+/// pixels are read as one channel).
+models::Model build_model(const TrainConfig& c, const data::Dataset& train) {
+  const Shape example = train.example_shape();
+  const int64_t features = shape_numel(example);
+  const int64_t classes = std::max<int64_t>(train.num_classes, 2);
+  if (!c.is_resnet()) {
+    models::MlpConfig mc;
+    mc.in_features = features;
+    mc.hidden = c.model == "linear" ? std::vector<int64_t>{} : c.hidden;
+    mc.num_classes = classes;
+    return models::build_mlp(mc, c.model);
+  }
+  models::ResNetConfig rc = models::resnet_preset(c.model);
+  if (example.size() == 3 && example[1] == example[2]) {
+    rc.in_channels = example[0];
+    rc.image_size = example[1];
+  } else {
+    const auto side = static_cast<int64_t>(std::llround(std::sqrt(static_cast<double>(features))));
+    MIX_CHECK(example.size() == 1 && side * side == features,
+              "--model " << c.model << " needs square images, [C, H, H] or H*H pixels per example, but the data's "
+                         << "examples are " << shape_str(example));
+    rc.in_channels = 1;
+    rc.image_size = side;
+  }
+  if (c.width) rc.width = *c.width;
+  if (!c.blocks.empty()) rc.blocks = c.blocks;
+  rc.num_classes = classes;
+  return models::build_resnet(rc, c.model);
+}
+
+/// [n, example...]: a batch shaped as the model's input.
+Shape batch_shape(const models::Model& m, int64_t n) {
+  Shape s{n};
+  s.insert(s.end(), m.example_shape.begin(), m.example_shape.end());
+  return s;
+}
+
+/// Model buffers (batch_norm's running statistics): not trained, but every rank
+/// must hold the same values for evaluation, checkpoints and the consistency check.
+std::vector<std::string> buffer_names(const Program& p) {
+  std::vector<std::string> names;
+  for (const VarDesc& v : p.vars())
+    if (v.is_buffer) names.push_back(v.name);
+  return names;
 }
 
 /// NaN or inf in the inputs would look like an overflow every step; stop with the place instead.
@@ -98,10 +152,12 @@ std::string model_signature(const Program& p) {
   return o.str();
 }
 
-/// Hash of the bytes of every FP32 master, for the periodic consistency check.
+/// Hash of the bytes of every FP32 master and model buffer, for the periodic consistency check.
 std::string masters_hash(const Program& p, const Scope& scope) {
   uint64_t h = fnv1a("masters");
-  for (auto& name : p.parameters()) {
+  std::vector<std::string> names = p.parameters();
+  for (auto& b : buffer_names(p)) names.push_back(b);
+  for (auto& name : names) {
     const Tensor t = scope.get(name).to(cpu_device());
     h = fnv1a(t.raw(), t.bytes(), h);
   }
@@ -166,14 +222,9 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   data::TrainTest data = load_data(c);
   check_finite_data(data.train, c.data == "safetensors" ? c.data_file : c.data + " training set");
   if (data.test.size() > 0) check_finite_data(data.test, c.data == "safetensors" ? c.data_file : c.data + " test set");
-  const Shape example = data.train.example_shape();
-  const int64_t features = shape_numel(example);
-  models::MlpConfig mc;
-  mc.in_features = features;
-  mc.hidden = c.model == "linear" ? std::vector<int64_t>{} : c.hidden;
-  mc.num_classes = std::max<int64_t>(data.train.num_classes, 2);
-  models::Model model = models::build_mlp(mc, c.model);
+  models::Model model = build_model(c, data.train);
   Program& program = model.program;
+  const std::vector<std::string> buffers = buffer_names(program);
 
   // ---- the training program: the one-line AMP switch ------------------------------
   std::unique_ptr<optim::Optimizer> opt = make_optimizer(c);
@@ -209,8 +260,14 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   int64_t start_step = 0;
   if (!c.init_from.empty()) {
     int ignored = 0;
-    const int n = io::load_parameters(c.init_from, program, scope, &ignored);
-    if (rank == 0) spdlog::info("loaded {} parameters from {} ({} other tensors ignored)", n, c.init_from, ignored);
+    std::vector<std::string> missing_buffers;
+    const int n = io::load_parameters(c.init_from, program, scope, &ignored, &missing_buffers);
+    if (rank == 0) {
+      spdlog::info("loaded {} tensors from {} ({} other tensors ignored)", n, c.init_from, ignored);
+      if (!missing_buffers.empty())
+        spdlog::warn("{} has no {} (and {} more buffers): they keep their initial values", c.init_from,
+                     missing_buffers[0], missing_buffers.size() - 1);
+    }
   }
   if (!c.resume.empty()) {
     io::Metadata meta = io::load_checkpoint(c.resume, program, scope);
@@ -288,9 +345,11 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     for (int64_t b = 0; b < static_cast<int64_t>(idx.size()); b += eval_batch) {
       const int64_t n = std::min<int64_t>(eval_batch, static_cast<int64_t>(idx.size()) - b);
       data::gather_batch(ds, idx, b, n, x, y);
-      scope.set(model.input, x.reshaped({n, features}).to(device));
+      scope.set(model.input, x.reshaped(batch_shape(model, n)).to(device));
       scope.set(model.label, y.reshaped({n, 1}).to(device));
+      env.training = false;  // batch_norm: the running statistics, no updates
       eval_exec.run(scope, env);
+      env.training = true;
       const Tensor& logits = scope.get(model.logits);
       std::vector<float> lv = logits.to_floats();
       const int64_t k = logits.dim(-1);
@@ -342,7 +401,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     const int64_t begin = in_epoch * batch;
     const int64_t n = std::min<int64_t>(batch, static_cast<int64_t>(order.size()) - begin);
     data::gather_batch(data.train, order, begin, n, x, y);
-    scope.set(model.input, x.reshaped({n, features}).to(device));
+    scope.set(model.input, x.reshaped(batch_shape(model, n)).to(device));
     scope.set(model.label, y.reshaped({n, 1}).to(device));
     const double rate = lr.at(step);
     write_f32(scope.get(optim::kLearningRate), static_cast<float>(rate));
@@ -351,6 +410,12 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     const uint64_t bytes_before = grad_comm.bytes().grad_allreduce_bytes;
     const auto t0 = Clock::now();
     step_exec.run(scope, env);
+    // Each rank updated its running statistics from its own batch (per-rank
+    // batch_norm, PyTorch DDP's default); rank 0's win, as DDP's broadcast_buffers does.
+    for (const std::string& b : buffers) {
+      Tensor& t = scope.get(b);
+      grad_comm.broadcast(t.raw(), t.bytes(), 0);
+    }
     const double secs = seconds_since(t0);
     const uint64_t grad_bytes = grad_comm.bytes().grad_allreduce_bytes - bytes_before;
 

@@ -31,6 +31,24 @@ struct MlpConfig {
 };
 Model build_mlp(const MlpConfig& c, const std::string& name = "mlp");
 
+/// ResNets (models/resnet.cc): torchvision's ResNet-18/34/50 (7x7 stride-2 stem,
+/// 3x3 max-pool, four stages) and a small-input variant for 28x28 / 32x32 images
+/// (3x3 stride-1 stem, no max-pool). Stage s has width << s channels (x4 for
+/// bottlenecks); stages after the first start with a stride-2 block.
+struct ResNetConfig {
+  std::vector<int64_t> blocks;  // blocks per stage
+  bool bottleneck = false;      // ResNet-50's 1x1-3x3-1x1 blocks, else basic 3x3-3x3 blocks
+  bool small_input = false;
+  int64_t width = 64;           // channels of the stem and the first stage
+  int64_t in_channels = 3;
+  int64_t image_size = 224;
+  int64_t num_classes = 1000;
+};
+/// The configuration of resnet18, resnet34, resnet50 or resnet-small (widths
+/// 16/32/64, two basic blocks per stage, 1x28x28 input); throws for other names.
+ResNetConfig resnet_preset(const std::string& name);
+Model build_resnet(const ResNetConfig& c, const std::string& name);
+
 /// Names --model accepts.
 std::vector<std::string> model_names();
 

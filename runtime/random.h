@@ -111,12 +111,14 @@ class Rng {
     return a + c;
   }
 
- private:
+  /// splitmix64's finaliser: a well-mixed 64-bit hash of z (also for stateless per-element hashing).
   static uint64_t mix64(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
   }
+
+ private:
 
   uint64_t state_;
   double spare_ = 0.0;

@@ -42,6 +42,12 @@ TrainTest load_safetensors_dataset(const std::string& path);
 /// random linear teacher so that the task is learnable.
 TrainTest make_synthetic(int64_t train_size, int64_t test_size, int64_t features, int64_t classes, uint64_t seed);
 
+/// Deterministic random images [N, channels, size, size] for image models and
+/// benchmarks (ImageNet-shaped with 3 x 224 x 224): noise plus a fixed pattern
+/// per class, so the task is learnable; labels uniform over the classes.
+TrainTest make_synthetic_images(int64_t train_size, int64_t test_size, int64_t channels, int64_t size, int64_t classes,
+                                uint64_t seed);
+
 /// PyTorch DistributedSampler semantics: each epoch's order is a permutation
 /// seeded by (seed, epoch), identical on every rank; rank r takes indices
 /// r, r+world, r+2*world, ... of the (padded to a multiple of world) order.

@@ -39,7 +39,8 @@ void save_checkpoint(const std::string& path, const Program& p, const Scope& sco
   write_safetensors(path, tensors, meta);
 }
 
-int load_parameters(const std::string& path, const Program& p, Scope& scope, int* ignored) {
+int load_parameters(const std::string& path, const Program& p, Scope& scope, int* ignored,
+                    std::vector<std::string>* missing_buffers) {
   SafetensorsFile f = read_safetensors(path);
   int loaded = 0;
   std::string missing;
@@ -56,6 +57,15 @@ int load_parameters(const std::string& path, const Program& p, Scope& scope, int
     MIX_FAIL("--init-from " << path << " lacks the model's parameters: " << missing
                             << " (names and layouts are PyTorch's state_dict ones; `mixtrain --steps 0 --save FILE` "
                                "writes a file with every name)");
+  for (const VarDesc& v : p.vars()) {
+    if (!v.is_buffer) continue;
+    if (const Tensor* src = f.find(v.name)) {
+      copy_into(path, v.name, *src, scope.get(v.name));
+      ++loaded;
+    } else if (missing_buffers) {
+      missing_buffers->push_back(v.name);
+    }
+  }
   if (ignored) *ignored = static_cast<int>(f.tensors.size()) - loaded;
   return loaded;
 }

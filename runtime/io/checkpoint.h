@@ -5,6 +5,7 @@
 // holds the loss scaler, the step, the seed and the data position.
 #include <map>
 #include <string>
+#include <vector>
 
 #include "runtime/op_registry.h"
 #include "runtime/program.h"
@@ -18,9 +19,13 @@ using Metadata = std::map<std::string, std::string>;
 void save_checkpoint(const std::string& path, const Program& p, const Scope& scope, const Metadata& meta);
 
 /// --init-from: loads every parameter of `p` from `path` (F32, F16 or BF16
-/// tensors; shapes must match). A missing parameter or a shape mismatch throws
-/// naming the tensor; tensors the model does not have are ignored (counted in the return).
-int load_parameters(const std::string& path, const Program& p, Scope& scope, int* ignored = nullptr);
+/// tensors; shapes must match), and the model buffers (batch_norm's running
+/// statistics) the file has; buffers it lacks keep their initial values and are
+/// listed in `missing_buffers`. A missing parameter or a shape mismatch throws
+/// naming the tensor; tensors the model does not have are ignored (counted in
+/// `ignored`). Returns the number of tensors loaded.
+int load_parameters(const std::string& path, const Program& p, Scope& scope, int* ignored = nullptr,
+                    std::vector<std::string>* missing_buffers = nullptr);
 
 /// --resume: loads every persistable variable saved by save_checkpoint and returns the metadata.
 Metadata load_checkpoint(const std::string& path, const Program& p, Scope& scope);

@@ -41,6 +41,7 @@
 #include "runtime/io/safetensors.h"
 #include "runtime/op_registry.h"
 #include "runtime/optim/optimizer.h"
+#include "tests/unit/parity.h"
 
 namespace {
 
@@ -50,17 +51,9 @@ using mix::ExecEnv;
 using mix::Scope;
 using mix::Tensor;
 using mix::grad_name;
-namespace fs = std::filesystem;
-
-constexpr const char* kPython = "/usr/bin/python3";
-
-// ---- the reference file ----------------------------------------------------------
-
-std::string source_dir() {
-  if (const char* s = std::getenv("MIX_SOURCE_DIR"); s && *s) return s;
-  // Run by hand outside CTest: this file is <source>/tests/unit/test_mlp_parity.cc.
-  return fs::path(__FILE__).parent_path().parent_path().parent_path().string();
-}
+using mix::testing::Tol;
+using mix::testing::check_close;
+using mix::testing::verbose;
 
 struct Reference {
   mix::io::SafetensorsFile file;
@@ -90,19 +83,8 @@ std::vector<int64_t> parse_sizes(const std::string& s) {
 /// Runs the reference script once per test process and reads its file.
 const Reference& reference() {
   static const Reference ref = [] {
-    if (std::system((std::string(kPython) + " -c 'import numpy, torch' >/dev/null 2>&1").c_str()) != 0)
-      FAIL(kPython << " cannot import numpy and torch, which the PyTorch parity tests need: run scripts/setup.sh "
-                      "(it installs Debian's python3-numpy and python3-torch)");
-    const std::string script = source_dir() + "/tests/python/mlp_reference.py";
-    if (!fs::exists(script))
-      FAIL("no reference script at " << script << " (set MIX_SOURCE_DIR to the source tree; CTest does)");
-    const fs::path out = fs::temp_directory_path() / ("mix_mlp_parity_" + std::to_string(getpid()) + ".safetensors");
-    const std::string cmd = std::string(kPython) + " '" + script + "' '" + out.string() + "'";
-    const int rc = std::system(cmd.c_str());
-    if (rc != 0) FAIL("the reference script failed (status " << rc << "): " << cmd);
     Reference r;
-    r.file = mix::io::read_safetensors(out.string());
-    fs::remove(out);
+    r.file = mix::testing::run_reference_script("mlp_reference.py");
     r.sizes = parse_sizes(r.file.metadata.at("sizes"));
     r.batch = std::stoll(r.file.metadata.at("batch"));
     REQUIRE(r.sizes.size() >= 2);
@@ -112,51 +94,6 @@ const Reference& reference() {
 }
 
 // ---- comparisons -----------------------------------------------------------------
-
-struct Tol {
-  double abs = 0;     // absolute floor
-  double of_max = 0;  // times max |want| over the tensor, added to the floor
-  double rel = 0;     // times |want_i|
-};
-
-bool verbose() {
-  const char* v = std::getenv("MIX_PARITY_VERBOSE");
-  return v && *v && std::string(v) != "0";
-}
-
-/// Elementwise |got - want| <= tol; on failure reports the count and the worst element.
-void check_close(const std::string& what, const Tensor& got, const Tensor& want, Tol tol) {
-  INFO(what);
-  REQUIRE(got.shape() == want.shape());
-  const std::vector<float> g = got.to_floats(), w = want.to_floats();
-  double max_abs_want = 0;
-  for (float v : w) max_abs_want = std::max(max_abs_want, std::fabs(static_cast<double>(v)));
-  const double floor = tol.abs + tol.of_max * max_abs_want;
-  size_t bad = 0, worst = 0;
-  double worst_ratio = -1, max_diff = 0;
-  for (size_t i = 0; i < w.size(); ++i) {
-    const double diff = std::fabs(static_cast<double>(g[i]) - static_cast<double>(w[i]));
-    const double allowed = floor + tol.rel * std::fabs(static_cast<double>(w[i]));
-    const double ratio = std::isnan(diff) ? INFINITY : diff / std::max(allowed, 1e-300);
-    max_diff = std::max(max_diff, diff);
-    if (!(diff <= allowed)) ++bad;
-    if (ratio > worst_ratio) {
-      worst_ratio = ratio;
-      worst = i;
-    }
-  }
-  const double worst_allowed = floor + tol.rel * std::fabs(static_cast<double>(w[worst]));
-  std::ostringstream msg;
-  msg << what << ": " << bad << " of " << w.size() << " elements out of tolerance (abs " << tol.abs << " + "
-      << tol.of_max << " * max|want| " << max_abs_want << " + rel " << tol.rel << "); max |diff| " << max_diff
-      << "; worst element " << worst << ": got " << g[worst] << ", want " << w[worst] << ", |diff| "
-      << std::fabs(static_cast<double>(g[worst]) - w[worst]) << " vs allowed " << worst_allowed << " ("
-      << worst_ratio << " of the tolerance)";
-  if (verbose())
-    std::fprintf(stderr, "[parity] %-70s max|diff| %.3g, worst at %.3g of its tolerance\n", what.c_str(), max_diff,
-                 worst_ratio);
-  if (bad) FAIL_CHECK(msg.str());
-}
 
 Tensor scalar(float v) { return Tensor::from_floats({1}, {v}); }
 
