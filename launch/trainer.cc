@@ -371,7 +371,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   };
 
   auto consistency_check = [&](int64_t step) {
-    collective::Fields f = {{"step", std::to_string(step)}, {"fp32 masters", masters_hash(program, scope)}};
+    collective::Fields f = {{"step", std::to_string(step)}, {"fp32 masters and buffers", masters_hash(program, scope)}};
     if (use_amp) {
       std::ostringstream s;
       s << read_f32(scope, amp::ScalerVars::scale);

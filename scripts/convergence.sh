@@ -6,18 +6,21 @@
 # Takes about 25 minutes per run on a 2-core machine. The CI version is
 # tests/e2e/test_resnet_convergence.py (shorter, with a bar it can meet there).
 #
-#   scripts/convergence.sh [--out DIR] [--epochs N] [--precisions "amp fp32"] [-- extra mixtrain flags]
+#   scripts/convergence.sh [--out DIR] [--epochs N] [--precisions "amp fp32"] [--report] [-- extra mixtrain flags]
+# --report prints the figures of runs already in DIR without training.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${MIX_BUILD_DIR:-$root/build}"
 out="$root/runs/convergence"
 epochs=3
 precisions="amp fp32"
+report_only=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) out="$2"; shift 2 ;;
     --epochs) epochs="$2"; shift 2 ;;
     --precisions) precisions="$2"; shift 2 ;;
+    --report) report_only=1; shift ;;
     --) shift; break ;;
     *) echo "convergence.sh: unknown argument '$1' (see the header of this script)" >&2; exit 2 ;;
   esac
@@ -25,6 +28,7 @@ done
 [ -x "$build/mixtrain" ] || "$root/scripts/build.sh"
 mkdir -p "$out"
 for p in $precisions; do
+  [ "$report_only" = 1 ] && break
   echo "== resnet-small, $p, 2 ranks, $epochs epochs"
   start=$(date +%s)
   "$build/mixrun" -n 2 -- "$build/mixtrain" --model resnet-small --data fashion-mnist --precision "$p" \

@@ -44,6 +44,19 @@ void widen(const Tensor& t, int64_t offset, int64_t count, float* dst) {
   });
 }
 
+/// The output columns ox whose input column ox * stride - pad + j * dil lies in
+/// [0, w): [lo, hi). Precomputing it keeps the bounds test out of the inner loops.
+struct ColumnRange {
+  int64_t lo, hi;
+};
+ColumnRange valid_columns(const ConvDims& d, int64_t j) {
+  const int64_t offset = j * d.dil_w - d.pad_w;  // ix = ox * stride + offset
+  // Smallest ox with ix >= 0, and one past the largest with ix < w.
+  const int64_t lo = offset >= 0 ? 0 : (-offset + d.stride_w - 1) / d.stride_w;
+  const int64_t hi = d.w - offset <= 0 ? 0 : (d.w - offset - 1) / d.stride_w + 1;
+  return {std::min(lo, d.ow), std::clamp<int64_t>(hi, std::min(lo, d.ow), d.ow)};
+}
+
 /// Unfolds channels [c0, c0 + c/groups) of `nb` images x[nb, c, h, w] into
 /// col[k, nb * oh * ow], row k = (ci kh + i) kw + j; padding reads as 0.
 void im2col(const float* x, const ConvDims& d, int64_t nb, int64_t c0, float* col) {
@@ -52,6 +65,8 @@ void im2col(const float* x, const ConvDims& d, int64_t nb, int64_t c0, float* co
     for (int64_t i = 0; i < d.kh; ++i)
       for (int64_t j = 0; j < d.kw; ++j) {
         float* row = col + ((ci * d.kh + i) * d.kw + j) * cols;
+        const ColumnRange r = valid_columns(d, j);
+        const int64_t offset = j * d.dil_w - d.pad_w;
         for (int64_t img = 0; img < nb; ++img) {
           const float* plane = x + (img * d.c + c0 + ci) * d.h * d.w;
           for (int64_t oy = 0; oy < d.oh; ++oy) {
@@ -61,11 +76,15 @@ void im2col(const float* x, const ConvDims& d, int64_t nb, int64_t c0, float* co
               std::fill(dst, dst + d.ow, 0.f);
               continue;
             }
-            const float* src = plane + iy * d.w;
-            for (int64_t ox = 0; ox < d.ow; ++ox) {
-              const int64_t ix = ox * d.stride_w - d.pad_w + j * d.dil_w;
-              dst[ox] = ix >= 0 && ix < d.w ? src[ix] : 0.f;
+            // Input column of output column r.lo (>= 0); the next ones follow at the stride.
+            const float* src = plane + iy * d.w + (r.lo * d.stride_w + offset);
+            std::fill(dst, dst + r.lo, 0.f);
+            if (d.stride_w == 1) {
+              std::memcpy(dst + r.lo, src, static_cast<size_t>(r.hi - r.lo) * sizeof(float));
+            } else {
+              for (int64_t ox = r.lo; ox < r.hi; ++ox) dst[ox] = src[(ox - r.lo) * d.stride_w];
             }
+            std::fill(dst + r.hi, dst + d.ow, 0.f);
           }
         }
       }
@@ -78,17 +97,16 @@ void col2im_add(const float* col, const ConvDims& d, int64_t nb, int64_t c0, flo
     for (int64_t i = 0; i < d.kh; ++i)
       for (int64_t j = 0; j < d.kw; ++j) {
         const float* row = col + ((ci * d.kh + i) * d.kw + j) * cols;
+        const ColumnRange r = valid_columns(d, j);
+        const int64_t offset = j * d.dil_w - d.pad_w;
         for (int64_t img = 0; img < nb; ++img) {
           float* plane = dx + (img * d.c + c0 + ci) * d.h * d.w;
           for (int64_t oy = 0; oy < d.oh; ++oy) {
             const int64_t iy = oy * d.stride_h - d.pad_h + i * d.dil_h;
             if (iy < 0 || iy >= d.h) continue;
             const float* src = row + img * ohw + oy * d.ow;
-            float* dst = plane + iy * d.w;
-            for (int64_t ox = 0; ox < d.ow; ++ox) {
-              const int64_t ix = ox * d.stride_w - d.pad_w + j * d.dil_w;
-              if (ix >= 0 && ix < d.w) dst[ix] += src[ox];
-            }
+            float* dst = plane + iy * d.w + (r.lo * d.stride_w + offset);
+            for (int64_t ox = r.lo; ox < r.hi; ++ox) dst[(ox - r.lo) * d.stride_w] += src[ox];
           }
         }
       }

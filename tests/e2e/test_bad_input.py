@@ -12,7 +12,9 @@ Cases: unknown flag, --precision fp8, --batch-size 0 (exit 2, and no 300-digit
 range in the message), overlapping AMP lists (names the op), --grad-reduce fp16
 in FP32, malformed and unknown-parameter --inject-overflow; missing dataset dir,
 dir without the files, truncated .gz, truncated safetensors --data-file, NaN in
---data-file (non-finite, example index), missing --init-from; MPMD jobs whose
+--data-file (non-finite, example index), missing --init-from; ResNet flags on the
+MLP, --image-size with a data set, --blocks 2,0, a ResNet on non-square data or
+on images too small for it, batch_norm over a single value per channel; MPMD jobs whose
 ranks differ in --model (both orders), the scaler flags, --bucket-mb,
 --synthetic-size, the size of their --data-file, --resume or --benchmark on one
 rank only (these two must only not hang), and a dead rank (a missing --data-file
@@ -110,6 +112,23 @@ def main():
     nan = d / "nan.safetensors"
     mt.safetensors_io.save(nan, {"inputs": x, "labels": rng.integers(0, 4, 128).astype(np.int64)})
     expect([*data_small, "--data-file", nan], "NaN in --data-file inputs", names=[str(nan), "non-finite", "example 7"])
+
+    # ---- ResNets ---------------------------------------------------------------------------------
+    expect([*small, "--width", 8], "--width on the MLP", rc=2, names=["--width", "ResNet"])
+    expect(["--model", "resnet-small", "--image-size", 32, "--steps", 1], "--image-size with Fashion-MNIST", rc=2,
+           names=["--image-size", "synthetic"])
+    expect(["--model", "resnet-small", "--blocks", "2,0", "--steps", 1], "--blocks with a zero", rc=2,
+           names=["--blocks"])
+    nonsquare = d / "nonsquare.safetensors"
+    mt.safetensors_io.save(nonsquare, {"inputs": rng.standard_normal((64, 15)).astype(np.float32),
+                                       "labels": rng.integers(0, 4, 64).astype(np.int64)})
+    expect(["--model", "resnet-small", "--data-file", nonsquare, "--steps", 1], "resnet on non-image data",
+           names=["square images", "[15]"])
+    r50 = ["--model", "resnet50", "--data", "synthetic", "--synthetic-size", 4, "--width", 4, "--steps", 1,
+           "--eval", "false"]
+    expect([*r50, "--image-size", 16], "resnet50 on 16x16 images", names=["at least 32x32", "--image-size"])
+    expect([*r50, "--image-size", 32, "--batch-size", 1], "batch_norm over one value per channel",
+           names=["more than one value per channel", "larger batch"])
 
     # ---- checkpoints ----------------------------------------------------------------------------
     expect([*small, "--init-from", d / "missing.safetensors"], "missing --init-from file",
