@@ -71,7 +71,7 @@ MemoryPlan Executor::plan(int64_t batch) const {
       if (program_.has_var(n) && program_.var(n).persistable) continue;
       // Views (reshape2, flatten) share their input's storage; counting them
       // again would overstate the plan, so their outputs add nothing.
-      if (op.type == "reshape2" || op.type == "reshape2_grad" || op.type == "flatten" || op.type == "flatten_grad")
+      if (op.type == "reshape2" || op.type == "reshape2_grad" || op.type == "flatten")
         continue;
       if (live.insert(n).second) live_bytes += bytes_of(n);
     }

@@ -1,7 +1,7 @@
 // flatten: Out = X viewed as 2-D [prod(X.dims[:axis]), prod(X.dims[axis:])]
 // (Paddle's flatten; axis 1 by default), e.g. ResNet's pooled [N, C, 1, 1] to
-// the [N, C] its fc layer takes. A view of X's storage, like reshape2; the grad
-// views Out@GRAD with X's runtime shape (and reads X only for that shape).
+// the [N, C] its fc layer takes. A view of X's storage, like reshape2; its
+// gradient is reshape2_grad (Out@GRAD viewed with X's runtime shape).
 #include "runtime/check.h"
 #include "runtime/op_registry.h"
 
@@ -30,24 +30,16 @@ void flatten_cpu(OpContext& ctx) {
   ctx.scope.set(ctx.op.out("Out"), x.reshaped(flatten_shape(x.shape(), ctx.attr<int64_t>("axis", 1))));
 }
 
-void flatten_grad_cpu(OpContext& ctx) {
-  const Tensor& x = ctx.in("X");
-  const Tensor& dout = ctx.in("Out@GRAD");
-  MIX_CHECK(dout.numel() == x.numel(), "flatten_grad: Out@GRAD " << shape_str(dout.shape()) << " does not hold X's "
-                                                                 << x.numel() << " elements");
-  ctx.scope.set(ctx.op.out("X@GRAD"), dout.reshaped(x.shape()));
-}
-
 std::vector<OpDesc> flatten_grad_maker(const OpDesc& fwd, GradContext& g) {
   const std::string dx = g.grad_for_input(fwd.in("X"));
   if (dx.empty()) return {};
-  return {make_op("flatten_grad", {{"X", {fwd.in("X")}}, {"Out@GRAD", {g.grad_of_output(fwd.out("Out"))}}},
-                  {{"X@GRAD", {dx}}}, fwd.attrs)};
+  // The gradient is Out@GRAD viewed with X's shape: reshape2's gradient op does exactly that.
+  return {make_op("reshape2_grad", {{"X", {fwd.in("X")}}, {"Out@GRAD", {g.grad_of_output(fwd.out("Out"))}}},
+                  {{"X@GRAD", {dx}}})};
 }
 
 // Views work on any device: the same kernel serves CUDA.
 MIX_REGISTER_OP("flatten", OpInfo{infer_flatten, flatten_cpu, flatten_cpu, flatten_grad_maker});
-MIX_REGISTER_OP("flatten_grad", OpInfo{{}, flatten_grad_cpu, flatten_grad_cpu, {}});
 
 }  // namespace
 }  // namespace mix

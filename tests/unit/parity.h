@@ -11,6 +11,7 @@
 #include <catch2/catch.hpp>
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -26,6 +27,15 @@ namespace mix::testing {
 namespace fs = std::filesystem;
 
 inline constexpr const char* kPython = "/usr/bin/python3";
+
+/// "784,64,10" -> {784, 64, 10} (the reference files' list metadata).
+inline std::vector<int64_t> split_ints(const std::string& s) {
+  std::vector<int64_t> v;
+  std::stringstream ss(s);
+  std::string part;
+  while (std::getline(ss, part, ',')) v.push_back(std::stoll(part));
+  return v;
+}
 
 inline std::string source_dir() {
   if (const char* s = std::getenv("MIX_SOURCE_DIR"); s && *s) return s;

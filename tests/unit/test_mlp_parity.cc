@@ -72,20 +72,12 @@ struct Reference {
   }
 };
 
-std::vector<int64_t> parse_sizes(const std::string& s) {
-  std::vector<int64_t> v;
-  std::stringstream ss(s);
-  std::string part;
-  while (std::getline(ss, part, ',')) v.push_back(std::stoll(part));
-  return v;
-}
-
 /// Runs the reference script once per test process and reads its file.
 const Reference& reference() {
   static const Reference ref = [] {
     Reference r;
     r.file = mix::testing::run_reference_script("mlp_reference.py");
-    r.sizes = parse_sizes(r.file.metadata.at("sizes"));
+    r.sizes = mix::testing::split_ints(r.file.metadata.at("sizes"));
     r.batch = std::stoll(r.file.metadata.at("batch"));
     REQUIRE(r.sizes.size() >= 2);
     return r;

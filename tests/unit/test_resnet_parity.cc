@@ -42,14 +42,6 @@ const Net kSmallResNet18{"small-input ResNet-18", "--small-input --blocks 2,2,2,
 const Net kBottleneck{"bottleneck ResNet (ResNet-50's structure)",
                       "--bottleneck --blocks 1,1,1,1 --width 4 --image 64 --batch 4"};
 
-std::vector<int64_t> split_ints(const std::string& s) {
-  std::vector<int64_t> v;
-  std::stringstream ss(s);
-  std::string part;
-  while (std::getline(ss, part, ',')) v.push_back(std::stoll(part));
-  return v;
-}
-
 /// The reference file of a network, made once per process.
 const io::SafetensorsFile& reference(const Net& net) {
   static std::map<std::string, io::SafetensorsFile> cache;
@@ -74,7 +66,7 @@ struct Run {
   Run(const io::SafetensorsFile& ref, bool amp) {
     auto meta = [&](const char* k) { return ref.metadata.at(k); };
     models::ResNetConfig c;
-    c.blocks = split_ints(meta("blocks"));
+    c.blocks = mix::testing::split_ints(meta("blocks"));
     c.width = std::stoll(meta("width"));
     c.bottleneck = meta("bottleneck") == "1";
     c.small_input = meta("small_input") == "1";
