@@ -513,7 +513,8 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   if (rank == 0) {
     if (c.benchmark)
       std::cout << "benchmark: " << c.model << " " << c.precision << " batch " << batch << " x " << world
-                << " ranks: " << overall_sps << " samples/s over " << sps_count << " timed steps (step time only), peak "
+                << " ranks: " << overall_sps << (c.is_resnet() ? " images/s" : " samples/s") << " over "
+                << sps_count << " timed steps (step time only), peak "
                 << peak << " bytes" << std::endl;
     if (have_eval) spdlog::info("final test accuracy {:.2f}%", 100 * last_eval.accuracy);
     if (!c.metrics.empty()) spdlog::info("metrics written to {}", c.metrics);

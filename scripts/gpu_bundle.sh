@@ -189,7 +189,7 @@ What is in it
 
 What the GPU machine needs
   Linux x86_64 with glibc >= ${glibc_needed#GLIBC_} (the bundled libraries need it), the NVIDIA
-  driver, a CUDA toolkit (nvcc, cuBLAS; NCCL and cuDNN in the toolkit or under
+  driver, a CUDA toolkit (nvcc, cuBLAS; NCCL and cuDNN 9 in the toolkit or under
   NCCL_ROOT / CUDNN_ROOT), CMake >= 3.24 and a C++20 host compiler (GCC >= 11).
   Open MPI is not needed: the bundle builds a single-process mixtrain (MIX_WITH_MPI=OFF).
   No network access, no other packages.
@@ -197,7 +197,7 @@ What the GPU machine needs
 How to use it
   1. Copy this whole folder to the GPU machine (any path; keep its layout):
        rsync -a $(basename "$dir")/ gpu-node:/scratch/mixbundle/
-  2. Run the GPU check from it (builds with CUDA, runs the [cuda] tests, trains the MLP):
+  2. Run the GPU check from it (builds with CUDA, runs the [cuda] tests, trains the MLP and ResNet-50):
        /scratch/mixbundle/src/scripts/gpu_check.sh --bundle /scratch/mixbundle --out /scratch/gpu_check
      or build by hand:
        cmake -S /scratch/mixbundle/src -B build -DMIX_BUNDLE_DIR=/scratch/mixbundle \\

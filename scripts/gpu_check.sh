@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # The GPU check: one command for the day a GPU is lent. It builds with CUDA,
 # runs every [cuda] test (each CUDA kernel against its CPU twin, the 1-GPU NCCL
-# communicator), trains the MLP for a few hundred steps in FP32 and in AMP on
-# the GPU, and prints a summary table last. Logs and summary.txt go to --out DIR.
-# Budget: under 8 minutes on one H200.
+# communicator), trains the MLP for a few hundred steps and ResNet-50 (cuDNN)
+# for a few dozen in FP32 and in AMP on the GPU (TF32 off), and prints a summary
+# table last. Logs and summary.txt go to --out DIR.
+# Budget: under 8 minutes on one H200 (the build is most of it).
 #
 #   scripts/gpu_check.sh [--out DIR] [--bundle DIR]
 #
 # --bundle DIR builds from a folder written by scripts/gpu_bundle.sh (air-gapped
 # GPU nodes: only the driver, a CUDA 13 toolkit, CMake and the CUDA libraries).
+# NCCL and cuDNN 9 outside the toolkit: export NCCL_ROOT / CUDNN_ROOT first.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 out="$root/runs/gpu_check"
@@ -57,6 +59,18 @@ s=[json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 s=[l for l in s if l.get('summary')]
 print(s[-1].get(sys.argv[2], 'n/a') if s else 'n/a')" "$1" "$2" 2>/dev/null || echo n/a
 }
+# ResNet-50 on 224x224 synthetic images: conv2d, batch_norm and pool2d on cuDNN.
+# TF32 stays off, so FP32 is true FP32 and AMP's gain is the tensor cores' (target: >= 3x).
+train_resnet50() {  # precision, log name
+  "$build/mixtrain" --device cuda --precision "$1" --model resnet50 --data synthetic --synthetic-size 256 \
+    --synthetic-classes 1000 --batch-size 64 --benchmark --benchmark-warmup 10 --steps 30 --eval false \
+    --metrics "$out/$2.jsonl" >"$out/$2.log" 2>&1
+}
+ratio_of() {  # fp32 value, amp value
+  /usr/bin/env python3 -c "import sys
+try: print(f'{float(sys.argv[2]) / float(sys.argv[1]):.2f}')
+except Exception: print('n/a')" "$1" "$2"
+}
 echo "gpu_check: training the MLP on the GPU (FP32, AMP)"
 train fp32 train_fp32; fp32_rc=$?
 train amp train_amp; amp_rc=$?
@@ -64,9 +78,15 @@ fp32_sps=$(summary_field "$out/train_fp32.jsonl" samples_per_s_overall)
 amp_sps=$(summary_field "$out/train_amp.jsonl" samples_per_s_overall)
 fp32_peak=$(summary_field "$out/train_fp32.jsonl" peak_bytes)
 amp_peak=$(summary_field "$out/train_amp.jsonl" peak_bytes)
-ratio=$(/usr/bin/env python3 -c "import sys
-try: print(f'{float(sys.argv[2]) / float(sys.argv[1]):.2f}')
-except Exception: print('n/a')" "$fp32_sps" "$amp_sps")
+ratio=$(ratio_of "$fp32_sps" "$amp_sps")
+echo "gpu_check: training ResNet-50 on the GPU (FP32, AMP; logs: $out/resnet50_*.log)"
+train_resnet50 fp32 resnet50_fp32; r50_fp32_rc=$?
+train_resnet50 amp resnet50_amp; r50_amp_rc=$?
+r50_fp32_ips=$(summary_field "$out/resnet50_fp32.jsonl" samples_per_s_overall)
+r50_amp_ips=$(summary_field "$out/resnet50_amp.jsonl" samples_per_s_overall)
+r50_fp32_peak=$(summary_field "$out/resnet50_fp32.jsonl" peak_bytes)
+r50_amp_peak=$(summary_field "$out/resnet50_amp.jsonl" peak_bytes)
+r50_ratio=$(ratio_of "$r50_fp32_ips" "$r50_amp_ips")
 secs=$(( $(date +%s) - t0 ))
 {
   echo "gpu_check summary ($(date -u +%FT%TZ), ${secs} s)"
@@ -75,5 +95,9 @@ secs=$(( $(date +%s) - t0 ))
   printf "  %-34s %s\n" "MLP 784-1024-1024-10 AMP samples/s" "$amp_sps (exit $amp_rc)"
   printf "  %-34s %s\n" "AMP / FP32 speed" "$ratio"
   printf "  %-34s %s / %s\n" "peak device bytes FP32 / AMP" "$fp32_peak" "$amp_peak"
+  printf "  %-34s %s\n" "ResNet-50 b64 FP32 images/s" "$r50_fp32_ips (exit $r50_fp32_rc)"
+  printf "  %-34s %s\n" "ResNet-50 b64 AMP images/s" "$r50_amp_ips (exit $r50_amp_rc)"
+  printf "  %-34s %s\n" "ResNet-50 AMP / FP32 (target >= 3)" "$r50_ratio"
+  printf "  %-34s %s / %s\n" "ResNet-50 peak bytes FP32 / AMP" "$r50_fp32_peak" "$r50_amp_peak"
 } | tee "$out/summary.txt"
-[ $tests_rc -eq 0 ] && [ $fp32_rc -eq 0 ] && [ $amp_rc -eq 0 ]
+[ $tests_rc -eq 0 ] && [ $fp32_rc -eq 0 ] && [ $amp_rc -eq 0 ] && [ $r50_fp32_rc -eq 0 ] && [ $r50_amp_rc -eq 0 ]

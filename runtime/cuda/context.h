@@ -1,8 +1,10 @@
 #pragma once
 // Per-device CUDA state: the compute stream every kernel of the step runs on,
-// the communication stream NCCL runs on, and the cuBLAS handle and workspace.
+// the communication stream NCCL runs on, the cuBLAS handle and workspace, and
+// the cuDNN handle.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <cudnn.h>
 
 #include <cstddef>
 
@@ -17,6 +19,9 @@ struct DeviceContext {
   cublasHandle_t cublas = nullptr;  // bound to `compute`
   void* cublas_workspace = nullptr;
   size_t cublas_workspace_bytes = 0;
+  // Bound to `compute`, created on first use (cudnn_handle() in cudnn_util.h).
+  // No workspace of its own: each cuDNN call takes one from the device allocator.
+  cudnnHandle_t cudnn = nullptr;
 };
 
 /// The context of `device`, created (and the device made current) on first use.

@@ -36,8 +36,14 @@ void infer_batch_norm(Program& p, OpDesc& op) {
                              << " channels), got " << dtype_name(v.dtype) << shape_str(v.shape));
   }
   declare_var(p, op.out("Y"), x.shape, x.dtype);
-  for (const char* slot : {"MeanOut", "VarianceOut", "SavedMean", "SavedVariance"})
+  // Training writes the running statistics and what the grad reads; only a
+  // batch_norm that is always in evaluation mode (is_test) may leave them out.
+  const bool is_test = op.attr<bool>("is_test", false);
+  for (const char* slot : {"MeanOut", "VarianceOut", "SavedMean", "SavedVariance"}) {
+    MIX_CHECK(is_test || !op.out_or_empty(slot).empty(),
+              "batch_norm: output " << slot << " is required in training (or set is_test)");
     if (!op.out_or_empty(slot).empty()) declare_var(p, op.out(slot), {c}, DType::f32);
+  }
   if (!op.out_or_empty("NumBatchesTrackedOut").empty()) declare_var(p, op.out("NumBatchesTrackedOut"), {}, DType::i64);
 }
 

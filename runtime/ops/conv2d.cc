@@ -164,10 +164,14 @@ void conv2d_grad_cpu(OpContext& ctx) {
   const ConvDims d = conv_dims(ctx.op, x.shape(), filter.shape());
   MIX_CHECK(dout.shape() == d.out_shape(), "conv2d_grad: Output@GRAD is " << shape_str(dout.shape()) << ", expected "
                                                                           << shape_str(d.out_shape()));
+  MIX_CHECK(filter.dtype() == x.dtype() && dout.dtype() == x.dtype(),
+            "conv2d_grad: Input, Filter and Output@GRAD must share a dtype, got " << dtype_name(x.dtype()) << ", "
+                                                                               << dtype_name(filter.dtype()) << ", "
+                                                                               << dtype_name(dout.dtype()));
   const bool want_dx = ctx.wants("Input@GRAD"), want_dw = ctx.wants("Filter@GRAD");
   const int64_t ohw = d.oh * d.ow, K = d.k_per_group(), ocg = d.oc_per_group(), per_image = d.c * d.h * d.w;
   const int64_t nb_max = chunk_images(d);
-  const float* w = cpu::as_f32(filter, 1);
+  const float* w = want_dx ? cpu::as_f32(filter, 1) : nullptr;  // only dX reads the filter
   Tensor xbuf, col = f32_workspace(K * nb_max * ohw), dout32 = f32_workspace(ocg * nb_max * ohw);
   Tensor dw32 = want_dw ? Tensor::zeros({d.oc * K}, DType::f32) : Tensor{};
   Tensor dx32 = want_dx ? f32_workspace(nb_max * per_image) : Tensor{};

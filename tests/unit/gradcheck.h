@@ -439,6 +439,7 @@ inline std::map<std::string, Tensor> run_forward(const OpCase& c, DType dtype = 
   std::map<std::string, Tensor> res;
   for (auto& slot : c.outputs) {
     const std::string name = "out_" + var_base(slot);
+    if (!scope.has(name)) continue;  // not written in this mode (batch_norm's statistics in evaluation)
     res[slot] = scope.get(name);
     const VarDesc& d = p.var(name);
     INFO("inferred " << name << " " << dtype_name(d.dtype) << shape_str(d.shape) << ", kernel wrote "

@@ -333,8 +333,6 @@ TEST_CASE("batch_norm: training normalises per channel and updates the running s
 
 TEST_CASE("batch_norm: evaluation normalises with the running statistics", "[batch_norm]") {
   OpCase c = bn_case({2, 3, 2, 2}, 60);
-  c.outputs = {"Y"};
-  c.fp32_outputs = {};
   const std::vector<float> x = c.inputs[0].value.to_floats(), scale = c.inputs[1].value.to_floats(),
                            bias = c.inputs[2].value.to_floats(), rmean = c.inputs[3].value.to_floats(),
                            rvar = c.inputs[4].value.to_floats();
@@ -343,8 +341,13 @@ TEST_CASE("batch_norm: evaluation normalises with the running statistics", "[bat
     const size_t ch = (k / 4) % 3;
     ref[k] = (x[k] - rmean[ch]) / std::sqrt(rvar[ch] + 1e-5) * scale[ch] + bias[ch];
   }
-  expect_close(run_forward(c, DType::f32, false)["Y"].to_floats(), ref, {1e-5, 1e-5}, "eval via ExecEnv::training");
+  auto eval = run_forward(c, DType::f32, false);
+  expect_close(eval["Y"].to_floats(), ref, {1e-5, 1e-5}, "eval via ExecEnv::training");
+  CHECK(eval.count("MeanOut") == 0);  // evaluation updates no statistics
+  // An always-evaluating batch_norm (is_test) needs no statistics outputs.
   c.attrs["is_test"] = true;
+  c.outputs = {"Y"};
+  c.fp32_outputs = {};
   expect_close(run_forward(c)["Y"].to_floats(), ref, {1e-5, 1e-5}, "eval via is_test");
 }
 
@@ -372,6 +375,9 @@ TEST_CASE("batch_norm: errors name the problem", "[batch_norm][errors]") {
   OpCase wrong = bn_case({2, 3, 2, 2}, 91);
   wrong.inputs[1].value = uniform_tensor({4}, 1);
   CHECK_THROWS_WITH(run_forward(wrong), Catch::Contains("Scale"));
+  OpCase no_saved = bn_case({2, 3, 2, 2}, 92);
+  no_saved.outputs = {"Y", "MeanOut", "VarianceOut", "SavedVariance"};
+  CHECK_THROWS_WITH(run_forward(no_saved), Catch::Contains("SavedMean is required in training"));
 }
 
 // ---- flatten ------------------------------------------------------------------------------

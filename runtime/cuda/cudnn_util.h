@@ -1,0 +1,107 @@
+#pragma once
+// cuDNN plumbing shared by the conv2d, batch_norm and pool2d launchers
+// (runtime/ops/cuda/): the per-device handle, the dtype mapping, move-only
+// RAII descriptors, int-range checks and device workspaces.
+//
+// Layout: every descriptor is NCHW, the layout of the tensors themselves.
+// cuDNN may transpose internally to NHWC where its tensor-core kernels want it;
+// mixtrain never hands it another layout.
+//
+// The launchers use cuDNN's legacy (descriptor) API: cuDNN 9 marks it
+// deprecated in favour of the graph API but still ships and supports it.
+#include <cudnn.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "runtime/cuda/context.h"
+#include "runtime/cuda/cudnn_check.h"
+#include "runtime/device.h"
+#include "runtime/dtype.h"
+#include "runtime/tensor.h"
+
+namespace mix::cuda {
+
+/// The cuDNN handle of `ctx`, created on first use and bound to ctx.compute;
+/// never destroyed, like the context. Throws when the cuDNN library loaded at
+/// run time has another major version than the headers mixtrain was built with.
+cudnnHandle_t cudnn_handle(DeviceContext& ctx);
+
+/// CUDNN_DATA_FLOAT / HALF / BFLOAT16; throws naming `op` for other dtypes.
+cudnnDataType_t cudnn_dtype(DType t, const char* op);
+
+/// `v` as the int cuDNN's legacy API takes; throws naming `op` and `what` when it does not fit.
+int cudnn_int(int64_t v, const char* op, const char* what);
+
+/// alpha = 1, beta = 0 ("write the result, do not blend"): float scalars, as
+/// cuDNN wants for FP32, FP16 and BF16 data alike.
+inline constexpr float kCudnnOne = 1.f;
+inline constexpr float kCudnnZero = 0.f;
+
+/// A move-only owner of one cuDNN descriptor; Traits supplies the handle type,
+/// create (throwing) and destroy (never throwing).
+template <typename Traits>
+class CudnnDescriptor {
+ public:
+  using Handle = typename Traits::Handle;
+  CudnnDescriptor() { Traits::create(&h_); }
+  ~CudnnDescriptor() { reset(); }
+  CudnnDescriptor(CudnnDescriptor&& o) noexcept : h_(o.h_) { o.h_ = nullptr; }
+  CudnnDescriptor& operator=(CudnnDescriptor&& o) noexcept {
+    if (this != &o) {
+      reset();
+      h_ = o.h_;
+      o.h_ = nullptr;
+    }
+    return *this;
+  }
+  CudnnDescriptor(const CudnnDescriptor&) = delete;
+  CudnnDescriptor& operator=(const CudnnDescriptor&) = delete;
+  Handle get() const { return h_; }
+
+ private:
+  void reset() noexcept {
+    if (h_) Traits::destroy(h_);
+    h_ = nullptr;
+  }
+  Handle h_ = nullptr;
+};
+
+struct TensorDescriptorTraits {
+  using Handle = cudnnTensorDescriptor_t;
+  static void create(Handle* h) { MIX_CUDNN_CHECK(cudnnCreateTensorDescriptor(h)); }
+  static void destroy(Handle h) noexcept { MIX_CUDNN_CHECK_NOTHROW(cudnnDestroyTensorDescriptor(h)); }
+};
+struct FilterDescriptorTraits {
+  using Handle = cudnnFilterDescriptor_t;
+  static void create(Handle* h) { MIX_CUDNN_CHECK(cudnnCreateFilterDescriptor(h)); }
+  static void destroy(Handle h) noexcept { MIX_CUDNN_CHECK_NOTHROW(cudnnDestroyFilterDescriptor(h)); }
+};
+struct ConvolutionDescriptorTraits {
+  using Handle = cudnnConvolutionDescriptor_t;
+  static void create(Handle* h) { MIX_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(h)); }
+  static void destroy(Handle h) noexcept { MIX_CUDNN_CHECK_NOTHROW(cudnnDestroyConvolutionDescriptor(h)); }
+};
+struct PoolingDescriptorTraits {
+  using Handle = cudnnPoolingDescriptor_t;
+  static void create(Handle* h) { MIX_CUDNN_CHECK(cudnnCreatePoolingDescriptor(h)); }
+  static void destroy(Handle h) noexcept { MIX_CUDNN_CHECK_NOTHROW(cudnnDestroyPoolingDescriptor(h)); }
+};
+
+using TensorDescriptor = CudnnDescriptor<TensorDescriptorTraits>;
+using FilterDescriptor = CudnnDescriptor<FilterDescriptorTraits>;
+using ConvolutionDescriptor = CudnnDescriptor<ConvolutionDescriptorTraits>;
+using PoolingDescriptor = CudnnDescriptor<PoolingDescriptorTraits>;
+
+/// A dense NCHW tensor descriptor of [n, c, h, w] in dtype t.
+TensorDescriptor nchw_tensor(DType t, int64_t n, int64_t c, int64_t h, int64_t w, const char* op);
+/// A dense NCHW filter descriptor of [k, c, h, w] (output channels first) in dtype t.
+FilterDescriptor nchw_filter(DType t, int64_t k, int64_t c, int64_t h, int64_t w, const char* op);
+
+/// At least `bytes` of scratch on `device`, from the caching device allocator
+/// (so the allocator's peak counts it); an undefined tensor (raw() == nullptr)
+/// for 0 bytes. Released when the tensor goes: safe while cuDNN still runs on
+/// the compute stream, because the allocator reuses memory in stream order.
+Tensor device_workspace(size_t bytes, Device device);
+
+}  // namespace mix::cuda

@@ -1,0 +1,170 @@
+// batch_norm and batch_norm_grad on CUDA: the slots, attributes and semantics
+// of runtime/ops/batch_norm.cc, through cuDNN's spatial batch normalization
+// (statistics per channel over N and the spatial dims). X [N, C, spatial...]
+// is described to cuDNN as NCHW [N, C, prod(spatial), 1].
+//
+// Numerics: Scale, Bias, the running and the saved statistics are FP32 for
+// FP16 X as well (cuDNN derives an FP32 parameter descriptor from a half X);
+// cuDNN accumulates in FP32 and rounds Y and dX once on store.
+//   SavedVariance  = 1 / sqrt(var + eps), cuDNN's "saved inverse variance".
+//   running stats  = momentum * running + (1 - momentum) * batch (Paddle's
+//                    convention): cuDNN's exponentialAverageFactor is 1 - momentum,
+//                    and cuDNN's running variance takes the unbiased batch
+//                    variance, as the CPU kernel and PyTorch do.
+// CUDNN_BATCHNORM_SPATIAL, not SPATIAL_PERSISTENT: the persistent kernels may
+// overflow for some inputs (cuDNN's documentation), the CPU twin never does.
+//
+// Evaluation (ctx.env.training false, or attr is_test) normalises with the
+// running statistics and writes nothing but Y, as the CPU kernel.
+#include <string>
+
+#include "runtime/check.h"
+#include "runtime/cuda/context.h"
+#include "runtime/cuda/cudnn_util.h"
+#include "runtime/op_registry.h"
+#include "runtime/ops/batch_norm_shapes.h"
+#include "runtime/ops/cuda/device_ops.cuh"
+
+namespace mix {
+namespace {
+
+// ---- kernels ---------------------------------------------------------------------------
+
+/// NumBatchesTrackedOut = NumBatchesTracked + 1 (one element; out may alias in).
+struct IncrementCounter {
+  const int64_t* in;
+  int64_t* out;
+  __device__ void operator()(int64_t) const { out[0] = in[0] + 1; }
+};
+
+// ---- launchers ---------------------------------------------------------------------------
+
+constexpr cudnnBatchNormMode_t kMode = CUDNN_BATCHNORM_SPATIAL;
+
+/// X's descriptor ([n, c, spatial, 1]) and the FP32 [1, c, 1, 1] descriptor cuDNN derives from it.
+struct Descriptors {
+  cuda::TensorDescriptor x;
+  cuda::TensorDescriptor params;
+};
+
+Descriptors make_descriptors(const BatchNormDims& d, DType t, const char* op) {
+  Descriptors s{cuda::nchw_tensor(t, d.n, d.c, d.spatial, 1, op), cuda::TensorDescriptor{}};
+  MIX_CUDNN_CHECK(cudnnDeriveBNTensorDescriptor(s.params.get(), s.x.get(), kMode));
+  return s;
+}
+
+/// An FP32 [c] input on the op's device (Scale, Bias, the statistics).
+const Tensor& channel_input(const OpContext& ctx, const std::string& slot, int64_t c) {
+  const Tensor& t = ctx.in(slot);
+  MIX_CHECK(t.dtype() == DType::f32 && t.shape() == Shape{c}, ctx.op.type << ": " << slot << " must be f32[" << c
+                                                                           << "], got " << dtype_name(t.dtype())
+                                                                           << shape_str(t.shape()));
+  cuda::check_on_device(ctx, t, slot);
+  return t;
+}
+
+/// An output the kernel writes through a raw pointer must live on the op's device.
+Tensor& device_output(OpContext& ctx, const std::string& slot, const Shape& shape, DType dtype) {
+  Tensor& t = ctx.out(slot, shape, dtype);
+  MIX_CHECK(t.numel() == 0 || t.device() == ctx.env.device,
+            ctx.op.type << ": output " << slot << " is on " << t.device().str() << ", expected "
+                        << ctx.env.device.str());
+  return t;
+}
+
+void batch_norm_cuda(OpContext& ctx) {
+  const Tensor& x = ctx.in("X");
+  cuda::check_on_device(ctx, x, "X");
+  const BatchNormDims d = batch_norm_dims(x.shape());
+  const Tensor& scale = channel_input(ctx, "Scale", d.c);
+  const Tensor& bias = channel_input(ctx, "Bias", d.c);
+  const Tensor& rmean = channel_input(ctx, "Mean", d.c);
+  const Tensor& rvar = channel_input(ctx, "Variance", d.c);
+  const float eps = ctx.attr<float>("epsilon", 1e-5f);
+  const bool training = ctx.env.training && !ctx.attr<bool>("is_test", false);
+  cuda::DeviceContext& dc = cuda::use_device(ctx.env.device.index);
+  const cudaStream_t stream = dc.compute.get();
+
+  if (!training) {
+    Tensor& y = device_output(ctx, "Y", x.shape(), x.dtype());
+    if (x.numel() == 0) return;
+    const Descriptors s = make_descriptors(d, x.dtype(), "batch_norm");
+    MIX_CUDNN_CHECK(cudnnBatchNormalizationForwardInference(
+        cuda::cudnn_handle(dc), kMode, &cuda::kCudnnOne, &cuda::kCudnnZero, s.x.get(), x.raw(), s.x.get(), y.raw(),
+        s.params.get(), scale.raw(), bias.raw(), rmean.raw(), rvar.raw(), static_cast<double>(eps)));
+    return;
+  }
+
+  const int64_t m = d.n * d.spatial;  // values per channel
+  MIX_CHECK(m > 1, "batch_norm: training needs more than one value per channel, X is " << shape_str(x.shape())
+                                                                                       << " (use a larger batch)");
+  const float momentum = ctx.attr<float>("momentum", 0.9f);
+  Tensor& saved_mean = device_output(ctx, "SavedMean", {d.c}, DType::f32);
+  Tensor& saved_inv_std = device_output(ctx, "SavedVariance", {d.c}, DType::f32);
+  Tensor& mean_out = device_output(ctx, "MeanOut", {d.c}, DType::f32);
+  Tensor& var_out = device_output(ctx, "VarianceOut", {d.c}, DType::f32);
+  // cuDNN updates the running statistics in place. MeanOut is normally Mean
+  // itself; when it is another variable it starts as a copy of Mean.
+  cuda::copy_on_stream(mean_out.raw(), rmean.raw(), rmean.bytes(), stream);
+  cuda::copy_on_stream(var_out.raw(), rvar.raw(), rvar.bytes(), stream);
+  Tensor& y = device_output(ctx, "Y", x.shape(), x.dtype());
+  const Descriptors s = make_descriptors(d, x.dtype(), "batch_norm");
+  MIX_CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
+      cuda::cudnn_handle(dc), kMode, &cuda::kCudnnOne, &cuda::kCudnnZero, s.x.get(), x.raw(), s.x.get(), y.raw(),
+      s.params.get(), scale.raw(), bias.raw(), 1.0 - static_cast<double>(momentum), mean_out.raw(), var_out.raw(),
+      static_cast<double>(eps), saved_mean.raw(), saved_inv_std.raw()));
+
+  if (ctx.wants("NumBatchesTrackedOut")) {
+    const Tensor& seen = ctx.in("NumBatchesTracked");
+    MIX_CHECK(seen.dtype() == DType::i64 && seen.numel() == 1,
+              "batch_norm: NumBatchesTracked must be an i64 scalar, got " << dtype_name(seen.dtype())
+                                                                           << shape_str(seen.shape()));
+    cuda::check_on_device(ctx, seen, "NumBatchesTracked");
+    Tensor& seen_out = device_output(ctx, "NumBatchesTrackedOut", {}, DType::i64);
+    cuda::launch_grid_stride(1, stream, IncrementCounter{seen.data<int64_t>(), seen_out.data<int64_t>()});
+  }
+}
+
+// dX = scale inv_std (dY - mean(dY) - xhat mean(dY xhat)), dScale = sum(dY xhat),
+// dBias = sum(dY), with xhat from the forward's SavedMean and SavedVariance.
+void batch_norm_grad_cuda(OpContext& ctx) {
+  const Tensor& x = ctx.in("X");
+  const Tensor& dy = ctx.in("Y@GRAD");
+  cuda::check_on_device(ctx, x, "X");
+  cuda::check_on_device(ctx, dy, "Y@GRAD");
+  const BatchNormDims d = batch_norm_dims(x.shape());
+  MIX_CHECK(dy.shape() == x.shape() && dy.dtype() == x.dtype(), "batch_norm_grad: Y@GRAD must match X");
+  const Tensor& scale = channel_input(ctx, "Scale", d.c);
+  const Tensor& saved_mean = channel_input(ctx, "SavedMean", d.c);
+  const Tensor& saved_inv_std = channel_input(ctx, "SavedVariance", d.c);
+  const float eps = ctx.attr<float>("epsilon", 1e-5f);
+  const Device dev = ctx.env.device;
+  cuda::DeviceContext& dc = cuda::use_device(dev.index);
+
+  // cuDNN writes all three results: a gradient nobody wants goes to scratch.
+  Tensor scratch_dx, scratch_dscale, scratch_dbias;
+  auto result = [&](const char* slot, const Shape& shape, DType dtype, Tensor& scratch) -> Tensor& {
+    if (ctx.wants(slot)) return device_output(ctx, slot, shape, dtype);
+    scratch = Tensor::empty(shape, dtype, dev);
+    return scratch;
+  };
+  Tensor& dx = result("X@GRAD", x.shape(), x.dtype(), scratch_dx);
+  Tensor& dscale = result("Scale@GRAD", {d.c}, DType::f32, scratch_dscale);
+  Tensor& dbias = result("Bias@GRAD", {d.c}, DType::f32, scratch_dbias);
+  if (d.n * d.spatial == 0) {  // no values: the parameter gradients are empty sums
+    MIX_CUDA_CHECK(cudaMemsetAsync(dscale.raw(), 0, dscale.bytes(), dc.compute.get()));
+    MIX_CUDA_CHECK(cudaMemsetAsync(dbias.raw(), 0, dbias.bytes(), dc.compute.get()));
+    return;
+  }
+  const Descriptors s = make_descriptors(d, x.dtype(), "batch_norm_grad");
+  MIX_CUDNN_CHECK(cudnnBatchNormalizationBackward(
+      cuda::cudnn_handle(dc), kMode, &cuda::kCudnnOne, &cuda::kCudnnZero, &cuda::kCudnnOne, &cuda::kCudnnZero,
+      s.x.get(), x.raw(), s.x.get(), dy.raw(), s.x.get(), dx.raw(), s.params.get(), scale.raw(), dscale.raw(),
+      dbias.raw(), static_cast<double>(eps), saved_mean.raw(), saved_inv_std.raw()));
+}
+
+const bool registered = OpRegistry::instance().add_cuda_kernel("batch_norm", batch_norm_cuda) &&
+                        OpRegistry::instance().add_cuda_kernel("batch_norm_grad", batch_norm_grad_cuda);
+
+}  // namespace
+}  // namespace mix

@@ -1,0 +1,297 @@
+// conv2d and conv2d_grad on CUDA: the slots, attributes and shapes of
+// runtime/ops/conv2d.cc (conv_dims in runtime/ops/conv_shapes.h), each
+// product one cuDNN call with NCHW descriptors; groups and dilation go through
+// the convolution descriptor.
+//
+// Numerics, chosen to match the CPU kernel (FP32 accumulation, one rounding on store):
+//   f16 / bf16: compute type FLOAT (FP32 accumulation) and tensor-op math.
+//   f32:        CUDNN_FMA_MATH, so FP32 stays true FP32 as the GEMMs do; with
+//               --allow-tf32 (cuda::allow_tf32()) tensor-op math may use TF32.
+//               TENSOR_OP_MATH_ALLOW_CONVERSION (rounding inputs to FP16) is never used.
+//
+// Algorithms: cuDNN's heuristics (cudnnGet*Algorithm_v7) rank the candidates;
+// the first that has the allowed math type and a workspace within
+// kWorkspaceLimit, and that cuDNN does not refuse as unsupported when run,
+// wins. Heuristics, not timed search (Find*), so every rank and every run picks
+// the same algorithm for the same shapes. The backward passes take only
+// deterministic algorithms (no atomic adds into dX or dW), as the project's own
+// reductions are (runtime/ops/cuda/device_ops.cuh). The choice is cached per
+// (device, pass, dtype, TF32 setting, shapes, attributes).
+//
+// Workspaces come from the caching device allocator (cuda::device_workspace),
+// so the allocator's peak counts them.
+//
+// No kernels of its own: this file is only the launcher part.
+#include <array>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "runtime/check.h"
+#include "runtime/cuda/context.h"
+#include "runtime/cuda/cudnn_util.h"
+#include "runtime/op_registry.h"
+#include "runtime/ops/conv_shapes.h"
+#include "runtime/ops/cuda/device_ops.cuh"
+
+namespace mix {
+namespace {
+
+/// Largest workspace an algorithm may ask for: a fixed limit (not a share of
+/// the free memory) so that the choice never depends on what else is
+/// allocated; algorithms wanting more (large FFT tilings) are skipped.
+constexpr size_t kWorkspaceLimit = size_t{512} << 20;
+
+enum class Pass : int64_t { forward, backward_data, backward_filter };
+
+const char* pass_name(Pass p) {
+  switch (p) {
+    case Pass::forward: return "forward";
+    case Pass::backward_data: return "backward data";
+    case Pass::backward_filter: return "backward filter";
+  }
+  return "?";
+}
+
+/// The math type a convolution of `t` starts from: FMA for strict FP32.
+cudnnMathType_t base_math(DType t) {
+  if (t != DType::f32) return CUDNN_TENSOR_OP_MATH;
+  return cuda::allow_tf32() ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH;
+}
+
+/// May an algorithm that cuDNN reports with math type `m` run for data of `t`?
+bool math_allowed(DType t, cudnnMathType_t m) {
+  if (m == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) return false;  // rounds the inputs to FP16 first
+  return t != DType::f32 || cuda::allow_tf32() || m == CUDNN_FMA_MATH;
+}
+
+struct Descriptors {
+  cuda::TensorDescriptor x, y;  // Input [n, c, h, w], Output [n, oc, oh, ow]
+  cuda::FilterDescriptor w;     // Filter [oc, c / groups, kh, kw]
+  cuda::ConvolutionDescriptor conv;
+};
+
+Descriptors make_descriptors(const ConvDims& d, DType t, const char* op) {
+  Descriptors s{cuda::nchw_tensor(t, d.n, d.c, d.h, d.w, op), cuda::nchw_tensor(t, d.n, d.oc, d.oh, d.ow, op),
+                cuda::nchw_filter(t, d.oc, d.c_per_group(), d.kh, d.kw, op), cuda::ConvolutionDescriptor{}};
+  // Cross-correlation (PyTorch's and Paddle's "convolution"), FP32 accumulation for every data type.
+  MIX_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(
+      s.conv.get(), cuda::cudnn_int(d.pad_h, op, "padding"), cuda::cudnn_int(d.pad_w, op, "padding"),
+      cuda::cudnn_int(d.stride_h, op, "stride"), cuda::cudnn_int(d.stride_w, op, "stride"),
+      cuda::cudnn_int(d.dil_h, op, "dilation"), cuda::cudnn_int(d.dil_w, op, "dilation"), CUDNN_CROSS_CORRELATION,
+      CUDNN_DATA_FLOAT));
+  MIX_CUDNN_CHECK(cudnnSetConvolutionGroupCount(s.conv.get(), cuda::cudnn_int(d.groups, op, "groups")));
+  MIX_CUDNN_CHECK(cudnnSetConvolutionMathType(s.conv.get(), base_math(t)));
+  // conv_dims decides the output size on every device; cuDNN must agree with it.
+  int n = 0, c = 0, h = 0, w = 0;
+  MIX_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(s.conv.get(), s.x.get(), s.w.get(), &n, &c, &h, &w));
+  MIX_CHECK(n == d.n && c == d.oc && h == d.oh && w == d.ow,
+            op << ": cuDNN computes an output of [" << n << ", " << c << ", " << h << ", " << w << "], conv_dims "
+               << shape_str(d.out_shape()));
+  return s;
+}
+
+struct Algo {
+  int algo = 0;  // a cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t
+  cudnnMathType_t math = CUDNN_DEFAULT_MATH;
+  size_t workspace = 0;
+};
+
+using AlgoKey = std::array<int64_t, 18>;
+
+AlgoKey algo_key(int device, Pass pass, DType t, const ConvDims& d) {
+  return {device,     static_cast<int64_t>(pass), static_cast<int64_t>(t), cuda::allow_tf32() ? 1 : 0,
+          d.n,        d.c,                        d.h,                      d.w,
+          d.oc,       d.kh,                       d.kw,                     d.stride_h,
+          d.stride_w, d.pad_h,                    d.pad_w,                  d.dil_h,
+          d.dil_w,    d.groups};
+}
+
+std::mutex g_algo_mu;
+std::map<AlgoKey, Algo> g_algos;
+
+/// One row of cuDNN's ranking (its workspace is asked again under the math type we allow).
+struct Candidate {
+  int algo;
+  cudnnStatus_t status;
+  cudnnDeterminism_t determinism;
+  cudnnMathType_t math;
+};
+
+template <typename Perf>
+std::vector<Candidate> to_candidates(const Perf* perf, int count) {
+  std::vector<Candidate> c;
+  for (int i = 0; i < count; ++i)
+    c.push_back({static_cast<int>(perf[i].algo), perf[i].status, perf[i].determinism, perf[i].mathType});
+  return c;
+}
+
+/// cuDNN's heuristic ranking for `pass`, fastest first (no kernel is run).
+std::vector<Candidate> ranked_candidates(cudnnHandle_t h, Pass pass, const Descriptors& s) {
+  int count = 0;
+  switch (pass) {
+    case Pass::forward: {
+      cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+      MIX_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, s.x.get(), s.w.get(), s.conv.get(), s.y.get(),
+                                                             CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, perf));
+      return to_candidates(perf, count);
+    }
+    case Pass::backward_data: {
+      cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+      MIX_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, s.w.get(), s.y.get(), s.conv.get(), s.x.get(),
+                                                                  CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count, perf));
+      return to_candidates(perf, count);
+    }
+    case Pass::backward_filter: {
+      cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+      MIX_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+          h, s.x.get(), s.y.get(), s.conv.get(), s.w.get(), CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count, perf));
+      return to_candidates(perf, count);
+    }
+  }
+  return {};
+}
+
+/// cuDNN's workspace for `algo` with the descriptor's current math type; a
+/// status other than success means cuDNN cannot run that combination.
+cudnnStatus_t workspace_size(cudnnHandle_t h, Pass pass, const Descriptors& s, int algo, size_t* bytes) {
+  switch (pass) {
+    case Pass::forward:
+      return cudnnGetConvolutionForwardWorkspaceSize(h, s.x.get(), s.w.get(), s.conv.get(), s.y.get(),
+                                                     static_cast<cudnnConvolutionFwdAlgo_t>(algo), bytes);
+    case Pass::backward_data:
+      return cudnnGetConvolutionBackwardDataWorkspaceSize(h, s.w.get(), s.y.get(), s.conv.get(), s.x.get(),
+                                                          static_cast<cudnnConvolutionBwdDataAlgo_t>(algo), bytes);
+    case Pass::backward_filter:
+      return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, s.x.get(), s.y.get(), s.conv.get(), s.w.get(),
+                                                            static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo), bytes);
+  }
+  return CUDNN_STATUS_BAD_PARAM;
+}
+
+/// cuDNN's ranked candidates for `pass` that may run here: deterministic for
+/// the backward passes, an allowed math type, and a workspace within the limit.
+std::vector<Algo> viable_algos(cudnnHandle_t h, Pass pass, DType t, const Descriptors& s) {
+  std::vector<Algo> viable;
+  for (const Candidate& c : ranked_candidates(h, pass, s)) {
+    if (c.status != CUDNN_STATUS_SUCCESS) continue;
+    if (pass != Pass::forward && c.determinism != CUDNN_DETERMINISTIC) continue;
+    // Strict FP32 keeps FMA math whatever the heuristics list: cuDNN then
+    // refuses (in workspace_size, or when run) an algorithm without an FMA kernel.
+    const cudnnMathType_t math = t == DType::f32 && !cuda::allow_tf32() ? CUDNN_FMA_MATH : c.math;
+    if (!math_allowed(t, math)) continue;
+    MIX_CUDNN_CHECK(cudnnSetConvolutionMathType(s.conv.get(), math));
+    size_t bytes = 0;
+    if (workspace_size(h, pass, s, c.algo, &bytes) != CUDNN_STATUS_SUCCESS || bytes > kWorkspaceLimit) continue;
+    viable.push_back({c.algo, math, bytes});
+  }
+  return viable;
+}
+
+/// Runs one convolution pass: `call(algo, workspace)` with the algorithm cached
+/// for these shapes, or, the first time, with cuDNN's viable candidates in
+/// order until one is not refused as unsupported, which is then cached.
+template <typename Call>
+void run_pass(cudnnHandle_t h, const OpContext& ctx, Pass pass, DType t, const ConvDims& d, const Descriptors& s,
+              Call call) {
+  const char* op = ctx.op.type.c_str();
+  const AlgoKey key = algo_key(ctx.env.device.index, pass, t, d);
+  auto run = [&](const Algo& a) {
+    MIX_CUDNN_CHECK(cudnnSetConvolutionMathType(s.conv.get(), a.math));
+    Tensor ws = cuda::device_workspace(a.workspace, ctx.env.device);
+    return call(a.algo, ws.raw(), a.workspace);
+  };
+  {
+    std::unique_lock<std::mutex> lock(g_algo_mu);
+    if (auto it = g_algos.find(key); it != g_algos.end()) {
+      const Algo a = it->second;
+      lock.unlock();
+      MIX_CUDNN_CHECK(run(a));
+      return;
+    }
+  }
+  for (const Algo& a : viable_algos(h, pass, t, s)) {
+    const cudnnStatus_t status = run(a);
+    if (CUDNN_STATUS_CATEGORY(status) == CUDNN_STATUS_NOT_SUPPORTED) continue;  // any NOT_SUPPORTED_* code
+    MIX_CUDNN_CHECK(status);
+    cuda::discard_cudnn_last_error();  // the refusals before it are not errors for a later check to report
+    std::lock_guard<std::mutex> lock(g_algo_mu);
+    g_algos.emplace(key, a);
+    return;
+  }
+  cuda::discard_cudnn_last_error();
+  MIX_FAIL(op << ": cuDNN offers no " << (pass == Pass::forward ? "" : "deterministic ") << pass_name(pass)
+              << " algorithm for " << dtype_name(t) << " Input [" << d.n << ", " << d.c << ", " << d.h << ", " << d.w
+              << "], Filter [" << d.oc << ", " << d.c_per_group() << ", " << d.kh << ", " << d.kw << "], groups "
+              << d.groups << " within a " << (kWorkspaceLimit >> 20) << " MiB workspace"
+              << (t == DType::f32 && !cuda::allow_tf32() ? " in FMA (non-TF32) math" : ""));
+}
+
+void check_inputs(const OpContext& ctx, const Tensor& x, const Tensor& filter) {
+  const char* op = ctx.op.type.c_str();
+  MIX_CHECK(x.dtype() == filter.dtype(), op << ": Input is " << dtype_name(x.dtype()) << " but Filter is "
+                                            << dtype_name(filter.dtype()) << " (amp::rewrite inserts casts)");
+  cuda::check_on_device(ctx, x, "Input");
+  cuda::check_on_device(ctx, filter, "Filter");
+}
+
+void conv2d_cuda(OpContext& ctx) {
+  const Tensor& x = ctx.in("Input");
+  const Tensor& filter = ctx.in("Filter");
+  check_inputs(ctx, x, filter);
+  const ConvDims d = conv_dims(ctx.op, x.shape(), filter.shape());
+  Tensor& out = ctx.out("Output", d.out_shape(), x.dtype());  // [n, oc, oh, ow]
+  if (d.n == 0) return;
+  cuda::DeviceContext& dc = cuda::use_device(ctx.env.device.index);
+  cudnnHandle_t h = cuda::cudnn_handle(dc);
+  const Descriptors s = make_descriptors(d, x.dtype(), "conv2d");
+  run_pass(h, ctx, Pass::forward, x.dtype(), d, s, [&](int algo, void* ws, size_t ws_bytes) {
+    return cudnnConvolutionForward(h, &cuda::kCudnnOne, s.x.get(), x.raw(), s.w.get(), filter.raw(), s.conv.get(),
+                                   static_cast<cudnnConvolutionFwdAlgo_t>(algo), ws, ws_bytes, &cuda::kCudnnZero,
+                                   s.y.get(), out.raw());
+  });
+}
+
+// dInput = the transposed convolution of dOutput with Filter; dFilter = the
+// correlation of Input with dOutput, summed over the batch (beta 0: overwritten).
+void conv2d_grad_cuda(OpContext& ctx) {
+  const Tensor& x = ctx.in("Input");
+  const Tensor& filter = ctx.in("Filter");
+  const Tensor& dout = ctx.in("Output@GRAD");
+  check_inputs(ctx, x, filter);
+  cuda::check_on_device(ctx, dout, "Output@GRAD");
+  const ConvDims d = conv_dims(ctx.op, x.shape(), filter.shape());
+  MIX_CHECK(dout.shape() == d.out_shape(), "conv2d_grad: Output@GRAD is " << shape_str(dout.shape()) << ", expected "
+                                                                          << shape_str(d.out_shape()));
+  MIX_CHECK(dout.dtype() == x.dtype(), "conv2d_grad: Output@GRAD is " << dtype_name(dout.dtype()) << " but Input is "
+                                                                      << dtype_name(x.dtype()));
+  const bool want_dx = ctx.wants("Input@GRAD"), want_dw = ctx.wants("Filter@GRAD");
+  Tensor* dx = want_dx ? &ctx.out("Input@GRAD", x.shape(), x.dtype()) : nullptr;
+  Tensor* dw = want_dw ? &ctx.out("Filter@GRAD", filter.shape(), filter.dtype()) : nullptr;
+  cuda::DeviceContext& dc = cuda::use_device(ctx.env.device.index);
+  if (d.n == 0) {  // an empty batch: dFilter is an empty sum
+    if (dw) MIX_CUDA_CHECK(cudaMemsetAsync(dw->raw(), 0, dw->bytes(), dc.compute.get()));
+    return;
+  }
+  cudnnHandle_t h = cuda::cudnn_handle(dc);
+  const Descriptors s = make_descriptors(d, x.dtype(), "conv2d_grad");
+  if (dx)
+    run_pass(h, ctx, Pass::backward_data, x.dtype(), d, s, [&](int algo, void* ws, size_t ws_bytes) {
+      return cudnnConvolutionBackwardData(h, &cuda::kCudnnOne, s.w.get(), filter.raw(), s.y.get(), dout.raw(),
+                                          s.conv.get(), static_cast<cudnnConvolutionBwdDataAlgo_t>(algo), ws, ws_bytes,
+                                          &cuda::kCudnnZero, s.x.get(), dx->raw());
+    });
+  if (dw)
+    run_pass(h, ctx, Pass::backward_filter, x.dtype(), d, s, [&](int algo, void* ws, size_t ws_bytes) {
+      return cudnnConvolutionBackwardFilter(h, &cuda::kCudnnOne, s.x.get(), x.raw(), s.y.get(), dout.raw(),
+                                            s.conv.get(), static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo), ws,
+                                            ws_bytes, &cuda::kCudnnZero, s.w.get(), dw->raw());
+    });
+}
+
+const bool registered = OpRegistry::instance().add_cuda_kernel("conv2d", conv2d_cuda) &&
+                        OpRegistry::instance().add_cuda_kernel("conv2d_grad", conv2d_grad_cuda);
+
+}  // namespace
+}  // namespace mix

@@ -1,0 +1,725 @@
+// [cuda] The cuDNN kernels of conv2d, batch_norm and pool2d against their CPU
+// twins: each op runs as a one-op Program through the Executor on the CPU and
+// on cuda:0 with the same random inputs, in FP32 and FP16. Both results are
+// compared with one reference computed here in double from the same
+// (already rounded) inputs, each within the error bound of how it computes;
+// a bound on CPU - GPU alone would hide a lost term behind the CPU's own error.
+// Whole ResNet training steps on the GPU are in test_cuda_train_step.cc.
+//
+// The bounds (abs + rel·|ref|; the reason for each is stated where it is used):
+//  - sums of K terms in FP32 in any order: (K + 2)·u·sum|terms| (u = 2^-24),
+//    never relative to |result|, which cancellation can make arbitrarily small;
+//  - an FP16 output adds half an FP16 ulp of the value (2^-11·|ref|, and 2^-25
+//    where it is subnormal);
+//  - convolutions: cuDNN may pick Winograd or FFT algorithms, which transform
+//    tiles of the inputs first; their error scales with the magnitude of the
+//    transformed tiles, not with each output's own terms, so those
+//    comparisons also allow a fraction of the largest sum|terms| in the same
+//    output plane (2^-14 in FP32, 2^-10 in FP16 where cuDNN may keep the
+//    transformed tiles in FP16).
+// TF32 stays off (its 10-bit mantissa would need FP16-like bounds).
+//
+// MIX_CUDA_OPS_VERBOSE=1 prints how close each comparison came to its bound.
+// Without a GPU (or in a build without CUDA) the test exits 77, which CTest
+// reports as skipped, never as passed.
+#include <catch2/catch.hpp>
+
+#include "tests/unit/require_gpu.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "runtime/executor.h"
+#include "runtime/op_registry.h"
+#include "runtime/program.h"
+#include "runtime/random.h"
+#include "runtime/tensor.h"
+#include "tests/unit/gradcheck.h"
+
+#ifdef MIX_HAVE_CUDA
+#include "runtime/cuda/context.h"
+#endif
+
+namespace {
+
+using mix::Attr;
+using mix::cpu_device;
+using mix::Device;
+using mix::DeviceKind;
+using mix::DType;
+using mix::ExecEnv;
+using mix::Executor;
+using mix::make_op;
+using mix::OpDesc;
+using mix::Program;
+using mix::Scope;
+using mix::Shape;
+using mix::Tensor;
+using mix::testing::require_gpu;
+using mix::testing::to_dtype;
+using mix::testing::uniform_tensor;
+using mix::testing::var_desc;
+
+const Device kGpu{DeviceKind::cuda, 0};
+const DType kTypes[] = {DType::f32, DType::f16};
+
+/// FP32 unit roundoff: one rounding moves a value by at most kU·|value|.
+constexpr double kU = 0x1p-24;
+
+/// Half an ulp of t, relative: the error of rounding an exact value on store.
+double store_rel(DType t) { return t == DType::f16 ? 0x1p-11 : 0x1p-24; }
+/// Half the smallest subnormal of t: the same bound where the value is subnormal.
+double store_abs(DType t) { return t == DType::f16 ? 0x1p-25 : 0x1p-150; }
+/// The rounding of the stored result, against an exact reference.
+double store_err(DType t, double ref) { return store_rel(t) * std::fabs(ref) + store_abs(t); }
+
+std::string dname(DType t) { return std::string(mix::dtype_name(t)); }
+
+void disable_tf32() {
+#ifdef MIX_HAVE_CUDA
+  mix::cuda::set_allow_tf32(false);
+#endif
+}
+
+// ---- one op on a device -------------------------------------------------------------------
+
+struct OneOp {
+  OpDesc op;
+  std::vector<std::pair<std::string, Tensor>> feeds;  // variable -> host value
+  bool training = true;                               // ExecEnv::training
+};
+
+/// Runs the op on `device` over fresh copies of the feeds; returns `results` on the host.
+std::map<std::string, Tensor> run_on(const OneOp& c, Device device, const std::vector<std::string>& results) {
+  Program p;
+  for (auto& [name, t] : c.feeds) p.add_var(var_desc(name, t.shape(), t.dtype()));
+  p.append_op(c.op);
+  Scope scope;
+  for (auto& [name, t] : c.feeds) scope.set(name, device == cpu_device() ? t.clone() : t.to(device));
+  ExecEnv env;
+  env.device = device;
+  env.step = 1;
+  env.training = c.training;
+  std::set<std::string> keep;
+  for (auto& n : c.op.all_inputs()) keep.insert(n);
+  for (auto& n : c.op.all_outputs()) keep.insert(n);
+  Executor(p, keep).run(scope, env);
+  std::map<std::string, Tensor> out;
+  for (auto& name : results) {
+    const Tensor& t = scope.get(name);
+    // The kernel really ran where it was asked to: its outputs live there.
+    if (t.numel() > 0) CHECK(t.device() == device);
+    out[name] = t.to(cpu_device());
+  }
+  return out;
+}
+
+struct Both {
+  std::map<std::string, Tensor> cpu, gpu;
+};
+Both run_both(const OneOp& c, const std::vector<std::string>& results) {
+  return {run_on(c, cpu_device(), results), run_on(c, kGpu, results)};
+}
+
+// ---- comparisons --------------------------------------------------------------------------
+
+/// |got[i] - ref[i]| <= allowed(i) for every element (a NaN fails).
+void expect_within(const Tensor& got_t, const std::vector<double>& ref, const std::function<double(int64_t)>& allowed,
+                   const std::string& what) {
+  INFO(what);
+  const std::vector<float> got = got_t.to_floats();
+  REQUIRE(got.size() == ref.size());
+  int64_t bad = 0, worst = -1;
+  double worst_ratio = 0.0;
+  for (int64_t i = 0; i < static_cast<int64_t>(got.size()); ++i) {
+    const double err = std::fabs(static_cast<double>(got[static_cast<size_t>(i)]) - ref[static_cast<size_t>(i)]);
+    const double lim = allowed(i);
+    const bool ok = err <= lim;  // NaN fails
+    const double ratio = ok && err == 0.0 ? 0.0 : std::isnan(err) || lim == 0.0 ? 1e300 : err / lim;
+    if (!ok) ++bad;
+    if (ratio > worst_ratio || worst < 0) {
+      worst_ratio = ratio;
+      worst = i;
+    }
+  }
+  if (std::getenv("MIX_CUDA_OPS_VERBOSE"))  // how close to its bound each comparison came (calibration)
+    std::printf("[cuda_conv_ops] %-72s err/allowed %.3g\n", what.c_str(), worst_ratio);
+  INFO(bad << " of " << got.size() << " elements outside the bound; worst at [" << worst << "]: got "
+           << (worst >= 0 ? got[static_cast<size_t>(worst)] : 0.f) << ", expected "
+           << (worst >= 0 ? ref[static_cast<size_t>(worst)] : 0.0) << ", allowed " << (worst >= 0 ? allowed(worst) : 0.0)
+           << " (err/allowed " << worst_ratio << ")");
+  CHECK(bad == 0);
+}
+
+/// Both devices' results against one reference, each within allowed(i).
+void expect_both_within(const Both& b, const std::string& name, const std::vector<double>& ref,
+                        const std::function<double(int64_t)>& allowed, const std::string& what) {
+  expect_within(b.cpu.at(name), ref, allowed, what + " (CPU)");
+  expect_within(b.gpu.at(name), ref, allowed, what + " (GPU)");
+}
+
+// ---- conv2d -------------------------------------------------------------------------------
+
+struct ConvCfg {
+  const char* name;
+  int64_t n, c, h, w, oc, kh, kw, stride, pad, dil, groups;
+  int64_t oh() const { return (h + 2 * pad - dil * (kh - 1) - 1) / stride + 1; }
+  int64_t ow() const { return (w + 2 * pad - dil * (kw - 1) - 1) / stride + 1; }
+};
+
+const ConvCfg kConvCases[] = {
+    {"3x3 pad 1", 2, 8, 10, 10, 16, 3, 3, 1, 1, 1, 1},
+    {"3x3 stride 2", 2, 8, 11, 11, 16, 3, 3, 2, 1, 1, 1},
+    {"1x1", 2, 16, 7, 9, 8, 1, 1, 1, 0, 1, 1},
+    {"1x1 stride 2", 2, 8, 10, 10, 16, 1, 1, 2, 0, 1, 1},
+    {"3x3 dilation 2", 2, 4, 12, 12, 8, 3, 3, 1, 2, 2, 1},
+    {"3x3 groups 4", 2, 8, 9, 9, 12, 3, 3, 1, 1, 1, 4},
+    {"7x7 stride 2 pad 3 (stem)", 2, 3, 20, 20, 8, 7, 7, 2, 3, 1, 1},
+    {"3x3 64 channels (tensor-core sizes)", 4, 32, 14, 14, 64, 3, 3, 1, 1, 1, 1},
+};
+
+std::map<std::string, Attr> conv_attrs(const ConvCfg& k) {
+  return {{"strides", std::vector<int64_t>{k.stride, k.stride}},
+          {"paddings", std::vector<int64_t>{k.pad, k.pad}},
+          {"dilations", std::vector<int64_t>{k.dil, k.dil}},
+          {"groups", k.groups}};
+}
+
+/// A sum computed in double: its value, sum|terms| and number of terms per element.
+struct SumRef {
+  std::vector<double> value, abs_sum;
+  std::vector<int64_t> terms;
+  explicit SumRef(int64_t n)
+      : value(static_cast<size_t>(n), 0.0), abs_sum(static_cast<size_t>(n), 0.0), terms(static_cast<size_t>(n), 0) {}
+  void add(int64_t i, double term) {
+    const size_t k = static_cast<size_t>(i);
+    value[k] += term;
+    abs_sum[k] += std::fabs(term);
+    ++terms[k];
+  }
+  /// FP32 accumulation of the terms in any order, each product rounded once.
+  double acc_err(int64_t i) const {
+    const size_t k = static_cast<size_t>(i);
+    return static_cast<double>(terms[k] + 2) * kU * abs_sum[k];
+  }
+  /// The largest sum|terms| of each group of `plane` consecutive elements.
+  std::vector<double> plane_max(int64_t plane) const {
+    std::vector<double> m(abs_sum.size() / static_cast<size_t>(plane), 0.0);
+    for (size_t i = 0; i < abs_sum.size(); ++i) m[i / static_cast<size_t>(plane)] = std::max(m[i / static_cast<size_t>(plane)], abs_sum[i]);
+    return m;
+  }
+};
+
+/// Output, Input@GRAD and Filter@GRAD of the convolution, from the definition.
+struct ConvRef {
+  SumRef out, dx, dw;
+};
+ConvRef conv_reference(const ConvCfg& k, const std::vector<float>& x, const std::vector<float>& f,
+                       const std::vector<float>& dy) {
+  const int64_t oh = k.oh(), ow = k.ow(), cg = k.c / k.groups, ocg = k.oc / k.groups;
+  ConvRef r{SumRef(k.n * k.oc * oh * ow), SumRef(k.n * k.c * k.h * k.w), SumRef(k.oc * cg * k.kh * k.kw)};
+  for (int64_t n = 0; n < k.n; ++n)
+    for (int64_t o = 0; o < k.oc; ++o)
+      for (int64_t y = 0; y < oh; ++y)
+        for (int64_t xx = 0; xx < ow; ++xx) {
+          const int64_t g = o / ocg, oi = ((n * k.oc + o) * oh + y) * ow + xx;
+          for (int64_t ci = 0; ci < cg; ++ci)
+            for (int64_t i = 0; i < k.kh; ++i)
+              for (int64_t j = 0; j < k.kw; ++j) {
+                const int64_t iy = y * k.stride - k.pad + i * k.dil, ix = xx * k.stride - k.pad + j * k.dil;
+                if (iy < 0 || iy >= k.h || ix < 0 || ix >= k.w) continue;
+                const int64_t xi = ((n * k.c + g * cg + ci) * k.h + iy) * k.w + ix;
+                const int64_t fi = ((o * cg + ci) * k.kh + i) * k.kw + j;
+                const double xv = x[static_cast<size_t>(xi)], fv = f[static_cast<size_t>(fi)],
+                             dv = dy[static_cast<size_t>(oi)];
+                r.out.add(oi, xv * fv);
+                r.dx.add(xi, dv * fv);
+                r.dw.add(fi, dv * xv);
+              }
+        }
+  return r;
+}
+
+/// The bound of one convolution result (see the top of the file): accumulation,
+/// transformed algorithms (a fraction of the plane's largest sum|terms|), FP16 store.
+std::function<double(int64_t)> conv_bound(const SumRef& r, int64_t plane, DType t) {
+  // FP32: Winograd/FFT transforms in FP32 (2^-14 of the plane's largest sum|terms|).
+  // FP16: cuDNN may keep the transformed tiles (or split-K partial sums) in FP16: 2^-10.
+  const double transform = t == DType::f16 ? 0x1p-10 : 0x1p-14;
+  auto maxima = std::make_shared<std::vector<double>>(r.plane_max(plane));
+  return [&r, plane, t, transform, maxima](int64_t i) {
+    return r.acc_err(i) + transform * (*maxima)[static_cast<size_t>(i / plane)] +
+           store_err(t, r.value[static_cast<size_t>(i)]);
+  };
+}
+
+/// The CPU (im2col + SGEMM, FP32 accumulation, one rounding on store): no transforms.
+std::function<double(int64_t)> gemm_bound(const SumRef& r, DType t) {
+  return [&r, t](int64_t i) { return r.acc_err(i) + store_err(t, r.value[static_cast<size_t>(i)]); };
+}
+
+}  // namespace
+
+TEST_CASE("conv2d and conv2d_grad on cuDNN match the CPU and a double reference", "[cuda][conv2d]") {
+  require_gpu();
+  disable_tf32();
+  uint64_t seed = 100;
+  for (const ConvCfg& k : kConvCases) {
+    for (DType dt : kTypes) {
+      const std::string what = std::string("conv2d ") + k.name + " " + dname(dt);
+      INFO(what);
+      const Tensor x = to_dtype(uniform_tensor({k.n, k.c, k.h, k.w}, seed++), dt);
+      const Tensor f = to_dtype(uniform_tensor({k.oc, k.c / k.groups, k.kh, k.kw}, seed++, -0.5f, 0.5f), dt);
+      const Tensor dy = to_dtype(uniform_tensor({k.n, k.oc, k.oh(), k.ow()}, seed++), dt);
+      const ConvRef ref = conv_reference(k, x.to_floats(), f.to_floats(), dy.to_floats());
+
+      const Both fwd = run_both(
+          {make_op("conv2d", {{"Input", {"x"}}, {"Filter", {"w"}}}, {{"Output", {"y"}}}, conv_attrs(k)),
+           {{"x", x}, {"w", f}}},
+          {"y"});
+      const int64_t out_plane = k.oh() * k.ow(), in_plane = k.h * k.w;
+      expect_within(fwd.cpu.at("y"), ref.out.value, gemm_bound(ref.out, dt), what + " forward (CPU)");
+      expect_within(fwd.gpu.at("y"), ref.out.value, conv_bound(ref.out, out_plane, dt), what + " forward (GPU)");
+
+      const Both bwd = run_both({make_op("conv2d_grad", {{"Input", {"x"}}, {"Filter", {"w"}}, {"Output@GRAD", {"dy"}}},
+                                         {{"Input@GRAD", {"dx"}}, {"Filter@GRAD", {"dw"}}}, conv_attrs(k)),
+                                 {{"x", x}, {"w", f}, {"dy", dy}}},
+                                {"dx", "dw"});
+      expect_within(bwd.cpu.at("dx"), ref.dx.value, gemm_bound(ref.dx, dt), what + " Input@GRAD (CPU)");
+      expect_within(bwd.gpu.at("dx"), ref.dx.value, conv_bound(ref.dx, in_plane, dt), what + " Input@GRAD (GPU)");
+      // dFilter sums over the whole batch: its "plane" is the whole tensor.
+      const int64_t dw_all = static_cast<int64_t>(ref.dw.value.size());
+      expect_within(bwd.cpu.at("dw"), ref.dw.value, gemm_bound(ref.dw, dt), what + " Filter@GRAD (CPU)");
+      expect_within(bwd.gpu.at("dw"), ref.dw.value, conv_bound(ref.dw, dw_all, dt), what + " Filter@GRAD (GPU)");
+    }
+  }
+}
+
+TEST_CASE("conv2d_grad on cuDNN with only the filter gradient (the first layer)", "[cuda][conv2d]") {
+  require_gpu();
+  disable_tf32();
+  const ConvCfg k = kConvCases[0];
+  for (DType dt : kTypes) {
+    const Tensor x = to_dtype(uniform_tensor({k.n, k.c, k.h, k.w}, 7), dt);
+    const Tensor f = to_dtype(uniform_tensor({k.oc, k.c, k.kh, k.kw}, 8, -0.5f, 0.5f), dt);
+    const Tensor dy = to_dtype(uniform_tensor({k.n, k.oc, k.oh(), k.ow()}, 9), dt);
+    const ConvRef ref = conv_reference(k, x.to_floats(), f.to_floats(), dy.to_floats());
+    const Both b = run_both({make_op("conv2d_grad", {{"Input", {"x"}}, {"Filter", {"w"}}, {"Output@GRAD", {"dy"}}},
+                                     {{"Filter@GRAD", {"dw"}}}, conv_attrs(k)),
+                             {{"x", x}, {"w", f}, {"dy", dy}}},
+                            {"dw"});
+    expect_within(b.gpu.at("dw"), ref.dw.value, conv_bound(ref.dw, static_cast<int64_t>(ref.dw.value.size()), dt),
+                  "conv2d_grad filter only " + dname(dt));
+  }
+}
+
+// ---- batch_norm ---------------------------------------------------------------------------
+
+namespace {
+
+struct BnInputs {
+  Tensor x, scale, bias, mean, var, tracked;
+};
+
+BnInputs bn_inputs(const Shape& s, DType dt, uint64_t seed) {
+  const int64_t c = s[1];
+  // X off-centre (mean ~0.5) as real activations are; FP16 X holds exactly the values the reference uses.
+  return {to_dtype(uniform_tensor(s, seed, -2.f, 3.f), dt), uniform_tensor({c}, seed + 1, 0.5f, 1.5f),
+          uniform_tensor({c}, seed + 2), uniform_tensor({c}, seed + 3), uniform_tensor({c}, seed + 4, 0.5f, 2.f),
+          mix::testing::i64_tensor({}, {7})};
+}
+
+/// Per-channel statistics of X in double: mean, biased variance, E[x^2], mean |x|.
+struct BnStats {
+  std::vector<double> mean, var, sq, abs_mean;
+  int64_t m = 0, spatial = 0;
+};
+BnStats bn_stats(const Tensor& x) {
+  const Shape& s = x.shape();
+  const int64_t n = s[0], c = s[1];
+  BnStats st;
+  st.spatial = 1;
+  for (size_t i = 2; i < s.size(); ++i) st.spatial *= s[i];
+  st.m = n * st.spatial;
+  const std::vector<float> v = x.to_floats();
+  st.mean.assign(static_cast<size_t>(c), 0.0);
+  st.var = st.sq = st.abs_mean = st.mean;
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t ch = 0; ch < c; ++ch)
+      for (int64_t i = 0; i < st.spatial; ++i) {
+        const double e = v[static_cast<size_t>((b * c + ch) * st.spatial + i)];
+        st.mean[static_cast<size_t>(ch)] += e;
+        st.sq[static_cast<size_t>(ch)] += e * e;
+        st.abs_mean[static_cast<size_t>(ch)] += std::fabs(e);
+      }
+  for (size_t ch = 0; ch < st.mean.size(); ++ch) {
+    st.mean[ch] /= static_cast<double>(st.m);
+    st.sq[ch] /= static_cast<double>(st.m);
+    st.abs_mean[ch] /= static_cast<double>(st.m);
+  }
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t ch = 0; ch < c; ++ch)
+      for (int64_t i = 0; i < st.spatial; ++i) {
+        const double e = v[static_cast<size_t>((b * c + ch) * st.spatial + i)] - st.mean[static_cast<size_t>(ch)];
+        st.var[static_cast<size_t>(ch)] += e * e;
+      }
+  for (double& q : st.var) q /= static_cast<double>(st.m);
+  return st;
+}
+
+int64_t channel_of(int64_t i, int64_t c, int64_t spatial) { return (i / spatial) % c; }
+
+constexpr float kEps = 1e-5f;
+constexpr float kMomentum = 0.9f;  // Paddle's convention: running = 0.9 running + 0.1 batch
+
+OpDesc bn_op(const std::string& mean_out, const std::string& var_out) {
+  return make_op("batch_norm",
+                 {{"X", {"x"}},
+                  {"Scale", {"scale"}},
+                  {"Bias", {"bias"}},
+                  {"Mean", {"mean"}},
+                  {"Variance", {"var"}},
+                  {"NumBatchesTracked", {"tracked"}}},
+                 {{"Y", {"y"}},
+                  {"MeanOut", {mean_out}},
+                  {"VarianceOut", {var_out}},
+                  {"SavedMean", {"saved_mean"}},
+                  {"SavedVariance", {"saved_inv_std"}},
+                  {"NumBatchesTrackedOut", {"tracked"}}},
+                 {{"momentum", static_cast<double>(kMomentum)}, {"epsilon", static_cast<double>(kEps)}});
+}
+
+}  // namespace
+
+TEST_CASE("batch_norm training forward on cuDNN matches the CPU and a double reference", "[cuda][batch_norm]") {
+  require_gpu();
+  for (const Shape& s : {Shape{4, 6, 5, 7}, Shape{16, 5}}) {
+    for (DType dt : kTypes) {
+      // MeanOut/VarianceOut as the running statistics themselves (ResNet) and as other variables.
+      for (bool in_place : {true, false}) {
+        const std::string what = "batch_norm " + mix::shape_str(s) + " " + dname(dt) + (in_place ? " in place" : "");
+        INFO(what);
+        const BnInputs in = bn_inputs(s, dt, 40);
+        const std::string mean_out = in_place ? "mean" : "mean_out", var_out = in_place ? "var" : "var_out";
+        const OneOp op{bn_op(mean_out, var_out),
+                       {{"x", in.x}, {"scale", in.scale}, {"bias", in.bias}, {"mean", in.mean}, {"var", in.var},
+                        {"tracked", in.tracked}}};
+        const Both b = run_both(op, {"y", mean_out, var_out, "saved_mean", "saved_inv_std", "tracked"});
+
+        const BnStats st = bn_stats(in.x);
+        const int64_t c = s[1], m = st.m;
+        const std::vector<float> xv = in.x.to_floats(), scale = in.scale.to_floats(), bias = in.bias.to_floats(),
+                                 rmean = in.mean.to_floats(), rvar = in.var.to_floats();
+        std::vector<double> inv(static_cast<size_t>(c)), mean_ref(inv.size()), var_ref(inv.size());
+        std::vector<double> tol_mean(inv.size()), tol_var(inv.size()), tol_inv(inv.size());
+        const double mom = kMomentum, unbias = static_cast<double>(m) / static_cast<double>(m - 1);
+        for (size_t ch = 0; ch < inv.size(); ++ch) {
+          inv[ch] = 1.0 / std::sqrt(st.var[ch] + static_cast<double>(kEps));
+          mean_ref[ch] = mom * rmean[ch] + (1 - mom) * st.mean[ch];
+          var_ref[ch] = mom * rvar[ch] + (1 - mom) * st.var[ch] * unbias;
+          // The mean: m values summed in FP32 in some order, then divided by m.
+          tol_mean[ch] = static_cast<double>(m + 2) * kU * st.abs_mean[ch];
+          // The variance as E[x^2] - mean^2 or in two passes / Welford: either
+          // within 2(m + 2)·u·E[x^2] (the squares are summed like the mean);
+          // doubled for the CPU's double sums being rounded to float only once.
+          tol_var[ch] = 4.0 * static_cast<double>(m + 4) * kU * st.sq[ch];
+          // 1/sqrt(v + eps): its derivative inv^3 / 2 times the variance's error,
+          // plus a few ulps of rsqrt (CUDA's rsqrtf is within 2 ulp).
+          tol_inv[ch] = 0.5 * inv[ch] * inv[ch] * inv[ch] * tol_var[ch] + 4 * kU * inv[ch];
+        }
+        expect_both_within(
+            b, "saved_mean", st.mean, [&](int64_t ch) { return tol_mean[static_cast<size_t>(ch)]; },
+            what + " SavedMean");
+        expect_both_within(
+            b, "saved_inv_std", inv, [&](int64_t ch) { return tol_inv[static_cast<size_t>(ch)]; },
+            what + " SavedVariance (1/std)");
+        // The running statistics: the batch statistics' error times (1 - momentum),
+        // plus the update's own roundings (a few ulps of its two terms).
+        expect_both_within(
+            b, mean_out, mean_ref,
+            [&](int64_t ch) {
+              const size_t k = static_cast<size_t>(ch);
+              return (1 - mom) * tol_mean[k] + 4 * kU * (std::fabs(mom * rmean[k]) + std::fabs((1 - mom) * st.mean[k]));
+            },
+            what + " MeanOut");
+        expect_both_within(
+            b, var_out, var_ref,
+            [&](int64_t ch) {
+              const size_t k = static_cast<size_t>(ch);
+              return (1 - mom) * unbias * tol_var[k] + 4 * kU * (std::fabs(mom * rvar[k]) + (1 - mom) * st.var[k] * unbias);
+            },
+            what + " VarianceOut (unbiased batch variance)");
+        // Y = (x - mean)·inv·scale + bias: the statistics' errors carried through,
+        // a few roundings of the affine map, and FP16's store.
+        std::vector<double> y_ref(xv.size());
+        for (size_t i = 0; i < xv.size(); ++i) {
+          const size_t ch = static_cast<size_t>(channel_of(static_cast<int64_t>(i), c, st.spatial));
+          y_ref[i] = (xv[i] - st.mean[ch]) * inv[ch] * scale[ch] + bias[ch];
+        }
+        expect_both_within(
+            b, "y", y_ref,
+            [&](int64_t i) {
+              const size_t k = static_cast<size_t>(i), ch = static_cast<size_t>(channel_of(i, c, st.spatial));
+              const double centred = std::fabs(xv[k] - st.mean[ch]);
+              return std::fabs(scale[ch]) * (inv[ch] * tol_mean[ch] + centred * tol_inv[ch]) +
+                     6 * kU * (centred * inv[ch] * std::fabs(scale[ch]) + std::fabs(bias[ch])) + store_err(dt, y_ref[k]);
+            },
+            what + " Y");
+        // The counter: one integer increment, exact.
+        for (const auto* side : {&b.cpu, &b.gpu}) CHECK(side->at("tracked").data<int64_t>()[0] == 8);
+      }
+    }
+  }
+}
+
+TEST_CASE("batch_norm evaluation forward on cuDNN uses the running statistics", "[cuda][batch_norm]") {
+  require_gpu();
+  const Shape s{3, 5, 4, 6};
+  for (DType dt : kTypes) {
+    for (bool via_attr : {false, true}) {  // ExecEnv::training false, or attr is_test
+      const std::string what = "batch_norm eval " + dname(dt) + (via_attr ? " (is_test)" : " (env)");
+      INFO(what);
+      const BnInputs in = bn_inputs(s, dt, 60);
+      OneOp op{bn_op("mean", "var"),
+               {{"x", in.x}, {"scale", in.scale}, {"bias", in.bias}, {"mean", in.mean}, {"var", in.var},
+                {"tracked", in.tracked}}};
+      if (via_attr) op.op.attrs["is_test"] = true;
+      op.training = via_attr;  // is_test alone must switch a training run to evaluation
+      const Both b = run_both(op, {"y", "mean", "var", "tracked"});
+      const std::vector<float> xv = in.x.to_floats(), scale = in.scale.to_floats(), bias = in.bias.to_floats(),
+                               rmean = in.mean.to_floats(), rvar = in.var.to_floats();
+      const int64_t c = s[1], spatial = s[2] * s[3];
+      std::vector<double> y_ref(xv.size());
+      for (size_t i = 0; i < xv.size(); ++i) {
+        const size_t ch = static_cast<size_t>(channel_of(static_cast<int64_t>(i), c, spatial));
+        y_ref[i] = (xv[i] - rmean[ch]) / std::sqrt(static_cast<double>(rvar[ch]) + kEps) * scale[ch] + bias[ch];
+      }
+      // No reductions: 1/sqrt within a few ulps and a few roundings of the affine map, then FP16's store.
+      expect_both_within(
+          b, "y", y_ref,
+          [&](int64_t i) {
+            const size_t k = static_cast<size_t>(i), ch = static_cast<size_t>(channel_of(i, c, spatial));
+            const double k_scale = std::fabs(scale[ch]) / std::sqrt(static_cast<double>(rvar[ch]) + kEps);
+            return 10 * kU * (std::fabs(xv[k] - rmean[ch]) * k_scale + std::fabs(bias[ch])) + store_err(dt, y_ref[k]);
+          },
+          what + " Y");
+      // Evaluation updates nothing: the running statistics and the counter come back bit for bit.
+      for (const auto* side : {&b.cpu, &b.gpu}) {
+        CHECK(side->at("mean").to_floats() == rmean);
+        CHECK(side->at("var").to_floats() == rvar);
+        CHECK(side->at("tracked").data<int64_t>()[0] == 7);
+      }
+    }
+  }
+}
+
+TEST_CASE("batch_norm_grad on cuDNN matches the CPU and a double reference", "[cuda][batch_norm]") {
+  require_gpu();
+  for (const Shape& s : {Shape{4, 6, 5, 7}, Shape{16, 5}}) {
+    for (DType dt : kTypes) {
+      const std::string what = "batch_norm_grad " + mix::shape_str(s) + " " + dname(dt);
+      INFO(what);
+      const BnInputs in = bn_inputs(s, dt, 80);
+      const Tensor dy = to_dtype(uniform_tensor(s, 85), dt);
+      const BnStats st = bn_stats(in.x);
+      const int64_t c = s[1], m = st.m;
+      // The forward's saved statistics, as FP32 values both devices read.
+      std::vector<float> saved_mean(static_cast<size_t>(c)), saved_inv(static_cast<size_t>(c));
+      for (size_t ch = 0; ch < saved_mean.size(); ++ch) {
+        saved_mean[ch] = static_cast<float>(st.mean[ch]);
+        saved_inv[ch] = static_cast<float>(1.0 / std::sqrt(st.var[ch] + static_cast<double>(kEps)));
+      }
+      const OneOp op{make_op("batch_norm_grad",
+                             {{"X", {"x"}},
+                              {"Scale", {"scale"}},
+                              {"SavedMean", {"saved_mean"}},
+                              {"SavedVariance", {"saved_inv_std"}},
+                              {"Y@GRAD", {"dy"}}},
+                             {{"X@GRAD", {"dx"}}, {"Scale@GRAD", {"dscale"}}, {"Bias@GRAD", {"dbias"}}},
+                             {{"momentum", static_cast<double>(kMomentum)}, {"epsilon", static_cast<double>(kEps)}}),
+                     {{"x", in.x},
+                      {"scale", in.scale},
+                      {"saved_mean", Tensor::from_floats({c}, saved_mean)},
+                      {"saved_inv_std", Tensor::from_floats({c}, saved_inv)},
+                      {"dy", dy}}};
+      const Both b = run_both(op, {"dx", "dscale", "dbias"});
+
+      const std::vector<float> xv = in.x.to_floats(), dyv = dy.to_floats(), scale = in.scale.to_floats();
+      std::vector<double> xhat(xv.size()), sum_dy(static_cast<size_t>(c), 0.0), sum_dy_xhat(sum_dy),
+          abs_dy(sum_dy), abs_dy_xhat(sum_dy);
+      for (size_t i = 0; i < xv.size(); ++i) {
+        const size_t ch = static_cast<size_t>(channel_of(static_cast<int64_t>(i), c, st.spatial));
+        xhat[i] = (xv[i] - static_cast<double>(saved_mean[ch])) * saved_inv[ch];
+        sum_dy[ch] += dyv[i];
+        sum_dy_xhat[ch] += dyv[i] * xhat[i];
+        abs_dy[ch] += std::fabs(dyv[i]);
+        abs_dy_xhat[ch] += std::fabs(dyv[i] * xhat[i]);
+      }
+      // The parameter gradients: sums of m terms in FP32 (xhat itself a few roundings: +4).
+      expect_both_within(
+          b, "dbias", sum_dy,
+          [&](int64_t ch) { return static_cast<double>(m + 2) * kU * abs_dy[static_cast<size_t>(ch)]; },
+          what + " Bias@GRAD");
+      expect_both_within(
+          b, "dscale", sum_dy_xhat,
+          [&](int64_t ch) { return static_cast<double>(m + 6) * kU * abs_dy_xhat[static_cast<size_t>(ch)]; },
+          what + " Scale@GRAD");
+      // dX = k (dy - mean(dy) - xhat·mean(dy·xhat)), k = scale·inv: the two means'
+      // errors (sums of m terms over m) carried through, a few roundings of the
+      // combination, then FP16's store. Never relative to |dX|: the bracket cancels.
+      std::vector<double> dx_ref(xv.size());
+      auto parts = [&](size_t i) {
+        const size_t ch = static_cast<size_t>(channel_of(static_cast<int64_t>(i), c, st.spatial));
+        const double md = sum_dy[ch] / static_cast<double>(m), mdx = sum_dy_xhat[ch] / static_cast<double>(m);
+        return std::make_tuple(ch, md, mdx, static_cast<double>(scale[ch]) * saved_inv[ch]);
+      };
+      for (size_t i = 0; i < xv.size(); ++i) {
+        const auto [ch, md, mdx, k] = parts(i);
+        dx_ref[i] = k * (dyv[i] - md - xhat[i] * mdx);
+      }
+      expect_both_within(
+          b, "dx", dx_ref,
+          [&](int64_t i) {
+            const size_t e = static_cast<size_t>(i);
+            const auto [ch, md, mdx, k] = parts(e);
+            const double mean_err = static_cast<double>(m + 2) * kU * abs_dy[ch] / static_cast<double>(m);
+            const double mean_x_err = static_cast<double>(m + 6) * kU * abs_dy_xhat[ch] / static_cast<double>(m);
+            return std::fabs(k) * (mean_err + std::fabs(xhat[e]) * mean_x_err +
+                                   8 * kU * (std::fabs(dyv[e]) + std::fabs(md) + std::fabs(xhat[e] * mdx))) +
+                   store_err(dt, dx_ref[e]);
+          },
+          what + " X@GRAD");
+    }
+  }
+}
+
+// ---- pool2d -------------------------------------------------------------------------------
+
+namespace {
+
+struct PoolCfg {
+  const char* name;
+  bool is_max, exclusive, global;
+  int64_t k, stride, pad;
+};
+
+const PoolCfg kPoolCases[] = {
+    {"max 3x3 stride 2 pad 1 (ResNet stem)", true, true, false, 3, 2, 1},
+    {"max 2x2 stride 2", true, true, false, 2, 2, 0},
+    {"avg 3x3 stride 1 pad 1 exclusive", false, true, false, 3, 1, 1},
+    {"avg 3x3 stride 2 pad 1 inclusive", false, false, false, 3, 2, 1},
+    {"avg 2x2 stride 2", false, true, false, 2, 2, 0},
+    {"global avg (ResNet head)", false, true, true, 0, 1, 0},
+    {"global max", true, true, true, 0, 1, 0},
+};
+
+std::map<std::string, Attr> pool_attrs(const PoolCfg& p) {
+  std::map<std::string, Attr> a{{"pooling_type", std::string(p.is_max ? "max" : "avg")},
+                                {"exclusive", p.exclusive},
+                                {"global_pooling", p.global}};
+  if (!p.global) {
+    a["ksize"] = std::vector<int64_t>{p.k, p.k};
+    a["strides"] = std::vector<int64_t>{p.stride, p.stride};
+    a["paddings"] = std::vector<int64_t>{p.pad, p.pad};
+  }
+  return a;
+}
+
+/// Distinct values k/64 (exact in FP16) in random order: no max-pool window holds a tie.
+Tensor distinct_tensor(const Shape& shape, uint64_t seed) {
+  const int64_t n = mix::shape_numel(shape);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = static_cast<float>(i - n / 2) / 64.f;
+  mix::Rng rng = mix::Rng::for_stream(seed, 3);
+  for (int64_t i = n - 1; i > 0; --i)
+    std::swap(v[static_cast<size_t>(i)], v[static_cast<size_t>(rng.uniform() * static_cast<double>(i + 1)) % (i + 1)]);
+  return Tensor::from_floats(shape, v);
+}
+
+/// Forward and backward of pooling from the definition.
+struct PoolRef {
+  SumRef out, dx;
+};
+PoolRef pool_reference(const PoolCfg& p, const Shape& s, const std::vector<float>& x, const std::vector<float>& dy) {
+  const int64_t nc = s[0] * s[1], h = s[2], w = s[3];
+  const int64_t kh = p.global ? h : p.k, kw = p.global ? w : p.k, st = p.global ? 1 : p.stride,
+                pad = p.global ? 0 : p.pad;
+  const int64_t oh = (h + 2 * pad - kh) / st + 1, ow = (w + 2 * pad - kw) / st + 1;
+  PoolRef r{SumRef(nc * oh * ow), SumRef(nc * h * w)};
+  for (int64_t q = 0; q < nc; ++q)
+    for (int64_t oy = 0; oy < oh; ++oy)
+      for (int64_t ox = 0; ox < ow; ++ox) {
+        const int64_t oi = (q * oh + oy) * ow + ox;
+        const int64_t y0 = std::max<int64_t>(oy * st - pad, 0), y1 = std::min(oy * st - pad + kh, h);
+        const int64_t x0 = std::max<int64_t>(ox * st - pad, 0), x1 = std::min(ox * st - pad + kw, w);
+        const double g = dy[static_cast<size_t>(oi)];
+        if (p.is_max) {
+          int64_t best = -1;
+          for (int64_t y = y0; y < y1; ++y)
+            for (int64_t xx = x0; xx < x1; ++xx) {
+              const int64_t i = (q * h + y) * w + xx;
+              if (best < 0 || x[static_cast<size_t>(i)] > x[static_cast<size_t>(best)]) best = i;
+            }
+          r.out.add(oi, x[static_cast<size_t>(best)]);
+          r.dx.add(best, g);
+        } else {
+          const double count = p.exclusive ? static_cast<double>((y1 - y0) * (x1 - x0)) : static_cast<double>(kh * kw);
+          for (int64_t y = y0; y < y1; ++y)
+            for (int64_t xx = x0; xx < x1; ++xx) {
+              const int64_t i = (q * h + y) * w + xx;
+              r.out.add(oi, x[static_cast<size_t>(i)] / count);
+              r.dx.add(i, g / count);
+            }
+        }
+      }
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("pool2d and pool2d_grad on cuDNN match the CPU and a double reference", "[cuda][pool2d]") {
+  require_gpu();
+  const Shape s{2, 3, 9, 11};
+  for (const PoolCfg& p : kPoolCases) {
+    for (DType dt : kTypes) {
+      const std::string what = std::string("pool2d ") + p.name + " " + dname(dt);
+      INFO(what);
+      const Tensor x = to_dtype(p.is_max ? distinct_tensor(s, 21) : uniform_tensor(s, 21), dt);
+      const Both fwd = run_both({make_op("pool2d", {{"X", {"x"}}}, {{"Out", {"y"}}}, pool_attrs(p)), {{"x", x}}}, {"y"});
+      const Shape out_shape = fwd.cpu.at("y").shape();
+      const Tensor dy = to_dtype(uniform_tensor(out_shape, 22), dt);
+      const PoolRef ref = pool_reference(p, s, x.to_floats(), dy.to_floats());
+      if (p.is_max) {
+        // A selection: nothing rounds, so the maxima come back exactly.
+        expect_both_within(fwd, "y", ref.out.value, [](int64_t) { return 0.0; }, what + " forward");
+      } else {
+        // The window's sum in FP32 over its count: (count + 2)·u·sum|x/count|, then FP16's store.
+        expect_both_within(
+            fwd, "y", ref.out.value,
+            [&](int64_t i) { return ref.out.acc_err(i) + store_err(dt, ref.out.value[static_cast<size_t>(i)]); },
+            what + " forward");
+      }
+      const Both bwd = run_both(
+          {make_op("pool2d_grad", {{"X", {"x"}}, {"Out@GRAD", {"dy"}}}, {{"X@GRAD", {"dx"}}}, pool_attrs(p)),
+           {{"x", x}, {"dy", dy}}},
+          {"dx"});
+      // Each input adds the shares of the windows that route to it (overlapping
+      // windows: a few terms) in FP32, then FP16's store.
+      expect_both_within(
+          bwd, "dx", ref.dx.value,
+          [&](int64_t i) { return ref.dx.acc_err(i) + store_err(dt, ref.dx.value[static_cast<size_t>(i)]); },
+          what + " X@GRAD");
+    }
+  }
+}
