@@ -117,6 +117,9 @@ void reduce_into(void* inout, const void* in, size_t count, DType dtype, ReduceO
     case DType::i64:
       int_reduce(static_cast<int64_t*>(inout), static_cast<const int64_t*>(in), count, op);
       return;
+    case DType::u8:
+      int_reduce(static_cast<uint8_t*>(inout), static_cast<const uint8_t*>(in), count, op);
+      return;
   }
   MIX_FAIL("reduce_into: unknown dtype " << static_cast<int>(dtype));
 }

@@ -92,6 +92,11 @@ void scale_by_inverse_world(void* buf, size_t n, DType dtype, int world) {
       for (size_t i = 0; i < n; ++i) p[i] /= world;
       return;
     }
+    case DType::u8: {
+      auto* p = static_cast<uint8_t*>(buf);
+      for (size_t i = 0; i < n; ++i) p[i] = static_cast<uint8_t>(p[i] / world);
+      return;
+    }
   }
 }
 
@@ -186,6 +191,10 @@ class MpiCommunicator final : public Communicator {
         break;
       case DType::i64:
         type = MPI_INT64_T;
+        mpi_op = is_max ? MPI_MAX : MPI_SUM;
+        break;
+      case DType::u8:
+        type = MPI_UINT8_T;
         mpi_op = is_max ? MPI_MAX : MPI_SUM;
         break;
     }

@@ -16,7 +16,7 @@
 //   for the communication stream), so the result may be used on any stream and
 //   the buffer freed or reused at once. Overlap of communication with backward
 //   will come later, by ordering the streams with events instead of waiting.
-// - all_reduce: f16 (ncclFloat16), bf16 (ncclBfloat16), f32, i32, i64; sum, max
+// - all_reduce: f16 (ncclFloat16), bf16 (ncclBfloat16), f32, i32, i64, u8; sum, max
 //   and avg (ncclAvg). NCCL adds 16-bit values per hop like the MPI backend,
 //   but its avg of floating types multiplies every input by 1/world before the
 //   sum (integers: sum, then divide), so for world > 1 an f16/bf16/f32 avg may

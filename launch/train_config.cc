@@ -30,6 +30,13 @@ std::vector<std::pair<std::string, std::string>> TrainConfig::fingerprint_fields
           {"image-size", opt(image_size)},
           {"width", opt(width)},
           {"blocks", list(blocks)},
+          {"layers", is_language_model() ? num(layers) : "-"},
+          {"d-model", is_language_model() ? num(d_model) : "-"},
+          {"heads", is_language_model() ? num(heads) : "-"},
+          {"context", is_language_model() ? num(context) : "-"},
+          {"vocab", is_language_model() ? num(vocab) : "-"},
+          {"tie-weights", tie_weights ? "on" : "off"},
+          {"dropout", num(dropout)},
           {"data", data},
           {"device", device},
           {"allow-tf32", allow_tf32 ? "on" : "off"},
@@ -127,8 +134,17 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
       ->check(kPositiveInt);
   app.add_option("--blocks", c.blocks, "ResNets: blocks per stage, comma separated (resnet-small: 2,2,2)")
       ->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)->check(kPositiveInt);
-  app.add_option("--data", c.data, "data set")->check(CLI::IsMember({"fashion-mnist", "synthetic", "safetensors"}));
-  app.add_option("--data-dir", c.data_dir, "directory of the Fashion-MNIST IDX .gz files");
+  app.add_option("--layers", c.layers, "transformer: blocks")->check(kPositiveInt);
+  app.add_option("--d-model", c.d_model, "transformer: width of the residual stream")->check(kPositiveInt);
+  app.add_option("--heads", c.heads, "transformer: attention heads (must divide --d-model)")->check(kPositiveInt);
+  app.add_option("--context", c.context, "transformer: tokens per sequence")->check(kPositiveInt);
+  app.add_option("--vocab", c.vocab, "transformer: vocabulary (256 for byte-level text)")->check(CLI::Range(2, 1 << 24));
+  app.add_flag("--tie-weights", c.tie_weights, "transformer: the output layer reuses the token embedding");
+  app.add_option("--dropout", c.dropout, "transformer: dropout probability (0: none)")->check(CLI::Range(0.0, 0.99));
+  app.add_option("--data", c.data, "data set (default: fortunes for the transformer, else fashion-mnist)")
+      ->check(CLI::IsMember({"fashion-mnist", "fortunes", "synthetic", "safetensors"}));
+  app.add_option("--data-dir", c.data_dir,
+                 "directory of the data set (/usr/share/datasets/fashion-mnist, /usr/share/games/fortunes)");
   app.add_option("--data-file", c.data_file, "safetensors file with `inputs` F32 [N,...] and `labels` I64 [N]");
   app.add_option("--shuffle", c.shuffle, "shuffle each epoch (seeded by seed and epoch)");
   app.add_option("--synthetic-size", c.synthetic_size, "examples in the synthetic training set")->check(kPositiveInt);
@@ -190,6 +206,10 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
   app.add_option("--log-every", c.log_every, "steps between progress lines (0: about every 2 s)")
       ->check(kNonNegativeInt);
   app.add_option("--eval", c.eval, "evaluate on the test set at the end of each epoch");
+  app.add_option("--eval-every", c.eval_every, "steps between evaluations (0: at the end of each epoch)")
+      ->check(kNonNegativeInt);
+  app.add_option("--eval-batches", c.eval_batches, "batches per evaluation (0: the whole test split)")
+      ->check(kNonNegativeInt);
 
   try {
     app.parse(argc, argv);
@@ -204,8 +224,19 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
     std::cerr << "mixtrain: " << msg << "\n";
     return 2;
   };
+  if (c.data.empty()) c.data = c.is_language_model() ? "fortunes" : "fashion-mnist";
+  if (!c.data_file.empty()) c.data = "safetensors";  // --data-file alone says where the data is
+  if (c.data_dir.empty())
+    c.data_dir = c.data == "fortunes" ? "/usr/share/games/fortunes" : "/usr/share/datasets/fashion-mnist";
+  if (c.is_language_model() && c.data != "fortunes" && c.data != "synthetic")
+    return bad("--model transformer trains on --data fortunes or --data synthetic (tokens), not --data " + c.data);
+  if (!c.is_language_model() && c.data == "fortunes")
+    return bad("--data fortunes is text for --model transformer; --model " + c.model + " needs images or features");
+  if (c.is_language_model() && c.d_model % c.heads != 0)
+    return bad("--heads " + std::to_string(c.heads) + " must divide --d-model " + std::to_string(c.d_model));
+  if (c.is_language_model() && c.data == "fortunes" && c.vocab < 256)
+    return bad("--vocab " + std::to_string(c.vocab) + " is too small for byte-level text: use 256 or more");
   if (c.data == "safetensors" && c.data_file.empty()) return bad("--data safetensors needs --data-file FILE");
-  if (!c.data_file.empty() && c.data != "safetensors") c.data = "safetensors";
   if (c.precision == "fp32" && c.grad_reduce == "fp16")
     return bad("--grad-reduce fp16 needs --precision amp (FP32 training has no FP16 gradients to reduce)");
   if (c.precision == "fp32" && !c.inject_overflow.empty())

@@ -16,9 +16,19 @@ struct TrainConfig {
   std::optional<int64_t> width;
   std::vector<int64_t> blocks;
   bool is_resnet() const { return model.rfind("resnet", 0) == 0; }
-  // data
-  std::string data = "fashion-mnist";
-  std::string data_dir = "/usr/share/datasets/fashion-mnist";
+  // the Transformer language model (models::TransformerConfig)
+  int64_t layers = 4;
+  int64_t d_model = 128;
+  int64_t heads = 4;
+  int64_t context = 128;
+  int64_t vocab = 256;
+  bool tie_weights = false;
+  double dropout = 0.0;
+  bool is_language_model() const { return model == "transformer"; }
+  // data; empty data and data_dir take the model's default (fortunes text for
+  // the Transformer, Fashion-MNIST otherwise), filled in by parse_train_config
+  std::string data;
+  std::string data_dir;
   std::string data_file;
   bool shuffle = true;
   std::optional<int64_t> synthetic_size;  // default 8192 examples, 512 images
@@ -67,6 +77,8 @@ struct TrainConfig {
   int64_t benchmark_warmup = 10;
   int64_t log_every = 0;  // 0: a progress line about every 2 s
   bool eval = true;
+  int64_t eval_every = 0;  // steps between evaluations; 0: at the end of each epoch
+  int64_t eval_batches = 0;  // 0: the whole test split; else at most this many batches per evaluation
 
   /// The fields every rank must agree on, as (name, value) text, for the startup fingerprint.
   std::vector<std::pair<std::string, std::string>> fingerprint_fields() const;

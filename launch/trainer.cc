@@ -45,6 +45,11 @@ std::string format_eta(double s) {
 data::TrainTest load_data(const TrainConfig& c) {
   if (c.data == "fashion-mnist") return data::load_fashion_mnist(c.data_dir);
   if (c.data == "safetensors") return data::load_safetensors_dataset(c.data_file);
+  if (c.data == "fortunes") return data::load_byte_text(c.data_dir, c.context);
+  if (c.is_language_model()) {
+    const int64_t n = c.synthetic_size.value_or(1024);
+    return data::make_synthetic_tokens(n, std::max<int64_t>(n / 8, 1), c.context, c.vocab, c.seed);
+  }
   if (c.is_resnet()) {
     // Images for the ResNets: 3 x 224 x 224 (32 x 32 for resnet-small) unless --image-size says otherwise.
     const int64_t size = c.image_size ? *c.image_size : (c.model == "resnet-small" ? 32 : 224);
@@ -62,6 +67,20 @@ models::Model build_model(const TrainConfig& c, const data::Dataset& train) {
   const Shape example = train.example_shape();
   const int64_t features = shape_numel(example);
   const int64_t classes = std::max<int64_t>(train.num_classes, 2);
+  if (c.is_language_model()) {
+    models::TransformerConfig tc;
+    tc.layers = c.layers;
+    tc.d_model = c.d_model;
+    tc.heads = c.heads;
+    tc.context = c.context;
+    tc.vocab = c.vocab;
+    tc.tie_weights = c.tie_weights;
+    tc.dropout = c.dropout;
+    tc.seed = c.seed;
+    MIX_CHECK(train.num_classes <= c.vocab, "the data has " << train.num_classes << " token values but --vocab is "
+                                                            << c.vocab << "; raise --vocab");
+    return models::build_transformer(tc, c.model);
+  }
   if (!c.is_resnet()) {
     models::MlpConfig mc;
     mc.in_features = features;
@@ -94,6 +113,13 @@ Shape batch_shape(const models::Model& m, int64_t n) {
   return s;
 }
 
+/// [n, labels of one example...]: a batch of labels shaped as the model's label feed.
+Shape label_batch_shape(const models::Model& m, int64_t n) {
+  Shape s{n};
+  s.insert(s.end(), m.label_shape.begin(), m.label_shape.end());
+  return s;
+}
+
 /// Model buffers (batch_norm's running statistics): not trained, but every rank
 /// must hold the same values for evaluation, checkpoints and the consistency check.
 std::vector<std::string> buffer_names(const Program& p) {
@@ -105,6 +131,7 @@ std::vector<std::string> buffer_names(const Program& p) {
 
 /// NaN or inf in the inputs would look like an overflow every step; stop with the place instead.
 void check_finite_data(const data::Dataset& ds, const std::string& where) {
+  if (ds.inputs.dtype() != DType::f32) return;  // tokens: nothing to check
   const float* x = ds.inputs.data<float>();
   for (int64_t i = 0; i < ds.inputs.numel(); ++i)
     if (!std::isfinite(x[i])) {
@@ -196,7 +223,7 @@ void log_rank_table(Communicator& comm, const std::string& device) {
 }
 
 struct EvalResult {
-  double accuracy = 0, loss = 0;
+  double accuracy = 0, loss = 0;  // accuracy over every label (each token, for a language model)
   int64_t examples = 0;
 };
 
@@ -323,6 +350,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   ExecEnv env;
   env.comm = &grad_comm;
   env.device = device;
+  env.rank = rank;  // dropout masks differ between ranks (each rank's examples are its own)
   // MIX_PROFILE_OPS=1: time every op and print the totals by op type at the end.
   std::map<std::string, double> op_seconds;
   const char* profile_env = std::getenv("MIX_PROFILE_OPS");
@@ -339,33 +367,38 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     if (ds.size() == 0) return r;
     std::vector<int64_t> idx;
     for (int64_t i = rank; i < ds.size(); i += world) idx.push_back(i);
-    const int64_t eval_batch = 1000;
-    double local[3] = {0, 0, 0};  // correct, loss sum, count
+    // A language model's logits are [batch, context, vocab]: evaluate in training-sized batches.
+    const int64_t eval_batch = model.tokens_per_example > 0 ? std::max<int64_t>(batch, 16) : 1000;
+    if (c.eval_batches > 0) idx.resize(std::min<size_t>(idx.size(), static_cast<size_t>(c.eval_batches * eval_batch)));
+    double local[3] = {0, 0, 0};  // correct, loss sum, count (of examples)
+    double labels_seen = 0;
     Tensor x, y;
     for (int64_t b = 0; b < static_cast<int64_t>(idx.size()); b += eval_batch) {
       const int64_t n = std::min<int64_t>(eval_batch, static_cast<int64_t>(idx.size()) - b);
       data::gather_batch(ds, idx, b, n, x, y);
       scope.set(model.input, x.reshaped(batch_shape(model, n)).to(device));
-      scope.set(model.label, y.reshaped({n, 1}).to(device));
+      scope.set(model.label, y.reshaped(label_batch_shape(model, n)).to(device));
       env.training = false;  // batch_norm: the running statistics, no updates
       eval_exec.run(scope, env);
       env.training = true;
       const Tensor& logits = scope.get(model.logits);
       std::vector<float> lv = logits.to_floats();
-      const int64_t k = logits.dim(-1);
-      for (int64_t i = 0; i < n; ++i) {
+      const int64_t k = logits.dim(-1), rows = logits.numel() / k;  // one row per label
+      for (int64_t i = 0; i < rows; ++i) {
         int64_t best = 0;
         for (int64_t j = 1; j < k; ++j)
           if (lv[i * k + j] > lv[i * k + best]) best = j;
         local[0] += best == y.data<int64_t>()[i];
       }
+      labels_seen += static_cast<double>(rows);
       local[1] += static_cast<double>(read_f32(scope, model.loss.c_str())) * static_cast<double>(n);
       local[2] += static_cast<double>(n);
     }
-    float sums[3] = {static_cast<float>(local[0]), static_cast<float>(local[1]), static_cast<float>(local[2])};
-    comm.all_reduce(sums, 3, DType::f32, collective::ReduceOp::sum);
+    float sums[4] = {static_cast<float>(local[0]), static_cast<float>(local[1]), static_cast<float>(local[2]),
+                     static_cast<float>(labels_seen)};
+    comm.all_reduce(sums, 4, DType::f32, collective::ReduceOp::sum);
     r.examples = static_cast<int64_t>(sums[2]);
-    r.accuracy = sums[2] > 0 ? sums[0] / sums[2] : 0;
+    r.accuracy = sums[3] > 0 ? sums[0] / sums[3] : 0;
     r.loss = sums[2] > 0 ? sums[1] / sums[2] : 0;
     return r;
   };
@@ -402,7 +435,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     const int64_t n = std::min<int64_t>(batch, static_cast<int64_t>(order.size()) - begin);
     data::gather_batch(data.train, order, begin, n, x, y);
     scope.set(model.input, x.reshaped(batch_shape(model, n)).to(device));
-    scope.set(model.label, y.reshaped({n, 1}).to(device));
+    scope.set(model.label, y.reshaped(label_batch_shape(model, n)).to(device));
     const double rate = lr.at(step);
     write_f32(scope.get(optim::kLearningRate), static_cast<float>(rate));
     env.step = step + 1;
@@ -426,6 +459,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     skipped_total += found_inf;
     const float scale = use_amp ? read_f32(scope, amp::ScalerVars::scale) : 1.f;
     const double samples_per_s = static_cast<double>(n * world) / std::max(secs, 1e-9);
+    const double tokens_per_s = samples_per_s * static_cast<double>(model.tokens_per_example);
     const bool timed = !c.benchmark || step >= c.benchmark_warmup;
     if (timed) {
       timed_seconds += secs;
@@ -439,16 +473,18 @@ int run_training(const TrainConfig& c, Communicator& comm) {
       MIX_FAIL("step " << step + 1 << ": the loss is " << loss_avg
                        << " in FP32 training; lower --lr or check the data");
 
-    metrics.write({{"step", step + 1},
-                   {"epoch", epoch},
-                   {"loss", loss_avg},
-                   {"loss_scale", scale},
-                   {"found_inf", found_inf},
-                   {"skipped", found_inf},
-                   {"lr", rate},
-                   {"grad_bytes", grad_bytes},
-                   {"step_ms", secs * 1e3},
-                   {"samples_per_s", samples_per_s}});
+    nlohmann::json line = {{"step", step + 1},
+                           {"epoch", epoch},
+                           {"loss", loss_avg},
+                           {"loss_scale", scale},
+                           {"found_inf", found_inf},
+                           {"skipped", found_inf},
+                           {"lr", rate},
+                           {"grad_bytes", grad_bytes},
+                           {"step_ms", secs * 1e3},
+                           {"samples_per_s", samples_per_s}};
+    if (model.tokens_per_example > 0) line["tokens_per_s"] = tokens_per_s;
+    metrics.write(line);
 
     const bool last = step + 1 == total_steps;
     const bool log_now = c.log_every > 0 ? (step + 1) % c.log_every == 0 : seconds_since(t_last_log) >= 2.0;
@@ -456,18 +492,27 @@ int run_training(const TrainConfig& c, Communicator& comm) {
       t_last_log = Clock::now();
       const double elapsed = seconds_since(t_start);
       const double eta = elapsed / static_cast<double>(step + 1 - start_step) * static_cast<double>(total_steps - step - 1);
-      spdlog::info("step {}/{} loss {:.4f} scale {} {:.0f} samples/s ETA {}", step + 1, total_steps, loss_avg, scale,
-                   samples_per_s, format_eta(eta));
+      if (model.tokens_per_example > 0)
+        spdlog::info("step {}/{} loss {:.4f} scale {} {:.0f} tokens/s ETA {}", step + 1, total_steps, loss_avg, scale,
+                     tokens_per_s, format_eta(eta));
+      else
+        spdlog::info("step {}/{} loss {:.4f} scale {} {:.0f} samples/s ETA {}", step + 1, total_steps, loss_avg,
+                     scale, samples_per_s, format_eta(eta));
     }
     if ((c.check_every > 0 && (step + 1) % c.check_every == 0) || last) consistency_check(step + 1);
 
-    const bool epoch_end = in_epoch + 1 == steps_per_epoch || last;
-    if (c.eval && !c.benchmark && epoch_end && data.test.size() > 0) {
+    const bool eval_now = c.eval_every > 0 ? (step + 1) % c.eval_every == 0 || last
+                                           : in_epoch + 1 == steps_per_epoch || last;
+    if (c.eval && !c.benchmark && eval_now && data.test.size() > 0) {
       last_eval = evaluate();
       have_eval = true;
       if (rank == 0) {
-        spdlog::info("epoch {} test accuracy {:.2f}% ({} examples), test loss {:.4f}", epoch, 100 * last_eval.accuracy,
-                     last_eval.examples, last_eval.loss);
+        if (model.tokens_per_example > 0)
+          spdlog::info("step {} validation loss {:.4f} nats/token, next-token accuracy {:.2f}% ({} sequences)",
+                       step + 1, last_eval.loss, 100 * last_eval.accuracy, last_eval.examples);
+        else
+          spdlog::info("epoch {} test accuracy {:.2f}% ({} examples), test loss {:.4f}", epoch,
+                       100 * last_eval.accuracy, last_eval.examples, last_eval.loss);
         metrics.write({{"step", step + 1}, {"epoch", epoch}, {"eval_accuracy", last_eval.accuracy},
                        {"val_loss", last_eval.loss}});
       }
@@ -491,6 +536,10 @@ int run_training(const TrainConfig& c, Communicator& comm) {
                             {"world_size", world},
                             {"precision", c.precision},
                             {"grad_reduce", c.effective_grad_reduce()}};
+  if (model.tokens_per_example > 0) {
+    summary["tokens_per_s"] = mean_sps * static_cast<double>(model.tokens_per_example);
+    summary["tokens_per_s_overall"] = overall_sps * static_cast<double>(model.tokens_per_example);
+  }
   if (use_amp) summary["final_loss_scale"] = read_f32(scope, amp::ScalerVars::scale);
   if (have_eval) {
     summary["eval_accuracy"] = last_eval.accuracy;
@@ -513,10 +562,15 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   if (rank == 0) {
     if (c.benchmark)
       std::cout << "benchmark: " << c.model << " " << c.precision << " batch " << batch << " x " << world
-                << " ranks: " << overall_sps << (c.is_resnet() ? " images/s" : " samples/s") << " over "
-                << sps_count << " timed steps (step time only), peak "
-                << peak << " bytes" << std::endl;
-    if (have_eval) spdlog::info("final test accuracy {:.2f}%", 100 * last_eval.accuracy);
+                << " ranks: "
+                << (model.tokens_per_example > 0 ? overall_sps * static_cast<double>(model.tokens_per_example)
+                                                 : overall_sps)
+                << (model.tokens_per_example > 0 ? " tokens/s" : c.is_resnet() ? " images/s" : " samples/s")
+                << " over " << sps_count << " timed steps (step time only), peak " << peak << " bytes" << std::endl;
+    if (have_eval && model.tokens_per_example > 0)
+      spdlog::info("final validation loss {:.4f} nats/token", last_eval.loss);
+    else if (have_eval)
+      spdlog::info("final test accuracy {:.2f}%", 100 * last_eval.accuracy);
     if (!c.metrics.empty()) spdlog::info("metrics written to {}", c.metrics);
   }
   if (!c.save.empty()) {

@@ -6,7 +6,15 @@
 namespace mix::models {
 
 std::string add_parameter(Program& p, const std::string& name, const Shape& shape, double bound) {
-  VarDesc v{name, shape, DType::f32, true, true, false, {VarInit::Kind::uniform, bound}};
+  return add_parameter(p, name, shape, VarInit{VarInit::Kind::uniform, bound});
+}
+
+std::string add_parameter(Program& p, const std::string& name, const Shape& shape, VarInit init) {
+  VarDesc v;
+  v.name = name;
+  v.shape = shape;
+  v.persistable = v.is_parameter = true;
+  v.init = init;
   p.add_var(v);
   return name;
 }

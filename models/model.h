@@ -1,8 +1,11 @@
 #pragma once
 // Models build forward programs. Every model's forward program takes the feeds
-// `x` (f32 [batch, ...]) and `label` (i64 [batch, 1]) and ends with `logits`
-// and a scalar FP32 `loss` (mean cross-entropy). Parameters are FP32 masters
-// named and laid out as in PyTorch (`fc1.weight` [out, in], `fc1.bias` [out]).
+// `x` ([batch, ...example_shape] of input_dtype: f32 features or images, i64
+// tokens for the language model) and `label` (i64 [batch, ...label_shape]:
+// [batch, 1] class indices, or [batch, context] next tokens) and ends with
+// `logits` and a scalar FP32 `loss` (mean cross-entropy over every label).
+// Parameters are FP32 masters named and laid out as in PyTorch (`fc1.weight`
+// [out, in], `fc1.bias` [out]).
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -19,7 +22,10 @@ struct Model {
   std::string logits = "logits";
   std::string loss = "loss";
   Shape example_shape;  // one input example, e.g. [784]
-  int64_t num_classes = 0;
+  DType input_dtype = DType::f32;
+  Shape label_shape = {1};  // the labels of one example
+  int64_t num_classes = 0;  // classes, or the vocabulary of a language model
+  int64_t tokens_per_example = 0;  // language models: tokens per sequence (metrics report tokens/s)
 };
 
 /// An nn.Sequential-style MLP: fc1 -> relu -> fc2 -> relu -> ... -> fc{L+1}.
@@ -49,12 +55,28 @@ struct ResNetConfig {
 ResNetConfig resnet_preset(const std::string& name);
 Model build_resnet(const ResNetConfig& c, const std::string& name);
 
+/// A GPT-style decoder-only language model (models/transformer.cc): nanoGPT's
+/// structure and parameter names, pre-norm blocks, causal self-attention.
+struct TransformerConfig {
+  int64_t layers = 4;
+  int64_t d_model = 128;
+  int64_t heads = 4;
+  int64_t context = 128;  // tokens per sequence
+  int64_t vocab = 256;    // bytes, for byte-level text
+  bool tie_weights = false;  // the output layer reuses transformer.wte.weight (no lm_head.weight)
+  double dropout = 0.0;  // after the embeddings, the attention probabilities and each residual branch
+  uint64_t seed = 1;     // dropout masks: (seed, step, rank, op)
+};
+Model build_transformer(const TransformerConfig& c, const std::string& name = "transformer");
+
 /// Names --model accepts.
 std::vector<std::string> model_names();
 
 // ---- building blocks shared by models ------------------------------------------
 /// Declares a trainable FP32 parameter initialised U(-bound, bound).
 std::string add_parameter(Program& p, const std::string& name, const Shape& shape, double bound);
+/// Declares a trainable FP32 parameter with any initialisation.
+std::string add_parameter(Program& p, const std::string& name, const Shape& shape, VarInit init);
 /// nn.Linear: Out = X W^T + b, W [out, in], b [out], PyTorch's default init U(-1/sqrt(in), 1/sqrt(in)).
 /// The output is named `out_name` when given, else `<prefix>.out`.
 std::string linear(Program& p, const std::string& prefix, const std::string& x, int64_t in, int64_t out,

@@ -54,8 +54,8 @@ class ResNetBuilder {
 
   /// nn.BatchNorm2d(c) with PyTorch's defaults (momentum 0.1, eps 1e-5).
   std::string batch_norm(const std::string& name, const std::string& x, int64_t c) {
-    add_parameter_init(name + ".weight", {c}, {VarInit::Kind::constant, 1.0});
-    add_parameter_init(name + ".bias", {c}, {VarInit::Kind::zeros, 0.0});
+    add_parameter(p_, name + ".weight", {c}, {VarInit::Kind::constant, 1.0});
+    add_parameter(p_, name + ".bias", {c}, {VarInit::Kind::zeros, 0.0});
     add_buffer(p_, name + ".running_mean", {c}, DType::f32, {VarInit::Kind::zeros, 0.0});
     add_buffer(p_, name + ".running_var", {c}, DType::f32, {VarInit::Kind::constant, 1.0});
     add_buffer(p_, name + ".num_batches_tracked", {}, DType::i64, {VarInit::Kind::zeros, 0.0});
@@ -110,15 +110,6 @@ class ResNetBuilder {
   std::string shortcut(const std::string& name, const std::string& x, int64_t in, int64_t out, int64_t stride) {
     if (stride == 1 && in == out) return x;
     return batch_norm(name + ".downsample.1", conv(name + ".downsample.0", x, in, out, 1, stride, 0), out);
-  }
-
-  void add_parameter_init(const std::string& name, const Shape& shape, VarInit init) {
-    VarDesc v;
-    v.name = name;
-    v.shape = shape;
-    v.persistable = v.is_parameter = true;
-    v.init = init;
-    p_.add_var(v);
   }
 
   Program& p_;

@@ -8,7 +8,8 @@
 
 namespace mix {
 
-enum class DType : uint8_t { f32, f16, bf16, i32, i64 };
+// u8: byte masks (dropout's Mask); not a floating type and not a gradient type.
+enum class DType : uint8_t { f32, f16, bf16, i32, i64, u8 };
 
 inline constexpr size_t dtype_size(DType t) {
   switch (t) {
@@ -17,6 +18,7 @@ inline constexpr size_t dtype_size(DType t) {
     case DType::bf16: return 2;
     case DType::i32: return 4;
     case DType::i64: return 8;
+    case DType::u8: return 1;
   }
   return 0;
 }
@@ -27,7 +29,7 @@ inline constexpr bool is_floating(DType t) {
 
 /// Short name used in programs and logs: "f32", "f16", ...
 std::string_view dtype_name(DType t);
-/// Name used by safetensors headers: "F32", "F16", "BF16", "I32", "I64".
+/// Name used by safetensors headers: "F32", "F16", "BF16", "I32", "I64", "U8".
 std::string_view dtype_safetensors_name(DType t);
 /// Parses either spelling; throws std::invalid_argument naming the text.
 DType parse_dtype(std::string_view name);

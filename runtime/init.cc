@@ -42,6 +42,9 @@ void initialize_persistables(const Program& p, Scope& scope, uint64_t seed) {
         case DType::i32:
           for (size_t i = 0; i < n; ++i) t.data<int32_t>()[i] = static_cast<int32_t>(values[i]);
           break;
+        case DType::u8:
+          for (size_t i = 0; i < n; ++i) t.data<uint8_t>()[i] = static_cast<uint8_t>(values[i]);
+          break;
         default: {
           std::vector<float> f(values.begin(), values.end());
           cpu::store_f32(f.data(), t);

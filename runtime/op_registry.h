@@ -41,6 +41,10 @@ struct ExecEnv {
   Device device = cpu_device();
   collective::Communicator* comm = nullptr;  // collective ops need it
   int64_t step = 0;                          // the optimizer step being run (1-based)
+  /// This process's rank (comm->rank() when there is a communicator; the
+  /// trainer sets it). A copy here because runtime/ must not depend on
+  /// collective/: dropout mixes it into its mask key, so ranks drop different units.
+  int rank = 0;
   /// When set, the executor adds each op's wall time here, by op type (profiling).
   std::map<std::string, double>* op_seconds = nullptr;
   /// False for evaluation: batch_norm normalises with its running statistics

@@ -84,6 +84,7 @@ float Tensor::item_float(int64_t i) const {
     case DType::bf16: return bf16_bits_to_float(data<uint16_t>()[i]);
     case DType::i32: return static_cast<float>(data<int32_t>()[i]);
     case DType::i64: return static_cast<float>(data<int64_t>()[i]);
+    case DType::u8: return static_cast<float>(data<uint8_t>()[i]);
   }
   return 0.f;
 }

@@ -9,12 +9,13 @@
 
 namespace mix::data {
 
-/// A labelled data set held in memory: inputs f32 [N, ...], labels i64 [N].
+/// A labelled data set held in memory: inputs f32 [N, ...] (or i64 tokens
+/// [N, context] for language models), labels i64 [N] (or [N, context]).
 struct Dataset {
   std::string name;
-  Tensor inputs;  // f32 [N, ...feature dims]
-  Tensor labels;  // i64 [N]
-  int64_t num_classes = 0;
+  Tensor inputs;  // f32 [N, ...feature dims], or i64 [N, context]
+  Tensor labels;  // i64 [N], or i64 [N, context]: the next token of each position
+  int64_t num_classes = 0;  // classes, or the vocabulary
 
   int64_t size() const { return inputs.defined() && inputs.ndim() > 0 ? inputs.dim(0) : 0; }
   /// Shape of one example, e.g. [784] or [1, 28, 28].
@@ -48,6 +49,23 @@ TrainTest make_synthetic(int64_t train_size, int64_t test_size, int64_t features
 TrainTest make_synthetic_images(int64_t train_size, int64_t test_size, int64_t channels, int64_t size, int64_t classes,
                                 uint64_t seed);
 
+/// Byte-level language-modelling text: every regular file of `dir` (sorted by
+/// name; fortune's index files *.dat and the *.u8 links are skipped), read as
+/// bytes. Files are cut into entries at lines holding a single `%` (fortune's
+/// separator; a file without any is one entry) and every 20th entry goes to the
+/// validation split, so both splits sample every file. Each split is one
+/// stream of bytes cut into non-overlapping windows of `context + 1` bytes
+/// (stride `context`): inputs [N, context] are a window's first `context`
+/// bytes and labels [N, context] its last (the next byte at every position).
+/// Vocabulary 256. A missing directory, or too little text for one window of
+/// each split, throws naming the directory and `apt-get install fortunes`.
+TrainTest load_byte_text(const std::string& dir, int64_t context, const std::string& name = "fortunes");
+
+/// Random token sequences for language-model benchmarks and tests: each
+/// sequence follows next = (a * prev + b) mod vocab with a fixed (a, b) and a
+/// random token in one position out of eight, so a model can learn most of it.
+TrainTest make_synthetic_tokens(int64_t train_size, int64_t test_size, int64_t context, int64_t vocab, uint64_t seed);
+
 /// PyTorch DistributedSampler semantics: each epoch's order is a permutation
 /// seeded by (seed, epoch), identical on every rank; rank r takes indices
 /// r, r+world, r+2*world, ... of the (padded to a multiple of world) order.
@@ -68,7 +86,8 @@ class DistributedSampler {
   int64_t per_rank_;
 };
 
-/// Copies examples `idx[begin, begin+count)` into a batch: inputs [count, ...], labels [count].
+/// Copies examples `idx[begin, begin+count)` into a batch: inputs [count, ...],
+/// labels [count] (or [count, ...] for labels with more than one entry per example).
 void gather_batch(const Dataset& ds, const std::vector<int64_t>& idx, int64_t begin, int64_t count, Tensor& inputs,
                   Tensor& labels);
 

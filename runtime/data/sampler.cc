@@ -1,4 +1,5 @@
 // PyTorch DistributedSampler semantics, and batch gathering.
+#include <algorithm>
 #include <cstring>
 #include <numeric>
 
@@ -51,8 +52,13 @@ void gather_batch(const Dataset& ds, const std::vector<int64_t>& idx, int64_t be
   shape[0] = count;
   if (!inputs.defined() || inputs.shape() != shape || inputs.dtype() != ds.inputs.dtype())
     inputs = Tensor::empty(shape, ds.inputs.dtype());
-  if (!labels.defined() || labels.shape() != Shape{count} || labels.dtype() != DType::i64)
-    labels = Tensor::empty({count}, DType::i64);
+  Shape label_shape = ds.labels.shape();
+  MIX_CHECK(!label_shape.empty() && label_shape[0] == n,
+            "data set '" << ds.name << "' has " << n << " inputs but labels " << shape_str(label_shape));
+  label_shape[0] = count;
+  const int64_t label_row = n > 0 ? ds.labels.numel() / n : 0;  // labels per example
+  if (!labels.defined() || labels.shape() != label_shape || labels.dtype() != DType::i64)
+    labels = Tensor::empty(label_shape, DType::i64);
   MIX_CHECK(inputs.device().kind == DeviceKind::cpu && labels.device().kind == DeviceKind::cpu,
             "gather_batch fills host tensors");
 
@@ -65,7 +71,7 @@ void gather_batch(const Dataset& ds, const std::vector<int64_t>& idx, int64_t be
     const int64_t e = idx[static_cast<size_t>(begin + i)];
     MIX_CHECK(e >= 0 && e < n, "example index " << e << " is outside data set '" << ds.name << "' of " << n);
     if (row_bytes) std::memcpy(dst + static_cast<size_t>(i) * row_bytes, src + static_cast<size_t>(e) * row_bytes, row_bytes);
-    dst_labels[i] = src_labels[e];
+    std::copy(src_labels + e * label_row, src_labels + (e + 1) * label_row, dst_labels + i * label_row);
   }
 }
 

@@ -23,7 +23,7 @@ namespace {
 // corrupt length cannot make us allocate gigabytes.
 constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
 
-const char* const kSupported = "F32, F16, BF16, I32, I64";
+const char* const kSupported = "F32, F16, BF16, I32, I64, U8";
 
 std::string errno_text() { return std::strerror(errno); }
 
@@ -36,7 +36,7 @@ struct FileCloser {
 };
 
 bool parse_safetensors_dtype(const std::string& s, DType& out) {
-  for (DType t : {DType::f32, DType::f16, DType::bf16, DType::i32, DType::i64}) {
+  for (DType t : {DType::f32, DType::f16, DType::bf16, DType::i32, DType::i64, DType::u8}) {
     if (s == dtype_safetensors_name(t)) {
       out = t;
       return true;

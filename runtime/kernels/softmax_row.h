@@ -10,6 +10,9 @@
 // block reductions that combine with max_of and FP32 adds, and applies the
 // element steps below (exp_shifted, SoftmaxNormalize, ...), so only the order
 // of the row's additions differs from the CPU's.
+//
+// softmax's causal mode runs the *_prefix functions: a row's first `valid`
+// values (causal_valid_cols) are normalised and the rest written as exact zeros.
 #include <cmath>
 #include <cstdint>
 
@@ -86,6 +89,32 @@ MIX_HD void softmax_grad_row(const T* y, const T* dy, T* dx, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dot += softmax_grad_dot_term(to_float(y[i]), to_float(dy[i]));
   const SoftmaxGradElem f{dot};
   for (int64_t i = 0; i < n; ++i) dx[i] = from_float<T>(f(to_float(y[i]), to_float(dy[i])));
+}
+
+// ---- causal rows (softmax with causal=true) -----------------------------------------
+
+/// The number of columns row `row` of a causal softmax over X [..., t, s] keeps:
+/// query i = row mod t sees keys j <= i + (s - t) (the last query sees all s
+/// keys; with s > t the first s - t keys are a prefix every query sees, as with
+/// a cache of earlier positions). The caller guarantees t <= s, so this is in [1, s].
+MIX_HD int64_t causal_valid_cols(int64_t row, int64_t t, int64_t s) { return row % t + (s - t) + 1; }
+
+/// y = softmax over the first `valid` of the row's n values; y[valid..n) = 0
+/// exactly, as if those logits were -inf (masked keys get no probability and,
+/// through softmax_grad_row_prefix, no gradient).
+template <typename T>
+MIX_HD void softmax_row_prefix(const T* x, T* y, int64_t n, int64_t valid) {
+  softmax_row(x, y, valid);
+  for (int64_t i = valid; i < n; ++i) y[i] = from_float<T>(0.f);
+}
+
+/// softmax_grad_row over the first `valid` values; dx beyond is 0. The full-row
+/// formula would give 0 there too (y is 0), but only while dy is finite there:
+/// 0 * inf is NaN, so the masked tail is never read.
+template <typename T>
+MIX_HD void softmax_grad_row_prefix(const T* y, const T* dy, T* dx, int64_t n, int64_t valid) {
+  softmax_grad_row(y, dy, dx, valid);
+  for (int64_t i = valid; i < n; ++i) dx[i] = from_float<T>(0.f);
 }
 
 /// Softmax of one row into y, and the cross-entropy -log softmax(x)[label]

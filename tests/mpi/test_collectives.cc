@@ -59,6 +59,7 @@ void store(void* buf, size_t i, DType t, double v) {
     case DType::bf16: static_cast<uint16_t*>(buf)[i] = mix::float_to_bf16_bits(static_cast<float>(v)); return;
     case DType::i32: static_cast<int32_t*>(buf)[i] = static_cast<int32_t>(v); return;
     case DType::i64: static_cast<int64_t*>(buf)[i] = static_cast<int64_t>(v); return;
+    case DType::u8: static_cast<uint8_t*>(buf)[i] = static_cast<uint8_t>(v); return;
   }
 }
 
@@ -69,6 +70,7 @@ double load(const void* buf, size_t i, DType t) {
     case DType::bf16: return mix::bf16_bits_to_float(static_cast<const uint16_t*>(buf)[i]);
     case DType::i32: return static_cast<const int32_t*>(buf)[i];
     case DType::i64: return static_cast<double>(static_cast<const int64_t*>(buf)[i]);
+    case DType::u8: return static_cast<const uint8_t*>(buf)[i];
   }
   return 0;
 }

@@ -109,8 +109,26 @@ struct OpCase {
   std::vector<Input> inputs = {};         // one variable each; a slot given twice holds a list (sum)
   std::vector<std::string> outputs = {};  // every output slot the op writes
   std::map<std::string, Attr> attrs = {};
-  std::vector<std::string> project = {};  // output slots in the loss; empty: all of `outputs`
+  std::vector<std::string> project = {};  // output keys in the loss; empty: all of output_keys()
   std::set<std::string> fp32_outputs = {}; // outputs that are FP32 whatever dtype the op runs in
+  /// Output slots holding a list of variables (split's Out): slot -> count. Each
+  /// variable is addressed by the key "slot#i" (in `project`, `fp32_outputs` and
+  /// the maps the harness returns); a single-variable slot's key is the slot.
+  std::map<std::string, size_t> list_outputs = {};
+
+  /// Every output key, in `outputs` order.
+  std::vector<std::string> output_keys() const {
+    std::vector<std::string> keys;
+    for (auto& slot : outputs) {
+      auto it = list_outputs.find(slot);
+      if (it == list_outputs.end()) {
+        keys.push_back(slot);
+      } else {
+        for (size_t i = 0; i < it->second; ++i) keys.push_back(slot + "#" + std::to_string(i));
+      }
+    }
+    return keys;
+  }
 
   std::string describe() const {
     std::ostringstream o;
@@ -135,7 +153,7 @@ struct OpCase {
     }
     return o.str();
   }
-  const std::vector<std::string>& projected() const { return project.empty() ? outputs : project; }
+  std::vector<std::string> projected() const { return project.empty() ? output_keys() : project; }
 };
 
 /// |got - ref| <= abs + rel * |ref|.
@@ -157,7 +175,7 @@ struct BuiltCase {
 
 inline std::string var_base(const std::string& slot) {
   std::string s;
-  for (char c : slot) s += (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : (c == '@' ? '_' : c);
+  for (char c : slot) s += (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : (c == '@' || c == '#' ? '_' : c);
   return s;
 }
 
@@ -183,10 +201,10 @@ inline std::unique_ptr<BuiltCase> build_case(const OpCase& c, DType dtype) {
     ins[in.slot].push_back(v.name);
     b->input_vars.push_back(v.name);
   }
-  for (auto& slot : c.outputs) {
-    const std::string name = "out_" + var_base(slot);
-    outs[slot] = {name};
-    b->out_vars[slot] = name;
+  for (auto& key : c.output_keys()) {
+    const std::string name = "out_" + var_base(key);
+    outs[key.substr(0, key.find('#'))].push_back(name);
+    b->out_vars[key] = name;
   }
   p.append_op(make_op(c.type, ins, outs, c.attrs));
 
@@ -390,7 +408,7 @@ inline void check_low_precision(const OpCase& c, DType low = DType::f16, Toleran
   const auto r = make_projections(*b32, exact, low, seed);
   const RunResult ref = run_case(*b32, exact.inputs, r, true);
   const RunResult got = run_case(*blow, exact.inputs, r, true);
-  for (auto& slot : c.outputs) {
+  for (auto& slot : c.output_keys()) {
     const Tensor& o = got.outputs.at(slot);
     if (!is_floating(o.dtype())) continue;
     CHECK(o.dtype() == (c.fp32_outputs.count(slot) ? DType::f32 : low));
@@ -428,16 +446,16 @@ inline std::map<std::string, Tensor> run_forward(const OpCase& c, DType dtype = 
     scope.set(v.name, is_floating(in.value.dtype()) ? to_dtype(in.value, in.dtype_in(dtype)) : in.value.clone());
   }
   std::set<std::string> keep;
-  for (auto& slot : c.outputs) {
-    outs[slot] = {"out_" + var_base(slot)};
-    keep.insert("out_" + var_base(slot));
+  for (auto& key : c.output_keys()) {
+    outs[key.substr(0, key.find('#'))].push_back("out_" + var_base(key));
+    keep.insert("out_" + var_base(key));
   }
   p.append_op(make_op(c.type, ins, outs, c.attrs));
   ExecEnv env;
   env.training = training;
   Executor(p, keep).run(scope, env);
   std::map<std::string, Tensor> res;
-  for (auto& slot : c.outputs) {
+  for (auto& slot : c.output_keys()) {
     const std::string name = "out_" + var_base(slot);
     if (!scope.has(name)) continue;  // not written in this mode (batch_norm's statistics in evaluation)
     res[slot] = scope.get(name);

@@ -19,7 +19,14 @@
 #include <string>
 #include <vector>
 
+#include <map>
+#include <set>
+
+#include "collective/communicator.h"
+#include "models/model.h"
+#include "runtime/executor.h"
 #include "runtime/io/safetensors.h"
+#include "runtime/optim/optimizer.h"
 #include "runtime/tensor.h"
 
 namespace mix::testing {
@@ -104,5 +111,57 @@ inline void check_close(const std::string& what, const Tensor& got, const Tensor
   if (bad) FAIL_CHECK(msg.str());
 }
 
+/// The reference file `script ARGS` writes, made once per process and argument set.
+inline const io::SafetensorsFile& cached_reference(const std::string& script, const std::string& args) {
+  static std::map<std::string, io::SafetensorsFile> cache;
+  const std::string key = script + " " + args;
+  auto it = cache.find(key);
+  if (it == cache.end()) it = cache.emplace(key, run_reference_script(script, args)).first;
+  return it->second;
+}
+
+/// Tensor `name` of a reference file; FAILs naming it when absent.
+inline const Tensor& reference_tensor(const io::SafetensorsFile& f, const std::string& name) {
+  const Tensor* t = f.find(name);
+  if (!t) FAIL("the reference file has no tensor '" << name << "' (is its script in tests/python/ current?)");
+  return *t;
+}
+
+/// Replaces every parameter and buffer of `program` in `scope` by the
+/// reference's `init.<name>` (same shape and dtype required) and checks that
+/// the file's state_dict holds nothing else: torch's names are exactly ours.
+inline void load_reference_state(const io::SafetensorsFile& ref, const Program& program, Scope& scope) {
+  int loaded = 0, in_file = 0;
+  for (const VarDesc& v : program.vars()) {
+    if (!v.is_parameter && !v.is_buffer) continue;
+    const Tensor& init = reference_tensor(ref, "init." + v.name);
+    INFO("state " << v.name);
+    REQUIRE(init.shape() == scope.get(v.name).shape());
+    REQUIRE(init.dtype() == scope.get(v.name).dtype());
+    scope.set(v.name, init.clone());
+    ++loaded;
+  }
+  for (auto& [name, t] : ref.tensors) in_file += name.rfind("init.", 0) == 0;
+  CHECK(loaded == in_file);
+}
+
+/// Runs one training step of `model` (trained by `train`) on the reference's
+/// batch `x`, `label` with a single-process communicator. Keeps the loss, the
+/// gradients, found_inf and `extra`; returns the loss.
+inline float run_reference_step(const io::SafetensorsFile& ref, const models::Model& model,
+                                const optim::TrainProgram& train, Scope& scope, std::set<std::string> extra = {}) {
+  auto comm = collective::make_local_communicator();
+  ExecEnv env;
+  env.comm = comm.get();
+  env.step = 1;
+  std::set<std::string> keep = std::move(extra);
+  keep.insert(model.loss);
+  for (auto& [param, grad] : train.param_grads) keep.insert(grad);
+  if (!train.found_inf.empty()) keep.insert(train.found_inf);
+  scope.set(model.input, reference_tensor(ref, "x").clone());
+  scope.set(model.label, reference_tensor(ref, "label").clone());
+  Executor(model.program, keep).run(scope, env);
+  return scope.get(model.loss).item_float();
+}
 
 }  // namespace mix::testing

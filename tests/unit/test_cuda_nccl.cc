@@ -87,6 +87,11 @@ std::vector<unsigned char> make_values(DType dtype, size_t n, uint64_t seed) {
         std::memcpy(p, &x, 8);
         break;
       }
+      case DType::u8: {
+        const uint8_t x = static_cast<uint8_t>(rng.next_u64());
+        std::memcpy(p, &x, 1);
+        break;
+      }
     }
   }
   return out;

@@ -42,18 +42,12 @@ const Net kSmallResNet18{"small-input ResNet-18", "--small-input --blocks 2,2,2,
 const Net kBottleneck{"bottleneck ResNet (ResNet-50's structure)",
                       "--bottleneck --blocks 1,1,1,1 --width 4 --image 64 --batch 4"};
 
-/// The reference file of a network, made once per process.
 const io::SafetensorsFile& reference(const Net& net) {
-  static std::map<std::string, io::SafetensorsFile> cache;
-  auto it = cache.find(net.args);
-  if (it == cache.end()) it = cache.emplace(net.args, mix::testing::run_reference_script("resnet_reference.py", net.args)).first;
-  return it->second;
+  return mix::testing::cached_reference("resnet_reference.py", net.args);
 }
 
 const Tensor& get(const io::SafetensorsFile& f, const std::string& name) {
-  const Tensor* t = f.find(name);
-  if (!t) FAIL("the reference file has no tensor '" << name << "' (is tests/python/resnet_reference.py current?)");
-  return *t;
+  return mix::testing::reference_tensor(f, name);
 }
 
 /// Our ResNet with the reference's configuration and initial state, one SGD
@@ -89,36 +83,11 @@ struct Run {
     }
     train = opt->minimize(model.program, model.loss, collective::grad_allreduce_pass(sync));
     initialize_persistables(model.program, scope, 1);
-    int loaded = 0;
-    for (const VarDesc& v : model.program.vars()) {
-      if (!v.is_parameter && !v.is_buffer) continue;
-      const Tensor& init = get(ref, "init." + v.name);
-      INFO("state " << v.name);
-      REQUIRE(init.shape() == scope.get(v.name).shape());
-      REQUIRE(init.dtype() == scope.get(v.name).dtype());
-      scope.set(v.name, init.clone());
-      ++loaded;
-    }
-    // Every tensor of torch's state_dict is one of ours, and the other way round.
-    int in_file = 0;
-    for (auto& [name, t] : ref.tensors) in_file += name.rfind("init.", 0) == 0;
-    CHECK(loaded == in_file);
+    mix::testing::load_reference_state(ref, model.program, scope);
     scope.get(optim::kLearningRate).data<float>()[0] = 0.f;
   }
 
-  float step(const io::SafetensorsFile& ref) {
-    auto comm = collective::make_local_communicator();
-    ExecEnv env;
-    env.comm = comm.get();
-    env.step = 1;
-    std::set<std::string> keep{model.loss};
-    for (auto& [param, grad] : train.param_grads) keep.insert(grad);
-    if (!train.found_inf.empty()) keep.insert(train.found_inf);
-    scope.set(model.input, get(ref, "x").clone());
-    scope.set(model.label, get(ref, "label").clone());
-    Executor(model.program, keep).run(scope, env);
-    return scope.get(model.loss).item_float();
-  }
+  float step(const io::SafetensorsFile& ref) { return mix::testing::run_reference_step(ref, model, train, scope); }
 
   Tensor eval_logits(const io::SafetensorsFile& ref) {
     ExecEnv env;

@@ -98,6 +98,8 @@ __device__ __forceinline__ float load_as_float(const void* p, DType t, int64_t i
       return static_cast<float>(static_cast<const int32_t*>(p)[i]);
     case DType::i64:
       return static_cast<float>(static_cast<const int64_t*>(p)[i]);
+    case DType::u8:
+      return static_cast<float>(static_cast<const uint8_t*>(p)[i]);
   }
   return 0.f;
 }

@@ -1,0 +1,72 @@
+#pragma once
+// layer_norm's view of X and its parameter checks, shared by its CPU kernels
+// (runtime/ops/layer_norm.cc) and its CUDA launchers
+// (runtime/ops/cuda/layer_norm.cu): X as [rows, cols] around begin_norm_axis.
+#include <cstddef>
+#include <cstdint>
+
+#include "runtime/check.h"
+#include "runtime/op_registry.h"
+#include "runtime/program.h"
+#include "runtime/tensor.h"
+
+namespace mix::layer_norm_rules {
+
+struct NormDims {
+  int64_t rows, cols;  // rows is -1 when a leading dim is unknown at build time
+};
+
+/// begin_norm_axis resolved against X's rank, in [0, ndim).
+inline size_t begin_axis(const OpDesc& op, const Shape& x) {
+  const int64_t ndim = static_cast<int64_t>(x.size());
+  const int64_t attr = op.attr<int64_t>("begin_norm_axis", 1);
+  const int64_t a = attr < 0 ? attr + ndim : attr;
+  MIX_CHECK(a >= 0 && a < ndim, op.type << ": begin_norm_axis " << attr << " is out of range for X " << shape_str(x)
+                                        << " (" << ndim << " dims: use 0.." << ndim - 1 << " or -" << ndim << "..-1)");
+  return static_cast<size_t>(a);
+}
+
+inline NormDims norm_dims(const OpDesc& op, const Shape& x) {
+  const size_t a = begin_axis(op, x);
+  NormDims d{1, 1};
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (i < a) {
+      d.rows = (x[i] < 0 || d.rows < 0) ? -1 : d.rows * x[i];
+    } else {
+      MIX_CHECK(x[i] >= 0, op.type << ": the normalised dims of X " << shape_str(x) << " (from begin_norm_axis " << a
+                                   << ") must be known when the program is built");
+      d.cols *= x[i];
+    }
+  }
+  MIX_CHECK(d.cols > 0,
+            op.type << ": X " << shape_str(x) << " has no values to normalise per row (begin_norm_axis " << a << ")");
+  return d;
+}
+
+/// Scale or Bias as an FP32 [cols] pointer (host or device memory, wherever
+/// the tensor lives), or null when the slot is absent.
+inline const float* param(const OpContext& ctx, const char* slot, int64_t cols) {
+  const Tensor* t = ctx.in_opt(slot);
+  if (!t) return nullptr;
+  MIX_CHECK(t->dtype() == DType::f32 && t->numel() == cols, ctx.op.type << ": " << slot << " must be f32[" << cols
+                                                                        << "], got " << dtype_name(t->dtype())
+                                                                        << shape_str(t->shape()));
+  return t->data<float>();
+}
+
+/// layer_norm_grad's Y@GRAD must match X.
+inline void check_grad_input(const Tensor& x, const Tensor& dy) {
+  MIX_CHECK(dy.shape() == x.shape() && dy.dtype() == x.dtype(),
+            "layer_norm_grad: Y@GRAD " << dtype_name(dy.dtype()) << shape_str(dy.shape()) << " does not match X "
+                                       << dtype_name(x.dtype()) << shape_str(x.shape()));
+}
+
+/// layer_norm_grad's saved statistics: f32[rows] each.
+inline void check_stats(const Tensor& mean, const Tensor& var, int64_t rows) {
+  MIX_CHECK(mean.numel() == rows && var.numel() == rows && mean.dtype() == DType::f32 && var.dtype() == DType::f32,
+            "layer_norm_grad: Mean and Variance must be f32[" << rows << "], got " << dtype_name(mean.dtype())
+                                                              << shape_str(mean.shape()) << " and "
+                                                              << dtype_name(var.dtype()) << shape_str(var.shape()));
+}
+
+}  // namespace mix::layer_norm_rules
