@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The GPU check: one command for the day a GPU is lent. It builds with CUDA,
 # runs every [cuda] test (each CUDA kernel against its CPU twin, the 1-GPU NCCL
-# communicator), trains the MLP for a few hundred steps and ResNet-50 (cuDNN)
-# for a few dozen in FP32 and in AMP on the GPU (TF32 off), and prints a summary
-# table last. Logs and summary.txt go to --out DIR.
+# communicator), trains the MLP for a few hundred steps, ResNet-50 (cuDNN) and
+# a Transformer-base-sized language model for a few dozen in FP32 and in AMP on
+# the GPU (TF32 off), and prints a summary table last. Logs and summary.txt go to --out DIR.
 # Budget: under 8 minutes on one H200 (the build is most of it).
 #
 #   scripts/gpu_check.sh [--out DIR] [--bundle DIR]
@@ -66,6 +66,15 @@ train_resnet50() {  # precision, log name
     --synthetic-classes 1000 --batch-size 64 --benchmark --benchmark-warmup 10 --steps 30 --eval false \
     --metrics "$out/$2.jsonl" >"$out/$2.log" 2>&1
 }
+# A Transformer-base-sized GPT (6 layers, d_model 512, 8 heads, 256 tokens, a
+# 32768-token vocabulary; 32 sequences = 8192 tokens a step) with AdamW: the
+# matmuls on cuBLAS, causal softmax, layer_norm, embeddings and their gradients
+# on the kernels of runtime/ops/cuda/. TF32 off (target: AMP >= 2.9x FP32).
+train_transformer() {  # precision, log name
+  "$build/mixtrain" --device cuda --precision "$1" --model transformer --data synthetic --layers 6 --d-model 512 \
+    --heads 8 --context 256 --vocab 32768 --batch-size 32 --optimizer adamw --benchmark --benchmark-warmup 10 \
+    --steps 40 --eval false --metrics "$out/$2.jsonl" >"$out/$2.log" 2>&1
+}
 ratio_of() {  # fp32 value, amp value
   /usr/bin/env python3 -c "import sys
 try: print(f'{float(sys.argv[2]) / float(sys.argv[1]):.2f}')
@@ -87,6 +96,14 @@ r50_amp_ips=$(summary_field "$out/resnet50_amp.jsonl" samples_per_s_overall)
 r50_fp32_peak=$(summary_field "$out/resnet50_fp32.jsonl" peak_bytes)
 r50_amp_peak=$(summary_field "$out/resnet50_amp.jsonl" peak_bytes)
 r50_ratio=$(ratio_of "$r50_fp32_ips" "$r50_amp_ips")
+echo "gpu_check: training a Transformer-base LM on the GPU (FP32, AMP; logs: $out/transformer_*.log)"
+train_transformer fp32 transformer_fp32; tf_fp32_rc=$?
+train_transformer amp transformer_amp; tf_amp_rc=$?
+tf_fp32_tps=$(summary_field "$out/transformer_fp32.jsonl" tokens_per_s_overall)
+tf_amp_tps=$(summary_field "$out/transformer_amp.jsonl" tokens_per_s_overall)
+tf_fp32_peak=$(summary_field "$out/transformer_fp32.jsonl" peak_bytes)
+tf_amp_peak=$(summary_field "$out/transformer_amp.jsonl" peak_bytes)
+tf_ratio=$(ratio_of "$tf_fp32_tps" "$tf_amp_tps")
 secs=$(( $(date +%s) - t0 ))
 {
   echo "gpu_check summary ($(date -u +%FT%TZ), ${secs} s)"
@@ -99,5 +116,10 @@ secs=$(( $(date +%s) - t0 ))
   printf "  %-34s %s\n" "ResNet-50 b64 AMP images/s" "$r50_amp_ips (exit $r50_amp_rc)"
   printf "  %-34s %s\n" "ResNet-50 AMP / FP32 (target >= 3)" "$r50_ratio"
   printf "  %-34s %s / %s\n" "ResNet-50 peak bytes FP32 / AMP" "$r50_fp32_peak" "$r50_amp_peak"
+  printf "  %-34s %s\n" "Transformer-base FP32 tokens/s" "$tf_fp32_tps (exit $tf_fp32_rc)"
+  printf "  %-34s %s\n" "Transformer-base AMP tokens/s" "$tf_amp_tps (exit $tf_amp_rc)"
+  printf "  %-34s %s\n" "Transformer AMP / FP32 (>= 2.9)" "$tf_ratio"
+  printf "  %-34s %s / %s\n" "Transformer peak bytes FP32 / AMP" "$tf_fp32_peak" "$tf_amp_peak"
 } | tee "$out/summary.txt"
-[ $tests_rc -eq 0 ] && [ $fp32_rc -eq 0 ] && [ $amp_rc -eq 0 ] && [ $r50_fp32_rc -eq 0 ] && [ $r50_amp_rc -eq 0 ]
+[ $tests_rc -eq 0 ] && [ $fp32_rc -eq 0 ] && [ $amp_rc -eq 0 ] && [ $r50_fp32_rc -eq 0 ] && [ $r50_amp_rc -eq 0 ] &&
+  [ $tf_fp32_rc -eq 0 ] && [ $tf_amp_rc -eq 0 ]

@@ -18,6 +18,7 @@
 //    output plane (2^-14 in FP32, 2^-10 in FP16 where cuDNN may keep the
 //    transformed tiles in FP16).
 // TF32 stays off (its 10-bit mantissa would need FP16-like bounds).
+// The runner and the comparisons: tests/unit/cuda_compare.h.
 //
 // MIX_CUDA_OPS_VERBOSE=1 prints how close each comparison came to its bound.
 // Without a GPU (or in a build without CUDA) the test exits 77, which CTest
@@ -45,46 +46,19 @@
 #include "runtime/program.h"
 #include "runtime/random.h"
 #include "runtime/tensor.h"
+#include "tests/unit/cuda_compare.h"
 #include "tests/unit/gradcheck.h"
 
 #ifdef MIX_HAVE_CUDA
 #include "runtime/cuda/context.h"
 #endif
 
+using namespace mix;
+using namespace mix::testing;
+
 namespace {
 
-using mix::Attr;
-using mix::cpu_device;
-using mix::Device;
-using mix::DeviceKind;
-using mix::DType;
-using mix::ExecEnv;
-using mix::Executor;
-using mix::make_op;
-using mix::OpDesc;
-using mix::Program;
-using mix::Scope;
-using mix::Shape;
-using mix::Tensor;
-using mix::testing::require_gpu;
-using mix::testing::to_dtype;
-using mix::testing::uniform_tensor;
-using mix::testing::var_desc;
-
-const Device kGpu{DeviceKind::cuda, 0};
 const DType kTypes[] = {DType::f32, DType::f16};
-
-/// FP32 unit roundoff: one rounding moves a value by at most kU·|value|.
-constexpr double kU = 0x1p-24;
-
-/// Half an ulp of t, relative: the error of rounding an exact value on store.
-double store_rel(DType t) { return t == DType::f16 ? 0x1p-11 : 0x1p-24; }
-/// Half the smallest subnormal of t: the same bound where the value is subnormal.
-double store_abs(DType t) { return t == DType::f16 ? 0x1p-25 : 0x1p-150; }
-/// The rounding of the stored result, against an exact reference.
-double store_err(DType t, double ref) { return store_rel(t) * std::fabs(ref) + store_abs(t); }
-
-std::string dname(DType t) { return std::string(mix::dtype_name(t)); }
 
 void disable_tf32() {
 #ifdef MIX_HAVE_CUDA
@@ -92,75 +66,7 @@ void disable_tf32() {
 #endif
 }
 
-// ---- one op on a device -------------------------------------------------------------------
-
-struct OneOp {
-  OpDesc op;
-  std::vector<std::pair<std::string, Tensor>> feeds;  // variable -> host value
-  bool training = true;                               // ExecEnv::training
-};
-
-/// Runs the op on `device` over fresh copies of the feeds; returns `results` on the host.
-std::map<std::string, Tensor> run_on(const OneOp& c, Device device, const std::vector<std::string>& results) {
-  Program p;
-  for (auto& [name, t] : c.feeds) p.add_var(var_desc(name, t.shape(), t.dtype()));
-  p.append_op(c.op);
-  Scope scope;
-  for (auto& [name, t] : c.feeds) scope.set(name, device == cpu_device() ? t.clone() : t.to(device));
-  ExecEnv env;
-  env.device = device;
-  env.step = 1;
-  env.training = c.training;
-  std::set<std::string> keep;
-  for (auto& n : c.op.all_inputs()) keep.insert(n);
-  for (auto& n : c.op.all_outputs()) keep.insert(n);
-  Executor(p, keep).run(scope, env);
-  std::map<std::string, Tensor> out;
-  for (auto& name : results) {
-    const Tensor& t = scope.get(name);
-    // The kernel really ran where it was asked to: its outputs live there.
-    if (t.numel() > 0) CHECK(t.device() == device);
-    out[name] = t.to(cpu_device());
-  }
-  return out;
-}
-
-struct Both {
-  std::map<std::string, Tensor> cpu, gpu;
-};
-Both run_both(const OneOp& c, const std::vector<std::string>& results) {
-  return {run_on(c, cpu_device(), results), run_on(c, kGpu, results)};
-}
-
 // ---- comparisons --------------------------------------------------------------------------
-
-/// |got[i] - ref[i]| <= allowed(i) for every element (a NaN fails).
-void expect_within(const Tensor& got_t, const std::vector<double>& ref, const std::function<double(int64_t)>& allowed,
-                   const std::string& what) {
-  INFO(what);
-  const std::vector<float> got = got_t.to_floats();
-  REQUIRE(got.size() == ref.size());
-  int64_t bad = 0, worst = -1;
-  double worst_ratio = 0.0;
-  for (int64_t i = 0; i < static_cast<int64_t>(got.size()); ++i) {
-    const double err = std::fabs(static_cast<double>(got[static_cast<size_t>(i)]) - ref[static_cast<size_t>(i)]);
-    const double lim = allowed(i);
-    const bool ok = err <= lim;  // NaN fails
-    const double ratio = ok && err == 0.0 ? 0.0 : std::isnan(err) || lim == 0.0 ? 1e300 : err / lim;
-    if (!ok) ++bad;
-    if (ratio > worst_ratio || worst < 0) {
-      worst_ratio = ratio;
-      worst = i;
-    }
-  }
-  if (std::getenv("MIX_CUDA_OPS_VERBOSE"))  // how close to its bound each comparison came (calibration)
-    std::printf("[cuda_conv_ops] %-72s err/allowed %.3g\n", what.c_str(), worst_ratio);
-  INFO(bad << " of " << got.size() << " elements outside the bound; worst at [" << worst << "]: got "
-           << (worst >= 0 ? got[static_cast<size_t>(worst)] : 0.f) << ", expected "
-           << (worst >= 0 ? ref[static_cast<size_t>(worst)] : 0.0) << ", allowed " << (worst >= 0 ? allowed(worst) : 0.0)
-           << " (err/allowed " << worst_ratio << ")");
-  CHECK(bad == 0);
-}
 
 /// Both devices' results against one reference, each within allowed(i).
 void expect_both_within(const Both& b, const std::string& name, const std::vector<double>& ref,

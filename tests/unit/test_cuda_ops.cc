@@ -17,7 +17,8 @@
 //    bound on CPU - GPU alone would be the CPU's (n-1)·u, too loose to notice a
 //    lost term.
 // Outputs rounded to FP16/BF16 add half an ulp of that type against a reference
-// (store_rel / store_abs), and one ulp between two computed results.
+// (store_rel / store_abs), and one ulp between two computed results. The runner
+// and the comparisons are shared with the other op tests: tests/unit/cuda_compare.h.
 //
 // Without a GPU (or in a build without CUDA) the test exits 77, which CTest
 // reports as skipped, never as passed.
@@ -47,45 +48,17 @@
 #include "runtime/program.h"
 #include "runtime/random.h"
 #include "runtime/tensor.h"
+#include "tests/unit/cuda_compare.h"
 #include "tests/unit/gradcheck.h"
 
 #ifdef MIX_HAVE_CUDA
 #include "runtime/cuda/context.h"
 #endif
 
+using namespace mix;
+using namespace mix::testing;
+
 namespace {
-
-using mix::Attr;
-using mix::cpu_device;
-using mix::Device;
-using mix::DeviceKind;
-using mix::DType;
-using mix::ExecEnv;
-using mix::Executor;
-using mix::make_op;
-using mix::OpDesc;
-using mix::Program;
-using mix::Scope;
-using mix::Shape;
-using mix::Tensor;
-using mix::testing::to_dtype;
-using mix::testing::uniform_tensor;
-using mix::testing::var_desc;
-
-const Device kGpu{DeviceKind::cuda, 0};
-const DType kFloatTypes[] = {DType::f32, DType::f16, DType::bf16};
-
-/// FP32 unit roundoff: one rounding moves a value by at most kU·|value|.
-constexpr double kU = 0x1p-24;
-
-using mix::testing::require_gpu;
-
-/// Half an ulp of dtype t, relative: the error of rounding an exact value on store.
-double store_rel(DType t) { return t == DType::f16 ? 0x1p-11 : t == DType::bf16 ? 0x1p-8 : 0x1p-24; }
-/// Half the smallest subnormal of t: the same bound where the value is subnormal.
-double store_abs(DType t) { return t == DType::f16 ? 0x1p-25 : t == DType::bf16 ? 0x1p-134 : 0x1p-150; }
-
-std::string dname(DType t) { return std::string(mix::dtype_name(t)); }
 
 /// base + i ("x3"); appends rather than `"x" + std::to_string(i)`, on which GCC 12 warns falsely (-Wrestrict).
 std::string numbered(const char* base, size_t i) {
@@ -96,13 +69,6 @@ std::string numbered(const char* base, size_t i) {
 
 // ---- tensors ----------------------------------------------------------------------------
 
-/// Uniform values in [lo, hi) stored in dtype t.
-Tensor random_tensor(const Shape& s, DType t, uint64_t seed, float lo = -1.f, float hi = 1.f) {
-  return to_dtype(uniform_tensor(s, seed, lo, hi), t);
-}
-
-Tensor floats(const Shape& s, const std::vector<float>& v, DType t) { return to_dtype(Tensor::from_floats(s, v), t); }
-
 Tensor i64s(const Shape& s, const std::vector<int64_t>& v) { return mix::testing::i64_tensor(s, v); }
 
 Tensor i32s(const Shape& s, const std::vector<int32_t>& v) {
@@ -110,133 +76,6 @@ Tensor i32s(const Shape& s, const std::vector<int32_t>& v) {
   REQUIRE(t.numel() == static_cast<int64_t>(v.size()));
   std::memcpy(t.raw(), v.data(), t.bytes());
   return t;
-}
-
-/// Every element as double (floating dtypes).
-std::vector<double> doubles(const Tensor& t) {
-  const std::vector<float> f = t.to_floats();
-  return {f.begin(), f.end()};
-}
-
-// ---- one op on a device -------------------------------------------------------------------
-
-struct OneOp {
-  OpDesc op;
-  std::vector<std::pair<std::string, Tensor>> feeds;  // variable -> host value
-  int64_t step = 0;                                   // ExecEnv::step
-};
-
-/// Runs the op on `device` over fresh copies of the feeds; returns `results` on the host.
-std::map<std::string, Tensor> run_on(const OneOp& c, Device device, const std::vector<std::string>& results) {
-  Program p;
-  for (auto& [name, t] : c.feeds) p.add_var(var_desc(name, t.shape(), t.dtype()));
-  p.append_op(c.op);
-  Scope scope;
-  for (auto& [name, t] : c.feeds) scope.set(name, device == cpu_device() ? t.clone() : t.to(device));
-  ExecEnv env;
-  env.device = device;
-  env.step = c.step;
-  std::set<std::string> keep;
-  for (auto& n : c.op.all_inputs()) keep.insert(n);
-  for (auto& n : c.op.all_outputs()) keep.insert(n);
-  Executor(p, keep).run(scope, env);
-  std::map<std::string, Tensor> out;
-  for (auto& name : results) {
-    const Tensor& t = scope.get(name);
-    // The kernel really ran where it was asked to: its outputs live there.
-    if (t.numel() > 0) CHECK(t.device() == device);
-    out[name] = t.to(cpu_device());
-  }
-  return out;
-}
-
-struct Both {
-  std::map<std::string, Tensor> cpu, gpu;
-};
-Both run_both(const OneOp& c, const std::vector<std::string>& results) {
-  return {run_on(c, cpu_device(), results), run_on(c, kGpu, results)};
-}
-
-// ---- comparisons --------------------------------------------------------------------------
-
-uint32_t bits_at(const Tensor& t, int64_t i) {
-  switch (t.dtype()) {
-    case DType::f32:
-      return mix::float_bits(t.data<float>()[i]);
-    case DType::f16:
-    case DType::bf16:
-      return t.data<uint16_t>()[i];
-    default:
-      return 0;
-  }
-}
-
-/// Bit for bit (any NaN matches any NaN); integers byte for byte.
-void expect_identical(const Tensor& gpu, const Tensor& cpu, const std::string& what) {
-  INFO(what);
-  REQUIRE(gpu.shape() == cpu.shape());
-  REQUIRE(gpu.dtype() == cpu.dtype());
-  if (!mix::is_floating(cpu.dtype())) {
-    CHECK(std::memcmp(gpu.raw(), cpu.raw(), cpu.bytes()) == 0);
-    return;
-  }
-  int64_t bad = 0, first = -1;
-  for (int64_t i = 0; i < cpu.numel(); ++i) {
-    const bool both_nan = std::isnan(cpu.item_float(i)) && std::isnan(gpu.item_float(i));
-    if (!both_nan && bits_at(gpu, i) != bits_at(cpu, i)) {
-      if (first < 0) first = i;
-      ++bad;
-    }
-  }
-  INFO(bad << " of " << cpu.numel() << " elements differ; first at [" << first << "]: gpu "
-           << (first >= 0 ? gpu.item_float(first) : 0.f) << ", cpu " << (first >= 0 ? cpu.item_float(first) : 0.f));
-  CHECK(bad == 0);
-}
-
-/// |got[i] - ref[i]| <= allowed(i); a NaN reference needs a NaN, an infinite one the same infinity.
-void expect_within(const Tensor& got_t, const std::vector<double>& ref, const std::function<double(int64_t)>& allowed,
-                   const std::string& what) {
-  INFO(what);
-  const std::vector<double> got = doubles(got_t);
-  REQUIRE(got.size() == ref.size());
-  int64_t bad = 0, worst = -1;
-  double worst_ratio = 0.0;
-  for (int64_t i = 0; i < static_cast<int64_t>(got.size()); ++i) {
-    const double g = got[i], r = ref[i];
-    bool ok;
-    double ratio = 0.0;
-    if (std::isnan(r) || std::isinf(r)) {
-      ok = std::isnan(r) ? std::isnan(g) : g == r;
-      ratio = ok ? 0.0 : 1e300;
-    } else {
-      const double err = std::fabs(g - r), lim = allowed(i);
-      ok = err <= lim;  // NaN fails
-      ratio = std::isnan(err) ? 1e300 : err / lim;
-    }
-    if (!ok) ++bad;
-    if (ratio > worst_ratio || worst < 0) {
-      worst_ratio = ratio;
-      worst = i;
-    }
-  }
-  if (std::getenv("MIX_CUDA_OPS_VERBOSE"))  // how close to its bound each comparison came (calibration)
-    std::printf("[cuda_ops] %-70s err/allowed %.3g\n", what.c_str(), worst_ratio);
-  INFO(bad << " of " << got.size() << " elements outside the bound; worst at [" << worst << "]: got "
-           << (worst >= 0 ? got[worst] : 0.0) << ", expected " << (worst >= 0 ? ref[worst] : 0.0) << ", allowed "
-           << (worst >= 0 ? allowed(worst) : 0.0) << " (err/allowed " << worst_ratio << ")");
-  CHECK(bad == 0);
-}
-
-/// Two computed results (CPU and GPU): each within `f32_err(i)` of the exact
-/// FP32 computation, so they differ by up to twice that, plus one ulp of the
-/// storage type each may have rounded to differently.
-void expect_close_to_cpu(const Tensor& gpu, const Tensor& cpu, const std::function<double(int64_t)>& f32_err,
-                         const std::string& what) {
-  const std::vector<double> ref = doubles(cpu);
-  const DType t = cpu.dtype();
-  expect_within(
-      gpu, ref, [&](int64_t i) { return 2.0 * f32_err(i) + 2.0 * (store_rel(t) * std::fabs(ref[i]) + store_abs(t)); },
-      what);
 }
 
 Tensor with_specials(const Tensor& x_f32, DType t) {
@@ -583,6 +422,19 @@ double softmax_rel(int64_t terms) { return static_cast<double>(terms + 20) * kU;
 
 int64_t gpu_row_terms(int64_t cols) { return (cols + 255) / 256 + 8; }
 
+/// Softmax rows of both twins (output `out`) against `ref`, each within the bound
+/// of its own row sum: gpu_row_terms(cols) terms on the GPU, cols on the CPU.
+void expect_softmax_rows(const Both& r, const std::string& out, const SoftmaxRef& ref, int64_t cols, DType dt,
+                         const std::string& what) {
+  const auto bound = [&](int64_t terms) {
+    return [&, terms](int64_t i) {
+      return (softmax_rel(terms) + store_rel(dt)) * std::fabs(ref.y[i]) + store_abs(dt);
+    };
+  };
+  expect_within(r.gpu.at(out), ref.y, bound(gpu_row_terms(cols)), "softmax (GPU) " + what);
+  expect_within(r.cpu.at(out), ref.y, bound(cols), "softmax (CPU) " + what);
+}
+
 }  // namespace
 
 TEST_CASE("softmax and softmax_grad match the CPU and a double reference", "[cuda][softmax]") {
@@ -602,13 +454,7 @@ TEST_CASE("softmax and softmax_grad match the CPU and a double reference", "[cud
       const OneOp c{make_op("softmax", {{"X", {"x"}}}, {{"Out", {"y"}}}), {{"x", x}}};
       const Both r = run_both(c, {"y"});
       const SoftmaxRef ref = softmax_ref(xv, rows, cols);
-      const auto bound = [&](int64_t terms) {
-        return [&, terms](int64_t i) {
-          return (softmax_rel(terms) + store_rel(dt)) * std::fabs(ref.y[i]) + store_abs(dt);
-        };
-      };
-      expect_within(r.gpu.at("y"), ref.y, bound(gpu_row_terms(cols)), "softmax (GPU) " + what);
-      expect_within(r.cpu.at("y"), ref.y, bound(cols), "softmax (CPU) " + what);
+      expect_softmax_rows(r, "y", ref, cols, dt, what);
 
       // The gradient from the same Out (the CPU's) and a random dOut.
       const Tensor y = r.cpu.at("y");
@@ -674,13 +520,7 @@ TEST_CASE("softmax_with_cross_entropy and its gradient match the CPU and a doubl
       const std::string what = dname(dt) + " " + mix::shape_str(k.logits);
 
       const SoftmaxRef ref = softmax_ref(xv, rows, cols);
-      const auto bound = [&](int64_t terms) {
-        return [&, terms](int64_t i) {
-          return (softmax_rel(terms) + store_rel(dt)) * std::fabs(ref.y[i]) + store_abs(dt);
-        };
-      };
-      expect_within(r.gpu.at("sm"), ref.y, bound(gpu_row_terms(cols)), "softmax (GPU) " + what);
-      expect_within(r.cpu.at("sm"), ref.y, bound(cols), "softmax (CPU) " + what);
+      expect_softmax_rows(r, "sm", ref, cols, dt, what);
       // loss = log(s) + max - x[label]: the sum's relative error becomes an absolute
       // error of log(s) (terms·u + 4u for the expf terms); logf within 1 ulp, and
       // two adds: 4u times the magnitudes involved (+ slack); ignored rows are 0.

@@ -1,6 +1,8 @@
 // [cuda] Whole training steps on the GPU against the same steps on the CPU, in
-// FP32 and in AMP (momentum SGD): the MLP (cuBLAS, 3 steps) and a narrow
-// resnet-small (cuDNN convolutions, batch_norm and pooling, 2 steps). Every
+// FP32 and in AMP (momentum SGD): the MLP (cuBLAS, 3 steps), a narrow
+// resnet-small (cuDNN convolutions, batch_norm and pooling, 2 steps) and a tiny
+// GPT-style Transformer (embeddings, layer_norm, causal softmax, dropout,
+// split/transpose2 attention, 2 steps). Every
 // FP32 persistable (parameters, momentum buffers, running statistics) and the
 // last loss are compared; integer state (num_batches_tracked) must be equal.
 // Without a GPU: exit 77 (CTest: skipped).
@@ -35,7 +37,8 @@ struct Run {
 };
 
 /// `steps` momentum-SGD steps of `model` on `device` from the state seeded by
-/// `seed`; batch s has inputs N(0, 1) of the model's example shape and random labels.
+/// `seed`; batch s has inputs N(0, 1) of the model's example shape (random
+/// tokens for a language model) and random labels.
 // Unused in builds without CUDA, where the tests only report themselves skipped.
 [[maybe_unused]] Run train(models::Model model, bool use_amp, Device device, int steps, int64_t batch, uint64_t seed) {
   Run r;
@@ -57,14 +60,22 @@ struct Run {
   env.device = device;
   Shape x_shape{batch};
   x_shape.insert(x_shape.end(), r.model.example_shape.begin(), r.model.example_shape.end());
+  Shape label_shape{batch};
+  label_shape.insert(label_shape.end(), r.model.label_shape.begin(), r.model.label_shape.end());
+  const auto classes = static_cast<uint64_t>(r.model.num_classes);
   for (int s = 0; s < steps; ++s) {
     Rng rng = Rng::for_stream(seed + 10, static_cast<uint64_t>(s));
-    std::vector<float> x(static_cast<size_t>(shape_numel(x_shape)));
-    for (auto& v : x) v = static_cast<float>(rng.normal());
-    Tensor labels = Tensor::empty({batch, 1}, DType::i64);
-    for (int64_t i = 0; i < batch; ++i)
-      labels.data<int64_t>()[i] = static_cast<int64_t>(rng.below(static_cast<uint64_t>(r.model.num_classes)));
-    r.scope.set(r.model.input, Tensor::from_floats(x_shape, x).to(device));
+    if (r.model.input_dtype == DType::i64) {  // tokens
+      Tensor tokens = Tensor::empty(x_shape, DType::i64);
+      for (int64_t i = 0; i < tokens.numel(); ++i) tokens.data<int64_t>()[i] = static_cast<int64_t>(rng.below(classes));
+      r.scope.set(r.model.input, tokens.to(device));
+    } else {
+      std::vector<float> x(static_cast<size_t>(shape_numel(x_shape)));
+      for (auto& v : x) v = static_cast<float>(rng.normal());
+      r.scope.set(r.model.input, Tensor::from_floats(x_shape, x).to(device));
+    }
+    Tensor labels = Tensor::empty(label_shape, DType::i64);
+    for (int64_t i = 0; i < labels.numel(); ++i) labels.data<int64_t>()[i] = static_cast<int64_t>(rng.below(classes));
     r.scope.set(r.model.label, labels.to(device));
     env.step = s + 1;
     step.run(r.scope, env);
@@ -97,25 +108,38 @@ struct Run {
         Approx(dev.scope.get(dev.model.loss).item_float()).epsilon(loss_rel));
 }
 
+/// compare()'s bounds for one precision: `state` for the persistables, `loss` for the last loss.
+struct Tolerance {
+  double state, loss;
+};
+
+/// The model that `build` makes, trained for `steps` steps on the CPU and on
+/// cuda:0, in FP32 and in AMP, compared with compare() within `fp32` or `amp`.
+[[maybe_unused]] void expect_gpu_matches_cpu(const std::function<models::Model()>& build, int steps, int64_t batch,
+                                             uint64_t seed, Tolerance fp32, Tolerance amp) {
+  const Device gpu{DeviceKind::cuda, 0};
+  for (bool use_amp : {false, true}) {
+    INFO((use_amp ? "AMP" : "FP32"));
+    Run cpu = train(build(), use_amp, cpu_device(), steps, batch, seed);
+    Run dev = train(build(), use_amp, gpu, steps, batch, seed);
+    const Tolerance tol = use_amp ? amp : fp32;
+    compare(cpu, dev, tol.state, tol.loss);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("MLP training steps on the GPU match the CPU", "[cuda]") {
   mix::testing::require_gpu();
 #ifdef MIX_HAVE_CUDA
-  const Device gpu{DeviceKind::cuda, 0};
-  for (bool use_amp : {false, true}) {
-    INFO((use_amp ? "AMP" : "FP32"));
-    auto mlp = [] { return models::build_mlp({64, {48, 32}, 10}); };
-    Run cpu = train(mlp(), use_amp, cpu_device(), 3, 32, 1);
-    Run dev = train(mlp(), use_amp, gpu, 3, 32, 1);
-    // FP32: the GEMMs sum in another order (cuBLAS vs OpenBLAS) and nvcc fuses
-    // multiply-adds: ~1e-6 relative per step, so 1e-4 of the tensor's scale after
-    // 3 steps is generous but still far below a wrong gradient (O(1) relative).
-    // AMP: FP16 storage (2^-11) of activations and gradients, the same rounding
-    // points on both devices, but a different summation order can flip a rounding:
-    // allow 1e-2 of the tensor's scale.
-    compare(cpu, dev, use_amp ? 1e-2 : 1e-4, use_amp ? 1e-2 : 1e-4);
-  }
+  auto mlp = [] { return models::build_mlp({64, {48, 32}, 10}); };
+  // FP32: the GEMMs sum in another order (cuBLAS vs OpenBLAS) and nvcc fuses
+  // multiply-adds: ~1e-6 relative per step, so 1e-4 of the tensor's scale after
+  // 3 steps is generous but still far below a wrong gradient (O(1) relative).
+  // AMP: FP16 storage (2^-11) of activations and gradients, the same rounding
+  // points on both devices, but a different summation order can flip a rounding:
+  // allow 1e-2 of the tensor's scale.
+  expect_gpu_matches_cpu(mlp, 3, 32, 1, {1e-4, 1e-4}, {1e-2, 1e-2});
 #endif
 }
 
@@ -123,28 +147,51 @@ TEST_CASE("ResNet training steps on the GPU (cuDNN) match the CPU", "[cuda][resn
   mix::testing::require_gpu();
 #ifdef MIX_HAVE_CUDA
   cuda::set_allow_tf32(false);
-  const Device gpu{DeviceKind::cuda, 0};
-  for (bool use_amp : {false, true}) {
-    INFO((use_amp ? "AMP" : "FP32"));
-    auto resnet = [] {
-      models::ResNetConfig cfg = models::resnet_preset("resnet-small");
-      cfg.width = 4;
-      cfg.blocks = {1, 1};
-      cfg.image_size = 16;
-      return models::build_resnet(cfg, "resnet-small");
-    };
-    Run cpu = train(resnet(), use_amp, cpu_device(), 2, 8, 5);
-    Run dev = train(resnet(), use_amp, gpu, 2, 8, 5);
-    // FP32: every op agrees to ~1e-6 relative of its terms, but batch_norm's
-    // backward cancels (dy - mean(dy) - xhat·mean(dy·xhat)) and its parameter
-    // gradients are sums of batch·H·W = 2048 terms that cancel, summed in
-    // double on the CPU and in FP32 by cuDNN (up to m·u ~ 1e-4 of sum|dy|); a
-    // ReLU input within that error of 0 may also switch sides. 1e-3 of each
-    // tensor's scale after 2 steps allows that; a wrong kernel is O(1) off.
-    // AMP: FP16 activations and gradients (2^-11 per rounding, the same
-    // rounding points on both devices), so a different summation order can flip
-    // a rounding, and more ReLU inputs switch sides: 2e-2 of the scale.
-    compare(cpu, dev, use_amp ? 2e-2 : 1e-3, use_amp ? 1e-2 : 1e-4);
-  }
+  auto resnet = [] {
+    models::ResNetConfig cfg = models::resnet_preset("resnet-small");
+    cfg.width = 4;
+    cfg.blocks = {1, 1};
+    cfg.image_size = 16;
+    return models::build_resnet(cfg, "resnet-small");
+  };
+  // FP32: every op agrees to ~1e-6 relative of its terms, but batch_norm's
+  // backward cancels (dy - mean(dy) - xhat·mean(dy·xhat)) and its parameter
+  // gradients are sums of batch·H·W = 2048 terms that cancel, summed in
+  // double on the CPU and in FP32 by cuDNN (up to m·u ~ 1e-4 of sum|dy|); a
+  // ReLU input within that error of 0 may also switch sides. 1e-3 of each
+  // tensor's scale after 2 steps allows that; a wrong kernel is O(1) off.
+  // AMP: FP16 activations and gradients (2^-11 per rounding, the same
+  // rounding points on both devices), so a different summation order can flip
+  // a rounding, and more ReLU inputs switch sides: 2e-2 of the scale.
+  expect_gpu_matches_cpu(resnet, 2, 8, 5, {1e-3, 1e-4}, {2e-2, 1e-2});
+#endif
+}
+
+TEST_CASE("Transformer training steps on the GPU match the CPU", "[cuda][transformer]") {
+  mix::testing::require_gpu();
+#ifdef MIX_HAVE_CUDA
+  cuda::set_allow_tf32(false);
+  auto transformer = [] {
+    models::TransformerConfig cfg;
+    cfg.layers = 2;
+    cfg.d_model = 32;
+    cfg.heads = 4;
+    cfg.context = 16;
+    cfg.vocab = 64;
+    cfg.dropout = 0.1;  // the same masks on both devices (same seed, step, rank and op names)
+    return models::build_transformer(cfg);
+  };
+  // FP32: dropout drops the same units on both devices (bit-identical masks),
+  // embeddings and their gradients are identical, the GEMMs (cuBLAS vs
+  // OpenBLAS, TF32 off) and the softmax / layer_norm row sums add in another
+  // order (FP32 on the GPU where the CPU's layer_norm uses double): ~1e-6
+  // relative per op. layer_norm's backward cancels (g - mean(g) - xhat·...),
+  // which can amplify that to ~1e-5 of a gradient's scale; after 2 steps,
+  // 1e-4 of each tensor's scale is far below a wrong kernel (O(1)).
+  // AMP: the matmuls' outputs and gradients are FP16 (2^-11 per rounding, the
+  // same rounding points on both devices), so another summation order can
+  // flip a rounding, and GELU inputs near 0 amplify it: 2e-2 of the scale, as
+  // for the ResNet; the loss within 1e-2.
+  expect_gpu_matches_cpu(transformer, 2, 4, 7, {1e-4, 1e-4}, {2e-2, 1e-2});
 #endif
 }

@@ -3,72 +3,78 @@
 // element steps of runtime/kernels/softmax_row.h (exp_shifted,
 // softmax_normalizer, SoftmaxNormalize, softmax_grad_dot_term, SoftmaxGradElem).
 // Only the order of the row's additions differs from the CPU's sequential loop.
+//
+// causal=true (attention's mask, softmax.cc): row r normalises only its first
+// fn::causal_valid_cols(r, T, S) values and writes exact zeros after them, as
+// fn::softmax_row_prefix does; the grad reads and writes the same prefix and
+// zeros the rest (fn::softmax_grad_row_prefix), so a non-finite dY on a
+// masked key never reaches dX.
 #include <string>
 
 #include "runtime/kernels/softmax_row.h"
 #include "runtime/ops/cuda/device_ops.cuh"
+#include "runtime/ops/softmax_shapes.h"
 
 namespace mix::cuda {
 namespace {
 
 // ---- kernels (rows of length cols; grid-stride over rows) ------------------------------
+// t is the causal query count (dim -2 of X), or 0 for a plain softmax: row r
+// then keeps valid = causal_valid_cols(r, t, cols) columns.
+
+__device__ __forceinline__ int64_t row_valid(int64_t r, int64_t t, int64_t cols) {
+  return t > 0 ? fn::causal_valid_cols(r, t, cols) : cols;
+}
 
 template <typename T>
-__global__ void softmax_rows(const T* x, T* y, int64_t rows, int64_t cols) {
+__global__ void softmax_rows(const T* x, T* y, int64_t rows, int64_t cols, int64_t t) {
   __shared__ float shared[kBlock];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = x + r * cols;
     T* yr = y + r * cols;
-    softmax_row_block(xr, yr, cols, shared);
+    const int64_t valid = row_valid(r, t, cols);
+    softmax_row_block(xr, yr, valid, shared);
+    for (int64_t i = valid + threadIdx.x; i < cols; i += kBlock) yr[i] = from_float<T>(0.f);
   }
 }
 
 template <typename T>
-__global__ void softmax_grad_rows(const T* y, const T* dy, T* dx, int64_t rows, int64_t cols) {
+__global__ void softmax_grad_rows(const T* y, const T* dy, T* dx, int64_t rows, int64_t cols, int64_t t) {
   __shared__ float shared[kBlock];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* yr = y + r * cols;
     const T* dyr = dy + r * cols;
     T* dxr = dx + r * cols;
+    const int64_t valid = row_valid(r, t, cols);
     float dot = 0.f;
-    for (int64_t i = threadIdx.x; i < cols; i += kBlock)
+    for (int64_t i = threadIdx.x; i < valid; i += kBlock)
       dot = __fadd_rn(dot, fn::softmax_grad_dot_term(to_float(yr[i]), to_float(dyr[i])));
     dot = block_reduce(dot, shared, AddRn{});
     const fn::SoftmaxGradElem f{dot};
-    for (int64_t i = threadIdx.x; i < cols; i += kBlock) dxr[i] = from_float<T>(f(to_float(yr[i]), to_float(dyr[i])));
+    for (int64_t i = threadIdx.x; i < valid; i += kBlock) dxr[i] = from_float<T>(f(to_float(yr[i]), to_float(dyr[i])));
+    for (int64_t i = valid + threadIdx.x; i < cols; i += kBlock) dxr[i] = from_float<T>(0.f);
   }
 }
 
 // ---- launchers -----------------------------------------------------------------------
 
-struct Rows {
-  int64_t rows, cols;
-};
-
-/// As softmax.cc: the last axis only (the build-time inference checked it too).
-Rows rows_of(const OpContext& ctx, const Shape& s) {
-  const int64_t last = static_cast<int64_t>(s.size()) - 1;
-  const int64_t axis = ctx.attr<int64_t>("axis", -1);
-  MIX_CHECK(!s.empty(), ctx.op.type << ": input must have at least one dim");
-  MIX_CHECK(axis == -1 || axis == last, ctx.op.type << ": only the last axis is supported (axis -1 or " << last
-                                                    << "), got axis " << axis
-                                                    << "; transpose the softmax axis to the end first");
-  const int64_t cols = s.back();
-  return {cols == 0 ? 0 : shape_numel(s) / cols, cols};
-}
+using softmax_rules::Rows;
+// softmax_rules::rows_of makes the CPU kernels' checks: the last axis only, and
+// with causal a [..., T, S] input with T <= S.
+using softmax_rules::rows_of;
 
 unsigned row_blocks(int64_t rows) { return static_cast<unsigned>(std::clamp<int64_t>(rows, 1, 65535)); }
 
 void softmax_cuda(OpContext& ctx) {
   const Tensor x = ctx.in("X");  // by value: Out may replace X's scope entry
   check_on_device(ctx, x, "X");
-  const Rows r = rows_of(ctx, x.shape());
+  const Rows r = rows_of(ctx.op, x.shape(), "X");
   Tensor& out = ctx.out("Out", x.shape(), x.dtype());
   if (r.rows == 0) return;
   const cudaStream_t stream = compute_stream(ctx);
   dispatch_floating(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    softmax_rows<T><<<row_blocks(r.rows), kBlock, 0, stream>>>(x.data<T>(), out.data<T>(), r.rows, r.cols);
+    softmax_rows<T><<<row_blocks(r.rows), kBlock, 0, stream>>>(x.data<T>(), out.data<T>(), r.rows, r.cols, r.t);
     MIX_CUDA_CHECK(cudaGetLastError());
   });
 }
@@ -80,14 +86,14 @@ void softmax_grad_cuda(OpContext& ctx) {
             "softmax_grad: Out@GRAD " << shape_str(dy.shape()) << " does not match Out " << shape_str(y.shape()));
   check_on_device(ctx, y, "Out");
   check_on_device(ctx, dy, "Out@GRAD");
-  const Rows r = rows_of(ctx, y.shape());
+  const Rows r = rows_of(ctx.op, y.shape(), "Out");
   Tensor& dx = ctx.out("X@GRAD", y.shape(), y.dtype());
   if (r.rows == 0) return;
   const cudaStream_t stream = compute_stream(ctx);
   dispatch_floating(y.dtype(), [&](auto tag) {
     using T = decltype(tag);
     softmax_grad_rows<T>
-        <<<row_blocks(r.rows), kBlock, 0, stream>>>(y.data<T>(), dy.data<T>(), dx.data<T>(), r.rows, r.cols);
+        <<<row_blocks(r.rows), kBlock, 0, stream>>>(y.data<T>(), dy.data<T>(), dx.data<T>(), r.rows, r.cols, r.t);
     MIX_CUDA_CHECK(cudaGetLastError());
   });
 }

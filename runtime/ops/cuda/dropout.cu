@@ -1,0 +1,99 @@
+// CUDA kernels of dropout and dropout_grad (upscale_in_train). The mask bit of
+// element i is fn::dropout_keep(key, i, p), a stateless hash of (key, i), and
+// the key is dropout_rules::mask_key (attr seed, ExecEnv::step, ExecEnv::rank,
+// Out's name): the same function and the same key as the CPU kernel
+// (runtime/ops/dropout.cc), so the GPU's Mask is the CPU's bit for bit, and
+// Out = X * keep * (1 / (1 - p)) is one multiply by the same float on both:
+// identical too. Whether anything is dropped (training, not is_test, p > 0)
+// is decided by the same dropout_rules::active; otherwise Out is a copy of X
+// and Mask all ones.
+#include <cstdint>
+
+#include "runtime/kernels/dropout_mask.h"
+#include "runtime/ops/cuda/device_ops.cuh"
+#include "runtime/ops/dropout_attrs.h"
+
+namespace mix::cuda {
+namespace {
+
+// ---- kernels (grid-stride maps) ---------------------------------------------------------
+
+/// mask[i] = keep(key, i); out[i] = x[i] * keep * scale. mask may be null (not wanted).
+template <typename T>
+struct DropoutForward {
+  const T* x;
+  T* out;
+  uint8_t* mask;
+  uint64_t key;
+  float p;
+  fn::DropoutApply f;
+  __device__ void operator()(int64_t i) const {
+    const uint8_t keep = fn::dropout_keep(key, static_cast<uint64_t>(i), p) ? 1 : 0;
+    if (mask) mask[i] = keep;
+    out[i] = from_float<T>(f(to_float(x[i]), keep));
+  }
+};
+
+/// dx[i] = dout[i] * mask[i] * scale.
+template <typename T>
+struct DropoutBackward {
+  const T* dout;
+  const uint8_t* mask;
+  T* dx;
+  fn::DropoutApply f;
+  __device__ void operator()(int64_t i) const { dx[i] = from_float<T>(f(to_float(dout[i]), mask[i])); }
+};
+
+// ---- launchers -----------------------------------------------------------------------
+
+void dropout_cuda(OpContext& ctx) {
+  const Tensor x = ctx.in("X");  // by value: Out may replace X's scope entry
+  check_on_device(ctx, x, "X");
+  MIX_CHECK(is_floating(x.dtype()), "dropout: X must be a float tensor, got " << dtype_name(x.dtype()));
+  const float p = dropout_rules::drop_prob(ctx.op);
+  Tensor& out = ctx.out("Out", x.shape(), x.dtype());
+  uint8_t* mask = ctx.wants("Mask") ? ctx.out("Mask", x.shape(), DType::u8).data<uint8_t>() : nullptr;
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  const cudaStream_t stream = compute_stream(ctx);
+  if (!dropout_rules::active(ctx, p)) {
+    copy_on_stream(out.raw(), x.raw(), x.bytes(), stream);
+    if (mask) MIX_CUDA_CHECK(cudaMemsetAsync(mask, 1, static_cast<size_t>(n), stream));
+    return;
+  }
+  const uint64_t key = dropout_rules::mask_key(ctx);
+  const fn::DropoutApply f{fn::dropout_scale(p)};
+  dispatch_floating(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    launch_grid_stride(n, stream, DropoutForward<T>{x.data<T>(), out.data<T>(), mask, key, p, f});
+  });
+}
+
+void dropout_grad_cuda(OpContext& ctx) {
+  const Tensor mask = ctx.in("Mask");
+  const Tensor dout = ctx.in("Out@GRAD");
+  dropout_rules::check_grad_inputs(mask, dout);
+  check_on_device(ctx, mask, "Mask");
+  check_on_device(ctx, dout, "Out@GRAD");
+  MIX_CHECK(is_floating(dout.dtype()),
+            "dropout_grad: Out@GRAD must be a float tensor, got " << dtype_name(dout.dtype()));
+  const float p = dropout_rules::drop_prob(ctx.op);
+  Tensor& dx = ctx.out("X@GRAD", dout.shape(), dout.dtype());
+  if (dout.numel() == 0) return;
+  const cudaStream_t stream = compute_stream(ctx);
+  if (!dropout_rules::active(ctx, p)) {
+    copy_on_stream(dx.raw(), dout.raw(), dout.bytes(), stream);
+    return;
+  }
+  const fn::DropoutApply f{fn::dropout_scale(p)};
+  dispatch_floating(dout.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    launch_grid_stride(dout.numel(), stream, DropoutBackward<T>{dout.data<T>(), mask.data<uint8_t>(), dx.data<T>(), f});
+  });
+}
+
+const bool registered = OpRegistry::instance().add_cuda_kernel("dropout", dropout_cuda) &&
+                        OpRegistry::instance().add_cuda_kernel("dropout_grad", dropout_grad_cuda);
+
+}  // namespace
+}  // namespace mix::cuda

@@ -1,0 +1,266 @@
+// CUDA kernels of layer_norm and layer_norm_grad over X viewed as [rows, cols]
+// (layer_norm_rules::norm_dims). The element steps are those of
+// runtime/kernels/layer_norm_row.h (ln_inv_std, LayerNormNormalize, ln_xhat,
+// LayerNormBackward), the CPU kernel's; only the row sums differ:
+//
+//  - a row belongs to one warp when cols <= 1024 (the Transformer's d_model),
+//    else to a block of 256 threads; its sums are per-thread strided partial
+//    sums combined by a fixed butterfly (and, in a block, the warps' results
+//    added in warp order): deterministic, with no atomics. They run in FP32
+//    (__fadd_rn, never fused), where the CPU sums in double: two passes
+//    (mean, then sum((x - mean)^2)), so the variance does not cancel. The
+//    statistics then differ from the CPU's by a few FP32 roundings of the
+//    row's magnitudes (about (cols/threads + 5)·2^-24 relative), far below
+//    what an FP16 output can show, and a few ulps in FP32.
+//  - Scale@GRAD and Bias@GRAD are column sums over rows. They are summed in
+//    double, as on the CPU, over a fixed partition of the rows: each block
+//    sums a chunk of rows for 256 columns into a workspace, a second kernel
+//    adds the chunks in order. The terms (dy and dy·xhat, an exact product in
+//    double) are the CPU's exactly, so the float results agree with the CPU's
+//    except where the double sum lies within a double rounding of a float
+//    rounding boundary (then by one ulp).
+#include <cstdint>
+
+#include "runtime/kernels/layer_norm_row.h"
+#include "runtime/ops/cuda/device_ops.cuh"
+#include "runtime/ops/layer_norm_shapes.h"
+
+namespace mix::cuda {
+namespace {
+
+constexpr int kWarp = 32;
+/// Rows of up to this many values go to one warp, longer ones to a block.
+constexpr int64_t kWarpRowMax = 1024;
+/// Rows per chunk of the parameter-gradient column sums (before the cap on chunks).
+constexpr int64_t kRowsPerChunk = 32;
+constexpr int64_t kMaxChunks = 1024;
+
+// ---- row groups -------------------------------------------------------------------------
+
+/// kThreads threads (a warp, or the whole block of kBlock) own one row.
+template <int kThreads>
+struct RowGroup {
+  static constexpr int kRowsPerBlock = kBlock / kThreads;
+  __device__ static int tid() { return static_cast<int>(threadIdx.x) % kThreads; }
+  __device__ static int64_t first_row() {
+    return static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + static_cast<int>(threadIdx.x) / kThreads;
+  }
+  __device__ static int64_t row_stride() { return static_cast<int64_t>(gridDim.x) * kRowsPerBlock; }
+
+  /// The group's sum of v, the same bits in every thread of the group. The xor
+  /// butterfly pairs lane i with lane i^o, which computes the same sum with the
+  /// operands swapped (commutative, so equal), and so on. All threads of the
+  /// group call it; `shared` holds kBlock / 32 floats.
+  __device__ static float sum(float v, float* shared) {
+    for (int o = kWarp / 2; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+    if constexpr (kThreads == kWarp) {
+      return v;
+    } else {
+      const int warp = static_cast<int>(threadIdx.x) / kWarp;
+      if (threadIdx.x % kWarp == 0) shared[warp] = v;
+      __syncthreads();
+      float s = 0.f;
+      for (int k = 0; k < kThreads / kWarp; ++k) s = __fadd_rn(s, shared[k]);
+      __syncthreads();  // `shared` may be reused right away
+      return s;
+    }
+  }
+};
+
+// ---- kernels -------------------------------------------------------------------------
+
+/// Y, Mean and Variance (the latter two may be null) of each row.
+template <typename T, int kThreads>
+__global__ void layer_norm_rows(const T* x, T* y, float* mean_out, float* var_out, const float* scale,
+                                const float* bias, int64_t rows, int64_t cols, float eps) {
+  using G = RowGroup<kThreads>;
+  __shared__ float shared[kBlock / kWarp];
+  const float n = static_cast<float>(cols);
+  for (int64_t r = G::first_row(); r < rows; r += G::row_stride()) {
+    const T* xr = x + r * cols;
+    T* yr = y + r * cols;
+    float s = 0.f;
+    for (int64_t j = G::tid(); j < cols; j += kThreads) s = __fadd_rn(s, to_float(xr[j]));
+    const float mean = __fdiv_rn(G::sum(s, shared), n);
+    float ss = 0.f;
+    for (int64_t j = G::tid(); j < cols; j += kThreads) {
+      const float d = __fsub_rn(to_float(xr[j]), mean);
+      ss = __fadd_rn(ss, __fmul_rn(d, d));
+    }
+    const float var = __fdiv_rn(G::sum(ss, shared), n);
+    const fn::LayerNormNormalize f{mean, fn::ln_inv_std(var, eps)};
+    for (int64_t j = G::tid(); j < cols; j += kThreads)
+      yr[j] = from_float<T>(f(to_float(xr[j]), scale ? scale[j] : 1.f, bias ? bias[j] : 0.f));
+    if (G::tid() == 0) {
+      if (mean_out) mean_out[r] = mean;
+      if (var_out) var_out[r] = var;
+    }
+  }
+}
+
+/// X@GRAD of each row from the saved statistics (fn::LayerNormBackward).
+template <typename T, int kThreads>
+__global__ void layer_norm_grad_rows(const T* x, const T* dy, T* dx, const float* scale, const float* mean_in,
+                                     const float* var_in, int64_t rows, int64_t cols, float eps) {
+  using G = RowGroup<kThreads>;
+  __shared__ float shared[kBlock / kWarp];
+  const float n = static_cast<float>(cols);
+  for (int64_t r = G::first_row(); r < rows; r += G::row_stride()) {
+    const T* xr = x + r * cols;
+    const T* dyr = dy + r * cols;
+    const float mean = mean_in[r], inv_std = fn::ln_inv_std(var_in[r], eps);
+    float sg = 0.f, sgx = 0.f;
+    for (int64_t j = G::tid(); j < cols; j += kThreads) {
+      const float g = __fmul_rn(to_float(dyr[j]), scale ? scale[j] : 1.f);
+      sg = __fadd_rn(sg, g);
+      sgx = __fadd_rn(sgx, __fmul_rn(g, fn::ln_xhat(to_float(xr[j]), mean, inv_std)));
+    }
+    sg = G::sum(sg, shared);
+    sgx = G::sum(sgx, shared);
+    const fn::LayerNormBackward b{mean, inv_std, __fdiv_rn(sg, n), __fdiv_rn(sgx, n)};
+    T* dxr = dx + r * cols;
+    for (int64_t j = G::tid(); j < cols; j += kThreads)
+      dxr[j] = from_float<T>(b(to_float(xr[j]), to_float(dyr[j]), scale ? scale[j] : 1.f));
+  }
+}
+
+/// Column partial sums over one chunk of rows (blockIdx.y), in double: Bias@GRAD's
+/// dy and Scale@GRAD's dy·xhat (either output may be skipped: null).
+/// partial_* are [chunks, cols].
+template <typename T>
+__global__ void layer_norm_param_partials(const T* x, const T* dy, const float* mean_in, const float* var_in,
+                                          int64_t rows, int64_t cols, int64_t rows_per_chunk, float eps,
+                                          double* partial_scale, double* partial_bias) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kBlock + threadIdx.x;
+  if (c >= cols) return;
+  const int64_t begin = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
+  const int64_t end = begin + rows_per_chunk < rows ? begin + rows_per_chunk : rows;
+  double ds = 0.0, db = 0.0;
+  for (int64_t r = begin; r < end; ++r) {
+    const float g = to_float(dy[r * cols + c]);
+    if (partial_bias) db = __dadd_rn(db, static_cast<double>(g));
+    if (partial_scale) {
+      const float xhat = fn::ln_xhat(to_float(x[r * cols + c]), mean_in[r], fn::ln_inv_std(var_in[r], eps));
+      ds = __dadd_rn(ds, __dmul_rn(static_cast<double>(g), static_cast<double>(xhat)));
+    }
+  }
+  const int64_t at = static_cast<int64_t>(blockIdx.y) * cols + c;
+  if (partial_scale) partial_scale[at] = ds;
+  if (partial_bias) partial_bias[at] = db;
+}
+
+/// out[c] = the chunks' partial sums of column c added in chunk order, rounded to float.
+struct ChunkSum {
+  const double* partial;
+  float* out;
+  int64_t chunks, cols;
+  __device__ void operator()(int64_t c) const {
+    double s = 0.0;
+    for (int64_t k = 0; k < chunks; ++k) s = __dadd_rn(s, partial[k * cols + c]);
+    out[c] = static_cast<float>(s);
+  }
+};
+
+// ---- launchers -----------------------------------------------------------------------
+
+using layer_norm_rules::NormDims;
+
+/// Blocks for `rows` rows at kRowsPerBlock rows each.
+template <int kThreads>
+unsigned row_group_blocks(int64_t rows) {
+  constexpr int64_t per = RowGroup<kThreads>::kRowsPerBlock;
+  return static_cast<unsigned>(std::clamp<int64_t>((rows + per - 1) / per, 1, 65535));
+}
+
+void layer_norm_cuda(OpContext& ctx) {
+  const Tensor x = ctx.in("X");  // by value: Y may replace X's scope entry
+  check_on_device(ctx, x, "X");
+  MIX_CHECK(is_floating(x.dtype()), "layer_norm: X must be a float tensor, got " << dtype_name(x.dtype()));
+  const NormDims d = layer_norm_rules::norm_dims(ctx.op, x.shape());
+  const float* scale = layer_norm_rules::param(ctx, "Scale", d.cols);
+  const float* bias = layer_norm_rules::param(ctx, "Bias", d.cols);
+  if (scale) check_on_device(ctx, *ctx.in_opt("Scale"), "Scale");
+  if (bias) check_on_device(ctx, *ctx.in_opt("Bias"), "Bias");
+  const float eps = ctx.attr<float>("epsilon", 1e-5f);
+  Tensor& y = ctx.out("Y", x.shape(), x.dtype());
+  float* mean = ctx.wants("Mean") ? ctx.out("Mean", {d.rows}, DType::f32).data<float>() : nullptr;
+  float* var = ctx.wants("Variance") ? ctx.out("Variance", {d.rows}, DType::f32).data<float>() : nullptr;
+  if (d.rows == 0) return;
+  const cudaStream_t stream = compute_stream(ctx);
+  dispatch_floating(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if (d.cols <= kWarpRowMax)
+      layer_norm_rows<T, kWarp><<<row_group_blocks<kWarp>(d.rows), kBlock, 0, stream>>>(
+          x.data<T>(), y.data<T>(), mean, var, scale, bias, d.rows, d.cols, eps);
+    else
+      layer_norm_rows<T, kBlock><<<row_group_blocks<kBlock>(d.rows), kBlock, 0, stream>>>(
+          x.data<T>(), y.data<T>(), mean, var, scale, bias, d.rows, d.cols, eps);
+    MIX_CUDA_CHECK(cudaGetLastError());
+  });
+}
+
+void layer_norm_grad_cuda(OpContext& ctx) {
+  const Tensor x = ctx.in("X");
+  const Tensor dy = ctx.in("Y@GRAD");
+  layer_norm_rules::check_grad_input(x, dy);
+  MIX_CHECK(is_floating(x.dtype()), "layer_norm_grad: X must be a float tensor, got " << dtype_name(x.dtype()));
+  const NormDims d = layer_norm_rules::norm_dims(ctx.op, x.shape());
+  const float* scale = layer_norm_rules::param(ctx, "Scale", d.cols);
+  const Tensor mean = ctx.in("Mean");
+  const Tensor var = ctx.in("Variance");
+  layer_norm_rules::check_stats(mean, var, d.rows);
+  check_on_device(ctx, x, "X");
+  check_on_device(ctx, dy, "Y@GRAD");
+  check_on_device(ctx, mean, "Mean");
+  check_on_device(ctx, var, "Variance");
+  if (scale) check_on_device(ctx, *ctx.in_opt("Scale"), "Scale");
+  const float eps = ctx.attr<float>("epsilon", 1e-5f);
+  const bool want_scale = ctx.wants("Scale@GRAD"), want_bias = ctx.wants("Bias@GRAD");
+  MIX_CHECK(!want_scale || scale, "layer_norm_grad: Scale@GRAD is wanted but the op has no Scale");
+  Tensor* dx = ctx.wants("X@GRAD") ? &ctx.out("X@GRAD", x.shape(), x.dtype()) : nullptr;
+  float* dscale = want_scale ? ctx.out("Scale@GRAD", {d.cols}, DType::f32).data<float>() : nullptr;
+  float* dbias = want_bias ? ctx.out("Bias@GRAD", {d.cols}, DType::f32).data<float>() : nullptr;
+  const cudaStream_t stream = compute_stream(ctx);
+  if (d.rows == 0) {  // empty sums
+    if (dscale) MIX_CUDA_CHECK(cudaMemsetAsync(dscale, 0, static_cast<size_t>(d.cols) * sizeof(float), stream));
+    if (dbias) MIX_CUDA_CHECK(cudaMemsetAsync(dbias, 0, static_cast<size_t>(d.cols) * sizeof(float), stream));
+    return;
+  }
+  // The partition of the rows into chunks depends on the shape only (never on
+  // the GPU), so the column sums are reproducible everywhere.
+  const int64_t chunks = std::clamp<int64_t>((d.rows + kRowsPerChunk - 1) / kRowsPerChunk, 1, kMaxChunks);
+  const int64_t rows_per_chunk = (d.rows + chunks - 1) / chunks;
+  // Doubles in i64 tensors (the same 8 bytes; there is no f64 dtype), as reduce.cu does.
+  Tensor partial_scale, partial_bias;
+  if (want_scale) partial_scale = Tensor::empty({chunks, d.cols}, DType::i64, ctx.env.device);
+  if (want_bias) partial_bias = Tensor::empty({chunks, d.cols}, DType::i64, ctx.env.device);
+  auto* ps = want_scale ? static_cast<double*>(partial_scale.raw()) : nullptr;
+  auto* pb = want_bias ? static_cast<double*>(partial_bias.raw()) : nullptr;
+  dispatch_floating(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if (dx) {
+      if (d.cols <= kWarpRowMax)
+        layer_norm_grad_rows<T, kWarp><<<row_group_blocks<kWarp>(d.rows), kBlock, 0, stream>>>(
+            x.data<T>(), dy.data<T>(), dx->data<T>(), scale, mean.data<float>(), var.data<float>(), d.rows, d.cols,
+            eps);
+      else
+        layer_norm_grad_rows<T, kBlock><<<row_group_blocks<kBlock>(d.rows), kBlock, 0, stream>>>(
+            x.data<T>(), dy.data<T>(), dx->data<T>(), scale, mean.data<float>(), var.data<float>(), d.rows, d.cols,
+            eps);
+      MIX_CUDA_CHECK(cudaGetLastError());
+    }
+    if (!want_scale && !want_bias) return;
+    const dim3 grid(static_cast<unsigned>((d.cols + kBlock - 1) / kBlock), static_cast<unsigned>(chunks));
+    layer_norm_param_partials<T><<<grid, kBlock, 0, stream>>>(
+        x.data<T>(), dy.data<T>(), mean.data<float>(), var.data<float>(), d.rows, d.cols, rows_per_chunk, eps, ps, pb);
+    MIX_CUDA_CHECK(cudaGetLastError());
+    if (want_scale) launch_grid_stride(d.cols, stream, ChunkSum{ps, dscale, chunks, d.cols});
+    if (want_bias) launch_grid_stride(d.cols, stream, ChunkSum{pb, dbias, chunks, d.cols});
+  });
+}
+
+const bool registered = OpRegistry::instance().add_cuda_kernel("layer_norm", layer_norm_cuda) &&
+                        OpRegistry::instance().add_cuda_kernel("layer_norm_grad", layer_norm_grad_cuda);
+
+}  // namespace
+}  // namespace mix::cuda

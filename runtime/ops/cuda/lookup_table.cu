@@ -1,0 +1,222 @@
+// CUDA kernels of lookup_table (embedding rows) and lookup_table_grad.
+//
+// Forward: one warp per id, copying W's row with the widest vector loads the
+// row's size and the buffers' alignment allow (16 bytes for D % 8 == 0 in FP16,
+// D % 4 == 0 in FP32): a plain copy, identical to the CPU's. The padding row
+// reads as zeros (fn::lookup_is_padding).
+//
+// Out-of-range ids: the CPU kernel reports them, naming the id and where it
+// sits; here the ids are on the GPU, and checking them first would cost a
+// device-to-host copy and a stream sync inside every step. So, as
+// softmax_with_cross_entropy does with bad labels (cross_entropy.cu), the
+// kernel never reads outside W: an id outside [0, V) gets a row of NaN in Out
+// and sends no gradient. The loss turns NaN, so an AMP step is skipped and an
+// FP32 run shows a NaN loss rather than training on another row; run a step
+// with --device cpu to get the error that names the id.
+//
+// Grad, deterministic (no float atomics): W@GRAD = 0, then every id's rows of
+// Out@GRAD summed in FP32 in position order and rounded once to W's dtype.
+//   1. keys[i] = Ids[i], or V for ids that take no gradient (padding, out of
+//      range); vals[i] = i;
+//   2. cub::DeviceRadixSort::SortPairs (stable, over just the bits V needs),
+//      so equal ids sit together with their positions ascending;
+//   3. one block per run of equal ids, its threads over the D columns, adds
+//      the run's rows in position order: the same FP32 additions in the same
+//      order as the CPU's loop (fn::lookup_grad_row_add), hence bit-identical
+//      to the CPU, and identical run to run.
+#include <cub/device/device_radix_sort.cuh>
+
+#include <cstdint>
+#include <limits>
+
+#include "runtime/kernels/lookup_row.h"
+#include "runtime/ops/cuda/device_ops.cuh"
+#include "runtime/ops/lookup_table_shapes.h"
+
+namespace mix::cuda {
+namespace {
+
+constexpr int kWarp = 32;
+constexpr int kWarpsPerBlock = kBlock / kWarp;
+
+// ---- kernels -------------------------------------------------------------------------
+
+/// Out[i] = W[Ids[i]], one warp per id; V is the copy unit (sizeof(V) divides
+/// the row's bytes and both buffers are aligned to it).
+template <typename T, typename L, typename V>
+__global__ void lookup_rows(const T* w, const L* ids, T* out, int64_t n, int64_t rows, int64_t d, int64_t padding_idx) {
+  const int lane = static_cast<int>(threadIdx.x) % kWarp;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
+  const int64_t vecs = d * static_cast<int64_t>(sizeof(T)) / static_cast<int64_t>(sizeof(V));
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp; i < n; i += warps) {
+    const int64_t id = static_cast<int64_t>(ids[i]);
+    T* o = out + i * d;
+    const bool valid = fn::lookup_id_valid(id, rows);
+    if (valid && !fn::lookup_is_padding(id, padding_idx)) {
+      const V* src = reinterpret_cast<const V*>(w + id * d);
+      V* dst = reinterpret_cast<V*>(o);
+      for (int64_t j = lane; j < vecs; j += kWarp) dst[j] = src[j];
+    } else {
+      // The padding row is zeros (fn::lookup_row); a bad id poisons its row (see the top).
+      const T fill = from_float<T>(valid ? 0.f : NAN);
+      for (int64_t j = lane; j < d; j += kWarp) o[j] = fill;
+    }
+  }
+}
+
+/// Sort input: the id as key (`none` when it takes no gradient), the position as value.
+template <typename L>
+struct GradKeys {
+  const L* ids;
+  uint32_t* keys;
+  int32_t* pos;
+  int64_t rows, padding_idx;
+  __device__ void operator()(int64_t i) const {
+    const int64_t id = static_cast<int64_t>(ids[i]);
+    const bool takes = fn::lookup_id_valid(id, rows) && !fn::lookup_is_padding(id, padding_idx);
+    keys[i] = takes ? static_cast<uint32_t>(id) : static_cast<uint32_t>(rows);
+    pos[i] = static_cast<int32_t>(i);
+  }
+};
+
+/// One block per run of equal sorted keys (the block whose index starts the
+/// run does the work), threads over the columns: dw[id, c] = sum over the
+/// run's positions p, ascending, of dout[p, c], in FP32.
+template <typename T>
+__global__ void lookup_grad_runs(const uint32_t* keys, const int32_t* pos, const T* dout, T* dw, int64_t n,
+                                 uint32_t none, int64_t d) {
+  for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
+    const uint32_t k = keys[i];
+    if (k == none || (i > 0 && keys[i - 1] == k)) continue;  // the same for the whole block
+    for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
+      float acc = 0.f;
+      for (int64_t j = i; j < n && keys[j] == k; ++j)
+        acc = __fadd_rn(acc, to_float(dout[static_cast<int64_t>(pos[j]) * d + c]));
+      dw[static_cast<int64_t>(k) * d + c] = from_float<T>(acc);
+    }
+  }
+}
+
+// ---- launchers -----------------------------------------------------------------------
+
+/// f(L{}) with L the C++ type of the id dtype (checked to be i64 or i32).
+template <typename F>
+void dispatch_ids(DType t, F&& f) {
+  if (t == DType::i64) return f(int64_t{});
+  return f(int32_t{});
+}
+
+/// The widest of 16, 8, 4, 2 bytes that divides `row_bytes` and aligns both pointers.
+int copy_unit(size_t row_bytes, const void* a, const void* b) {
+  for (int v : {16, 8, 4, 2}) {
+    const auto u = static_cast<size_t>(v);
+    if (row_bytes % u == 0 && reinterpret_cast<uintptr_t>(a) % u == 0 && reinterpret_cast<uintptr_t>(b) % u == 0)
+      return v;
+  }
+  return 1;
+}
+
+template <typename T, typename L, typename V>
+void launch_lookup_rows(const Tensor& w, const Tensor& ids, Tensor& out, int64_t padding_idx, cudaStream_t stream) {
+  const int64_t n = ids.numel();
+  const auto blocks = static_cast<unsigned>(std::clamp<int64_t>((n + kWarpsPerBlock - 1) / kWarpsPerBlock, 1, 65535));
+  lookup_rows<T, L, V>
+      <<<blocks, kBlock, 0, stream>>>(w.data<T>(), ids.data<L>(), out.data<T>(), n, w.dim(0), w.dim(1), padding_idx);
+  MIX_CUDA_CHECK(cudaGetLastError());
+}
+
+void lookup_table_cuda(OpContext& ctx) {
+  const Tensor w = ctx.in("W");
+  const Tensor ids = ctx.in("Ids");
+  lookup_rules::check_table("lookup_table", w);
+  lookup_rules::check_id_dtype("lookup_table", ids);
+  const int64_t v = w.dim(0), d = w.dim(1);
+  const int64_t padding_idx = ctx.attr<int64_t>("padding_idx", -1);
+  lookup_rules::check_padding_idx("lookup_table", padding_idx, v);
+  check_on_device(ctx, w, "W");
+  check_on_device(ctx, ids, "Ids");
+  Tensor& out = ctx.out("Out", lookup_rules::out_shape(ids.shape(), d), w.dtype());
+  if (ids.numel() == 0 || d == 0) return;
+  const cudaStream_t stream = compute_stream(ctx);
+  const int unit = copy_unit(static_cast<size_t>(d) * dtype_size(w.dtype()), w.raw(), out.raw());
+  dispatch_floating(w.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    dispatch_ids(ids.dtype(), [&](auto id_tag) {
+      using L = decltype(id_tag);
+      switch (unit) {
+        case 16:
+          return launch_lookup_rows<T, L, uint4>(w, ids, out, padding_idx, stream);
+        case 8:
+          return launch_lookup_rows<T, L, uint2>(w, ids, out, padding_idx, stream);
+        case 4:
+          return launch_lookup_rows<T, L, uint32_t>(w, ids, out, padding_idx, stream);
+        default:  // 2: every float dtype is at least 2 bytes
+          return launch_lookup_rows<T, L, uint16_t>(w, ids, out, padding_idx, stream);
+      }
+    });
+  });
+}
+
+/// Bits that hold every key 0..max (at least 1): the radix sort skips the rest.
+int key_bits(uint64_t max) {
+  int bits = 1;
+  while (bits < 32 && (uint64_t{1} << bits) <= max) ++bits;
+  return bits;
+}
+
+void lookup_table_grad_cuda(OpContext& ctx) {
+  if (!ctx.wants("W@GRAD")) return;
+  const Tensor w = ctx.in("W");  // for its shape and dtype only
+  const Tensor ids = ctx.in("Ids");
+  const Tensor dout = ctx.in("Out@GRAD");
+  lookup_rules::check_table("lookup_table_grad", w);
+  lookup_rules::check_id_dtype("lookup_table_grad", ids);
+  lookup_rules::check_grad_input(w, ids, dout);
+  check_on_device(ctx, ids, "Ids");
+  check_on_device(ctx, dout, "Out@GRAD");
+  const int64_t v = w.dim(0), d = w.dim(1), n = ids.numel();
+  const int64_t padding_idx = ctx.attr<int64_t>("padding_idx", -1);
+  // 32-bit keys (V is the "no gradient" key) and positions.
+  MIX_CHECK(v < std::numeric_limits<uint32_t>::max() && n <= std::numeric_limits<int32_t>::max(),
+            "lookup_table_grad: the CUDA kernel handles tables of < 2^32 - 1 rows and < 2^31 ids, got W "
+                << shape_str(w.shape()) << " and Ids " << shape_str(ids.shape()));
+  Tensor& dw = ctx.out("W@GRAD", w.shape(), w.dtype());
+  dw.fill_zero();  // rows no id names (and the padding row) stay 0; on the compute stream
+  if (n == 0 || d == 0) return;
+  const cudaStream_t stream = compute_stream(ctx);
+  const Device dev = ctx.env.device;
+
+  // 1. keys and positions; 2. sorted by key (stable: positions stay ascending within a key).
+  Tensor keys_in = Tensor::empty({n}, DType::i32, dev), keys = Tensor::empty({n}, DType::i32, dev);
+  Tensor pos_in = Tensor::empty({n}, DType::i32, dev), pos = Tensor::empty({n}, DType::i32, dev);
+  auto* keys_in_p = static_cast<uint32_t*>(keys_in.raw());
+  auto* keys_p = static_cast<uint32_t*>(keys.raw());
+  dispatch_ids(ids.dtype(), [&](auto id_tag) {
+    using L = decltype(id_tag);
+    launch_grid_stride(n, stream, GradKeys<L>{ids.data<L>(), keys_in_p, pos_in.data<int32_t>(), v, padding_idx});
+  });
+  const int end_bit = key_bits(static_cast<uint64_t>(v));
+  const int items = static_cast<int>(n);
+  size_t temp_bytes = 0;
+  MIX_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys_in_p, keys_p, pos_in.data<int32_t>(),
+                                                 pos.data<int32_t>(), items, 0, end_bit, stream));
+  Tensor temp = Tensor::empty({static_cast<int64_t>(std::max<size_t>(temp_bytes, 1))}, DType::u8, dev);
+  MIX_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.raw(), temp_bytes, keys_in_p, keys_p, pos_in.data<int32_t>(),
+                                                 pos.data<int32_t>(), items, 0, end_bit, stream));
+
+  // 3. one block per run of equal ids.
+  const int threads = static_cast<int>(std::clamp<int64_t>((d + kWarp - 1) / kWarp * kWarp, kWarp, kBlock));
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>(n, 65535));
+  dispatch_floating(w.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    lookup_grad_runs<T><<<blocks, threads, 0, stream>>>(keys_p, pos.data<int32_t>(), dout.data<T>(), dw.data<T>(), n,
+                                                        static_cast<uint32_t>(v), d);
+    MIX_CUDA_CHECK(cudaGetLastError());
+  });
+}
+
+const bool registered = OpRegistry::instance().add_cuda_kernel("lookup_table", lookup_table_cuda) &&
+                        OpRegistry::instance().add_cuda_kernel("lookup_table_grad", lookup_table_grad_cuda);
+
+}  // namespace
+}  // namespace mix::cuda
