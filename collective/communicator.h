@@ -41,6 +41,11 @@ class Communicator {
   /// f16/bf16 sums add in FP32 and round to 16 bits at every hop, as a GPU ring does.
   /// avg is the sum followed by a multiply by 1/world (rounded to the dtype).
   virtual void all_reduce(void* buf, size_t count, DType dtype, ReduceOp op, Traffic traffic = Traffic::control) = 0;
+  /// Out-of-place all-reduce: recv = the reduction over ranks of every rank's
+  /// send (both `count` elements, on the communicator's device; send == recv is
+  /// the in-place form). Benchmarks time both forms, as nccl-tests does.
+  virtual void all_reduce_into(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
+                               Traffic traffic = Traffic::control) = 0;
   virtual void broadcast(void* buf, size_t bytes, int root) = 0;
   /// Gathers `bytes_per_rank` bytes from every rank into recv (world * bytes_per_rank), rank order.
   virtual void all_gather(const void* send, void* recv, size_t bytes_per_rank) = 0;

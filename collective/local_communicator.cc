@@ -26,6 +26,13 @@ class LocalCommunicator final : public Communicator {
     count(n * dtype_size(dtype), traffic);
   }
 
+  void all_reduce_into(const void* send, void* recv, size_t n, DType dtype, ReduceOp op, Traffic traffic) override {
+    MIX_CHECK((send != nullptr && recv != nullptr) || n == 0, "all_reduce of " << n << " " << dtype_name(dtype)
+                                                                                 << " elements got a null buffer");
+    if (n > 0 && send != recv) std::memmove(recv, send, n * dtype_size(dtype));
+    all_reduce(recv, n, dtype, op, traffic);
+  }
+
   void broadcast(void* buf, size_t bytes, int root) override {
     MIX_CHECK(root == 0, "broadcast root " << root << " is not a rank of a world of size 1");
     MIX_CHECK(buf != nullptr || bytes == 0, "broadcast of " << bytes << " bytes got a null buffer");

@@ -164,8 +164,13 @@ class MpiCommunicator final : public Communicator {
   std::string backend_name() const override { return "mpi"; }
 
   void all_reduce(void* buf, size_t n, DType dtype, ReduceOp op, Traffic traffic) override {
-    MIX_CHECK(buf != nullptr || n == 0, "all_reduce of " << n << " " << dtype_name(dtype) << " elements ("
-                                                          << reduce_op_name(op) << ") got a null buffer");
+    all_reduce_into(buf, buf, n, dtype, op, traffic);
+  }
+
+  void all_reduce_into(const void* send, void* buf, size_t n, DType dtype, ReduceOp op, Traffic traffic) override {
+    MIX_CHECK((buf != nullptr && send != nullptr) || n == 0, "all_reduce of " << n << " " << dtype_name(dtype)
+                                                                               << " elements (" << reduce_op_name(op)
+                                                                               << ") got a null buffer");
     count(n * dtype_size(dtype), traffic);
     if (n == 0) return;
 
@@ -203,9 +208,11 @@ class MpiCommunicator final : public Communicator {
     const size_t elem = dtype_size(dtype);
     const size_t chunk = elements_per_call(elem);
     auto* p = static_cast<char*>(buf);
+    const auto* src = static_cast<const char*>(send);
     for (size_t off = 0; off < n; off += chunk) {
       const int c = static_cast<int>(std::min(chunk, n - off));
-      MIX_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, p + off * elem, c, type, mpi_op, comm_));
+      const void* from = send == buf ? MPI_IN_PLACE : static_cast<const void*>(src + off * elem);
+      MIX_MPI_CHECK(MPI_Allreduce(from, p + off * elem, c, type, mpi_op, comm_));
     }
     if (op == ReduceOp::avg) scale_by_inverse_world(buf, n, dtype, world_);
   }

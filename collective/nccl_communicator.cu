@@ -132,11 +132,15 @@ class NcclCommunicator final : public Communicator {
   std::string backend_name() const override { return "nccl"; }
 
   void all_reduce(void* buf, size_t n, DType dtype, ReduceOp op, Traffic traffic) override {
+    all_reduce_into(buf, buf, n, dtype, op, traffic);
+  }
+
+  void all_reduce_into(const void* send, void* buf, size_t n, DType dtype, ReduceOp op, Traffic traffic) override {
     const auto what = [&] {
       return MIX_STR_CAT("all_reduce (" << reduce_op_name(op) << " of " << n << " " << dtype_name(dtype) << " = "
                                         << n * dtype_size(dtype) << " bytes)");
     };
-    MIX_CHECK(buf != nullptr || n == 0, "NCCL " << what() << " got a null buffer");
+    MIX_CHECK((buf != nullptr && send != nullptr) || n == 0, "NCCL " << what() << " got a null buffer");
     const ncclDataType_t type = nccl_type(dtype);
     const ncclRedOp_t nop = nccl_op(op);
     check_alive(what);
@@ -145,9 +149,10 @@ class NcclCommunicator final : public Communicator {
       return;
     }
     check_device_buffer(buf, "buffer", what);
+    if (send != buf) check_device_buffer(send, "send buffer", what);
     count(n * dtype_size(dtype), traffic);
     prepare(what);
-    launch_and_wait(what, ncclAllReduce(buf, buf, n, type, nop, comm_, stream()));
+    launch_and_wait(what, ncclAllReduce(send, buf, n, type, nop, comm_, stream()));
   }
 
   void broadcast(void* buf, size_t bytes, int root) override {

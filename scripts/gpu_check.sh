@@ -104,6 +104,14 @@ tf_amp_tps=$(summary_field "$out/transformer_amp.jsonl" tokens_per_s_overall)
 tf_fp32_peak=$(summary_field "$out/transformer_fp32.jsonl" peak_bytes)
 tf_amp_peak=$(summary_field "$out/transformer_amp.jsonl" peak_bytes)
 tf_ratio=$(ratio_of "$tf_fp32_tps" "$tf_amp_tps")
+# NCCL all-reduce through the device communicator (one rank: NCCL still runs its
+# kernels), every dtype checked against exact values; the 64M rows' busbw is 0
+# on one GPU by definition, so the figure that matters is the time column.
+echo "gpu_check: mixbench allreduce on the GPU (log: $out/mixbench.log)"
+"$build/mixbench" allreduce --device cuda -b 1K -e 64M -f 4 -d half,bfloat16,float -o sum,max -n 10 -w 3 --check \
+  --csv "$out/mixbench.csv" >"$out/mixbench.log" 2>&1
+bench_rc=$?
+bench_wrong=$(grep -o "Out of bounds values : [0-9]* [A-Z]*" "$out/mixbench.log" || echo "n/a")
 secs=$(( $(date +%s) - t0 ))
 {
   echo "gpu_check summary ($(date -u +%FT%TZ), ${secs} s)"
@@ -120,6 +128,7 @@ secs=$(( $(date +%s) - t0 ))
   printf "  %-34s %s\n" "Transformer-base AMP tokens/s" "$tf_amp_tps (exit $tf_amp_rc)"
   printf "  %-34s %s\n" "Transformer AMP / FP32 (>= 2.9)" "$tf_ratio"
   printf "  %-34s %s / %s\n" "Transformer peak bytes FP32 / AMP" "$tf_fp32_peak" "$tf_amp_peak"
+  printf "  %-34s %s\n" "mixbench allreduce --check (NCCL)" "$bench_wrong (exit $bench_rc)"
 } | tee "$out/summary.txt"
 [ $tests_rc -eq 0 ] && [ $fp32_rc -eq 0 ] && [ $amp_rc -eq 0 ] && [ $r50_fp32_rc -eq 0 ] && [ $r50_amp_rc -eq 0 ] &&
-  [ $tf_fp32_rc -eq 0 ] && [ $tf_amp_rc -eq 0 ]
+  [ $tf_fp32_rc -eq 0 ] && [ $tf_amp_rc -eq 0 ] && [ $bench_rc -eq 0 ]

@@ -1,0 +1,18 @@
+#pragma once
+// The frame of every worker program (mixtrain, mixbench): start the
+// communicator (MPI under mpirun, else a single process), set up per-rank
+// logging, run the program's body, and turn failures into exit codes without
+// leaving other ranks waiting.
+#include <functional>
+
+#include "collective/communicator.h"
+
+namespace mix::launch {
+
+/// Runs `body` on this rank. Returns body's exit code, or 1 when the
+/// communicator cannot start or body throws. A CollectiveError (raised by every
+/// rank together) is reported by rank 0 and ends normally; any other exception
+/// may be this rank's alone, so the whole job is aborted.
+int run_worker(const char* program, const std::function<int(collective::Communicator&)>& body);
+
+}  // namespace mix::launch
