@@ -2,10 +2,14 @@
 //
 //   mixrun -n 2 -- mixbench allreduce -b 1K -e 256M -f 2 -d half,float,bfloat16 -o sum -n 20 -w 5
 //       [--check] [--csv FILE] [--device cpu|cuda]
+//   mixrun -n 2 -- mixbench grad-sync --model resnet50 --precision amp --grad-reduce fp16 [--bucket-mb 25]
+//       [-n 20] [-w 5] [--csv FILE] [--device cpu|cuda]
 //
-// prints nccl-tests' all_reduce_perf table (size, count, type, redop, then
-// time, algbw, busbw and #wrong out of place and in place) over MPI on host
-// buffers, or over NCCL on device buffers with --device cuda.
+// allreduce prints nccl-tests' all_reduce_perf table (size, count, type, redop,
+// then time, algbw, busbw and #wrong out of place and in place); grad-sync
+// times the gradient all-reduces of one training step of a model, bucketed as
+// mixtrain buckets them. Both run over MPI on host buffers, or over NCCL on
+// device buffers with --device cuda.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <iostream>
@@ -13,6 +17,7 @@
 #include "collective/communicator.h"
 #include "collective/consistency.h"
 #include "launch/allreduce_bench.h"
+#include "launch/grad_sync_bench.h"
 #include "launch/worker_main.h"
 
 namespace {
@@ -53,11 +58,27 @@ int main(int argc, char** argv) {
   allreduce->add_option("--csv", ar.csv, "also write the rows to this CSV file (rank 0)");
   allreduce->add_option("--device", ar.device, "cpu: MPI on host buffers; cuda: NCCL on device buffers (cpu)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
+
+  mix::launch::GradSyncBenchConfig gs;
+  CLI::App* grad_sync = app.add_subcommand("grad-sync", "one training step's gradient all-reduces of a model");
+  grad_sync->add_option("--model", gs.model, "mlp, resnet18, resnet34, resnet50, resnet-small, transformer (resnet50)")
+      ->check(CLI::IsMember({"mlp", "resnet18", "resnet34", "resnet50", "resnet-small", "transformer"}));
+  grad_sync->add_option("--precision", gs.precision, "amp or fp32 (amp)")->check(CLI::IsMember({"amp", "fp32"}));
+  grad_sync->add_option("--grad-reduce", gs.grad_reduce, "fp16 (before the cast) or fp32 (fp16)")
+      ->check(CLI::IsMember({"fp16", "fp32"}));
+  grad_sync->add_option("--bucket-mb", gs.bucket_mb, "largest gradient bucket in MB (25)")->check(CLI::Range(1e-6, 1e6));
+  grad_sync->add_option("-n,--iters", gs.iters, "timed syncs (20)")->check(CLI::Range(1, 1000000));
+  grad_sync->add_option("-w,--warmup_iters", gs.warmup, "untimed syncs first (5)")->check(CLI::Range(0, 1000000));
+  grad_sync->add_option("--csv", gs.csv, "append a row to this CSV file (rank 0)");
+  grad_sync->add_option("--device", gs.device, "cpu: MPI on host buffers; cuda: NCCL on device buffers (cpu)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   try {
     app.parse(argc, argv);
     mix::launch::parse_byte_size(min_text, ar.min_bytes);  // both checked by byte_size() above
     mix::launch::parse_byte_size(max_text, ar.max_bytes);
     if (ar.min_bytes > ar.max_bytes) throw CLI::ValidationError("-b", "-b " + min_text + " is larger than -e " + max_text);
+    if (grad_sync->parsed() && gs.precision == "fp32" && gs.grad_reduce == "fp16")
+      throw CLI::ValidationError("--grad-reduce", "fp16 needs --precision amp (FP32 training has no FP16 gradients)");
   } catch (const CLI::CallForHelp&) {
     std::cout << app.help();
     return 0;
@@ -66,29 +87,46 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  const bool is_allreduce = allreduce->parsed();
   return mix::launch::run_worker("mixbench", [&](mix::collective::Communicator& comm) {
-    // Every rank must run the same sizes and types, or one would wait forever.
+    // Every rank must run the same benchmark, or one would wait forever.
     auto list = [](const std::vector<std::string>& v) {
       std::string s;
       for (auto& x : v) s += x + ",";
       return s;
     };
-    mix::collective::check_same_on_all_ranks(
-        comm, "mixbench configuration",
-        {{"sizes", std::to_string(ar.min_bytes) + ".." + std::to_string(ar.max_bytes) + " x" + std::to_string(ar.factor)},
-         {"types", list(ar.types)},
-         {"ops", list(ar.ops)},
-         {"iterations", std::to_string(ar.warmup) + "+" + std::to_string(ar.iters)},
-         {"check", ar.check ? "on" : "off"},
-         {"device", ar.device}});
+    mix::collective::Fields fields;
+    if (is_allreduce)
+      fields = {{"benchmark", "allreduce"},
+                {"sizes", std::to_string(ar.min_bytes) + ".." + std::to_string(ar.max_bytes) + " x" +
+                              std::to_string(ar.factor)},
+                {"types", list(ar.types)},
+                {"ops", list(ar.ops)},
+                {"iterations", std::to_string(ar.warmup) + "+" + std::to_string(ar.iters)},
+                {"check", ar.check ? "on" : "off"},
+                {"device", ar.device}};
+    else
+      fields = {{"benchmark", "grad-sync"},
+                {"model", gs.model},
+                {"precision", gs.precision},
+                {"grad-reduce", gs.grad_reduce},
+                {"bucket-mb", std::to_string(gs.bucket_mb)},
+                {"iterations", std::to_string(gs.warmup) + "+" + std::to_string(gs.iters)},
+                {"device", gs.device}};
+    mix::collective::check_same_on_all_ranks(comm, "mixbench configuration", fields);
     mix::Device device = mix::cpu_device();
     std::unique_ptr<mix::collective::Communicator> device_comm;
-    if (ar.device == "cuda") {
+    if ((is_allreduce ? ar.device : gs.device) == "cuda") {
       const int gpu = mix::collective::bind_device(comm);
       device = mix::Device{mix::DeviceKind::cuda, gpu};
       device_comm = mix::collective::make_device_communicator(comm, gpu);
     }
-    const auto rows = mix::launch::run_allreduce_bench(ar, device_comm ? *device_comm : comm, device);
+    mix::collective::Communicator& bench_comm = device_comm ? *device_comm : comm;
+    if (!is_allreduce) {
+      mix::launch::run_grad_sync_bench(gs, bench_comm, device);
+      return 0;
+    }
+    const auto rows = mix::launch::run_allreduce_bench(ar, bench_comm, device);
     int64_t wrong = 0;
     for (const auto& r : rows) wrong += std::max<int64_t>(r.wrong, 0) + std::max<int64_t>(r.wrong_ip, 0);
     return wrong == 0 ? 0 : 1;

@@ -9,7 +9,12 @@
      bandwidth scripts read; count x dtype size = size; algbw = size / time;
      busbw = algbw * 2(n-1)/n (0 on one rank);
   3. sizes run from -b to -e by -f; the printed table has the same rows;
-  4. bad flags exit 2 naming the flag.
+  4. grad-sync (the gradient all-reduces of a training step, bucketed as mixtrain
+     buckets them): the MLP's AMP gradients all come from FP16 ops, so with FP16
+     all-reduce a sync moves exactly half the bytes of FP32 all-reduce, in one
+     FP16 bucket; a small --bucket-mb splits the gradients into more buckets
+     without changing the bytes; rows are appended to the CSV;
+  5. bad flags exit 2 naming the flag.
 """
 import csv
 import os
@@ -68,6 +73,27 @@ def main():
         c.check(len(table) == len(rows), f"{world} rank(s): the printed table has a line per row",
                 f"{len(table)} lines")
         c.check(all(x["world"] == str(world) for x in rows), f"{world} rank(s): the CSV records the world size")
+
+    # ---- grad-sync --------------------------------------------------------------------------------
+    gcsv = d / "grad_sync.csv"
+    np_gs = 2 if len(worlds) > 1 else 1
+    for reduce, mb in (("fp16", 25), ("fp32", 25), ("fp32", 0.1)):
+        r = run(["grad-sync", "--model", "mlp", "--grad-reduce", reduce, "--bucket-mb", mb, "-n", 3, "-w", 1,
+                 "--csv", gcsv], np=np_gs)
+        c.ok_run(r, f"grad-sync mlp, {np_gs} rank(s), all-reduce in {reduce}, buckets <= {mb} MB")
+    rows = list(csv.DictReader(open(gcsv))) if gcsv.exists() else []
+    if c.check(len(rows) == 3, "grad-sync appends one CSV row per run", f"{len(rows)} rows"):
+        h, f, small = rows
+        c.check(int(h["bytes"]) * 2 == int(f["bytes"]), "FP16 all-reduce moves exactly half the bytes of FP32",
+                f"{h['bytes']} vs {f['bytes']}")
+        c.check(h["buckets"] == "1" and f["buckets"] == "1", "25 MB: the MLP's gradients fit one bucket",
+                f"{h['buckets']}, {f['buckets']}")
+        c.check(int(small["buckets"]) > 1 and small["bytes"] == f["bytes"],
+                "--bucket-mb 0.1: more buckets, the same bytes", f"{small['buckets']} buckets, {small['bytes']} bytes")
+        c.check(all(float(x["time_us"]) > 0 and float(x["algbw"]) > 0 for x in rows), "times and bandwidths are positive")
+    r = run(["grad-sync", "--model", "mlp", "--precision", "fp32", "--grad-reduce", "fp16"])
+    c.check(r.rc == 2 and "--grad-reduce" in r.stderr, "grad-sync fp32 program with fp16 all-reduce: exit 2",
+            r.describe(400))
 
     for flags, name in ((["-d", "int8"], "--datatype"), (["-b", "1X"], "--minbytes"), (["-o", "prod"], "--op")):
         r = run(["allreduce", *flags])

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# FP16 against FP32 gradient sync, in numbers and pictures. Runs, through mixrun:
+#   1. mixbench allreduce over half and float, -b 1K to --max-bytes by 2, checked
+#      against exact values, into DIR/allreduce.csv;
+#   2. mixbench grad-sync for each model with FP16 and with FP32 all-reduce (AMP
+#      programs, buckets as in training), into DIR/grad_sync.csv;
+# then scripts/plot_bandwidth.py prints the FP16/FP32 time ratios and renders
+# DIR/allreduce_busbw.png and DIR/grad_sync.png (Debian's python3-matplotlib).
+#
+#   scripts/bandwidth.sh [-n RANKS] [--device cpu|cuda] [--hosts h1:k,h2:k] [--out DIR]
+#                        [--max-bytes 256M] [--models "mlp resnet50 transformer"] [--iters N]
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="${MIX_BUILD_DIR:-$root/build}"
+ranks=2
+device=cpu
+hosts=""
+out="$root/runs/bandwidth"
+max_bytes=256M
+models="mlp resnet50 transformer"
+iters=20
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -n) ranks="$2"; shift 2 ;;
+    --device) device="$2"; shift 2 ;;
+    --hosts) hosts="$2"; shift 2 ;;
+    --out) out="$2"; shift 2 ;;
+    --max-bytes) max_bytes="$2"; shift 2 ;;
+    --models) models="$2"; shift 2 ;;
+    --iters) iters="$2"; shift 2 ;;
+    *) echo "bandwidth.sh: unknown argument '$1' (see the header of this script)" >&2; exit 2 ;;
+  esac
+done
+[ -x "$build/mixbench" ] || "$root/scripts/build.sh"
+mkdir -p "$out"
+launch=("$build/mixrun" -n "$ranks")
+[ -n "$hosts" ] && launch+=(--hosts "$hosts")
+# On a shared CPU, one BLAS thread per rank (mixrun passes the environment on).
+export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}"
+
+echo "== all-reduce, half and float, $ranks ranks, $device"
+"${launch[@]}" -- "$build/mixbench" allreduce -b 1K -e "$max_bytes" -f 2 -d half,float -o sum -n "$iters" -w 5 \
+  --check --device "$device" --csv "$out/allreduce.csv"
+rm -f "$out/grad_sync.csv"
+for m in $models; do
+  for reduce in fp16 fp32; do
+    echo "== gradient sync: $m, AMP, all-reduce in $reduce"
+    "${launch[@]}" -- "$build/mixbench" grad-sync --model "$m" --precision amp --grad-reduce "$reduce" \
+      -n "$iters" -w 5 --device "$device" --csv "$out/grad_sync.csv"
+  done
+done
+echo
+/usr/bin/python3 "$root/scripts/plot_bandwidth.py" "$out"
