@@ -1,0 +1,114 @@
+// Gradient buckets (collective/grad_allreduce_pass.cc) of real training
+// programs: for several bucket sizes, including ones smaller than the largest
+// gradient, every gradient that is all-reduced lands in exactly one bucket,
+// each bucket holds one dtype, no bucket outgrows the cap unless it holds a
+// single gradient, buckets fill in the order backward produces gradients (the
+// reverse of the parameters'), and the program's c_allreduce_sum ops are
+// exactly these buckets. (The values they produce: e2e.test_bucket_equivalence.)
+#include <catch2/catch.hpp>
+
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "amp/decorate.h"
+#include "collective/grad_allreduce_pass.h"
+#include "models/model.h"
+#include "runtime/optim/optimizer.h"
+
+using namespace mix;
+
+namespace {
+
+struct Built {
+  Program program;
+  optim::ParamGrads grads;
+  std::vector<collective::GradBucket> buckets;
+};
+
+Built build(models::Model m, bool amp, collective::GradReduce mode, size_t bucket_bytes) {
+  Built b;
+  b.program = std::move(m.program);
+  std::unique_ptr<optim::Optimizer> opt = optim::make_sgd(0);
+  if (amp) opt = amp::decorate(std::move(opt));
+  collective::GradSyncOptions o;
+  o.mode = mode;
+  o.world_size = 2;
+  o.bucket_bytes = bucket_bytes;
+  opt->minimize(b.program, m.loss, [&](Program& p, const optim::ParamGrads& g) {
+    b.grads = g;
+    return collective::insert_grad_allreduce(p, g, o, &b.buckets);
+  });
+  return b;
+}
+
+size_t bytes_of(const Program& p, const std::string& v) {
+  return static_cast<size_t>(shape_numel(p.var(v).shape)) * dtype_size(p.var(v).dtype);
+}
+
+void check_buckets(const Built& b, size_t cap) {
+  // Every parameter's gradient is reduced once, either as itself or as the FP16 gradient its cast reads.
+  std::map<std::string, int> seen;
+  for (const auto& bucket : b.buckets) {
+    size_t bytes = 0;
+    for (const auto& v : bucket.vars) {
+      ++seen[v];
+      CHECK(b.program.var(v).dtype == bucket.dtype);
+      bytes += bytes_of(b.program, v);
+    }
+    CHECK(bytes == bucket.bytes);
+    if (bucket.vars.size() > 1) CHECK(bucket.bytes <= cap);
+  }
+  CHECK(seen.size() == b.grads.size());
+  for (auto& [v, n] : seen) {
+    INFO(v);
+    CHECK(n == 1);
+  }
+  for (auto& [param, grad] : b.grads) {
+    INFO(param);
+    CHECK((seen.count(grad) == 1 || seen.count(param + ".cast_fp16" + kGradSuffix) == 1));
+  }
+  // Backward's order: within each dtype, buckets list gradients from the last parameter to the first.
+  std::map<std::string, size_t> param_index;
+  for (size_t i = 0; i < b.grads.size(); ++i) {
+    param_index[b.grads[i].second] = i;
+    param_index[b.grads[i].first + ".cast_fp16" + kGradSuffix] = i;
+  }
+  std::map<DType, size_t> last;
+  for (const auto& bucket : b.buckets)
+    for (const auto& v : bucket.vars) {
+      const size_t i = param_index.at(v);
+      if (last.count(bucket.dtype)) CHECK(i < last[bucket.dtype]);
+      last[bucket.dtype] = i;
+    }
+  // The program's gradient all-reduces are these buckets, in this order.
+  std::vector<std::vector<std::string>> ops;
+  for (const OpDesc& op : b.program.ops())
+    if (op.type == "c_allreduce_sum" && op.attr<std::string>("traffic", "") == "gradients") ops.push_back(op.ins("X"));
+  REQUIRE(ops.size() == b.buckets.size());
+  for (size_t k = 0; k < ops.size(); ++k) CHECK(ops[k] == b.buckets[k].vars);
+}
+
+}  // namespace
+
+TEST_CASE("gradient buckets: each gradient in exactly one bucket of one dtype, capped, in backward order",
+          "[collective][buckets]") {
+  const size_t largest_mlp = 256 * 784 * 4;  // fc1.weight's FP32 gradient
+  for (size_t cap : {size_t{25} << 20, largest_mlp, size_t{100000}, size_t{1000}, size_t{1}}) {
+    for (auto mode : {collective::GradReduce::fp16, collective::GradReduce::fp32}) {
+      INFO("bucket cap " << cap << " bytes, " << (mode == collective::GradReduce::fp16 ? "fp16" : "fp32") << " reduce");
+      const Built mlp = build(models::build_mlp(models::MlpConfig{}), true, mode, cap);
+      check_buckets(mlp, cap);
+      const Built resnet = build(models::build_resnet(models::resnet_preset("resnet-small"), "resnet-small"), true, mode, cap);
+      check_buckets(resnet, cap);
+      if (mode == collective::GradReduce::fp16)  // batch_norm's FP32 gradients get FP32 buckets beside the FP16 ones
+        CHECK(resnet.buckets.size() >= 2);
+    }
+    const Built fp32 = build(models::build_mlp(models::MlpConfig{}), false, collective::GradReduce::fp32, cap);
+    check_buckets(fp32, cap);
+  }
+  // A cap below the largest gradient splits the MLP's 6 gradients into several buckets; 25 MB keeps one.
+  CHECK(build(models::build_mlp(models::MlpConfig{}), false, collective::GradReduce::fp32, 25u << 20).buckets.size() == 1);
+  CHECK(build(models::build_mlp(models::MlpConfig{}), false, collective::GradReduce::fp32, 100000).buckets.size() > 2);
+}
