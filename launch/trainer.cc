@@ -106,17 +106,10 @@ models::Model build_model(const TrainConfig& c, const data::Dataset& train) {
   return models::build_resnet(rc, c.model);
 }
 
-/// [n, example...]: a batch shaped as the model's input.
-Shape batch_shape(const models::Model& m, int64_t n) {
+/// [n, per_example...]: n examples' inputs (model.example_shape) or labels (model.label_shape).
+Shape batched(int64_t n, const Shape& per_example) {
   Shape s{n};
-  s.insert(s.end(), m.example_shape.begin(), m.example_shape.end());
-  return s;
-}
-
-/// [n, labels of one example...]: a batch of labels shaped as the model's label feed.
-Shape label_batch_shape(const models::Model& m, int64_t n) {
-  Shape s{n};
-  s.insert(s.end(), m.label_shape.begin(), m.label_shape.end());
+  s.insert(s.end(), per_example.begin(), per_example.end());
   return s;
 }
 
@@ -376,8 +369,8 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     for (int64_t b = 0; b < static_cast<int64_t>(idx.size()); b += eval_batch) {
       const int64_t n = std::min<int64_t>(eval_batch, static_cast<int64_t>(idx.size()) - b);
       data::gather_batch(ds, idx, b, n, x, y);
-      scope.set(model.input, x.reshaped(batch_shape(model, n)).to(device));
-      scope.set(model.label, y.reshaped(label_batch_shape(model, n)).to(device));
+      scope.set(model.input, x.reshaped(batched(n, model.example_shape)).to(device));
+      scope.set(model.label, y.reshaped(batched(n, model.label_shape)).to(device));
       env.training = false;  // batch_norm: the running statistics, no updates
       eval_exec.run(scope, env);
       env.training = true;
@@ -434,8 +427,8 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     const int64_t begin = in_epoch * batch;
     const int64_t n = std::min<int64_t>(batch, static_cast<int64_t>(order.size()) - begin);
     data::gather_batch(data.train, order, begin, n, x, y);
-    scope.set(model.input, x.reshaped(batch_shape(model, n)).to(device));
-    scope.set(model.label, y.reshaped(label_batch_shape(model, n)).to(device));
+    scope.set(model.input, x.reshaped(batched(n, model.example_shape)).to(device));
+    scope.set(model.label, y.reshaped(batched(n, model.label_shape)).to(device));
     const double rate = lr.at(step);
     write_f32(scope.get(optim::kLearningRate), static_cast<float>(rate));
     env.step = step + 1;

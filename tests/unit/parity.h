@@ -111,6 +111,12 @@ inline void check_close(const std::string& what, const Tensor& got, const Tensor
   if (bad) FAIL_CHECK(msg.str());
 }
 
+/// A network of a parity test: its name in messages and its reference script's arguments.
+struct ReferenceNet {
+  const char* label;
+  const char* args;
+};
+
 /// The reference file `script ARGS` writes, made once per process and argument set.
 inline const io::SafetensorsFile& cached_reference(const std::string& script, const std::string& args) {
   static std::map<std::string, io::SafetensorsFile> cache;

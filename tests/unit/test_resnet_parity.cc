@@ -33,10 +33,7 @@ using mix::testing::check_close;
 
 namespace {
 
-struct Net {
-  const char* label;
-  const char* args;  // resnet_reference.py arguments
-};
+using Net = mix::testing::ReferenceNet;  // args: resnet_reference.py arguments
 
 const Net kSmallResNet18{"small-input ResNet-18", "--small-input --blocks 2,2,2,2 --width 4 --image 16 --batch 4"};
 const Net kBottleneck{"bottleneck ResNet (ResNet-50's structure)",

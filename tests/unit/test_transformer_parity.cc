@@ -34,10 +34,7 @@ using mix::testing::check_close;
 
 namespace {
 
-struct Net {
-  const char* label;
-  const char* args;  // transformer_reference.py arguments
-};
+using Net = mix::testing::ReferenceNet;  // args: transformer_reference.py arguments
 
 const Net kUntied{"2-layer Transformer with lm_head",
                   "--layers 2 --d-model 32 --heads 4 --context 16 --vocab 64 --batch 3 --seed 0"};
