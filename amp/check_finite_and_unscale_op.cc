@@ -8,6 +8,9 @@
 //                           several of these ops can share one found_inf
 //   outputs  Out            one per X, of X's shape and dtype; normally X itself (in place)
 //            FoundInfinite  i32 [1]: 1 when any element of any X is inf or NaN, else 0
+//            FoundInfiniteEach  optional i32 [len(X)]: element i is 1 when X[i]
+//                           held an inf or NaN (overflow provenance: which
+//                           parameters' gradients overflowed)
 //   Out = X * (1 / Scale), rounded to X's dtype on store.
 //
 // cast_check_finite_and_unscale: the same with Out in FP32 whatever X's dtype:
@@ -56,6 +59,8 @@ void infer_common(Program& p, OpDesc& op, bool to_f32) {
     declare_var(p, outs[i], shape, out_dtype);
   }
   declare_var(p, op.out("FoundInfinite"), {1}, DType::i32);
+  if (!op.out_or_empty("FoundInfiniteEach").empty())
+    declare_var(p, op.out("FoundInfiniteEach"), {static_cast<int64_t>(xs.size())}, DType::i32);
 }
 
 void infer_check_finite_and_unscale(Program& p, OpDesc& op) { infer_common(p, op, false); }
@@ -81,6 +86,9 @@ void run_common(OpContext& ctx, bool to_f32) {
   const auto& out_names = ctx.op.outs("Out");
   MIX_CHECK(x_names.size() == out_names.size(),
             ctx.op.type << ": X holds " << x_names.size() << " variables but Out holds " << out_names.size());
+  int32_t* each = ctx.wants("FoundInfiniteEach")
+                      ? ctx.out("FoundInfiniteEach", {static_cast<int64_t>(x_names.size())}, DType::i32).data<int32_t>()
+                      : nullptr;
   for (size_t i = 0; i < x_names.size(); ++i) {
     // By value: shares the storage, and stays valid if Out replaces the scope entry.
     const Tensor x = ctx.scope.get(x_names[i]);
@@ -93,7 +101,9 @@ void run_common(OpContext& ctx, bool to_f32) {
       using In = decltype(in_tag);
       cpu::dispatch_floating(out_dtype, [&](auto out_tag) {
         using Out = decltype(out_tag);
-        if (unscale_check(x.data<In>(), out.data<Out>(), x.numel(), f)) found = true;
+        const bool this_one = unscale_check(x.data<In>(), out.data<Out>(), x.numel(), f);
+        if (each) each[i] = this_one ? 1 : 0;
+        if (this_one) found = true;
       });
     });
   }

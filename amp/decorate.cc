@@ -1,6 +1,10 @@
 #include "amp/decorate.h"
 
 #include "amp/rewrite.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
 #include "runtime/autodiff.h"
 #include "runtime/check.h"
 #include "runtime/op_registry.h"
@@ -24,31 +28,7 @@ class Decorated final : public optim::Optimizer {
     t.param_grads = sync ? sync(p, bw.param_grads) : bw.param_grads;
     t.found_inf = ScalerVars::found_inf;
 
-    std::vector<std::string> grads;
-    for (auto& [param, grad] : t.param_grads) grads.push_back(grad);
-
-    if (o_.inject) {
-      std::vector<std::string> targets;
-      for (auto& [param, grad] : t.param_grads)
-        if (o_.inject->param.empty() || o_.inject->param == param) targets.push_back(grad);
-      MIX_CHECK(!targets.empty(), "--inject-overflow names parameter '" << o_.inject->param
-                                                                        << "', which the model does not have");
-      OpDesc inj = make_op("inject_overflow", {{"X", targets}}, {{"Out", targets}},
-                           {{"step", o_.inject->step}, {"rank", static_cast<int64_t>(o_.inject->rank)}});
-      inj.role = OpRole::collective;
-      p.append_op(std::move(inj));
-    }
-
-    OpDesc check = make_op("check_finite_and_unscale", {{"X", grads}, {"Scale", {ScalerVars::scale}}},
-                           {{"Out", grads}, {"FoundInfinite", {ScalerVars::found_inf}}});
-    check.role = OpRole::optimize;
-    p.append_op(std::move(check));
-
-    // Every rank takes the same decision: the global flag is the MAX of the local ones.
-    OpDesc sync_flag = make_op("c_allreduce_max", {{"X", {ScalerVars::found_inf}}}, {{"Out", {ScalerVars::found_inf}}},
-                               {{"traffic", std::string("control")}});
-    sync_flag.role = OpRole::collective;
-    p.append_op(std::move(sync_flag));
+    insert_unscale_and_found_inf(p, t.param_grads);
 
     const LossScalerConfig& c = o_.scaler;
     validate(c);
@@ -78,6 +58,117 @@ class Decorated final : public optim::Optimizer {
   }
 
  private:
+  /// One group of gradients unscaled by one op: a bucket after its all-reduce.
+  struct UnscaleGroup {
+    size_t after = 0;                // the op the unscale follows (the bucket's wait)
+    std::vector<std::string> x;      // what is read: the reduced gradients
+    std::vector<std::string> out;    // the FP32 gradients the update reads
+    std::vector<size_t> casts;       // cast ops (to FP32) that the fused unscale replaces
+  };
+
+  /// Step 5 and 6 of DESIGN.md's AMP step: check_finite_and_unscale per
+  /// gradient bucket, right after the bucket's wait (the sync pass put the
+  /// bucket's casts to FP32 there; they fuse into cast_check_finite_and_unscale),
+  /// then one c_allreduce_found_inf of every bucket's flags.
+  void insert_unscale_and_found_inf(Program& p, const optim::ParamGrads& param_grads) const {
+    std::map<std::string, std::string> param_of;  // FP32 gradient -> parameter
+    for (auto& [param, grad] : param_grads) param_of[grad] = param;
+
+    std::vector<UnscaleGroup> groups;
+    std::set<std::string> grouped;
+    for (size_t i = 0; i < p.ops().size(); ++i) {
+      const OpDesc& op = p.ops()[i];
+      const bool gradient_sync = (op.type == "c_allreduce_wait" || op.type == "c_allreduce_sum") &&
+                                 op.attr<std::string>("traffic", "") == "gradients";
+      if (!gradient_sync) continue;
+      UnscaleGroup g;
+      g.after = i;
+      const std::set<std::string> bucket(op.outs("Out").begin(), op.outs("Out").end());
+      std::set<std::string> cast_inputs;
+      for (size_t j = i + 1; j < p.ops().size() && p.ops()[j].type == "cast" && bucket.count(p.ops()[j].in("X")); ++j) {
+        g.casts.push_back(j);
+        g.x.push_back(p.ops()[j].in("X"));
+        g.out.push_back(p.ops()[j].out("Out"));
+        cast_inputs.insert(p.ops()[j].in("X"));
+        g.after = j;
+      }
+      for (auto& v : op.outs("Out"))
+        if (!cast_inputs.count(v)) {
+          g.x.push_back(v);
+          g.out.push_back(v);
+        }
+      for (auto& v : g.out) {
+        MIX_CHECK(param_of.count(v), "gradient bucket " << op.attr<int64_t>("bucket", -1) << " holds " << v
+                                                        << ", which is no parameter's FP32 gradient");
+        grouped.insert(v);
+      }
+      groups.push_back(std::move(g));
+    }
+    // No sync pass (a caller without data parallelism): one group of everything, at the end.
+    const bool bucketed = !groups.empty();
+    if (!bucketed) {
+      UnscaleGroup g;
+      g.after = p.ops().size() - 1;
+      for (auto& [param, grad] : param_grads) {
+        g.x.push_back(grad);
+        g.out.push_back(grad);
+        grouped.insert(grad);
+      }
+      groups.push_back(std::move(g));
+    }
+    for (auto& [param, grad] : param_grads)
+      MIX_CHECK(grouped.count(grad), "the gradient of " << param << " is in no all-reduced bucket, so nothing would "
+                                                        "unscale it");
+    if (o_.inject && !o_.inject->param.empty())
+      MIX_CHECK(std::any_of(param_grads.begin(), param_grads.end(),
+                            [&](auto& pg) { return pg.first == o_.inject->param; }),
+                "--inject-overflow names parameter '" << o_.inject->param << "', which the model does not have");
+
+    // Build each group's ops, then splice them in from the last group back, so
+    // that the earlier positions stay valid.
+    std::vector<std::string> flags, each, params;
+    std::vector<std::vector<OpDesc>> group_ops(groups.size());
+    for (size_t k = 0; k < groups.size(); ++k) {
+      const UnscaleGroup& g = groups[k];
+      const std::string flag = std::string(ScalerVars::found_inf) + (bucketed ? ".bucket" + std::to_string(k) : ".local");
+      const std::string flag_each = flag + ".each";
+      if (o_.inject) {
+        std::vector<std::string> targets;
+        for (size_t i = 0; i < g.x.size(); ++i)
+          if (o_.inject->param.empty() || o_.inject->param == param_of.at(g.out[i])) targets.push_back(g.x[i]);
+        if (!targets.empty()) {
+          OpDesc inj = make_op("inject_overflow", {{"X", targets}}, {{"Out", targets}},
+                               {{"step", o_.inject->step}, {"rank", static_cast<int64_t>(o_.inject->rank)}});
+          inj.role = OpRole::collective;
+          group_ops[k].push_back(std::move(inj));
+        }
+      }
+      OpDesc check = make_op(g.casts.empty() ? "check_finite_and_unscale" : "cast_check_finite_and_unscale",
+                             {{"X", g.x}, {"Scale", {ScalerVars::scale}}},
+                             {{"Out", g.out}, {"FoundInfinite", {flag}}, {"FoundInfiniteEach", {flag_each}}});
+      check.role = OpRole::optimize;
+      group_ops[k].push_back(std::move(check));
+      flags.push_back(flag);
+      each.push_back(flag_each);
+      for (auto& v : g.out) params.push_back(param_of.at(v));
+    }
+    for (size_t k = groups.size(); k-- > 0;) {
+      const UnscaleGroup& g = groups[k];
+      size_t pos = g.after + 1;
+      for (auto& op : group_ops[k]) p.insert_op(pos++, std::move(op));
+      // The casts the fused op replaces (all before `pos`; erase from the back).
+      for (size_t c = g.casts.size(); c-- > 0;) p.ops().erase(p.ops().begin() + static_cast<std::ptrdiff_t>(g.casts[c]));
+    }
+
+    // Every rank takes the same decision: the global flag is the OR of the
+    // local ones, carried with the mask of which ranks overflowed where.
+    OpDesc sync_flag = make_op("c_allreduce_found_inf", {{"FoundInfinite", flags}, {"FoundInfiniteEach", each}},
+                               {{"Out", {ScalerVars::found_inf}}, {"OverflowRanks", {ScalerVars::overflow_ranks}}},
+                               {{"params", params}, {"world_size", static_cast<int64_t>(std::max(1, o_.world_size))}});
+    sync_flag.role = OpRole::collective;
+    p.append_op(std::move(sync_flag));
+  }
+
   std::unique_ptr<optim::Optimizer> inner_;
   AmpOptions o_;
 };

@@ -7,9 +7,11 @@
 //
 // The decorated optimizer's minimize() runs the AMP passes around the wrapped
 // optimizer: amp::rewrite (casts), the loss gradient seeded with the loss scale,
-// autodiff, the gradient sync pass, check_finite_and_unscale on the FP32
-// gradients, the all-reduce (MAX) of found_inf, update_loss_scaling, and then
-// the wrapped optimizer's updates, all skipped on an overflow step.
+// autodiff, the gradient sync pass, the unscale of each gradient bucket right
+// after its all-reduce completes (fused with the cast to FP32 when the bucket
+// is FP16), the all-reduce of found_inf with its provenance (which parameters
+// overflowed on which ranks), update_loss_scaling, and then the wrapped
+// optimizer's updates, all skipped on an overflow step.
 #include <memory>
 #include <optional>
 #include <string>
@@ -28,12 +30,15 @@ struct ScalerVars {
   static constexpr const char* skipped = "loss_scaling.skipped_steps";
   static constexpr const char* skips_at_min = "loss_scaling.consecutive_skips_at_min";
   static constexpr const char* found_inf = "found_inf";
+  /// Which ranks overflowed, overall and per parameter (collective/overflow_mask.h).
+  static constexpr const char* overflow_ranks = "found_inf.ranks";
 };
 
 /// Testing aid (--inject-overflow STEP[:RANK[:PARAM]]): at optimizer step
 /// `step`, make the gradients of rank `rank` (-1: every rank) non-finite,
-/// all of them or only `param`'s. Injected after the gradient all-reduce, so
-/// only that rank sees it locally and the found_inf all-reduce must carry it.
+/// all of them or only `param`'s. Injected after each bucket's all-reduce
+/// (before its unscale), so only that rank sees it locally and the found_inf
+/// all-reduce must carry it, with the parameter's name and the rank.
 struct InjectOverflow {
   int64_t step = 0;
   int rank = -1;
@@ -45,6 +50,9 @@ struct AmpOptions {
   LossScalerConfig scaler = preset("paddle");
   DType low_dtype = DType::f16;
   std::optional<InjectOverflow> inject;
+  /// Ranks the overflow-provenance mask has room for (c_allreduce_found_inf);
+  /// the trainer passes its world size.
+  int world_size = 1;
 };
 
 std::unique_ptr<optim::Optimizer> decorate(std::unique_ptr<optim::Optimizer> inner, AmpOptions options = {});

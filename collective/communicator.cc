@@ -29,6 +29,19 @@ void Communicator::count(size_t payload_bytes, Traffic traffic) {
   }
 }
 
+Request Communicator::all_reduce_start(void* buf, size_t count, DType dtype, ReduceOp op, Traffic traffic) {
+  all_reduce(buf, count, dtype, op, traffic);
+  const Request r = next_request();
+  started_.insert(r);
+  return r;
+}
+
+void Communicator::wait(Request request) {
+  MIX_CHECK(started_.erase(request) == 1, "wait for all-reduce request " << request << " on the " << backend_name()
+                                                                        << " communicator, which has no such request "
+                                                                           "in flight (never started, or already waited for)");
+}
+
 namespace {
 
 // Max that propagates NaN whatever the operand order, so that every reduction

@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <unordered_set>
 #include <vector>
 
 #include "runtime/dtype.h"
@@ -25,6 +26,9 @@ struct ByteCounters {
 };
 
 enum class Traffic { gradients, control };
+
+/// A collective in flight: all_reduce_start returns it, wait completes it.
+using Request = uint64_t;
 
 class Communicator {
  public:
@@ -46,6 +50,26 @@ class Communicator {
   /// the in-place form). Benchmarks time both forms, as nccl-tests does.
   virtual void all_reduce_into(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
                                Traffic traffic = Traffic::control) = 0;
+  /// Starts an in-place all-reduce and returns at once, so that backward can go
+  /// on while the bytes travel (MPI: MPI_Iallreduce; NCCL: queued on the
+  /// communication stream after the compute stream's work so far). `buf` must
+  /// be left alone until wait(). Every rank starts the same all-reduces in the
+  /// same order. This base version runs the blocking all_reduce: correct for a
+  /// backend without non-blocking collectives, with nothing to overlap.
+  virtual Request all_reduce_start(void* buf, size_t count, DType dtype, ReduceOp op,
+                                   Traffic traffic = Traffic::control);
+  /// Completes a started all-reduce. Host backends return when `buf` holds the
+  /// result; device backends return at once, having made the compute stream
+  /// wait (on the device) for the result, so work queued after it sees it.
+  /// Throws naming the request when it is unknown or already waited for.
+  virtual void wait(Request request);
+  /// Lets in-flight collectives advance; the executor calls it between ops.
+  /// MPI moves non-blocking collectives only inside MPI calls, so without it a
+  /// started all-reduce would mostly run in wait(). Cheap when nothing is in flight.
+  virtual void progress() {}
+  /// Started and not yet waited for.
+  virtual size_t in_flight() const { return started_.size(); }
+
   virtual void broadcast(void* buf, size_t bytes, int root) = 0;
   /// Gathers `bytes_per_rank` bytes from every rank into recv (world * bytes_per_rank), rank order.
   virtual void all_gather(const void* send, void* recv, size_t bytes_per_rank) = 0;
@@ -58,7 +82,13 @@ class Communicator {
 
  protected:
   void count(size_t payload_bytes, Traffic traffic);
+  /// A fresh request id, for backends that keep their own in-flight tables.
+  Request next_request() { return ++last_request_; }
   ByteCounters bytes_;
+
+ private:
+  Request last_request_ = 0;
+  std::unordered_set<Request> started_;  // the base version's requests (already complete)
 };
 
 /// The world-size-1 backend: every collective is the identity.

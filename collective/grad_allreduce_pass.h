@@ -1,5 +1,14 @@
 #pragma once
-// The data-parallel pass: inserts the gradient all-reduces after backward.
+// The data-parallel pass: inserts the gradient all-reduces, bucketed.
+//
+// Gradients are packed into buckets of at most `bucket_bytes`, one dtype per
+// bucket, in the order backward finishes them. With overlap (the default) each
+// bucket's c_allreduce_start sits right after the op that writes its last
+// gradient, so its bytes travel while backward goes on, and its
+// c_allreduce_wait comes after backward, in start order; the loss-scaling pass
+// then puts the bucket's unscale right after its wait. Without overlap every
+// start comes after backward, each right before its wait (the order before
+// overlap existed, through the same collective calls, so results are equal).
 //
 // With GradReduce::fp16 (the default under AMP), a parameter whose gradient is
 // produced by the cast of an FP16 gradient (`fc1.weight.cast_fp16@GRAD` ->
@@ -8,6 +17,7 @@
 // stays where backward put it and the FP32 gradient is all-reduced. Gradients
 // that are FP32 to begin with are all-reduced in FP32 buckets either way.
 #include <cstddef>
+#include <string>
 
 #include "runtime/optim/optimizer.h"
 #include "runtime/program.h"
@@ -24,6 +34,8 @@ struct GradSyncOptions {
   double predivide = 0;
   /// Largest bucket in bytes (DDP's default 25 MB); a larger gradient gets a bucket of its own.
   size_t bucket_bytes = 25u << 20;
+  /// Start each bucket's all-reduce as soon as backward has written it (--no-overlap: false).
+  bool overlap = true;
 };
 
 /// A bucket: gradient variables of one dtype, reduced by one c_allreduce_sum.
@@ -31,11 +43,17 @@ struct GradBucket {
   DType dtype;
   std::vector<std::string> vars;
   size_t bytes = 0;
+  std::string buffer;  ///< the packed bucket (c_allreduce_start's Buffer)
 };
 
-/// Inserts the all-reduces; returns the (parameter, FP32 gradient) pairs the update reads.
+/// Inserts the all-reduces; `buckets_out` gets the buckets in start order. Returns the (parameter, FP32 gradient) pairs the update reads.
 optim::ParamGrads insert_grad_allreduce(Program& p, const optim::ParamGrads& grads, const GradSyncOptions& o,
                                         std::vector<GradBucket>* buckets_out = nullptr);
+
+/// A summary of a program's gradient sync for --print-program: per bucket, its
+/// dtype, size and gradients, the op after which its all-reduce starts, the op
+/// that waits for it, and the ops of backward still to run while it travels.
+std::string describe_grad_sync(const Program& p);
 
 /// The pass as Optimizer::minimize takes it.
 optim::GradSyncPass grad_allreduce_pass(GradSyncOptions o);

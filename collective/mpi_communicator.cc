@@ -16,6 +16,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <map>
+#include <utility>
+#include <vector>
 
 #include "collective/communicator.h"
 #include "runtime/check.h"
@@ -174,37 +177,7 @@ class MpiCommunicator final : public Communicator {
     count(n * dtype_size(dtype), traffic);
     if (n == 0) return;
 
-    const bool is_max = op == ReduceOp::max;
-    MPI_Datatype type = MPI_DATATYPE_NULL;
-    MPI_Op mpi_op = MPI_OP_NULL;
-    switch (dtype) {
-      case DType::f32:
-        type = MPI_FLOAT;
-        mpi_op = is_max ? f32_max_ : MPI_SUM;
-        break;
-      case DType::f16:
-        type = half_type_;
-        mpi_op = is_max ? f16_max_ : f16_sum_;
-        break;
-      case DType::bf16:
-        type = half_type_;
-        mpi_op = is_max ? bf16_max_ : bf16_sum_;
-        break;
-      case DType::i32:
-        type = MPI_INT32_T;
-        mpi_op = is_max ? MPI_MAX : MPI_SUM;
-        break;
-      case DType::i64:
-        type = MPI_INT64_T;
-        mpi_op = is_max ? MPI_MAX : MPI_SUM;
-        break;
-      case DType::u8:
-        type = MPI_UINT8_T;
-        mpi_op = is_max ? MPI_MAX : MPI_SUM;
-        break;
-    }
-    MIX_CHECK(type != MPI_DATATYPE_NULL, "all_reduce: unsupported dtype " << static_cast<int>(dtype));
-
+    const auto [type, mpi_op] = mpi_type_and_op(dtype, op);
     const size_t elem = dtype_size(dtype);
     const size_t chunk = elements_per_call(elem);
     auto* p = static_cast<char*>(buf);
@@ -216,6 +189,56 @@ class MpiCommunicator final : public Communicator {
     }
     if (op == ReduceOp::avg) scale_by_inverse_world(buf, n, dtype, world_);
   }
+
+  Request all_reduce_start(void* buf, size_t n, DType dtype, ReduceOp op, Traffic traffic) override {
+    MIX_CHECK(buf != nullptr || n == 0, "all_reduce_start of " << n << " " << dtype_name(dtype) << " elements ("
+                                                                << reduce_op_name(op) << ") got a null buffer");
+    count(n * dtype_size(dtype), traffic);
+    const Request id = next_request();
+    Pending& p = pending_[id];
+    p.buf = buf;
+    p.count = n;
+    p.dtype = dtype;
+    p.op = op;
+    if (n == 0) return id;
+    const auto [type, mpi_op] = mpi_type_and_op(dtype, op);
+    const size_t elem = dtype_size(dtype);
+    const size_t chunk = elements_per_call(elem);
+    auto* base = static_cast<char*>(buf);
+    for (size_t off = 0; off < n; off += chunk) {
+      const int c = static_cast<int>(std::min(chunk, n - off));
+      p.requests.push_back(MPI_REQUEST_NULL);
+      MIX_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, base + off * elem, c, type, mpi_op, comm_, &p.requests.back()));
+    }
+    return id;
+  }
+
+  void wait(Request id) override {
+    auto it = pending_.find(id);
+    MIX_CHECK(it != pending_.end(), "wait for all-reduce request " << id << " on the MPI communicator, which has no "
+                                                                      "such request in flight (never started, or "
+                                                                      "already waited for)");
+    Pending p = std::move(it->second);
+    pending_.erase(it);
+    if (!p.requests.empty())
+      MIX_MPI_CHECK(MPI_Waitall(static_cast<int>(p.requests.size()), p.requests.data(), MPI_STATUSES_IGNORE));
+    if (p.op == ReduceOp::avg) scale_by_inverse_world(p.buf, p.count, p.dtype, world_);
+  }
+
+  void progress() override {
+    // One test of any in-flight request runs Open MPI's progress engine, which
+    // advances every non-blocking collective, not only that one.
+    for (auto& [id, p] : pending_) {
+      for (MPI_Request& r : p.requests) {
+        if (r == MPI_REQUEST_NULL) continue;
+        int done = 0;
+        MIX_MPI_CHECK(MPI_Test(&r, &done, MPI_STATUS_IGNORE));
+        return;
+      }
+    }
+  }
+
+  size_t in_flight() const override { return pending_.size(); }
 
   void broadcast(void* buf, size_t bytes, int root) override {
     MIX_CHECK(root >= 0 && root < world_, "broadcast root " << root << " is not a rank of a world of size " << world_);
@@ -267,6 +290,51 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
+  std::pair<MPI_Datatype, MPI_Op> mpi_type_and_op(DType dtype, ReduceOp op) const {
+    const bool is_max = op == ReduceOp::max;
+    MPI_Datatype type = MPI_DATATYPE_NULL;
+    MPI_Op mpi_op = MPI_OP_NULL;
+    switch (dtype) {
+      case DType::f32:
+        type = MPI_FLOAT;
+        mpi_op = is_max ? f32_max_ : MPI_SUM;
+        break;
+      case DType::f16:
+        type = half_type_;
+        mpi_op = is_max ? f16_max_ : f16_sum_;
+        break;
+      case DType::bf16:
+        type = half_type_;
+        mpi_op = is_max ? bf16_max_ : bf16_sum_;
+        break;
+      case DType::i32:
+        type = MPI_INT32_T;
+        mpi_op = is_max ? MPI_MAX : MPI_SUM;
+        break;
+      case DType::i64:
+        type = MPI_INT64_T;
+        mpi_op = is_max ? MPI_MAX : MPI_SUM;
+        break;
+      case DType::u8:
+        type = MPI_UINT8_T;
+        mpi_op = is_max ? MPI_MAX : MPI_SUM;
+        break;
+    }
+    MIX_CHECK(type != MPI_DATATYPE_NULL, "all_reduce: unsupported dtype " << static_cast<int>(dtype));
+    return {type, mpi_op};
+
+  }
+
+  /// A started all-reduce: its MPI requests (one per chunk) and what wait() finishes.
+  struct Pending {
+    void* buf = nullptr;
+    size_t count = 0;
+    DType dtype = DType::f32;
+    ReduceOp op = ReduceOp::sum;
+    std::vector<MPI_Request> requests;
+  };
+  std::map<Request, Pending> pending_;  // ordered: progress() tests the oldest first
+
   /// Elements of `elem` bytes one MPI call may carry: within max_bytes_per_call_ and an int count.
   size_t elements_per_call(size_t elem) const {
     return std::clamp<size_t>(max_bytes_per_call_ / elem, 1, static_cast<size_t>(INT_MAX));

@@ -62,6 +62,7 @@ std::vector<std::pair<std::string, std::string>> TrainConfig::fingerprint_fields
           {"min-loss-scaling", opt(min_loss_scaling)},
           {"on-min-scale", on_min_scale},
           {"bucket-mb", num(bucket_mb)},
+          {"overlap", overlap ? "true" : "false"},
           {"synthetic-size", data == "synthetic" ? opt(synthetic_size) : "-"},
           {"synthetic-features", data == "synthetic" ? num(synthetic_features) : "-"},
           {"synthetic-classes", data == "synthetic" ? num(synthetic_classes) : "-"},
@@ -161,6 +162,9 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
                  "multiply gradients by 1/F before the sum and F/world after (0: F = world size)")
       ->check(kNonNegative);
   app.add_option("--bucket-mb", c.bucket_mb, "largest gradient bucket in MB")->check(kPositive);
+  app.add_flag("!--no-overlap", c.overlap,
+               "all-reduce gradient buckets after backward, one at a time, instead of starting each as soon as "
+               "backward has written it (for comparison)");
   app.add_option("--batch-size", c.batch_size, "examples per rank per step")->check(kPositiveInt);
   app.add_option("--steps", c.steps, "optimizer steps to run (overrides --epochs; 0 with --save writes the initial model)")
       ->check(kNonNegativeInt);

@@ -41,6 +41,8 @@ struct TrainConfig {
   std::string grad_reduce;  // empty: fp16 under AMP, fp32 otherwise
   double grad_predivide = 0;
   double bucket_mb = 25;
+  /// Start each gradient bucket's all-reduce during backward (--no-overlap: after it, one at a time).
+  bool overlap = true;
   // schedule
   int64_t batch_size = 64;
   int64_t steps = -1;  // -1: run --epochs

@@ -14,6 +14,7 @@
 #include "amp/decorate.h"
 #include "collective/consistency.h"
 #include "collective/grad_allreduce_pass.h"
+#include "collective/overflow_mask.h"
 #include "launch/metrics.h"
 #include "models/model.h"
 #include "runtime/check.h"
@@ -215,6 +216,58 @@ void log_rank_table(Communicator& comm, const std::string& device) {
     spdlog::info("  rank {} -> {}", r, std::string(&all[static_cast<size_t>(r) * 96]).c_str());
 }
 
+/// Where a skipped step's overflow came from, decoded from the mask that
+/// c_allreduce_found_inf all-reduced (the same on every rank).
+struct OverflowReport {
+  std::vector<std::string> params;                     // parameters whose gradients overflowed, bucket order
+  std::vector<int> ranks;                              // ranks whose local flag was raised
+  std::vector<std::vector<int>> ranks_of_param;        // per entry of params
+
+  /// " in fc1.weight (rank 1), fc2.bias (ranks 0, 1)", or "" when no parameter is named.
+  std::string describe() const {
+    if (params.empty()) return ranks.empty() ? "" : " on rank(s) " + join(ranks);
+    constexpr size_t kShown = 8;
+    std::string s = " in ";
+    for (size_t i = 0; i < params.size() && i < kShown; ++i) {
+      s += (i ? ", " : "") + params[i] + " (rank" + (ranks_of_param[i].size() > 1 ? "s " : " ") +
+           join(ranks_of_param[i]) + ")";
+    }
+    if (params.size() > kShown) s += " and " + std::to_string(params.size() - kShown) + " more parameters";
+    return s;
+  }
+
+  static std::string join(const std::vector<int>& v) {
+    std::string s;
+    for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+    return s;
+  }
+};
+
+OverflowReport read_overflow_report(const Program& p, const Scope& scope) {
+  OverflowReport r;
+  if (!scope.has(amp::ScalerVars::overflow_ranks)) return r;
+  const OpDesc* sync = nullptr;
+  for (const OpDesc& op : p.ops())
+    if (op.type == "c_allreduce_found_inf") sync = &op;
+  if (!sync) return r;
+  const auto params = sync->attr<std::vector<std::string>>("params", {});
+  const Tensor mask = scope.get(amp::ScalerVars::overflow_ranks).to(cpu_device());
+  const int64_t words = mask.dim(1);
+  const int world = static_cast<int>(words * 32);
+  const int32_t* m = mask.data<int32_t>();
+  for (int rank = 0; rank < world; ++rank)
+    if (collective::has_rank(m, rank)) r.ranks.push_back(rank);
+  for (size_t j = 0; j < params.size() && static_cast<int64_t>(j + 1) < mask.dim(0); ++j) {
+    std::vector<int> ranks;
+    for (int rank = 0; rank < world; ++rank)
+      if (collective::has_rank(m + static_cast<int64_t>(j + 1) * words, rank)) ranks.push_back(rank);
+    if (ranks.empty()) continue;
+    r.params.push_back(params[j]);
+    r.ranks_of_param.push_back(std::move(ranks));
+  }
+  return r;
+}
+
 struct EvalResult {
   double accuracy = 0, loss = 0;  // accuracy over every label (each token, for a language model)
   int64_t examples = 0;
@@ -254,6 +307,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     ao.lists = amp::AmpLists::defaults().with_custom(c.amp_white_list, c.amp_black_list);
     ao.scaler = scaler_config(c);
     ao.inject = inject_from(c);
+    ao.world_size = world;
     opt = amp::decorate(std::move(opt), ao);
   }
   collective::GradSyncOptions sync;
@@ -261,10 +315,11 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   sync.world_size = world;
   sync.predivide = c.grad_predivide;
   sync.bucket_bytes = static_cast<size_t>(c.bucket_mb * 1024 * 1024);
+  sync.overlap = c.overlap;
   optim::TrainProgram train = opt->minimize(program, model.loss, collective::grad_allreduce_pass(sync));
 
   if (c.print_program) {
-    if (rank == 0) std::cout << program.str() << std::flush;
+    if (rank == 0) std::cout << program.str() << collective::describe_grad_sync(program) << std::flush;
     return 0;
   }
 
@@ -338,12 +393,14 @@ int run_training(const TrainConfig& c, Communicator& comm) {
                                        {"start step", std::to_string(start_step)},
                                        {"benchmark", c.benchmark ? "on" : "off"}});
 
-  Executor step_exec(program, {model.loss, amp::ScalerVars::found_inf});
+  Executor step_exec(program, {model.loss, amp::ScalerVars::found_inf, amp::ScalerVars::overflow_ranks});
   Executor eval_exec(program, {model.logits, model.loss}, forward_ops);
   ExecEnv env;
   env.comm = &grad_comm;
   env.device = device;
   env.rank = rank;  // dropout masks differ between ranks (each rank's examples are its own)
+  // Started gradient all-reduces advance between backward's ops.
+  env.progress = [&grad_comm] { grad_comm.progress(); };
   // MIX_PROFILE_OPS=1: time every op and print the totals by op type at the end.
   std::map<std::string, double> op_seconds;
   const char* profile_env = std::getenv("MIX_PROFILE_OPS");
@@ -460,8 +517,10 @@ int run_training(const TrainConfig& c, Communicator& comm) {
       sps_sum += samples_per_s;
       ++sps_count;
     }
+    const OverflowReport overflow = found_inf ? read_overflow_report(program, scope) : OverflowReport{};
     if (found_inf && rank == 0)
-      spdlog::warn("step {}: gradients overflowed (inf/NaN); step skipped, loss scale now {}", step + 1, scale);
+      spdlog::warn("step {}: gradients overflowed (inf/NaN){}; step skipped, loss scale now {}", step + 1,
+                   overflow.describe(), scale);
     if (!std::isfinite(loss_avg) && !use_amp)
       MIX_FAIL("step " << step + 1 << ": the loss is " << loss_avg
                        << " in FP32 training; lower --lr or check the data");
@@ -477,6 +536,10 @@ int run_training(const TrainConfig& c, Communicator& comm) {
                            {"step_ms", secs * 1e3},
                            {"samples_per_s", samples_per_s}};
     if (model.tokens_per_example > 0) line["tokens_per_s"] = tokens_per_s;
+    if (found_inf) {
+      line["overflow_params"] = overflow.params;
+      line["overflow_ranks"] = overflow.ranks;
+    }
     metrics.write(line);
 
     const bool last = step + 1 == total_steps;

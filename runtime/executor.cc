@@ -47,6 +47,16 @@ void Executor::run(Scope& scope, ExecEnv& env) const {
       throw Error(std::string(e.what()) + " (in op " + std::to_string(op_indices_[k]) + ": " + op.type + ")");
     }
     for (auto& n : release_after_[k]) scope.erase(n);
+    if (env.progress && !env.in_flight.empty()) env.progress();
+  }
+  // A start without its wait would leave a collective running into the next
+  // step (and every rank's next collective out of step): a program bug.
+  if (!env.in_flight.empty()) {
+    const std::string name = env.in_flight.begin()->first;
+    const size_t n = env.in_flight.size();
+    env.in_flight.clear();
+    MIX_FAIL("the program ended with " << n << " collective(s) started and never waited for ("
+                                       << name << "); every c_allreduce_start needs its c_allreduce_wait");
   }
 }
 
@@ -73,6 +83,8 @@ MemoryPlan Executor::plan(int64_t batch) const {
       // again would overstate the plan, so their outputs add nothing.
       if (op.type == "reshape2" || op.type == "reshape2_grad" || op.type == "flatten")
         continue;
+      // A one-gradient bucket is reduced where it lies: its Buffer is a view too.
+      if (op.type == "c_allreduce_start" && op.ins("X").size() == 1) continue;
       if (live.insert(n).second) live_bytes += bytes_of(n);
     }
     p.peak_temporary_bytes = std::max(p.peak_temporary_bytes, live_bytes);

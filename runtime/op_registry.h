@@ -50,6 +50,14 @@ struct ExecEnv {
   /// False for evaluation: batch_norm normalises with its running statistics
   /// and updates nothing (PyTorch's model.eval()).
   bool training = true;
+  /// Collectives started and not yet waited for, by the variable they fill
+  /// (c_allreduce_start puts the communicator's request id here, c_allreduce_wait takes it).
+  std::unordered_map<std::string, uint64_t> in_flight;
+  /// Called by the executor after each op while `in_flight` is not empty, so
+  /// that started collectives advance during backward (MPI moves non-blocking
+  /// collectives only inside MPI calls). Whoever owns the communicator sets it
+  /// (to comm->progress()); runtime/ does not depend on collective/.
+  std::function<void()> progress;
 };
 
 class OpContext {

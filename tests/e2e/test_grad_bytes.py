@@ -8,12 +8,13 @@ On 2 ranks under AMP:
      parameter elements (counted from the `--steps 0 --save` checkpoint), on
      every step: the MLP's gradients are all FP16 under AMP (the biases follow
      the FP16 adds), so all of them travel in the FP16 buckets;
-  2. --print-program in fp16 mode: a c_allreduce_sum (traffic "gradients")
-     consumes fc1.weight.cast_fp16@GRAD as f16 and the cast to FP32
-     (fc1.weight@GRAD = cast(X=fc1.weight.cast_fp16@GRAD)) comes after it;
-     in fp32 mode the cast comes first, the all-reduce moves fc1.weight@GRAD as
-     f32 and no all-reduce touches the FP16 gradient. The pre-division by the
-     world size shows as prescale=0.5.
+  2. --print-program in fp16 mode: a c_allreduce_start (traffic "gradients")
+     packs fc1.weight.cast_fp16@GRAD into an f16 bucket, and the cast to FP32
+     (fc1.weight@GRAD = cast_check_finite_and_unscale(X=[..., fc1.weight.cast_fp16@GRAD, ...]),
+     the cast fused with the unscale) comes after the bucket's c_allreduce_wait;
+     in fp32 mode a plain cast in backward comes first, the all-reduce moves
+     fc1.weight@GRAD in an f32 bucket and no all-reduce touches the FP16
+     gradient. The pre-division by the world size shows as prescale=0.5.
 """
 import re
 import sys
@@ -85,28 +86,34 @@ def main():
             continue
         ops = parse_program(r.stdout)
         c.check(len(ops) > 10, f"{mode}: the program prints its ops", f"{len(ops)} ops")
-        grad_ar = [op for op in ops if op[2] == "c_allreduce_sum" and 'traffic="gradients"' in op[4]]
-        cast = [op for op in ops if op[2] == "cast" and "fc1.weight@GRAD" in outputs(op)]
-        c.check(len(cast) == 1, f"{mode}: one cast produces fc1.weight@GRAD",
-                f"{[op[0] for op in cast]}")
+        grad_ar = [op for op in ops if op[2] == "c_allreduce_start" and 'traffic="gradients"' in op[4]]
+        waits = [op for op in ops if op[2] == "c_allreduce_wait" and 'traffic="gradients"' in op[4]]
+        to_fp32 = "cast_check_finite_and_unscale" if mode == "fp16" else "cast"
+        cast = [op for op in ops if op[2] in ("cast", "cast_check_finite_and_unscale")
+                and "fc1.weight@GRAD" in outputs(op)]
+        c.check(len(cast) == 1 and cast[0][2] == to_fp32, f"{mode}: one {to_fp32} produces fc1.weight@GRAD",
+                f"{[(op[0], op[2]) for op in cast]}")
         if len(cast) != 1:
             continue
         cast = cast[0]
-        c.check(inputs(cast) == {"fc1.weight.cast_fp16@GRAD"} and outputs(cast)["fc1.weight@GRAD"] == "f32",
-                f"{mode}: that cast reads fc1.weight.cast_fp16@GRAD and writes f32", f"op {cast[0]}")
+        c.check("fc1.weight.cast_fp16@GRAD" in inputs(cast) and outputs(cast)["fc1.weight@GRAD"] == "f32",
+                f"{mode}: it reads fc1.weight.cast_fp16@GRAD and writes f32", f"op {cast[0]}")
         fp16_ar = [op for op in grad_ar if "fc1.weight.cast_fp16@GRAD" in inputs(op)]
         fp32_ar = [op for op in grad_ar if "fc1.weight@GRAD" in inputs(op)]
+        bucket_dtypes = [dt for op in grad_ar for dt in outputs(op).values()]
         if mode == "fp16":
             ok = len(fp16_ar) == 1 and not fp32_ar
             c.check(ok, "fp16: the all-reduce consumes fc1.weight.cast_fp16@GRAD (and none fc1.weight@GRAD)",
                     f"{[op[0] for op in fp16_ar]} / {[op[0] for op in fp32_ar]}")
             if ok:
                 ar = fp16_ar[0]
-                c.check(outputs(ar).get("fc1.weight.cast_fp16@GRAD") == "f16", "fp16: it moves f16")
-                c.check(ar[0] < cast[0], "fp16: the cast to FP32 comes after the all-reduce",
-                        f"all-reduce op {ar[0]}, cast op {cast[0]}")
-                c.check(all(dt == "f16" for op in grad_ar for dt in outputs(op).values()),
-                        "fp16: every gradient bucket of this MLP is f16")
+                c.check(list(outputs(ar).values()) == ["f16"], "fp16: it moves an f16 bucket", ar[1])
+                wait = [op for op in waits if "fc1.weight.cast_fp16@GRAD" in outputs(op)]
+                c.check(len(wait) == 1 and ar[0] < wait[0][0] < cast[0],
+                        "fp16: start, then wait, then the cast to FP32",
+                        f"start op {ar[0]}, wait {[op[0] for op in wait]}, cast op {cast[0]}")
+                c.check(bucket_dtypes and all(dt == "f16" for dt in bucket_dtypes),
+                        "fp16: every gradient bucket of this MLP is f16", f"{bucket_dtypes}")
                 c.check("prescale=0.5" in ar[4], "fp16: pre-divided by the world size 2", ar[4])
         else:
             ok = len(fp32_ar) == 1 and not fp16_ar
@@ -114,7 +121,7 @@ def main():
                     f"{[op[0] for op in fp32_ar]} / {[op[0] for op in fp16_ar]}")
             if ok:
                 ar = fp32_ar[0]
-                c.check(outputs(ar).get("fc1.weight@GRAD") == "f32", "fp32: it moves f32")
+                c.check(list(outputs(ar).values()) == ["f32"], "fp32: it moves an f32 bucket", ar[1])
                 c.check(cast[0] < ar[0], "fp32: the cast comes before the all-reduce",
                         f"cast op {cast[0]}, all-reduce op {ar[0]}")
         if mode == "fp16" and grad_ar:

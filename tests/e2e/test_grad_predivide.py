@@ -2,7 +2,7 @@
 F/world after it. On 2 ranks F=1 (all the division after), F=2 (the default, all
 before) and F=4 only move powers of two, which FP16 and FP32 scale exactly, so the
 trained parameters must be bit-identical; F=3 is not a power of two and must
-still train to nearly the same place. --print-program shows the factors."""
+still train to nearly the same place. --print-program shows the factors (prescale on the bucket's start, postscale on its wait)."""
 import re
 import sys
 
@@ -17,10 +17,14 @@ def main():
     tmp = mixtest.workdir("predivide")
     for f, pre, post in (("1", 1.0, 0.5), ("2", 0.5, 1.0), ("3", 1 / 3, 1.5)):
         r = mixtest.mixtrain([*SMALL, "--grad-predivide", f, "--print-program"], np=2).expect_ok()
-        m = re.search(r"c_allreduce_sum\(.*\{.*postscale=([0-9.e-]+), prescale=([0-9.e-]+)", r.out)
-        checks.check(bool(m) and abs(float(m.group(2)) - pre) < 1e-6 and abs(float(m.group(1)) - post) < 1e-6,
+        # The bucket's start multiplies by prescale before the sum, its wait by postscale after.
+        start = re.search(r"c_allreduce_start\(.*\{.*prescale=([0-9.e-]+)", r.out)
+        wait = re.search(r"c_allreduce_wait\(.*\{.*postscale=([0-9.e-]+)", r.out)
+        checks.check(bool(start and wait) and abs(float(start.group(1)) - pre) < 1e-6
+                     and abs(float(wait.group(1)) - post) < 1e-6,
                      f"F={f}: all-reduce has prescale {pre:.4g} and postscale {post:.4g}",
-                     m.group(0) if m else r.out[-400:])
+                     f"{start.group(0) if start else '-'} / {wait.group(0) if wait else '-'}" if start or wait
+                     else r.out[-400:])
     params = {}
     for f in ("1", "2", "4", "3"):
         path = tmp / f"f{f}.st"

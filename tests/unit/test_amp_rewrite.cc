@@ -45,6 +45,15 @@ size_t index_of_op(const Program& p, const std::string& type, const std::string&
   return 0;
 }
 
+size_t index_of_op_reading(const Program& p, const std::string& type, const std::string& input) {
+  for (size_t i = 0; i < p.ops().size(); ++i)
+    if (p.ops()[i].type == type)
+      for (auto& n : p.ops()[i].all_inputs())
+        if (n == input) return i;
+  FAIL("no " << type << " op reads " << input);
+  return 0;
+}
+
 }  // namespace
 
 TEST_CASE("default lists: white ops FP16, black ops FP32, gray ops follow", "[amp]") {
@@ -148,25 +157,29 @@ TEST_CASE("decorate builds the AMP step in DESIGN.md's order", "[amp]") {
     INFO(p.str());
 
     const size_t seed = index_of_op(p, "fill_like_scalar", "loss@GRAD");
-    const size_t reduce_w = mode == collective::GradReduce::fp16
-                                ? index_of_op(p, "c_allreduce_sum", "fc1.weight.cast_fp16@GRAD")
-                                : index_of_op(p, "c_allreduce_sum", "fc1.weight@GRAD");
-    const size_t cast_w = index_of_op(p, "cast", "fc1.weight@GRAD");
-    const size_t unscale = index_of_op(p, "check_finite_and_unscale", "found_inf");
-    const size_t flag_sync = index_of_op(p, "c_allreduce_max", "found_inf");
+    const bool fp16 = mode == collective::GradReduce::fp16;
+    const std::string reduced = fp16 ? "fc1.weight.cast_fp16@GRAD" : "fc1.weight@GRAD";
+    const size_t produced = index_of_op(p, fp16 ? "mul_grad" : "cast", reduced);
+    const size_t start = index_of_op_reading(p, "c_allreduce_start", reduced);
+    const size_t wait = index_of_op(p, "c_allreduce_wait", reduced);
+    // FP16: the cast to FP32 is fused into the unscale, after the FP16 all-reduce.
+    // FP32: the cast stays in backward, before the FP32 all-reduce.
+    const size_t unscale =
+        index_of_op(p, fp16 ? "cast_check_finite_and_unscale" : "check_finite_and_unscale", "fc1.weight@GRAD");
+    const size_t flag_sync = index_of_op(p, "c_allreduce_found_inf", "found_inf");
     const size_t scaler = index_of_op(p, "update_loss_scaling", "loss_scaling");
     const size_t update = index_of_op(p, "sgd", "fc1.weight");
     CHECK(producer_of(p, "loss@GRAD").in("X") == "loss_scaling");
-    if (mode == collective::GradReduce::fp16) {
-      CHECK(seed < reduce_w);
-      CHECK(reduce_w < cast_w);  // FP16 all-reduce first, then the cast
-    } else {
-      CHECK(cast_w < reduce_w);  // cast first, FP32 all-reduce after
-    }
-    CHECK(std::max(cast_w, reduce_w) < unscale);
+    CHECK(seed < produced);
+    CHECK(produced < start);
+    CHECK(start < wait);
+    CHECK(wait < unscale);
     CHECK(unscale < flag_sync);
     CHECK(flag_sync < scaler);
     CHECK(scaler < update);
+    if (fp16) {
+      for (auto& op : p.ops()) CHECK_FALSE((op.type == "cast" && op.out("Out") == "fc1.weight@GRAD"));
+    }
     // Every update op is gated by the global flag.
     for (auto& op : p.ops())
       if (op.type == "sgd" || op.type == "increment_step") CHECK(op.in("SkipUpdate") == "found_inf");
@@ -181,6 +194,6 @@ TEST_CASE("FP32 training has no casts and reduces FP32 gradients", "[amp]") {
   opt->minimize(m.program, m.loss, collective::grad_allreduce_pass(sync));
   CHECK(cast_outputs(m.program).empty());
   for (auto& op : m.program.ops())
-    if (op.type == "c_allreduce_sum")
+    if (op.type == "c_allreduce_start")
       for (auto& n : op.ins("X")) CHECK(m.program.var(n).dtype == DType::f32);
 }

@@ -2,9 +2,13 @@
 // programs: for several bucket sizes, including ones smaller than the largest
 // gradient, every gradient that is all-reduced lands in exactly one bucket,
 // each bucket holds one dtype, no bucket outgrows the cap unless it holds a
-// single gradient, buckets fill in the order backward produces gradients (the
-// reverse of the parameters'), and the program's c_allreduce_sum ops are
-// exactly these buckets. (The values they produce: e2e.test_bucket_equivalence.)
+// single gradient, buckets fill in the order backward produces gradients (for
+// these models the reverse of the parameters'), and the program's
+// c_allreduce_start ops are exactly these buckets. With overlap each start sits
+// right after the last op that writes its gradients and nothing touches them
+// until the wait, which comes after backward; without overlap each start comes
+// after backward, right before its wait. (The values they produce:
+// e2e.test_bucket_equivalence and e2e.test_overlap.)
 #include <catch2/catch.hpp>
 
 #include <map>
@@ -27,7 +31,7 @@ struct Built {
   std::vector<collective::GradBucket> buckets;
 };
 
-Built build(models::Model m, bool amp, collective::GradReduce mode, size_t bucket_bytes) {
+Built build(models::Model m, bool amp, collective::GradReduce mode, size_t bucket_bytes, bool overlap = true) {
   Built b;
   b.program = std::move(m.program);
   std::unique_ptr<optim::Optimizer> opt = optim::make_sgd(0);
@@ -36,6 +40,7 @@ Built build(models::Model m, bool amp, collective::GradReduce mode, size_t bucke
   o.mode = mode;
   o.world_size = 2;
   o.bucket_bytes = bucket_bytes;
+  o.overlap = overlap;
   opt->minimize(b.program, m.loss, [&](Program& p, const optim::ParamGrads& g) {
     b.grads = g;
     return collective::insert_grad_allreduce(p, g, o, &b.buckets);
@@ -45,6 +50,57 @@ Built build(models::Model m, bool amp, collective::GradReduce mode, size_t bucke
 
 size_t bytes_of(const Program& p, const std::string& v) {
   return static_cast<size_t>(shape_numel(p.var(v).shape)) * dtype_size(p.var(v).dtype);
+}
+
+bool touches(const OpDesc& op, const std::set<std::string>& vars) {
+  for (const auto& names : {op.all_inputs(), op.all_outputs()})
+    for (const auto& n : names)
+      if (vars.count(n)) return true;
+  return false;
+}
+
+/// Where the starts and waits sit: see the file comment.
+void check_placement(const Built& b, bool overlap) {
+  const auto& ops = b.program.ops();
+  size_t last_backward = 0;
+  for (size_t i = 0; i < ops.size(); ++i)
+    if (ops[i].role == OpRole::backward) last_backward = i;
+  std::vector<size_t> starts, waits;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i].type == "c_allreduce_start") starts.push_back(i);
+    if (ops[i].type == "c_allreduce_wait") waits.push_back(i);
+  }
+  REQUIRE(starts.size() == b.buckets.size());
+  REQUIRE(waits.size() == b.buckets.size());
+  for (size_t k = 0; k < starts.size(); ++k) {
+    INFO("bucket " << k);
+    const OpDesc& start = ops[starts[k]];
+    const OpDesc& wait = ops[waits[k]];
+    CHECK(wait.in("Buffer") == start.out("Buffer"));
+    CHECK(wait.outs("Out") == start.ins("X"));
+    CHECK(start.attr<int64_t>("bucket", -1) == static_cast<int64_t>(k));
+    CHECK(starts[k] < waits[k]);
+    CHECK(waits[k] > last_backward);  // waits never block backward
+    if (k > 0) CHECK(waits[k] > waits[k - 1]);
+    const std::set<std::string> vars(start.ins("X").begin(), start.ins("X").end());
+    // Nothing reads or writes the bucket while it is in flight.
+    for (size_t i = starts[k] + 1; i < waits[k]; ++i) {
+      INFO("op " << i << " " << ops[i].type);
+      CHECK_FALSE(touches(ops[i], vars));
+    }
+    if (overlap) {
+      // Right after the op that finishes the bucket (other buckets' starts may sit between).
+      size_t j = starts[k];
+      while (j > 0 && ops[j - 1].type == "c_allreduce_start") --j;
+      REQUIRE(j > 0);
+      CHECK(touches(ops[j - 1], vars));
+      CHECK(ops[j - 1].role == OpRole::backward);
+    } else {
+      CHECK(starts[k] > last_backward);
+      CHECK(waits[k] == starts[k] + 1);
+    }
+  }
+  if (overlap && b.buckets.size() > 1) CHECK(starts.front() < last_backward);  // the first bucket overlaps backward
 }
 
 void check_buckets(const Built& b, size_t cap) {
@@ -85,7 +141,7 @@ void check_buckets(const Built& b, size_t cap) {
   // The program's gradient all-reduces are these buckets, in this order.
   std::vector<std::vector<std::string>> ops;
   for (const OpDesc& op : b.program.ops())
-    if (op.type == "c_allreduce_sum" && op.attr<std::string>("traffic", "") == "gradients") ops.push_back(op.ins("X"));
+    if (op.type == "c_allreduce_start" && op.attr<std::string>("traffic", "") == "gradients") ops.push_back(op.ins("X"));
   REQUIRE(ops.size() == b.buckets.size());
   for (size_t k = 0; k < ops.size(); ++k) CHECK(ops[k] == b.buckets[k].vars);
 }
@@ -98,15 +154,23 @@ TEST_CASE("gradient buckets: each gradient in exactly one bucket of one dtype, c
   for (size_t cap : {size_t{25} << 20, largest_mlp, size_t{100000}, size_t{1000}, size_t{1}}) {
     for (auto mode : {collective::GradReduce::fp16, collective::GradReduce::fp32}) {
       INFO("bucket cap " << cap << " bytes, " << (mode == collective::GradReduce::fp16 ? "fp16" : "fp32") << " reduce");
-      const Built mlp = build(models::build_mlp(models::MlpConfig{}), true, mode, cap);
-      check_buckets(mlp, cap);
+      for (bool overlap : {true, false}) {
+        INFO((overlap ? "overlap" : "no overlap"));
+        const Built mlp = build(models::build_mlp(models::MlpConfig{}), true, mode, cap, overlap);
+        check_buckets(mlp, cap);
+        check_placement(mlp, overlap);
+        const Built resnet =
+            build(models::build_resnet(models::resnet_preset("resnet-small"), "resnet-small"), true, mode, cap, overlap);
+        check_buckets(resnet, cap);
+        check_placement(resnet, overlap);
+      }
       const Built resnet = build(models::build_resnet(models::resnet_preset("resnet-small"), "resnet-small"), true, mode, cap);
-      check_buckets(resnet, cap);
       if (mode == collective::GradReduce::fp16)  // batch_norm's FP32 gradients get FP32 buckets beside the FP16 ones
         CHECK(resnet.buckets.size() >= 2);
     }
     const Built fp32 = build(models::build_mlp(models::MlpConfig{}), false, collective::GradReduce::fp32, cap);
     check_buckets(fp32, cap);
+    check_placement(fp32, true);
   }
   // A cap below the largest gradient splits the MLP's 6 gradients into several buckets; 25 MB keeps one.
   CHECK(build(models::build_mlp(models::MlpConfig{}), false, collective::GradReduce::fp32, 25u << 20).buckets.size() == 1);

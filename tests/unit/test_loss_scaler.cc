@@ -604,6 +604,10 @@ Tensor f16_tensor(const mix::Shape& shape, const std::vector<float>& values) {
   return t;
 }
 
+std::vector<int32_t> i32_values(const Tensor& t) {
+  return std::vector<int32_t>(t.data<int32_t>(), t.data<int32_t>() + t.numel());
+}
+
 /// Three gradients unscaled in place by one check_finite_and_unscale.
 struct UnscaleProgram {
   Program p;
@@ -621,7 +625,8 @@ struct UnscaleProgram {
       p.add_var(grad_var("prev_found_inf", {1}, DType::i32));
       ins["FoundInfiniteIn"] = {"prev_found_inf"};
     }
-    p.append_op(mix::make_op("check_finite_and_unscale", ins, {{"Out", grads}, {"FoundInfinite", {"found_inf"}}}));
+    p.append_op(mix::make_op("check_finite_and_unscale", ins,
+                             {{"Out", grads}, {"FoundInfinite", {"found_inf"}}, {"FoundInfiniteEach", {"found_inf.each"}}}));
   }
   void feed(const std::vector<std::vector<float>>& values, float scale) {
     scope.set(grads[0], Tensor::from_floats({2, 2}, values[0]));
@@ -632,9 +637,12 @@ struct UnscaleProgram {
   void run() {
     std::set<std::string> keep(grads.begin(), grads.end());
     keep.insert("found_inf");
+    keep.insert("found_inf.each");
     Executor(p, keep).run(scope, env);
   }
   int found_inf() const { return scope.get("found_inf").data<int32_t>()[0]; }
+  /// FoundInfiniteEach: which of the three gradients held a non-finite value.
+  std::vector<int32_t> each() const { return i32_values(scope.get("found_inf.each")); }
   std::vector<float> out(size_t i) const { return scope.get(grads[i]).to_floats(); }
 };
 
@@ -660,6 +668,7 @@ TEST_CASE("check_finite_and_unscale declares its outputs", "[amp][unscale][op]")
   UnscaleProgram u;
   CHECK(u.p.var("found_inf").dtype == DType::i32);
   CHECK(u.p.var("found_inf").shape == mix::Shape{1});
+  CHECK(u.p.var("found_inf.each").shape == mix::Shape{3});  // one flag per gradient
   CHECK(u.p.var(u.grads[0]).dtype == DType::f32);
   CHECK(u.p.var(u.grads[0]).shape == mix::Shape{2, 2});
 }
@@ -692,6 +701,7 @@ TEST_CASE("check_finite_and_unscale raises found_inf for inf or NaN in any gradi
     u.feed({g0, g1, g2}, 4.f);
     u.run();
     CHECK(u.found_inf() == 1);
+    CHECK(u.each() == std::vector<int32_t>{0, 1, 0});  // provenance names the 2nd gradient only
     // Every tensor is still unscaled: the step is skipped, the values need not be special.
     check_floats(u.out(0), times(g0, 0.25f));
     check_floats(u.out(1), times(g1, 0.25f));
@@ -701,11 +711,13 @@ TEST_CASE("check_finite_and_unscale raises found_inf for inf or NaN in any gradi
   last.feed({g0, {1.f, 1.f, 1.f}, {1.f, 1.f, 1.f, kNaN}}, 2.f);
   last.run();
   CHECK(last.found_inf() == 1);
+  CHECK(last.each() == std::vector<int32_t>{0, 0, 1});
 
-  // The flag is recomputed each run: a clean step after a bad one reports 0.
+  // The flags are recomputed each run: a clean step after a bad one reports 0.
   last.feed({g0, {1.f, 1.f, 1.f}, g2}, 2.f);
   last.run();
   CHECK(last.found_inf() == 0);
+  CHECK(last.each() == std::vector<int32_t>{0, 0, 0});
 }
 
 TEST_CASE("check_finite_and_unscale ORs in FoundInfiniteIn", "[amp][unscale][op]") {
@@ -762,7 +774,7 @@ struct FusedProgram {
     for (size_t i = 0; i < 3; ++i) p.add_var(grad_var(xs[i], shapes[i], DType::f16));
     p.add_var(persistable("loss_scaling", DType::f32));
     p.append_op(mix::make_op("cast_check_finite_and_unscale", {{"X", xs}, {"Scale", {"loss_scaling"}}},
-                             {{"Out", outs}, {"FoundInfinite", {"found_inf"}}}));
+                             {{"Out", outs}, {"FoundInfinite", {"found_inf"}}, {"FoundInfiniteEach", {"found_inf.each"}}}));
   }
   void run(const std::vector<std::vector<float>>& values, float scale) {
     for (size_t i = 0; i < 3; ++i) scope.set(xs[i], f16_tensor(shapes[i], values[i]));
@@ -770,9 +782,12 @@ struct FusedProgram {
     std::set<std::string> keep(outs.begin(), outs.end());
     keep.insert(xs.begin(), xs.end());  // to check they are left alone
     keep.insert("found_inf");
+    keep.insert("found_inf.each");
     Executor(p, keep).run(scope, env);
   }
   int found_inf() const { return scope.get("found_inf").data<int32_t>()[0]; }
+  /// FoundInfiniteEach: which of the three gradients held a non-finite value.
+  std::vector<int32_t> each() const { return i32_values(scope.get("found_inf.each")); }
   const Tensor& out(size_t i) const { return scope.get(outs[i]); }
 };
 
@@ -786,6 +801,8 @@ TEST_CASE("cast_check_finite_and_unscale declares FP32 outputs of the inputs' sh
     CHECK(f.p.var(f.xs[i]).dtype == DType::f16);  // the inputs stay FP16
   }
   CHECK(f.p.var("found_inf").dtype == DType::i32);
+  CHECK(f.p.var("found_inf.each").dtype == DType::i32);
+  CHECK(f.p.var("found_inf.each").shape == mix::Shape{3});
 }
 
 TEST_CASE("cast_check_finite_and_unscale casts FP16 gradients to FP32 and unscales exactly", "[amp][unscale][op]") {
@@ -797,6 +814,7 @@ TEST_CASE("cast_check_finite_and_unscale casts FP16 gradients to FP32 and unscal
                                           {-0x1p-24f, 7.f}};
   f.run(g, 1024.f);
   CHECK(f.found_inf() == 0);
+  CHECK(f.each() == std::vector<int32_t>{0, 0, 0});
   for (size_t i = 0; i < 3; ++i) {
     CHECK(f.out(i).dtype() == DType::f32);
     check_floats(f.out(i).to_floats(), times(g[i], 1.f / 1024.f));
@@ -815,6 +833,7 @@ TEST_CASE("cast_check_finite_and_unscale raises found_inf for FP16 inf and NaN",
     FusedProgram f;
     f.run({{1.f, 2.f, 3.f, 4.f, 5.f, 6.f}, {8.f, bad, 16.f, 32.f}, {1.f, 2.f}}, 8.f);
     CHECK(f.found_inf() == 1);
+    CHECK(f.each() == std::vector<int32_t>{0, 1, 0});  // provenance: only the 2nd gradient
     check_floats(f.out(0).to_floats(), {0.125f, 0.25f, 0.375f, 0.5f, 0.625f, 0.75f});
     check_floats(f.out(1).to_floats(), {1.f, bad, 2.f, 4.f});
     check_floats(f.out(2).to_floats(), {0.125f, 0.25f});
@@ -823,6 +842,7 @@ TEST_CASE("cast_check_finite_and_unscale raises found_inf for FP16 inf and NaN",
   FusedProgram f;
   f.run({{1.f, 2.f, 3.f, 4.f, 5.f, 6.f}, {1.f, 1.f, 1.f, 1.f}, {mix::round_to_half(65504.f + 65504.f), 1.f}}, 2.f);
   CHECK(f.found_inf() == 1);
+  CHECK(f.each() == std::vector<int32_t>{0, 0, 1});
 }
 
 TEST_CASE("cast_check_finite_and_unscale refuses to turn an FP16 variable into FP32 in place", "[amp][unscale][op]") {
