@@ -6,6 +6,15 @@
 // for failures NCCL sees off the stream (a dead peer, a network error), and a
 // deadline. A blocking cudaStreamSynchronize would wait forever on a collective
 // that a dead rank never joins; the poll loop is that synchronize with a way out.
+//
+// all_reduce_start is the exception: it polls only until NCCL has enqueued the
+// collective, records an event on the communication stream after it and
+// returns; wait() makes the compute stream wait for that event on the device.
+// Neither waits for the stream on the host, so no watchdog runs for the started
+// collectives themselves. The next blocking collective does it for them: the
+// communication stream is FIFO, so awaiting it (the found_inf all-reduce of an
+// AMP step) awaits every collective started before it, with the same deadline
+// and abort on failure.
 #include "collective/nccl_communicator.h"
 
 #include <cuda_runtime.h>
@@ -23,6 +32,9 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "collective/nccl_check.h"
 #include "runtime/check.h"
@@ -155,6 +167,71 @@ class NcclCommunicator final : public Communicator {
     launch_and_wait(what, ncclAllReduce(send, buf, n, type, nop, comm_, stream()));
   }
 
+  Request all_reduce_start(void* buf, size_t n, DType dtype, ReduceOp op, Traffic traffic) override {
+    const auto what = [&] {
+      return MIX_STR_CAT("all_reduce_start (" << reduce_op_name(op) << " of " << n << " " << dtype_name(dtype) << " = "
+                                              << n * dtype_size(dtype) << " bytes)");
+    };
+    MIX_CHECK(buf != nullptr || n == 0, "NCCL " << what() << " got a null buffer");
+    const ncclDataType_t type = nccl_type(dtype);
+    const ncclRedOp_t nop = nccl_op(op);
+    check_alive(what);
+    if (n == 0) {
+      count(0, traffic);
+      const Request id = next_request();
+      pending_.emplace(id, nullptr);  // nothing to wait for
+      return id;
+    }
+    check_device_buffer(buf, "buffer", what);
+    const Request id = next_request();
+    count(n * dtype_size(dtype), traffic);
+    prepare(what);
+    const ncclResult_t rc = ncclAllReduce(buf, buf, n, type, nop, comm_, stream());
+    if (rc != ncclSuccess && rc != ncclInProgress) fail(what(), nccl_error_text(rc, comm_));
+    // Non-blocking communicator: ncclInProgress means the collective is not on
+    // the stream yet, and nothing may be queued on the stream (the event below)
+    // until it is. Poll for that only (the watchdog, without the stream).
+    if (rc == ncclInProgress) await(what, /*stream_work=*/false);
+    std::unique_ptr<cuda::Event> done = take_event();
+    done->record(stream());
+    pending_.emplace(id, std::move(done));
+    return id;
+  }
+
+  void wait(Request request) override {
+    const auto what = [&] { return MIX_STR_CAT("wait for all-reduce request " << request); };
+    // After an abort every wait names the first failure (the started collectives
+    // were ended with the communicator; their buffers hold no result).
+    check_alive(what);
+    auto it = pending_.find(request);
+    if (it == pending_.end()) {
+      MIX_FAIL("NCCL " << what() << " on " << process_identity() << ": the communicator has no such request in "
+                       << "flight (never started, or already waited for); " << pending_.size()
+                       << " request(s) in flight");
+    }
+    std::unique_ptr<cuda::Event> done = std::move(it->second);
+    pending_.erase(it);
+    if (done) {
+      MIX_CUDA_CHECK(cudaSetDevice(device_));
+      // On the device: kernels queued on the compute stream after this run once
+      // the collective has completed; the host goes on at once.
+      done->wait(ctx_->compute.get());
+      spare_events_.push_back(std::move(done));  // safe to re-record: the wait above has captured it
+    }
+    check_async_error(what);
+  }
+
+  /// A non-blocking look for failures NCCL has seen off the stream (a dead
+  /// peer, a network error), so that they surface between ops rather than at
+  /// the next blocking collective. Nothing when no collective is in flight.
+  void progress() override {
+    if (pending_.empty() || !comm_) return;
+    const auto what = [&] { return MIX_STR_CAT(pending_.size() << " started all-reduce(s)"); };
+    check_async_error(what);
+  }
+
+  size_t in_flight() const override { return pending_.size(); }
+
   void broadcast(void* buf, size_t bytes, int root) override {
     const auto what = [&] { return MIX_STR_CAT("broadcast (" << bytes << " bytes from rank " << root << ")"); };
     MIX_CHECK(root >= 0 && root < world_, "NCCL broadcast root " << root << " is not a rank of a world of size " << world_);
@@ -270,6 +347,24 @@ class NcclCommunicator final : public Communicator {
     await(what, /*stream_work=*/false);
   }
 
+  /// One ncclCommGetAsyncError, without waiting: fail() on an error.
+  template <typename What>
+  void check_async_error(const What& what) {
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t rc = ncclCommGetAsyncError(comm_, &state);
+    if (rc != ncclSuccess) fail(what(), "ncclCommGetAsyncError failed: " + nccl_error_text(rc, comm_));
+    if (state != ncclSuccess && state != ncclInProgress) fail(what(), nccl_error_text(state, comm_));
+  }
+
+  /// An event for a started collective: a spare one when there is (buckets
+  /// start every step; creating events each time would cost driver calls).
+  std::unique_ptr<cuda::Event> take_event() {
+    if (spare_events_.empty()) return std::make_unique<cuda::Event>();
+    std::unique_ptr<cuda::Event> e = std::move(spare_events_.back());
+    spare_events_.pop_back();
+    return e;
+  }
+
   /// `rc` is what the launching call returned; then waits for the collective.
   template <typename What>
   void launch_and_wait(const What& what, ncclResult_t rc) {
@@ -333,6 +428,10 @@ class NcclCommunicator final : public Communicator {
     if (failure_.empty()) failure_ = "abort() was called";
     MIX_NCCL_CHECK_NOTHROW(ncclCommAbort(comm_));
     comm_ = nullptr;
+    // The started collectives ended with the communicator; a later wait() names
+    // the failure. Event destructors never throw (cudaEventDestroy of a recorded
+    // event releases it once the stream gets there).
+    pending_.clear();
   }
 
   /// Frees everything; never throws. graceful: finalize (flushing outstanding
@@ -352,6 +451,10 @@ class NcclCommunicator final : public Communicator {
       MIX_CUDA_CHECK_NOTHROW(cudaFree(barrier_buf_));
       barrier_buf_ = nullptr;
     }
+    // Requests never waited for (an exception between start and wait): their
+    // events go with the communicator; destroying them never throws.
+    pending_.clear();
+    spare_events_.clear();
     compute_done_.reset();
   }
 
@@ -397,6 +500,10 @@ class NcclCommunicator final : public Communicator {
   const double timeout_s_;
   cuda::DeviceContext* ctx_ = nullptr;
   std::unique_ptr<cuda::Event> compute_done_;
+  /// Started all-reduces not yet waited for: the event recorded on the
+  /// communication stream after each (null for an empty one).
+  std::unordered_map<Request, std::unique_ptr<cuda::Event>> pending_;
+  std::vector<std::unique_ptr<cuda::Event>> spare_events_;
   void* barrier_buf_ = nullptr;  // one int32 on the device, for barrier()
   ncclComm_t comm_ = nullptr;
   std::string failure_;  // the first failure; set once the communicator is aborted

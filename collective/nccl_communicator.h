@@ -12,11 +12,29 @@
 //   wait (on the device, no host sync) for the work already queued on the
 //   compute stream, so a buffer written by the step's kernels is complete when
 //   NCCL reads it. Buffers written on any other stream must be complete first.
-// - Every call returns only when the collective has completed (the host waits
-//   for the communication stream), so the result may be used on any stream and
-//   the buffer freed or reused at once. Overlap of communication with backward
-//   will come later, by ordering the streams with events instead of waiting.
-// - all_reduce: f16 (ncclFloat16), bf16 (ncclBfloat16), f32, i32, i64, u8; sum, max
+// - Every call but all_reduce_start/wait returns only when the collective has
+//   completed (the host waits for the communication stream), so the result may
+//   be used on any stream and the buffer freed or reused at once.
+// - all_reduce_start (overlap of gradient all-reduces with backward): the same
+//   checks and byte counting as all_reduce, the communication stream waits for
+//   the compute stream as above, then ncclAllReduce is queued in place and, once
+//   NCCL has enqueued it (polled with the watchdog when the launch returns
+//   ncclInProgress), an event is recorded on the communication stream after it.
+//   It returns at once, without waiting for the stream; the request id names
+//   that event. The buffer must not be touched, nor freed, until wait().
+//   wait(id): the compute stream waits for the event on the device (no host
+//   sync), so work queued on it afterwards sees the result (and the caching
+//   allocator may hand the buffer out again, as its blocks are ordered on the
+//   compute stream); then one non-blocking ncclCommGetAsyncError. An unknown or
+//   already waited-for id throws naming it. Work on other streams must order
+//   itself after the compute stream. progress() only looks for asynchronous
+//   NCCL errors; in_flight() counts the started, not waited-for requests.
+//   No watchdog runs for a started collective by itself: the next blocking
+//   collective (the found_inf all-reduce of an AMP step) awaits the FIFO
+//   communication stream, hence every collective started before it, with the
+//   timeout and abort below. Requests never waited for are dropped (their
+//   events destroyed, never throwing) when the communicator is aborted or destroyed.
+// - all_reduce, all_reduce_start: f16 (ncclFloat16), bf16 (ncclBfloat16), f32, i32, i64, u8; sum, max
 //   and avg (ncclAvg). NCCL adds 16-bit values per hop like the MPI backend,
 //   but its avg of floating types multiplies every input by 1/world before the
 //   sum (integers: sum, then divide), so for world > 1 an f16/bf16/f32 avg may
@@ -27,7 +45,7 @@
 //
 // Failure handling (no rank hangs forever):
 // - The communicator is non-blocking (ncclConfig_t::blocking = 0): init and
-//   every launch return at once, and this code polls. After each launch it
+//   every launch return at once, and this code polls. After each blocking launch it
 //   polls cudaStreamQuery (completion) and ncclCommGetAsyncError (network and
 //   peer failures) until the collective completes, an error appears, or the
 //   timeout passes: MIX_NCCL_TIMEOUT_S seconds (default 300, fractions allowed)

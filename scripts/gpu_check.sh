@@ -3,7 +3,8 @@
 # runs every [cuda] test (each CUDA kernel against its CPU twin, the 1-GPU NCCL
 # communicator), trains the MLP for a few hundred steps, ResNet-50 (cuDNN) and
 # a Transformer-base-sized language model for a few dozen in FP32 and in AMP on
-# the GPU (TF32 off), and prints a summary table last. Logs and summary.txt go to --out DIR.
+# the GPU (TF32 off), times resnet-small AMP steps with and without overlapped
+# gradient all-reduces, and prints a summary table last. Logs and summary.txt go to --out DIR.
 # Budget: under 8 minutes on one H200 (the build is most of it).
 #
 #   scripts/gpu_check.sh [--out DIR] [--bundle DIR]
@@ -75,6 +76,22 @@ train_transformer() {  # precision, log name
     --heads 8 --context 256 --vocab 32768 --batch-size 32 --optimizer adamw --benchmark --benchmark-warmup 10 \
     --steps 40 --eval false --metrics "$out/$2.jsonl" >"$out/$2.log" 2>&1
 }
+# resnet-small (32x32 images) under AMP, gradient all-reduces overlapped with
+# backward (the default: c_allreduce_start/wait, NCCL on its own stream) and
+# not (--no-overlap: every bucket after backward). One GPU, so NCCL moves no
+# bytes: the row checks that the overlapped path costs no step time and runs.
+train_resnet_small() {  # log name, extra flags...
+  local name="$1"; shift
+  "$build/mixtrain" --device cuda --precision amp --model resnet-small --data synthetic --synthetic-size 4096 \
+    --batch-size 128 --benchmark --benchmark-warmup 10 --steps 40 --eval false "$@" \
+    --metrics "$out/$name.jsonl" >"$out/$name.log" 2>&1
+}
+mean_step_ms() {  # file, warm-up steps: the mean step_ms of the timed steps
+  /usr/bin/env python3 -c "import json,sys
+s=[json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+t=[l['step_ms'] for l in s if 'step_ms' in l and l.get('step', 0) > int(sys.argv[2])]
+print(f'{sum(t)/len(t):.2f}' if t else 'n/a')" "$1" "$2" 2>/dev/null || echo n/a
+}
 ratio_of() {  # fp32 value, amp value
   /usr/bin/env python3 -c "import sys
 try: print(f'{float(sys.argv[2]) / float(sys.argv[1]):.2f}')
@@ -104,6 +121,12 @@ tf_amp_tps=$(summary_field "$out/transformer_amp.jsonl" tokens_per_s_overall)
 tf_fp32_peak=$(summary_field "$out/transformer_fp32.jsonl" peak_bytes)
 tf_amp_peak=$(summary_field "$out/transformer_amp.jsonl" peak_bytes)
 tf_ratio=$(ratio_of "$tf_fp32_tps" "$tf_amp_tps")
+echo "gpu_check: resnet-small AMP with and without overlapped all-reduce (logs: $out/resnet_small_*.log)"
+train_resnet_small resnet_small_overlap; rs_ov_rc=$?
+train_resnet_small resnet_small_no_overlap --no-overlap; rs_no_rc=$?
+rs_ov_ms=$(mean_step_ms "$out/resnet_small_overlap.jsonl" 10)
+rs_no_ms=$(mean_step_ms "$out/resnet_small_no_overlap.jsonl" 10)
+rs_ratio=$(ratio_of "$rs_ov_ms" "$rs_no_ms")
 # NCCL all-reduce through the device communicator (one rank: NCCL still runs its
 # kernels), every dtype checked against exact values; the 64M rows' busbw is 0
 # on one GPU by definition, so the figure that matters is the time column.
@@ -128,7 +151,10 @@ secs=$(( $(date +%s) - t0 ))
   printf "  %-34s %s\n" "Transformer-base AMP tokens/s" "$tf_amp_tps (exit $tf_amp_rc)"
   printf "  %-34s %s\n" "Transformer AMP / FP32 (>= 2.9)" "$tf_ratio"
   printf "  %-34s %s / %s\n" "Transformer peak bytes FP32 / AMP" "$tf_fp32_peak" "$tf_amp_peak"
+  printf "  %-34s %s\n" "resnet-small AMP ms/step overlap" "$rs_ov_ms (exit $rs_ov_rc)"
+  printf "  %-34s %s\n" "resnet-small AMP ms/step no-overlap" "$rs_no_ms (exit $rs_no_rc)"
+  printf "  %-34s %s\n" "no-overlap / overlap step time" "$rs_ratio"
   printf "  %-34s %s\n" "mixbench allreduce --check (NCCL)" "$bench_wrong (exit $bench_rc)"
 } | tee "$out/summary.txt"
 [ $tests_rc -eq 0 ] && [ $fp32_rc -eq 0 ] && [ $amp_rc -eq 0 ] && [ $r50_fp32_rc -eq 0 ] && [ $r50_amp_rc -eq 0 ] &&
-  [ $tf_fp32_rc -eq 0 ] && [ $tf_amp_rc -eq 0 ] && [ $bench_rc -eq 0 ]
+  [ $tf_fp32_rc -eq 0 ] && [ $tf_amp_rc -eq 0 ] && [ $rs_ov_rc -eq 0 ] && [ $rs_no_rc -eq 0 ] && [ $bench_rc -eq 0 ]

@@ -7,7 +7,9 @@
 // Host round trips. check_finite_and_unscale makes none: the flag is raised on
 // the device (one integer atomicOr per block that saw a non-finite value,
 // order-independent, hence reproducible) and read by whoever needs it, on the
-// device too (the optimizer ops' SkipUpdate, update_loss_scaling). The CPU op
+// device too (the optimizer ops' SkipUpdate, update_loss_scaling). The
+// optional FoundInfiniteEach (which X held an inf or NaN) is zeroed on the
+// stream and raised the same way, one atomic per block into X's slot. The CPU op
 // refuses a scale that is not positive and finite; the device cannot throw, so
 // such a scale raises found_inf instead: the step is skipped, not applied with
 // inf/NaN gradients, and the dynamic scaler falls back to min_loss_scaling.
@@ -52,15 +54,20 @@ struct InitFoundInf {
   }
 };
 
+/// `each` (nullable): this X's FoundInfiniteEach slot, raised like `found`.
 template <typename In, typename Out>
-__global__ void unscale_check_kernel(const In* x, Out* out, int64_t n, const float* scale, int32_t* found) {
+__global__ void unscale_check_kernel(const In* x, Out* out, int64_t n, const float* scale, int32_t* found,
+                                     int32_t* each) {
   const fn::UnscaleCheck f = fn::unscale_check_for(scale[0]);
   bool any = false;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     out[i] = from_float<Out>(f(to_float(x[i]), any));
   // Every thread reaches this (no early return above): one atomic per block at most.
-  if (__syncthreads_or(any) && threadIdx.x == 0) atomicOr(reinterpret_cast<int*>(found), 1);
+  if (__syncthreads_or(any) && threadIdx.x == 0) {
+    atomicOr(reinterpret_cast<int*>(found), 1);
+    if (each) atomicOr(reinterpret_cast<int*>(each), 1);
+  }
 }
 
 void run_unscale(OpContext& ctx, bool to_f32) {
@@ -86,6 +93,14 @@ void run_unscale(OpContext& ctx, bool to_f32) {
   int32_t* found_p = found.data<int32_t>();
   cuda::launch_grid_stride(1, stream,
                            InitFoundInf{found_p, prev_p ? cuda::scalar_ref(&prev) : ScalarRef{}, scale.data<float>()});
+  // FoundInfiniteEach[i]: raised from X[i]'s values only, as on the CPU (not by
+  // FoundInfiniteIn or an invalid scale); an empty X keeps its 0.
+  int32_t* each_p = nullptr;
+  if (ctx.wants("FoundInfiniteEach")) {
+    Tensor& each = ctx.out("FoundInfiniteEach", {static_cast<int64_t>(x_names.size())}, DType::i32);
+    each_p = each.data<int32_t>();
+    if (each.bytes() > 0) MIX_CUDA_CHECK(cudaMemsetAsync(each_p, 0, each.bytes(), stream));
+  }
   for (size_t i = 0; i < x_names.size(); ++i) {
     // By value: shares the storage, and stays valid if Out replaces the scope entry.
     const Tensor x = ctx.scope.get(x_names[i]);
@@ -101,7 +116,7 @@ void run_unscale(OpContext& ctx, bool to_f32) {
       cuda::dispatch_floating(out_dtype, [&](auto out_tag) {
         using Out = decltype(out_tag);
         unscale_check_kernel<In, Out><<<cuda::grid_blocks(x.numel()), cuda::kBlock, 0, stream>>>(
-            x.data<In>(), out.data<Out>(), x.numel(), scale.data<float>(), found_p);
+            x.data<In>(), out.data<Out>(), x.numel(), scale.data<float>(), found_p, each_p ? each_p + i : nullptr);
         MIX_CUDA_CHECK(cudaGetLastError());
       });
     });

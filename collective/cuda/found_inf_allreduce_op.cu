@@ -1,0 +1,103 @@
+// CUDA kernel of c_allreduce_found_inf (slots, attributes and semantics: the
+// CPU op in collective/found_inf_allreduce_op.cc; the mask layout:
+// collective/overflow_mask.h, whose MIX_HD helpers both kernels use).
+//
+// Everything stays on the device: the mask is zeroed on the compute stream, one
+// small launch per gradient bucket sets this rank's bit where its flags are
+// raised, the device communicator all-reduces the mask (int32 sum of disjoint
+// bits, i.e. OR; NCCL orders its stream after the compute stream and returns
+// when the collective has completed), and one thread writes Out from row 0.
+// The flags are never read on the host.
+//
+// Each mask word is written by one thread of one launch at a time: row 0 by
+// thread 0 of each bucket's launch (launches on one stream run in order), row
+// 1 + j by the thread of parameter j. No atomics are needed.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "collective/communicator.h"
+#include "collective/overflow_mask.h"
+#include "runtime/check.h"
+#include "runtime/ops/cuda/device_ops.cuh"
+
+namespace mix::collective {
+namespace {
+
+/// Bucket k's flags into the mask: thread 0 marks row 0 when the bucket's
+/// FoundInfinite is raised, thread i (< n) marks row first_row + i when its
+/// gradient's FoundInfiniteEach entry is (each == nullptr: no per-parameter flags).
+struct MarkBucket {
+  const int32_t* flag;
+  const int32_t* each;
+  int64_t n;
+  int32_t* mask;
+  int64_t first_row;
+  int words;
+  int rank;
+  __device__ void operator()(int64_t i) const {
+    if (i == 0 && flag[0] != 0) mark_rank(mask, rank);
+    if (each && i < n && each[i] != 0) mark_rank(mask + (first_row + i) * words, rank);
+  }
+};
+
+/// Out = whether any rank's bit is set in row 0 (the global found_inf).
+struct AnyRank {
+  const int32_t* mask;
+  int words;
+  int32_t* out;
+  __device__ void operator()(int64_t) const { out[0] = any_rank(mask, words) ? 1 : 0; }
+};
+
+void found_inf_cuda(OpContext& ctx) {
+  MIX_CHECK(ctx.env.comm, "op " << ctx.op.type << " needs a communicator (ExecEnv::comm is null)");
+  Communicator& comm = *ctx.env.comm;
+  const int world = comm.world_size(), rank = comm.rank();
+  const int64_t room = ctx.attr<int64_t>("world_size", 1);
+  MIX_CHECK(world <= 32 * overflow_mask_words(static_cast<int>(room)),
+            ctx.op.type << ": the program was built for " << room << " rank(s) but runs on " << world
+                        << "; build the training program with the world size it runs on (AmpOptions::world_size)");
+  const auto& flags = ctx.op.ins("FoundInfinite");
+  const auto& each =
+      ctx.op.inputs.count("FoundInfiniteEach") ? ctx.op.ins("FoundInfiniteEach") : std::vector<std::string>{};
+  MIX_CHECK(each.empty() || each.size() == flags.size(),
+            ctx.op.type << ": " << each.size() << " FoundInfiniteEach for " << flags.size() << " FoundInfinite");
+  int64_t params = 0;
+  for (auto& e : each) params += ctx.scope.get(e).numel();
+  const int words = overflow_mask_words(static_cast<int>(room));
+  const cudaStream_t stream = cuda::compute_stream(ctx);
+  Tensor& mask = ctx.out("OverflowRanks", {1 + params, words}, DType::i32);  // [1 + params, words]
+  int32_t* m = mask.data<int32_t>();
+  MIX_CUDA_CHECK(cudaMemsetAsync(m, 0, mask.bytes(), stream));
+  int64_t row = 1;
+  for (size_t k = 0; k < flags.size(); ++k) {
+    const Tensor& f = ctx.scope.get(flags[k]);
+    MIX_CHECK(f.dtype() == DType::i32 && f.numel() == 1, ctx.op.type << ": " << flags[k] << " must be i32 [1]");
+    cuda::check_on_device(ctx, f, "FoundInfinite '" + flags[k] + "'");
+    const int32_t* each_p = nullptr;
+    int64_t n = 0;
+    if (!each.empty()) {
+      const Tensor& e = ctx.scope.get(each[k]);
+      MIX_CHECK(e.dtype() == DType::i32, ctx.op.type << ": " << each[k] << " must be i32");
+      cuda::check_on_device(ctx, e, "FoundInfiniteEach '" + each[k] + "'");
+      each_p = e.data<int32_t>();
+      n = e.numel();
+    }
+    cuda::launch_grid_stride(std::max<int64_t>(n, 1), stream,
+                             MarkBucket{f.data<int32_t>(), n > 0 ? each_p : nullptr, n, m, row, words, rank});
+    row += n;
+  }
+  // Blocking, like every device-communicator call but all_reduce_start: the
+  // communication stream waits for the marks above, and the result is complete
+  // on return, so the launch below (and anyone later) reads the reduced mask.
+  comm.all_reduce(m, static_cast<size_t>(mask.numel()), DType::i32, ReduceOp::sum, Traffic::control);
+  cuda::launch_grid_stride(1, stream, AnyRank{m, words, ctx.out("Out", {1}, DType::i32).data<int32_t>()});
+}
+
+const bool registered = OpRegistry::instance().add_cuda_kernel("c_allreduce_found_inf", found_inf_cuda);
+
+}  // namespace
+}  // namespace mix::collective
