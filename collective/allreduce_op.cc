@@ -21,6 +21,7 @@
 #include <cstring>
 #include <vector>
 
+#include "collective/allreduce_bucket.h"
 #include "collective/communicator.h"
 #include "runtime/check.h"
 #include "runtime/half.h"
@@ -31,62 +32,65 @@
 namespace mix::collective {
 namespace {
 
-void scale_in_place(void* data, int64_t n, DType dtype, float factor) {
-  if (factor == 1.f) return;
+// dst = src * factor, rounded to the dtype as a GPU kernel would (fn::Scale, the
+// CUDA twin's functor); a plain copy when factor is 1. src may be dst. Packing
+// and scaling in one pass reads and writes the bucket once instead of twice,
+// which is most of the CPU cost of a sync besides MPI's own copies.
+void copy_scaled(const void* src, void* dst, int64_t n, DType dtype, float factor) {
+  if (factor == 1.f) {
+    if (src != dst) std::memcpy(dst, src, static_cast<size_t>(n) * dtype_size(dtype));
+    return;
+  }
+  if (dtype == DType::f16) {
+    // The FP16 gradient buckets' case, fused (F16C); the same bits as the functor
+    // below (tests/unit/test_half.cc checks it on every binary16 value).
+    half_bulk::f16_scale(static_cast<const uint16_t*>(src), static_cast<uint16_t*>(dst), static_cast<size_t>(n),
+                         factor);
+    return;
+  }
   cpu::dispatch_floating(dtype, [&](auto tag) {
     using T = decltype(tag);
-    T* p = static_cast<T*>(data);
-    cpu::unary(p, p, n, fn::Scale{factor, 0.f, true});
+    cpu::unary(static_cast<const T*>(src), static_cast<T*>(dst), n, fn::Scale{factor, 0.f, true});
+  });
+}
+
+// Copies the tensors back to back into `buffer`, multiplied by `factor`.
+void pack_scaled(const OpContext& ctx, const std::vector<std::string>& names, void* buffer, float factor) {
+  auto* dst = static_cast<unsigned char*>(buffer);
+  for (auto& n : names) {
+    const Tensor& t = ctx.scope.get(n);
+    copy_scaled(t.raw(), dst, t.numel(), t.dtype(), factor);
+    dst += t.bytes();
+  }
+}
+
+// The reverse: output i of Out gets its slice of `buffer` times `factor`; a
+// one-tensor bucket's view is scaled where it lies.
+void unpack_scaled(OpContext& ctx, const Tensor& buffer, const std::string& buffer_name, float factor) {
+  for_each_slice(ctx, "Out", buffer, buffer_name, [&](Tensor& t, const std::string&, size_t offset, bool in_place) {
+    const void* src = in_place ? t.raw() : static_cast<const unsigned char*>(buffer.raw()) + offset;
+    copy_scaled(src, t.raw(), t.numel(), t.dtype(), factor);
   });
 }
 
 void allreduce_cpu(OpContext& ctx, ReduceOp op) {
-  MIX_CHECK(ctx.env.comm, "op " << ctx.op.type << " needs a communicator (ExecEnv::comm is null)");
-  Communicator& comm = *ctx.env.comm;
-  const auto& names = ctx.op.ins("X");
-  MIX_CHECK(!names.empty(), ctx.op.type << " of an empty bucket");
-  const DType dtype = ctx.scope.get(names[0]).dtype();
-  const Traffic traffic = ctx.attr<std::string>("traffic", "control") == "gradients" ? Traffic::gradients : Traffic::control;
+  Communicator& comm = comm_of(ctx);
+  const BucketShape b = bucket_shape(ctx, "X");
   const float prescale = ctx.attr<float>("prescale", 1.f), postscale = ctx.attr<float>("postscale", 1.f);
   MIX_CHECK(op == ReduceOp::sum || (prescale == 1.f && postscale == 1.f), "only sums take pre/post scaling");
-
-  size_t total = 0;
-  for (auto& n : names) {
-    const Tensor& t = ctx.scope.get(n);
-    MIX_CHECK(t.dtype() == dtype, "bucket mixes dtypes: " << n << " is " << dtype_name(t.dtype()) << ", "
-                                                          << names[0] << " is " << dtype_name(dtype));
-    total += static_cast<size_t>(t.numel());
-  }
-  const size_t esize = dtype_size(dtype);
-  if (names.size() == 1) {
+  const auto n = static_cast<size_t>(b.elements);
+  if (ctx.op.ins("X").size() == 1) {
     // One tensor: reduce it where it lies.
     Tensor& t = ctx.out_existing("Out", 0);
-    scale_in_place(t.raw(), t.numel(), dtype, prescale);
-    comm.all_reduce(t.raw(), total, dtype, op, traffic);
-    scale_in_place(t.raw(), t.numel(), dtype, postscale);
+    copy_scaled(t.raw(), t.raw(), t.numel(), b.dtype, prescale);
+    comm.all_reduce(t.raw(), n, b.dtype, op, traffic_of(ctx));
+    copy_scaled(t.raw(), t.raw(), t.numel(), b.dtype, postscale);
     return;
   }
-  thread_local std::vector<unsigned char> bucket;
-  bucket.resize(total * esize);
-  size_t offset = 0;
-  for (auto& n : names) {
-    const Tensor& t = ctx.scope.get(n);
-    std::memcpy(bucket.data() + offset, t.raw(), t.bytes());
-    offset += t.bytes();
-  }
-  scale_in_place(bucket.data(), static_cast<int64_t>(total), dtype, prescale);
-  comm.all_reduce(bucket.data(), total, dtype, op, traffic);
-  scale_in_place(bucket.data(), static_cast<int64_t>(total), dtype, postscale);
-  offset = 0;
-  for (size_t i = 0; i < names.size(); ++i) {
-    Tensor& t = ctx.out_existing("Out", i);
-    std::memcpy(t.raw(), bucket.data() + offset, t.bytes());
-    offset += t.bytes();
-  }
-}
-
-Traffic traffic_of(const OpContext& ctx) {
-  return ctx.attr<std::string>("traffic", "control") == "gradients" ? Traffic::gradients : Traffic::control;
+  const Tensor bucket = Tensor::empty({b.elements}, b.dtype);  // from the caching allocator: reused step after step
+  pack_scaled(ctx, ctx.op.ins("X"), bucket.raw(), prescale);
+  comm.all_reduce(bucket.raw(), n, b.dtype, op, traffic_of(ctx));
+  unpack_scaled(ctx, bucket, "the packed bucket", postscale);
 }
 
 void infer_allreduce_start(Program& p, OpDesc& op) {
@@ -106,60 +110,22 @@ void infer_allreduce_start(Program& p, OpDesc& op) {
 }
 
 void allreduce_start_cpu(OpContext& ctx) {
-  MIX_CHECK(ctx.env.comm, "op " << ctx.op.type << " needs a communicator (ExecEnv::comm is null)");
-  const auto& names = ctx.op.ins("X");
-  MIX_CHECK(!names.empty(), ctx.op.type << " of an empty bucket");
-  const std::string& buffer_name = ctx.op.out("Buffer");
-  MIX_CHECK(!ctx.env.in_flight.count(buffer_name),
-            ctx.op.type << ": " << buffer_name << " is already being reduced (started twice without a wait)");
-  const DType dtype = ctx.scope.get(names[0]).dtype();
-  int64_t total = 0;
-  for (auto& n : names) {
-    const Tensor& t = ctx.scope.get(n);
-    MIX_CHECK(t.dtype() == dtype, "bucket mixes dtypes: " << n << " is " << dtype_name(t.dtype()) << ", " << names[0]
-                                                          << " is " << dtype_name(dtype));
-    total += t.numel();
-  }
-  Tensor* buffer = nullptr;
-  if (names.size() == 1) {
-    ctx.scope.set(buffer_name, ctx.scope.get(names[0]).reshaped({total}));  // a view: reduced in place
-    buffer = &ctx.scope.get(buffer_name);
+  const StartBuffer b = start_buffer(ctx);
+  const float prescale = ctx.attr<float>("prescale", 1.f);
+  if (b.packed) {
+    pack_scaled(ctx, ctx.op.ins("X"), b.tensor->raw(), prescale);
   } else {
-    buffer = &ctx.out("Buffer", {total}, dtype);
-    size_t offset = 0;
-    for (auto& n : names) {
-      const Tensor& t = ctx.scope.get(n);
-      std::memcpy(static_cast<unsigned char*>(buffer->raw()) + offset, t.raw(), t.bytes());
-      offset += t.bytes();
-    }
+    copy_scaled(b.tensor->raw(), b.tensor->raw(), b.shape.elements, b.shape.dtype, prescale);
   }
-  scale_in_place(buffer->raw(), total, dtype, ctx.attr<float>("prescale", 1.f));
-  ctx.env.in_flight[buffer_name] = ctx.env.comm->all_reduce_start(buffer->raw(), static_cast<size_t>(total), dtype,
-                                                                   ReduceOp::sum, traffic_of(ctx));
+  start_sum(ctx, b);
 }
 
 void allreduce_wait_cpu(OpContext& ctx) {
-  MIX_CHECK(ctx.env.comm, "op " << ctx.op.type << " needs a communicator (ExecEnv::comm is null)");
-  const std::string& buffer_name = ctx.op.in("Buffer");
-  auto it = ctx.env.in_flight.find(buffer_name);
-  MIX_CHECK(it != ctx.env.in_flight.end(),
-            ctx.op.type << ": no all-reduce of " << buffer_name << " is in flight (its c_allreduce_start did not run)");
-  const Request request = it->second;
-  ctx.env.in_flight.erase(it);
+  const Request request = take_started(ctx);
   ctx.env.comm->wait(request);
-  const Tensor buffer = ctx.scope.get(buffer_name);
-  scale_in_place(buffer.raw(), buffer.numel(), buffer.dtype(), ctx.attr<float>("postscale", 1.f));
-  size_t offset = 0;
-  for (size_t i = 0; i < ctx.op.outs("Out").size(); ++i) {
-    Tensor& t = ctx.out_existing("Out", i);
-    MIX_CHECK(t.dtype() == buffer.dtype() && offset + t.bytes() <= buffer.bytes(),
-              ctx.op.type << ": " << ctx.op.outs("Out")[i] << " does not fit " << buffer_name);
-    if (!t.shares_storage(buffer))
-      std::memcpy(t.raw(), static_cast<const unsigned char*>(buffer.raw()) + offset, t.bytes());
-    offset += t.bytes();
-  }
-  MIX_CHECK(offset == buffer.bytes(), ctx.op.type << ": Out holds " << offset << " bytes but " << buffer_name
-                                                  << " holds " << buffer.bytes());
+  const std::string& buffer_name = ctx.op.in("Buffer");
+  const Tensor buffer = ctx.scope.get(buffer_name);  // a handle, not a reference into the scope the outputs change
+  unpack_scaled(ctx, buffer, buffer_name, ctx.attr<float>("postscale", 1.f));
 }
 
 MIX_REGISTER_OP("c_allreduce_start", OpInfo{infer_allreduce_start, allreduce_start_cpu, {}, {}});

@@ -79,6 +79,12 @@ void f32_reduce(float* inout, const float* in, size_t n, ReduceOp op) {
 // f16/bf16: widen a block to FP32 (the bulk converters use F16C when the CPU
 // has it), combine, round back once. One call is one hop of a ring or tree.
 void half_reduce(uint16_t* inout, const uint16_t* in, size_t n, DType dtype, ReduceOp op) {
+  if (dtype == DType::f16 && op != ReduceOp::max) {
+    // The gradient all-reduce's case: fused widen-add-round, the same bits as
+    // the blocked loop below, without its staging copies.
+    half_bulk::f16_add(inout, in, n);
+    return;
+  }
   constexpr size_t kBlock = 256;
   float a[kBlock];
   float b[kBlock];

@@ -135,6 +135,21 @@ void f32_to_f16_f16c(const float* in, uint16_t* out, size_t n);
 void f16_to_f32_f16c(const uint16_t* in, float* out, size_t n);
 void f32_to_bf16(const float* in, uint16_t* out, size_t n);
 void bf16_to_f32(const uint16_t* in, float* out, size_t n);
+
+/// inout[i] = inout[i] + in[i], added in FP32 and rounded to binary16 once: one hop
+/// of a half-precision all-reduce. Fused, so the F16C path reads each input once
+/// and needs no FP32 staging buffer (the MPI reduction's hot loop).
+void f16_add(uint16_t* inout, const uint16_t* in, size_t n);
+void f16_add_portable(uint16_t* inout, const uint16_t* in, size_t n);
+void f16_add_f16c(uint16_t* inout, const uint16_t* in, size_t n);
+
+/// out[i] = factor * in[i] + 0, in FP32, rounded to binary16 once: fn::Scale{factor,
+/// 0, true} on half storage, bit for bit (the + 0 turns a -0 product into +0, as
+/// the functor does). The pre/post division of the gradient all-reduce runs on
+/// every FP16 gradient each step; fused, it is one read and one write. in may be out.
+void f16_scale(const uint16_t* in, uint16_t* out, size_t n, float factor);
+void f16_scale_portable(const uint16_t* in, uint16_t* out, size_t n, float factor);
+void f16_scale_f16c(const uint16_t* in, uint16_t* out, size_t n, float factor);
 }  // namespace half_bulk
 
 }  // namespace mix

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "collective/allreduce_bucket.h"
 #include "collective/communicator.h"
 #include "runtime/check.h"
 #include "runtime/cuda/context.h"
@@ -62,26 +63,18 @@ void scale_on_device(void* data, int64_t n, DType dtype, float factor, cudaStrea
 }
 
 void allreduce_cuda(OpContext& ctx, ReduceOp op) {
-  MIX_CHECK(ctx.env.comm, "op " << ctx.op.type << " needs a communicator (ExecEnv::comm is null)");
-  Communicator& comm = *ctx.env.comm;
+  Communicator& comm = comm_of(ctx);
   const int device = ctx.env.device.index;
   cuda::DeviceContext& dc = cuda::use_device(device);
   const cudaStream_t compute = dc.compute.get();
-  const auto& names = ctx.op.ins("X");
-  MIX_CHECK(!names.empty(), ctx.op.type << " of an empty bucket");
-  const DType dtype = ctx.scope.get(names[0]).dtype();
-  const Traffic traffic =
-      ctx.attr<std::string>("traffic", "control") == "gradients" ? Traffic::gradients : Traffic::control;
+  const BucketShape shape = bucket_shape(ctx, "X");
+  const DType dtype = shape.dtype;
+  const auto total = static_cast<size_t>(shape.elements);
+  const Traffic traffic = traffic_of(ctx);
   const float prescale = ctx.attr<float>("prescale", 1.f), postscale = ctx.attr<float>("postscale", 1.f);
 
   std::vector<Tensor*> parts;
-  size_t total = 0;
-  for (size_t i = 0; i < names.size(); ++i) {
-    Tensor& t = ctx.out_existing("Out", i);
-    MIX_CHECK(t.dtype() == dtype, "bucket mixes dtypes: " << names[i] << " is " << dtype_name(t.dtype()));
-    parts.push_back(&t);
-    total += static_cast<size_t>(t.numel());
-  }
+  for (size_t i = 0; i < ctx.op.outs("Out").size(); ++i) parts.push_back(&ctx.out_existing("Out", i));
   Tensor bucket;
   void* buf = parts[0]->raw();
   if (parts.size() > 1) {
@@ -114,77 +107,42 @@ void allreduce_cuda(OpContext& ctx, ReduceOp op) {
   }
 }
 
-Traffic traffic_of(const OpContext& ctx) {
-  return ctx.attr<std::string>("traffic", "control") == "gradients" ? Traffic::gradients : Traffic::control;
-}
 
 void allreduce_start_cuda(OpContext& ctx) {
-  MIX_CHECK(ctx.env.comm, "op " << ctx.op.type << " needs a communicator (ExecEnv::comm is null)");
-  const auto& names = ctx.op.ins("X");
-  MIX_CHECK(!names.empty(), ctx.op.type << " of an empty bucket");
-  const std::string& buffer_name = ctx.op.out("Buffer");
-  MIX_CHECK(!ctx.env.in_flight.count(buffer_name),
-            ctx.op.type << ": " << buffer_name << " is already being reduced (started twice without a wait)");
-  cuda::DeviceContext& dc = cuda::use_device(ctx.env.device.index);
-  const cudaStream_t compute = dc.compute.get();
-  const DType dtype = ctx.scope.get(names[0]).dtype();
-  int64_t total = 0;
-  for (auto& n : names) {
-    const Tensor& t = ctx.scope.get(n);
-    MIX_CHECK(t.dtype() == dtype, "bucket mixes dtypes: " << n << " is " << dtype_name(t.dtype()) << ", " << names[0]
-                                                          << " is " << dtype_name(dtype));
-    cuda::check_on_device(ctx, t, "X '" + n + "'");
-    total += t.numel();
-  }
-  Tensor* buffer = nullptr;
-  if (names.size() == 1) {
-    ctx.scope.set(buffer_name, ctx.scope.get(names[0]).reshaped({total}));  // a view: reduced in place
-    buffer = &ctx.scope.get(buffer_name);
-  } else {
-    buffer = &ctx.out("Buffer", {total}, dtype);  // [total], on the device
+  const StartBuffer b = start_buffer(ctx);
+  const cudaStream_t compute = cuda::use_device(ctx.env.device.index).compute.get();
+  cuda::check_on_device(ctx, *b.tensor, "Buffer '" + ctx.op.out("Buffer") + "'");
+  if (b.packed) {
     size_t offset = 0;
-    for (auto& n : names) {
+    for (auto& n : ctx.op.ins("X")) {
       const Tensor& t = ctx.scope.get(n);
-      cuda::copy_on_stream(static_cast<char*>(buffer->raw()) + offset, t.raw(), t.bytes(), compute);
+      cuda::check_on_device(ctx, t, "X '" + n + "'");
+      cuda::copy_on_stream(static_cast<char*>(b.tensor->raw()) + offset, t.raw(), t.bytes(), compute);
       offset += t.bytes();
     }
   }
-  scale_on_device(buffer->raw(), total, dtype, ctx.attr<float>("prescale", 1.f), compute);
+  scale_on_device(b.tensor->raw(), b.shape.elements, b.shape.dtype, ctx.attr<float>("prescale", 1.f), compute);
   // The device communicator orders its stream after the compute stream's work
   // so far (the packing and prescale above) and returns without waiting.
-  ctx.env.in_flight[buffer_name] =
-      ctx.env.comm->all_reduce_start(buffer->raw(), static_cast<size_t>(total), dtype, ReduceOp::sum, traffic_of(ctx));
+  start_sum(ctx, b);
 }
 
 void allreduce_wait_cuda(OpContext& ctx) {
-  MIX_CHECK(ctx.env.comm, "op " << ctx.op.type << " needs a communicator (ExecEnv::comm is null)");
-  const std::string& buffer_name = ctx.op.in("Buffer");
-  auto it = ctx.env.in_flight.find(buffer_name);
-  MIX_CHECK(it != ctx.env.in_flight.end(),
-            ctx.op.type << ": no all-reduce of " << buffer_name << " is in flight (its c_allreduce_start did not run)");
-  const Request request = it->second;
-  ctx.env.in_flight.erase(it);
-  cuda::DeviceContext& dc = cuda::use_device(ctx.env.device.index);
-  const cudaStream_t compute = dc.compute.get();
+  const Request request = take_started(ctx);
+  const cudaStream_t compute = cuda::use_device(ctx.env.device.index).compute.get();
   // Device communicators return at once, the compute stream waiting for the
   // result on the device: everything below is queued behind it.
   ctx.env.comm->wait(request);
+  const std::string& buffer_name = ctx.op.in("Buffer");
   const Tensor buffer = ctx.scope.get(buffer_name);
   cuda::check_on_device(ctx, buffer, "Buffer '" + buffer_name + "'");
   scale_on_device(buffer.raw(), buffer.numel(), buffer.dtype(), ctx.attr<float>("postscale", 1.f), compute);
-  size_t offset = 0;
-  for (size_t i = 0; i < ctx.op.outs("Out").size(); ++i) {
-    Tensor& t = ctx.out_existing("Out", i);
-    MIX_CHECK(t.dtype() == buffer.dtype() && offset + t.bytes() <= buffer.bytes(),
-              ctx.op.type << ": " << ctx.op.outs("Out")[i] << " does not fit " << buffer_name);
-    if (!t.shares_storage(buffer)) {
-      cuda::check_on_device(ctx, t, "Out '" + ctx.op.outs("Out")[i] + "'");
-      cuda::copy_on_stream(t.raw(), static_cast<const char*>(buffer.raw()) + offset, t.bytes(), compute);
-    }
-    offset += t.bytes();
-  }
-  MIX_CHECK(offset == buffer.bytes(),
-            ctx.op.type << ": Out holds " << offset << " bytes but " << buffer_name << " holds " << buffer.bytes());
+  const auto unpack = [&](Tensor& t, const std::string& name, size_t offset, bool in_place) {
+    if (in_place) return;  // a one-tensor bucket's view
+    cuda::check_on_device(ctx, t, "Out '" + name + "'");
+    cuda::copy_on_stream(t.raw(), static_cast<const char*>(buffer.raw()) + offset, t.bytes(), compute);
+  };
+  for_each_slice(ctx, "Out", buffer, buffer_name, unpack);
 }
 
 const bool registered =

@@ -7,11 +7,13 @@
 //     even, overflow to inf), run on a few million random floats;
 //   - an independent decoder of binary16 patterns (ldexp of mantissa and exponent);
 //   - the scalar functions, the portable bulk loops and the F16C instructions
-//     compared with each other bit for bit.
+//     compared with each other bit for bit;
+//   - the fused half kernels of the all-reduce against the functor loops.
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -27,6 +29,8 @@
 #include <vector>
 
 #include "runtime/half.h"
+#include "runtime/kernels/cpu_loops.h"
+#include "runtime/kernels/functors.h"
 
 namespace {
 
@@ -511,4 +515,97 @@ TEST_CASE("half/bf16: rounding matches NumPy float16 and PyTorch bfloat16 on bou
   CHECK_NONE(mh);
   CHECK_NONE(mb);
   if (!f16c) WARN("this CPU has no F16C/AVX: the F16C path was not checked against the table");
+}
+
+// The fused half kernels of the gradient all-reduce (f16_add: one reduction hop;
+// f16_scale: the pre/post division) against the blocked functor loops they replace
+// (cpu::binary with fn::Add, cpu::unary with fn::Scale), which widen a chunk,
+// compute in FP32 and round once. Every binary16 value is an input; NaN results
+// are compared by NaN-ness and the quiet bit only (which NaN operand's payload
+// survives an add is up to the instruction and the compiler's operand order).
+TEST_CASE("half: fused f16_add and f16_scale equal the functor loops, F16C and portable", "[half][bulk][f16c]") {
+  const std::vector<uint16_t> a = all_patterns();
+  // A fixed shuffle of the patterns as the second operand: every value meets a
+  // different one, including inf-inf, NaN+x, subnormal sums and overflow.
+  std::vector<uint16_t> b(a.size());
+  for (uint32_t i = 0; i < 65536; ++i) b[i] = static_cast<uint16_t>(i * 40503u + 12345u);
+  const bool f16c = hb::cpu_has_f16c();
+  auto same = [](uint16_t got, uint16_t want) {
+    return half_is_nan(want) ? half_is_nan(got) && (got & 0x0200u) : got == want;
+  };
+  auto as_half = [](std::vector<uint16_t>& v) { return reinterpret_cast<mix::half_t*>(v.data()); };
+
+  std::vector<uint16_t> want(a.size());
+  std::vector<uint16_t> a_copy = a, b_copy = b;
+  mix::cpu::binary(as_half(a_copy), as_half(b_copy), as_half(want), static_cast<int64_t>(a.size()), mix::fn::Add{});
+  Mismatches add("f16_add vs cpu::binary(fn::Add)");
+  for (int path = 0; path < 3; ++path) {
+    if (path == 2 && !f16c) continue;
+    std::vector<uint16_t> got = a;
+    if (path == 0) hb::f16_add_portable(got.data(), b.data(), got.size());
+    if (path == 1) hb::f16_add(got.data(), b.data(), got.size());
+    if (path == 2) hb::f16_add_f16c(got.data(), b.data(), got.size());
+    for (size_t i = 0; i < a.size(); ++i)
+      if (!same(got[i], want[i]))
+        add.add("path " + std::to_string(path) + ": " + hex16(a[i]) + " + " + hex16(b[i]) + " -> " + hex16(got[i]) +
+                ", functor " + hex16(want[i]));
+  }
+  CHECK_NONE(add);
+  // It must be able to fail: a sum that rounds (1 + 2^-11 is a tie, to even 1.0)
+  // differs from the unrounded one, and 0x3c00 + 0x3c00 is 2.0 (0x4000).
+  uint16_t one = 0x3c00u, tiny = 0x1000u, two = 0x3c00u;
+  hb::f16_add(&one, &tiny, 1);
+  hb::f16_add(&two, &two, 1);
+  CHECK(one == 0x3c00u);
+  CHECK(two == 0x4000u);
+
+  Mismatches scale("f16_scale vs cpu::unary(fn::Scale)");
+  // Exact and inexact factors, a negative one (-0 products become +0), one that
+  // sends normals to subnormals and zero, one that overflows to inf, and 1.
+  for (float factor : {0.5f, 0.125f, 1.0f / 3.0f, 1.0f / 48.0f, -0.25f, 3.0f, 1e-5f, 65504.0f, 1.0f}) {
+    std::vector<uint16_t> ref(a.size());
+    mix::cpu::unary(reinterpret_cast<const mix::half_t*>(a.data()), as_half(ref), static_cast<int64_t>(a.size()),
+                    mix::fn::Scale{factor, 0.f, true});
+    for (int path = 0; path < 4; ++path) {
+      if (path >= 2 && !f16c) continue;
+      std::vector<uint16_t> got(a.size(), 0xabcdu);
+      if (path == 0) hb::f16_scale_portable(a.data(), got.data(), got.size(), factor);
+      if (path == 1) hb::f16_scale(a.data(), got.data(), got.size(), factor);
+      if (path == 2) hb::f16_scale_f16c(a.data(), got.data(), got.size(), factor);
+      if (path == 3) {  // in place
+        got = a;
+        hb::f16_scale_f16c(got.data(), got.data(), got.size(), factor);
+      }
+      for (size_t i = 0; i < a.size(); ++i)
+        if (!same(got[i], ref[i]))
+          scale.add("path " + std::to_string(path) + ": " + hex16(a[i]) + " * " + std::to_string(factor) + " -> " +
+                    hex16(got[i]) + ", functor " + hex16(ref[i]));
+    }
+  }
+  CHECK_NONE(scale);
+  uint16_t neg_zero = 0x8000u;
+  hb::f16_scale(&neg_zero, &neg_zero, 1, 0.5f);
+  CHECK(neg_zero == 0x0000u);  // -0 * 0.5 + 0 = +0, as the functor gives
+
+  if (!f16c) {
+    WARN("this CPU has no F16C/AVX: only the portable fused kernels were checked");
+    return;
+  }
+  // Lengths and offsets around the 8-wide vector: the tails, and nothing written past n.
+  Mismatches t("fused F16C tails");
+  for (size_t off : {size_t{0}, size_t{1}, size_t{3}}) {
+    for (size_t n : {0, 1, 7, 8, 9, 15, 16, 17, 33}) {
+      std::vector<uint16_t> p(n + 1, 0xabcdu), c(n + 1, 0xabcdu);
+      std::copy_n(a.begin() + 0x3800 + off, n, p.begin());
+      std::copy_n(a.begin() + 0x3800 + off, n, c.begin());
+      hb::f16_add_portable(p.data(), b.data() + off, n);
+      hb::f16_add_f16c(c.data(), b.data() + off, n);
+      if (p != c) t.add("f16_add off " + std::to_string(off) + " n " + std::to_string(n));
+      std::vector<uint16_t> sp(n + 1, 0xabcdu), sc(n + 1, 0xabcdu);
+      hb::f16_scale_portable(a.data() + 0x3800 + off, sp.data(), n, 0.3f);
+      hb::f16_scale_f16c(a.data() + 0x3800 + off, sc.data(), n, 0.3f);
+      if (sp != sc || sc[n] != 0xabcdu) t.add("f16_scale off " + std::to_string(off) + " n " + std::to_string(n));
+    }
+  }
+  CHECK_NONE(t);
 }
