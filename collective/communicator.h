@@ -69,6 +69,15 @@ class Communicator {
   virtual void progress() {}
   /// Started and not yet waited for.
   virtual size_t in_flight() const { return started_.size(); }
+  /// Returns when the work this rank has queued has finished: on a device
+  /// backend, the compute stream's kernels so far and every collective on the
+  /// communication stream (started ones included), awaited with the same
+  /// watchdog as a blocking collective, so a dead or stuck peer ends in a
+  /// timeout and an abort instead of a hang. A step that only starts and waits
+  /// for collectives (FP32 on GPUs) calls it once at its end; so do timings.
+  /// Host backends finish each call before returning: nothing to do (a started
+  /// all-reduce still needs its wait()).
+  virtual void synchronize() {}
 
   virtual void broadcast(void* buf, size_t bytes, int root) = 0;
   /// Gathers `bytes_per_rank` bytes from every rank into recv (world * bytes_per_rank), rank order.

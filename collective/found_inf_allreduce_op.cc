@@ -20,6 +20,7 @@
 #include <cstring>
 
 #include "collective/communicator.h"
+#include "collective/found_inf_allreduce_inputs.h"
 #include "collective/overflow_mask.h"
 #include "runtime/check.h"
 #include "runtime/op_registry.h"
@@ -45,35 +46,19 @@ void infer_found_inf(Program& p, OpDesc& op) {
 }
 
 void found_inf_cpu(OpContext& ctx) {
-  MIX_CHECK(ctx.env.comm, "op " << ctx.op.type << " needs a communicator (ExecEnv::comm is null)");
-  Communicator& comm = *ctx.env.comm;
-  const int world = comm.world_size(), rank = comm.rank();
-  const int64_t room = ctx.attr<int64_t>("world_size", 1);
-  MIX_CHECK(world <= 32 * overflow_mask_words(static_cast<int>(room)),
-            ctx.op.type << ": the program was built for " << room << " rank(s) but runs on " << world
-                        << "; build the training program with the world size it runs on (AmpOptions::world_size)");
-  const auto& flags = ctx.op.ins("FoundInfinite");
-  const auto& each = ctx.op.inputs.count("FoundInfiniteEach") ? ctx.op.ins("FoundInfiniteEach")
-                                                              : std::vector<std::string>{};
-  int64_t params = 0;
-  for (auto& e : each) params += ctx.scope.get(e).numel();
-  const int words = overflow_mask_words(static_cast<int>(room));
-  Tensor& mask = ctx.out("OverflowRanks", {1 + params, words}, DType::i32);
-  int32_t* m = mask.data<int32_t>();
-  std::memset(m, 0, mask.bytes());
+  const FoundInfInputs in = found_inf_inputs(ctx);
+  int32_t* m = in.mask->data<int32_t>();
+  std::memset(m, 0, in.mask->bytes());
   int64_t row = 1;
-  for (size_t k = 0; k < flags.size(); ++k) {
-    const Tensor& f = ctx.scope.get(flags[k]);
-    MIX_CHECK(f.dtype() == DType::i32 && f.numel() == 1, ctx.op.type << ": " << flags[k] << " must be i32 [1]");
-    if (f.data<int32_t>()[0] != 0) mark_rank(m, rank);
-    if (each.empty()) continue;
-    const Tensor& e = ctx.scope.get(each[k]);
-    MIX_CHECK(e.dtype() == DType::i32, ctx.op.type << ": " << each[k] << " must be i32");
+  for (size_t k = 0; k < in.flags.size(); ++k) {
+    if (in.flags[k]->data<int32_t>()[0] != 0) mark_rank(m, in.rank);
+    if (in.each.empty()) continue;
+    const Tensor& e = *in.each[k];
     for (int64_t i = 0; i < e.numel(); ++i, ++row)
-      if (e.data<int32_t>()[i] != 0) mark_rank(m + row * words, rank);
+      if (e.data<int32_t>()[i] != 0) mark_rank(m + row * in.words, in.rank);
   }
-  comm.all_reduce(m, static_cast<size_t>(mask.numel()), DType::i32, ReduceOp::sum, Traffic::control);
-  ctx.out("Out", {1}, DType::i32).data<int32_t>()[0] = any_rank(m, words) ? 1 : 0;
+  in.comm->all_reduce(m, static_cast<size_t>(in.mask->numel()), DType::i32, ReduceOp::sum, Traffic::control);
+  ctx.out("Out", {1}, DType::i32).data<int32_t>()[0] = any_rank(m, in.words) ? 1 : 0;
 }
 
 MIX_REGISTER_OP("c_allreduce_found_inf", OpInfo{infer_found_inf, found_inf_cpu, {}, {}});

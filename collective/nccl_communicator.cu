@@ -11,10 +11,11 @@
 // collective, records an event on the communication stream after it and
 // returns; wait() makes the compute stream wait for that event on the device.
 // Neither waits for the stream on the host, so no watchdog runs for the started
-// collectives themselves. The next blocking collective does it for them: the
-// communication stream is FIFO, so awaiting it (the found_inf all-reduce of an
-// AMP step) awaits every collective started before it, with the same deadline
-// and abort on failure.
+// collectives themselves. The next blocking collective or synchronize() does it
+// for them: the communication stream is FIFO, so awaiting it (the found_inf
+// all-reduce of an AMP step, the synchronize that ends every training step)
+// awaits every collective started before it, with the same deadline and abort
+// on failure.
 #include "collective/nccl_communicator.h"
 
 #include <cuda_runtime.h>
@@ -231,6 +232,17 @@ class NcclCommunicator final : public Communicator {
   }
 
   size_t in_flight() const override { return pending_.size(); }
+
+  /// The communication stream waits (on the device) for the compute stream's
+  /// work so far; awaiting that stream then awaits both, with the watchdog.
+  void synchronize() override {
+    const auto what = [&] {
+      return MIX_STR_CAT("synchronize (the compute stream's work and " << pending_.size()
+                                                                       << " started all-reduce(s) not yet waited for)");
+    };
+    prepare(what);
+    await(what, /*stream_work=*/true);
+  }
 
   void broadcast(void* buf, size_t bytes, int root) override {
     const auto what = [&] { return MIX_STR_CAT("broadcast (" << bytes << " bytes from rank " << root << ")"); };

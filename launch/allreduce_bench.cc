@@ -99,15 +99,17 @@ int64_t count_wrong_elements(const Tensor& result, ReduceOp op, int world) {
 
 namespace {
 
-/// The slowest rank's mean microseconds per call of `iters` calls of `call`.
+/// The slowest rank's mean microseconds per call of `iters` calls of `call`
+/// on `comm`; the figures travel over `host` (host memory).
 template <typename F>
-double time_calls(collective::Communicator& comm, int warmup, int iters, F&& call) {
+double time_calls(collective::Communicator& comm, collective::Communicator& host, int warmup, int iters, F&& call) {
   for (int i = 0; i < warmup; ++i) call();
   comm.barrier();
   const auto t0 = Clock::now();
   for (int i = 0; i < iters; ++i) call();
+  comm.synchronize();
   float us = static_cast<float>(std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / iters);
-  comm.all_reduce(&us, 1, DType::f32, ReduceOp::max);
+  host.all_reduce(&us, 1, DType::f32, ReduceOp::max);
   return us;
 }
 
@@ -188,7 +190,7 @@ bool parse_byte_size(const std::string& text, uint64_t& out) {
 double allreduce_bus_factor(int world) { return world > 0 ? 2.0 * (world - 1) / world : 0.0; }
 
 std::vector<AllreduceRow> run_allreduce_bench(const AllreduceBenchConfig& c, collective::Communicator& comm,
-                                              Device device) {
+                                              collective::Communicator& host_comm, Device device) {
   MIX_CHECK(c.iters > 0 && c.warmup >= 0, "mixbench: -n must be positive and -w non-negative");
   const std::vector<uint64_t> sizes = sizes_of(c);
   const int rank = comm.rank(), world = comm.world_size();
@@ -216,11 +218,12 @@ std::vector<AllreduceRow> run_allreduce_bench(const AllreduceBenchConfig& c, col
         r.type = type_name(t);
         r.redop = oname;
         const double gb = static_cast<double>(r.bytes) / 1e9;
-        r.time_us = time_calls(comm, c.warmup, c.iters, [&] {
+        r.time_us = time_calls(comm, host_comm, c.warmup, c.iters, [&] {
           comm.all_reduce_into(send.raw(), recv.raw(), count, t, op);
         });
         // In place: the values grow with every call; only the timing uses them.
-        r.time_us_ip = time_calls(comm, c.warmup, c.iters, [&] { comm.all_reduce(recv.raw(), count, t, op); });
+        r.time_us_ip =
+            time_calls(comm, host_comm, c.warmup, c.iters, [&] { comm.all_reduce(recv.raw(), count, t, op); });
         r.algbw = gb / (r.time_us * 1e-6);
         r.busbw = r.algbw * allreduce_bus_factor(world);
         r.algbw_ip = gb / (r.time_us_ip * 1e-6);
@@ -234,7 +237,7 @@ std::vector<AllreduceRow> run_allreduce_bench(const AllreduceBenchConfig& c, col
           wrong[1] = count_wrong_elements(in, op, world);
           // Any rank's wrong elements count: sum them over ranks.
           float w[2] = {static_cast<float>(wrong[0]), static_cast<float>(wrong[1])};
-          comm.all_reduce(w, 2, DType::f32, ReduceOp::sum);
+          host_comm.all_reduce(w, 2, DType::f32, ReduceOp::sum);
           r.wrong = static_cast<int64_t>(w[0]);
           r.wrong_ip = static_cast<int64_t>(w[1]);
           total_wrong += r.wrong + r.wrong_ip;

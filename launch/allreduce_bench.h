@@ -56,7 +56,9 @@ int64_t count_wrong_elements(const Tensor& result, collective::ReduceOp op, int 
 
 /// Runs the benchmark on every rank (all ranks must pass the same config);
 /// rank 0 prints the table and writes the CSV. Returns the rows (on every rank).
+/// `comm` is measured (buffers on `device`); `host_comm` (the same one on the
+/// CPU) carries the timings and wrong-element counts, which live in host memory.
 std::vector<AllreduceRow> run_allreduce_bench(const AllreduceBenchConfig& c, collective::Communicator& comm,
-                                              Device device);
+                                              collective::Communicator& host_comm, Device device);
 
 }  // namespace mix::launch

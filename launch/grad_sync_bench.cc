@@ -35,7 +35,8 @@ bool is_gradient_allreduce(const OpDesc& op) {
 
 }  // namespace
 
-GradSyncResult run_grad_sync_bench(const GradSyncBenchConfig& c, collective::Communicator& comm, Device device) {
+GradSyncResult run_grad_sync_bench(const GradSyncBenchConfig& c, collective::Communicator& comm,
+                                   collective::Communicator& host_comm, Device device) {
   MIX_CHECK(c.precision == "amp" || c.grad_reduce == "fp32",
             "mixbench grad-sync: --grad-reduce fp16 needs --precision amp (FP32 training has no FP16 gradients)");
   models::Model model = build_named_model(c.model);
@@ -80,9 +81,10 @@ GradSyncResult run_grad_sync_bench(const GradSyncBenchConfig& c, collective::Com
   comm.barrier();
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < c.iters; ++i) sync_exec.run(scope, env);
+  comm.synchronize();  // on a GPU the waits only order the streams: the syncs may still be running
   float us = static_cast<float>(
       std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / c.iters);
-  comm.all_reduce(&us, 1, DType::f32, collective::ReduceOp::max);
+  host_comm.all_reduce(&us, 1, DType::f32, collective::ReduceOp::max);
   r.time_us = us;
   r.algbw = static_cast<double>(r.bytes) / 1e9 / (r.time_us * 1e-6);
   r.busbw = r.algbw * allreduce_bus_factor(comm.world_size());

@@ -29,7 +29,9 @@ struct GradSyncResult {
 
 /// Builds the model's training program, runs its gradient all-reduces
 /// warmup + iters times on every rank, and prints (rank 0) what one sync moves
-/// and costs. Every rank must pass the same config.
-GradSyncResult run_grad_sync_bench(const GradSyncBenchConfig& c, collective::Communicator& comm, Device device);
+/// and costs. Every rank must pass the same config. `comm` is measured;
+/// `host_comm` (the same one on the CPU) carries the timings.
+GradSyncResult run_grad_sync_bench(const GradSyncBenchConfig& c, collective::Communicator& comm,
+                                   collective::Communicator& host_comm, Device device);
 
 }  // namespace mix::launch

@@ -123,10 +123,10 @@ int main(int argc, char** argv) {
     }
     mix::collective::Communicator& bench_comm = device_comm ? *device_comm : comm;
     if (!is_allreduce) {
-      mix::launch::run_grad_sync_bench(gs, bench_comm, device);
+      mix::launch::run_grad_sync_bench(gs, bench_comm, comm, device);
       return 0;
     }
-    const auto rows = mix::launch::run_allreduce_bench(ar, bench_comm, device);
+    const auto rows = mix::launch::run_allreduce_bench(ar, bench_comm, comm, device);
     int64_t wrong = 0;
     for (const auto& r : rows) wrong += std::max<int64_t>(r.wrong, 0) + std::max<int64_t>(r.wrong_ip, 0);
     return wrong == 0 ? 0 : 1;

@@ -243,14 +243,18 @@ struct OverflowReport {
   }
 };
 
-OverflowReport read_overflow_report(const Program& p, const Scope& scope) {
+/// The parameter of each row of the provenance mask (after row 0), in order:
+/// the `params` attribute of the program's c_allreduce_found_inf; empty when
+/// the program has none (FP32 training). Read once, before the first step.
+std::vector<std::string> overflow_mask_params(const Program& p) {
+  for (const OpDesc& op : p.ops())
+    if (op.type == "c_allreduce_found_inf") return op.attr<std::vector<std::string>>("params", {});
+  return {};
+}
+
+OverflowReport read_overflow_report(const std::vector<std::string>& params, const Scope& scope) {
   OverflowReport r;
   if (!scope.has(amp::ScalerVars::overflow_ranks)) return r;
-  const OpDesc* sync = nullptr;
-  for (const OpDesc& op : p.ops())
-    if (op.type == "c_allreduce_found_inf") sync = &op;
-  if (!sync) return r;
-  const auto params = sync->attr<std::vector<std::string>>("params", {});
   const Tensor mask = scope.get(amp::ScalerVars::overflow_ranks).to(cpu_device());
   const int64_t words = mask.dim(1);
   const int world = static_cast<int>(words * 32);
@@ -394,6 +398,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
                                        {"benchmark", c.benchmark ? "on" : "off"}});
 
   Executor step_exec(program, {model.loss, amp::ScalerVars::found_inf, amp::ScalerVars::overflow_ranks});
+  const std::vector<std::string> overflow_params = overflow_mask_params(program);
   Executor eval_exec(program, {model.logits, model.loss}, forward_ops);
   ExecEnv env;
   env.comm = &grad_comm;
@@ -499,6 +504,12 @@ int run_training(const TrainConfig& c, Communicator& comm) {
       Tensor& t = scope.get(b);
       grad_comm.broadcast(t.raw(), t.bytes(), 0);
     }
+    // On a GPU the step's kernels and collectives may still be queued. Wait for
+    // them here, under the NCCL watchdog: an FP32 step has no blocking
+    // collective, and the loss read below would otherwise wait forever on an
+    // all-reduce a dead peer never joins. It also makes step_ms the step's real
+    // time rather than the time to queue it. (No-op on the CPU.)
+    grad_comm.synchronize();
     const double secs = seconds_since(t0);
     const uint64_t grad_bytes = grad_comm.bytes().grad_allreduce_bytes - bytes_before;
 
@@ -517,7 +528,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
       sps_sum += samples_per_s;
       ++sps_count;
     }
-    const OverflowReport overflow = found_inf ? read_overflow_report(program, scope) : OverflowReport{};
+    const OverflowReport overflow = found_inf ? read_overflow_report(overflow_params, scope) : OverflowReport{};
     if (found_inf && rank == 0)
       spdlog::warn("step {}: gradients overflowed (inf/NaN){}; step skipped, loss scale now {}", step + 1,
                    overflow.describe(), scale);

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "collective/communicator.h"
+#include "collective/found_inf_allreduce_inputs.h"
 #include "collective/overflow_mask.h"
 #include "runtime/check.h"
 #include "runtime/ops/cuda/device_ops.cuh"
@@ -53,47 +54,31 @@ struct AnyRank {
 };
 
 void found_inf_cuda(OpContext& ctx) {
-  MIX_CHECK(ctx.env.comm, "op " << ctx.op.type << " needs a communicator (ExecEnv::comm is null)");
-  Communicator& comm = *ctx.env.comm;
-  const int world = comm.world_size(), rank = comm.rank();
-  const int64_t room = ctx.attr<int64_t>("world_size", 1);
-  MIX_CHECK(world <= 32 * overflow_mask_words(static_cast<int>(room)),
-            ctx.op.type << ": the program was built for " << room << " rank(s) but runs on " << world
-                        << "; build the training program with the world size it runs on (AmpOptions::world_size)");
-  const auto& flags = ctx.op.ins("FoundInfinite");
-  const auto& each =
-      ctx.op.inputs.count("FoundInfiniteEach") ? ctx.op.ins("FoundInfiniteEach") : std::vector<std::string>{};
-  MIX_CHECK(each.empty() || each.size() == flags.size(),
-            ctx.op.type << ": " << each.size() << " FoundInfiniteEach for " << flags.size() << " FoundInfinite");
-  int64_t params = 0;
-  for (auto& e : each) params += ctx.scope.get(e).numel();
-  const int words = overflow_mask_words(static_cast<int>(room));
+  const FoundInfInputs in = found_inf_inputs(ctx);
   const cudaStream_t stream = cuda::compute_stream(ctx);
-  Tensor& mask = ctx.out("OverflowRanks", {1 + params, words}, DType::i32);  // [1 + params, words]
-  int32_t* m = mask.data<int32_t>();
-  MIX_CUDA_CHECK(cudaMemsetAsync(m, 0, mask.bytes(), stream));
+  int32_t* m = in.mask->data<int32_t>();
+  const int words = in.words;
+  MIX_CUDA_CHECK(cudaMemsetAsync(m, 0, in.mask->bytes(), stream));
   int64_t row = 1;
-  for (size_t k = 0; k < flags.size(); ++k) {
-    const Tensor& f = ctx.scope.get(flags[k]);
-    MIX_CHECK(f.dtype() == DType::i32 && f.numel() == 1, ctx.op.type << ": " << flags[k] << " must be i32 [1]");
-    cuda::check_on_device(ctx, f, "FoundInfinite '" + flags[k] + "'");
+  for (size_t k = 0; k < in.flags.size(); ++k) {
+    const Tensor& f = *in.flags[k];
+    cuda::check_on_device(ctx, f, "FoundInfinite '" + ctx.op.ins("FoundInfinite")[k] + "'");
     const int32_t* each_p = nullptr;
     int64_t n = 0;
-    if (!each.empty()) {
-      const Tensor& e = ctx.scope.get(each[k]);
-      MIX_CHECK(e.dtype() == DType::i32, ctx.op.type << ": " << each[k] << " must be i32");
-      cuda::check_on_device(ctx, e, "FoundInfiniteEach '" + each[k] + "'");
+    if (!in.each.empty()) {
+      const Tensor& e = *in.each[k];
+      cuda::check_on_device(ctx, e, "FoundInfiniteEach '" + ctx.op.ins("FoundInfiniteEach")[k] + "'");
       each_p = e.data<int32_t>();
       n = e.numel();
     }
     cuda::launch_grid_stride(std::max<int64_t>(n, 1), stream,
-                             MarkBucket{f.data<int32_t>(), n > 0 ? each_p : nullptr, n, m, row, words, rank});
+                             MarkBucket{f.data<int32_t>(), n > 0 ? each_p : nullptr, n, m, row, words, in.rank});
     row += n;
   }
   // Blocking, like every device-communicator call but all_reduce_start: the
   // communication stream waits for the marks above, and the result is complete
   // on return, so the launch below (and anyone later) reads the reduced mask.
-  comm.all_reduce(m, static_cast<size_t>(mask.numel()), DType::i32, ReduceOp::sum, Traffic::control);
+  in.comm->all_reduce(m, static_cast<size_t>(in.mask->numel()), DType::i32, ReduceOp::sum, Traffic::control);
   cuda::launch_grid_stride(1, stream, AnyRank{m, words, ctx.out("Out", {1}, DType::i32).data<int32_t>()});
 }
 

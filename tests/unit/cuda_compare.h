@@ -90,30 +90,40 @@ struct OneOp {
   bool training = true;                               // ExecEnv::training
 };
 
-/// Runs the op on `device` over fresh copies of the feeds; returns `results` on the host.
-inline std::map<std::string, Tensor> run_on(const OneOp& c, Device device, const std::vector<std::string>& results) {
+/// Runs `ops` in order, as one program, on `device` over fresh copies of the
+/// feeds, with `env` (its device set here); returns `results` on the host.
+inline std::map<std::string, Tensor> run_ops_on(const std::vector<OpDesc>& ops,
+                                                const std::vector<std::pair<std::string, Tensor>>& feeds,
+                                                Device device, ExecEnv env, const std::vector<std::string>& results) {
   Program p;
-  for (auto& [name, t] : c.feeds) p.add_var(var_desc(name, t.shape(), t.dtype()));
-  p.append_op(c.op);
-  Scope scope;
-  for (auto& [name, t] : c.feeds) scope.set(name, device == cpu_device() ? t.clone() : t.to(device));
-  ExecEnv env;
-  env.device = device;
-  env.step = c.step;
-  env.rank = c.rank;
-  env.training = c.training;
+  for (auto& [name, t] : feeds) p.add_var(var_desc(name, t.shape(), t.dtype()));
   std::set<std::string> keep;
-  for (auto& n : c.op.all_inputs()) keep.insert(n);
-  for (auto& n : c.op.all_outputs()) keep.insert(n);
+  for (const OpDesc& op : ops) {
+    p.append_op(op);
+    for (auto& n : op.all_inputs()) keep.insert(n);
+    for (auto& n : op.all_outputs()) keep.insert(n);
+  }
+  Scope scope;
+  for (auto& [name, t] : feeds) scope.set(name, device == cpu_device() ? t.clone() : t.to(device));
+  env.device = device;
   Executor(p, keep).run(scope, env);
   std::map<std::string, Tensor> out;
   for (auto& name : results) {
     const Tensor& t = scope.get(name);
-    // The kernel really ran where it was asked to: its outputs live there.
+    // The kernels really ran where they were asked to: their outputs live there.
     if (t.numel() > 0) CHECK(t.device() == device);
     out[name] = t.to(cpu_device());
   }
   return out;
+}
+
+/// Runs the op on `device` over fresh copies of the feeds; returns `results` on the host.
+inline std::map<std::string, Tensor> run_on(const OneOp& c, Device device, const std::vector<std::string>& results) {
+  ExecEnv env;
+  env.step = c.step;
+  env.rank = c.rank;
+  env.training = c.training;
+  return run_ops_on({c.op}, c.feeds, device, env, results);
 }
 
 struct Both {

@@ -1,18 +1,21 @@
 // [cuda] The NCCL communicator at world size 1, bootstrapped from the local
 // communicator: every collective is the identity on device buffers, byte
 // counters move as with the other backends, and misuse (a host pointer, a bad
-// root) is refused with a message without breaking the communicator.
+// root) is refused with a message without breaking the communicator, and
+// synchronize() awaits queued work under the watchdog.
 // Without a GPU (or in a build without CUDA) the test exits 77, which CTest
 // reports as skipped, never as passed.
 #include <catch2/catch.hpp>
 
 #include "tests/unit/require_gpu.h"
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "collective/communicator.h"
@@ -193,6 +196,57 @@ TEST_CASE("NCCL communicator at world size 1: every collective is the identity o
     auto via_factory = mc::make_device_communicator(*boot, 0);
     CHECK(via_factory->backend_name() == "nccl");
     via_factory->barrier();
+  }
+}
+
+namespace {
+// A host function queued on a stream holds the stream for `seconds`: a stand-in
+// for a slow (or, with a short timeout, stuck) kernel, with no kernel to build.
+void CUDART_CB hold_stream(void* seconds) {
+  std::this_thread::sleep_for(std::chrono::duration<double>(*static_cast<const double*>(seconds)));
+}
+}  // namespace
+
+// The end of every GPU training step (an FP32 one has no blocking collective):
+// synchronize() returns only when the compute stream's work and the started
+// all-reduces are done, and under the watchdog, so work that never finishes
+// ends in a timeout and an abort, not a hang.
+TEST_CASE("NCCL synchronize: awaits the compute stream and started all-reduces, watched", "[cuda]") {
+  skip_without_gpu();
+  auto boot = mc::make_local_communicator();
+  cudaStream_t compute = mix::cuda::context(0).compute.get();
+
+  SECTION("returns once queued compute work and a started all-reduce are done") {
+    auto comm = mc::make_nccl_communicator(*boot, 0);
+    const size_t n = size_t{1} << 20;
+    const std::vector<unsigned char> values = make_values(DType::f16, n, 7);
+    DeviceBuffer buf(values.size());
+    buf.upload(values.data());
+    double hold = 0.3;
+    REQUIRE(cudaLaunchHostFunc(compute, hold_stream, &hold) == cudaSuccess);
+    // Ordered after the held compute stream on the device, like a gradient bucket after backward.
+    const mc::Request r = comm->all_reduce_start(buf.ptr, n, DType::f16, ReduceOp::sum, Traffic::gradients);
+    comm->wait(r);
+    comm->synchronize();
+    // Without the wait inside synchronize the compute stream would still be held here.
+    CHECK(cudaStreamQuery(compute) == cudaSuccess);
+    CHECK(cudaStreamQuery(mix::cuda::context(0).comm.get()) == cudaSuccess);
+    CHECK(comm->in_flight() == 0);
+    CHECK(buf.download() == values);
+  }
+
+  SECTION("work that outlasts MIX_NCCL_TIMEOUT_S ends in an abort that names synchronize") {
+    REQUIRE(setenv("MIX_NCCL_TIMEOUT_S", "0.5", 1) == 0);
+    auto comm = mc::make_nccl_communicator(*boot, 0);  // reads the timeout now
+    REQUIRE(unsetenv("MIX_NCCL_TIMEOUT_S") == 0);
+    double hold = 3.0;
+    REQUIRE(cudaLaunchHostFunc(compute, hold_stream, &hold) == cudaSuccess);
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK_THROWS_WITH(comm->synchronize(), Catch::Contains("synchronize") && Catch::Contains("no progress within") &&
+                                               Catch::Contains("aborted"));
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2));  // the timeout, not the held stream
+    CHECK_THROWS_WITH(comm->barrier(), Catch::Contains("aborted after an earlier failure"));
+    REQUIRE(cudaStreamSynchronize(compute) == cudaSuccess);  // `hold` must outlive the host function
   }
 }
 

@@ -72,34 +72,16 @@ std::vector<int32_t> ints(const Tensor& t) {
 
 /// Ops run in order on `device` over fresh copies of the feeds, with `comm` as
 /// ExecEnv::comm; returns `results` on the host. The executor itself fails when
-/// a start is left without its wait; the test also checks in_flight is empty.
+/// a start is left without its wait; the communicator must have none in flight either.
 std::map<std::string, Tensor> run_ops(const std::vector<OpDesc>& ops,
                                       const std::vector<std::pair<std::string, Tensor>>& feeds, Device device,
                                       mc::Communicator& comm, const std::vector<std::string>& results) {
-  Program p;
-  for (auto& [name, t] : feeds) p.add_var(var_desc(name, t.shape(), t.dtype()));
-  std::set<std::string> keep;
-  for (const OpDesc& op : ops) {
-    p.append_op(op);
-    for (auto& n : op.all_inputs()) keep.insert(n);
-    for (auto& n : op.all_outputs()) keep.insert(n);
-  }
-  Scope scope;
-  for (auto& [name, t] : feeds) scope.set(name, device == cpu_device() ? t.clone() : t.to(device));
   ExecEnv env;
-  env.device = device;
   env.comm = &comm;
   env.rank = comm.rank();
   env.progress = [&comm] { comm.progress(); };
-  Executor(p, keep).run(scope, env);
-  CHECK(env.in_flight.empty());
+  std::map<std::string, Tensor> out = run_ops_on(ops, feeds, device, env, results);
   CHECK(comm.in_flight() == 0);
-  std::map<std::string, Tensor> out;
-  for (auto& name : results) {
-    const Tensor& t = scope.get(name);
-    if (t.numel() > 0) CHECK(t.device() == device);
-    out[name] = t.to(cpu_device());
-  }
   return out;
 }
 
