@@ -36,6 +36,10 @@ Request Communicator::all_reduce_start(void* buf, size_t count, DType dtype, Red
   return r;
 }
 
+void Communicator::broadcast_many(const std::vector<ByteSpan>& buffers, int root) {
+  for (const ByteSpan& b : buffers) broadcast(b.data, b.bytes, root);
+}
+
 void Communicator::wait(Request request) {
   MIX_CHECK(started_.erase(request) == 1, "wait for all-reduce request " << request << " on the " << backend_name()
                                                                         << " communicator, which has no such request "

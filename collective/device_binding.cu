@@ -59,6 +59,12 @@ std::string list_ranks(const std::vector<int>& ranks) {
 
 }  // namespace
 
+int pick_device(int local_rank, int visible_gpus) {
+  if (local_rank >= 0 && local_rank < visible_gpus) return local_rank;
+  if (visible_gpus == 1) return 0;
+  return -1;
+}
+
 GpuBinding local_gpu_binding(const Communicator& bootstrap) {
   GpuBinding b;
   b.rank = bootstrap.rank();
@@ -75,8 +81,8 @@ GpuBinding local_gpu_binding(const Communicator& bootstrap) {
     b.cuda_error = std::string("cudaGetDeviceCount: ") + cudaGetErrorString(e);
   }
   b.visible_gpus = n;
-  if (b.local_rank >= 0 && b.local_rank < n) {
-    b.device = b.local_rank;
+  b.device = pick_device(b.local_rank, n);
+  if (b.device >= 0) {
     char pci[32] = {0};
     const cudaError_t pe = cudaDeviceGetPCIBusId(pci, static_cast<int>(sizeof(pci)), b.device);
     if (pe == cudaSuccess) {
@@ -93,7 +99,7 @@ void check_gpu_bindings(const std::vector<GpuBinding>& table) {
   // 1. No more ranks on a host than GPUs visible to them. The first rank (in
   //    rank order) whose local rank has no GPU names its host.
   for (const GpuBinding& b : table) {
-    if (b.local_rank < b.visible_gpus) continue;
+    if (b.device >= 0) continue;
     std::vector<int> on_host;
     for (const GpuBinding& o : table)
       if (o.host == b.host) on_host.push_back(o.rank);
@@ -128,7 +134,7 @@ void check_gpu_bindings(const std::vector<GpuBinding>& table) {
         << " (rank " << a.rank << ": device " << a.device << " of CUDA_VISIBLE_DEVICES=" << a.visible_devices
         << "; rank " << b.rank << ": device " << b.device << " of CUDA_VISIBLE_DEVICES=" << b.visible_devices
         << "): every rank needs a GPU of its own; give all ranks of a host the same CUDA_VISIBLE_DEVICES (each "
-           "picks the GPU of its local rank), or start fewer ranks";
+           "picks the GPU of its local rank) or each rank a different single GPU, or start at most one rank per GPU";
     throw CollectiveError(msg.str());
   }
 }

@@ -1,6 +1,9 @@
 #pragma once
 // Device binding: every rank drives the GPU whose index is its local rank
-// (DESIGN.md, "Data parallelism"). Built with CUDA only (device_binding.cu, in
+// (DESIGN.md, "Data parallelism"), or, when it sees exactly one GPU, that one:
+// schedulers that give each rank a GPU of its own (Slurm --gpus-per-task=1,
+// Kubernetes) set a different CUDA_VISIBLE_DEVICES per rank, and two ranks
+// handed the same GPU are caught by the bus-id check below. Built with CUDA only (device_binding.cu, in
 // mix_cuda); callers normally reach bind_local_gpu through
 // collective::bind_device(), which it registers itself with.
 #include <string>
@@ -16,7 +19,7 @@ struct GpuBinding {
   int local_rank = 0;
   int local_size = 1;
   int visible_gpus = 0;         ///< cudaGetDeviceCount (0 when it failed)
-  int device = -1;              ///< the GPU index picked (the local rank), -1 when out of range
+  int device = -1;              ///< the GPU index picked (pick_device), -1 when none
   std::string host;             ///< gethostname
   std::string pci_bus_id;       ///< cudaDeviceGetPCIBusId of `device` ("" when none)
   std::string visible_devices;  ///< CUDA_VISIBLE_DEVICES, or "unset"
@@ -32,12 +35,17 @@ struct GpuBinding {
 /// code: tested without a GPU.
 void check_gpu_bindings(const std::vector<GpuBinding>& table);
 
+/// The GPU a rank drives: its local rank when it sees that many GPUs, else GPU 0
+/// when it sees exactly one (its own, by the scheduler's CUDA_VISIBLE_DEVICES),
+/// else -1 (none: check_gpu_bindings says why).
+int pick_device(int local_rank, int visible_gpus);
+
 /// What this rank sees (no communication).
 GpuBinding local_gpu_binding(const Communicator& bootstrap);
 
 /// Collective over `bootstrap`: all-gathers every rank's GpuBinding, checks the
-/// table (check_gpu_bindings), makes the GPU current and returns its index (the
-/// local rank). The whole table lands in *table when it is not null.
+/// table (check_gpu_bindings), makes the GPU current and returns its index
+/// (pick_device). The whole table lands in *table when it is not null.
 int bind_local_gpu(Communicator& bootstrap, std::vector<GpuBinding>* table);
 /// bind_local_gpu without the table (the DeviceBinder of communicator.h).
 int bind_local_gpu(Communicator& bootstrap);

@@ -256,6 +256,37 @@ class NcclCommunicator final : public Communicator {
     launch_and_wait(what, ncclBroadcast(buf, buf, bytes, ncclUint8, root, comm_, stream()));
   }
 
+  /// One NCCL group: every broadcast is launched, then the host waits once.
+  void broadcast_many(const std::vector<ByteSpan>& buffers, int root) override {
+    size_t total = 0;
+    for (const ByteSpan& b : buffers) total += b.bytes;
+    const auto what = [&] {
+      return MIX_STR_CAT("broadcast_many (" << buffers.size() << " buffers, " << total << " bytes from rank " << root
+                                            << ")");
+    };
+    MIX_CHECK(root >= 0 && root < world_,
+              "NCCL broadcast root " << root << " is not a rank of a world of size " << world_);
+    check_alive(what);
+    for (const ByteSpan& b : buffers) {
+      MIX_CHECK(b.data != nullptr || b.bytes == 0, "NCCL " << what() << " got a null buffer");
+      if (b.bytes) check_device_buffer(b.data, "buffer", what);
+    }
+    if (total == 0) return;
+    count(total, Traffic::control);
+    prepare(what);
+    ncclResult_t rc = ncclGroupStart();
+    if (rc != ncclSuccess) fail(what(), "ncclGroupStart: " + nccl_error_text(rc, comm_));
+    for (const ByteSpan& b : buffers) {
+      if (b.bytes == 0) continue;
+      rc = ncclBroadcast(b.data, b.data, b.bytes, ncclUint8, root, comm_, stream());
+      if (rc != ncclSuccess && rc != ncclInProgress) {
+        (void)ncclGroupEnd();
+        fail(what(), nccl_error_text(rc, comm_));
+      }
+    }
+    launch_and_wait(what, ncclGroupEnd());
+  }
+
   void all_gather(const void* send, void* recv, size_t bytes_per_rank) override {
     const auto what = [&] { return MIX_STR_CAT("all_gather (" << bytes_per_rank << " bytes per rank)"); };
     MIX_CHECK((send != nullptr && recv != nullptr) || bytes_per_rank == 0, "NCCL " << what() << " got a null buffer");

@@ -286,6 +286,9 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   const bool on_gpu = c.device == "cuda";
   Device device = cpu_device();
   std::unique_ptr<Communicator> device_comm;
+  // Ranks that disagree on --device would call different collectives below (GPU
+  // binding, NCCL init) and hang or crash there: compare that field first.
+  collective::check_same_on_all_ranks(comm, "startup fingerprint", {{"device", c.device}});
   if (on_gpu) {
     const int gpu = collective::bind_device(comm);
     device = Device{DeviceKind::cuda, gpu};
@@ -500,10 +503,9 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     step_exec.run(scope, env);
     // Each rank updated its running statistics from its own batch (per-rank
     // batch_norm, PyTorch DDP's default); rank 0's win, as DDP's broadcast_buffers does.
-    for (const std::string& b : buffers) {
-      Tensor& t = scope.get(b);
-      grad_comm.broadcast(t.raw(), t.bytes(), 0);
-    }
+    std::vector<collective::ByteSpan> buffer_spans;
+    for (const std::string& b : buffers) buffer_spans.push_back({scope.get(b).raw(), scope.get(b).bytes()});
+    grad_comm.broadcast_many(buffer_spans, 0);
     // On a GPU the step's kernels and collectives may still be queued. Wait for
     // them here, under the NCCL watchdog: an FP32 step has no blocking
     // collective, and the loss read below would otherwise wait forever on an

@@ -38,10 +38,14 @@ std::vector<const Tensor*> OpContext::ins(const std::string& slot) const {
 
 Tensor& OpContext::out(const std::string& slot, const Shape& shape, DType dtype, size_t i) {
   const std::string& name = op.outs(slot).at(i);
-  // Outputs that already hold a tensor of the right size are overwritten in
-  // place (persistable state such as optimizer slots, or in-place ops).
+  // Outputs that already hold a tensor of the right size, on the op's device,
+  // are overwritten in place (persistable state such as optimizer slots, or
+  // in-place ops). One on another device is replaced: a kernel writes through
+  // the raw pointer.
   Tensor* existing = scope.find(name);
-  if (existing && existing->defined() && existing->shape() == shape && existing->dtype() == dtype) return *existing;
+  if (existing && existing->defined() && existing->shape() == shape && existing->dtype() == dtype &&
+      existing->device() == env.device)
+    return *existing;
   scope.set(name, Tensor::empty(shape, dtype, env.device));
   return scope.get(name);
 }

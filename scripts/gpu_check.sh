@@ -11,7 +11,19 @@
 #
 # --bundle DIR builds from a folder written by scripts/gpu_bundle.sh (air-gapped
 # GPU nodes: only the driver, a CUDA 13 toolkit, CMake and the CUDA libraries).
-# NCCL and cuDNN 9 outside the toolkit: export NCCL_ROOT / CUDNN_ROOT first.
+# NCCL and cuDNN 9 outside the toolkit: export NCCL_ROOT / CUDNN_ROOT first, or
+# have Python's nvidia-nccl-cu13 / nvidia-cudnn-cu13 wheels installed (found here).
+#
+# On a lent machine with no Open MPI or Debian headers (this project's device
+# tool: about 47 MB travel, under its 64 MiB; at most 8 files come back):
+#   here:   scripts/gpu_bundle.sh runs/bundle
+#   there:  (carry runs/bundle) scripts/gpu_check.sh --bundle runs/bundle --out /tmp/gc; rc=$?;
+#           cp /tmp/gc/summary.txt "$OUT"; tar czf "$OUT/gc.tgz" -C /tmp/gc --exclude=build .; exit $rc
+#
+# A lent GPU's time is short, so nothing may hang or be wasted: the NCCL
+# watchdog fires after 60 s (MIX_NCCL_TIMEOUT_S), every test and run has a time
+# limit, the build makes only the cuda_checks target, for this GPU's
+# architecture, and a failing step still ends in the summary.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 out="$root/runs/gpu_check"
@@ -19,15 +31,52 @@ bundle=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) out="$2"; shift 2 ;;
-    --bundle) bundle="$2"; shift 2 ;;
+    --bundle) bundle="$(cd "$2" && pwd)" || exit 2; shift 2 ;;
     *) echo "gpu_check: unknown argument $1 (use --out DIR, --bundle DIR)" >&2; exit 2 ;;
   esac
 done
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
+rm -f "$out"/*.jsonl "$out"/*.log "$out"/mixbench.csv "$out"/summary.txt  # no stale figures from an earlier run
 export PATH="/usr/local/cuda/bin:$PATH"
+export MIX_NCCL_TIMEOUT_S="${MIX_NCCL_TIMEOUT_S:-60}"
+limit() { timeout -k 10 "$@"; }  # seconds, command...: exit 124 when it ran too long
+
+# The machine first, so that a wrong one fails in seconds, not after the build.
+{
+  nvidia-smi || echo "nvidia-smi failed"
+  command -v nvcc cmake ninja g++ mpirun || true
+  nvcc --version | tail -2
+} >"$out/environment.txt" 2>&1
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "gpu_check: no GPU visible (see $out/environment.txt)" | tee "$out/summary.txt"
+  exit 1
+fi
+# The architecture of GPU 0 (9.0 -> 90), unless MIX_CUDA_ARCHS says otherwise.
+archs="${MIX_CUDA_ARCHS:-$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d '. ')}"
+# NCCL / cuDNN from Python wheels when neither the environment nor the toolkit has them.
+toolkit_include="$(dirname "$(command -v nvcc)")/../include"
+wheel_root() {  # header name: the wheel folder that holds include/<header>, or nothing
+  local sp
+  sp="$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' 2>/dev/null)" || return 0
+  [ -d "$sp/nvidia" ] || return 0
+  find "$sp/nvidia" -path "*/include/$1" 2>/dev/null | head -1 | sed "s|/include/$1\$||"
+}
+for lib in NCCL:nccl.h CUDNN:cudnn.h; do
+  var="${lib%%:*}_ROOT" header="${lib#*:}"
+  if [ -z "${!var:-}" ] && [ ! -f "$toolkit_include/$header" ]; then
+    found="$(wheel_root "$header")"
+    if [ -n "$found" ]; then
+      export "$var=$found"
+      export LD_LIBRARY_PATH="$found/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+      echo "gpu_check: $var=$found (from a Python wheel)" | tee -a "$out/environment.txt"
+    fi
+  fi
+done
+
 src="$root"
-cmake_args=(-DCMAKE_BUILD_TYPE=Release -DMIX_WITH_CUDA=ON)
+cmake_args=(-DCMAKE_BUILD_TYPE=Release -DMIX_WITH_CUDA=ON -DMIX_CUDA_WARNINGS_AS_ERRORS=OFF)
+[ -n "$archs" ] && cmake_args+=(-DMIX_CUDA_ARCHS="$archs")
 if [ -n "$bundle" ]; then
   src="$bundle/src"
   cmake_args+=(-DMIX_BUNDLE_DIR="$bundle")
@@ -36,21 +85,29 @@ if ! command -v mpirun >/dev/null 2>&1; then
   cmake_args+=(-DMIX_WITH_MPI=OFF)  # GPU nodes often lack Open MPI: single-process mixtrain, NCCL still used
 fi
 build="${MIX_BUILD_DIR:-$out/build}"
+if [ ! -f "$build/CMakeCache.txt" ] && command -v ninja >/dev/null 2>&1; then
+  cmake_args+=(-G Ninja)
+fi
 t0=$(date +%s)
-echo "gpu_check: building in $build (log: $out/build.log)"
-{ cmake -S "$src" -B "$build" "${cmake_args[@]}" ${MIX_CMAKE_ARGS:-} && cmake --build "$build" -j "$(nproc)"; } \
-  >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; echo "gpu_check: build failed, see $out/build.log"; exit 1; }
-nvidia-smi >"$out/nvidia-smi.txt" 2>&1 || true
+echo "gpu_check: building cuda_checks for sm_${archs:-default} in $build (log: $out/build.log)"
+{ cmake -S "$src" -B "$build" "${cmake_args[@]}" ${MIX_CMAKE_ARGS:-} &&
+  cmake --build "$build" -j "$(nproc)" --target cuda_checks; } >"$out/build.log" 2>&1 || {
+  tail -30 "$out/build.log"
+  echo "gpu_check: build failed after $(( $(date +%s) - t0 )) s, see build.log" | tee "$out/summary.txt"
+  exit 1
+}
 
 echo "gpu_check: [cuda] tests (log: $out/cuda_tests.log)"
-(cd "$build" && ctest -L cuda --output-on-failure --timeout 300) >"$out/cuda_tests.log" 2>&1
+(cd "$build" && ctest -L cuda --no-tests=error --output-on-failure --timeout 120) >"$out/cuda_tests.log" 2>&1
 tests_rc=$?
 passed=$(grep -cE "Test +#[0-9]+: .* Passed" "$out/cuda_tests.log" || true)
-failed=$(grep -cE "\*\*\*Failed|\*\*\*Exception|\*\*\*Timeout" "$out/cuda_tests.log" || true)
+failed=$(grep -cE "\*\*\*Failed|\*\*\*Exception|\*\*\*Timeout|\*\*\*Not Run" "$out/cuda_tests.log" || true)
 skipped=$(grep -cE "\*\*\*Skipped| Skipped" "$out/cuda_tests.log" || true)
+# On a GPU machine a skipped [cuda] test means it did not see the GPU: a failure here.
+[ "$skipped" -eq 0 ] && [ "$passed" -gt 0 ] || tests_rc=1
 
 train() {  # precision, log name
-  "$build/mixtrain" --device cuda --precision "$1" --data synthetic --synthetic-size 65536 --batch-size 256 \
+  limit 180 "$build/mixtrain" --device cuda --precision "$1" --data synthetic --synthetic-size 65536 --batch-size 256 \
     --hidden 1024,1024 --benchmark --benchmark-warmup 20 --steps 300 --eval false \
     --metrics "$out/$2.jsonl" >"$out/$2.log" 2>&1
 }
@@ -63,7 +120,7 @@ print(s[-1].get(sys.argv[2], 'n/a') if s else 'n/a')" "$1" "$2" 2>/dev/null || e
 # ResNet-50 on 224x224 synthetic images: conv2d, batch_norm and pool2d on cuDNN.
 # TF32 stays off, so FP32 is true FP32 and AMP's gain is the tensor cores' (target: >= 3x).
 train_resnet50() {  # precision, log name
-  "$build/mixtrain" --device cuda --precision "$1" --model resnet50 --data synthetic --synthetic-size 256 \
+  limit 180 "$build/mixtrain" --device cuda --precision "$1" --model resnet50 --data synthetic --synthetic-size 256 \
     --synthetic-classes 1000 --batch-size 64 --benchmark --benchmark-warmup 10 --steps 30 --eval false \
     --metrics "$out/$2.jsonl" >"$out/$2.log" 2>&1
 }
@@ -72,7 +129,7 @@ train_resnet50() {  # precision, log name
 # matmuls on cuBLAS, causal softmax, layer_norm, embeddings and their gradients
 # on the kernels of runtime/ops/cuda/. TF32 off (target: AMP >= 2.9x FP32).
 train_transformer() {  # precision, log name
-  "$build/mixtrain" --device cuda --precision "$1" --model transformer --data synthetic --layers 6 --d-model 512 \
+  limit 180 "$build/mixtrain" --device cuda --precision "$1" --model transformer --data synthetic --layers 6 --d-model 512 \
     --heads 8 --context 256 --vocab 32768 --batch-size 32 --optimizer adamw --benchmark --benchmark-warmup 10 \
     --steps 40 --eval false --metrics "$out/$2.jsonl" >"$out/$2.log" 2>&1
 }
@@ -82,8 +139,8 @@ train_transformer() {  # precision, log name
 # bytes: the row checks that the overlapped path costs no step time and runs.
 train_resnet_small() {  # log name, extra flags...
   local name="$1"; shift
-  "$build/mixtrain" --device cuda --precision amp --model resnet-small --data synthetic --synthetic-size 4096 \
-    --batch-size 128 --benchmark --benchmark-warmup 10 --steps 40 --eval false "$@" \
+  limit 120 "$build/mixtrain" --device cuda --precision amp --model resnet-small --data synthetic \
+    --synthetic-size 4096 --batch-size 128 --bucket-mb 0.1 --benchmark --benchmark-warmup 10 --steps 40 --eval false "$@" \
     --metrics "$out/$name.jsonl" >"$out/$name.log" 2>&1
 }
 mean_step_ms() {  # file, warm-up steps: the mean step_ms of the timed steps
@@ -131,30 +188,30 @@ rs_ratio=$(ratio_of "$rs_ov_ms" "$rs_no_ms")
 # kernels), every dtype checked against exact values; the 64M rows' busbw is 0
 # on one GPU by definition, so the figure that matters is the time column.
 echo "gpu_check: mixbench allreduce on the GPU (log: $out/mixbench.log)"
-"$build/mixbench" allreduce --device cuda -b 1K -e 64M -f 4 -d half,bfloat16,float -o sum,max -n 10 -w 3 --check \
+limit 120 "$build/mixbench" allreduce --device cuda -b 1K -e 64M -f 4 -d half,bfloat16,float -o sum,max -n 10 -w 3 --check \
   --csv "$out/mixbench.csv" >"$out/mixbench.log" 2>&1
 bench_rc=$?
 bench_wrong=$(grep -o "Out of bounds values : [0-9]* [A-Z]*" "$out/mixbench.log" || echo "n/a")
 secs=$(( $(date +%s) - t0 ))
 {
   echo "gpu_check summary ($(date -u +%FT%TZ), ${secs} s)"
-  printf "  %-34s %s\n" "[cuda] tests" "$passed passed, $failed failed, $skipped skipped"
-  printf "  %-34s %s\n" "MLP 784-1024-1024-10 FP32 samples/s" "$fp32_sps (exit $fp32_rc)"
-  printf "  %-34s %s\n" "MLP 784-1024-1024-10 AMP samples/s" "$amp_sps (exit $amp_rc)"
-  printf "  %-34s %s\n" "AMP / FP32 speed" "$ratio"
-  printf "  %-34s %s / %s\n" "peak device bytes FP32 / AMP" "$fp32_peak" "$amp_peak"
-  printf "  %-34s %s\n" "ResNet-50 b64 FP32 images/s" "$r50_fp32_ips (exit $r50_fp32_rc)"
-  printf "  %-34s %s\n" "ResNet-50 b64 AMP images/s" "$r50_amp_ips (exit $r50_amp_rc)"
-  printf "  %-34s %s\n" "ResNet-50 AMP / FP32 (target >= 3)" "$r50_ratio"
-  printf "  %-34s %s / %s\n" "ResNet-50 peak bytes FP32 / AMP" "$r50_fp32_peak" "$r50_amp_peak"
-  printf "  %-34s %s\n" "Transformer-base FP32 tokens/s" "$tf_fp32_tps (exit $tf_fp32_rc)"
-  printf "  %-34s %s\n" "Transformer-base AMP tokens/s" "$tf_amp_tps (exit $tf_amp_rc)"
-  printf "  %-34s %s\n" "Transformer AMP / FP32 (>= 2.9)" "$tf_ratio"
-  printf "  %-34s %s / %s\n" "Transformer peak bytes FP32 / AMP" "$tf_fp32_peak" "$tf_amp_peak"
-  printf "  %-34s %s\n" "resnet-small AMP ms/step overlap" "$rs_ov_ms (exit $rs_ov_rc)"
-  printf "  %-34s %s\n" "resnet-small AMP ms/step no-overlap" "$rs_no_ms (exit $rs_no_rc)"
-  printf "  %-34s %s\n" "no-overlap / overlap step time" "$rs_ratio"
-  printf "  %-34s %s\n" "mixbench allreduce --check (NCCL)" "$bench_wrong (exit $bench_rc)"
+  printf "  %-36s %s\n" "[cuda] tests" "$passed passed, $failed failed, $skipped skipped"
+  printf "  %-36s %s\n" "MLP 784-1024-1024-10 FP32 samples/s" "$fp32_sps (exit $fp32_rc)"
+  printf "  %-36s %s\n" "MLP 784-1024-1024-10 AMP samples/s" "$amp_sps (exit $amp_rc)"
+  printf "  %-36s %s\n" "AMP / FP32 speed" "$ratio"
+  printf "  %-36s %s / %s\n" "peak device bytes FP32 / AMP" "$fp32_peak" "$amp_peak"
+  printf "  %-36s %s\n" "ResNet-50 b64 FP32 images/s" "$r50_fp32_ips (exit $r50_fp32_rc)"
+  printf "  %-36s %s\n" "ResNet-50 b64 AMP images/s" "$r50_amp_ips (exit $r50_amp_rc)"
+  printf "  %-36s %s\n" "ResNet-50 AMP / FP32 (target >= 3)" "$r50_ratio"
+  printf "  %-36s %s / %s\n" "ResNet-50 peak bytes FP32 / AMP" "$r50_fp32_peak" "$r50_amp_peak"
+  printf "  %-36s %s\n" "Transformer-base FP32 tokens/s" "$tf_fp32_tps (exit $tf_fp32_rc)"
+  printf "  %-36s %s\n" "Transformer-base AMP tokens/s" "$tf_amp_tps (exit $tf_amp_rc)"
+  printf "  %-36s %s\n" "Transformer AMP / FP32 (>= 2.9)" "$tf_ratio"
+  printf "  %-36s %s / %s\n" "Transformer peak bytes FP32 / AMP" "$tf_fp32_peak" "$tf_amp_peak"
+  printf "  %-36s %s\n" "resnet-small AMP ms/step overlap" "$rs_ov_ms (exit $rs_ov_rc)"
+  printf "  %-36s %s\n" "resnet-small AMP ms/step no-overlap" "$rs_no_ms (exit $rs_no_rc)"
+  printf "  %-36s %s\n" "no-overlap / overlap step time" "$rs_ratio"
+  printf "  %-36s %s\n" "mixbench allreduce --check (NCCL)" "$bench_wrong (exit $bench_rc)"
 } | tee "$out/summary.txt"
 [ $tests_rc -eq 0 ] && [ $fp32_rc -eq 0 ] && [ $amp_rc -eq 0 ] && [ $r50_fp32_rc -eq 0 ] && [ $r50_amp_rc -eq 0 ] &&
   [ $tf_fp32_rc -eq 0 ] && [ $tf_amp_rc -eq 0 ] && [ $rs_ov_rc -eq 0 ] && [ $rs_no_rc -eq 0 ] && [ $bench_rc -eq 0 ]

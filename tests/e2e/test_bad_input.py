@@ -144,6 +144,12 @@ def main():
         expect(None, f"rank 0 runs --model {m0}, rank 1 --model {m1}", timeout=60,
                mpmd=[(1, [*small, "--model", m0]), (1, [*small, "--model", m1])],
                names=["startup fingerprint", "rank 1 differs", "model"])
+    # --device is compared before anything else: GPU binding and NCCL start-up are
+    # collectives that only the cuda ranks would call (a mismatch used to end in
+    # whichever error a lone rank met first, or an MPI truncation).
+    expect(None, "rank 0 runs --device cpu, rank 1 --device cuda", timeout=60,
+           mpmd=[(1, [*small, "--device", "cpu"]), (1, [*small, "--device", "cuda"])],
+           names=["startup fingerprint", "rank 1 differs", "device"])
     # Flags that change what a rank computes or how it talks must be in the fingerprint too.
     # Before b69ede5 the scaler flags differed unnoticed (the run succeeded; the scales would
     # diverge on the first growth or overflow) and different buckets corrupted the heap in

@@ -375,6 +375,35 @@ TEST_CASE("broadcast from the first and the last rank", "[mpi][broadcast]") {
   CHECK_THROWS_AS(c.broadcast(&x, sizeof(x), -1), mix::Error);
 }
 
+TEST_CASE("broadcast_many: every buffer gets the root's bytes, in one packed message", "[mpi][broadcast]") {
+  Communicator& c = comm();
+  // Sizes as a model's buffers come: floats, an int64 counter, an empty one, a large one.
+  const std::vector<size_t> sizes = {256, 8, 0, 1, 4096 * 4 + 3};
+  for (int root : {0, c.world_size() - 1}) {
+    std::vector<std::vector<unsigned char>> bufs;
+    std::vector<mc::ByteSpan> spans;
+    auto pattern = [&](size_t k, size_t i) { return static_cast<unsigned char>((k * 31 + i * 7 + root) & 0xff); };
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      bufs.emplace_back(sizes[k], static_cast<unsigned char>(0xEE));
+      if (c.rank() == root)
+        for (size_t i = 0; i < sizes[k]; ++i) bufs[k][i] = pattern(k, i);
+    }
+    for (auto& b : bufs) spans.push_back({b.empty() ? nullptr : b.data(), b.size()});
+    const uint64_t before = c.bytes().other_bytes;
+    c.broadcast_many(spans, root);
+    size_t bad = 0;
+    for (size_t k = 0; k < sizes.size(); ++k)
+      for (size_t i = 0; i < sizes[k]; ++i) bad += bufs[k][i] != pattern(k, i);
+    INFO("root " << root << ", rank " << c.rank());
+    CHECK(bad == 0);
+    CHECK(c.bytes().other_bytes - before == 256 + 8 + 0 + 1 + 4096 * 4 + 3);
+  }
+  c.broadcast_many({}, 0);
+  int x = 0;
+  CHECK_THROWS_AS(c.broadcast_many({{&x, sizeof(x)}}, c.world_size()), mix::Error);
+  CHECK_THROWS_AS(c.broadcast_many({{nullptr, 4}}, 0), mix::Error);
+}
+
 TEST_CASE("all_gather in rank order, and in place", "[mpi][all_gather]") {
   Communicator& c = comm();
   const size_t n = static_cast<size_t>(c.world_size());

@@ -178,6 +178,25 @@ TEST_CASE("NCCL communicator at world size 1: every collective is the identity o
     CHECK(comm->bytes().other_bytes == 2 * bytes);
   }
 
+  SECTION("broadcast_many leaves every device buffer as it is, as one group, and refuses host memory") {
+    std::vector<std::vector<unsigned char>> values;
+    std::vector<std::unique_ptr<DeviceBuffer>> bufs;
+    std::vector<mc::ByteSpan> spans;
+    for (size_t bytes : {size_t{256}, size_t{8}, size_t{4099}}) {
+      values.push_back(make_values(DType::u8, bytes, 40 + bytes));
+      bufs.push_back(std::make_unique<DeviceBuffer>(bytes));
+      bufs.back()->upload(values.back().data());
+      spans.push_back({bufs.back()->ptr, bytes});
+    }
+    comm->reset_bytes();
+    comm->broadcast_many(spans, 0);
+    for (size_t k = 0; k < bufs.size(); ++k) CHECK(bufs[k]->download() == values[k]);
+    CHECK(comm->bytes().other_bytes == 256 + 8 + 4099);
+    std::vector<unsigned char> host(16);
+    CHECK_THROWS_WITH(comm->broadcast_many({{host.data(), host.size()}}, 0), Catch::Contains("host memory"));
+    comm->broadcast_many(spans, 0);  // still usable: refused before anything was launched
+  }
+
   SECTION("a host pointer is refused with a message, and the communicator still works after") {
     std::vector<float> host(16, 1.f);
     CHECK_THROWS_WITH(comm->all_reduce(host.data(), host.size(), DType::f32, ReduceOp::sum, Traffic::gradients),
@@ -241,10 +260,10 @@ TEST_CASE("NCCL synchronize: awaits the compute stream and started all-reduces, 
     REQUIRE(unsetenv("MIX_NCCL_TIMEOUT_S") == 0);
     double hold = 3.0;
     REQUIRE(cudaLaunchHostFunc(compute, hold_stream, &hold) == cudaSuccess);
-    const auto t0 = std::chrono::steady_clock::now();
+    // "no progress within" comes only from the watchdog's deadline. (How long the
+    // call took is not checked: ncclCommAbort may itself wait for the device.)
     CHECK_THROWS_WITH(comm->synchronize(), Catch::Contains("synchronize") && Catch::Contains("no progress within") &&
                                                Catch::Contains("aborted"));
-    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2));  // the timeout, not the held stream
     CHECK_THROWS_WITH(comm->barrier(), Catch::Contains("aborted after an earlier failure"));
     REQUIRE(cudaStreamSynchronize(compute) == cudaSuccess);  // `hold` must outlive the host function
   }

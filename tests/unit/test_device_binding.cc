@@ -87,6 +87,34 @@ TEST_CASE("more local ranks than visible GPUs names the host, the counts and CUD
   CHECK_THAT(msg0, Catch::Contains("no CUDA-capable device"));
 }
 
+TEST_CASE("pick_device: the local rank's GPU, or the one GPU a rank was given", "[binding]") {
+  using mix::collective::pick_device;
+  CHECK(pick_device(0, 8) == 0);
+  CHECK(pick_device(5, 8) == 5);
+  CHECK(pick_device(3, 1) == 0);  // a scheduler gave this rank its own GPU (CUDA_VISIBLE_DEVICES=3, say)
+  CHECK(pick_device(0, 1) == 0);
+  CHECK(pick_device(2, 2) == -1);  // two visible, neither is local rank 2's
+  CHECK(pick_device(0, 0) == -1);
+}
+
+TEST_CASE("one GPU per rank by CUDA_VISIBLE_DEVICES passes; the same GPU handed to two ranks is named",
+          "[binding]") {
+  // Slurm --gpus-per-task=1: every rank sees one GPU, device 0, each a different one.
+  auto t = table(2, 4, 4);
+  for (auto& b : t) {
+    b.visible_gpus = 1;
+    b.visible_devices = std::to_string(b.local_rank);
+    b.device = mix::collective::pick_device(b.local_rank, b.visible_gpus);
+  }
+  CHECK_NOTHROW(check_gpu_bindings(t));
+  // Two ranks of node0 handed the same GPU.
+  t[2].visible_devices = "1";
+  t[2].pci_bus_id = t[1].pci_bus_id;
+  const std::string msg = message_of(t);
+  CHECK_THAT(msg, Catch::Contains("ranks 1 and 2 on host node0 would share GPU 0000:11:00.0"));
+  CHECK_THAT(msg, Catch::Contains("each rank a different single GPU"));
+}
+
 TEST_CASE("two ranks of one host on one GPU are named, with both CUDA_VISIBLE_DEVICES", "[binding]") {
   // Rank 5 (node1, local rank 1) sees the GPUs in another order, so its device
   // 1 is the GPU rank 4 drives as device 0.

@@ -42,11 +42,12 @@ namespace mix::cuda {
 /// Threads per block of the row and reduction kernels (block_reduce assumes it).
 inline constexpr int kBlock = 256;
 
-/// The compute stream of the op's GPU: every kernel of the step runs on it.
+/// The compute stream of the op's GPU, that GPU made current (a launch into
+/// another device's stream fails): every kernel of the step runs on it.
 inline cudaStream_t compute_stream(const OpContext& ctx) {
   MIX_CHECK(ctx.env.device.kind == DeviceKind::cuda,
             ctx.op.type << ": CUDA kernel run for device " << ctx.env.device.str());
-  return context(ctx.env.device.index).compute.get();
+  return use_device(ctx.env.device.index).compute.get();
 }
 
 /// Inputs must already be on the op's GPU: a host pointer handed to a kernel is

@@ -94,6 +94,7 @@ void broadcast_reduce(const OpContext& ctx, const Tensor& a, const Tensor* b, Te
     dispatch_floating(dy.dtype(), [&](auto out_tag) {
       using TOut = decltype(out_tag);
       const T* bp = b ? b->data<T>() : nullptr;
+      if (d.n == 0) return;  // nothing to sum into (and a grid of 0 blocks is an error)
       if (d.pre * d.post <= kSequentialMax) {
         launch_grid_stride(d.n, stream, ColumnSumSequential<T, TOut, F>{a.data<T>(), bp, dy.data<TOut>(), d, f});
       } else {

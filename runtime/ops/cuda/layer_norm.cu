@@ -249,7 +249,7 @@ void layer_norm_grad_cuda(OpContext& ctx) {
             eps);
       MIX_CUDA_CHECK(cudaGetLastError());
     }
-    if (!want_scale && !want_bias) return;
+    if ((!want_scale && !want_bias) || d.cols == 0) return;  // cols 0: empty dscale/dbias, and no 0-wide grid
     const dim3 grid(static_cast<unsigned>((d.cols + kBlock - 1) / kBlock), static_cast<unsigned>(chunks));
     layer_norm_param_partials<T><<<grid, kBlock, 0, stream>>>(
         x.data<T>(), dy.data<T>(), mean.data<float>(), var.data<float>(), d.rows, d.cols, rows_per_chunk, eps, ps, pb);
