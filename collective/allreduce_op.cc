@@ -128,7 +128,9 @@ void allreduce_wait_cpu(OpContext& ctx) {
   unpack_scaled(ctx, buffer, buffer_name, ctx.attr<float>("postscale", 1.f));
 }
 
-MIX_REGISTER_OP("c_allreduce_start", OpInfo{infer_allreduce_start, allreduce_start_cpu, {}, {}});
+// A one-gradient bucket is reduced where it lies: its Buffer is a view.
+MIX_REGISTER_OP("c_allreduce_start", OpInfo{infer_allreduce_start, allreduce_start_cpu, {}, {},
+                                            [](const OpDesc& op) { return op.ins("X").size() == 1; }});
 MIX_REGISTER_OP("c_allreduce_wait", OpInfo{{}, allreduce_wait_cpu, {}, {}});
 
 MIX_REGISTER_OP("c_allreduce_sum", OpInfo{{}, [](OpContext& c) { allreduce_cpu(c, ReduceOp::sum); }, {}, {}});

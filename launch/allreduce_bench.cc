@@ -60,14 +60,8 @@ double allowed_error(ReduceOp op, DType t, int world, double want) {
 /// A host tensor of `count` elements of dtype t holding this rank's values.
 Tensor pattern(DType t, uint64_t count, int rank) {
   Tensor h = Tensor::empty({static_cast<int64_t>(count)}, t);
-  for (uint64_t i = 0; i < count; ++i) {
-    const float v = static_cast<float>(check_pattern_value(rank, i));
-    switch (t) {
-      case DType::f16: h.data<half_t>()[i] = to_half(v); break;
-      case DType::bf16: h.data<bf16_t>()[i] = to_bf16(v); break;
-      default: h.data<float>()[i] = v; break;
-    }
-  }
+  for (uint64_t i = 0; i < count; ++i)
+    h.set_float(static_cast<int64_t>(i), static_cast<float>(check_pattern_value(rank, i)));
   return h;
 }
 

@@ -79,12 +79,10 @@ MemoryPlan Executor::plan(int64_t batch) const {
     const OpDesc& op = program_.ops()[op_indices_[k]];
     for (auto& n : op.all_outputs()) {
       if (program_.has_var(n) && program_.var(n).persistable) continue;
-      // Views (reshape2, flatten) share their input's storage; counting them
-      // again would overstate the plan, so their outputs add nothing.
-      if (op.type == "reshape2" || op.type == "reshape2_grad" || op.type == "flatten")
-        continue;
-      // A one-gradient bucket is reduced where it lies: its Buffer is a view too.
-      if (op.type == "c_allreduce_start" && op.ins("X").size() == 1) continue;
+      // Views (reshape2, flatten, a one-gradient bucket's Buffer) share an
+      // input's storage; counting them again would overstate the plan.
+      const ViewFn& views = OpRegistry::instance().get(op.type).outputs_are_views;
+      if (views && views(op)) continue;
       if (live.insert(n).second) live_bytes += bytes_of(n);
     }
     p.peak_temporary_bytes = std::max(p.peak_temporary_bytes, live_bytes);

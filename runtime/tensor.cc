@@ -89,6 +89,17 @@ float Tensor::item_float(int64_t i) const {
   return 0.f;
 }
 
+void Tensor::set_float(int64_t i, float v) {
+  MIX_CHECK(i >= 0 && i < numel(), "index " << i << " out of range for " << shape_str(shape_));
+  MIX_CHECK(device().kind == DeviceKind::cpu, "set_float on a " << device().str() << " tensor (host tensors only)");
+  switch (dtype_) {
+    case DType::f32: data<float>()[i] = v; return;
+    case DType::f16: data<uint16_t>()[i] = float_to_half_bits(v); return;
+    case DType::bf16: data<uint16_t>()[i] = float_to_bf16_bits(v); return;
+    default: MIX_FAIL("set_float on a " << dtype_name(dtype_) << " tensor (floating dtypes only)");
+  }
+}
+
 std::vector<float> Tensor::to_floats() const {
   if (device().kind != DeviceKind::cpu) return to(cpu_device()).to_floats();
   std::vector<float> out(static_cast<size_t>(numel()));

@@ -67,6 +67,9 @@ class Tensor {
   void copy_from(const Tensor& src);
   /// Element i widened to float (any dtype, any device: a device tensor is copied); for tests and checks.
   float item_float(int64_t i = 0) const;
+  /// Element i of a floating host tensor set to v, rounded to the dtype as a
+  /// store would be (round to nearest even for f16/bf16): item_float's inverse.
+  void set_float(int64_t i, float v);
   /// Copies every element, converted to float (tests, checkpoints, hashing).
   std::vector<float> to_floats() const;
   void fill_zero();

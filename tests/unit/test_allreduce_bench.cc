@@ -19,12 +19,8 @@ namespace {
 
 Tensor rank_pattern(DType t, int64_t n, int rank) {
   Tensor h = Tensor::empty({n}, t);
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = static_cast<float>(launch::check_pattern_value(rank, static_cast<uint64_t>(i)));
-    if (t == DType::f16) h.data<half_t>()[i] = to_half(v);
-    else if (t == DType::bf16) h.data<bf16_t>()[i] = to_bf16(v);
-    else h.data<float>()[i] = v;
-  }
+  for (int64_t i = 0; i < n; ++i)
+    h.set_float(i, static_cast<float>(launch::check_pattern_value(rank, static_cast<uint64_t>(i))));
   return h;
 }
 
@@ -36,21 +32,11 @@ Tensor reduced(DType t, int64_t n, int world, ReduceOp op) {
     collective::reduce_into(acc.raw(), x.raw(), static_cast<size_t>(n), t, op == ReduceOp::max ? op : ReduceOp::sum);
   }
   if (op == ReduceOp::avg)
-    for (int64_t i = 0; i < n; ++i) {
-      const float v = acc.item_float(i) * (1.f / static_cast<float>(world));
-      if (t == DType::f16) acc.data<half_t>()[i] = to_half(v);
-      else if (t == DType::bf16) acc.data<bf16_t>()[i] = to_bf16(v);
-      else acc.data<float>()[i] = v;
-    }
+    for (int64_t i = 0; i < n; ++i) acc.set_float(i, acc.item_float(i) * (1.f / static_cast<float>(world)));
   return acc;
 }
 
-void add_one(Tensor& t, int64_t i) {
-  const float v = t.item_float(i) + 1.f;
-  if (t.dtype() == DType::f16) t.data<half_t>()[i] = to_half(v);
-  else if (t.dtype() == DType::bf16) t.data<bf16_t>()[i] = to_bf16(v);
-  else t.data<float>()[i] = v;
-}
+void add_one(Tensor& t, int64_t i) { t.set_float(i, t.item_float(i) + 1.f); }
 
 }  // namespace
 

@@ -2,6 +2,7 @@
 // after their last use, persistables stay, the planned peak follows the batch
 // size, and a variable used twice gets its gradient contributions summed.
 #include <catch2/catch.hpp>
+#include <set>
 
 #include "models/model.h"
 #include "runtime/allocator.h"
@@ -23,6 +24,26 @@ Program chain() {
   return p;
 }
 }  // namespace
+
+TEST_CASE("the memory plan counts nothing for views: reshape2, a one-gradient bucket's Buffer", "[executor]") {
+  // y = reshape2(x) shares x's storage; z = relu(y) has its own.
+  Program p;
+  p.add_var(VarDesc{"x", {-1, 8}, DType::f32, false, false, true, {}});
+  p.append_op(make_op("reshape2", {{"X", {"x"}}}, {{"Out", {"y"}}}, {{"shape", std::vector<int64_t>{-1, 4, 2}}}));
+  p.append_op(make_op("relu", {{"X", {"y"}}}, {{"Out", {"z"}}}));
+  p.append_op(make_op("mean", {{"X", {"z"}}}, {{"Out", {"loss"}}}));
+  // The peak is z and loss while mean runs; counting y as well would give
+  // 2 * 4 * 8 * 4 while relu runs.
+  CHECK(Executor(p, {"loss"}).plan(4).peak_temporary_bytes == 4 * 8 * 4 + 4);
+
+  // Gradient buckets: one of one tensor (reduced in place) and one of two (packed).
+  Program b;
+  for (const char* g : {"g1", "g2", "g3"}) b.add_var(VarDesc{g, {16}, DType::f32, false, false, true, {}});
+  b.append_op(make_op("c_allreduce_start", {{"X", {"g1"}}}, {{"Buffer", {"view"}}}));
+  b.append_op(make_op("c_allreduce_start", {{"X", {"g2", "g3"}}}, {{"Buffer", {"packed"}}}));
+  const std::set<std::string> kept = {"view", "packed"};
+  CHECK(Executor(b, kept).plan(1).peak_temporary_bytes == 2 * 16 * 4);  // only the packed Buffer
+}
 
 TEST_CASE("temporaries are released after their last use; kept ones survive", "[executor]") {
   Program p = chain();

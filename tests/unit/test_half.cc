@@ -31,6 +31,7 @@
 #include "runtime/half.h"
 #include "runtime/kernels/cpu_loops.h"
 #include "runtime/kernels/functors.h"
+#include "runtime/tensor.h"
 
 namespace {
 
@@ -608,4 +609,26 @@ TEST_CASE("half: fused f16_add and f16_scale equal the functor loops, F16C and p
     }
   }
   CHECK_NONE(t);
+}
+
+// Tensor::set_float, item_float's inverse, stores through the same rounding.
+TEST_CASE("Tensor::set_float rounds to the dtype as a store does, and refuses the rest", "[half][tensor]") {
+  const float tie = 1.0f + 0x1p-11f;  // halfway between 1 and the next half: even is 1
+  const float above = 1.0f + 0x1p-11f + 0x1p-20f;
+  mix::Tensor h = mix::Tensor::empty({3}, mix::DType::f16);
+  h.set_float(0, tie);
+  h.set_float(1, above);
+  h.set_float(2, 1e6f);
+  CHECK(h.data<uint16_t>()[0] == 0x3c00u);
+  CHECK(h.data<uint16_t>()[1] == 0x3c01u);
+  CHECK(h.data<uint16_t>()[2] == 0x7c00u);  // overflow to inf
+  mix::Tensor b = mix::Tensor::empty({1}, mix::DType::bf16);
+  b.set_float(0, 1.0f + 0x1p-8f);  // a bf16 tie: even is 1
+  CHECK(b.data<uint16_t>()[0] == mix::float_to_bf16_bits(1.0f));
+  mix::Tensor f = mix::Tensor::empty({1}, mix::DType::f32);
+  f.set_float(0, above);
+  CHECK(f.item_float(0) == above);
+  mix::Tensor i = mix::Tensor::empty({1}, mix::DType::i32);
+  CHECK_THROWS_WITH(i.set_float(0, 1.f), Catch::Contains("floating dtypes only"));
+  CHECK_THROWS_WITH(h.set_float(3, 1.f), Catch::Contains("out of range"));
 }
