@@ -1,10 +1,10 @@
 #include "amp/decorate.h"
 
-#include "amp/rewrite.h"
-
 #include <algorithm>
 #include <map>
 #include <set>
+
+#include "amp/rewrite.h"
 #include "runtime/autodiff.h"
 #include "runtime/check.h"
 #include "runtime/op_registry.h"

@@ -363,7 +363,6 @@ class MpiCommunicator final : public Communicator {
     }
     MIX_CHECK(type != MPI_DATATYPE_NULL, "all_reduce: unsupported dtype " << static_cast<int>(dtype));
     return {type, mpi_op};
-
   }
 
   /// A started all-reduce: its MPI requests (one per chunk) and what wait() finishes.

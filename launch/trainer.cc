@@ -504,7 +504,10 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     // Each rank updated its running statistics from its own batch (per-rank
     // batch_norm, PyTorch DDP's default); rank 0's win, as DDP's broadcast_buffers does.
     std::vector<collective::ByteSpan> buffer_spans;
-    for (const std::string& b : buffers) buffer_spans.push_back({scope.get(b).raw(), scope.get(b).bytes()});
+    for (const std::string& b : buffers) {
+      const Tensor& t = scope.get(b);
+      buffer_spans.push_back({t.raw(), t.bytes()});
+    }
     grad_comm.broadcast_many(buffer_spans, 0);
     // On a GPU the step's kernels and collectives may still be queued. Wait for
     // them here, under the NCCL watchdog: an FP32 step has no blocking

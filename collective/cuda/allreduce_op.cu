@@ -5,9 +5,9 @@
 // compute stream.
 //
 // c_allreduce_sum / _max: the bucket is packed on the compute stream, the
-// communication stream waits for it with an event (no host sync), the device
-// communicator (NCCL) reduces it, and the result is unpacked on the compute
-// stream. The NCCL all_reduce returns when the collective has completed.
+// device communicator (NCCL) reduces it (its stream waits for the compute
+// stream on the device, and the call returns when the collective has
+// completed), and the result is unpacked on the compute stream.
 //
 // c_allreduce_start / _wait overlap a gradient bucket's all-reduce with the rest
 // of backward. start packs (or, for a one-tensor bucket, views) and prescales on
@@ -64,9 +64,7 @@ void scale_on_device(void* data, int64_t n, DType dtype, float factor, cudaStrea
 
 void allreduce_cuda(OpContext& ctx, ReduceOp op) {
   Communicator& comm = comm_of(ctx);
-  const int device = ctx.env.device.index;
-  cuda::DeviceContext& dc = cuda::use_device(device);
-  const cudaStream_t compute = dc.compute.get();
+  const cudaStream_t compute = cuda::use_device(ctx.env.device.index).compute.get();
   const BucketShape shape = bucket_shape(ctx, "X");
   const DType dtype = shape.dtype;
   const auto total = static_cast<size_t>(shape.elements);
@@ -88,14 +86,10 @@ void allreduce_cuda(OpContext& ctx, ReduceOp op) {
     }
   }
   scale_on_device(buf, static_cast<int64_t>(total), dtype, prescale, compute);
-  // The communication stream starts when the packed bucket is complete.
-  cuda::Event packed;
-  packed.record(compute);
-  packed.wait(dc.comm.get());
+  // The device communicator orders its stream after the compute stream's work
+  // (the packing and prescale above) and returns when the collective has
+  // completed, so the unpacking below, queued on the compute stream, sees it.
   comm.all_reduce(buf, total, dtype, op, traffic);
-  cuda::Event reduced;
-  reduced.record(dc.comm.get());
-  reduced.wait(compute);
   scale_on_device(buf, static_cast<int64_t>(total), dtype, postscale, compute);
   if (parts.size() > 1) {
     size_t offset = 0;
