@@ -30,6 +30,7 @@ std::vector<std::pair<std::string, std::string>> TrainConfig::fingerprint_fields
           {"image-size", opt(image_size)},
           {"width", opt(width)},
           {"blocks", list(blocks)},
+          {"data-format", is_resnet() ? (resnet_channels_last() ? "nhwc" : "nchw") : "-"},
           {"layers", is_language_model() ? num(layers) : "-"},
           {"d-model", is_language_model() ? num(d_model) : "-"},
           {"heads", is_language_model() ? num(heads) : "-"},
@@ -135,6 +136,9 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
       ->check(kPositiveInt);
   app.add_option("--blocks", c.blocks, "ResNets: blocks per stage, comma separated (resnet-small: 2,2,2)")
       ->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)->check(kPositiveInt);
+  app.add_option("--data-format", c.data_format,
+                 "ResNets: activation layout, nchw, nhwc (channels last) or auto (nhwc on cuda, nchw on cpu)")
+      ->check(CLI::IsMember({"auto", "nchw", "nhwc"}));
   app.add_option("--layers", c.layers, "transformer: blocks")->check(kPositiveInt);
   app.add_option("--d-model", c.d_model, "transformer: width of the residual stream")->check(kPositiveInt);
   app.add_option("--heads", c.heads, "transformer: attention heads (must divide --d-model)")->check(kPositiveInt);
@@ -253,6 +257,8 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
   if (c.model == "mlp" && c.hidden.empty()) return bad("--hidden needs at least one size for --model mlp");
   if (!c.is_resnet() && (c.image_size || c.width || !c.blocks.empty()))
     return bad("--image-size, --width and --blocks are for the ResNet models (--model " + c.model + ")");
+  if (!c.is_resnet() && c.data_format != "auto")
+    return bad("--data-format is for the ResNet models (--model " + c.model + " has no image layout)");
   if (c.image_size && c.data != "synthetic")
     return bad("--image-size sets the size of synthetic images; with --data " + c.data +
                " the images have the data set's size");

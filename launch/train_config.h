@@ -15,6 +15,10 @@ struct TrainConfig {
   std::optional<int64_t> image_size;
   std::optional<int64_t> width;
   std::vector<int64_t> blocks;
+  /// Activation layout of the ResNets: nchw, nhwc (channels last), or auto:
+  /// nhwc on CUDA, where cuDNN's FP16 tensor cores read it directly, nchw on the CPU.
+  std::string data_format = "auto";
+  bool resnet_channels_last() const { return data_format == "nhwc" || (data_format == "auto" && device == "cuda"); }
   bool is_resnet() const { return model.rfind("resnet", 0) == 0; }
   // the Transformer language model (models::TransformerConfig)
   int64_t layers = 4;

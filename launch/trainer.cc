@@ -104,6 +104,7 @@ models::Model build_model(const TrainConfig& c, const data::Dataset& train) {
   if (c.width) rc.width = *c.width;
   if (!c.blocks.empty()) rc.blocks = c.blocks;
   rc.num_classes = classes;
+  rc.channels_last = c.resnet_channels_last();
   return models::build_resnet(rc, c.model);
 }
 
@@ -415,9 +416,10 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   if (profile_env && std::string(profile_env) == "1") env.op_seconds = &op_seconds;
   MetricsWriter metrics(rank == 0 ? c.metrics : "");
   if (rank == 0)
-    spdlog::info("training {} ({}), {} steps of {} x {} examples, precision {}, gradient all-reduce in {}",
-                 c.model, model_signature(program), total_steps - start_step, world, batch, c.precision,
-                 c.effective_grad_reduce());
+    spdlog::info("training {} ({}{}), {} steps of {} x {} examples, precision {}, gradient all-reduce in {}", c.model,
+                 model_signature(program),
+                 c.is_resnet() ? (c.resnet_channels_last() ? ", NHWC activations" : ", NCHW activations") : "",
+                 total_steps - start_step, world, batch, c.precision, c.effective_grad_reduce());
 
   auto evaluate = [&]() {
     EvalResult r;

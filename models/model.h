@@ -49,6 +49,11 @@ struct ResNetConfig {
   int64_t in_channels = 3;
   int64_t image_size = 224;
   int64_t num_classes = 1000;
+  /// Activations channels last (NHWC) from the stem on: the input batch (NCHW,
+  /// as the data loaders make it) is permuted once by a transpose2 op, and
+  /// conv2d, batch_norm and pool2d carry data_format / data_layout NHWC.
+  /// Parameters and buffers, and so checkpoints, are the same in both layouts.
+  bool channels_last = false;
 };
 /// The configuration of resnet18, resnet34, resnet50 or resnet-small (widths
 /// 16/32/64, two basic blocks per stage, 1x28x28 input); throws for other names.

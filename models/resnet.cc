@@ -7,6 +7,11 @@
 // Bottleneck blocks put the stride on the 3x3 conv (torchvision's "v1.5").
 // Initialisation as torchvision: convs kaiming-normal with fan_out (std
 // sqrt(2 / (out kh kw))), batch_norm weight 1 and bias 0, fc PyTorch's Linear default.
+//
+// Channels last (ResNetConfig::channels_last) changes only the activations'
+// layout: the ops are the same, with their layout attrs set to NHWC, after one
+// transpose2 of the input; the global average pool gives [N, 1, 1, C], which
+// flattens to the same [N, C] as channels first.
 #include <cmath>
 
 #include "models/model.h"
@@ -32,7 +37,10 @@ void add_buffer(Program& p, const std::string& name, const Shape& shape, DType d
 
 class ResNetBuilder {
  public:
-  explicit ResNetBuilder(Program& p) : p_(p) {}
+  ResNetBuilder(Program& p, bool channels_last) : p_(p), format_(channels_last ? "NHWC" : "NCHW") {}
+
+  /// The layout attr of conv2d and pool2d (batch_norm's is data_layout).
+  std::pair<std::string, Attr> data_format() const { return {"data_format", format_}; }
 
   std::string conv(const std::string& name, const std::string& x, int64_t in, int64_t out, int64_t k, int64_t stride,
                    int64_t pad) {
@@ -48,7 +56,8 @@ class ResNetBuilder {
                          {{"strides", std::vector<int64_t>{stride, stride}},
                           {"paddings", std::vector<int64_t>{pad, pad}},
                           {"dilations", std::vector<int64_t>{1, 1}},
-                          {"groups", int64_t{1}}}));
+                          {"groups", int64_t{1}},
+                          data_format()}));
     return y;
   }
 
@@ -73,7 +82,7 @@ class ResNetBuilder {
                           {"SavedMean", {p_.unique_name(name + ".saved_mean")}},
                           {"SavedVariance", {p_.unique_name(name + ".saved_inv_std")}},
                           {"NumBatchesTrackedOut", {name + ".num_batches_tracked"}}},
-                         {{"momentum", 0.9}, {"epsilon", 1e-5}}));
+                         {{"momentum", 0.9}, {"epsilon", 1e-5}, {"data_layout", format_}}));
     return y;
   }
 
@@ -113,6 +122,7 @@ class ResNetBuilder {
   }
 
   Program& p_;
+  std::string format_;  // "NCHW" or "NHWC"
 };
 
 }  // namespace
@@ -162,18 +172,25 @@ Model build_resnet(const ResNetConfig& c, const std::string& name) {
   label.stop_gradient = true;
   p.add_var(label);
 
-  ResNetBuilder b(p);
+  ResNetBuilder b(p, c.channels_last);
+  std::string image = m.input;
+  if (c.channels_last) {
+    image = p.unique_name("input.nhwc");
+    p.append_op(
+        make_op("transpose2", {{"X", {m.input}}}, {{"Out", {image}}}, {{"axis", std::vector<int64_t>{0, 2, 3, 1}}}));
+  }
   std::string h;
   if (c.small_input) {
-    h = b.relu(b.batch_norm("bn1", b.conv("conv1", m.input, c.in_channels, c.width, 3, 1, 1), c.width));
+    h = b.relu(b.batch_norm("bn1", b.conv("conv1", image, c.in_channels, c.width, 3, 1, 1), c.width));
   } else {
-    h = b.relu(b.batch_norm("bn1", b.conv("conv1", m.input, c.in_channels, c.width, 7, 2, 3), c.width));
+    h = b.relu(b.batch_norm("bn1", b.conv("conv1", image, c.in_channels, c.width, 7, 2, 3), c.width));
     const std::string pooled = p.unique_name("maxpool.out");
     p.append_op(make_op("pool2d", {{"X", {h}}}, {{"Out", {pooled}}},
                         {{"pooling_type", std::string("max")},
                          {"ksize", std::vector<int64_t>{3, 3}},
                          {"strides", std::vector<int64_t>{2, 2}},
-                         {"paddings", std::vector<int64_t>{1, 1}}}));
+                         {"paddings", std::vector<int64_t>{1, 1}},
+                         b.data_format()}));
     h = pooled;
   }
   int64_t channels = c.width;
@@ -189,7 +206,7 @@ Model build_resnet(const ResNetConfig& c, const std::string& name) {
   }
   const std::string gap = p.unique_name("avgpool.out");
   p.append_op(make_op("pool2d", {{"X", {h}}}, {{"Out", {gap}}},
-                      {{"pooling_type", std::string("avg")}, {"global_pooling", true}}));
+                      {{"pooling_type", std::string("avg")}, {"global_pooling", true}, b.data_format()}));
   const std::string flat = p.unique_name("flatten.out");
   p.append_op(make_op("flatten", {{"X", {gap}}}, {{"Out", {flat}}}, {{"axis", int64_t{1}}}));
   linear(p, "fc", flat, channels, c.num_classes, m.logits);

@@ -57,16 +57,23 @@ int cudnn_int(int64_t v, const char* op, const char* what) {
   return static_cast<int>(v);
 }
 
-TensorDescriptor nchw_tensor(DType t, int64_t n, int64_t c, int64_t h, int64_t w, const char* op) {
+namespace {
+
+cudnnTensorFormat_t format_of(bool channels_last) { return channels_last ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW; }
+
+}  // namespace
+
+TensorDescriptor image_tensor(DType t, int64_t n, int64_t c, int64_t h, int64_t w, bool channels_last, const char* op) {
   TensorDescriptor d;
-  MIX_CUDNN_CHECK(cudnnSetTensor4dDescriptor(d.get(), CUDNN_TENSOR_NCHW, cudnn_dtype(t, op), cudnn_int(n, op, "N"),
-                                             cudnn_int(c, op, "C"), cudnn_int(h, op, "H"), cudnn_int(w, op, "W")));
+  MIX_CUDNN_CHECK(cudnnSetTensor4dDescriptor(d.get(), format_of(channels_last), cudnn_dtype(t, op),
+                                             cudnn_int(n, op, "N"), cudnn_int(c, op, "C"), cudnn_int(h, op, "H"),
+                                             cudnn_int(w, op, "W")));
   return d;
 }
 
-FilterDescriptor nchw_filter(DType t, int64_t k, int64_t c, int64_t h, int64_t w, const char* op) {
+FilterDescriptor image_filter(DType t, int64_t k, int64_t c, int64_t h, int64_t w, bool channels_last, const char* op) {
   FilterDescriptor d;
-  MIX_CUDNN_CHECK(cudnnSetFilter4dDescriptor(d.get(), cudnn_dtype(t, op), CUDNN_TENSOR_NCHW,
+  MIX_CUDNN_CHECK(cudnnSetFilter4dDescriptor(d.get(), cudnn_dtype(t, op), format_of(channels_last),
                                              cudnn_int(k, op, "filters"), cudnn_int(c, op, "filter channels"),
                                              cudnn_int(h, op, "filter height"), cudnn_int(w, op, "filter width")));
   return d;

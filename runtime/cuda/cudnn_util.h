@@ -3,9 +3,11 @@
 // (runtime/ops/cuda/): the per-device handle, the dtype mapping, move-only
 // RAII descriptors, int-range checks and device workspaces.
 //
-// Layout: every descriptor is NCHW, the layout of the tensors themselves.
-// cuDNN may transpose internally to NHWC where its tensor-core kernels want it;
-// mixtrain never hands it another layout.
+// Layout: a descriptor is NCHW or NHWC, the layout of the tensor itself (the
+// op's data_format / data_layout, runtime/ops/data_format.h). Its dims are
+// always given as n, c, h, w; the format says in which order they lie in memory.
+// With NCHW FP16 data cuDNN transposes internally to NHWC for its tensor-core
+// kernels; channels-last models hand it NHWC and skip those transposes.
 //
 // The launchers use cuDNN's legacy (descriptor) API: cuDNN 9 marks it
 // deprecated in favour of the graph API but still ships and supports it.
@@ -93,10 +95,12 @@ using FilterDescriptor = CudnnDescriptor<FilterDescriptorTraits>;
 using ConvolutionDescriptor = CudnnDescriptor<ConvolutionDescriptorTraits>;
 using PoolingDescriptor = CudnnDescriptor<PoolingDescriptorTraits>;
 
-/// A dense NCHW tensor descriptor of [n, c, h, w] in dtype t.
-TensorDescriptor nchw_tensor(DType t, int64_t n, int64_t c, int64_t h, int64_t w, const char* op);
-/// A dense NCHW filter descriptor of [k, c, h, w] (output channels first) in dtype t.
-FilterDescriptor nchw_filter(DType t, int64_t k, int64_t c, int64_t h, int64_t w, const char* op);
+/// A dense tensor descriptor of dims [n, c, h, w] in dtype t, stored NCHW, or
+/// NHWC when channels_last.
+TensorDescriptor image_tensor(DType t, int64_t n, int64_t c, int64_t h, int64_t w, bool channels_last, const char* op);
+/// A dense filter descriptor of dims [k, c, h, w] (output channels first) in
+/// dtype t, stored [k, c, h, w], or [k, h, w, c] when channels_last.
+FilterDescriptor image_filter(DType t, int64_t k, int64_t c, int64_t h, int64_t w, bool channels_last, const char* op);
 
 /// At least `bytes` of scratch on `device`, from the caching device allocator
 /// (so the allocator's peak counts it); an undefined tensor (raw() == nullptr)

@@ -7,7 +7,8 @@
 //           SavedVariance[C] (the batch mean and 1/sqrt(var + eps), read by the grad),
 //           NumBatchesTrackedOut (optional)
 //   attrs   momentum (0.9: running = 0.9 running + 0.1 batch, PyTorch's momentum 0.1),
-//           epsilon (1e-5), is_test (false)
+//           epsilon (1e-5), is_test (false), data_layout (NCHW, or NHWC: X is
+//           [N, ..., C]; computed by permuting to NCHW and back, runtime/ops/data_format.h)
 // Scale, Bias and all statistics are FP32 even when X is FP16 (DESIGN.md); the
 // sums run in double and Y is rounded once on store. The running variance takes
 // the unbiased batch variance, as PyTorch does, so its checkpoints interchange.
@@ -28,7 +29,7 @@ namespace {
 void infer_batch_norm(Program& p, OpDesc& op) {
   const VarDesc& x = p.var(op.in("X"));
   MIX_CHECK(is_floating(x.dtype), "batch_norm: X " << x.name << " must be a float tensor");
-  const int64_t c = batch_norm_channels(x.shape);
+  const int64_t c = batch_norm_channels(x.shape, batch_norm_channels_last(op));
   for (const char* slot : {"Scale", "Bias", "Mean", "Variance"}) {
     const VarDesc& v = p.var(op.in(slot));
     MIX_CHECK(v.dtype == DType::f32 && v.shape == Shape{c},
@@ -74,9 +75,30 @@ void normalize(const Tensor& x, const BatchNormDims& d, const std::vector<fn::Bn
   });
 }
 
-void batch_norm_cpu(OpContext& ctx) {
+/// X as [n, c, spatial]: X itself, or a channels-first copy of a channels-last X.
+Tensor channels_first_view(const Tensor& x, const BatchNormDims& d) {
+  return d.channels_last ? layout::channels_first_copy(x) : x;
+}
+
+/// The output `slot`, shaped like a channels-last X, = `result` [n, c, spatial...] permuted back.
+void store_channels_last(OpContext& ctx, const std::string& slot, const Tensor& result) {
   const Tensor& x = ctx.in("X");
-  const BatchNormDims d = batch_norm_dims(x.shape());
+  layout::store_channels_last(result, ctx.out(slot, x.shape(), x.dtype()));
+}
+
+/// Y = normalize(X) with one functor per channel, written in X's layout.
+void write_y(OpContext& ctx, const Tensor& x_nchw, const BatchNormDims& d,
+             const std::vector<fn::BnNormalize>& per_channel) {
+  const Tensor& x = ctx.in("X");
+  if (!d.channels_last) return normalize(x_nchw, d, per_channel, ctx.out("Y", x.shape(), x.dtype()));
+  Tensor y = Tensor::empty(x_nchw.shape(), x.dtype());
+  normalize(x_nchw, d, per_channel, y);
+  store_channels_last(ctx, "Y", y);
+}
+
+void batch_norm_cpu(OpContext& ctx) {
+  const BatchNormDims d = batch_norm_dims(ctx.in("X").shape(), batch_norm_channels_last(ctx.op));
+  const Tensor x = channels_first_view(ctx.in("X"), d);
   const float* scale = ctx.in("Scale").data<float>();
   const float* bias = ctx.in("Bias").data<float>();
   const float eps = ctx.attr<float>("epsilon", 1e-5f);
@@ -88,12 +110,12 @@ void batch_norm_cpu(OpContext& ctx) {
     const float* rvar = ctx.in("Variance").data<float>();
     for (int64_t c = 0; c < d.c; ++c)
       norm[static_cast<size_t>(c)] = {rmean[c], fn::bn_inv_std(rvar[c], eps) * scale[c], bias[c]};
-    normalize(x, d, norm, ctx.out("Y", x.shape(), x.dtype()));
+    write_y(ctx, x, d, norm);
     return;
   }
 
   const int64_t m = d.n * d.spatial;  // values per channel
-  MIX_CHECK(m > 1, "batch_norm: training needs more than one value per channel, X is " << shape_str(x.shape())
+  MIX_CHECK(m > 1, "batch_norm: training needs more than one value per channel, X is " << shape_str(ctx.in("X").shape())
                                                                                        << " (use a larger batch)");
   std::vector<double> sum(static_cast<size_t>(d.c), 0.0), sum_sq(static_cast<size_t>(d.c), 0.0);
   std::vector<float> buf;
@@ -129,14 +151,15 @@ void batch_norm_cpu(OpContext& ctx) {
     const int64_t seen = ctx.in("NumBatchesTracked").data<int64_t>()[0];
     ctx.out("NumBatchesTrackedOut", {}, DType::i64).data<int64_t>()[0] = seen + 1;
   }
-  normalize(x, d, norm, ctx.out("Y", x.shape(), x.dtype()));
+  write_y(ctx, x, d, norm);
 }
 
 void batch_norm_grad_cpu(OpContext& ctx) {
-  const Tensor& x = ctx.in("X");
-  const Tensor& dy = ctx.in("Y@GRAD");
-  const BatchNormDims d = batch_norm_dims(x.shape());
-  MIX_CHECK(dy.shape() == x.shape() && dy.dtype() == x.dtype(), "batch_norm_grad: Y@GRAD must match X");
+  const BatchNormDims d = batch_norm_dims(ctx.in("X").shape(), batch_norm_channels_last(ctx.op));
+  MIX_CHECK(ctx.in("Y@GRAD").shape() == ctx.in("X").shape() && ctx.in("Y@GRAD").dtype() == ctx.in("X").dtype(),
+            "batch_norm_grad: Y@GRAD must match X");
+  const Tensor x = channels_first_view(ctx.in("X"), d);
+  const Tensor dy = channels_first_view(ctx.in("Y@GRAD"), d);
   const float* scale = ctx.in("Scale").data<float>();
   const float* mean = ctx.in("SavedMean").data<float>();
   const float* inv_std = ctx.in("SavedVariance").data<float>();
@@ -167,7 +190,8 @@ void batch_norm_grad_cpu(OpContext& ctx) {
     for (int64_t c = 0; c < d.c; ++c) db[c] = static_cast<float>(sum_dy[static_cast<size_t>(c)]);
   }
   if (!ctx.wants("X@GRAD")) return;
-  Tensor& dx = ctx.out("X@GRAD", x.shape(), x.dtype());
+  Tensor dx_nchw = d.channels_last ? Tensor::empty(x.shape(), x.dtype()) : Tensor{};
+  Tensor& dx = d.channels_last ? dx_nchw : ctx.out("X@GRAD", x.shape(), x.dtype());
   std::vector<fn::BnBackward> back(static_cast<size_t>(d.c));
   for (int64_t c = 0; c < d.c; ++c) {
     const size_t k = static_cast<size_t>(c);
@@ -183,6 +207,7 @@ void batch_norm_grad_cpu(OpContext& ctx) {
       cpu::store_floats(xv, dx.data<T>() + row * d.spatial, d.spatial);
     });
   });
+  if (d.channels_last) store_channels_last(ctx, "X@GRAD", dx_nchw);
 }
 
 std::vector<OpDesc> batch_norm_grad_maker(const OpDesc& fwd, GradContext& g) {

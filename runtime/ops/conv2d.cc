@@ -11,6 +11,8 @@
 //     Filter@GRAD_g += Output@GRAD_g . col^T    (accumulated in FP32 over the whole batch)
 //     col@GRAD       = Filter_g^T . Output@GRAD_g, folded back by col2im (summing overlaps)
 // Workspaces come from the caching allocator, so the allocator's peak counts them.
+// data_format NHWC (channels last) permutes Input and Output@GRAD to NCHW,
+// runs the same loops and permutes the results back (runtime/ops/data_format.h).
 #include <algorithm>
 #include <cstring>
 
@@ -129,12 +131,8 @@ const float* chunk_input(const Tensor& x, const ConvDims& d, int64_t n0, int64_t
   return buf.data<float>();
 }
 
-void conv2d_cpu(OpContext& ctx) {
-  const Tensor& x = ctx.in("Input");
-  const Tensor& filter = ctx.in("Filter");
-  MIX_CHECK(x.dtype() == filter.dtype(), "conv2d: Input and Filter dtypes differ");
-  const ConvDims d = conv_dims(ctx.op, x.shape(), filter.shape());
-  Tensor& out = ctx.out("Output", d.out_shape(), x.dtype());
+/// out[n, oc, oh, ow] = conv(x[n, c, h, w], filter): the channels-first forward.
+void conv2d_nchw(const Tensor& x, const Tensor& filter, const ConvDims& d, Tensor& out) {
   if (d.n == 0) return;
   const int64_t ohw = d.oh * d.ow, K = d.k_per_group(), ocg = d.oc_per_group();
   const int64_t nb_max = chunk_images(d);
@@ -157,25 +155,27 @@ void conv2d_cpu(OpContext& ctx) {
   }
 }
 
-void conv2d_grad_cpu(OpContext& ctx) {
+void conv2d_cpu(OpContext& ctx) {
   const Tensor& x = ctx.in("Input");
   const Tensor& filter = ctx.in("Filter");
-  const Tensor& dout = ctx.in("Output@GRAD");
+  MIX_CHECK(x.dtype() == filter.dtype(), "conv2d: Input and Filter dtypes differ");
   const ConvDims d = conv_dims(ctx.op, x.shape(), filter.shape());
-  MIX_CHECK(dout.shape() == d.out_shape(), "conv2d_grad: Output@GRAD is " << shape_str(dout.shape()) << ", expected "
-                                                                          << shape_str(d.out_shape()));
-  MIX_CHECK(filter.dtype() == x.dtype() && dout.dtype() == x.dtype(),
-            "conv2d_grad: Input, Filter and Output@GRAD must share a dtype, got " << dtype_name(x.dtype()) << ", "
-                                                                               << dtype_name(filter.dtype()) << ", "
-                                                                               << dtype_name(dout.dtype()));
-  const bool want_dx = ctx.wants("Input@GRAD"), want_dw = ctx.wants("Filter@GRAD");
+  if (!d.channels_last) return conv2d_nchw(x, filter, d, ctx.out("Output", d.out_shape(), x.dtype()));
+  Tensor out = Tensor::empty(d.out_shape_nchw(), x.dtype());
+  conv2d_nchw(layout::channels_first_copy(x), filter, d, out);
+  layout::store_channels_last(out, ctx.out("Output", d.out_shape(), x.dtype()));
+}
+
+/// The channels-first gradients: dx[n, c, h, w] and dw (either may be null) from dout[n, oc, oh, ow].
+void conv2d_grad_nchw(const Tensor& x, const Tensor& filter, const Tensor& dout, const ConvDims& d, Tensor* dx,
+                      Tensor* dw) {
+  const bool want_dx = dx != nullptr, want_dw = dw != nullptr;
   const int64_t ohw = d.oh * d.ow, K = d.k_per_group(), ocg = d.oc_per_group(), per_image = d.c * d.h * d.w;
   const int64_t nb_max = chunk_images(d);
   const float* w = want_dx ? cpu::as_f32(filter, 1) : nullptr;  // only dX reads the filter
   Tensor xbuf, col = f32_workspace(K * nb_max * ohw), dout32 = f32_workspace(ocg * nb_max * ohw);
   Tensor dw32 = want_dw ? Tensor::zeros({d.oc * K}, DType::f32) : Tensor{};
   Tensor dx32 = want_dx ? f32_workspace(nb_max * per_image) : Tensor{};
-  Tensor* dx = want_dx ? &ctx.out("Input@GRAD", x.shape(), x.dtype()) : nullptr;
   for (int64_t n0 = 0; n0 < d.n; n0 += nb_max) {
     const int64_t nb = std::min(nb_max, d.n - n0), cols = nb * ohw;
     const float* xs = want_dw ? chunk_input(x, d, n0, nb, xbuf) : nullptr;
@@ -201,7 +201,29 @@ void conv2d_grad_cpu(OpContext& ctx) {
         cpu::store_floats(dx32.data<float>(), dx->data<T>() + n0 * per_image, nb * per_image);
       });
   }
-  if (want_dw) cpu::store_f32(dw32.data<float>(), ctx.out("Filter@GRAD", filter.shape(), filter.dtype()));
+  if (want_dw) cpu::store_f32(dw32.data<float>(), *dw);
+}
+
+void conv2d_grad_cpu(OpContext& ctx) {
+  const Tensor& x = ctx.in("Input");
+  const Tensor& filter = ctx.in("Filter");
+  const Tensor& dout = ctx.in("Output@GRAD");
+  const ConvDims d = conv_dims(ctx.op, x.shape(), filter.shape());
+  MIX_CHECK(dout.shape() == d.out_shape(),
+            "conv2d_grad: Output@GRAD is " << shape_str(dout.shape()) << ", expected " << shape_str(d.out_shape()));
+  MIX_CHECK(filter.dtype() == x.dtype() && dout.dtype() == x.dtype(),
+            "conv2d_grad: Input, Filter and Output@GRAD must share a dtype, got "
+                << dtype_name(x.dtype()) << ", " << dtype_name(filter.dtype()) << ", " << dtype_name(dout.dtype()));
+  Tensor* dw = ctx.wants("Filter@GRAD") ? &ctx.out("Filter@GRAD", filter.shape(), filter.dtype()) : nullptr;
+  if (!d.channels_last) {
+    Tensor* dx = ctx.wants("Input@GRAD") ? &ctx.out("Input@GRAD", x.shape(), x.dtype()) : nullptr;
+    return conv2d_grad_nchw(x, filter, dout, d, dx, dw);
+  }
+  Tensor dx_nchw =
+      ctx.wants("Input@GRAD") ? Tensor::empty(layout::channels_first_shape(x.shape()), x.dtype()) : Tensor{};
+  conv2d_grad_nchw(layout::channels_first_copy(x), filter, layout::channels_first_copy(dout), d,
+                   dx_nchw.defined() ? &dx_nchw : nullptr, dw);
+  if (dx_nchw.defined()) layout::store_channels_last(dx_nchw, ctx.out("Input@GRAD", x.shape(), x.dtype()));
 }
 
 std::vector<OpDesc> conv2d_grad_maker(const OpDesc& fwd, GradContext& g) {

@@ -4,12 +4,16 @@
 // devices can never disagree on an output size.
 //
 // Attributes follow Paddle: `strides`, `paddings`, `dilations` are [h, w]
-// pairs (a single value applies to both), `groups` splits the channels.
+// pairs (a single value applies to both), `groups` splits the channels, and
+// `data_format` NHWC makes Input and Output (conv2d) or X and Out (pool2d)
+// channels last (runtime/ops/data_format.h). The dims below are always named
+// n, c, h, w whatever the layout; out_shape() is in the op's layout.
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "runtime/check.h"
+#include "runtime/ops/data_format.h"
 #include "runtime/program.h"
 #include "runtime/tensor.h"
 
@@ -23,6 +27,11 @@ inline std::vector<int64_t> pair_attr(const OpDesc& op, const std::string& name,
   return v;
 }
 
+/// An image tensor's [n, c, h, w] in the op's layout: [N, C, H, W], or [N, H, W, C] channels last.
+inline Shape image_shape(bool channels_last, int64_t n, int64_t c, int64_t h, int64_t w) {
+  return channels_last ? Shape{n, h, w, c} : Shape{n, c, h, w};
+}
+
 /// Output extent of a sliding window: floor((in + 2 pad - dil (k - 1) - 1) / stride) + 1.
 inline int64_t window_out_size(int64_t in, int64_t k, int64_t stride, int64_t pad, int64_t dil) {
   return (in + 2 * pad - dil * (k - 1) - 1) / stride + 1;
@@ -33,20 +42,25 @@ struct ConvDims {
   int64_t oc, kh, kw;          // filter [oc, c / groups, kh, kw]
   int64_t oh, ow;              // output [n, oc, oh, ow]
   int64_t stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups;
+  bool channels_last;          // data_format NHWC: Input and Output are [n, h, w, c]
   int64_t c_per_group() const { return c / groups; }
   int64_t oc_per_group() const { return oc / groups; }
   /// Rows of the im2col matrix of one group: (c / groups) kh kw.
   int64_t k_per_group() const { return c_per_group() * kh * kw; }
-  Shape out_shape() const { return {n, oc, oh, ow}; }
+  Shape out_shape() const { return image_shape(channels_last, n, oc, oh, ow); }
+  Shape out_shape_nchw() const { return {n, oc, oh, ow}; }
 };
 
 /// Checks conv2d's input and filter against its attributes; `n` may be -1 (build time).
 inline ConvDims conv_dims(const OpDesc& op, const Shape& input, const Shape& filter) {
-  MIX_CHECK(input.size() == 4, "conv2d: Input must be [N, C, H, W], got " << shape_str(input));
+  const bool last = channels_last_attr(op, "data_format");
+  MIX_CHECK(input.size() == 4, "conv2d: Input must be " << (last ? "[N, H, W, C]" : "[N, C, H, W]") << ", got "
+                                                        << shape_str(input));
   MIX_CHECK(filter.size() == 4, "conv2d: Filter must be [OC, C/groups, KH, KW], got " << shape_str(filter));
   const auto s = pair_attr(op, "strides", 1), p = pair_attr(op, "paddings", 0), d = pair_attr(op, "dilations", 1);
-  ConvDims r{input[0], input[1], input[2], input[3], filter[0], filter[2], filter[3], 0, 0,
-             s[0],     s[1],     p[0],     p[1],     d[0],      d[1],      op.attr<int64_t>("groups", 1)};
+  const Shape x = last ? layout::channels_first_shape(input) : input;  // [n, c, h, w]
+  ConvDims r{x[0], x[1], x[2], x[3], filter[0], filter[2], filter[3], 0,    0,
+             s[0], s[1], p[0], p[1], d[0],      d[1],      op.attr<int64_t>("groups", 1), last};
   MIX_CHECK(r.stride_h > 0 && r.stride_w > 0 && r.dil_h > 0 && r.dil_w > 0 && r.pad_h >= 0 && r.pad_w >= 0,
             "conv2d: strides and dilations must be positive and paddings non-negative");
   MIX_CHECK(r.groups > 0 && r.c % r.groups == 0 && r.oc % r.groups == 0,
@@ -68,19 +82,24 @@ struct PoolDims {
   int64_t oh, ow;
   bool is_max;     // pooling_type "max", else "avg"
   bool exclusive;  // avg: divide by the window's in-bounds count (Paddle's default), else by kh kw
-  Shape out_shape() const { return {n, c, oh, ow}; }
+  bool channels_last;  // data_format NHWC: X and Out are [n, h, w, c]
+  Shape out_shape() const { return image_shape(channels_last, n, c, oh, ow); }
+  Shape out_shape_nchw() const { return {n, c, oh, ow}; }
 };
 
 /// Checks pool2d's input against its attributes. global_pooling makes the
 /// window the whole plane (ksize, strides and paddings are then ignored).
-inline PoolDims pool_dims(const OpDesc& op, const Shape& x) {
-  MIX_CHECK(x.size() == 4, "pool2d: X must be [N, C, H, W], got " << shape_str(x));
+inline PoolDims pool_dims(const OpDesc& op, const Shape& input) {
+  const bool last = channels_last_attr(op, "data_format");
+  MIX_CHECK(input.size() == 4,
+            "pool2d: X must be " << (last ? "[N, H, W, C]" : "[N, C, H, W]") << ", got " << shape_str(input));
+  const Shape x = last ? layout::channels_first_shape(input) : input;  // [n, c, h, w]
   const std::string type = op.attr<std::string>("pooling_type", "max");
   MIX_CHECK(type == "max" || type == "avg", "pool2d: pooling_type must be max or avg, got '" << type << "'");
   MIX_CHECK(!op.attr<bool>("ceil_mode", false), "pool2d: ceil_mode is not supported (output sizes round down)");
-  PoolDims r{x[0], x[1], x[2], x[3], 0, 0, 1, 1, 0, 0, 0, 0, type == "max", op.attr<bool>("exclusive", true)};
+  PoolDims r{x[0], x[1], x[2], x[3], 0, 0, 1, 1, 0, 0, 0, 0, type == "max", op.attr<bool>("exclusive", true), last};
   if (op.attr<bool>("global_pooling", false)) {
-    MIX_CHECK(r.h > 0 && r.w > 0, "pool2d: global pooling needs known H and W, got " << shape_str(x));
+    MIX_CHECK(r.h > 0 && r.w > 0, "pool2d: global pooling needs known H and W, got " << shape_str(input));
     r.kh = r.h;
     r.kw = r.w;
   } else {

@@ -7,6 +7,8 @@
 //   avg: the window's sum over its in-bounds count (exclusive, Paddle's
 //        default) or over kh kw (exclusive=false, PyTorch's count_include_pad).
 // Each plane is widened to FP32, pooled, and rounded once on store.
+// data_format NHWC (channels last) permutes X and Out@GRAD to NCHW, runs the
+// same loops and permutes the results back (runtime/ops/data_format.h).
 #include <cmath>
 #include <vector>
 
@@ -52,10 +54,8 @@ float avg_divisor(const PoolDims& d, const Window& w) {
   return d.exclusive ? static_cast<float>((w.y1 - w.y0) * (w.x1 - w.x0)) : static_cast<float>(d.kh * d.kw);
 }
 
-void pool2d_cpu(OpContext& ctx) {
-  const Tensor& x = ctx.in("X");
-  const PoolDims d = pool_dims(ctx.op, x.shape());
-  Tensor& out = ctx.out("Out", d.out_shape(), x.dtype());
+/// out[n, c, oh, ow] = pool(x[n, c, h, w]): the channels-first forward.
+void pool2d_nchw(const Tensor& x, const PoolDims& d, Tensor& out) {
   std::vector<float> plane(static_cast<size_t>(d.h * d.w)), res(static_cast<size_t>(d.oh * d.ow));
   cpu::dispatch_floating(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -80,13 +80,17 @@ void pool2d_cpu(OpContext& ctx) {
   });
 }
 
-void pool2d_grad_cpu(OpContext& ctx) {
+void pool2d_cpu(OpContext& ctx) {
   const Tensor& x = ctx.in("X");
-  const Tensor& dout = ctx.in("Out@GRAD");
   const PoolDims d = pool_dims(ctx.op, x.shape());
-  MIX_CHECK(dout.shape() == d.out_shape(), "pool2d_grad: Out@GRAD is " << shape_str(dout.shape()) << ", expected "
-                                                                      << shape_str(d.out_shape()));
-  Tensor& dx = ctx.out("X@GRAD", x.shape(), x.dtype());
+  if (!d.channels_last) return pool2d_nchw(x, d, ctx.out("Out", d.out_shape(), x.dtype()));
+  Tensor out = Tensor::empty(d.out_shape_nchw(), x.dtype());
+  pool2d_nchw(layout::channels_first_copy(x), d, out);
+  layout::store_channels_last(out, ctx.out("Out", d.out_shape(), x.dtype()));
+}
+
+/// dx[n, c, h, w] from dout[n, c, oh, ow]: the channels-first gradient.
+void pool2d_grad_nchw(const Tensor& x, const Tensor& dout, const PoolDims& d, Tensor& dx) {
   std::vector<float> plane(static_cast<size_t>(d.h * d.w)), dplane(plane.size()), dres(static_cast<size_t>(d.oh * d.ow));
   cpu::dispatch_floating(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -109,6 +113,18 @@ void pool2d_grad_cpu(OpContext& ctx) {
       cpu::store_floats(dplane.data(), dx.data<T>() + nc * d.h * d.w, d.h * d.w);
     }
   });
+}
+
+void pool2d_grad_cpu(OpContext& ctx) {
+  const Tensor& x = ctx.in("X");
+  const Tensor& dout = ctx.in("Out@GRAD");
+  const PoolDims d = pool_dims(ctx.op, x.shape());
+  MIX_CHECK(dout.shape() == d.out_shape(),
+            "pool2d_grad: Out@GRAD is " << shape_str(dout.shape()) << ", expected " << shape_str(d.out_shape()));
+  if (!d.channels_last) return pool2d_grad_nchw(x, dout, d, ctx.out("X@GRAD", x.shape(), x.dtype()));
+  Tensor dx = Tensor::empty(layout::channels_first_shape(x.shape()), x.dtype());
+  pool2d_grad_nchw(layout::channels_first_copy(x), layout::channels_first_copy(dout), d, dx);
+  layout::store_channels_last(dx, ctx.out("X@GRAD", x.shape(), x.dtype()));
 }
 
 std::vector<OpDesc> pool2d_grad_maker(const OpDesc& fwd, GradContext& g) {

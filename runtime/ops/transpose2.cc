@@ -46,8 +46,34 @@ void gather_strided(const unsigned char* src, unsigned char* dst, int64_t n, int
   for (int64_t i = 0; i < n; ++i) d[i] = s[i * stride];
 }
 
-/// out = x permuted by `perm` (out already allocated with the permuted shape).
-void transpose_into(const Tensor& x, const Perm& perm, Tensor& out) {
+void transpose2_cpu(OpContext& ctx) {
+  const Tensor& x = ctx.in("X");
+  const Perm perm = perm_attr(ctx.op, x.shape().size());
+  Tensor& out = ctx.out("Out", permuted(x.shape(), perm), x.dtype());
+  transpose_rules::permute_into_cpu(x, perm, out);
+  if (ctx.wants("XShape")) ctx.out("XShape", transpose_rules::xshape_of(x.shape()), x.dtype());
+}
+
+void transpose2_grad_cpu(OpContext& ctx) {
+  const Tensor& dout = ctx.in("Out@GRAD");
+  const Perm inv = inverse(perm_attr(ctx.op, dout.shape().size()));
+  Tensor& dx = ctx.out("X@GRAD", permuted(dout.shape(), inv), dout.dtype());
+  transpose_rules::permute_into_cpu(dout, inv, dx);
+}
+
+std::vector<OpDesc> transpose2_grad_maker(const OpDesc& fwd, GradContext& g) {
+  const std::string dx = g.grad_for_input(fwd.in("X"));
+  if (dx.empty()) return {};
+  return {
+      make_op("transpose2_grad", {{"Out@GRAD", {g.grad_of_output(fwd.out("Out"))}}}, {{"X@GRAD", {dx}}}, fwd.attrs)};
+}
+
+MIX_REGISTER_OP("transpose2", OpInfo{infer_transpose2, transpose2_cpu, {}, transpose2_grad_maker});
+MIX_REGISTER_OP("transpose2_grad", OpInfo{{}, transpose2_grad_cpu, {}, {}});
+
+}  // namespace
+
+void transpose_rules::permute_into_cpu(const Tensor& x, const Perm& perm, Tensor& out) {
   const int64_t numel = x.numel();
   if (numel == 0) return;
   const fn::TransposePlan plan = fn::make_transpose_plan(x.shape().data(), perm.data(), x.ndim());
@@ -91,30 +117,4 @@ void transpose_into(const Tensor& x, const Perm& perm, Tensor& out) {
   }
 }
 
-void transpose2_cpu(OpContext& ctx) {
-  const Tensor& x = ctx.in("X");
-  const Perm perm = perm_attr(ctx.op, x.shape().size());
-  Tensor& out = ctx.out("Out", permuted(x.shape(), perm), x.dtype());
-  transpose_into(x, perm, out);
-  if (ctx.wants("XShape")) ctx.out("XShape", transpose_rules::xshape_of(x.shape()), x.dtype());
-}
-
-void transpose2_grad_cpu(OpContext& ctx) {
-  const Tensor& dout = ctx.in("Out@GRAD");
-  const Perm inv = inverse(perm_attr(ctx.op, dout.shape().size()));
-  Tensor& dx = ctx.out("X@GRAD", permuted(dout.shape(), inv), dout.dtype());
-  transpose_into(dout, inv, dx);
-}
-
-std::vector<OpDesc> transpose2_grad_maker(const OpDesc& fwd, GradContext& g) {
-  const std::string dx = g.grad_for_input(fwd.in("X"));
-  if (dx.empty()) return {};
-  return {
-      make_op("transpose2_grad", {{"Out@GRAD", {g.grad_of_output(fwd.out("Out"))}}}, {{"X@GRAD", {dx}}}, fwd.attrs)};
-}
-
-MIX_REGISTER_OP("transpose2", OpInfo{infer_transpose2, transpose2_cpu, {}, transpose2_grad_maker});
-MIX_REGISTER_OP("transpose2_grad", OpInfo{{}, transpose2_grad_cpu, {}, {}});
-
-}  // namespace
 }  // namespace mix

@@ -46,6 +46,11 @@ inline Perm inverse(const Perm& p) {
   return inv;
 }
 
+/// out = host tensor x permuted by `perm` (out already has the permuted shape
+/// and x's dtype): transpose2's CPU copy, also used by the channels-last CPU
+/// kernels (runtime/ops/data_format.h). Defined in runtime/ops/transpose2.cc.
+void permute_into_cpu(const Tensor& x, const Perm& perm, Tensor& out);
+
 /// XShape's declared shape: [0] + X's shape (it holds no data).
 inline Shape xshape_of(const Shape& x) {
   Shape xs{0};

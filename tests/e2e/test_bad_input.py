@@ -12,8 +12,8 @@ Cases: unknown flag, --precision fp8, --batch-size 0 (exit 2, and no 300-digit
 range in the message), overlapping AMP lists (names the op), --grad-reduce fp16
 in FP32, malformed and unknown-parameter --inject-overflow; missing dataset dir,
 dir without the files, truncated .gz, truncated safetensors --data-file, NaN in
---data-file (non-finite, example index), missing --init-from; ResNet flags on the
-MLP, --image-size with a data set, --blocks 2,0, a ResNet on non-square data or
+--data-file (non-finite, example index), missing --init-from; ResNet flags
+(--width, --data-format) on the MLP, an unknown --data-format, --image-size with a data set, --blocks 2,0, a ResNet on non-square data or
 on images too small for it, batch_norm over a single value per channel; MPMD jobs whose
 ranks differ in --model (both orders), the scaler flags, --bucket-mb,
 --synthetic-size, the size of their --data-file, --resume or --benchmark on one
@@ -115,6 +115,9 @@ def main():
 
     # ---- ResNets ---------------------------------------------------------------------------------
     expect([*small, "--width", 8], "--width on the MLP", rc=2, names=["--width", "ResNet"])
+    expect([*small, "--data-format", "nhwc"], "--data-format on the MLP", rc=2, names=["--data-format", "ResNet"])
+    expect(["--model", "resnet-small", "--data-format", "chwn", "--steps", 1], "--data-format chwn", rc=2,
+           names=["--data-format", "chwn"])
     expect(["--model", "resnet-small", "--image-size", 32, "--steps", 1], "--image-size with Fashion-MNIST", rc=2,
            names=["--image-size", "synthetic"])
     expect(["--model", "resnet-small", "--blocks", "2,0", "--steps", 1], "--blocks with a zero", rc=2,

@@ -3,6 +3,8 @@
 // accumulation), gradients against central differences and FP16 against FP32
 // through the real autodiff and executor (tests/unit/gradcheck.h, where the
 // tolerances are argued), and the errors bad shapes and attributes raise.
+// Channels last (data_format / data_layout NHWC): the channels-first results,
+// permuted, bit for bit.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -11,6 +13,7 @@
 #include <vector>
 
 #include "runtime/check.h"
+#include "runtime/ops/data_format.h"
 #include "tests/unit/gradcheck.h"
 
 using namespace mix;
@@ -378,6 +381,103 @@ TEST_CASE("batch_norm: errors name the problem", "[batch_norm][errors]") {
   OpCase no_saved = bn_case({2, 3, 2, 2}, 92);
   no_saved.outputs = {"Y", "MeanOut", "VarianceOut", "SavedVariance"};
   CHECK_THROWS_WITH(run_forward(no_saved), Catch::Contains("SavedMean is required in training"));
+}
+
+// ---- channels last (NHWC) ---------------------------------------------------------------
+
+namespace {
+
+Tensor channels_last_copy(const Tensor& t) {
+  const auto perm = layout::to_channels_last(t.shape().size());
+  Tensor out = Tensor::empty(transpose_rules::permuted(t.shape(), perm), t.dtype());
+  transpose_rules::permute_into_cpu(t, perm, out);
+  return out;
+}
+
+/// `nchw` with `layout_attr` NHWC and its image tensors (the slots in `image`,
+/// inputs and outputs) channels last must give the channels-first outputs and
+/// gradients exactly: image ones permuted, the others (filters, statistics,
+/// parameter gradients) unchanged. The loss's R is permuted with its output,
+/// so both runs differentiate the same function.
+void check_channels_last(const OpCase& nchw, const char* layout_attr, const std::set<std::string>& image, DType dtype) {
+  INFO(nchw.describe() << " in " << dtype_name(dtype));
+  OpCase nhwc = nchw;
+  nhwc.attrs[layout_attr] = std::string("NHWC");
+  for (auto& in : nhwc.inputs)
+    if (image.count(in.slot)) in.value = channels_last_copy(in.value);
+  auto first_case = build_case(nchw, dtype);
+  auto last_case = build_case(nhwc, dtype);
+  const auto r = make_projections(*first_case, nchw, dtype, 11);
+  std::map<std::string, Tensor> r_last;
+  for (auto& [slot, t] : r) r_last[slot] = image.count(slot) ? channels_last_copy(t) : t;
+  const RunResult first = run_case(*first_case, nchw.inputs, r, true);
+  const RunResult last = run_case(*last_case, nhwc.inputs, r_last, true);
+  auto expect_same = [&](const Tensor& got, const Tensor& channels_first, bool is_image, const std::string& what) {
+    INFO(what);
+    REQUIRE(got.defined() == channels_first.defined());
+    if (!got.defined()) return;
+    const Tensor want = is_image ? channels_last_copy(channels_first) : channels_first;
+    CHECK(got.shape() == want.shape());
+    CHECK(got.dtype() == want.dtype());
+    CHECK(got.to_floats() == want.to_floats());
+  };
+  for (auto& key : nchw.output_keys())
+    expect_same(last.outputs.at(key), first.outputs.at(key), image.count(key) > 0, "output " + key);
+  for (size_t i = 0; i < nchw.inputs.size(); ++i)
+    expect_same(last.grads[i], first.grads[i], image.count(nchw.inputs[i].slot) > 0,
+                "gradient of " + nchw.inputs[i].slot);
+}
+
+}  // namespace
+
+TEST_CASE("conv2d: channels last gives the channels-first output and gradients", "[conv2d][nhwc]") {
+  uint64_t seed = 500;
+  for (const ConvCfg& k : kConvCases)
+    for (DType t : {DType::f32, DType::f16})
+      check_channels_last(conv_case(k, seed += 2), "data_format", {"Input", "Output"}, t);
+  // The output shape is [N, OH, OW, OC]: 5x5 input, 3x3 filter, no padding.
+  OpCase c = conv_case({1, 2, 5, 5, 3, 3, 3, 1, 0, 1, 1}, 7);
+  c.attrs["data_format"] = std::string("NHWC");
+  c.inputs[0].value = uniform_tensor({1, 5, 5, 2}, 8);
+  CHECK(run_forward(c)["Output"].shape() == Shape{1, 3, 3, 3});
+}
+
+TEST_CASE("pool2d: channels last gives the channels-first output and gradient", "[pool2d][nhwc]") {
+  uint64_t seed = 600;
+  for (const PoolCfg& p : kPoolCases)
+    for (DType t : {DType::f32, DType::f16}) {
+      OpCase c{"pool2d", {{"X", distinct_tensor({2, 3, 7, 6}, ++seed)}}, {"Out"}, pool_attrs(p)};
+      check_channels_last(c, "data_format", {"X", "Out"}, t);
+    }
+}
+
+TEST_CASE("batch_norm: channels last gives the channels-first results, training and evaluation", "[batch_norm][nhwc]") {
+  for (const Shape& s : {Shape{2, 3, 3, 2}, Shape{3, 4, 5}, Shape{6, 4}})
+    for (DType t : {DType::f32, DType::f16}) {
+      OpCase c = bn_case(s, 700 + static_cast<uint64_t>(s.size()));
+      check_channels_last(c, "data_layout", {"X", "Y"}, t);
+      // Evaluation reads the running statistics per channel, which channels last must still find.
+      OpCase last = c;
+      last.attrs["data_layout"] = std::string("NHWC");
+      last.inputs[0].value = channels_last_copy(c.inputs[0].value);
+      const Tensor first_y = run_forward(c, t, false).at("Y");
+      CHECK(run_forward(last, t, false).at("Y").to_floats() == channels_last_copy(first_y).to_floats());
+    }
+}
+
+TEST_CASE("data_format: a layout other than NCHW or NHWC, or channels that do not fit, name the problem",
+          "[conv2d][pool2d][batch_norm][nhwc][errors]") {
+  OpCase conv = conv_case(kConvCases[0], 3);
+  conv.attrs["data_format"] = std::string("NWHC");
+  CHECK_THROWS_WITH(run_forward(conv), Catch::Contains("data_format must be NCHW or NHWC, got 'NWHC'"));
+  conv.attrs["data_format"] = std::string("NHWC");  // the Input is still [N, C, H, W]: 5 channels by the last dim
+  CHECK_THROWS_WITH(run_forward(conv), Catch::Contains("input channels"));
+  OpCase pool{"pool2d", {{"X", uniform_tensor({1, 2, 3}, 4)}}, {"Out"}, pool_attrs(kPoolCases[0])};
+  pool.attrs["data_format"] = std::string("NHWC");
+  CHECK_THROWS_WITH(run_forward(pool), Catch::Contains("[N, H, W, C]"));
+  OpCase bn = bn_case({2, 3, 2, 2}, 5);
+  bn.attrs["data_layout"] = std::string("NHWC");  // X's last dim is 2, Scale has 3 channels
+  CHECK_THROWS_WITH(run_forward(bn), Catch::Contains("Scale"));
 }
 
 // ---- flatten ------------------------------------------------------------------------------

@@ -18,6 +18,10 @@
 //    output plane (2^-14 in FP32, 2^-10 in FP16 where cuDNN may keep the
 //    transformed tiles in FP16).
 // TF32 stays off (its 10-bit mantissa would need FP16-like bounds).
+// Every case runs channels first (NCHW) and channels last (data_format /
+// data_layout NHWC, ResNet's default on CUDA): NHWC inputs are permuted copies
+// of the NCHW ones and NHWC results are permuted back before the comparisons,
+// so one reference and one set of bounds serve both layouts.
 // The runner and the comparisons: tests/unit/cuda_compare.h.
 //
 // MIX_CUDA_OPS_VERBOSE=1 prints how close each comparison came to its bound.
@@ -43,6 +47,7 @@
 
 #include "runtime/executor.h"
 #include "runtime/op_registry.h"
+#include "runtime/ops/data_format.h"
 #include "runtime/program.h"
 #include "runtime/random.h"
 #include "runtime/tensor.h"
@@ -64,6 +69,34 @@ void disable_tf32() {
 #ifdef MIX_HAVE_CUDA
   mix::cuda::set_allow_tf32(false);
 #endif
+}
+
+// ---- layouts ------------------------------------------------------------------------------
+
+const bool kLayouts[] = {false, true};  // channels first, channels last
+
+std::string layout_name(bool channels_last) { return channels_last ? " NHWC" : " NCHW"; }
+
+/// t as the op reads it: itself, or a channels-last copy.
+Tensor in_layout(const Tensor& t, bool channels_last) {
+  if (!channels_last) return t;
+  const auto perm = layout::to_channels_last(t.shape().size());
+  Tensor out = Tensor::empty(transpose_rules::permuted(t.shape(), perm), t.dtype());
+  transpose_rules::permute_into_cpu(t, perm, out);
+  return out;
+}
+
+/// The op's layout attr (`attr`: data_format, or batch_norm's data_layout) added to `attrs`.
+std::map<std::string, Attr> with_layout(std::map<std::string, Attr> attrs, const char* attr, bool channels_last) {
+  attrs[attr] = std::string(channels_last ? "NHWC" : "NCHW");
+  return attrs;
+}
+
+/// Both devices' image results `names` back to channels first, for the references.
+void results_channels_first(Both& b, bool channels_last, const std::vector<std::string>& names) {
+  if (!channels_last) return;
+  for (auto* side : {&b.cpu, &b.gpu})
+    for (const std::string& n : names) (*side)[n] = layout::channels_first_copy(side->at(n));
 }
 
 // ---- comparisons --------------------------------------------------------------------------
@@ -182,33 +215,36 @@ TEST_CASE("conv2d and conv2d_grad on cuDNN match the CPU and a double reference"
   disable_tf32();
   uint64_t seed = 100;
   for (const ConvCfg& k : kConvCases) {
-    for (DType dt : kTypes) {
-      const std::string what = std::string("conv2d ") + k.name + " " + dname(dt);
-      INFO(what);
-      const Tensor x = to_dtype(uniform_tensor({k.n, k.c, k.h, k.w}, seed++), dt);
-      const Tensor f = to_dtype(uniform_tensor({k.oc, k.c / k.groups, k.kh, k.kw}, seed++, -0.5f, 0.5f), dt);
-      const Tensor dy = to_dtype(uniform_tensor({k.n, k.oc, k.oh(), k.ow()}, seed++), dt);
-      const ConvRef ref = conv_reference(k, x.to_floats(), f.to_floats(), dy.to_floats());
+    for (DType dt : kTypes)
+      for (bool last : kLayouts) {
+        const std::string what = std::string("conv2d ") + k.name + " " + dname(dt) + layout_name(last);
+        INFO(what);
+        const Tensor x = to_dtype(uniform_tensor({k.n, k.c, k.h, k.w}, seed++), dt);
+        const Tensor f = to_dtype(uniform_tensor({k.oc, k.c / k.groups, k.kh, k.kw}, seed++, -0.5f, 0.5f), dt);
+        const Tensor dy = to_dtype(uniform_tensor({k.n, k.oc, k.oh(), k.ow()}, seed++), dt);
+        const ConvRef ref = conv_reference(k, x.to_floats(), f.to_floats(), dy.to_floats());
+        const auto attrs = with_layout(conv_attrs(k), "data_format", last);
 
-      const Both fwd = run_both(
-          {make_op("conv2d", {{"Input", {"x"}}, {"Filter", {"w"}}}, {{"Output", {"y"}}}, conv_attrs(k)),
-           {{"x", x}, {"w", f}}},
-          {"y"});
-      const int64_t out_plane = k.oh() * k.ow(), in_plane = k.h * k.w;
-      expect_within(fwd.cpu.at("y"), ref.out.value, gemm_bound(ref.out, dt), what + " forward (CPU)");
-      expect_within(fwd.gpu.at("y"), ref.out.value, conv_bound(ref.out, out_plane, dt), what + " forward (GPU)");
+        Both fwd = run_both({make_op("conv2d", {{"Input", {"x"}}, {"Filter", {"w"}}}, {{"Output", {"y"}}}, attrs),
+                             {{"x", in_layout(x, last)}, {"w", f}}},
+                            {"y"});
+        results_channels_first(fwd, last, {"y"});
+        const int64_t out_plane = k.oh() * k.ow(), in_plane = k.h * k.w;
+        expect_within(fwd.cpu.at("y"), ref.out.value, gemm_bound(ref.out, dt), what + " forward (CPU)");
+        expect_within(fwd.gpu.at("y"), ref.out.value, conv_bound(ref.out, out_plane, dt), what + " forward (GPU)");
 
-      const Both bwd = run_both({make_op("conv2d_grad", {{"Input", {"x"}}, {"Filter", {"w"}}, {"Output@GRAD", {"dy"}}},
-                                         {{"Input@GRAD", {"dx"}}, {"Filter@GRAD", {"dw"}}}, conv_attrs(k)),
-                                 {{"x", x}, {"w", f}, {"dy", dy}}},
-                                {"dx", "dw"});
-      expect_within(bwd.cpu.at("dx"), ref.dx.value, gemm_bound(ref.dx, dt), what + " Input@GRAD (CPU)");
-      expect_within(bwd.gpu.at("dx"), ref.dx.value, conv_bound(ref.dx, in_plane, dt), what + " Input@GRAD (GPU)");
-      // dFilter sums over the whole batch: its "plane" is the whole tensor.
-      const int64_t dw_all = static_cast<int64_t>(ref.dw.value.size());
-      expect_within(bwd.cpu.at("dw"), ref.dw.value, gemm_bound(ref.dw, dt), what + " Filter@GRAD (CPU)");
-      expect_within(bwd.gpu.at("dw"), ref.dw.value, conv_bound(ref.dw, dw_all, dt), what + " Filter@GRAD (GPU)");
-    }
+        Both bwd = run_both({make_op("conv2d_grad", {{"Input", {"x"}}, {"Filter", {"w"}}, {"Output@GRAD", {"dy"}}},
+                                     {{"Input@GRAD", {"dx"}}, {"Filter@GRAD", {"dw"}}}, attrs),
+                             {{"x", in_layout(x, last)}, {"w", f}, {"dy", in_layout(dy, last)}}},
+                            {"dx", "dw"});
+        results_channels_first(bwd, last, {"dx"});
+        expect_within(bwd.cpu.at("dx"), ref.dx.value, gemm_bound(ref.dx, dt), what + " Input@GRAD (CPU)");
+        expect_within(bwd.gpu.at("dx"), ref.dx.value, conv_bound(ref.dx, in_plane, dt), what + " Input@GRAD (GPU)");
+        // dFilter sums over the whole batch: its "plane" is the whole tensor.
+        const int64_t dw_all = static_cast<int64_t>(ref.dw.value.size());
+        expect_within(bwd.cpu.at("dw"), ref.dw.value, gemm_bound(ref.dw, dt), what + " Filter@GRAD (CPU)");
+        expect_within(bwd.gpu.at("dw"), ref.dw.value, conv_bound(ref.dw, dw_all, dt), what + " Filter@GRAD (GPU)");
+      }
   }
 }
 
@@ -216,18 +252,19 @@ TEST_CASE("conv2d_grad on cuDNN with only the filter gradient (the first layer)"
   require_gpu();
   disable_tf32();
   const ConvCfg k = kConvCases[0];
-  for (DType dt : kTypes) {
-    const Tensor x = to_dtype(uniform_tensor({k.n, k.c, k.h, k.w}, 7), dt);
-    const Tensor f = to_dtype(uniform_tensor({k.oc, k.c, k.kh, k.kw}, 8, -0.5f, 0.5f), dt);
-    const Tensor dy = to_dtype(uniform_tensor({k.n, k.oc, k.oh(), k.ow()}, 9), dt);
-    const ConvRef ref = conv_reference(k, x.to_floats(), f.to_floats(), dy.to_floats());
-    const Both b = run_both({make_op("conv2d_grad", {{"Input", {"x"}}, {"Filter", {"w"}}, {"Output@GRAD", {"dy"}}},
-                                     {{"Filter@GRAD", {"dw"}}}, conv_attrs(k)),
-                             {{"x", x}, {"w", f}, {"dy", dy}}},
-                            {"dw"});
-    expect_within(b.gpu.at("dw"), ref.dw.value, conv_bound(ref.dw, static_cast<int64_t>(ref.dw.value.size()), dt),
-                  "conv2d_grad filter only " + dname(dt));
-  }
+  for (DType dt : kTypes)
+    for (bool last : kLayouts) {
+      const Tensor x = to_dtype(uniform_tensor({k.n, k.c, k.h, k.w}, 7), dt);
+      const Tensor f = to_dtype(uniform_tensor({k.oc, k.c, k.kh, k.kw}, 8, -0.5f, 0.5f), dt);
+      const Tensor dy = to_dtype(uniform_tensor({k.n, k.oc, k.oh(), k.ow()}, 9), dt);
+      const ConvRef ref = conv_reference(k, x.to_floats(), f.to_floats(), dy.to_floats());
+      const Both b = run_both({make_op("conv2d_grad", {{"Input", {"x"}}, {"Filter", {"w"}}, {"Output@GRAD", {"dy"}}},
+                                       {{"Filter@GRAD", {"dw"}}}, with_layout(conv_attrs(k), "data_format", last)),
+                               {{"x", in_layout(x, last)}, {"w", f}, {"dy", in_layout(dy, last)}}},
+                              {"dw"});
+      expect_within(b.gpu.at("dw"), ref.dw.value, conv_bound(ref.dw, static_cast<int64_t>(ref.dw.value.size()), dt),
+                    "conv2d_grad filter only " + dname(dt) + layout_name(last));
+    }
 }
 
 // ---- batch_norm ---------------------------------------------------------------------------
@@ -289,7 +326,7 @@ int64_t channel_of(int64_t i, int64_t c, int64_t spatial) { return (i / spatial)
 constexpr float kEps = 1e-5f;
 constexpr float kMomentum = 0.9f;  // Paddle's convention: running = 0.9 running + 0.1 batch
 
-OpDesc bn_op(const std::string& mean_out, const std::string& var_out) {
+OpDesc bn_op(const std::string& mean_out, const std::string& var_out, bool channels_last) {
   return make_op("batch_norm",
                  {{"X", {"x"}},
                   {"Scale", {"scale"}},
@@ -303,7 +340,14 @@ OpDesc bn_op(const std::string& mean_out, const std::string& var_out) {
                   {"SavedMean", {"saved_mean"}},
                   {"SavedVariance", {"saved_inv_std"}},
                   {"NumBatchesTrackedOut", {"tracked"}}},
-                 {{"momentum", static_cast<double>(kMomentum)}, {"epsilon", static_cast<double>(kEps)}});
+                 with_layout({{"momentum", static_cast<double>(kMomentum)}, {"epsilon", static_cast<double>(kEps)}},
+                             "data_layout", channels_last));
+}
+
+/// The forward's feeds, X in the op's layout.
+std::vector<std::pair<std::string, Tensor>> bn_feeds(const BnInputs& in, bool channels_last) {
+  return {{"x", in_layout(in.x, channels_last)}, {"scale", in.scale}, {"bias", in.bias},
+          {"mean", in.mean},                     {"var", in.var},     {"tracked", in.tracked}};
 }
 
 }  // namespace
@@ -313,78 +357,82 @@ TEST_CASE("batch_norm training forward on cuDNN matches the CPU and a double ref
   for (const Shape& s : {Shape{4, 6, 5, 7}, Shape{16, 5}}) {
     for (DType dt : kTypes) {
       // MeanOut/VarianceOut as the running statistics themselves (ResNet) and as other variables.
-      for (bool in_place : {true, false}) {
-        const std::string what = "batch_norm " + mix::shape_str(s) + " " + dname(dt) + (in_place ? " in place" : "");
-        INFO(what);
-        const BnInputs in = bn_inputs(s, dt, 40);
-        const std::string mean_out = in_place ? "mean" : "mean_out", var_out = in_place ? "var" : "var_out";
-        const OneOp op{bn_op(mean_out, var_out),
-                       {{"x", in.x}, {"scale", in.scale}, {"bias", in.bias}, {"mean", in.mean}, {"var", in.var},
-                        {"tracked", in.tracked}}};
-        const Both b = run_both(op, {"y", mean_out, var_out, "saved_mean", "saved_inv_std", "tracked"});
+      for (bool in_place : {true, false})
+        for (bool last : kLayouts) {
+          const std::string what =
+              "batch_norm " + mix::shape_str(s) + " " + dname(dt) + (in_place ? " in place" : "") + layout_name(last);
+          INFO(what);
+          const BnInputs in = bn_inputs(s, dt, 40);
+          const std::string mean_out = in_place ? "mean" : "mean_out", var_out = in_place ? "var" : "var_out";
+          const OneOp op{bn_op(mean_out, var_out, last), bn_feeds(in, last)};
+          Both b = run_both(op, {"y", mean_out, var_out, "saved_mean", "saved_inv_std", "tracked"});
+          results_channels_first(b, last, {"y"});
 
-        const BnStats st = bn_stats(in.x);
-        const int64_t c = s[1], m = st.m;
-        const std::vector<float> xv = in.x.to_floats(), scale = in.scale.to_floats(), bias = in.bias.to_floats(),
-                                 rmean = in.mean.to_floats(), rvar = in.var.to_floats();
-        std::vector<double> inv(static_cast<size_t>(c)), mean_ref(inv.size()), var_ref(inv.size());
-        std::vector<double> tol_mean(inv.size()), tol_var(inv.size()), tol_inv(inv.size());
-        const double mom = kMomentum, unbias = static_cast<double>(m) / static_cast<double>(m - 1);
-        for (size_t ch = 0; ch < inv.size(); ++ch) {
-          inv[ch] = 1.0 / std::sqrt(st.var[ch] + static_cast<double>(kEps));
-          mean_ref[ch] = mom * rmean[ch] + (1 - mom) * st.mean[ch];
-          var_ref[ch] = mom * rvar[ch] + (1 - mom) * st.var[ch] * unbias;
-          // The mean: m values summed in FP32 in some order, then divided by m.
-          tol_mean[ch] = static_cast<double>(m + 2) * kU * st.abs_mean[ch];
-          // The variance as E[x^2] - mean^2 or in two passes / Welford: either
-          // within 2(m + 2)·u·E[x^2] (the squares are summed like the mean);
-          // doubled for the CPU's double sums being rounded to float only once.
-          tol_var[ch] = 4.0 * static_cast<double>(m + 4) * kU * st.sq[ch];
-          // 1/sqrt(v + eps): its derivative inv^3 / 2 times the variance's error,
-          // plus a few ulps of rsqrt (CUDA's rsqrtf is within 2 ulp).
-          tol_inv[ch] = 0.5 * inv[ch] * inv[ch] * inv[ch] * tol_var[ch] + 4 * kU * inv[ch];
+          const BnStats st = bn_stats(in.x);
+          const int64_t c = s[1], m = st.m;
+          const std::vector<float> xv = in.x.to_floats(), scale = in.scale.to_floats(), bias = in.bias.to_floats(),
+                                   rmean = in.mean.to_floats(), rvar = in.var.to_floats();
+          std::vector<double> inv(static_cast<size_t>(c)), mean_ref(inv.size()), var_ref(inv.size());
+          std::vector<double> tol_mean(inv.size()), tol_var(inv.size()), tol_inv(inv.size());
+          const double mom = kMomentum, unbias = static_cast<double>(m) / static_cast<double>(m - 1);
+          for (size_t ch = 0; ch < inv.size(); ++ch) {
+            inv[ch] = 1.0 / std::sqrt(st.var[ch] + static_cast<double>(kEps));
+            mean_ref[ch] = mom * rmean[ch] + (1 - mom) * st.mean[ch];
+            var_ref[ch] = mom * rvar[ch] + (1 - mom) * st.var[ch] * unbias;
+            // The mean: m values summed in FP32 in some order, then divided by m.
+            tol_mean[ch] = static_cast<double>(m + 2) * kU * st.abs_mean[ch];
+            // The variance as E[x^2] - mean^2 or in two passes / Welford: either
+            // within 2(m + 2)·u·E[x^2] (the squares are summed like the mean);
+            // doubled for the CPU's double sums being rounded to float only once.
+            tol_var[ch] = 4.0 * static_cast<double>(m + 4) * kU * st.sq[ch];
+            // 1/sqrt(v + eps): its derivative inv^3 / 2 times the variance's error,
+            // plus a few ulps of rsqrt (CUDA's rsqrtf is within 2 ulp).
+            tol_inv[ch] = 0.5 * inv[ch] * inv[ch] * inv[ch] * tol_var[ch] + 4 * kU * inv[ch];
+          }
+          expect_both_within(
+              b, "saved_mean", st.mean, [&](int64_t ch) { return tol_mean[static_cast<size_t>(ch)]; },
+              what + " SavedMean");
+          expect_both_within(
+              b, "saved_inv_std", inv, [&](int64_t ch) { return tol_inv[static_cast<size_t>(ch)]; },
+              what + " SavedVariance (1/std)");
+          // The running statistics: the batch statistics' error times (1 - momentum),
+          // plus the update's own roundings (a few ulps of its two terms).
+          expect_both_within(
+              b, mean_out, mean_ref,
+              [&](int64_t ch) {
+                const size_t k = static_cast<size_t>(ch);
+                return (1 - mom) * tol_mean[k] +
+                       4 * kU * (std::fabs(mom * rmean[k]) + std::fabs((1 - mom) * st.mean[k]));
+              },
+              what + " MeanOut");
+          expect_both_within(
+              b, var_out, var_ref,
+              [&](int64_t ch) {
+                const size_t k = static_cast<size_t>(ch);
+                return (1 - mom) * unbias * tol_var[k] +
+                       4 * kU * (std::fabs(mom * rvar[k]) + (1 - mom) * st.var[k] * unbias);
+              },
+              what + " VarianceOut (unbiased batch variance)");
+          // Y = (x - mean)·inv·scale + bias: the statistics' errors carried through,
+          // a few roundings of the affine map, and FP16's store.
+          std::vector<double> y_ref(xv.size());
+          for (size_t i = 0; i < xv.size(); ++i) {
+            const size_t ch = static_cast<size_t>(channel_of(static_cast<int64_t>(i), c, st.spatial));
+            y_ref[i] = (xv[i] - st.mean[ch]) * inv[ch] * scale[ch] + bias[ch];
+          }
+          expect_both_within(
+              b, "y", y_ref,
+              [&](int64_t i) {
+                const size_t k = static_cast<size_t>(i), ch = static_cast<size_t>(channel_of(i, c, st.spatial));
+                const double centred = std::fabs(xv[k] - st.mean[ch]);
+                return std::fabs(scale[ch]) * (inv[ch] * tol_mean[ch] + centred * tol_inv[ch]) +
+                       6 * kU * (centred * inv[ch] * std::fabs(scale[ch]) + std::fabs(bias[ch])) +
+                       store_err(dt, y_ref[k]);
+              },
+              what + " Y");
+          // The counter: one integer increment, exact.
+          for (const auto* side : {&b.cpu, &b.gpu}) CHECK(side->at("tracked").data<int64_t>()[0] == 8);
         }
-        expect_both_within(
-            b, "saved_mean", st.mean, [&](int64_t ch) { return tol_mean[static_cast<size_t>(ch)]; },
-            what + " SavedMean");
-        expect_both_within(
-            b, "saved_inv_std", inv, [&](int64_t ch) { return tol_inv[static_cast<size_t>(ch)]; },
-            what + " SavedVariance (1/std)");
-        // The running statistics: the batch statistics' error times (1 - momentum),
-        // plus the update's own roundings (a few ulps of its two terms).
-        expect_both_within(
-            b, mean_out, mean_ref,
-            [&](int64_t ch) {
-              const size_t k = static_cast<size_t>(ch);
-              return (1 - mom) * tol_mean[k] + 4 * kU * (std::fabs(mom * rmean[k]) + std::fabs((1 - mom) * st.mean[k]));
-            },
-            what + " MeanOut");
-        expect_both_within(
-            b, var_out, var_ref,
-            [&](int64_t ch) {
-              const size_t k = static_cast<size_t>(ch);
-              return (1 - mom) * unbias * tol_var[k] + 4 * kU * (std::fabs(mom * rvar[k]) + (1 - mom) * st.var[k] * unbias);
-            },
-            what + " VarianceOut (unbiased batch variance)");
-        // Y = (x - mean)·inv·scale + bias: the statistics' errors carried through,
-        // a few roundings of the affine map, and FP16's store.
-        std::vector<double> y_ref(xv.size());
-        for (size_t i = 0; i < xv.size(); ++i) {
-          const size_t ch = static_cast<size_t>(channel_of(static_cast<int64_t>(i), c, st.spatial));
-          y_ref[i] = (xv[i] - st.mean[ch]) * inv[ch] * scale[ch] + bias[ch];
-        }
-        expect_both_within(
-            b, "y", y_ref,
-            [&](int64_t i) {
-              const size_t k = static_cast<size_t>(i), ch = static_cast<size_t>(channel_of(i, c, st.spatial));
-              const double centred = std::fabs(xv[k] - st.mean[ch]);
-              return std::fabs(scale[ch]) * (inv[ch] * tol_mean[ch] + centred * tol_inv[ch]) +
-                     6 * kU * (centred * inv[ch] * std::fabs(scale[ch]) + std::fabs(bias[ch])) + store_err(dt, y_ref[k]);
-            },
-            what + " Y");
-        // The counter: one integer increment, exact.
-        for (const auto* side : {&b.cpu, &b.gpu}) CHECK(side->at("tracked").data<int64_t>()[0] == 8);
-      }
     }
   }
 }
@@ -393,120 +441,125 @@ TEST_CASE("batch_norm evaluation forward on cuDNN uses the running statistics", 
   require_gpu();
   const Shape s{3, 5, 4, 6};
   for (DType dt : kTypes) {
-    for (bool via_attr : {false, true}) {  // ExecEnv::training false, or attr is_test
-      const std::string what = "batch_norm eval " + dname(dt) + (via_attr ? " (is_test)" : " (env)");
-      INFO(what);
-      const BnInputs in = bn_inputs(s, dt, 60);
-      OneOp op{bn_op("mean", "var"),
-               {{"x", in.x}, {"scale", in.scale}, {"bias", in.bias}, {"mean", in.mean}, {"var", in.var},
-                {"tracked", in.tracked}}};
-      if (via_attr) op.op.attrs["is_test"] = true;
-      op.training = via_attr;  // is_test alone must switch a training run to evaluation
-      const Both b = run_both(op, {"y", "mean", "var", "tracked"});
-      const std::vector<float> xv = in.x.to_floats(), scale = in.scale.to_floats(), bias = in.bias.to_floats(),
-                               rmean = in.mean.to_floats(), rvar = in.var.to_floats();
-      const int64_t c = s[1], spatial = s[2] * s[3];
-      std::vector<double> y_ref(xv.size());
-      for (size_t i = 0; i < xv.size(); ++i) {
-        const size_t ch = static_cast<size_t>(channel_of(static_cast<int64_t>(i), c, spatial));
-        y_ref[i] = (xv[i] - rmean[ch]) / std::sqrt(static_cast<double>(rvar[ch]) + kEps) * scale[ch] + bias[ch];
+    for (bool via_attr : {false, true})  // ExecEnv::training false, or attr is_test
+      for (bool last : kLayouts) {
+        const std::string what =
+            "batch_norm eval " + dname(dt) + (via_attr ? " (is_test)" : " (env)") + layout_name(last);
+        INFO(what);
+        const BnInputs in = bn_inputs(s, dt, 60);
+        OneOp op{bn_op("mean", "var", last), bn_feeds(in, last)};
+        if (via_attr) op.op.attrs["is_test"] = true;
+        op.training = via_attr;  // is_test alone must switch a training run to evaluation
+        Both b = run_both(op, {"y", "mean", "var", "tracked"});
+        results_channels_first(b, last, {"y"});
+        const std::vector<float> xv = in.x.to_floats(), scale = in.scale.to_floats(), bias = in.bias.to_floats(),
+                                 rmean = in.mean.to_floats(), rvar = in.var.to_floats();
+        const int64_t c = s[1], spatial = s[2] * s[3];
+        std::vector<double> y_ref(xv.size());
+        for (size_t i = 0; i < xv.size(); ++i) {
+          const size_t ch = static_cast<size_t>(channel_of(static_cast<int64_t>(i), c, spatial));
+          y_ref[i] = (xv[i] - rmean[ch]) / std::sqrt(static_cast<double>(rvar[ch]) + kEps) * scale[ch] + bias[ch];
+        }
+        // No reductions: 1/sqrt within a few ulps and a few roundings of the affine map, then FP16's store.
+        expect_both_within(
+            b, "y", y_ref,
+            [&](int64_t i) {
+              const size_t k = static_cast<size_t>(i), ch = static_cast<size_t>(channel_of(i, c, spatial));
+              const double k_scale = std::fabs(scale[ch]) / std::sqrt(static_cast<double>(rvar[ch]) + kEps);
+              return 10 * kU * (std::fabs(xv[k] - rmean[ch]) * k_scale + std::fabs(bias[ch])) + store_err(dt, y_ref[k]);
+            },
+            what + " Y");
+        // Evaluation updates nothing: the running statistics and the counter come back bit for bit.
+        for (const auto* side : {&b.cpu, &b.gpu}) {
+          CHECK(side->at("mean").to_floats() == rmean);
+          CHECK(side->at("var").to_floats() == rvar);
+          CHECK(side->at("tracked").data<int64_t>()[0] == 7);
+        }
       }
-      // No reductions: 1/sqrt within a few ulps and a few roundings of the affine map, then FP16's store.
-      expect_both_within(
-          b, "y", y_ref,
-          [&](int64_t i) {
-            const size_t k = static_cast<size_t>(i), ch = static_cast<size_t>(channel_of(i, c, spatial));
-            const double k_scale = std::fabs(scale[ch]) / std::sqrt(static_cast<double>(rvar[ch]) + kEps);
-            return 10 * kU * (std::fabs(xv[k] - rmean[ch]) * k_scale + std::fabs(bias[ch])) + store_err(dt, y_ref[k]);
-          },
-          what + " Y");
-      // Evaluation updates nothing: the running statistics and the counter come back bit for bit.
-      for (const auto* side : {&b.cpu, &b.gpu}) {
-        CHECK(side->at("mean").to_floats() == rmean);
-        CHECK(side->at("var").to_floats() == rvar);
-        CHECK(side->at("tracked").data<int64_t>()[0] == 7);
-      }
-    }
   }
 }
 
 TEST_CASE("batch_norm_grad on cuDNN matches the CPU and a double reference", "[cuda][batch_norm]") {
   require_gpu();
   for (const Shape& s : {Shape{4, 6, 5, 7}, Shape{16, 5}}) {
-    for (DType dt : kTypes) {
-      const std::string what = "batch_norm_grad " + mix::shape_str(s) + " " + dname(dt);
-      INFO(what);
-      const BnInputs in = bn_inputs(s, dt, 80);
-      const Tensor dy = to_dtype(uniform_tensor(s, 85), dt);
-      const BnStats st = bn_stats(in.x);
-      const int64_t c = s[1], m = st.m;
-      // The forward's saved statistics, as FP32 values both devices read.
-      std::vector<float> saved_mean(static_cast<size_t>(c)), saved_inv(static_cast<size_t>(c));
-      for (size_t ch = 0; ch < saved_mean.size(); ++ch) {
-        saved_mean[ch] = static_cast<float>(st.mean[ch]);
-        saved_inv[ch] = static_cast<float>(1.0 / std::sqrt(st.var[ch] + static_cast<double>(kEps)));
-      }
-      const OneOp op{make_op("batch_norm_grad",
-                             {{"X", {"x"}},
-                              {"Scale", {"scale"}},
-                              {"SavedMean", {"saved_mean"}},
-                              {"SavedVariance", {"saved_inv_std"}},
-                              {"Y@GRAD", {"dy"}}},
-                             {{"X@GRAD", {"dx"}}, {"Scale@GRAD", {"dscale"}}, {"Bias@GRAD", {"dbias"}}},
-                             {{"momentum", static_cast<double>(kMomentum)}, {"epsilon", static_cast<double>(kEps)}}),
-                     {{"x", in.x},
-                      {"scale", in.scale},
-                      {"saved_mean", Tensor::from_floats({c}, saved_mean)},
-                      {"saved_inv_std", Tensor::from_floats({c}, saved_inv)},
-                      {"dy", dy}}};
-      const Both b = run_both(op, {"dx", "dscale", "dbias"});
+    for (DType dt : kTypes)
+      for (bool last : kLayouts) {
+        const std::string what = "batch_norm_grad " + mix::shape_str(s) + " " + dname(dt) + layout_name(last);
+        INFO(what);
+        const BnInputs in = bn_inputs(s, dt, 80);
+        const Tensor dy = to_dtype(uniform_tensor(s, 85), dt);
+        const BnStats st = bn_stats(in.x);
+        const int64_t c = s[1], m = st.m;
+        // The forward's saved statistics, as FP32 values both devices read.
+        std::vector<float> saved_mean(static_cast<size_t>(c)), saved_inv(static_cast<size_t>(c));
+        for (size_t ch = 0; ch < saved_mean.size(); ++ch) {
+          saved_mean[ch] = static_cast<float>(st.mean[ch]);
+          saved_inv[ch] = static_cast<float>(1.0 / std::sqrt(st.var[ch] + static_cast<double>(kEps)));
+        }
+        const OneOp op{
+            make_op("batch_norm_grad",
+                    {{"X", {"x"}},
+                     {"Scale", {"scale"}},
+                     {"SavedMean", {"saved_mean"}},
+                     {"SavedVariance", {"saved_inv_std"}},
+                     {"Y@GRAD", {"dy"}}},
+                    {{"X@GRAD", {"dx"}}, {"Scale@GRAD", {"dscale"}}, {"Bias@GRAD", {"dbias"}}},
+                    with_layout({{"momentum", static_cast<double>(kMomentum)}, {"epsilon", static_cast<double>(kEps)}},
+                                "data_layout", last)),
+            {{"x", in_layout(in.x, last)},
+             {"scale", in.scale},
+             {"saved_mean", Tensor::from_floats({c}, saved_mean)},
+             {"saved_inv_std", Tensor::from_floats({c}, saved_inv)},
+             {"dy", in_layout(dy, last)}}};
+        Both b = run_both(op, {"dx", "dscale", "dbias"});
+        results_channels_first(b, last, {"dx"});
 
-      const std::vector<float> xv = in.x.to_floats(), dyv = dy.to_floats(), scale = in.scale.to_floats();
-      std::vector<double> xhat(xv.size()), sum_dy(static_cast<size_t>(c), 0.0), sum_dy_xhat(sum_dy),
-          abs_dy(sum_dy), abs_dy_xhat(sum_dy);
-      for (size_t i = 0; i < xv.size(); ++i) {
-        const size_t ch = static_cast<size_t>(channel_of(static_cast<int64_t>(i), c, st.spatial));
-        xhat[i] = (xv[i] - static_cast<double>(saved_mean[ch])) * saved_inv[ch];
-        sum_dy[ch] += dyv[i];
-        sum_dy_xhat[ch] += dyv[i] * xhat[i];
-        abs_dy[ch] += std::fabs(dyv[i]);
-        abs_dy_xhat[ch] += std::fabs(dyv[i] * xhat[i]);
+        const std::vector<float> xv = in.x.to_floats(), dyv = dy.to_floats(), scale = in.scale.to_floats();
+        std::vector<double> xhat(xv.size()), sum_dy(static_cast<size_t>(c), 0.0), sum_dy_xhat(sum_dy), abs_dy(sum_dy),
+            abs_dy_xhat(sum_dy);
+        for (size_t i = 0; i < xv.size(); ++i) {
+          const size_t ch = static_cast<size_t>(channel_of(static_cast<int64_t>(i), c, st.spatial));
+          xhat[i] = (xv[i] - static_cast<double>(saved_mean[ch])) * saved_inv[ch];
+          sum_dy[ch] += dyv[i];
+          sum_dy_xhat[ch] += dyv[i] * xhat[i];
+          abs_dy[ch] += std::fabs(dyv[i]);
+          abs_dy_xhat[ch] += std::fabs(dyv[i] * xhat[i]);
+        }
+        // The parameter gradients: sums of m terms in FP32 (xhat itself a few roundings: +4).
+        expect_both_within(
+            b, "dbias", sum_dy,
+            [&](int64_t ch) { return static_cast<double>(m + 2) * kU * abs_dy[static_cast<size_t>(ch)]; },
+            what + " Bias@GRAD");
+        expect_both_within(
+            b, "dscale", sum_dy_xhat,
+            [&](int64_t ch) { return static_cast<double>(m + 6) * kU * abs_dy_xhat[static_cast<size_t>(ch)]; },
+            what + " Scale@GRAD");
+        // dX = k (dy - mean(dy) - xhat·mean(dy·xhat)), k = scale·inv: the two means'
+        // errors (sums of m terms over m) carried through, a few roundings of the
+        // combination, then FP16's store. Never relative to |dX|: the bracket cancels.
+        std::vector<double> dx_ref(xv.size());
+        auto parts = [&](size_t i) {
+          const size_t ch = static_cast<size_t>(channel_of(static_cast<int64_t>(i), c, st.spatial));
+          const double md = sum_dy[ch] / static_cast<double>(m), mdx = sum_dy_xhat[ch] / static_cast<double>(m);
+          return std::make_tuple(ch, md, mdx, static_cast<double>(scale[ch]) * saved_inv[ch]);
+        };
+        for (size_t i = 0; i < xv.size(); ++i) {
+          const auto [ch, md, mdx, k] = parts(i);
+          dx_ref[i] = k * (dyv[i] - md - xhat[i] * mdx);
+        }
+        expect_both_within(
+            b, "dx", dx_ref,
+            [&](int64_t i) {
+              const size_t e = static_cast<size_t>(i);
+              const auto [ch, md, mdx, k] = parts(e);
+              const double mean_err = static_cast<double>(m + 2) * kU * abs_dy[ch] / static_cast<double>(m);
+              const double mean_x_err = static_cast<double>(m + 6) * kU * abs_dy_xhat[ch] / static_cast<double>(m);
+              return std::fabs(k) * (mean_err + std::fabs(xhat[e]) * mean_x_err +
+                                     8 * kU * (std::fabs(dyv[e]) + std::fabs(md) + std::fabs(xhat[e] * mdx))) +
+                     store_err(dt, dx_ref[e]);
+            },
+            what + " X@GRAD");
       }
-      // The parameter gradients: sums of m terms in FP32 (xhat itself a few roundings: +4).
-      expect_both_within(
-          b, "dbias", sum_dy,
-          [&](int64_t ch) { return static_cast<double>(m + 2) * kU * abs_dy[static_cast<size_t>(ch)]; },
-          what + " Bias@GRAD");
-      expect_both_within(
-          b, "dscale", sum_dy_xhat,
-          [&](int64_t ch) { return static_cast<double>(m + 6) * kU * abs_dy_xhat[static_cast<size_t>(ch)]; },
-          what + " Scale@GRAD");
-      // dX = k (dy - mean(dy) - xhat·mean(dy·xhat)), k = scale·inv: the two means'
-      // errors (sums of m terms over m) carried through, a few roundings of the
-      // combination, then FP16's store. Never relative to |dX|: the bracket cancels.
-      std::vector<double> dx_ref(xv.size());
-      auto parts = [&](size_t i) {
-        const size_t ch = static_cast<size_t>(channel_of(static_cast<int64_t>(i), c, st.spatial));
-        const double md = sum_dy[ch] / static_cast<double>(m), mdx = sum_dy_xhat[ch] / static_cast<double>(m);
-        return std::make_tuple(ch, md, mdx, static_cast<double>(scale[ch]) * saved_inv[ch]);
-      };
-      for (size_t i = 0; i < xv.size(); ++i) {
-        const auto [ch, md, mdx, k] = parts(i);
-        dx_ref[i] = k * (dyv[i] - md - xhat[i] * mdx);
-      }
-      expect_both_within(
-          b, "dx", dx_ref,
-          [&](int64_t i) {
-            const size_t e = static_cast<size_t>(i);
-            const auto [ch, md, mdx, k] = parts(e);
-            const double mean_err = static_cast<double>(m + 2) * kU * abs_dy[ch] / static_cast<double>(m);
-            const double mean_x_err = static_cast<double>(m + 6) * kU * abs_dy_xhat[ch] / static_cast<double>(m);
-            return std::fabs(k) * (mean_err + std::fabs(xhat[e]) * mean_x_err +
-                                   8 * kU * (std::fabs(dyv[e]) + std::fabs(md) + std::fabs(xhat[e] * mdx))) +
-                   store_err(dt, dx_ref[e]);
-          },
-          what + " X@GRAD");
-    }
   }
 }
 
@@ -598,34 +651,39 @@ TEST_CASE("pool2d and pool2d_grad on cuDNN match the CPU and a double reference"
   require_gpu();
   const Shape s{2, 3, 9, 11};
   for (const PoolCfg& p : kPoolCases) {
-    for (DType dt : kTypes) {
-      const std::string what = std::string("pool2d ") + p.name + " " + dname(dt);
-      INFO(what);
-      const Tensor x = to_dtype(p.is_max ? distinct_tensor(s, 21) : uniform_tensor(s, 21), dt);
-      const Both fwd = run_both({make_op("pool2d", {{"X", {"x"}}}, {{"Out", {"y"}}}, pool_attrs(p)), {{"x", x}}}, {"y"});
-      const Shape out_shape = fwd.cpu.at("y").shape();
-      const Tensor dy = to_dtype(uniform_tensor(out_shape, 22), dt);
-      const PoolRef ref = pool_reference(p, s, x.to_floats(), dy.to_floats());
-      if (p.is_max) {
-        // A selection: nothing rounds, so the maxima come back exactly.
-        expect_both_within(fwd, "y", ref.out.value, [](int64_t) { return 0.0; }, what + " forward");
-      } else {
-        // The window's sum in FP32 over its count: (count + 2)·u·sum|x/count|, then FP16's store.
+    for (DType dt : kTypes)
+      for (bool last : kLayouts) {
+        const std::string what = std::string("pool2d ") + p.name + " " + dname(dt) + layout_name(last);
+        INFO(what);
+        const auto attrs = with_layout(pool_attrs(p), "data_format", last);
+        const Tensor x = to_dtype(p.is_max ? distinct_tensor(s, 21) : uniform_tensor(s, 21), dt);
+        Both fwd =
+            run_both({make_op("pool2d", {{"X", {"x"}}}, {{"Out", {"y"}}}, attrs), {{"x", in_layout(x, last)}}}, {"y"});
+        results_channels_first(fwd, last, {"y"});
+        const Shape out_shape = fwd.cpu.at("y").shape();
+        const Tensor dy = to_dtype(uniform_tensor(out_shape, 22), dt);
+        const PoolRef ref = pool_reference(p, s, x.to_floats(), dy.to_floats());
+        if (p.is_max) {
+          // A selection: nothing rounds, so the maxima come back exactly.
+          expect_both_within(
+              fwd, "y", ref.out.value, [](int64_t) { return 0.0; }, what + " forward");
+        } else {
+          // The window's sum in FP32 over its count: (count + 2)·u·sum|x/count|, then FP16's store.
+          expect_both_within(
+              fwd, "y", ref.out.value,
+              [&](int64_t i) { return ref.out.acc_err(i) + store_err(dt, ref.out.value[static_cast<size_t>(i)]); },
+              what + " forward");
+        }
+        Both bwd = run_both({make_op("pool2d_grad", {{"X", {"x"}}, {"Out@GRAD", {"dy"}}}, {{"X@GRAD", {"dx"}}}, attrs),
+                             {{"x", in_layout(x, last)}, {"dy", in_layout(dy, last)}}},
+                            {"dx"});
+        results_channels_first(bwd, last, {"dx"});
+        // Each input adds the shares of the windows that route to it (overlapping
+        // windows: a few terms) in FP32, then FP16's store.
         expect_both_within(
-            fwd, "y", ref.out.value,
-            [&](int64_t i) { return ref.out.acc_err(i) + store_err(dt, ref.out.value[static_cast<size_t>(i)]); },
-            what + " forward");
+            bwd, "dx", ref.dx.value,
+            [&](int64_t i) { return ref.dx.acc_err(i) + store_err(dt, ref.dx.value[static_cast<size_t>(i)]); },
+            what + " X@GRAD");
       }
-      const Both bwd = run_both(
-          {make_op("pool2d_grad", {{"X", {"x"}}, {"Out@GRAD", {"dy"}}}, {{"X@GRAD", {"dx"}}}, pool_attrs(p)),
-           {{"x", x}, {"dy", dy}}},
-          {"dx"});
-      // Each input adds the shares of the windows that route to it (overlapping
-      // windows: a few terms) in FP32, then FP16's store.
-      expect_both_within(
-          bwd, "dx", ref.dx.value,
-          [&](int64_t i) { return ref.dx.acc_err(i) + store_err(dt, ref.dx.value[static_cast<size_t>(i)]); },
-          what + " X@GRAD");
-    }
   }
 }

@@ -147,23 +147,27 @@ TEST_CASE("ResNet training steps on the GPU (cuDNN) match the CPU", "[cuda][resn
   mix::testing::require_gpu();
 #ifdef MIX_HAVE_CUDA
   cuda::set_allow_tf32(false);
-  auto resnet = [] {
-    models::ResNetConfig cfg = models::resnet_preset("resnet-small");
-    cfg.width = 4;
-    cfg.blocks = {1, 1};
-    cfg.image_size = 16;
-    return models::build_resnet(cfg, "resnet-small");
-  };
-  // FP32: every op agrees to ~1e-6 relative of its terms, but batch_norm's
-  // backward cancels (dy - mean(dy) - xhat·mean(dy·xhat)) and its parameter
-  // gradients are sums of batch·H·W = 2048 terms that cancel, summed in
-  // double on the CPU and in FP32 by cuDNN (up to m·u ~ 1e-4 of sum|dy|); a
-  // ReLU input within that error of 0 may also switch sides. 1e-3 of each
-  // tensor's scale after 2 steps allows that; a wrong kernel is O(1) off.
-  // AMP: FP16 activations and gradients (2^-11 per rounding, the same
-  // rounding points on both devices), so a different summation order can flip
-  // a rounding, and more ReLU inputs switch sides: 2e-2 of the scale.
-  expect_gpu_matches_cpu(resnet, 2, 8, 5, {1e-3, 1e-4}, {2e-2, 1e-2});
+  for (bool channels_last : {false, true}) {
+    INFO((channels_last ? "NHWC activations" : "NCHW activations"));
+    auto resnet = [channels_last] {
+      models::ResNetConfig cfg = models::resnet_preset("resnet-small");
+      cfg.width = 4;
+      cfg.blocks = {1, 1};
+      cfg.image_size = 16;
+      cfg.channels_last = channels_last;
+      return models::build_resnet(cfg, "resnet-small");
+    };
+    // FP32: every op agrees to ~1e-6 relative of its terms, but batch_norm's
+    // backward cancels (dy - mean(dy) - xhat·mean(dy·xhat)) and its parameter
+    // gradients are sums of batch·H·W = 2048 terms that cancel, summed in
+    // double on the CPU and in FP32 by cuDNN (up to m·u ~ 1e-4 of sum|dy|); a
+    // ReLU input within that error of 0 may also switch sides. 1e-3 of each
+    // tensor's scale after 2 steps allows that; a wrong kernel is O(1) off.
+    // AMP: FP16 activations and gradients (2^-11 per rounding, the same
+    // rounding points on both devices), so a different summation order can flip
+    // a rounding, and more ReLU inputs switch sides: 2e-2 of the scale.
+    expect_gpu_matches_cpu(resnet, 2, 8, 5, {1e-3, 1e-4}, {2e-2, 1e-2});
+  }
 #endif
 }
 

@@ -7,6 +7,8 @@
 // 3x3 stem) and a one-block-per-stage bottleneck ResNet with the 7x7 stem and
 // max-pool (ResNet-50's structure), both narrow so the test takes seconds.
 // AMP: the loss and master gradients within FP16 tolerance of torch's FP32.
+// Channels last (NHWC activations, the layout cuDNN runs by default): the same
+// parity, and the same bits as channels first on the CPU.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -54,7 +56,7 @@ struct Run {
   optim::TrainProgram train;
   Scope scope;
 
-  Run(const io::SafetensorsFile& ref, bool amp) {
+  Run(const io::SafetensorsFile& ref, bool amp, bool channels_last = false) {
     auto meta = [&](const char* k) { return ref.metadata.at(k); };
     models::ResNetConfig c;
     c.blocks = mix::testing::split_ints(meta("blocks"));
@@ -64,6 +66,7 @@ struct Run {
     c.in_channels = std::stoll(meta("channels"));
     c.image_size = std::stoll(meta("image"));
     c.num_classes = std::stoll(meta("classes"));
+    c.channels_last = channels_last;
     model = models::build_resnet(c, "resnet");
     std::unique_ptr<optim::Optimizer> opt = optim::make_sgd(0);
     collective::GradSyncOptions sync;
@@ -145,10 +148,10 @@ double norm_of_difference(const Tensor& a, const Tensor& b) {
   return std::sqrt(s);
 }
 
-void check_fp32_parity(const Net& net) {
-  INFO(net.label);
+void check_fp32_parity(const Net& net, bool channels_last = false) {
+  INFO(net.label << (channels_last ? ", channels last" : ""));
   const io::SafetensorsFile& ref = reference(net);
-  Run run(ref, false);
+  Run run(ref, false, channels_last);
   const float loss = run.step(ref);
   check_close("loss vs torch", scalar(loss), get(ref, "loss"), kLossTol);
   check_close("loss vs float64", scalar(loss), get(ref, "loss64"), kLossTol);
@@ -178,6 +181,44 @@ TEST_CASE("ResNet parity with PyTorch: small-input ResNet-18, FP32", "[resnet][p
 
 TEST_CASE("ResNet parity with PyTorch: bottleneck blocks, 7x7 stem and max-pool, FP32", "[resnet][parity]") {
   check_fp32_parity(kBottleneck);
+}
+
+TEST_CASE("ResNet parity with PyTorch: channels last (NHWC), FP32", "[resnet][parity][nhwc]") {
+  check_fp32_parity(kSmallResNet18, true);
+  check_fp32_parity(kBottleneck, true);
+}
+
+TEST_CASE("ResNet: channels last gives the channels-first loss, gradients and statistics bit for bit on the CPU",
+          "[resnet][nhwc]") {
+  // The CPU kernels compute NHWC by permuting to NCHW and back
+  // (runtime/ops/data_format.h), the same arithmetic in the same order.
+  for (const Net* net : {&kSmallResNet18, &kBottleneck})
+    for (bool amp : {false, true}) {
+      INFO(net->label << (amp ? ", AMP" : ", FP32"));
+      const io::SafetensorsFile& ref = reference(*net);
+      Run first(ref, amp, false), last(ref, amp, true);
+      // Really two layouts: every image op of `last` says NHWC, none of `first` does.
+      auto nhwc_ops = [](const Program& p) {
+        int n = 0;
+        for (const OpDesc& op : p.ops())
+          n += op.attr<std::string>("data_format", "") == "NHWC" || op.attr<std::string>("data_layout", "") == "NHWC";
+        return n;
+      };
+      CHECK(nhwc_ops(first.model.program) == 0);
+      CHECK(nhwc_ops(last.model.program) >= 10);
+      CHECK(first.step(ref) == last.step(ref));
+      REQUIRE(first.train.param_grads == last.train.param_grads);
+      for (auto& [param, grad] : first.train.param_grads) {
+        INFO("gradient of " << param);
+        CHECK(first.scope.get(grad).to_floats() == last.scope.get(grad).to_floats());
+      }
+      for (const VarDesc& v : first.model.program.vars())
+        if (v.is_buffer && v.dtype == DType::f32) {
+          INFO(v.name);
+          CHECK(first.scope.get(v.name).to_floats() == last.scope.get(v.name).to_floats());
+        }
+      CHECK(first.eval_logits(ref).to_floats() == last.eval_logits(ref).to_floats());
+    }
 }
 
 TEST_CASE("ResNet parity with PyTorch: AMP loss and master gradients within FP16 tolerance", "[resnet][parity][amp]") {

@@ -1,7 +1,8 @@
 // batch_norm and batch_norm_grad on CUDA: the slots, attributes and semantics
 // of runtime/ops/batch_norm.cc, through cuDNN's spatial batch normalization
 // (statistics per channel over N and the spatial dims). X [N, C, spatial...]
-// is described to cuDNN as NCHW [N, C, prod(spatial), 1].
+// is described to cuDNN as NCHW [N, C, prod(spatial), 1]; with data_layout
+// NHWC, X [N, spatial..., C] is NHWC [N, C, prod(spatial), 1].
 //
 // Numerics: Scale, Bias, the running and the saved statistics are FP32 for
 // FP16 X as well (cuDNN derives an FP32 parameter descriptor from a half X);
@@ -48,7 +49,7 @@ struct Descriptors {
 };
 
 Descriptors make_descriptors(const BatchNormDims& d, DType t, const char* op) {
-  Descriptors s{cuda::nchw_tensor(t, d.n, d.c, d.spatial, 1, op), cuda::TensorDescriptor{}};
+  Descriptors s{cuda::image_tensor(t, d.n, d.c, d.spatial, 1, d.channels_last, op), cuda::TensorDescriptor{}};
   MIX_CUDNN_CHECK(cudnnDeriveBNTensorDescriptor(s.params.get(), s.x.get(), kMode));
   return s;
 }
@@ -75,7 +76,7 @@ Tensor& device_output(OpContext& ctx, const std::string& slot, const Shape& shap
 void batch_norm_cuda(OpContext& ctx) {
   const Tensor& x = ctx.in("X");
   cuda::check_on_device(ctx, x, "X");
-  const BatchNormDims d = batch_norm_dims(x.shape());
+  const BatchNormDims d = batch_norm_dims(x.shape(), batch_norm_channels_last(ctx.op));
   const Tensor& scale = channel_input(ctx, "Scale", d.c);
   const Tensor& bias = channel_input(ctx, "Bias", d.c);
   const Tensor& rmean = channel_input(ctx, "Mean", d.c);
@@ -132,7 +133,7 @@ void batch_norm_grad_cuda(OpContext& ctx) {
   const Tensor& dy = ctx.in("Y@GRAD");
   cuda::check_on_device(ctx, x, "X");
   cuda::check_on_device(ctx, dy, "Y@GRAD");
-  const BatchNormDims d = batch_norm_dims(x.shape());
+  const BatchNormDims d = batch_norm_dims(x.shape(), batch_norm_channels_last(ctx.op));
   MIX_CHECK(dy.shape() == x.shape() && dy.dtype() == x.dtype(), "batch_norm_grad: Y@GRAD must match X");
   const Tensor& scale = channel_input(ctx, "Scale", d.c);
   const Tensor& saved_mean = channel_input(ctx, "SavedMean", d.c);

@@ -1,7 +1,15 @@
 // conv2d and conv2d_grad on CUDA: the slots, attributes and shapes of
 // runtime/ops/conv2d.cc (conv_dims in runtime/ops/conv_shapes.h), each
-// product one cuDNN call with NCHW descriptors; groups and dilation go through
-// the convolution descriptor.
+// product one cuDNN call; groups and dilation go through the convolution
+// descriptor.
+//
+// Layout: Input and Output are described in the op's data_format. Channels
+// last (NHWC), the layout cuDNN's FP16 tensor-core kernels read directly,
+// cuDNN also wants the filter channels last ([oc, kh, kw, c/groups]), while
+// the parameter keeps PyTorch's [oc, c/groups, kh, kw] (checkpoints do not
+// depend on the layout): the launcher permutes the filter into scratch before
+// the forward and backward-data passes, and the filter gradient back after
+// the backward-filter pass. Filters are small next to the activations.
 //
 // Numerics, chosen to match the CPU kernel (FP32 accumulation, one rounding on store):
 //   f16 / bf16: compute type FLOAT (FP32 accumulation) and tensor-op math.
@@ -67,14 +75,16 @@ bool math_allowed(DType t, cudnnMathType_t m) {
 }
 
 struct Descriptors {
-  cuda::TensorDescriptor x, y;  // Input [n, c, h, w], Output [n, oc, oh, ow]
-  cuda::FilterDescriptor w;     // Filter [oc, c / groups, kh, kw]
+  cuda::TensorDescriptor x, y;  // Input [n, c, h, w], Output [n, oc, oh, ow], in the op's layout
+  cuda::FilterDescriptor w;     // Filter [oc, c / groups, kh, kw], channels last with the data
   cuda::ConvolutionDescriptor conv;
 };
 
 Descriptors make_descriptors(const ConvDims& d, DType t, const char* op) {
-  Descriptors s{cuda::nchw_tensor(t, d.n, d.c, d.h, d.w, op), cuda::nchw_tensor(t, d.n, d.oc, d.oh, d.ow, op),
-                cuda::nchw_filter(t, d.oc, d.c_per_group(), d.kh, d.kw, op), cuda::ConvolutionDescriptor{}};
+  const bool last = d.channels_last;
+  Descriptors s{cuda::image_tensor(t, d.n, d.c, d.h, d.w, last, op),
+                cuda::image_tensor(t, d.n, d.oc, d.oh, d.ow, last, op),
+                cuda::image_filter(t, d.oc, d.c_per_group(), d.kh, d.kw, last, op), cuda::ConvolutionDescriptor{}};
   // Cross-correlation (PyTorch's and Paddle's "convolution"), FP32 accumulation for every data type.
   MIX_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(
       s.conv.get(), cuda::cudnn_int(d.pad_h, op, "padding"), cuda::cudnn_int(d.pad_w, op, "padding"),
@@ -88,7 +98,7 @@ Descriptors make_descriptors(const ConvDims& d, DType t, const char* op) {
   MIX_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(s.conv.get(), s.x.get(), s.w.get(), &n, &c, &h, &w));
   MIX_CHECK(n == d.n && c == d.oc && h == d.oh && w == d.ow,
             op << ": cuDNN computes an output of [" << n << ", " << c << ", " << h << ", " << w << "], conv_dims "
-               << shape_str(d.out_shape()));
+               << shape_str(d.out_shape_nchw()));
   return s;
 }
 
@@ -98,14 +108,14 @@ struct Algo {
   size_t workspace = 0;
 };
 
-using AlgoKey = std::array<int64_t, 18>;
+using AlgoKey = std::array<int64_t, 19>;
 
 AlgoKey algo_key(int device, Pass pass, DType t, const ConvDims& d) {
   return {device,     static_cast<int64_t>(pass), static_cast<int64_t>(t), cuda::allow_tf32() ? 1 : 0,
           d.n,        d.c,                        d.h,                      d.w,
           d.oc,       d.kh,                       d.kw,                     d.stride_h,
           d.stride_w, d.pad_h,                    d.pad_w,                  d.dil_h,
-          d.dil_w,    d.groups};
+          d.dil_w,    d.groups,                   d.channels_last ? 1 : 0};
 }
 
 std::mutex g_algo_mu;
@@ -224,7 +234,8 @@ void run_pass(cudnnHandle_t h, const OpContext& ctx, Pass pass, DType t, const C
   MIX_FAIL(op << ": cuDNN offers no " << (pass == Pass::forward ? "" : "deterministic ") << pass_name(pass)
               << " algorithm for " << dtype_name(t) << " Input [" << d.n << ", " << d.c << ", " << d.h << ", " << d.w
               << "], Filter [" << d.oc << ", " << d.c_per_group() << ", " << d.kh << ", " << d.kw << "], groups "
-              << d.groups << " within a " << (kWorkspaceLimit >> 20) << " MiB workspace"
+              << d.groups << (d.channels_last ? ", channels last (NHWC)" : "") << " within a "
+              << (kWorkspaceLimit >> 20) << " MiB workspace"
               << (t == DType::f32 && !cuda::allow_tf32() ? " in FMA (non-TF32) math" : ""));
 }
 
@@ -236,18 +247,28 @@ void check_inputs(const OpContext& ctx, const Tensor& x, const Tensor& filter) {
   cuda::check_on_device(ctx, filter, "Filter");
 }
 
+/// The filter as cuDNN reads it: the parameter itself, or channels last a
+/// [oc, kh, kw, c/groups] copy in scratch (released in stream order).
+Tensor cudnn_filter(const Tensor& filter, const ConvDims& d, cudaStream_t stream, const std::string& op) {
+  if (!d.channels_last) return filter;
+  Tensor t = Tensor::empty({d.oc, d.kh, d.kw, d.c_per_group()}, filter.dtype(), filter.device());
+  cuda::permute_into(filter, layout::to_channels_last(4), t, stream, op);
+  return t;
+}
+
 void conv2d_cuda(OpContext& ctx) {
   const Tensor& x = ctx.in("Input");
   const Tensor& filter = ctx.in("Filter");
   check_inputs(ctx, x, filter);
   const ConvDims d = conv_dims(ctx.op, x.shape(), filter.shape());
-  Tensor& out = ctx.out("Output", d.out_shape(), x.dtype());  // [n, oc, oh, ow]
+  Tensor& out = ctx.out("Output", d.out_shape(), x.dtype());
   if (d.n == 0) return;
   cuda::DeviceContext& dc = cuda::use_device(ctx.env.device.index);
   cudnnHandle_t h = cuda::cudnn_handle(dc);
   const Descriptors s = make_descriptors(d, x.dtype(), "conv2d");
+  const Tensor w = cudnn_filter(filter, d, dc.compute.get(), "conv2d");
   run_pass(h, ctx, Pass::forward, x.dtype(), d, s, [&](int algo, void* ws, size_t ws_bytes) {
-    return cudnnConvolutionForward(h, &cuda::kCudnnOne, s.x.get(), x.raw(), s.w.get(), filter.raw(), s.conv.get(),
+    return cudnnConvolutionForward(h, &cuda::kCudnnOne, s.x.get(), x.raw(), s.w.get(), w.raw(), s.conv.get(),
                                    static_cast<cudnnConvolutionFwdAlgo_t>(algo), ws, ws_bytes, &cuda::kCudnnZero,
                                    s.y.get(), out.raw());
   });
@@ -276,18 +297,26 @@ void conv2d_grad_cuda(OpContext& ctx) {
   }
   cudnnHandle_t h = cuda::cudnn_handle(dc);
   const Descriptors s = make_descriptors(d, x.dtype(), "conv2d_grad");
-  if (dx)
+  const cudaStream_t stream = dc.compute.get();
+  if (dx) {
+    const Tensor w = cudnn_filter(filter, d, stream, "conv2d_grad");
     run_pass(h, ctx, Pass::backward_data, x.dtype(), d, s, [&](int algo, void* ws, size_t ws_bytes) {
-      return cudnnConvolutionBackwardData(h, &cuda::kCudnnOne, s.w.get(), filter.raw(), s.y.get(), dout.raw(),
+      return cudnnConvolutionBackwardData(h, &cuda::kCudnnOne, s.w.get(), w.raw(), s.y.get(), dout.raw(),
                                           s.conv.get(), static_cast<cudnnConvolutionBwdDataAlgo_t>(algo), ws, ws_bytes,
                                           &cuda::kCudnnZero, s.x.get(), dx->raw());
     });
-  if (dw)
+  }
+  if (dw) {
+    // Channels last, cuDNN writes the gradient as [oc, kh, kw, c/groups]: into scratch, then permuted back.
+    Tensor dw_cudnn = d.channels_last ? Tensor::empty({d.oc, d.kh, d.kw, d.c_per_group()}, dw->dtype(), dw->device())
+                                      : *dw;
     run_pass(h, ctx, Pass::backward_filter, x.dtype(), d, s, [&](int algo, void* ws, size_t ws_bytes) {
       return cudnnConvolutionBackwardFilter(h, &cuda::kCudnnOne, s.x.get(), x.raw(), s.y.get(), dout.raw(),
                                             s.conv.get(), static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo), ws,
-                                            ws_bytes, &cuda::kCudnnZero, s.w.get(), dw->raw());
+                                            ws_bytes, &cuda::kCudnnZero, s.w.get(), dw_cudnn.raw());
     });
+    if (d.channels_last) cuda::permute_into(dw_cudnn, layout::to_channels_first(4), *dw, stream, "conv2d_grad");
+  }
 }
 
 const bool registered = OpRegistry::instance().add_cuda_kernel("conv2d", conv2d_cuda) &&

@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "runtime/check.h"
 #include "runtime/cuda/context.h"
@@ -49,6 +50,13 @@ inline cudaStream_t compute_stream(const OpContext& ctx) {
             ctx.op.type << ": CUDA kernel run for device " << ctx.env.device.str());
   return use_device(ctx.env.device.index).compute.get();
 }
+
+/// out = device tensor x permuted by `perm` (out already has the permuted shape
+/// and x's dtype), on `stream`: transpose2's copy (runtime/ops/cuda/transpose2.cu),
+/// also used by conv2d to lay filters out for channels-last cuDNN. `op` names
+/// the caller in errors.
+void permute_into(const Tensor& x, const std::vector<int64_t>& perm, Tensor& out, cudaStream_t stream,
+                  const std::string& op);
 
 /// Inputs must already be on the op's GPU: a host pointer handed to a kernel is
 /// an illegal address reported at some later sync, far from its cause.

@@ -1,6 +1,6 @@
 // pool2d and pool2d_grad on CUDA: the slots, attributes and semantics of
 // runtime/ops/pool2d.cc (pool_dims in runtime/ops/conv_shapes.h), through
-// cuDNN pooling with NCHW descriptors.
+// cuDNN pooling with descriptors in the op's data_format (NCHW or NHWC).
 //   max: CUDNN_POOLING_MAX_DETERMINISTIC (the plain mode may scatter the
 //        gradient with atomics), padding never wins (cuDNN skips it, as the
 //        CPU's -inf does; pool_dims guarantees every window holds an input),
@@ -34,8 +34,8 @@ struct Descriptors {
 };
 
 Descriptors make_descriptors(const PoolDims& d, DType t, const char* op) {
-  Descriptors s{cuda::nchw_tensor(t, d.n, d.c, d.h, d.w, op), cuda::nchw_tensor(t, d.n, d.c, d.oh, d.ow, op),
-                cuda::PoolingDescriptor{}};
+  Descriptors s{cuda::image_tensor(t, d.n, d.c, d.h, d.w, d.channels_last, op),
+                cuda::image_tensor(t, d.n, d.c, d.oh, d.ow, d.channels_last, op), cuda::PoolingDescriptor{}};
   const cudnnPoolingMode_t mode = d.is_max      ? CUDNN_POOLING_MAX_DETERMINISTIC
                                   : d.exclusive ? CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING
                                                 : CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING;
@@ -46,9 +46,9 @@ Descriptors make_descriptors(const PoolDims& d, DType t, const char* op) {
   // pool_dims decides the output size on every device; cuDNN must agree with it.
   int n = 0, c = 0, h = 0, w = 0;
   MIX_CUDNN_CHECK(cudnnGetPooling2dForwardOutputDim(s.pool.get(), s.x.get(), &n, &c, &h, &w));
-  MIX_CHECK(n == d.n && c == d.c && h == d.oh && w == d.ow,
-            op << ": cuDNN computes an output of [" << n << ", " << c << ", " << h << ", " << w << "], pool_dims "
-               << shape_str(d.out_shape()));
+  MIX_CHECK(n == d.n && c == d.c && h == d.oh && w == d.ow, op << ": cuDNN computes an output of [" << n << ", " << c
+                                                               << ", " << h << ", " << w << "], pool_dims "
+                                                               << shape_str(d.out_shape_nchw()));
   return s;
 }
 

@@ -62,9 +62,13 @@ void launch_copy(const void* x, void* out, const fn::TransposePlan& plan, int64_
   launch_grid_stride(units, stream, TransposeCopy<E>{static_cast<const E*>(x), static_cast<E*>(out), plan});
 }
 
-/// out = x permuted by `perm` (out allocated with the permuted shape), on `stream`.
-void transpose_into(const OpContext& ctx, const Tensor& x, const transpose_rules::Perm& perm, Tensor& out,
-                    cudaStream_t stream) {
+}  // namespace
+
+void permute_into(const Tensor& x, const std::vector<int64_t>& perm, Tensor& out, cudaStream_t stream,
+                  const std::string& op) {
+  MIX_CHECK(out.shape() == transpose_rules::permuted(x.shape(), perm) && out.dtype() == x.dtype(),
+            op << ": a permuted copy of " << dtype_name(x.dtype()) << shape_str(x.shape()) << " does not fit "
+               << dtype_name(out.dtype()) << shape_str(out.shape()));
   const int64_t numel = x.numel();
   if (numel == 0) return;
   const size_t es = dtype_size(x.dtype());
@@ -100,16 +104,18 @@ void transpose_into(const OpContext& ctx, const Tensor& x, const transpose_rules
     case 16:
       return launch_copy<16>(x.raw(), out.raw(), plan, units, stream);
     default:
-      MIX_FAIL(ctx.op.type << ": no copy for elements of " << es << " bytes");
+      MIX_FAIL(op << ": no copy for elements of " << es << " bytes");
   }
 }
+
+namespace {
 
 void transpose2_cuda(OpContext& ctx) {
   const Tensor x = ctx.in("X");  // by value: Out may replace X's scope entry
   check_on_device(ctx, x, "X");
   const transpose_rules::Perm perm = transpose_rules::perm_attr(ctx.op, x.shape().size());
   Tensor& out = ctx.out("Out", transpose_rules::permuted(x.shape(), perm), x.dtype());
-  transpose_into(ctx, x, perm, out, compute_stream(ctx));
+  permute_into(x, perm, out, compute_stream(ctx), ctx.op.type);
   if (ctx.wants("XShape")) ctx.out("XShape", transpose_rules::xshape_of(x.shape()), x.dtype());
 }
 
@@ -118,7 +124,7 @@ void transpose2_grad_cuda(OpContext& ctx) {
   check_on_device(ctx, dout, "Out@GRAD");
   const transpose_rules::Perm inv = transpose_rules::inverse(transpose_rules::perm_attr(ctx.op, dout.shape().size()));
   Tensor& dx = ctx.out("X@GRAD", transpose_rules::permuted(dout.shape(), inv), dout.dtype());
-  transpose_into(ctx, dout, inv, dx, compute_stream(ctx));
+  permute_into(dout, inv, dx, compute_stream(ctx), ctx.op.type);
 }
 
 const bool registered = OpRegistry::instance().add_cuda_kernel("transpose2", transpose2_cuda) &&
