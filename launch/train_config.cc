@@ -137,7 +137,7 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
   app.add_option("--blocks", c.blocks, "ResNets: blocks per stage, comma separated (resnet-small: 2,2,2)")
       ->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)->check(kPositiveInt);
   app.add_option("--data-format", c.data_format,
-                 "ResNets: activation layout, nchw, nhwc (channels last) or auto (nhwc on cuda, nchw on cpu)")
+                 "ResNets: activation layout, nchw, nhwc (channels last) or auto (nhwc for amp on cuda, else nchw)")
       ->check(CLI::IsMember({"auto", "nchw", "nhwc"}));
   app.add_option("--layers", c.layers, "transformer: blocks")->check(kPositiveInt);
   app.add_option("--d-model", c.d_model, "transformer: width of the residual stream")->check(kPositiveInt);

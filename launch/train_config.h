@@ -16,9 +16,12 @@ struct TrainConfig {
   std::optional<int64_t> width;
   std::vector<int64_t> blocks;
   /// Activation layout of the ResNets: nchw, nhwc (channels last), or auto:
-  /// nhwc on CUDA, where cuDNN's FP16 tensor cores read it directly, nchw on the CPU.
+  /// nhwc for AMP on CUDA, where cuDNN's FP16 tensor cores read it directly;
+  /// nchw otherwise (the CPU, and FP32, which has no tensor cores without TF32).
   std::string data_format = "auto";
-  bool resnet_channels_last() const { return data_format == "nhwc" || (data_format == "auto" && device == "cuda"); }
+  bool resnet_channels_last() const {
+    return data_format == "nhwc" || (data_format == "auto" && device == "cuda" && precision == "amp");
+  }
   bool is_resnet() const { return model.rfind("resnet", 0) == 0; }
   // the Transformer language model (models::TransformerConfig)
   int64_t layers = 4;

@@ -45,7 +45,7 @@ inline transpose_rules::Perm to_channels_last(size_t ndim) { return transpose_ru
 inline Shape channels_first_shape(const Shape& s) { return transpose_rules::permuted(s, to_channels_first(s.size())); }
 inline Shape channels_last_shape(const Shape& s) { return transpose_rules::permuted(s, to_channels_last(s.size())); }
 
-/// A channels-first copy of host tensor x (channels last, rank >= 3).
+/// A channels-first copy of host tensor x (channels last; rank 2 is a plain copy).
 inline Tensor channels_first_copy(const Tensor& x) {
   const transpose_rules::Perm p = to_channels_first(x.shape().size());
   Tensor out = Tensor::empty(transpose_rules::permuted(x.shape(), p), x.dtype());

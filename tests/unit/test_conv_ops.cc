@@ -435,11 +435,11 @@ TEST_CASE("conv2d: channels last gives the channels-first output and gradients",
   for (const ConvCfg& k : kConvCases)
     for (DType t : {DType::f32, DType::f16})
       check_channels_last(conv_case(k, seed += 2), "data_format", {"Input", "Output"}, t);
-  // The output shape is [N, OH, OW, OC]: 5x5 input, 3x3 filter, no padding.
-  OpCase c = conv_case({1, 2, 5, 5, 3, 3, 3, 1, 0, 1, 1}, 7);
+  // The output shape is [N, OH, OW, OC]: a 5x6 input, a 3x3 filter, no padding, 4 filters.
+  OpCase c = conv_case({1, 2, 5, 6, 4, 3, 3, 1, 0, 1, 1}, 7);
   c.attrs["data_format"] = std::string("NHWC");
-  c.inputs[0].value = uniform_tensor({1, 5, 5, 2}, 8);
-  CHECK(run_forward(c)["Output"].shape() == Shape{1, 3, 3, 3});
+  c.inputs[0].value = uniform_tensor({1, 5, 6, 2}, 8);
+  CHECK(run_forward(c)["Output"].shape() == Shape{1, 3, 4, 4});
 }
 
 TEST_CASE("pool2d: channels last gives the channels-first output and gradient", "[pool2d][nhwc]") {

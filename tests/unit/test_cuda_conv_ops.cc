@@ -126,6 +126,10 @@ const ConvCfg kConvCases[] = {
     {"3x3 groups 4", 2, 8, 9, 9, 12, 3, 3, 1, 1, 1, 4},
     {"7x7 stride 2 pad 3 (stem)", 2, 3, 20, 20, 8, 7, 7, 2, 3, 1, 1},
     {"3x3 64 channels (tensor-core sizes)", 4, 32, 14, 14, 64, 3, 3, 1, 1, 1, 1},
+    // Rectangular filters on non-square inputs: a kh/kw or h/w mix-up (in a
+    // descriptor, or in the NHWC filter permute) cannot pass these.
+    {"1x7 on 9x12", 2, 8, 9, 12, 16, 1, 7, 1, 0, 1, 1},
+    {"3x1 stride 2 pad 1 on 11x7", 2, 8, 11, 7, 16, 3, 1, 2, 1, 1, 1},
 };
 
 std::map<std::string, Attr> conv_attrs(const ConvCfg& k) {
