@@ -4,6 +4,8 @@
 #include <atomic>
 #include <mutex>
 
+#include <spdlog/spdlog.h>
+
 #include "runtime/check.h"
 
 namespace mix::cuda {
@@ -55,5 +57,7 @@ int device_count() {
   }
   return n;
 }
+
+void log_warning(const std::string& message) { spdlog::warn("{}", message); }
 
 }  // namespace mix::cuda

@@ -7,6 +7,7 @@
 #include <cudnn.h>
 
 #include <cstddef>
+#include <string>
 
 #include "runtime/cuda/stream.h"
 
@@ -35,5 +36,9 @@ bool allow_tf32();
 
 /// Number of visible GPUs (0 when there is no driver or device).
 int device_count();
+
+/// Logs `message` as a warning through spdlog, for CUDA sources: nvcc cannot
+/// compile spdlog's headers, so the .cu files log through this host function.
+void log_warning(const std::string& message);
 
 }  // namespace mix::cuda

@@ -21,10 +21,15 @@
 // the first that has the allowed math type and a workspace within
 // kWorkspaceLimit, and that cuDNN does not refuse as unsupported when run,
 // wins. Heuristics, not timed search (Find*), so every rank and every run picks
-// the same algorithm for the same shapes. The backward passes take only
+// the same algorithm for the same shapes. The backward passes prefer
 // deterministic algorithms (no atomic adds into dX or dW), as the project's own
-// reductions are (runtime/ops/cuda/device_ops.cuh). The choice is cached per
-// (device, pass, dtype, TF32 setting, shapes, attributes).
+// reductions are (runtime/ops/cuda/device_ops.cuh). Where cuDNN has none for a
+// shape (odd channel counts such as the 3-channel stem can lack one in NHWC
+// FP16), a nondeterministic one runs, with a warning, rather than the job
+// failing: it costs run-to-run reproducibility in the last bits, not rank
+// agreement, because every rank then takes the same all-reduced gradient.
+// The choice is cached per (device, pass, dtype, TF32 setting, shapes,
+// attributes, layout).
 //
 // Workspaces come from the caching device allocator (cuda::device_workspace),
 // so the allocator's peak counts them.
@@ -33,6 +38,7 @@
 #include <array>
 #include <map>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -106,6 +112,7 @@ struct Algo {
   int algo = 0;  // a cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t
   cudnnMathType_t math = CUDNN_DEFAULT_MATH;
   size_t workspace = 0;
+  bool deterministic = true;
 };
 
 using AlgoKey = std::array<int64_t, 19>;
@@ -180,13 +187,14 @@ cudnnStatus_t workspace_size(cudnnHandle_t h, Pass pass, const Descriptors& s, i
   return CUDNN_STATUS_BAD_PARAM;
 }
 
-/// cuDNN's ranked candidates for `pass` that may run here: deterministic for
-/// the backward passes, an allowed math type, and a workspace within the limit.
+/// cuDNN's ranked candidates for `pass` that may run here (an allowed math
+/// type, a workspace within the limit): for the backward passes the
+/// deterministic ones first, then the others.
 std::vector<Algo> viable_algos(cudnnHandle_t h, Pass pass, DType t, const Descriptors& s) {
-  std::vector<Algo> viable;
+  std::vector<Algo> viable, nondeterministic;
   for (const Candidate& c : ranked_candidates(h, pass, s)) {
     if (c.status != CUDNN_STATUS_SUCCESS) continue;
-    if (pass != Pass::forward && c.determinism != CUDNN_DETERMINISTIC) continue;
+    const bool deterministic = pass == Pass::forward || c.determinism == CUDNN_DETERMINISTIC;
     // Strict FP32 keeps FMA math whatever the heuristics list: cuDNN then
     // refuses (in workspace_size, or when run) an algorithm without an FMA kernel.
     const cudnnMathType_t math = t == DType::f32 && !cuda::allow_tf32() ? CUDNN_FMA_MATH : c.math;
@@ -194,9 +202,19 @@ std::vector<Algo> viable_algos(cudnnHandle_t h, Pass pass, DType t, const Descri
     MIX_CUDNN_CHECK(cudnnSetConvolutionMathType(s.conv.get(), math));
     size_t bytes = 0;
     if (workspace_size(h, pass, s, c.algo, &bytes) != CUDNN_STATUS_SUCCESS || bytes > kWorkspaceLimit) continue;
-    viable.push_back({c.algo, math, bytes});
+    (deterministic ? viable : nondeterministic).push_back({c.algo, math, bytes, deterministic});
   }
+  viable.insert(viable.end(), nondeterministic.begin(), nondeterministic.end());
   return viable;
+}
+
+/// "[n, c, h, w] in f16 (NHWC), Filter [oc, c/g, kh, kw], groups g": the shapes in errors and warnings.
+std::string describe(DType t, const ConvDims& d) {
+  std::ostringstream o;
+  o << dtype_name(t) << " Input [" << d.n << ", " << d.c << ", " << d.h << ", " << d.w << "]"
+    << (d.channels_last ? " channels last (NHWC)" : "") << ", Filter [" << d.oc << ", " << d.c_per_group() << ", "
+    << d.kh << ", " << d.kw << "], groups " << d.groups;
+  return o.str();
 }
 
 /// Runs one convolution pass: `call(algo, workspace)` with the algorithm cached
@@ -226,17 +244,19 @@ void run_pass(cudnnHandle_t h, const OpContext& ctx, Pass pass, DType t, const C
     if (CUDNN_STATUS_CATEGORY(status) == CUDNN_STATUS_NOT_SUPPORTED) continue;  // any NOT_SUPPORTED_* code
     MIX_CUDNN_CHECK(status);
     cuda::discard_cudnn_last_error();  // the refusals before it are not errors for a later check to report
+    if (!a.deterministic)  // once per shape: the choice is cached below
+      cuda::log_warning(std::string(op) + ": cuDNN has no deterministic " + pass_name(pass) + " algorithm for " +
+                        describe(t, d) + "; running nondeterministic algorithm " + std::to_string(a.algo) +
+                        " (the last bits may differ from run to run; ranks still agree)");
     std::lock_guard<std::mutex> lock(g_algo_mu);
     g_algos.emplace(key, a);
     return;
   }
   cuda::discard_cudnn_last_error();
-  MIX_FAIL(op << ": cuDNN offers no " << (pass == Pass::forward ? "" : "deterministic ") << pass_name(pass)
-              << " algorithm for " << dtype_name(t) << " Input [" << d.n << ", " << d.c << ", " << d.h << ", " << d.w
-              << "], Filter [" << d.oc << ", " << d.c_per_group() << ", " << d.kh << ", " << d.kw << "], groups "
-              << d.groups << (d.channels_last ? ", channels last (NHWC)" : "") << " within a "
+  MIX_FAIL(op << ": cuDNN offers no " << pass_name(pass) << " algorithm for " << describe(t, d) << " within a "
               << (kWorkspaceLimit >> 20) << " MiB workspace"
-              << (t == DType::f32 && !cuda::allow_tf32() ? " in FMA (non-TF32) math" : ""));
+              << (t == DType::f32 && !cuda::allow_tf32() ? " in FMA (non-TF32) math (--allow-tf32 widens the choice)"
+                                                         : ""));
 }
 
 void check_inputs(const OpContext& ctx, const Tensor& x, const Tensor& filter) {
