@@ -119,6 +119,9 @@ class NcclCommunicator final : public Communicator {
     try {
       MIX_CUDA_CHECK(cudaSetDevice(device_));
       ctx_ = &cuda::context(device_);
+      // Host waits outside this communicator (the allocator's out-of-memory
+      // retry) give up after the same time rather than hang on a dead peer.
+      cuda::set_hang_timeout(timeout_s_);
       compute_done_ = std::make_unique<cuda::Event>();
       MIX_CUDA_CHECK(cudaMalloc(&barrier_buf_, sizeof(int32_t)));
       MIX_CUDA_CHECK(cudaMemset(barrier_buf_, 0, sizeof(int32_t)));

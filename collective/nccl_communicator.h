@@ -59,6 +59,8 @@
 //   what to check (the other ranks' logs, NCCL_DEBUG=INFO, MIX_NCCL_TIMEOUT_S).
 //   Every later call throws at once, naming that first failure. mixtrain's
 //   main then calls abort(), which ends the whole job through the bootstrap.
+// - The same timeout bounds the device allocator's wait for queued work before
+//   it returns its cache on out of memory (cuda::set_hang_timeout).
 // - abort(code): ncclCommAbort (if not yet aborted), then bootstrap.abort(code).
 // - Destructor (never throws): ncclCommFinalize polled with the same timeout,
 //   then ncclCommDestroy; after a failure, or while an exception is unwinding

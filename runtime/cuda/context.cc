@@ -2,7 +2,9 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <mutex>
+#include <thread>
 
 #include <spdlog/spdlog.h>
 
@@ -18,6 +20,7 @@ constexpr int kMaxDevices = 64;
 std::array<std::atomic<DeviceContext*>, kMaxDevices> g_contexts{};
 std::mutex g_create_mu;
 std::atomic<bool> g_allow_tf32{false};
+std::atomic<double> g_hang_timeout_s{0.0};
 
 }  // namespace
 
@@ -56,6 +59,31 @@ int device_count() {
     return 0;
   }
   return n;
+}
+
+void set_hang_timeout(double seconds) { g_hang_timeout_s.store(seconds > 0 ? seconds : 0.0); }
+double hang_timeout() { return g_hang_timeout_s.load(); }
+
+bool wait_for_streams(int device) {
+  if (device < 0 || device >= kMaxDevices) return true;
+  DeviceContext* c = g_contexts[device].load(std::memory_order_acquire);
+  if (!c) return true;
+  Event compute_done, comm_done;
+  compute_done.record(c->compute.get());
+  comm_done.record(c->comm.get());
+  const double limit = hang_timeout();
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    const cudaError_t a = cudaEventQuery(compute_done.get()), b = cudaEventQuery(comm_done.get());
+    if (a != cudaErrorNotReady && b != cudaErrorNotReady) {
+      // A failed query is an error of the queued work: the next check reports it.
+      return true;
+    }
+    (void)cudaGetLastError();  // "not ready" is not an error for a later check to report
+    if (limit > 0 && std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > limit)
+      return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 void log_warning(const std::string& message) { spdlog::warn("{}", message); }

@@ -37,6 +37,18 @@ bool allow_tf32();
 /// Number of visible GPUs (0 when there is no driver or device).
 int device_count();
 
+/// The longest a host wait for this process's queued GPU work may take before
+/// it counts as a hang (a collective waiting for a dead peer): the NCCL
+/// communicator sets it from MIX_NCCL_TIMEOUT_S; 0, the default, waits without limit.
+void set_hang_timeout(double seconds);
+double hang_timeout();
+
+/// Waits, polling, until the work queued so far on the compute and
+/// communication streams of `device` (the current device) has run. False when
+/// that takes longer than hang_timeout(): the work then stays queued. True at
+/// once for a device whose context was never made (nothing can be queued).
+bool wait_for_streams(int device);
+
 /// Logs `message` as a warning through spdlog, for CUDA sources: nvcc cannot
 /// compile spdlog's headers, so the .cu files log through this host function.
 void log_warning(const std::string& message);

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "runtime/check.h"
+#include "runtime/cuda/context.h"
 #include "runtime/cuda/cuda_check.h"
 
 namespace mix::cuda {
@@ -89,6 +90,15 @@ void* CudaCachingAllocator::malloc_with_retry(size_t rounded, size_t requested) 
   const size_t cached_before = cached_;
   if (err == cudaErrorMemoryAllocation) {
     (void)cudaGetLastError();  // out of memory is not sticky; do not let a later launch check report it
+    // Returning the cache waits for the whole device (cudaDeviceSynchronize,
+    // cudaFree). Work that never finishes, a collective waiting for a dead
+    // peer, would hang that forever: wait under the hang timeout first.
+    if (!free_.empty() && !wait_for_streams(device_))
+      MIX_FAIL("CUDA out of memory on device "
+               << device_ << " allocating " << bytes_str(requested) << ", and the cached "
+               << bytes_str(cached_before) << " could not be returned to the driver: the device's queued work did not "
+               << "finish within " << hang_timeout() << " s (MIX_NCCL_TIMEOUT_S); a collective may be waiting for a "
+               << "rank that died (see the other ranks' logs) [" << process_identity() << "]");
     empty_cache_locked();
     err = cudaMalloc(&p, rounded);
   }

@@ -1,11 +1,17 @@
 #pragma once
 // [cuda] tests call require_gpu() first: in a build without CUDA, or on a
 // machine without a visible GPU, the test exits 77, which CTest reports as
-// skipped (Catch2 2.x has no SKIP) — never as passed.
+// skipped (Catch2 2.x has no SKIP) — never as passed. Also shared GPU test
+// helpers (hold_stream).
 #include <catch2/catch.hpp>
 #include <cstdlib>
 
 #ifdef MIX_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <thread>
+
 #include "runtime/cuda/context.h"
 #endif
 
@@ -22,5 +28,14 @@ inline void require_gpu() {
   }
 #endif
 }
+
+#ifdef MIX_HAVE_CUDA
+/// Queued with cudaLaunchHostFunc, holds its stream for *seconds (a double that
+/// must outlive it): stand-in slow or stuck work, such as a collective waiting
+/// for a dead peer, with no kernel to build.
+inline void CUDART_CB hold_stream(void* seconds) {
+  std::this_thread::sleep_for(std::chrono::duration<double>(*static_cast<const double*>(seconds)));
+}
+#endif
 
 }  // namespace mix::testing

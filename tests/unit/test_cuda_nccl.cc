@@ -218,14 +218,6 @@ TEST_CASE("NCCL communicator at world size 1: every collective is the identity o
   }
 }
 
-namespace {
-// A host function queued on a stream holds the stream for `seconds`: a stand-in
-// for a slow (or, with a short timeout, stuck) kernel, with no kernel to build.
-void CUDART_CB hold_stream(void* seconds) {
-  std::this_thread::sleep_for(std::chrono::duration<double>(*static_cast<const double*>(seconds)));
-}
-}  // namespace
-
 // The end of every GPU training step (an FP32 one has no blocking collective):
 // synchronize() returns only when the compute stream's work and the started
 // all-reduces are done, and under the watchdog, so work that never finishes
@@ -242,7 +234,7 @@ TEST_CASE("NCCL synchronize: awaits the compute stream and started all-reduces, 
     DeviceBuffer buf(values.size());
     buf.upload(values.data());
     double hold = 0.3;
-    REQUIRE(cudaLaunchHostFunc(compute, hold_stream, &hold) == cudaSuccess);
+    REQUIRE(cudaLaunchHostFunc(compute, mix::testing::hold_stream, &hold) == cudaSuccess);
     // Ordered after the held compute stream on the device, like a gradient bucket after backward.
     const mc::Request r = comm->all_reduce_start(buf.ptr, n, DType::f16, ReduceOp::sum, Traffic::gradients);
     comm->wait(r);
@@ -259,7 +251,7 @@ TEST_CASE("NCCL synchronize: awaits the compute stream and started all-reduces, 
     auto comm = mc::make_nccl_communicator(*boot, 0);  // reads the timeout now
     REQUIRE(unsetenv("MIX_NCCL_TIMEOUT_S") == 0);
     double hold = 3.0;
-    REQUIRE(cudaLaunchHostFunc(compute, hold_stream, &hold) == cudaSuccess);
+    REQUIRE(cudaLaunchHostFunc(compute, mix::testing::hold_stream, &hold) == cudaSuccess);
     // "no progress within" comes only from the watchdog's deadline. (How long the
     // call took is not checked: ncclCommAbort may itself wait for the device.)
     CHECK_THROWS_WITH(comm->synchronize(), Catch::Contains("synchronize") && Catch::Contains("no progress within") &&

@@ -128,6 +128,46 @@ TEST_CASE("out of memory names the device and the sizes", "[cuda]") {
   a.deallocate(p, 4096);
 }
 
+// Returning the cache on out of memory waits for the device; queued work that
+// never finishes must end that wait at the hang timeout (MIX_NCCL_TIMEOUT_S,
+// set by the NCCL communicator) with an error that says so, not hang the rank.
+TEST_CASE("out of memory while the device's queued work is stuck ends in an error, not a hang", "[cuda]") {
+  require_gpu_or_skip();
+  mix::Allocator& a = mix::allocator_for(kGpu);
+  void* block = a.allocate(size_t{1} << 20);  // a cached block, so the retry must return the cache
+  a.deallocate(block, size_t{1} << 20);
+  const double timeout_before = mix::cuda::hang_timeout();
+  mix::cuda::set_hang_timeout(0.2);
+  mix::cuda::DeviceContext& ctx = mix::cuda::use_device(0);
+  double hold = 3.0;
+  REQUIRE(cudaLaunchHostFunc(ctx.compute.get(), mix::testing::hold_stream, &hold) == cudaSuccess);
+  const auto start = std::chrono::steady_clock::now();
+  std::string msg;
+  try {
+    a.allocate(size_t{1} << 50);
+  } catch (const mix::Error& e) {
+    msg = e.what();
+  }
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  REQUIRE(cudaStreamSynchronize(ctx.compute.get()) == cudaSuccess);  // `hold` must outlive the host function
+  mix::cuda::set_hang_timeout(timeout_before);
+  INFO(msg << " (after " << waited << " s)");
+  CHECK(msg.find("CUDA out of memory on device 0") != std::string::npos);
+  CHECK(msg.find("did not finish within 0.2 s") != std::string::npos);
+  CHECK(msg.find("MIX_NCCL_TIMEOUT_S") != std::string::npos);
+  // It gave up at the timeout, long before the held work (3 s) ended.
+  CHECK(waited < 2.0);
+  // Idle again, the same request fails as an ordinary out of memory, having returned the cache.
+  msg.clear();
+  try {
+    a.allocate(size_t{1} << 50);
+  } catch (const mix::Error& e) {
+    msg = e.what();
+  }
+  CHECK(msg.find("returned to the driver before retrying") != std::string::npos);
+  CHECK(cudaGetLastError() == cudaSuccess);
+}
+
 TEST_CASE("device tensors round-trip bit for bit and fill_zero zeroes them", "[cuda]") {
   require_gpu_or_skip();
   mix::Allocator& a = mix::allocator_for(kGpu);
