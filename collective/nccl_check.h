@@ -23,8 +23,9 @@ inline std::string nccl_error_text(ncclResult_t rc, ncclComm_t comm = nullptr) {
   std::string msg = "NCCL error: ";
   const char* s = ncclGetErrorString(rc);
   msg += s ? s : ("code " + std::to_string(static_cast<int>(rc)));
-  // The comm argument is unused by current NCCL versions; the text is the
-  // last error of this thread and may belong to an earlier asynchronous failure.
+  // The comm argument is unused by current NCCL versions; the text is NCCL's
+  // last error in this process (any thread, its own included) and may belong
+  // to an earlier asynchronous failure.
   const char* last = ncclGetLastError(comm);
   if (last && *last) {
     msg += " (";

@@ -54,6 +54,7 @@ namespace mix::collective {
 namespace {
 
 constexpr double kDefaultTimeoutS = 300.0;
+constexpr double kMaxTimeoutS = 1e9;  // larger values are clamped (nccl_timeout_seconds)
 
 ncclDataType_t nccl_type(DType dtype) {
   switch (dtype) {
@@ -384,7 +385,6 @@ class NcclCommunicator final : public Communicator {
     // Non-blocking: ncclCommInitRank and every launch return at once, so that a
     // peer that never arrives ends in a timeout here, not in a hang inside NCCL.
     config.blocking = 0;
-    config.commName = "mixtrain";
     const auto what = [&] {
       return MIX_STR_CAT("ncclCommInitRank (rank " << rank_ << " of " << world_ << ", GPU " << device_ << ")");
     };
@@ -573,7 +573,9 @@ double nccl_timeout_seconds() {
     MIX_FAIL("MIX_NCCL_TIMEOUT_S=" << v << " is not a positive number of seconds (the default is "
                                    << kDefaultTimeoutS << ")");
   }
-  return s;
+  // Deadlines are steady_clock points (int64 nanoseconds): past ~292 years they
+  // would overflow. A billion seconds is "never" in practice.
+  return std::min(s, kMaxTimeoutS);
 }
 
 std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap, int device) {

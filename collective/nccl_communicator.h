@@ -78,7 +78,8 @@ namespace mix::collective {
 std::unique_ptr<Communicator> make_nccl_communicator(Communicator& bootstrap, int device);
 
 /// Seconds one NCCL call may take before the communicator is aborted:
-/// MIX_NCCL_TIMEOUT_S, default 300. Throws mix::Error on a value that is not a
+/// MIX_NCCL_TIMEOUT_S, default 300, at most 1e9 (larger values are clamped:
+/// deadlines in steady_clock nanoseconds would overflow). Throws mix::Error on a value that is not a
 /// positive number.
 double nccl_timeout_seconds();
 

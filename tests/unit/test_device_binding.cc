@@ -126,7 +126,7 @@ TEST_CASE("two ranks of one host on one GPU are named, with both CUDA_VISIBLE_DE
   CHECK_THAT(msg, Catch::Contains("CUDA_VISIBLE_DEVICES=1,0,2,3"));
 }
 
-TEST_CASE("MIX_NCCL_TIMEOUT_S: default 300 s, fractions allowed, garbage refused", "[binding]") {
+TEST_CASE("MIX_NCCL_TIMEOUT_S: default 300 s, fractions allowed, huge values clamped, garbage refused", "[binding]") {
   using mix::collective::nccl_timeout_seconds;
   unsetenv("MIX_NCCL_TIMEOUT_S");
   CHECK(nccl_timeout_seconds() == 300.0);
@@ -134,6 +134,9 @@ TEST_CASE("MIX_NCCL_TIMEOUT_S: default 300 s, fractions allowed, garbage refused
   CHECK(nccl_timeout_seconds() == 300.0);
   setenv("MIX_NCCL_TIMEOUT_S", "2.5", 1);
   CHECK(nccl_timeout_seconds() == 2.5);
+  // A deadline of 1e12 s would overflow steady_clock's nanoseconds: "never" is a billion seconds.
+  setenv("MIX_NCCL_TIMEOUT_S", "1e12", 1);
+  CHECK(nccl_timeout_seconds() == 1e9);
   for (const char* bad : {"0", "-1", "abc", "10s", "inf", "nan"}) {
     INFO(bad);
     setenv("MIX_NCCL_TIMEOUT_S", bad, 1);
