@@ -22,6 +22,7 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -314,7 +315,25 @@ class NcclCommunicator final : public Communicator {
   }
 
   [[noreturn]] void abort(int exit_code) override {
-    abort_nccl();
+    // ncclCommAbort may itself wait for the device (NCCL's stream is ordered
+    // after ours, which may hold stuck non-NCCL work), and the job must end
+    // regardless: it gets the timeout on a helper thread, then the bootstrap
+    // ends every process, this one and its GPU work included.
+    auto done = std::make_shared<std::atomic<bool>>(false);  // shared: the thread may outlive this frame's wait
+    std::thread nccl_abort([this, done] {
+      abort_nccl();
+      done->store(true);
+    });
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s_);
+    while (!done->load() && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (done->load()) {
+      nccl_abort.join();
+    } else {
+      std::fprintf(stderr, "%s: ncclCommAbort did not return within %s; ending the job without it\n",
+                   process_identity().c_str(), format_seconds(timeout_s_).c_str());
+      nccl_abort.detach();  // the process ends below, the thread with it
+    }
     bootstrap_.abort(exit_code);
     std::_Exit(exit_code);  // bootstrap_.abort does not return; this is for the compiler
   }

@@ -61,7 +61,8 @@
 //   main then calls abort(), which ends the whole job through the bootstrap.
 // - The same timeout bounds the device allocator's wait for queued work before
 //   it returns its cache on out of memory (cuda::set_hang_timeout).
-// - abort(code): ncclCommAbort (if not yet aborted), then bootstrap.abort(code).
+// - abort(code): ncclCommAbort (if not yet aborted; on a helper thread, given
+//   the same timeout, since it may wait for the device), then bootstrap.abort(code).
 // - Destructor (never throws): ncclCommFinalize polled with the same timeout,
 //   then ncclCommDestroy; after a failure, or while an exception is unwinding
 //   (peers may be gone, so a finalize could wait on them), ncclCommAbort instead.
