@@ -362,6 +362,8 @@ class NcclCommunicator final : public Communicator {
   /// Device (or managed) memory of this rank's GPU, or a message that says what it is.
   template <typename What>
   void check_device_buffer(const void* p, const char* which, const What& what) const {
+    // On a thread that never chose a device, the query would start a context on GPU 0.
+    MIX_CUDA_CHECK(cudaSetDevice(device_));
     cudaPointerAttributes attr{};
     const cudaError_t e = cudaPointerGetAttributes(&attr, p);
     if (e != cudaSuccess) {
