@@ -126,7 +126,9 @@ class NcclCommunicator final : public Communicator {
       cuda::set_hang_timeout(timeout_s_);
       compute_done_ = std::make_unique<cuda::Event>();
       MIX_CUDA_CHECK(cudaMalloc(&barrier_buf_, sizeof(int32_t)));
-      MIX_CUDA_CHECK(cudaMemset(barrier_buf_, 0, sizeof(int32_t)));
+      // On the compute stream, which prepare() orders every collective after
+      // (a plain cudaMemset runs on the legacy stream, unordered with ours).
+      MIX_CUDA_CHECK(cudaMemsetAsync(barrier_buf_, 0, sizeof(int32_t), ctx_->compute.get()));
       init_nccl();
     } catch (...) {
       release(/*graceful=*/false);
@@ -455,14 +457,21 @@ class NcclCommunicator final : public Communicator {
       if (state != ncclSuccess && state != ncclInProgress) fail(what(), nccl_error_text(state, comm_));
       bool done = state == ncclSuccess;
       if (done && stream_work) {
-        const cudaError_t e = cudaStreamQuery(stream());
-        if (e == cudaErrorNotReady) {
-          (void)cudaGetLastError();  // "not ready" is no error; leave nothing for a later check to trip over
-          done = false;
-        } else if (e != cudaSuccess) {
-          fail(what(), std::string("CUDA error on the communication stream: ") + cudaGetErrorString(e) +
-                           " (a kernel before or inside the collective failed; CUDA_LAUNCH_BLOCKING=1 and "
-                           "compute-sanitizer narrow it down)");
+        // The communication stream, and the compute-stream point prepare() ordered
+        // it after: CUDA does not say whether a trailing cudaStreamWaitEvent (all
+        // that synchronize() queues) counts as pending work of the stream, so
+        // both are polled.
+        const std::pair<cudaError_t, const char*> states[] = {{cudaStreamQuery(stream()), "communication"},
+                                                              {cudaEventQuery(compute_done_->get()), "compute"}};
+        for (const auto& [e, which] : states) {
+          if (e == cudaErrorNotReady) {
+            (void)cudaGetLastError();  // "not ready" is no error; leave nothing for a later check to trip over
+            done = false;
+          } else if (e != cudaSuccess) {
+            fail(what(), std::string("CUDA error on the ") + which + " stream: " + cudaGetErrorString(e) +
+                             " (a kernel before or inside the collective failed; CUDA_LAUNCH_BLOCKING=1 and "
+                             "compute-sanitizer narrow it down)");
+          }
         }
       }
       if (done) return;

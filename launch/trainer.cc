@@ -298,6 +298,9 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   }
   Communicator& grad_comm = device_comm ? *device_comm : comm;
   log_rank_table(comm, device.str());
+  // Input batches are gathered into page-locked host memory where the device
+  // has it (a GPU), so their host->device copies are DMA with no staging copy.
+  Allocator* batch_memory = on_gpu ? require_device_backend(device.kind).pinned_host_allocator() : nullptr;
 
   // ---- data and model ------------------------------------------------------------
   data::TrainTest data = load_data(c);
@@ -435,7 +438,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     Tensor x, y;
     for (int64_t b = 0; b < static_cast<int64_t>(idx.size()); b += eval_batch) {
       const int64_t n = std::min<int64_t>(eval_batch, static_cast<int64_t>(idx.size()) - b);
-      data::gather_batch(ds, idx, b, n, x, y);
+      data::gather_batch(ds, idx, b, n, x, y, batch_memory);
       scope.set(model.input, x.reshaped(batched(n, model.example_shape)).to(device));
       scope.set(model.label, y.reshaped(batched(n, model.label_shape)).to(device));
       env.training = false;  // batch_norm: the running statistics, no updates
@@ -493,7 +496,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     }
     const int64_t begin = in_epoch * batch;
     const int64_t n = std::min<int64_t>(batch, static_cast<int64_t>(order.size()) - begin);
-    data::gather_batch(data.train, order, begin, n, x, y);
+    data::gather_batch(data.train, order, begin, n, x, y, batch_memory);
     scope.set(model.input, x.reshaped(batched(n, model.example_shape)).to(device));
     scope.set(model.label, y.reshaped(batched(n, model.label_shape)).to(device));
     const double rate = lr.at(step);

@@ -26,11 +26,15 @@ Storage::Storage(Allocator& alloc, size_t bytes) : alloc_(alloc), bytes_(bytes),
 Storage::~Storage() { alloc_.deallocate(data_, bytes_); }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  return empty(shape, dtype, allocator_for(device));
+}
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Allocator& allocator) {
   for (int64_t d : shape) MIX_CHECK(d >= 0, "negative dimension in shape " << shape_str(shape));
   Tensor t;
   t.shape_ = shape;
   t.dtype_ = dtype;
-  t.storage_ = std::make_shared<Storage>(allocator_for(device), t.bytes());
+  t.storage_ = std::make_shared<Storage>(allocator, t.bytes());
   return t;
 }
 

@@ -38,6 +38,9 @@ class Tensor {
   Tensor() = default;
   /// Uninitialised tensor on `device`.
   static Tensor empty(const Shape& shape, DType dtype, Device device = cpu_device());
+  /// Uninitialised tensor in memory from `allocator`, on its device (page-locked
+  /// host memory for input batches: DeviceBackend::pinned_host_allocator).
+  static Tensor empty(const Shape& shape, DType dtype, Allocator& allocator);
   static Tensor zeros(const Shape& shape, DType dtype, Device device = cpu_device());
   /// f32 tensor from values (tests and small constants).
   static Tensor from_floats(const Shape& shape, const std::vector<float>& values);

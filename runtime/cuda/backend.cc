@@ -66,7 +66,10 @@ class CudaBackend final : public DeviceBackend {
 
   void set_allow_tf32(bool allow) override { cuda::set_allow_tf32(allow); }
 
+  Allocator* pinned_host_allocator() override { return &pinned_; }
+
  private:
+  PinnedHostAllocator pinned_;
   std::once_flag once_;
   std::vector<std::unique_ptr<CudaCachingAllocator>> allocators_;
 };

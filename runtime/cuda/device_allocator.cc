@@ -181,6 +181,25 @@ void CudaCachingAllocator::empty_cache_locked() noexcept {
   if (have_prev && prev != device_) MIX_CUDA_CHECK_NOTHROW(cudaSetDevice(prev));
 }
 
+void* PinnedHostAllocator::allocate(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  void* p = nullptr;
+  const cudaError_t err = cudaMallocHost(&p, bytes);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    MIX_FAIL("could not allocate " << bytes_str(bytes) << " of pinned host memory: " << cudaGetErrorString(err)
+                                   << " [" << process_identity() << "]");
+  }
+  count_alloc(bytes);
+  return p;
+}
+
+void PinnedHostAllocator::deallocate(void* p, size_t bytes) noexcept {
+  if (!p) return;
+  count_free(bytes);
+  MIX_CUDA_CHECK_NOTHROW(cudaFreeHost(p));
+}
+
 PinnedHostBuffer::PinnedHostBuffer(size_t bytes) : bytes_(bytes) {
   if (bytes == 0) return;
   const cudaError_t err = cudaMallocHost(&p_, bytes);

@@ -87,8 +87,19 @@ class CudaCachingAllocator final : public Allocator {
   size_t reserved_ = 0;
 };
 
-/// Page-locked host memory (cudaMallocHost) for input batches, so host->device
-/// copies of them are asynchronous DMA. Move-only; the destructor never throws.
+/// Page-locked host memory (cudaMallocHost) as an Allocator, so that tensors
+/// can live in it: the trainer gathers input batches there (through
+/// DeviceBackend::pinned_host_allocator), and their host->device copies are DMA
+/// with no staging copy. Its tensors are host tensors. No cache: a batch buffer
+/// is reallocated only when the batch shape changes (the last, partial batch).
+class PinnedHostAllocator final : public Allocator {
+ public:
+  void* allocate(size_t bytes) override;
+  void deallocate(void* p, size_t bytes) noexcept override;
+  Device device() const override { return cpu_device(); }
+};
+
+/// One page-locked host buffer (cudaMallocHost). Move-only; the destructor never throws.
 class PinnedHostBuffer {
  public:
   PinnedHostBuffer() = default;

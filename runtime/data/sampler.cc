@@ -42,7 +42,9 @@ std::vector<int64_t> DistributedSampler::indices(int64_t epoch) const {
 }
 
 void gather_batch(const Dataset& ds, const std::vector<int64_t>& idx, int64_t begin, int64_t count, Tensor& inputs,
-                  Tensor& labels) {
+                  Tensor& labels, Allocator* host_memory) {
+  Allocator& memory = host_memory ? *host_memory : allocator_for(cpu_device());
+  MIX_CHECK(memory.device().kind == DeviceKind::cpu, "gather_batch fills host tensors, not " << memory.device().str());
   MIX_CHECK(begin >= 0 && count >= 0 && begin + count <= static_cast<int64_t>(idx.size()),
             "batch [" << begin << ", " << begin + count << ") is outside the " << idx.size() << " indices");
   MIX_CHECK(ds.labels.defined() && ds.labels.dtype() == DType::i64, "data set '" << ds.name << "' has no i64 labels");
@@ -51,14 +53,14 @@ void gather_batch(const Dataset& ds, const std::vector<int64_t>& idx, int64_t be
   MIX_CHECK(!shape.empty(), "data set '" << ds.name << "' has no inputs");
   shape[0] = count;
   if (!inputs.defined() || inputs.shape() != shape || inputs.dtype() != ds.inputs.dtype())
-    inputs = Tensor::empty(shape, ds.inputs.dtype());
+    inputs = Tensor::empty(shape, ds.inputs.dtype(), memory);
   Shape label_shape = ds.labels.shape();
   MIX_CHECK(!label_shape.empty() && label_shape[0] == n,
             "data set '" << ds.name << "' has " << n << " inputs but labels " << shape_str(label_shape));
   label_shape[0] = count;
   const int64_t label_row = n > 0 ? ds.labels.numel() / n : 0;  // labels per example
   if (!labels.defined() || labels.shape() != label_shape || labels.dtype() != DType::i64)
-    labels = Tensor::empty(label_shape, DType::i64);
+    labels = Tensor::empty(label_shape, DType::i64, memory);
   MIX_CHECK(inputs.device().kind == DeviceKind::cpu && labels.device().kind == DeviceKind::cpu,
             "gather_batch fills host tensors");
 

@@ -102,6 +102,7 @@ TEST_CASE("NCCL over MPI: all_reduce, broadcast and all_gather give the closed-f
   float* d = nullptr;
   REQUIRE(cudaMalloc(&d, n * sizeof(float)) == cudaSuccess);
   REQUIRE(cudaMemcpy(d, host.data(), n * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);  // the DMA has landed before NCCL reads it
   nccl->all_reduce(d, n, DType::f32, ReduceOp::sum, Traffic::gradients);
   REQUIRE(cudaMemcpy(host.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess);
   const float sum = static_cast<float>(world * (world + 1) / 2);
@@ -111,12 +112,14 @@ TEST_CASE("NCCL over MPI: all_reduce, broadcast and all_gather give the closed-f
   int32_t* df = nullptr;
   REQUIRE(cudaMalloc(&df, sizeof(int32_t) * static_cast<size_t>(world)) == cudaSuccess);
   REQUIRE(cudaMemcpy(df, flag.data(), sizeof(int32_t), cudaMemcpyHostToDevice) == cudaSuccess);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);  // the DMA has landed before NCCL reads it
   nccl->all_reduce(df, 1, DType::i32, ReduceOp::max, Traffic::control);
   REQUIRE(cudaMemcpy(flag.data(), df, sizeof(int32_t), cudaMemcpyDeviceToHost) == cudaSuccess);
   CHECK(flag[0] == 1);
 
   int32_t mine = 100 + rank;
   REQUIRE(cudaMemcpy(df, &mine, sizeof(int32_t), cudaMemcpyHostToDevice) == cudaSuccess);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);  // the DMA has landed before NCCL reads it
   nccl->broadcast(df, sizeof(int32_t), world - 1);
   REQUIRE(cudaMemcpy(&mine, df, sizeof(int32_t), cudaMemcpyDeviceToHost) == cudaSuccess);
   CHECK(mine == 100 + world - 1);
@@ -125,6 +128,7 @@ TEST_CASE("NCCL over MPI: all_reduce, broadcast and all_gather give the closed-f
   REQUIRE(cudaMalloc(&dg, sizeof(int32_t) * static_cast<size_t>(world)) == cudaSuccess);
   mine = 10 * rank;
   REQUIRE(cudaMemcpy(df, &mine, sizeof(int32_t), cudaMemcpyHostToDevice) == cudaSuccess);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);  // the DMA has landed before NCCL reads it
   nccl->all_gather(df, dg, sizeof(int32_t));
   std::vector<int32_t> all(static_cast<size_t>(world));
   REQUIRE(cudaMemcpy(all.data(), dg, all.size() * sizeof(int32_t), cudaMemcpyDeviceToHost) == cudaSuccess);

@@ -43,7 +43,12 @@ struct DeviceBuffer {
   ~DeviceBuffer() { cudaFree(ptr); }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  void upload(const void* src) { REQUIRE(cudaMemcpy(ptr, src, bytes, cudaMemcpyHostToDevice) == cudaSuccess); }
+  /// A pageable cudaMemcpy to the device may return before its DMA lands, on the
+  /// legacy stream, which NCCL's non-blocking stream does not wait for: synchronize.
+  void upload(const void* src) {
+    REQUIRE(cudaMemcpy(ptr, src, bytes, cudaMemcpyHostToDevice) == cudaSuccess);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  }
   std::vector<unsigned char> download() const {
     std::vector<unsigned char> out(bytes);
     REQUIRE(cudaMemcpy(out.data(), ptr, bytes, cudaMemcpyDeviceToHost) == cudaSuccess);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "runtime/check.h"
+#include "runtime/device_backend.h"
 #include "runtime/random.h"
 #include "runtime/tensor.h"
 
@@ -217,6 +218,30 @@ TEST_CASE("device tensors round-trip bit for bit and fill_zero zeroes them", "[c
 namespace {
 void CUDART_CB sleep_on_stream(void*) { std::this_thread::sleep_for(std::chrono::milliseconds(200)); }
 }  // namespace
+
+// Input batches live in page-locked memory on a GPU run (the trainer gathers
+// them through DeviceBackend::pinned_host_allocator): host tensors that CUDA
+// knows as pinned, counted, freed, and copied to the device bit for bit.
+TEST_CASE("pinned host allocator: host tensors in page-locked memory", "[cuda]") {
+  require_gpu_or_skip();
+  mix::Allocator* pinned = mix::require_device_backend(mix::DeviceKind::cuda).pinned_host_allocator();
+  REQUIRE(pinned != nullptr);
+  CHECK(pinned->device() == mix::cpu_device());
+  const size_t live_before = pinned->live_bytes();
+  {
+    mix::Tensor t = mix::Tensor::empty({1000, 3}, mix::DType::f32, *pinned);
+    CHECK(t.device() == mix::cpu_device());
+    CHECK(pinned->live_bytes() == live_before + t.bytes());
+    cudaPointerAttributes attr{};
+    REQUIRE(cudaPointerGetAttributes(&attr, t.raw()) == cudaSuccess);
+    CHECK(attr.type == cudaMemoryTypeHost);  // page-locked (pageable memory reports Unregistered)
+    mix::Rng rng = mix::Rng::for_stream(5, 0);
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = static_cast<float>(rng.normal());
+    const mix::Tensor back = t.to(kGpu).to(mix::cpu_device());
+    CHECK(same_bytes(back, t));
+  }
+  CHECK(pinned->live_bytes() == live_before);
+}
 
 TEST_CASE("an event orders the communication stream after the compute stream", "[cuda]") {
   require_gpu_or_skip();

@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -654,4 +655,56 @@ TEST_CASE("gather_batch copies rows and reuses its buffers", "[data][batch]") {
   CHECK_THROWS_AS(gather_batch(ds, idx, 3, 3, x, y), mix::Error);
   CHECK_THROWS_AS(gather_batch(ds, {0, 5}, 0, 2, x, y), mix::Error);
   CHECK_THROWS_AS(gather_batch(ds, {-1}, 0, 1, x, y), mix::Error);
+}
+
+namespace {
+
+/// Host memory that counts what it hands out (page-locked memory stands in for
+/// this on a GPU machine), or claims to be another device's.
+class CountingHostMemory final : public mix::Allocator {
+ public:
+  explicit CountingHostMemory(mix::Device device = mix::cpu_device()) : device_(device) {}
+  void* allocate(size_t bytes) override {
+    ++allocations;
+    count_alloc(bytes);
+    return std::malloc(bytes);
+  }
+  void deallocate(void* p, size_t bytes) noexcept override {
+    count_free(bytes);
+    std::free(p);
+  }
+  mix::Device device() const override { return device_; }
+  int allocations = 0;
+
+ private:
+  mix::Device device_;
+};
+
+}  // namespace
+
+TEST_CASE("gather_batch makes its batch tensors from the host memory it is given", "[data][batch]") {
+  Dataset ds;
+  ds.name = "tiny";
+  ds.inputs = Tensor::empty({4, 3}, DType::f32);
+  for (int64_t i = 0; i < 12; ++i) ds.inputs.data<float>()[i] = static_cast<float>(i);
+  ds.labels = labels_of({0, 1, 2, 3});
+  ds.num_classes = 4;
+  const std::vector<int64_t> idx = {3, 1, 0, 2};
+  CountingHostMemory memory;
+  Tensor x, y;
+  gather_batch(ds, idx, 0, 2, x, y, &memory);
+  CHECK(memory.allocations == 2);  // inputs and labels
+  CHECK(memory.live_bytes() == x.bytes() + y.bytes());
+  CHECK(x.device() == mix::cpu_device());
+  CHECK(x.data<float>()[0] == 9.f);
+  gather_batch(ds, idx, 2, 2, x, y, &memory);  // same shape: reused
+  CHECK(memory.allocations == 2);
+  CHECK(x.data<float>()[0] == 0.f);
+  x = Tensor{};
+  y = Tensor{};
+  CHECK(memory.live_bytes() == 0);
+  // Batches are host tensors: memory of another device is refused.
+  CountingHostMemory gpu_memory(mix::Device{mix::DeviceKind::cuda, 0});
+  CHECK_THROWS_WITH(gather_batch(ds, idx, 0, 2, x, y, &gpu_memory), Contains("gather_batch fills host tensors"));
+  CHECK(gpu_memory.allocations == 0);
 }
