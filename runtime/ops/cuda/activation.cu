@@ -11,7 +11,7 @@ namespace {
 
 template <typename Fwd>
 void activation_cuda(OpContext& ctx) {
-  const Tensor& x = ctx.in("X");
+  const Tensor x = ctx.in("X");
   check_on_device(ctx, x, "X");
   Tensor& out = ctx.out("Out", x.shape(), x.dtype());
   unary_tensor(ctx, x, out, Fwd{});
@@ -22,8 +22,8 @@ void activation_cuda(OpContext& ctx) {
 template <typename Bwd>
 void activation_grad_cuda(OpContext& ctx) {
   const std::string saved_slot = ctx.op.in_or_empty("X").empty() ? "Out" : "X";
-  const Tensor& saved = ctx.in(saved_slot);
-  const Tensor& dout = ctx.in("Out@GRAD");
+  const Tensor saved = ctx.in(saved_slot);
+  const Tensor dout = ctx.in("Out@GRAD");
   check_on_device(ctx, saved, saved_slot);
   check_on_device(ctx, dout, "Out@GRAD");
   Tensor& dx = ctx.out("X@GRAD", saved.shape(), dout.dtype());

@@ -74,7 +74,7 @@ Tensor& device_output(OpContext& ctx, const std::string& slot, const Shape& shap
 }
 
 void batch_norm_cuda(OpContext& ctx) {
-  const Tensor& x = ctx.in("X");
+  const Tensor x = ctx.in("X");
   cuda::check_on_device(ctx, x, "X");
   const BatchNormDims d = batch_norm_dims(x.shape(), batch_norm_channels_last(ctx.op));
   const Tensor& scale = channel_input(ctx, "Scale", d.c);
@@ -116,7 +116,7 @@ void batch_norm_cuda(OpContext& ctx) {
       static_cast<double>(eps), saved_mean.raw(), saved_inv_std.raw()));
 
   if (ctx.wants("NumBatchesTrackedOut")) {
-    const Tensor& seen = ctx.in("NumBatchesTracked");
+    const Tensor seen = ctx.in("NumBatchesTracked");
     MIX_CHECK(seen.dtype() == DType::i64 && seen.numel() == 1,
               "batch_norm: NumBatchesTracked must be an i64 scalar, got " << dtype_name(seen.dtype())
                                                                            << shape_str(seen.shape()));
@@ -129,8 +129,8 @@ void batch_norm_cuda(OpContext& ctx) {
 // dX = scale inv_std (dY - mean(dY) - xhat mean(dY xhat)), dScale = sum(dY xhat),
 // dBias = sum(dY), with xhat from the forward's SavedMean and SavedVariance.
 void batch_norm_grad_cuda(OpContext& ctx) {
-  const Tensor& x = ctx.in("X");
-  const Tensor& dy = ctx.in("Y@GRAD");
+  const Tensor x = ctx.in("X");
+  const Tensor dy = ctx.in("Y@GRAD");
   cuda::check_on_device(ctx, x, "X");
   cuda::check_on_device(ctx, dy, "Y@GRAD");
   const BatchNormDims d = batch_norm_dims(x.shape(), batch_norm_channels_last(ctx.op));

@@ -277,8 +277,8 @@ Tensor cudnn_filter(const Tensor& filter, const ConvDims& d, cudaStream_t stream
 }
 
 void conv2d_cuda(OpContext& ctx) {
-  const Tensor& x = ctx.in("Input");
-  const Tensor& filter = ctx.in("Filter");
+  const Tensor x = ctx.in("Input");
+  const Tensor filter = ctx.in("Filter");
   check_inputs(ctx, x, filter);
   const ConvDims d = conv_dims(ctx.op, x.shape(), filter.shape());
   Tensor& out = ctx.out("Output", d.out_shape(), x.dtype());
@@ -297,9 +297,9 @@ void conv2d_cuda(OpContext& ctx) {
 // dInput = the transposed convolution of dOutput with Filter; dFilter = the
 // correlation of Input with dOutput, summed over the batch (beta 0: overwritten).
 void conv2d_grad_cuda(OpContext& ctx) {
-  const Tensor& x = ctx.in("Input");
-  const Tensor& filter = ctx.in("Filter");
-  const Tensor& dout = ctx.in("Output@GRAD");
+  const Tensor x = ctx.in("Input");
+  const Tensor filter = ctx.in("Filter");
+  const Tensor dout = ctx.in("Output@GRAD");
   check_inputs(ctx, x, filter);
   cuda::check_on_device(ctx, dout, "Output@GRAD");
   const ConvDims d = conv_dims(ctx.op, x.shape(), filter.shape());

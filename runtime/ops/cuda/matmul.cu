@@ -81,8 +81,8 @@ Layout layout_of(const MatmulDims& d, const Attrs& a) {
 }
 
 void matmul_cuda(OpContext& ctx) {
-  const Tensor& x = ctx.in("X");  // [..., M, K] ([..., K, M] with transpose_X)
-  const Tensor& y = ctx.in("Y");  // [..., K, N] ([..., N, K] with transpose_Y), or 2-D shared
+  const Tensor x = ctx.in("X");  // [..., M, K] ([..., K, M] with transpose_X)
+  const Tensor y = ctx.in("Y");  // [..., K, N] ([..., N, K] with transpose_Y), or 2-D shared
   check_runtime(x, y, ctx.env);
   const Attrs a = attrs_of(ctx);
   const MatmulDims d = matmul_dims(x.shape(), y.shape(), a.tx, a.ty);
@@ -94,9 +94,9 @@ void matmul_cuda(OpContext& ctx) {
 }
 
 void matmul_grad_cuda(OpContext& ctx) {
-  const Tensor& x = ctx.in("X");
-  const Tensor& y = ctx.in("Y");
-  const Tensor& dout = ctx.in("Out@GRAD");  // [..., M, N]
+  const Tensor x = ctx.in("X");
+  const Tensor y = ctx.in("Y");
+  const Tensor dout = ctx.in("Out@GRAD");  // [..., M, N]
   check_runtime(x, y, ctx.env);
   check_device(dout, ctx.env, "matmul_grad: Out@GRAD");
   const Attrs a = attrs_of(ctx);

@@ -26,8 +26,8 @@ void check_inputs(const char* op, const Tensor& x, const Tensor& y, const ExecEn
 }
 
 void mul_cuda(OpContext& ctx) {
-  const Tensor& x = ctx.in("X");  // [rows, in] after flattening
-  const Tensor& y = ctx.in("Y");  // [out, in]
+  const Tensor x = ctx.in("X");  // [rows, in] after flattening
+  const Tensor y = ctx.in("Y");  // [out, in]
   check_inputs("mul", x, y, ctx.env);
   const int ncol = ctx.attr<int>("x_num_col_dims", 1);
   const MulDims d = mul_dims(x.shape(), y.shape(), ncol);
@@ -40,9 +40,9 @@ void mul_cuda(OpContext& ctx) {
 
 // dX[rows, in] = dOut[rows, out] . Y[out, in];  dY[out, in] = dOut^T[out, rows] . X[rows, in].
 void mul_grad_cuda(OpContext& ctx) {
-  const Tensor& x = ctx.in("X");
-  const Tensor& y = ctx.in("Y");
-  const Tensor& dout = ctx.in("Out@GRAD");
+  const Tensor x = ctx.in("X");
+  const Tensor y = ctx.in("Y");
+  const Tensor dout = ctx.in("Out@GRAD");
   check_inputs("mul_grad", x, y, ctx.env);
   check_device(dout, ctx.env, "mul_grad: Out@GRAD");
   MIX_CHECK(dout.dtype() == x.dtype(), "mul_grad: Out@GRAD is " << dtype_name(dout.dtype()) << " but X is "

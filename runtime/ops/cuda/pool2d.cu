@@ -53,7 +53,7 @@ Descriptors make_descriptors(const PoolDims& d, DType t, const char* op) {
 }
 
 void pool2d_cuda(OpContext& ctx) {
-  const Tensor& x = ctx.in("X");
+  const Tensor x = ctx.in("X");
   cuda::check_on_device(ctx, x, "X");
   const PoolDims d = pool_dims(ctx.op, x.shape());
   Tensor& out = ctx.out("Out", d.out_shape(), x.dtype());
@@ -65,8 +65,8 @@ void pool2d_cuda(OpContext& ctx) {
 }
 
 void pool2d_grad_cuda(OpContext& ctx) {
-  const Tensor& x = ctx.in("X");
-  const Tensor& dout = ctx.in("Out@GRAD");
+  const Tensor x = ctx.in("X");
+  const Tensor dout = ctx.in("Out@GRAD");
   cuda::check_on_device(ctx, x, "X");
   cuda::check_on_device(ctx, dout, "Out@GRAD");
   const PoolDims d = pool_dims(ctx.op, x.shape());
