@@ -26,6 +26,7 @@
 
 #include "tests/unit/require_gpu.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -284,6 +285,7 @@ TEST_CASE("elementwise_add/mul and their gradients match the CPU", "[cuda][eleme
       {{64, 100}, {100}, -1},     // a bias: pre 64, n 100, post 1
       {{2, 3, 4, 5}, {3, 4}, 1},  // pre 2, n 12, post 5
       {{1500, 3, 2}, {3, 1}, 1},  // trailing 1 in Y; columns of 3000 terms (the tree path)
+      {{3000, 40}, {40}, -1},     // a bias over 3000 rows: post 1, columns summed in row chunks
       {{4, 5}, {4, 5}, -1},       // same shape
       {{6, 9}, {1, 9}, -1},       // leading 1 in Y
       {{2, 3, 7}, {1}, -1},       // a scalar Y: one column of all 42 terms
@@ -320,11 +322,14 @@ TEST_CASE("elementwise_add/mul and their gradients match the CPU", "[cuda][eleme
           expect_identical(b.gpu.at("dy"), b.cpu.at("dy"), type + "_grad dY " + what);
           continue;
         }
-        // Longer columns: per-thread partial sums of ceil(m/256) terms, then an
-        // 8-level tree. Against the column sums in double of the same (rounded)
-        // terms: FP32 summation error <= (ceil(m/256) + 8)·u·sum|terms| for the
-        // GPU and (m - 1)·u·sum|terms| for the CPU's sequential loop; then the
-        // rounding on store.
+        // Longer columns, against the column sums in double of the same (rounded)
+        // terms; the CPU's sequential loop is within (m - 1)·u·sum|terms|, then
+        // the rounding on store. The GPU:
+        //  - post 1: chunks of ceil(pre / chunks) rows, chunks = clamp(ceil(pre / 64),
+        //    1, 1024) (elementwise.cu), each summed in order, then the chunk sums
+        //    in order: (rows per chunk + chunks)·u·sum|terms|;
+        //  - otherwise per-thread partial sums of ceil(m/256) terms, then an
+        //    8-level tree: (ceil(m/256) + 8)·u·sum|terms|.
         const std::vector<float> xv = x.to_floats(), dv = dout.to_floats();
         std::vector<double> ref(static_cast<size_t>(d.n), 0.0), mag(static_cast<size_t>(d.n), 0.0);
         for (int64_t p = 0; p < d.pre; ++p)
@@ -339,8 +344,15 @@ TEST_CASE("elementwise_add/mul and their gradients match the CPU", "[cuda][eleme
           return
               [&, terms](int64_t j) { return terms * kU * mag[j] + store_rel(dt) * std::fabs(ref[j]) + store_abs(dt); };
         };
-        expect_within(b.gpu.at("dy"), ref, bound(static_cast<double>((m + 255) / 256 + 8)),
-                      type + "_grad dY (GPU tree) " + what);
+        if (d.post == 1) {
+          const int64_t chunks = std::clamp<int64_t>((d.pre + 63) / 64, 1, 1024);
+          const int64_t rows_per_chunk = (d.pre + chunks - 1) / chunks;
+          expect_within(b.gpu.at("dy"), ref, bound(static_cast<double>(rows_per_chunk + chunks)),
+                        type + "_grad dY (GPU row chunks) " + what);
+        } else {
+          expect_within(b.gpu.at("dy"), ref, bound(static_cast<double>((m + 255) / 256 + 8)),
+                        type + "_grad dY (GPU tree) " + what);
+        }
         expect_within(b.cpu.at("dy"), ref, bound(static_cast<double>(m)), type + "_grad dY (CPU) " + what);
       }
     }

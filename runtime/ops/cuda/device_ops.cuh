@@ -196,6 +196,36 @@ __device__ V block_reduce(V v, V* shared, Op op) {
   return r;
 }
 
+// ---- column sums in row chunks ----------------------------------------------------------
+
+/// How a deterministic column sum over `rows` splits into chunks: a first pass
+/// adds each chunk's rows in order (threads over columns, blockIdx.y over
+/// chunks, so a warp reads adjacent columns), a second (ChunkColumnSum) adds
+/// the chunks in order. About `target` rows per chunk, at most `max_chunks`;
+/// the split depends on the shape only, never on the GPU.
+struct RowChunks {
+  int64_t chunks, rows_per_chunk;
+};
+inline RowChunks row_chunks(int64_t rows, int64_t target, int64_t max_chunks) {
+  const int64_t chunks = std::clamp<int64_t>((rows + target - 1) / target, 1, max_chunks);
+  return {chunks, (rows + chunks - 1) / chunks};
+}
+
+/// The second pass: out[c] = column c's chunk partials (partial is [chunks, cols],
+/// Acc float or double) added in chunk order with Add (AddRn, AddRnDouble),
+/// rounded once to TOut.
+template <typename Acc, typename Add, typename TOut>
+struct ChunkColumnSum {
+  const Acc* partial;
+  TOut* out;
+  int64_t chunks, cols;
+  __device__ void operator()(int64_t c) const {
+    Acc s = 0;
+    for (int64_t k = 0; k < chunks; ++k) s = Add{}(s, partial[k * cols + c]);
+    out[c] = from_float<TOut>(static_cast<float>(s));
+  }
+};
+
 /// Block-wide softmax of one row: y = softmax(x) through the shared row steps
 /// (max, exp_shifted, softmax_normalizer). Returns the row's max and sum of
 /// exponentials, which cross-entropy also needs. Every thread of the block calls it.

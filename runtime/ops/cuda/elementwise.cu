@@ -4,9 +4,14 @@
 //
 // The Y gradients (bias gradients) reduce over pre and post in FP32. Columns of
 // up to kSequentialMax terms get one thread each, adding in the CPU's order
-// (p-major, then q), so they are bit-identical to the CPU; longer columns get a
-// block each, with a fixed tree (deterministic, no atomics) whose order of
-// additions differs from the CPU's.
+// (p-major, then q), so they are bit-identical to the CPU. Longer columns:
+//  - post == 1 (a bias of [rows, n] data, every linear layer): threads run over
+//    columns, so a warp reads consecutive addresses, and blocks over chunks of
+//    kRowsPerChunk rows; a second pass adds each column's chunk sums in order;
+//  - otherwise a block per column, threads strided over its pre x post terms
+//    (consecutive q are adjacent in memory), then a fixed tree.
+// Both are deterministic (no atomics; the partition depends on the shape only),
+// and their order of additions differs from the CPU's.
 #include <cstring>
 
 #include "runtime/kernels/functors.h"
@@ -18,6 +23,9 @@ namespace {
 
 /// Longest column (pre * post terms) reduced by a single thread.
 constexpr int64_t kSequentialMax = 1024;
+/// post == 1 columns: rows per chunk (before the cap on the number of chunks).
+constexpr int64_t kRowsPerChunk = 64;
+constexpr int64_t kMaxChunks = 1024;
 
 // ---- kernels -------------------------------------------------------------------------
 
@@ -72,6 +80,21 @@ __global__ void column_sum_tree(const T* a, const T* b, TOut* out, BroadcastDims
   }
 }
 
+/// post == 1, the first pass of a row-chunked column sum (device_ops.cuh):
+/// partial[c, j] = the sum of column j over chunk c's rows (blockIdx.y = c) in
+/// row order; one thread per column (blockIdx.x tiles them).
+template <typename T, typename F>
+__global__ void column_chunk_partials(const T* a, const T* b, float* partial, BroadcastDims d, int64_t rows_per_chunk,
+                                      F f) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * kBlock + threadIdx.x;
+  if (j >= d.n) return;
+  const int64_t begin = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
+  const int64_t end = begin + rows_per_chunk < d.pre ? begin + rows_per_chunk : d.pre;
+  float acc = 0.f;
+  for (int64_t p = begin; p < end; ++p) acc = __fadd_rn(acc, column_term(a, b, d, f, j, p, 0));
+  partial[static_cast<int64_t>(blockIdx.y) * d.n + j] = acc;
+}
+
 // ---- launchers -----------------------------------------------------------------------
 
 template <typename F>
@@ -97,6 +120,16 @@ void broadcast_reduce(const OpContext& ctx, const Tensor& a, const Tensor* b, Te
       if (d.n == 0) return;  // nothing to sum into (and a grid of 0 blocks is an error)
       if (d.pre * d.post <= kSequentialMax) {
         launch_grid_stride(d.n, stream, ColumnSumSequential<T, TOut, F>{a.data<T>(), bp, dy.data<TOut>(), d, f});
+      } else if (d.post == 1) {
+        const auto [chunks, rows_per_chunk] = row_chunks(d.pre, kRowsPerChunk, kMaxChunks);
+        // Scratch released at return: safe, the kernels below run on the compute stream (device_ops.cuh).
+        Tensor partial = Tensor::empty({chunks, d.n}, DType::f32, ctx.env.device);
+        const dim3 grid(static_cast<unsigned>((d.n + kBlock - 1) / kBlock), static_cast<unsigned>(chunks));
+        column_chunk_partials<T, F>
+            <<<grid, kBlock, 0, stream>>>(a.data<T>(), bp, partial.data<float>(), d, rows_per_chunk, f);
+        MIX_CUDA_CHECK(cudaGetLastError());
+        launch_grid_stride(d.n, stream,
+                           ChunkColumnSum<float, AddRn, TOut>{partial.data<float>(), dy.data<TOut>(), chunks, d.n});
       } else {
         const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(d.n, 65535));
         column_sum_tree<T, TOut, F><<<blocks, kBlock, 0, stream>>>(a.data<T>(), bp, dy.data<TOut>(), d, f);

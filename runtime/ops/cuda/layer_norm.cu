@@ -149,18 +149,6 @@ __global__ void layer_norm_param_partials(const T* x, const T* dy, const float* 
   if (partial_bias) partial_bias[at] = db;
 }
 
-/// out[c] = the chunks' partial sums of column c added in chunk order, rounded to float.
-struct ChunkSum {
-  const double* partial;
-  float* out;
-  int64_t chunks, cols;
-  __device__ void operator()(int64_t c) const {
-    double s = 0.0;
-    for (int64_t k = 0; k < chunks; ++k) s = __dadd_rn(s, partial[k * cols + c]);
-    out[c] = static_cast<float>(s);
-  }
-};
-
 // ---- launchers -----------------------------------------------------------------------
 
 using layer_norm_rules::NormDims;
@@ -228,8 +216,7 @@ void layer_norm_grad_cuda(OpContext& ctx) {
   }
   // The partition of the rows into chunks depends on the shape only (never on
   // the GPU), so the column sums are reproducible everywhere.
-  const int64_t chunks = std::clamp<int64_t>((d.rows + kRowsPerChunk - 1) / kRowsPerChunk, 1, kMaxChunks);
-  const int64_t rows_per_chunk = (d.rows + chunks - 1) / chunks;
+  const auto [chunks, rows_per_chunk] = row_chunks(d.rows, kRowsPerChunk, kMaxChunks);
   // Doubles in i64 tensors (the same 8 bytes; there is no f64 dtype), as reduce.cu does.
   Tensor partial_scale, partial_bias;
   if (want_scale) partial_scale = Tensor::empty({chunks, d.cols}, DType::i64, ctx.env.device);
@@ -254,8 +241,9 @@ void layer_norm_grad_cuda(OpContext& ctx) {
     layer_norm_param_partials<T><<<grid, kBlock, 0, stream>>>(
         x.data<T>(), dy.data<T>(), mean.data<float>(), var.data<float>(), d.rows, d.cols, rows_per_chunk, eps, ps, pb);
     MIX_CUDA_CHECK(cudaGetLastError());
-    if (want_scale) launch_grid_stride(d.cols, stream, ChunkSum{ps, dscale, chunks, d.cols});
-    if (want_bias) launch_grid_stride(d.cols, stream, ChunkSum{pb, dbias, chunks, d.cols});
+    using Sum = ChunkColumnSum<double, AddRnDouble, float>;
+    if (want_scale) launch_grid_stride(d.cols, stream, Sum{ps, dscale, chunks, d.cols});
+    if (want_bias) launch_grid_stride(d.cols, stream, Sum{pb, dbias, chunks, d.cols});
   });
 }
 
