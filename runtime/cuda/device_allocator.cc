@@ -181,8 +181,10 @@ void CudaCachingAllocator::empty_cache_locked() noexcept {
   if (have_prev && prev != device_) MIX_CUDA_CHECK_NOTHROW(cudaSetDevice(prev));
 }
 
-void* PinnedHostAllocator::allocate(size_t bytes) {
-  if (bytes == 0) return nullptr;
+namespace {
+
+/// `bytes` (> 0) of page-locked host memory, or a mix::Error saying why not.
+void* allocate_pinned(size_t bytes) {
   void* p = nullptr;
   const cudaError_t err = cudaMallocHost(&p, bytes);
   if (err != cudaSuccess) {
@@ -190,6 +192,14 @@ void* PinnedHostAllocator::allocate(size_t bytes) {
     MIX_FAIL("could not allocate " << bytes_str(bytes) << " of pinned host memory: " << cudaGetErrorString(err)
                                    << " [" << process_identity() << "]");
   }
+  return p;
+}
+
+}  // namespace
+
+void* PinnedHostAllocator::allocate(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  void* p = allocate_pinned(bytes);
   count_alloc(bytes);
   return p;
 }
@@ -200,17 +210,7 @@ void PinnedHostAllocator::deallocate(void* p, size_t bytes) noexcept {
   MIX_CUDA_CHECK_NOTHROW(cudaFreeHost(p));
 }
 
-PinnedHostBuffer::PinnedHostBuffer(size_t bytes) : bytes_(bytes) {
-  if (bytes == 0) return;
-  const cudaError_t err = cudaMallocHost(&p_, bytes);
-  if (err != cudaSuccess) {
-    (void)cudaGetLastError();
-    p_ = nullptr;
-    bytes_ = 0;
-    MIX_FAIL("could not allocate " << bytes_str(bytes) << " of pinned host memory: " << cudaGetErrorString(err)
-                                   << " [" << process_identity() << "]");
-  }
-}
+PinnedHostBuffer::PinnedHostBuffer(size_t bytes) : p_(bytes ? allocate_pinned(bytes) : nullptr), bytes_(bytes) {}
 
 PinnedHostBuffer::~PinnedHostBuffer() { reset(); }
 

@@ -76,7 +76,7 @@ void normalize(const Tensor& x, const BatchNormDims& d, const std::vector<fn::Bn
 }
 
 /// X as [n, c, spatial]: X itself, or a channels-first copy of a channels-last X.
-Tensor channels_first_view(const Tensor& x, const BatchNormDims& d) {
+Tensor as_channels_first(const Tensor& x, const BatchNormDims& d) {
   return d.channels_last ? layout::channels_first_copy(x) : x;
 }
 
@@ -98,7 +98,7 @@ void write_y(OpContext& ctx, const Tensor& x_nchw, const BatchNormDims& d,
 
 void batch_norm_cpu(OpContext& ctx) {
   const BatchNormDims d = batch_norm_dims(ctx.in("X").shape(), batch_norm_channels_last(ctx.op));
-  const Tensor x = channels_first_view(ctx.in("X"), d);
+  const Tensor x = as_channels_first(ctx.in("X"), d);
   const float* scale = ctx.in("Scale").data<float>();
   const float* bias = ctx.in("Bias").data<float>();
   const float eps = ctx.attr<float>("epsilon", 1e-5f);
@@ -158,8 +158,8 @@ void batch_norm_grad_cpu(OpContext& ctx) {
   const BatchNormDims d = batch_norm_dims(ctx.in("X").shape(), batch_norm_channels_last(ctx.op));
   MIX_CHECK(ctx.in("Y@GRAD").shape() == ctx.in("X").shape() && ctx.in("Y@GRAD").dtype() == ctx.in("X").dtype(),
             "batch_norm_grad: Y@GRAD must match X");
-  const Tensor x = channels_first_view(ctx.in("X"), d);
-  const Tensor dy = channels_first_view(ctx.in("Y@GRAD"), d);
+  const Tensor x = as_channels_first(ctx.in("X"), d);
+  const Tensor dy = as_channels_first(ctx.in("Y@GRAD"), d);
   const float* scale = ctx.in("Scale").data<float>();
   const float* mean = ctx.in("SavedMean").data<float>();
   const float* inv_std = ctx.in("SavedVariance").data<float>();

@@ -41,24 +41,24 @@ inline transpose_rules::Perm to_channels_first(size_t ndim) {
 /// [N, C, spatial...] -> [N, spatial..., C], the inverse of to_channels_first.
 inline transpose_rules::Perm to_channels_last(size_t ndim) { return transpose_rules::inverse(to_channels_first(ndim)); }
 
-/// A channels-last shape seen channels first, and back.
+/// A channels-last shape seen channels first.
 inline Shape channels_first_shape(const Shape& s) { return transpose_rules::permuted(s, to_channels_first(s.size())); }
-inline Shape channels_last_shape(const Shape& s) { return transpose_rules::permuted(s, to_channels_last(s.size())); }
 
-/// A channels-first copy of host tensor x (channels last; rank 2 is a plain copy).
-inline Tensor channels_first_copy(const Tensor& x) {
-  const transpose_rules::Perm p = to_channels_first(x.shape().size());
-  Tensor out = Tensor::empty(transpose_rules::permuted(x.shape(), p), x.dtype());
-  transpose_rules::permute_into_cpu(x, p, out);
+/// A copy of host tensor x permuted by `perm`.
+inline Tensor permuted_copy(const Tensor& x, const transpose_rules::Perm& perm) {
+  Tensor out = Tensor::empty(transpose_rules::permuted(x.shape(), perm), x.dtype());
+  transpose_rules::permute_into_cpu(x, perm, out);
   return out;
 }
 
+/// A channels-first copy of a channels-last host tensor, and the reverse
+/// (rank 2 is a plain copy either way).
+inline Tensor channels_first_copy(const Tensor& x) { return permuted_copy(x, to_channels_first(x.shape().size())); }
+inline Tensor channels_last_copy(const Tensor& x) { return permuted_copy(x, to_channels_last(x.shape().size())); }
+
 /// out (channels last, already shaped) = host tensor x (channels first) permuted.
 inline void store_channels_last(const Tensor& x, Tensor& out) {
-  const transpose_rules::Perm p = to_channels_last(x.shape().size());
-  MIX_CHECK(out.shape() == transpose_rules::permuted(x.shape(), p) && out.dtype() == x.dtype(),
-            "store_channels_last: " << shape_str(x.shape()) << " does not fit " << shape_str(out.shape()));
-  transpose_rules::permute_into_cpu(x, p, out);
+  transpose_rules::permute_into_cpu(x, to_channels_last(x.shape().size()), out);
 }
 
 }  // namespace layout

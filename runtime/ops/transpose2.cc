@@ -74,6 +74,9 @@ MIX_REGISTER_OP("transpose2_grad", OpInfo{{}, transpose2_grad_cpu, {}, {}});
 }  // namespace
 
 void transpose_rules::permute_into_cpu(const Tensor& x, const Perm& perm, Tensor& out) {
+  MIX_CHECK(out.shape() == permuted(x.shape(), perm) && out.dtype() == x.dtype(),
+            "a permuted copy of " << dtype_name(x.dtype()) << shape_str(x.shape()) << " does not fit "
+                                  << dtype_name(out.dtype()) << shape_str(out.shape()));
   const int64_t numel = x.numel();
   if (numel == 0) return;
   const fn::TransposePlan plan = fn::make_transpose_plan(x.shape().data(), perm.data(), x.ndim());

@@ -47,7 +47,7 @@ inline Perm inverse(const Perm& p) {
 }
 
 /// out = host tensor x permuted by `perm` (out already has the permuted shape
-/// and x's dtype): transpose2's CPU copy, also used by the channels-last CPU
+/// and x's dtype, checked): transpose2's CPU copy, also used by the channels-last CPU
 /// kernels (runtime/ops/data_format.h). Defined in runtime/ops/transpose2.cc.
 void permute_into_cpu(const Tensor& x, const Perm& perm, Tensor& out);
 

@@ -387,12 +387,7 @@ TEST_CASE("batch_norm: errors name the problem", "[batch_norm][errors]") {
 
 namespace {
 
-Tensor channels_last_copy(const Tensor& t) {
-  const auto perm = layout::to_channels_last(t.shape().size());
-  Tensor out = Tensor::empty(transpose_rules::permuted(t.shape(), perm), t.dtype());
-  transpose_rules::permute_into_cpu(t, perm, out);
-  return out;
-}
+using layout::channels_last_copy;
 
 /// `nchw` with `layout_attr` NHWC and its image tensors (the slots in `image`,
 /// inputs and outputs) channels last must give the channels-first outputs and

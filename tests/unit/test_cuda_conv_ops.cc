@@ -78,13 +78,7 @@ const bool kLayouts[] = {false, true};  // channels first, channels last
 std::string layout_name(bool channels_last) { return channels_last ? " NHWC" : " NCHW"; }
 
 /// t as the op reads it: itself, or a channels-last copy.
-Tensor in_layout(const Tensor& t, bool channels_last) {
-  if (!channels_last) return t;
-  const auto perm = layout::to_channels_last(t.shape().size());
-  Tensor out = Tensor::empty(transpose_rules::permuted(t.shape(), perm), t.dtype());
-  transpose_rules::permute_into_cpu(t, perm, out);
-  return out;
-}
+Tensor in_layout(const Tensor& t, bool channels_last) { return channels_last ? layout::channels_last_copy(t) : t; }
 
 /// The op's layout attr (`attr`: data_format, or batch_norm's data_layout) added to `attrs`.
 std::map<std::string, Attr> with_layout(std::map<std::string, Attr> attrs, const char* attr, bool channels_last) {
