@@ -4,11 +4,12 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
-#include <map>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <map>
+#include <memory>
 #include <sstream>
 
 #include "amp/decorate.h"
@@ -18,6 +19,7 @@
 #include "launch/metrics.h"
 #include "models/model.h"
 #include "runtime/check.h"
+#include "runtime/data/batch_prefetcher.h"
 #include "runtime/data/dataset.h"
 #include "runtime/device_backend.h"
 #include "runtime/executor.h"
@@ -300,7 +302,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   log_rank_table(comm, device.str());
   // Input batches are gathered into page-locked host memory where the device
   // has it (a GPU), so their host->device copies are DMA with no staging copy.
-  Allocator* batch_memory = on_gpu ? require_device_backend(device.kind).pinned_host_allocator() : nullptr;
+  Allocator* batch_memory = on_gpu ? require_device_backend(device.kind).pinned_host_allocator(device.index) : nullptr;
 
   // ---- data and model ------------------------------------------------------------
   data::TrainTest data = load_data(c);
@@ -480,9 +482,21 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   };
 
   // ---- the loop -----------------------------------------------------------------------
-  Tensor x, y;
-  std::vector<int64_t> order;
+  // The batch of a step: this rank's share of its epoch's order, from the step's place in the epoch.
+  std::shared_ptr<const std::vector<int64_t>> order;
   int64_t order_epoch = -1;
+  auto batch_of = [&](int64_t step) {
+    const int64_t epoch = step / steps_per_epoch;
+    if (epoch != order_epoch) {
+      order = std::make_shared<const std::vector<int64_t>>(sampler.indices(epoch));
+      order_epoch = epoch;
+    }
+    const int64_t begin = (step % steps_per_epoch) * batch;
+    return data::BatchRequest{order, begin, std::min<int64_t>(batch, static_cast<int64_t>(order->size()) - begin)};
+  };
+  // The next step's batch is gathered while this one runs.
+  data::BatchPrefetcher prefetcher(data.train, batch_memory);
+  if (start_step < total_steps) prefetcher.request(batch_of(start_step));
   double timed_seconds = 0, sps_sum = 0;
   int64_t sps_count = 0, skipped_total = 0, timed_samples = 0;
   EvalResult last_eval;
@@ -490,15 +504,13 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   auto t_start = Clock::now(), t_last_log = Clock::now();
   for (int64_t step = start_step; step < total_steps; ++step) {
     const int64_t epoch = step / steps_per_epoch, in_epoch = step % steps_per_epoch;
-    if (epoch != order_epoch) {
-      order = sampler.indices(epoch);
-      order_epoch = epoch;
-    }
-    const int64_t begin = in_epoch * batch;
-    const int64_t n = std::min<int64_t>(batch, static_cast<int64_t>(order.size()) - begin);
-    data::gather_batch(data.train, order, begin, n, x, y, batch_memory);
-    scope.set(model.input, x.reshaped(batched(n, model.example_shape)).to(device));
-    scope.set(model.label, y.reshaped(batched(n, model.label_shape)).to(device));
+    const data::Batch& examples = prefetcher.take();
+    const int64_t n = examples.inputs.dim(0);
+    // On a GPU the upload is a finished copy when to() returns; on the CPU the
+    // scope shares the batch, which the next request leaves alone until the next take().
+    scope.set(model.input, examples.inputs.reshaped(batched(n, model.example_shape)).to(device));
+    scope.set(model.label, examples.labels.reshaped(batched(n, model.label_shape)).to(device));
+    if (step + 1 < total_steps) prefetcher.request(batch_of(step + 1));
     const double rate = lr.at(step);
     write_f32(scope.get(optim::kLearningRate), static_cast<float>(rate));
     env.step = step + 1;

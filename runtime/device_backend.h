@@ -23,10 +23,13 @@ class DeviceBackend {
   virtual void zero(void* dst, size_t bytes, int index) = 0;
   /// Waits for all work queued on the device.
   virtual void synchronize(int index) = 0;
-  /// Page-locked host memory, which the devices read and write by DMA without a
-  /// staging copy (input batches); nullptr when the backend has none. Its
-  /// tensors are host tensors (device cpu).
-  virtual Allocator* pinned_host_allocator() { return nullptr; }
+  /// Page-locked host memory for device `index` to read and write by DMA
+  /// without a staging copy (input batches); nullptr when the backend has none.
+  /// Its tensors are host tensors (device cpu). Safe to use from any thread.
+  virtual Allocator* pinned_host_allocator(int index) {
+    (void)index;
+    return nullptr;
+  }
   /// FP32 GEMMs may use TF32 tensor cores (--allow-tf32); off unless asked.
   virtual void set_allow_tf32(bool allow) { (void)allow; }
 };

@@ -66,12 +66,20 @@ class CudaBackend final : public DeviceBackend {
 
   void set_allow_tf32(bool allow) override { cuda::set_allow_tf32(allow); }
 
-  Allocator* pinned_host_allocator() override { return &pinned_; }
+  Allocator* pinned_host_allocator(int index) override {
+    std::call_once(pinned_once_, [this] {
+      for (int i = 0; i < cuda::device_count(); ++i) pinned_.push_back(std::make_unique<PinnedHostAllocator>(i));
+    });
+    MIX_CHECK(index >= 0 && index < static_cast<int>(pinned_.size()),
+              "pinned memory for CUDA device " << index << " requested but " << pinned_.size()
+                                               << " GPU(s) are visible (check CUDA_VISIBLE_DEVICES)");
+    return pinned_[index].get();
+  }
 
  private:
-  PinnedHostAllocator pinned_;
-  std::once_flag once_;
+  std::once_flag once_, pinned_once_;
   std::vector<std::unique_ptr<CudaCachingAllocator>> allocators_;
+  std::vector<std::unique_ptr<PinnedHostAllocator>> pinned_;
 };
 
 // Never destroyed: tensors in static storage may free device memory after

@@ -92,11 +92,19 @@ class CudaCachingAllocator final : public Allocator {
 /// DeviceBackend::pinned_host_allocator), and their host->device copies are DMA
 /// with no staging copy. Its tensors are host tensors. No cache: a batch buffer
 /// is reallocated only when the batch shape changes (the last, partial batch).
+///
+/// Bound to one GPU: allocation and release make it current first. A thread
+/// that never chose a device (the batch prefetcher's) would otherwise start a
+/// context on GPU 0, costing memory there for every rank of the node.
 class PinnedHostAllocator final : public Allocator {
  public:
+  explicit PinnedHostAllocator(int device) : device_(device) {}
   void* allocate(size_t bytes) override;
   void deallocate(void* p, size_t bytes) noexcept override;
   Device device() const override { return cpu_device(); }
+
+ private:
+  int device_;
 };
 
 /// One page-locked host buffer (cudaMallocHost). Move-only; the destructor never throws.

@@ -224,7 +224,7 @@ void CUDART_CB sleep_on_stream(void*) { std::this_thread::sleep_for(std::chrono:
 // knows as pinned, counted, freed, and copied to the device bit for bit.
 TEST_CASE("pinned host allocator: host tensors in page-locked memory", "[cuda]") {
   require_gpu_or_skip();
-  mix::Allocator* pinned = mix::require_device_backend(mix::DeviceKind::cuda).pinned_host_allocator();
+  mix::Allocator* pinned = mix::require_device_backend(mix::DeviceKind::cuda).pinned_host_allocator(0);
   REQUIRE(pinned != nullptr);
   CHECK(pinned->device() == mix::cpu_device());
   const size_t live_before = pinned->live_bytes();
@@ -240,6 +240,15 @@ TEST_CASE("pinned host allocator: host tensors in page-locked memory", "[cuda]")
     const mix::Tensor back = t.to(kGpu).to(mix::cpu_device());
     CHECK(same_bytes(back, t));
   }
+  CHECK(pinned->live_bytes() == live_before);
+  // The batch prefetcher allocates from a thread that never chose a device.
+  cudaMemoryType type_in_thread = cudaMemoryTypeUnregistered;
+  std::thread([&] {
+    mix::Tensor t = mix::Tensor::empty({256}, mix::DType::f32, *pinned);
+    cudaPointerAttributes attr{};
+    if (cudaPointerGetAttributes(&attr, t.raw()) == cudaSuccess) type_in_thread = attr.type;
+  }).join();
+  CHECK(type_in_thread == cudaMemoryTypeHost);
   CHECK(pinned->live_bytes() == live_before);
 }
 

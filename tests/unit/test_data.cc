@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "runtime/check.h"
+#include "runtime/data/batch_prefetcher.h"
 #include "runtime/data/dataset.h"
 #include "runtime/io/safetensors.h"
 #include "runtime/random.h"
@@ -707,4 +708,66 @@ TEST_CASE("gather_batch makes its batch tensors from the host memory it is given
   CountingHostMemory gpu_memory(mix::Device{mix::DeviceKind::cuda, 0});
   CHECK_THROWS_WITH(gather_batch(ds, idx, 0, 2, x, y, &gpu_memory), Contains("gather_batch fills host tensors"));
   CHECK(gpu_memory.allocations == 0);
+}
+
+// ---- the background batch gatherer ------------------------------------------------
+
+TEST_CASE("BatchPrefetcher hands out gather_batch's batches and keeps a taken one intact", "[data][batch][prefetch]") {
+  Dataset ds;
+  ds.name = "tiny";
+  ds.inputs = Tensor::empty({7, 2}, DType::f32);
+  for (int64_t i = 0; i < 14; ++i) ds.inputs.data<float>()[i] = static_cast<float>(i);
+  ds.labels = labels_of({0, 1, 2, 3, 4, 5, 6});
+  ds.num_classes = 7;
+  // Two "epochs" of 7 examples in batches of 3 (the last of each short), as the trainer asks for them.
+  auto epoch0 = std::make_shared<const std::vector<int64_t>>(std::vector<int64_t>{6, 2, 4, 0, 1, 5, 3});
+  auto epoch1 = std::make_shared<const std::vector<int64_t>>(std::vector<int64_t>{3, 3, 0, 5, 2, 6, 1});
+  std::vector<BatchRequest> requests;
+  for (auto order : {epoch0, epoch1})
+    for (int64_t b = 0; b < 7; b += 3) requests.push_back({order, b, std::min<int64_t>(3, 7 - b)});
+
+  CountingHostMemory memory;
+  BatchPrefetcher prefetcher(ds, &memory);
+  prefetcher.request(requests[0]);
+  epoch0.reset();  // the request shares the order: the caller may drop its own
+  const Batch* previous = nullptr;
+  for (size_t k = 0; k < requests.size(); ++k) {
+    const Batch& batch = prefetcher.take();
+    CHECK(&batch != previous);  // consecutive batches live in different slots
+    previous = &batch;
+    Tensor x, y;
+    gather_batch(ds, *requests[k].indices, requests[k].begin, requests[k].count, x, y);
+    const std::vector<float> expected_x = x.to_floats();
+    const std::vector<float> expected_y = y.to_floats();
+    if (k + 1 < requests.size()) prefetcher.request(requests[k + 1]);
+    // The next batch is being gathered into the other slot meanwhile.
+    CHECK(batch.inputs.shape() == x.shape());
+    CHECK(batch.inputs.to_floats() == expected_x);
+    CHECK(batch.labels.to_floats() == expected_y);
+  }
+  CHECK_THROWS_WITH(prefetcher.take(), Contains("take() without a request"));
+  // Two slots, each (re)allocating inputs and labels only when its batch shape
+  // changes: batches 0 and 1 fill them, then the short batch 2 (slot 0), the
+  // full batch 4 (slot 0 again) and the short batch 5 (slot 1) change shape.
+  CHECK(memory.allocations == 2 * 5);
+}
+
+TEST_CASE("BatchPrefetcher reports a bad request when the batch is taken", "[data][batch][prefetch]") {
+  Dataset ds;
+  ds.name = "tiny";
+  ds.inputs = Tensor::empty({3, 2}, DType::f32);
+  ds.labels = labels_of({0, 1, 2});
+  ds.num_classes = 3;
+  BatchPrefetcher prefetcher(ds);
+  auto bad = std::make_shared<const std::vector<int64_t>>(std::vector<int64_t>{0, 9});
+  prefetcher.request({bad, 0, 2});
+  CHECK_THROWS_AS(prefetcher.request({bad, 0, 1}), mix::Error);  // one request at a time
+  CHECK_THROWS_WITH(prefetcher.take(), Contains("example index 9 is outside data set 'tiny'"));
+  // The error consumed the request; the prefetcher goes on.
+  auto good = std::make_shared<const std::vector<int64_t>>(std::vector<int64_t>{2, 1});
+  prefetcher.request({good, 0, 2});
+  CHECK(prefetcher.take().labels.to_floats() == std::vector<float>{2, 1});
+  CHECK_THROWS_AS(prefetcher.request({nullptr, 0, 1}), mix::Error);
+  // A request still in flight when the prefetcher goes away is waited for.
+  prefetcher.request({good, 0, 1});
 }
