@@ -106,8 +106,12 @@ LossScalingParams to_params(const LossScalerConfig& c) {
 
 void update_loss_scaling(const LossScalerConfig& c, LossScalerState& s, bool found_inf) {
   validate_update(c);
-  const bool stuck = loss_scaling_step(to_params(c), s, found_inf);
-  if (!stuck || c.on_min_scale != OnMinScale::error) return;
+  loss_scaling_step(to_params(c), s, found_inf);
+  check_not_stuck(c, s);
+}
+
+void check_not_stuck(const LossScalerConfig& c, const LossScalerState& s) {
+  if (!stuck_at_min(to_params(c), s) || c.on_min_scale != OnMinScale::error) return;
   if (c.mode == Mode::dynamic) {
     MIX_FAIL("the loss scale is stuck at the minimum (min_loss_scaling " << c.min_loss_scaling << "): "
              << s.consecutive_skips_at_min << " consecutive steps had inf/NaN gradients and were skipped "

@@ -16,6 +16,10 @@
 #include "amp/loss_scaling_math.h"
 #include "runtime/program.h"
 
+namespace mix {
+class Scope;
+}
+
 namespace mix::amp {
 
 struct LossScalerConfig {
@@ -67,12 +71,23 @@ LossScalingParams to_params(const LossScalerConfig& c);
 /// `s`) that says what to try.
 void update_loss_scaling(const LossScalerConfig& c, LossScalerState& s, bool found_inf);
 
+/// The check that ends update_loss_scaling: throws its "stuck at the minimum"
+/// error when `s` (a state after a step) is stuck and on_min_scale is error.
+void check_not_stuck(const LossScalerConfig& c, const LossScalerState& s);
+
 /// The update_loss_scaling op's attributes for a config, and back.
 /// Attribute names are the config's field names; mode and on_min_scale are strings.
 std::map<std::string, Attr> to_op_attrs(const LossScalerConfig& c);
 /// Missing attributes take the paddle defaults; a mistyped one throws mix::Error naming it.
 /// (init_loss_scaling is not an attribute: the op reads the scale from its input.)
 LossScalerConfig from_op_attrs(const OpDesc& op);
+
+/// After a step of `program` (every update_loss_scaling op in it): throws the
+/// stuck error from the state the op left in `scope`. The CPU op throws it
+/// itself; the CUDA op leaves it to the host after the step, since reading a
+/// flag mid-step would stall the GPU (amp/cuda/amp_ops.cu). Reads one scalar
+/// per op unless the scale is stuck.
+void check_loss_scale_not_stuck(const Program& program, const Scope& scope);
 
 /// A config and the state it drives (the host-side scaler of the trainer and tests).
 class LossScaler {

@@ -42,7 +42,13 @@ struct LossScalingParams {
 /// Static and none modes leave scale, good and bad alone. Every overflow step
 /// counts as skipped; one taken while the scale is already at (or below) the
 /// minimum also counts towards consecutive_skips_at_min.
-/// Returns true when consecutive_skips_at_min has reached max_skips_at_min.
+/// Whether a state is stuck at the minimum: consecutive_skips_at_min has
+/// reached max_skips_at_min (never when that is <= 0).
+MIX_HD bool stuck_at_min(const LossScalingParams& p, const LossScalerState& s) {
+  return p.max_skips_at_min > 0 && s.consecutive_skips_at_min >= p.max_skips_at_min;
+}
+
+/// Returns stuck_at_min of the updated state.
 MIX_HD bool loss_scaling_step(const LossScalingParams& p, LossScalerState& s, bool found_inf) {
   if (!found_inf) {
     s.consecutive_skips_at_min = 0;
@@ -73,7 +79,7 @@ MIX_HD bool loss_scaling_step(const LossScalingParams& p, LossScalerState& s, bo
       s.bad_steps = 0;
     }
   }
-  return p.max_skips_at_min > 0 && s.consecutive_skips_at_min >= p.max_skips_at_min;
+  return stuck_at_min(p, s);
 }
 
 }  // namespace mix::amp

@@ -15,7 +15,9 @@
 //
 // The kernel runs amp::update_loss_scaling, the scaler's own update, so the
 // trainer's op and the host LossScaler cannot drift apart; it throws the
-// scaler's "stuck at the minimum" error when on_min_scale is "error".
+// scaler's "stuck at the minimum" error when on_min_scale is "error". (The
+// CUDA kernel leaves that error to amp::check_loss_scale_not_stuck, which the
+// trainer calls after every step.)
 #include <cstdint>
 
 #include "amp/loss_scaler.h"
@@ -110,5 +112,31 @@ void update_loss_scaling_cpu(OpContext& ctx) {
 
 MIX_REGISTER_OP("update_loss_scaling", OpInfo{infer_update_loss_scaling, update_loss_scaling_cpu, {}, {}});
 
+/// One state variable, wherever it lives.
+Tensor on_host(const Scope& scope, const OpDesc& op, const Slot& s) {
+  const Tensor t = scope.get(op.out(s.out)).to(cpu_device());
+  MIX_CHECK(t.numel() == 1 && t.dtype() == s.dtype,
+            "update_loss_scaling: " << s.out << " '" << op.out(s.out) << "' must be one " << dtype_name(s.dtype));
+  return t;
+}
+
 }  // namespace
+
+void amp::check_loss_scale_not_stuck(const Program& program, const Scope& scope) {
+  for (const OpDesc& op : program.ops()) {
+    if (op.type != "update_loss_scaling") continue;
+    const LossScalerConfig config = from_op_attrs(op);
+    const LossScalingParams params = to_params(config);
+    if (config.on_min_scale != LossScalerConfig::OnMinScale::error || params.max_skips_at_min <= 0) continue;
+    LossScalerState s;
+    s.consecutive_skips_at_min = on_host(scope, op, kAtMin).data<int64_t>()[0];
+    if (!stuck_at_min(params, s)) continue;
+    s.scale = on_host(scope, op, kScale).data<float>()[0];
+    s.good_steps = on_host(scope, op, kGood).data<int64_t>()[0];
+    s.bad_steps = on_host(scope, op, kBad).data<int64_t>()[0];
+    s.skipped_steps = on_host(scope, op, kSkipped).data<int64_t>()[0];
+    check_not_stuck(config, s);
+  }
+}
+
 }  // namespace mix

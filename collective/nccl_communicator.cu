@@ -84,14 +84,18 @@ std::string format_seconds(double s) {
   return o.str();
 }
 
-/// Polling pauses: yield for the first 100 us (small collectives, such as the
-/// per-step found_inf max, finish in tens of microseconds), then sleep, growing
-/// to 200 us, so that a long all-reduce costs no CPU while it runs.
+/// Polling pauses: yield for the first 20 ms, then sleep, growing to 200 us,
+/// so that a long wait (a large all-reduce, a stuck peer) costs no CPU.
+/// The wait at the end of a training step is the common one: an AMP step on a
+/// fast GPU takes tens of milliseconds, and a sleep overshoots its end by a
+/// sleep plus the kernel's timer slack (0.1-0.3 ms), a percent of such a step,
+/// where yielding notices the end within microseconds. CUDA's own default
+/// (spin, then yield) spends a core on waiting the same way.
 class Backoff {
  public:
   void pause(std::chrono::steady_clock::duration waited) {
     using namespace std::chrono;
-    if (waited < microseconds(100)) {
+    if (waited < milliseconds(20)) {
       std::this_thread::yield();
       return;
     }

@@ -520,12 +520,16 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     step_exec.run(scope, env);
     // Each rank updated its running statistics from its own batch (per-rank
     // batch_norm, PyTorch DDP's default); rank 0's win, as DDP's broadcast_buffers does.
-    std::vector<collective::ByteSpan> buffer_spans;
-    for (const std::string& b : buffers) {
-      const Tensor& t = scope.get(b);
-      buffer_spans.push_back({t.raw(), t.bytes()});
+    // (Alone, rank 0 has them already: on a GPU the broadcast would be ~160
+    // NCCL calls a step for nothing.)
+    if (world > 1) {
+      std::vector<collective::ByteSpan> buffer_spans;
+      for (const std::string& b : buffers) {
+        const Tensor& t = scope.get(b);
+        buffer_spans.push_back({t.raw(), t.bytes()});
+      }
+      grad_comm.broadcast_many(buffer_spans, 0);
     }
-    grad_comm.broadcast_many(buffer_spans, 0);
     // On a GPU the step's kernels and collectives may still be queued. Wait for
     // them here, under the NCCL watchdog: an FP32 step has no blocking
     // collective, and the loss read below would otherwise wait forever on an
@@ -533,6 +537,9 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     // time rather than the time to queue it. (No-op on the CPU.)
     grad_comm.synchronize();
     const double secs = seconds_since(t0);
+    // The CUDA scaler op leaves its "stuck at the minimum" error to the host,
+    // here; the CPU op has raised it already.
+    if (use_amp) amp::check_loss_scale_not_stuck(program, scope);
     const uint64_t grad_bytes = grad_comm.bytes().grad_allreduce_bytes - bytes_before;
 
     // Reading the loss and the flag are the step's only device-to-host copies.

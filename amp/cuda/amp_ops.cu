@@ -14,19 +14,13 @@
 // such a scale raises found_inf instead: the step is skipped, not applied with
 // inf/NaN gradients, and the dynamic scaler falls back to min_loss_scaling.
 //
-// update_loss_scaling runs the update in one device thread, which also records
-// whether the scale is stuck at the minimum. The "stuck" error has to reach
-// the host, so when on_min_scale is "error" (the default) the op reads that
-// 4-byte flag every step: one small device-to-host copy, which waits for the
-// step's work queued so far. The op runs after the found_inf all-reduce and
-// before the optimizer updates, so this is the step's one host round trip,
-// the read of the global overflow flag that issue 3 allows; the error is
-// raised at the same op as on the CPU, before any update. Only when the flag
-// is set does the op copy the state the step started from and replay the step
-// on the host with amp::update_loss_scaling, which throws the scaler's own
-// message; the device state is already written, as the CPU op writes its
-// state back before the error propagates. With on_min_scale "continue" (or
-// max_skips_at_min <= 0) there is no copy at all.
+// update_loss_scaling runs the update in one device thread and makes no host
+// round trip either. The CPU op throws the "stuck at the minimum" error
+// itself; here that would mean reading a flag in the middle of the step, and
+// the GPU would idle while the host then queued the optimizer updates one by
+// one. The trainer instead calls amp::check_loss_scale_not_stuck after the
+// step, when it reads the loss and found_inf anyway: the same error, from the
+// same state, for a step that was skipped either way.
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -128,14 +122,6 @@ void cast_check_finite_and_unscale_cuda(OpContext& ctx) { run_unscale(ctx, true)
 
 // ---- update_loss_scaling ---------------------------------------------------------------
 
-/// What the update kernel leaves for the host: the stuck flag first (the one
-/// value read every step), then what the host needs to replay the step.
-struct LossScalingRecord {
-  int32_t stuck;
-  int32_t found_inf;
-  LossScalerState before;
-};
-
 struct LossScalingUpdate {
   ScalarRef found_inf;
   const float* scale_in;
@@ -149,7 +135,6 @@ struct LossScalingUpdate {
   int64_t* skipped_out;
   int64_t* at_min_out;
   LossScalingParams params;
-  LossScalingRecord* record;
   __device__ void operator()(int64_t) const {
     // Read everything before writing anything: outputs alias inputs.
     const bool found = cuda::flag_set(found_inf);
@@ -159,9 +144,7 @@ struct LossScalingUpdate {
     s.bad_steps = bad_in[0];
     s.skipped_steps = skipped_in[0];
     s.consecutive_skips_at_min = at_min_in[0];
-    record->before = s;
-    record->found_inf = found ? 1 : 0;
-    record->stuck = loss_scaling_step(params, s, found) ? 1 : 0;
+    loss_scaling_step(params, s, found);  // "stuck" is the host's to report, after the step
     scale_out[0] = s.scale;
     good_out[0] = s.good_steps;
     bad_out[0] = s.bad_steps;
@@ -197,9 +180,6 @@ void update_loss_scaling_cuda(OpContext& ctx) {
   const Tensor at_min = state_input(ctx, "ConsecutiveSkipsAtMin", DType::i64);
 
   const cudaStream_t stream = cuda::compute_stream(ctx);
-  constexpr int64_t kRecordWords = (sizeof(LossScalingRecord) + 7) / 8;
-  Tensor record = Tensor::empty({kRecordWords}, DType::i64, ctx.env.device);
-  auto* record_p = static_cast<LossScalingRecord*>(record.raw());
   const LossScalingUpdate f{cuda::scalar_ref(&flag),
                             scale.data<float>(),
                             good.data<int64_t>(),
@@ -211,25 +191,8 @@ void update_loss_scaling_cuda(OpContext& ctx) {
                             ctx.out("OutBadSteps", {1}, DType::i64).data<int64_t>(),
                             ctx.out("OutSkipped", {1}, DType::i64).data<int64_t>(),
                             ctx.out("OutConsecutiveSkipsAtMin", {1}, DType::i64).data<int64_t>(),
-                            to_params(config),
-                            record_p};
+                            to_params(config)};
   cuda::launch_grid_stride(1, stream, f);
-
-  const LossScalingParams params = to_params(config);
-  if (config.on_min_scale != LossScalerConfig::OnMinScale::error || params.max_skips_at_min <= 0) return;
-  int32_t stuck = 0;
-  MIX_CUDA_CHECK(cudaMemcpyAsync(&stuck, &record_p->stuck, sizeof stuck, cudaMemcpyDeviceToHost, stream));
-  MIX_CUDA_CHECK(cudaStreamSynchronize(stream));
-  if (!stuck) return;
-  LossScalingRecord rec{};
-  MIX_CUDA_CHECK(cudaMemcpyAsync(&rec, record_p, sizeof rec, cudaMemcpyDeviceToHost, stream));
-  MIX_CUDA_CHECK(cudaStreamSynchronize(stream));
-  LossScalerState replay = rec.before;
-  update_loss_scaling(config, replay, rec.found_inf != 0);  // throws the scaler's "stuck" error
-  MIX_FAIL(
-      "update_loss_scaling: the device found the loss scale stuck at the minimum, the host replay of the step "
-      "did not (scale "
-      << rec.before.scale << ", found_inf " << rec.found_inf << ")");
 }
 
 // ---- inject_overflow -------------------------------------------------------------------

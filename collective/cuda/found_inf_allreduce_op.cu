@@ -5,9 +5,9 @@
 // Everything stays on the device: the mask is zeroed on the compute stream, one
 // small launch per gradient bucket sets this rank's bit where its flags are
 // raised, the device communicator all-reduces the mask (int32 sum of disjoint
-// bits, i.e. OR; NCCL orders its stream after the compute stream and returns
-// when the collective has completed), and one thread writes Out from row 0.
-// The flags are never read on the host.
+// bits, i.e. OR; NCCL orders its stream after the compute stream, and the
+// compute stream after the collective), and one thread writes Out from row 0.
+// The flags are never read on the host, and the host never waits here.
 //
 // Each mask word is written by one thread of one launch at a time: row 0 by
 // thread 0 of each bucket's launch (launches on one stream run in order), row
@@ -75,10 +75,14 @@ void found_inf_cuda(OpContext& ctx) {
                              MarkBucket{f.data<int32_t>(), n > 0 ? each_p : nullptr, n, m, row, words, in.rank});
     row += n;
   }
-  // Blocking, like every device-communicator call but all_reduce_start: the
-  // communication stream waits for the marks above, and the result is complete
-  // on return, so the launch below (and anyone later) reads the reduced mask.
-  in.comm->all_reduce(m, static_cast<size_t>(in.mask->numel()), DType::i32, ReduceOp::sum, Traffic::control);
+  // Started and waited for at once: on a device communicator the wait orders
+  // the compute stream after the collective on the device, so the launch below
+  // reads the reduced mask while the host goes on queueing the optimizer
+  // updates. The blocking all_reduce would hold the host until all of backward
+  // had run, and the GPU would then idle while those updates were queued. A
+  // dead peer is still caught: the step ends in the watched synchronize().
+  in.comm->wait(
+      in.comm->all_reduce_start(m, static_cast<size_t>(in.mask->numel()), DType::i32, ReduceOp::sum, Traffic::control));
   cuda::launch_grid_stride(1, stream, AnyRank{m, words, ctx.out("Out", {1}, DType::i32).data<int32_t>()});
 }
 

@@ -18,7 +18,8 @@ on images too small for it, batch_norm over a single value per channel; MPMD job
 ranks differ in --model (both orders), the scaler flags, --bucket-mb,
 --synthetic-size, the size of their --data-file, --resume or --benchmark on one
 rank only (these two must only not hang), and a dead rank (a missing --data-file
-on rank 1, then on rank 0).
+on rank 1, then on rank 0); an AMP run whose loss scale is stuck at the minimum (the checkpoint
+already at --save survives).
 """
 import os
 import re
@@ -136,6 +137,16 @@ def main():
     # ---- checkpoints ----------------------------------------------------------------------------
     expect([*small, "--init-from", d / "missing.safetensors"], "missing --init-from file",
            names=[str(d / "missing.safetensors")])
+
+    # ---- training that cannot go on ---------------------------------------------------------------
+    # A loss scale pinned at 1e30 overflows every FP16 gradient: after 100 skipped steps at the
+    # minimum the run stops with the scaler's advice, and the checkpoint already at --save survives.
+    saved = d / "saved.safetensors"
+    saved.write_bytes(good.read_bytes())
+    expect([*small[:-4], "--steps", 150, "--eval", "false", "--precision", "amp", "--init-loss-scaling", "1e30",
+            "--min-loss-scaling", "1e30", "--save", saved], "loss scale stuck at the minimum",
+           names=["stuck at the minimum", "100 consecutive steps", "--on-min-scale continue"])
+    c.check(saved.read_bytes() == good.read_bytes(), "loss scale stuck at the minimum: --save file left as it was")
 
     # ---- ranks that disagree, ranks that die --------------------------------------------------
     if not mt.have_mpirun():

@@ -118,6 +118,8 @@ const ConvCfg kConvCases[] = {
     {"1x1 stride 2", 2, 8, 10, 10, 16, 1, 1, 2, 0, 1, 1},
     {"3x3 dilation 2", 2, 4, 12, 12, 8, 3, 3, 1, 2, 2, 1},
     {"3x3 groups 4", 2, 8, 9, 9, 12, 3, 3, 1, 1, 1, 4},
+    // One channel per group: channels last, the filter is used without a permute.
+    {"3x3 depthwise", 2, 8, 9, 9, 8, 3, 3, 1, 1, 1, 8},
     {"7x7 stride 2 pad 3 (stem)", 2, 3, 20, 20, 8, 7, 7, 2, 3, 1, 1},
     {"3x3 64 channels (tensor-core sizes)", 4, 32, 14, 14, 64, 3, 3, 1, 1, 1, 1},
     // Rectangular filters on non-square inputs: a kh/kw or h/w mix-up (in a

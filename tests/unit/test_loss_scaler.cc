@@ -541,21 +541,41 @@ TEST_CASE("update_loss_scaling reads an f32 FoundInfinite flag; NaN counts as an
   CHECK(prog.state().skipped_steps == 2);
 }
 
-TEST_CASE("update_loss_scaling raises the stuck error through the Executor", "[amp][loss_scaler][op]") {
+// The op raises the stuck error; check_loss_scale_not_stuck, which the trainer
+// runs after every step (the CUDA op leaves the error to it), raises the same
+// error from the state the step left in the scope, and only when stuck.
+TEST_CASE("update_loss_scaling raises the stuck error through the Executor, and so does the host check",
+          "[amp][loss_scaler][op]") {
   LossScalerConfig c = paddle();
   c.init_loss_scaling = 1.f;
   c.max_skips_at_min = 2;
   ScalerProgram prog(c);
   prog.step(T);
-  REQUIRE_THROWS_WITH(prog.step(T), Contains("stuck at the minimum") && Contains("--on-min-scale") &&
-                                        Contains("update_loss_scaling"));
+  REQUIRE_NOTHROW(mix::amp::check_loss_scale_not_stuck(prog.program(), prog.scope()));  // one skip at the minimum
+  auto error_of = [](auto&& f) {
+    try {
+      f();
+    } catch (const mix::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const std::string op_error = error_of([&] { prog.step(T); });
+  CHECK_THAT(op_error, Contains("stuck at the minimum") && Contains("--on-min-scale") &&
+                           Contains("update_loss_scaling"));
   CHECK(prog.state().consecutive_skips_at_min == 2);  // written back before the error
   CHECK(prog.state().skipped_steps == 2);
+  const std::string check_error =
+      error_of([&] { mix::amp::check_loss_scale_not_stuck(prog.program(), prog.scope()); });
+  CHECK_THAT(check_error, Contains("2 consecutive steps") && Contains("--on-min-scale continue"));
+  CHECK_THAT(op_error, Contains(check_error));  // the executor adds the op's name to the scaler's message
 
   c.on_min_scale = LossScalerConfig::OnMinScale::continue_;
   ScalerProgram cont(c);
   for (int i = 0; i < 10; ++i) REQUIRE_NOTHROW(cont.step(T));
   CHECK(cont.state().consecutive_skips_at_min == 10);
+  CHECK_NOTHROW(mix::amp::check_loss_scale_not_stuck(cont.program(), cont.scope()));  // "continue": stuck, no error
+  CHECK_NOTHROW(mix::amp::check_loss_scale_not_stuck(Program{}, mix::Scope{}));      // no scaler op: nothing to check
 }
 
 TEST_CASE("update_loss_scaling rejects state of the wrong dtype when built", "[amp][loss_scaler][op]") {

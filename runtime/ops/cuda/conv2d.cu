@@ -9,7 +9,9 @@
 // the parameter keeps PyTorch's [oc, c/groups, kh, kw] (checkpoints do not
 // depend on the layout): the launcher permutes the filter into scratch before
 // the forward and backward-data passes, and the filter gradient back after
-// the backward-filter pass. Filters are small next to the activations.
+// the backward-filter pass. Filters are small next to the activations. A 1x1
+// filter (two thirds of ResNet-50's convolutions) or a depthwise one (one
+// channel per group) has the same bytes in both orders and is not copied.
 //
 // Numerics, chosen to match the CPU kernel (FP32 accumulation, one rounding on store):
 //   f16 / bf16: compute type FLOAT (FP32 accumulation) and tensor-op math.
@@ -267,10 +269,15 @@ void check_inputs(const OpContext& ctx, const Tensor& x, const Tensor& filter) {
   cuda::check_on_device(ctx, filter, "Filter");
 }
 
+/// Whether cuDNN reads the filter, and writes its gradient, in the parameter's
+/// own bytes: always channels first, and channels last when [oc, c/g, kh, kw]
+/// and [oc, kh, kw, c/g] are the same order (kh * kw == 1 or c/g == 1).
+bool filter_bytes_as_is(const ConvDims& d) { return !d.channels_last || d.kh * d.kw == 1 || d.c_per_group() == 1; }
+
 /// The filter as cuDNN reads it: the parameter itself, or channels last a
 /// [oc, kh, kw, c/groups] copy in scratch (released in stream order).
 Tensor cudnn_filter(const Tensor& filter, const ConvDims& d, cudaStream_t stream, const std::string& op) {
-  if (!d.channels_last) return filter;
+  if (filter_bytes_as_is(d)) return filter;
   Tensor t = Tensor::empty({d.oc, d.kh, d.kw, d.c_per_group()}, filter.dtype(), filter.device());
   cuda::permute_into(filter, layout::to_channels_last(4), t, stream, op);
   return t;
@@ -328,14 +335,14 @@ void conv2d_grad_cuda(OpContext& ctx) {
   }
   if (dw) {
     // Channels last, cuDNN writes the gradient as [oc, kh, kw, c/groups]: into scratch, then permuted back.
-    Tensor dw_cudnn = d.channels_last ? Tensor::empty({d.oc, d.kh, d.kw, d.c_per_group()}, dw->dtype(), dw->device())
-                                      : *dw;
+    const bool as_is = filter_bytes_as_is(d);
+    Tensor dw_cudnn = as_is ? *dw : Tensor::empty({d.oc, d.kh, d.kw, d.c_per_group()}, dw->dtype(), dw->device());
     run_pass(h, ctx, Pass::backward_filter, x.dtype(), d, s, [&](int algo, void* ws, size_t ws_bytes) {
       return cudnnConvolutionBackwardFilter(h, &cuda::kCudnnOne, s.x.get(), x.raw(), s.y.get(), dout.raw(),
                                             s.conv.get(), static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo), ws,
                                             ws_bytes, &cuda::kCudnnZero, s.w.get(), dw_cudnn.raw());
     });
-    if (d.channels_last) cuda::permute_into(dw_cudnn, layout::to_channels_first(4), *dw, stream, "conv2d_grad");
+    if (!as_is) cuda::permute_into(dw_cudnn, layout::to_channels_first(4), *dw, stream, "conv2d_grad");
   }
 }
 
