@@ -53,6 +53,7 @@ std::vector<std::pair<std::string, std::string>> TrainConfig::fingerprint_fields
           {"optimizer", optimizer},
           {"momentum", num(momentum)},
           {"weight-decay", num(effective_weight_decay())},
+          {"no-decay-1d", no_decay_1d ? "on" : "off"},
           {"loss-scaling", loss_scaling},
           {"loss-scaling-preset", loss_scaling_preset},
           {"init-loss-scaling", opt(init_loss_scaling)},
@@ -180,6 +181,9 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
   app.add_option("--optimizer", c.optimizer, "optimizer")->check(CLI::IsMember({"sgd", "momentum", "adamw"}));
   app.add_option("--momentum", c.momentum, "momentum of --optimizer momentum")->check(CLI::Range(0.0, 1.0));
   app.add_option("--weight-decay", c.weight_decay, "weight decay, decoupled for adamw (0; 0.01 for adamw, as torch.optim.AdamW)")->check(kNonNegative);
+  app.add_flag("--no-decay-1d", c.no_decay_1d,
+               "no weight decay on 1-D parameters (biases, batch_norm and layer_norm scales and shifts), as timm "
+               "and nanoGPT do; weight matrices, filters and embeddings are still decayed");
   app.add_option("--loss-scaling", c.loss_scaling, "loss scaling under amp")
       ->check(CLI::IsMember({"dynamic", "static", "none"}));
   app.add_option("--loss-scaling-preset", c.loss_scaling_preset, "defaults of the dynamic scaler")

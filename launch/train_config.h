@@ -59,6 +59,7 @@ struct TrainConfig {
   int64_t warmup_steps = 0;
   std::string optimizer = "momentum";
   double momentum = 0.9;
+  bool no_decay_1d = false;            // no weight decay on biases and norm scales/shifts
   std::optional<double> weight_decay;  // default 0, and 0.01 for adamw (torch.optim.AdamW's)
   double effective_weight_decay() const { return weight_decay ? *weight_decay : optimizer == "adamw" ? 0.01 : 0.0; }
   // loss scaling

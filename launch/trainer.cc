@@ -159,9 +159,11 @@ std::optional<amp::InjectOverflow> inject_from(const TrainConfig& c) {
 
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c) {
   const double wd = c.effective_weight_decay();
-  if (c.optimizer == "sgd") return optim::make_sgd(wd);
-  if (c.optimizer == "adamw") return optim::make_adamw(0.9, 0.999, 1e-8, wd);
-  return optim::make_momentum(c.momentum, wd);
+  std::unique_ptr<optim::Optimizer> opt = c.optimizer == "sgd"     ? optim::make_sgd(wd)
+                                          : c.optimizer == "adamw" ? optim::make_adamw(0.9, 0.999, 1e-8, wd)
+                                                                   : optim::make_momentum(c.momentum, wd);
+  opt->set_no_decay_1d(c.no_decay_1d);
+  return opt;
 }
 
 /// Hash of the parameters' names, shapes and dtypes: equal models, equal hash.

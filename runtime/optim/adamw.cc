@@ -43,7 +43,10 @@ class AdamW final : public Optimizer {
       inputs["Moment2"] = {v};
       inputs["Step"] = {kOptimizerStep};
       OpDesc op = make_op("adamw", inputs, {{"ParamOut", {param}}, {"Moment1Out", {m}}, {"Moment2Out", {v}}},
-                          {{"beta1", beta1_}, {"beta2", beta2_}, {"epsilon", eps_}, {"weight_decay", weight_decay_}});
+                          {{"beta1", beta1_},
+                           {"beta2", beta2_},
+                           {"epsilon", eps_},
+                           {"weight_decay", weight_decay_of(p, param, weight_decay_)}});
       op.role = OpRole::optimize;
       p.append_op(std::move(op));
     }

@@ -31,8 +31,9 @@ class Momentum final : public Optimizer {
       const std::string velocity = declare_slot(p, "momentum_buffer", param);
       auto inputs = update_inputs(param, grad, kLearningRate, skip);
       inputs["Velocity"] = {velocity};
-      OpDesc op = make_op("momentum", inputs, {{"ParamOut", {param}}, {"VelocityOut", {velocity}}},
-                          {{"mu", mu_}, {"weight_decay", weight_decay_}, {"use_nesterov", nesterov_}});
+      OpDesc op = make_op(
+          "momentum", inputs, {{"ParamOut", {param}}, {"VelocityOut", {velocity}}},
+          {{"mu", mu_}, {"weight_decay", weight_decay_of(p, param, weight_decay_)}, {"use_nesterov", nesterov_}});
       op.role = OpRole::optimize;
       p.append_op(std::move(op));
     }

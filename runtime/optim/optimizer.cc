@@ -31,6 +31,10 @@ void Optimizer::declare_common(Program& p, const std::string& skip) {
   p.append_op(std::move(inc));
 }
 
+double Optimizer::weight_decay_of(const Program& p, const std::string& param, double weight_decay) const {
+  return no_decay_1d_ && p.var(param).shape.size() < 2 ? 0.0 : weight_decay;
+}
+
 std::string Optimizer::declare_slot(Program& p, const std::string& slot, const std::string& param) {
   const std::string name = "optimizer." + slot + "." + param;
   VarDesc v{name, p.var(param).shape, DType::f32, true, false, true, {}};

@@ -45,12 +45,23 @@ class Optimizer {
   /// Appends the update ops. `skip` (i32 [1], nonzero = skip) may be empty.
   virtual void append_update_ops(Program& p, const ParamGrads& grads, const std::string& skip) = 0;
 
+  /// Leaves parameters of fewer than two dimensions (biases, and the scales and
+  /// shifts of batch_norm and layer_norm) out of weight decay, as timm, Hugging
+  /// Face's Trainer and nanoGPT do; weight matrices, filters and embeddings keep
+  /// it. Off by default: torch.optim decays every parameter it is given.
+  void set_no_decay_1d(bool on) { no_decay_1d_ = on; }
+
  protected:
+  /// `weight_decay`, or 0 for `param` when set_no_decay_1d leaves it out.
+  double weight_decay_of(const Program& p, const std::string& param, double weight_decay) const;
   /// Declares a zero-initialised persistable FP32 slot `optimizer.<slot>.<param>` shaped like the parameter.
   std::string declare_slot(Program& p, const std::string& slot, const std::string& param);
   /// Declares learning_rate and optimizer.step, and appends the op that counts
   /// applied steps (skipped when `skip` says the step overflowed).
   void declare_common(Program& p, const std::string& skip);
+
+ private:
+  bool no_decay_1d_ = false;
 };
 
 std::unique_ptr<Optimizer> make_sgd(double weight_decay = 0);

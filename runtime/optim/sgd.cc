@@ -25,7 +25,7 @@ class Sgd final : public Optimizer {
     declare_common(p, skip);
     for (auto& [param, grad] : grads) {
       OpDesc op = make_op("sgd", update_inputs(param, grad, kLearningRate, skip), {{"ParamOut", {param}}},
-                          {{"weight_decay", weight_decay_}});
+                          {{"weight_decay", weight_decay_of(p, param, weight_decay_)}});
       op.role = OpRole::optimize;
       p.append_op(std::move(op));
     }

@@ -58,6 +58,13 @@ import safetensors_io  # noqa: E402
 N, FEATURES, HIDDEN, CLASSES = 150, 40, (32, 16), 6
 BATCH, STEPS, SEED = 32, 5, 7
 
+def decay_groups(params, weight_decay):
+    """--no-decay-1d as torch param groups: matrices decay, biases (1-D) do not."""
+    params = list(params)
+    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+
+
 CASES = [
     # name, mixtrain flags, torch optimizer factory, {mixtrain state slot: torch state key}
     ("momentum", ["--optimizer", "momentum", "--lr", "0.05"],
@@ -67,6 +74,14 @@ CASES = [
     ("adamw", ["--optimizer", "adamw", "--lr", "0.001", "--weight-decay", "0.01"],
      lambda ps: torch.optim.AdamW(ps, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01),
      {"exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq"}),
+    # The decay shrinks a parameter by lr * wd of itself a step: 1e-4 (AdamW) and
+    # 2.5e-3 (SGD, before momentum), far outside PARAM_TOL's relative 1e-5, so
+    # decaying the biases, or not decaying the matrices, would fail.
+    ("adamw+no-decay-1d", ["--optimizer", "adamw", "--lr", "0.001", "--weight-decay", "0.1", "--no-decay-1d"],
+     lambda ps: torch.optim.AdamW(decay_groups(ps, 0.1), lr=1e-3, betas=(0.9, 0.999), eps=1e-8),
+     {"exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq"}),
+    ("momentum+no-decay-1d", ["--optimizer", "momentum", "--lr", "0.05", "--weight-decay", "0.05", "--no-decay-1d"],
+     lambda ps: torch.optim.SGD(decay_groups(ps, 0.05), lr=0.05, momentum=0.9), {"momentum_buffer": "momentum_buffer"}),
 ]
 
 PARAM_TOL = (1e-6, 0.0, 1e-5)  # (abs, times max|want|, rel)

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
+#include <functional>
 
 #include "runtime/executor.h"
 #include "runtime/init.h"
@@ -107,6 +108,50 @@ TEST_CASE("a skipped step leaves parameters and optimizer state bit-identical", 
     step(t, g, 0);
     CHECK(snapshot(t) != before);
     CHECK(t.s.get(optim::kOptimizerStep).data<int64_t>()[0] == 2);
+  }
+}
+
+namespace {
+
+/// A matrix w [2, 2] and a bias b [4] after two steps of `opt` with fixed gradients.
+std::pair<std::vector<float>, std::vector<float>> two_steps(optim::Optimizer& opt) {
+  Program p;
+  Scope s;
+  p.add_var(VarDesc{"w", {2, 2}, DType::f32, true, true, false, {}});
+  p.add_var(VarDesc{"b", {4}, DType::f32, true, true, false, {}});
+  p.add_var(VarDesc{"w@GRAD", {2, 2}, DType::f32, false, false, true, {}});
+  p.add_var(VarDesc{"b@GRAD", {4}, DType::f32, false, false, true, {}});
+  opt.append_update_ops(p, {{"w", "w@GRAD"}, {"b", "b@GRAD"}}, "");
+  initialize_persistables(p, s, 1);
+  s.set("w", Tensor::from_floats({2, 2}, {1.f, -2.f, 0.5f, 3.f}));
+  s.set("b", Tensor::from_floats({4}, {0.5f, 1.f, -1.5f, 2.f}));
+  s.get(optim::kLearningRate).data<float>()[0] = 0.1f;
+  ExecEnv env;
+  for (int k = 0; k < 2; ++k) {
+    s.set("w@GRAD", Tensor::from_floats({2, 2}, {0.5f, -1.f, 0.25f, 2.f}));
+    s.set("b@GRAD", Tensor::from_floats({4}, {-0.5f, 0.75f, 1.f, -2.f}));
+    Executor(p, {}).run(s, env);
+  }
+  return {s.get("w").to_floats(), s.get("b").to_floats()};
+}
+
+}  // namespace
+
+// set_no_decay_1d: the matrix is decayed, the bias is not.
+TEST_CASE("set_no_decay_1d leaves 1-D parameters out of weight decay", "[optim]") {
+  using Make = std::function<std::unique_ptr<optim::Optimizer>(double)>;
+  const std::vector<std::pair<std::string, Make>> makers = {
+      {"sgd", [](double wd) { return optim::make_sgd(wd); }},
+      {"momentum", [](double wd) { return optim::make_momentum(0.9, wd); }},
+      {"adamw", [](double wd) { return optim::make_adamw(0.9, 0.999, 1e-8, wd); }}};
+  for (const auto& [name, make_opt] : makers) {
+    INFO(name);
+    auto decay_all = make_opt(0.1), no_decay = make_opt(0.0), decay_2d = make_opt(0.1);
+    decay_2d->set_no_decay_1d(true);
+    const auto all = two_steps(*decay_all), none = two_steps(*no_decay), mixed = two_steps(*decay_2d);
+    CHECK(mixed.first == all.first);     // w: decayed as before
+    CHECK(mixed.second == none.second);  // b: as with no decay at all
+    CHECK(all.second != none.second);    // (the decay does move the bias when it applies)
   }
 }
 
