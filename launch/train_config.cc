@@ -41,6 +41,7 @@ std::vector<std::pair<std::string, std::string>> TrainConfig::fingerprint_fields
           {"data", data},
           {"device", device},
           {"allow-tf32", allow_tf32 ? "on" : "off"},
+          {"cudnn-bn-persistent", cudnn_bn_persistent ? "on" : "off"},
           {"precision", precision},
           {"grad-reduce", effective_grad_reduce()},
           {"grad-predivide", num(grad_predivide)},
@@ -158,6 +159,9 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
   app.add_option("--synthetic-classes", c.synthetic_classes, "classes of the synthetic task")->check(CLI::Range(2, 1000000));
   app.add_option("--device", c.device, "device")->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_flag("--allow-tf32", c.allow_tf32, "let FP32 GEMMs on GPUs use TF32 tensor cores (off: true FP32)");
+  app.add_flag("--cudnn-bn-persistent", c.cudnn_bn_persistent,
+               "train batch_norm on GPUs with cuDNN's SPATIAL_PERSISTENT kernels: often faster, but cuDNN limits "
+               "their range of values (off: SPATIAL)");
   app.add_option("--precision", c.precision, "fp32, or amp (FP16 where safe, dynamic loss scaling)")
       ->check(CLI::IsMember({"fp32", "amp"}));
   app.add_option("--grad-reduce", c.grad_reduce,

@@ -44,6 +44,7 @@ struct TrainConfig {
   // device and precision
   std::string device = "cpu";
   bool allow_tf32 = false;
+  bool cudnn_bn_persistent = false;  // training batch_norm on cuDNN's persistent kernels
   std::string precision = "amp";
   std::string grad_reduce;  // empty: fp16 under AMP, fp32 otherwise
   double grad_predivide = 0;

@@ -298,6 +298,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     const int gpu = collective::bind_device(comm);
     device = Device{DeviceKind::cuda, gpu};
     require_device_backend(DeviceKind::cuda).set_allow_tf32(c.allow_tf32);
+    require_device_backend(DeviceKind::cuda).set_batch_norm_persistent(c.cudnn_bn_persistent);
     device_comm = collective::make_device_communicator(comm, gpu);
   }
   Communicator& grad_comm = device_comm ? *device_comm : comm;

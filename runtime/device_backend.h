@@ -32,6 +32,8 @@ class DeviceBackend {
   }
   /// FP32 GEMMs may use TF32 tensor cores (--allow-tf32); off unless asked.
   virtual void set_allow_tf32(bool allow) { (void)allow; }
+  /// Training batch_norm may use cuDNN's persistent kernels (--cudnn-bn-persistent); off unless asked.
+  virtual void set_batch_norm_persistent(bool on) { (void)on; }
 };
 
 /// Registers the backend of a device kind (not cpu); later registrations replace earlier ones.

@@ -65,6 +65,7 @@ class CudaBackend final : public DeviceBackend {
   }
 
   void set_allow_tf32(bool allow) override { cuda::set_allow_tf32(allow); }
+  void set_batch_norm_persistent(bool on) override { cuda::set_batch_norm_persistent(on); }
 
   Allocator* pinned_host_allocator(int index) override {
     std::call_once(pinned_once_, [this] {

@@ -20,6 +20,7 @@ constexpr int kMaxDevices = 64;
 std::array<std::atomic<DeviceContext*>, kMaxDevices> g_contexts{};
 std::mutex g_create_mu;
 std::atomic<bool> g_allow_tf32{false};
+std::atomic<bool> g_batch_norm_persistent{false};
 std::atomic<double> g_hang_timeout_s{0.0};
 
 }  // namespace
@@ -51,6 +52,9 @@ DeviceContext& use_device(int device) {
 
 void set_allow_tf32(bool allow) { g_allow_tf32.store(allow); }
 bool allow_tf32() { return g_allow_tf32.load(); }
+
+void set_batch_norm_persistent(bool on) { g_batch_norm_persistent.store(on); }
+bool batch_norm_persistent() { return g_batch_norm_persistent.load(); }
 
 int device_count() {
   int n = 0;

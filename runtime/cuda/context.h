@@ -34,6 +34,11 @@ DeviceContext& use_device(int device);
 void set_allow_tf32(bool allow);
 bool allow_tf32();
 
+/// Training batch_norm uses cuDNN's SPATIAL_PERSISTENT kernels only when asked
+/// (--cudnn-bn-persistent; off by default, as in Paddle and TensorFlow).
+void set_batch_norm_persistent(bool on);
+bool batch_norm_persistent();
+
 /// Number of visible GPUs (0 when there is no driver or device).
 int device_count();
 

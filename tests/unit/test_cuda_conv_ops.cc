@@ -71,6 +71,27 @@ void disable_tf32() {
 #endif
 }
 
+/// cuDNN's persistent batch_norm kernels for the life of a test (--cudnn-bn-persistent).
+/// Their results are held to the same bounds: those allow any order of FP32 sums.
+class BatchNormMode {
+ public:
+  explicit BatchNormMode(bool persistent) {
+#ifdef MIX_HAVE_CUDA
+    mix::cuda::set_batch_norm_persistent(persistent);
+#endif
+    (void)persistent;
+  }
+  ~BatchNormMode() {
+#ifdef MIX_HAVE_CUDA
+    mix::cuda::set_batch_norm_persistent(false);
+#endif
+  }
+  BatchNormMode(const BatchNormMode&) = delete;
+  BatchNormMode& operator=(const BatchNormMode&) = delete;
+};
+
+std::string mode_name(bool persistent) { return persistent ? " persistent" : ""; }
+
 // ---- layouts ------------------------------------------------------------------------------
 
 const bool kLayouts[] = {false, true};  // channels first, channels last
@@ -354,13 +375,15 @@ std::vector<std::pair<std::string, Tensor>> bn_feeds(const BnInputs& in, bool ch
 
 TEST_CASE("batch_norm training forward on cuDNN matches the CPU and a double reference", "[cuda][batch_norm]") {
   require_gpu();
+  const bool persistent = GENERATE(false, true);
+  const BatchNormMode mode(persistent);
   for (const Shape& s : {Shape{4, 6, 5, 7}, Shape{16, 5}}) {
     for (DType dt : kTypes) {
       // MeanOut/VarianceOut as the running statistics themselves (ResNet) and as other variables.
       for (bool in_place : {true, false})
         for (bool last : kLayouts) {
-          const std::string what =
-              "batch_norm " + mix::shape_str(s) + " " + dname(dt) + (in_place ? " in place" : "") + layout_name(last);
+          const std::string what = "batch_norm " + mix::shape_str(s) + " " + dname(dt) + (in_place ? " in place" : "") +
+                                   layout_name(last) + mode_name(persistent);
           INFO(what);
           const BnInputs in = bn_inputs(s, dt, 40);
           const std::string mean_out = in_place ? "mean" : "mean_out", var_out = in_place ? "var" : "var_out";
@@ -481,10 +504,13 @@ TEST_CASE("batch_norm evaluation forward on cuDNN uses the running statistics", 
 
 TEST_CASE("batch_norm_grad on cuDNN matches the CPU and a double reference", "[cuda][batch_norm]") {
   require_gpu();
+  const bool persistent = GENERATE(false, true);
+  const BatchNormMode mode(persistent);
   for (const Shape& s : {Shape{4, 6, 5, 7}, Shape{16, 5}}) {
     for (DType dt : kTypes)
       for (bool last : kLayouts) {
-        const std::string what = "batch_norm_grad " + mix::shape_str(s) + " " + dname(dt) + layout_name(last);
+        const std::string what =
+            "batch_norm_grad " + mix::shape_str(s) + " " + dname(dt) + layout_name(last) + mode_name(persistent);
         INFO(what);
         const BnInputs in = bn_inputs(s, dt, 80);
         const Tensor dy = to_dtype(uniform_tensor(s, 85), dt);

@@ -12,8 +12,12 @@
 //                    convention): cuDNN's exponentialAverageFactor is 1 - momentum,
 //                    and cuDNN's running variance takes the unbiased batch
 //                    variance, as the CPU kernel and PyTorch do.
-// CUDNN_BATCHNORM_SPATIAL, not SPATIAL_PERSISTENT: the persistent kernels may
-// overflow for some inputs (cuDNN's documentation), the CPU twin never does.
+// CUDNN_BATCHNORM_SPATIAL by default. SPATIAL_PERSISTENT (cuda::batch_norm_persistent,
+// --cudnn-bn-persistent) is often faster, above all channels last in FP16,
+// but cuDNN warns that it limits the range of values (TensorFlow's comment
+// blames scaled integer atomics that can overflow); Paddle and TensorFlow
+// keep it behind a flag too. Training forward and backward use the same mode;
+// evaluation always uses SPATIAL.
 //
 // Evaluation (ctx.env.training false, or attr is_test) normalises with the
 // running statistics and writes nothing but Y, as the CPU kernel.
@@ -40,7 +44,10 @@ struct IncrementCounter {
 
 // ---- launchers ---------------------------------------------------------------------------
 
-constexpr cudnnBatchNormMode_t kMode = CUDNN_BATCHNORM_SPATIAL;
+/// The mode of a pass: training (forward and backward) may be persistent.
+cudnnBatchNormMode_t mode_for(bool training) {
+  return training && cuda::batch_norm_persistent() ? CUDNN_BATCHNORM_SPATIAL_PERSISTENT : CUDNN_BATCHNORM_SPATIAL;
+}
 
 /// X's descriptor ([n, c, spatial, 1]) and the FP32 [1, c, 1, 1] descriptor cuDNN derives from it.
 struct Descriptors {
@@ -48,9 +55,9 @@ struct Descriptors {
   cuda::TensorDescriptor params;
 };
 
-Descriptors make_descriptors(const BatchNormDims& d, DType t, const char* op) {
+Descriptors make_descriptors(const BatchNormDims& d, DType t, cudnnBatchNormMode_t mode, const char* op) {
   Descriptors s{cuda::image_tensor(t, d.n, d.c, d.spatial, 1, d.channels_last, op), cuda::TensorDescriptor{}};
-  MIX_CUDNN_CHECK(cudnnDeriveBNTensorDescriptor(s.params.get(), s.x.get(), kMode));
+  MIX_CUDNN_CHECK(cudnnDeriveBNTensorDescriptor(s.params.get(), s.x.get(), mode));
   return s;
 }
 
@@ -89,9 +96,10 @@ void batch_norm_cuda(OpContext& ctx) {
   if (!training) {
     Tensor& y = device_output(ctx, "Y", x.shape(), x.dtype());
     if (x.numel() == 0) return;
-    const Descriptors s = make_descriptors(d, x.dtype(), "batch_norm");
+    const cudnnBatchNormMode_t mode = mode_for(false);
+    const Descriptors s = make_descriptors(d, x.dtype(), mode, "batch_norm");
     MIX_CUDNN_CHECK(cudnnBatchNormalizationForwardInference(
-        cuda::cudnn_handle(dc), kMode, &cuda::kCudnnOne, &cuda::kCudnnZero, s.x.get(), x.raw(), s.x.get(), y.raw(),
+        cuda::cudnn_handle(dc), mode, &cuda::kCudnnOne, &cuda::kCudnnZero, s.x.get(), x.raw(), s.x.get(), y.raw(),
         s.params.get(), scale.raw(), bias.raw(), rmean.raw(), rvar.raw(), static_cast<double>(eps)));
     return;
   }
@@ -109,9 +117,10 @@ void batch_norm_cuda(OpContext& ctx) {
   cuda::copy_on_stream(mean_out.raw(), rmean.raw(), rmean.bytes(), stream);
   cuda::copy_on_stream(var_out.raw(), rvar.raw(), rvar.bytes(), stream);
   Tensor& y = device_output(ctx, "Y", x.shape(), x.dtype());
-  const Descriptors s = make_descriptors(d, x.dtype(), "batch_norm");
+  const cudnnBatchNormMode_t mode = mode_for(true);
+  const Descriptors s = make_descriptors(d, x.dtype(), mode, "batch_norm");
   MIX_CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
-      cuda::cudnn_handle(dc), kMode, &cuda::kCudnnOne, &cuda::kCudnnZero, s.x.get(), x.raw(), s.x.get(), y.raw(),
+      cuda::cudnn_handle(dc), mode, &cuda::kCudnnOne, &cuda::kCudnnZero, s.x.get(), x.raw(), s.x.get(), y.raw(),
       s.params.get(), scale.raw(), bias.raw(), 1.0 - static_cast<double>(momentum), mean_out.raw(), var_out.raw(),
       static_cast<double>(eps), saved_mean.raw(), saved_inv_std.raw()));
 
@@ -157,11 +166,12 @@ void batch_norm_grad_cuda(OpContext& ctx) {
     MIX_CUDA_CHECK(cudaMemsetAsync(dbias.raw(), 0, dbias.bytes(), dc.compute.get()));
     return;
   }
-  const Descriptors s = make_descriptors(d, x.dtype(), "batch_norm_grad");
+  const cudnnBatchNormMode_t mode = mode_for(true);
+  const Descriptors s = make_descriptors(d, x.dtype(), mode, "batch_norm_grad");
   MIX_CUDNN_CHECK(cudnnBatchNormalizationBackward(
-      cuda::cudnn_handle(dc), kMode, &cuda::kCudnnOne, &cuda::kCudnnZero, &cuda::kCudnnOne, &cuda::kCudnnZero,
-      s.x.get(), x.raw(), s.x.get(), dy.raw(), s.x.get(), dx.raw(), s.params.get(), scale.raw(), dscale.raw(),
-      dbias.raw(), static_cast<double>(eps), saved_mean.raw(), saved_inv_std.raw()));
+      cuda::cudnn_handle(dc), mode, &cuda::kCudnnOne, &cuda::kCudnnZero, &cuda::kCudnnOne, &cuda::kCudnnZero, s.x.get(),
+      x.raw(), s.x.get(), dy.raw(), s.x.get(), dx.raw(), s.params.get(), scale.raw(), dscale.raw(), dbias.raw(),
+      static_cast<double>(eps), saved_mean.raw(), saved_inv_std.raw()));
 }
 
 const bool registered = OpRegistry::instance().add_cuda_kernel("batch_norm", batch_norm_cuda) &&
