@@ -17,6 +17,7 @@ class Decorated final : public optim::Optimizer {
  public:
   Decorated(std::unique_ptr<optim::Optimizer> inner, AmpOptions o) : inner_(std::move(inner)), o_(std::move(o)) {}
   std::string name() const override { return "amp(" + inner_->name() + ")"; }
+  void set_no_decay_1d(bool on) override { inner_->set_no_decay_1d(on); }
 
   optim::TrainProgram minimize(Program& p, const std::string& loss, const optim::GradSyncPass& sync) override {
     rewrite(p, o_.lists, o_.low_dtype);

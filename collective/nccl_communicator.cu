@@ -12,10 +12,9 @@
 // returns; wait() makes the compute stream wait for that event on the device.
 // Neither waits for the stream on the host, so no watchdog runs for the started
 // collectives themselves. The next blocking collective or synchronize() does it
-// for them: the communication stream is FIFO, so awaiting it (the found_inf
-// all-reduce of an AMP step, the synchronize that ends every training step)
-// awaits every collective started before it, with the same deadline and abort
-// on failure.
+// for them: the communication stream is FIFO, so awaiting it (the synchronize
+// that ends every training step) awaits every collective started before it,
+// with the same deadline and abort on failure.
 #include "collective/nccl_communicator.h"
 
 #include <cuda_runtime.h>

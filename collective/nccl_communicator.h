@@ -30,13 +30,13 @@
 //   itself after the compute stream. progress() only looks for asynchronous
 //   NCCL errors; in_flight() counts the started, not waited-for requests.
 //   No watchdog runs for a started collective by itself: the next blocking
-//   collective (the found_inf all-reduce of an AMP step), or synchronize() (the
-//   end of every training step), awaits the FIFO communication stream, hence
-//   every collective started before it, with the timeout and abort below.
+//   collective, or synchronize() (the end of every training step), awaits the
+//   FIFO communication stream, hence every collective started before it, with
+//   the timeout and abort below.
 // - synchronize(): the communication stream waits for the compute stream, then
 //   the host awaits the communication stream with the watchdog: everything this
-//   rank queued before the call has finished, or the communicator is aborted. Requests never waited for are dropped (their
-//   events destroyed, never throwing) when the communicator is aborted or destroyed.
+//   rank queued before the call has finished, or the communicator is aborted. Requests never waited for are dropped
+//   (their events destroyed, never throwing) when the communicator is aborted or destroyed.
 // - all_reduce, all_reduce_start: f16 (ncclFloat16), bf16 (ncclBfloat16), f32, i32, i64, u8; sum, max
 //   and avg (ncclAvg). NCCL adds 16-bit values per hop like the MPI backend,
 //   but its avg of floating types multiplies every input by 1/world before the

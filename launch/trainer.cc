@@ -545,7 +545,8 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     if (use_amp) amp::check_loss_scale_not_stuck(program, scope);
     const uint64_t grad_bytes = grad_comm.bytes().grad_allreduce_bytes - bytes_before;
 
-    // Reading the loss and the flag are the step's only device-to-host copies.
+    // The step's device-to-host copies, all after it: the loss, the flag, the
+    // scale and (above) the scaler's count of skips at the minimum.
     float loss_avg = read_f32(scope, model.loss.c_str());
     comm.all_reduce(&loss_avg, 1, DType::f32, collective::ReduceOp::avg);
     const bool found_inf = use_amp && scope.get(amp::ScalerVars::found_inf).item_float() != 0.f;

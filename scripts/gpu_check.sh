@@ -4,7 +4,8 @@
 # communicator), trains the MLP for a few hundred steps, ResNet-50 (cuDNN) and
 # a Transformer-base-sized language model for a few dozen in FP32 and in AMP on
 # the GPU (TF32 off), times resnet-small AMP steps with and without overlapped
-# gradient all-reduces, and prints a summary table last. Logs and summary.txt go to --out DIR.
+# gradient all-reduces, checks that an AMP run with a stuck loss scale stops,
+# and prints a summary table last. Logs and summary.txt go to --out DIR.
 # Budget: under 8 minutes on one H200 (the build is most of it).
 #
 #   scripts/gpu_check.sh [--out DIR] [--bundle DIR]
@@ -207,6 +208,18 @@ limit 120 "$build/mixbench" allreduce --device cuda -b 1K -e 64M -f 4 -d half,bf
   --csv "$out/mixbench.csv" >"$out/mixbench.log" 2>&1
 bench_rc=$?
 bench_wrong=$(grep -o "Out of bounds values : [0-9]* [A-Z]*" "$out/mixbench.log" || echo "n/a")
+# The CUDA scaler op leaves its "stuck at the minimum" error to the trainer,
+# after the step (no host wait inside it): a scale pinned at 1e30 overflows
+# every FP16 gradient, and after 100 skipped steps the run must stop with it.
+echo "gpu_check: an AMP run whose loss scale is stuck must stop with the scaler's error (log: $out/stuck.log)"
+limit 60 "$build/mixtrain" --device cuda --precision amp --data synthetic --synthetic-size 4096 --hidden 64 \
+  --batch-size 32 --steps 150 --eval false --init-loss-scaling 1e30 --min-loss-scaling 1e30 >"$out/stuck.log" 2>&1
+stuck_rc=$?
+if [ $stuck_rc -ne 0 ] && [ $stuck_rc -ne 124 ] && grep -q "stuck at the minimum" "$out/stuck.log"; then
+  stuck="stopped with the error (exit $stuck_rc)"; stuck_ok=0
+else
+  stuck="FAIL: exit $stuck_rc without the error"; stuck_ok=1
+fi
 secs=$(( $(date +%s) - t0 ))
 {
   echo "gpu_check summary ($(date -u +%FT%TZ), ${secs} s)"
@@ -230,7 +243,9 @@ secs=$(( $(date +%s) - t0 ))
   printf "  %-36s %s\n" "resnet-small AMP ms/step no-overlap" "$rs_no_ms (exit $rs_no_rc)"
   printf "  %-36s %s\n" "no-overlap / overlap step time" "$rs_ratio"
   printf "  %-36s %s\n" "mixbench allreduce --check (NCCL)" "$bench_wrong (exit $bench_rc)"
+  printf "  %-36s %s\n" "AMP loss scale stuck at the minimum" "$stuck"
 } | tee "$out/summary.txt"
 [ $tests_rc -eq 0 ] && [ $fp32_rc -eq 0 ] && [ $amp_rc -eq 0 ] && [ $r50_fp32_rc -eq 0 ] && [ $r50_amp_rc -eq 0 ] &&
   [ $r50_nchw_rc -eq 0 ] && [ $r50_fp32_nhwc_rc -eq 0 ] && [ $r50_bnp_rc -eq 0 ] &&
-  [ $tf_fp32_rc -eq 0 ] && [ $tf_amp_rc -eq 0 ] && [ $rs_ov_rc -eq 0 ] && [ $rs_no_rc -eq 0 ] && [ $bench_rc -eq 0 ]
+  [ $tf_fp32_rc -eq 0 ] && [ $tf_amp_rc -eq 0 ] && [ $rs_ov_rc -eq 0 ] && [ $rs_no_rc -eq 0 ] && [ $bench_rc -eq 0 ] &&
+  [ $stuck_ok -eq 0 ]

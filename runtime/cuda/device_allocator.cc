@@ -199,7 +199,7 @@ void* allocate_pinned(size_t bytes) {
 
 void* PinnedHostAllocator::allocate(size_t bytes) {
   if (bytes == 0) return nullptr;
-  DeviceGuard guard(device_);
+  MIX_CUDA_CHECK(cudaSetDevice(device_));  // and left current: see the class comment
   void* p = allocate_pinned(bytes);
   count_alloc(bytes);
   return p;
@@ -208,11 +208,8 @@ void* PinnedHostAllocator::allocate(size_t bytes) {
 void PinnedHostAllocator::deallocate(void* p, size_t bytes) noexcept {
   if (!p) return;
   count_free(bytes);
-  // No DeviceGuard: its constructor may throw, and this must not.
-  int prev = -1;
-  const bool switched = cudaGetDevice(&prev) == cudaSuccess && prev != device_ && cudaSetDevice(device_) == cudaSuccess;
+  MIX_CUDA_CHECK_NOTHROW(cudaSetDevice(device_));  // and left current: see the class comment
   MIX_CUDA_CHECK_NOTHROW(cudaFreeHost(p));
-  if (switched) MIX_CUDA_CHECK_NOTHROW(cudaSetDevice(prev));
 }
 
 PinnedHostBuffer::PinnedHostBuffer(size_t bytes) : p_(bytes ? allocate_pinned(bytes) : nullptr), bytes_(bytes) {}

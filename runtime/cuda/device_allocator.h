@@ -93,9 +93,12 @@ class CudaCachingAllocator final : public Allocator {
 /// with no staging copy. Its tensors are host tensors. No cache: a batch buffer
 /// is reallocated only when the batch shape changes (the last, partial batch).
 ///
-/// Bound to one GPU: allocation and release make it current first. A thread
-/// that never chose a device (the batch prefetcher's) would otherwise start a
-/// context on GPU 0, costing memory there for every rank of the node.
+/// Bound to one GPU: allocation and release make it the calling thread's
+/// current device, and leave it so. A thread that never chose a device (the
+/// batch prefetcher's) would otherwise start a context on GPU 0, costing memory
+/// there for every rank of the node; so would switching such a thread back to
+/// its "previous" device 0 as DeviceGuard does, because since CUDA 12
+/// cudaSetDevice initialises the device's context.
 class PinnedHostAllocator final : public Allocator {
  public:
   explicit PinnedHostAllocator(int device) : device_(device) {}

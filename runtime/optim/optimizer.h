@@ -49,7 +49,8 @@ class Optimizer {
   /// shifts of batch_norm and layer_norm) out of weight decay, as timm, Hugging
   /// Face's Trainer and nanoGPT do; weight matrices, filters and embeddings keep
   /// it. Off by default: torch.optim decays every parameter it is given.
-  void set_no_decay_1d(bool on) { no_decay_1d_ = on; }
+  /// Wrappers (amp::decorate) pass it on to the optimizer they wrap.
+  virtual void set_no_decay_1d(bool on) { no_decay_1d_ = on; }
 
  protected:
   /// `weight_decay`, or 0 for `param` when set_no_decay_1d leaves it out.

@@ -241,14 +241,19 @@ TEST_CASE("pinned host allocator: host tensors in page-locked memory", "[cuda]")
     CHECK(same_bytes(back, t));
   }
   CHECK(pinned->live_bytes() == live_before);
-  // The batch prefetcher allocates from a thread that never chose a device.
+  // The batch prefetcher allocates from a thread that never chose a device: the
+  // allocator makes its GPU current there and leaves it so. (Whether a context
+  // appears on another GPU needs two GPUs to see; this machine may have one.)
   cudaMemoryType type_in_thread = cudaMemoryTypeUnregistered;
+  int device_in_thread = -1;
   std::thread([&] {
     mix::Tensor t = mix::Tensor::empty({256}, mix::DType::f32, *pinned);
     cudaPointerAttributes attr{};
     if (cudaPointerGetAttributes(&attr, t.raw()) == cudaSuccess) type_in_thread = attr.type;
+    (void)cudaGetDevice(&device_in_thread);
   }).join();
   CHECK(type_in_thread == cudaMemoryTypeHost);
+  CHECK(device_in_thread == 0);
   CHECK(pinned->live_bytes() == live_before);
 }
 

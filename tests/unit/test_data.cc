@@ -768,6 +768,10 @@ TEST_CASE("BatchPrefetcher reports a bad request when the batch is taken", "[dat
   prefetcher.request({good, 0, 2});
   CHECK(prefetcher.take().labels.to_floats() == std::vector<float>{2, 1});
   CHECK_THROWS_AS(prefetcher.request({nullptr, 0, 1}), mix::Error);
+  // The request may hold the only reference to its indices (the trainer drops
+  // an epoch's order while its last batch is still being gathered).
+  prefetcher.request({std::make_shared<const std::vector<int64_t>>(std::vector<int64_t>{1, 0, 2}), 0, 3});
+  CHECK(prefetcher.take().labels.to_floats() == std::vector<float>{1, 0, 2});
   // A request still in flight when the prefetcher goes away is waited for.
   prefetcher.request({good, 0, 1});
 }

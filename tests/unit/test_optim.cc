@@ -5,6 +5,7 @@
 #include <cstring>
 #include <functional>
 
+#include "amp/decorate.h"
 #include "runtime/executor.h"
 #include "runtime/init.h"
 #include "runtime/op_registry.h"
@@ -153,6 +154,12 @@ TEST_CASE("set_no_decay_1d leaves 1-D parameters out of weight decay", "[optim]"
     CHECK(mixed.second == none.second);  // b: as with no decay at all
     CHECK(all.second != none.second);    // (the decay does move the bias when it applies)
   }
+  // Set on the AMP wrapper, it reaches the optimizer inside.
+  auto amp_opt = mix::amp::decorate(optim::make_adamw(0.9, 0.999, 1e-8, 0.1));
+  amp_opt->set_no_decay_1d(true);
+  auto plain = optim::make_adamw(0.9, 0.999, 1e-8, 0.1);
+  plain->set_no_decay_1d(true);
+  CHECK(two_steps(*amp_opt) == two_steps(*plain));
 }
 
 TEST_CASE("learning-rate schedules", "[optim]") {
