@@ -42,6 +42,7 @@ std::vector<std::pair<std::string, std::string>> TrainConfig::fingerprint_fields
           {"device", device},
           {"allow-tf32", allow_tf32 ? "on" : "off"},
           {"cudnn-bn-persistent", cudnn_bn_persistent ? "on" : "off"},
+          {"cudnn-benchmark", cudnn_benchmark ? "on" : "off"},
           {"precision", precision},
           {"grad-reduce", effective_grad_reduce()},
           {"grad-predivide", num(grad_predivide)},
@@ -162,6 +163,9 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
   app.add_flag("--cudnn-bn-persistent", c.cudnn_bn_persistent,
                "train batch_norm on GPUs with cuDNN's SPATIAL_PERSISTENT kernels: often faster, but cuDNN limits "
                "their range of values (off: SPATIAL)");
+  app.add_flag("--cudnn-benchmark", c.cudnn_benchmark,
+               "time cuDNN's convolution algorithms on the first step and keep the fastest per shape, as PyTorch's "
+               "cudnn.benchmark (off: cuDNN's heuristic choice, the same in every run)");
   app.add_option("--precision", c.precision, "fp32, or amp (FP16 where safe, dynamic loss scaling)")
       ->check(CLI::IsMember({"fp32", "amp"}));
   app.add_option("--grad-reduce", c.grad_reduce,

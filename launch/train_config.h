@@ -45,6 +45,7 @@ struct TrainConfig {
   std::string device = "cpu";
   bool allow_tf32 = false;
   bool cudnn_bn_persistent = false;  // training batch_norm on cuDNN's persistent kernels
+  bool cudnn_benchmark = false;      // time cuDNN's convolution algorithms once per shape
   std::string precision = "amp";
   std::string grad_reduce;  // empty: fp16 under AMP, fp32 otherwise
   double grad_predivide = 0;

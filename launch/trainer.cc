@@ -297,8 +297,11 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   if (on_gpu) {
     const int gpu = collective::bind_device(comm);
     device = Device{DeviceKind::cuda, gpu};
-    require_device_backend(DeviceKind::cuda).set_allow_tf32(c.allow_tf32);
-    require_device_backend(DeviceKind::cuda).set_batch_norm_persistent(c.cudnn_bn_persistent);
+    DeviceOptions options;
+    options.allow_tf32 = c.allow_tf32;
+    options.batch_norm_persistent = c.cudnn_bn_persistent;
+    options.cudnn_benchmark = c.cudnn_benchmark;
+    require_device_backend(DeviceKind::cuda).set_options(options);
     device_comm = collective::make_device_communicator(comm, gpu);
   }
   Communicator& grad_comm = device_comm ? *device_comm : comm;

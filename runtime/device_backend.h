@@ -9,6 +9,14 @@
 
 namespace mix {
 
+/// Choices a device backend makes between speed and precision or
+/// reproducibility; every one off by default.
+struct DeviceOptions {
+  bool allow_tf32 = false;             // FP32 GEMMs and convolutions may use TF32 tensor cores (--allow-tf32)
+  bool batch_norm_persistent = false;  // training batch_norm on cuDNN's persistent kernels (--cudnn-bn-persistent)
+  bool cudnn_benchmark = false;        // time cuDNN's convolution algorithms once per shape (--cudnn-benchmark)
+};
+
 class DeviceBackend {
  public:
   virtual ~DeviceBackend() = default;
@@ -30,10 +38,8 @@ class DeviceBackend {
     (void)index;
     return nullptr;
   }
-  /// FP32 GEMMs may use TF32 tensor cores (--allow-tf32); off unless asked.
-  virtual void set_allow_tf32(bool allow) { (void)allow; }
-  /// Training batch_norm may use cuDNN's persistent kernels (--cudnn-bn-persistent); off unless asked.
-  virtual void set_batch_norm_persistent(bool on) { (void)on; }
+  /// The backend's speed and precision choices (mixtrain's GPU flags).
+  virtual void set_options(const DeviceOptions& options) { (void)options; }
 };
 
 /// Registers the backend of a device kind (not cpu); later registrations replace earlier ones.

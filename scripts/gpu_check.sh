@@ -123,8 +123,9 @@ print(s[-1].get(sys.argv[2], 'n/a') if s else 'n/a')" "$1" "$2" 2>/dev/null || e
 # Both precisions run in both layouts: --data-format auto picks NHWC for AMP
 # and NCHW for FP32; the other two runs show what the layout is worth (cuDNN's
 # internal conversions for FP16 NCHW). The speed ratio compares AMP (NHWC) with
-# the faster FP32 run, whichever its layout. A fifth run shows what cuDNN's
-# persistent batch_norm kernels are worth (--cudnn-bn-persistent, off by default).
+# the faster FP32 run, whichever its layout. Two more AMP runs show what cuDNN's
+# persistent batch_norm kernels (--cudnn-bn-persistent) and timed convolution
+# algorithms (--cudnn-benchmark) are worth; both are off by default.
 train_resnet50() {  # precision, log name, extra flags...
   local precision="$1" name="$2"; shift 2
   limit 180 "$build/mixtrain" --device cuda --precision "$precision" --model resnet50 --data synthetic \
@@ -175,11 +176,13 @@ train_resnet50 fp32 resnet50_fp32_nhwc --data-format nhwc; r50_fp32_nhwc_rc=$?
 train_resnet50 amp resnet50_amp --data-format nhwc; r50_amp_rc=$?
 train_resnet50 amp resnet50_amp_nchw --data-format nchw; r50_nchw_rc=$?
 train_resnet50 amp resnet50_amp_bnp --data-format nhwc --cudnn-bn-persistent; r50_bnp_rc=$?
+train_resnet50 amp resnet50_amp_bench --data-format nhwc --cudnn-benchmark; r50_bench_rc=$?
 r50_fp32_ips=$(summary_field "$out/resnet50_fp32.jsonl" samples_per_s_overall)
 r50_fp32_nhwc_ips=$(summary_field "$out/resnet50_fp32_nhwc.jsonl" samples_per_s_overall)
 r50_amp_ips=$(summary_field "$out/resnet50_amp.jsonl" samples_per_s_overall)
 r50_nchw_ips=$(summary_field "$out/resnet50_amp_nchw.jsonl" samples_per_s_overall)
 r50_bnp_ips=$(summary_field "$out/resnet50_amp_bnp.jsonl" samples_per_s_overall)
+r50_bench_ips=$(summary_field "$out/resnet50_amp_bench.jsonl" samples_per_s_overall)
 r50_fp32_best=$(/usr/bin/env python3 -c "import sys
 v=[float(a) for a in sys.argv[1:] if a.replace('.', '', 1).isdigit()]
 print(max(v) if v else 'n/a')" "$r50_fp32_ips" "$r50_fp32_nhwc_ips" 2>/dev/null || echo n/a)
@@ -233,6 +236,7 @@ secs=$(( $(date +%s) - t0 ))
   printf "  %-36s %s\n" "ResNet-50 b64 AMP images/s NHWC" "$r50_amp_ips (exit $r50_amp_rc)"
   printf "  %-36s %s\n" "ResNet-50 b64 AMP images/s NCHW" "$r50_nchw_ips (exit $r50_nchw_rc)"
   printf "  %-36s %s\n" "ResNet-50 AMP NHWC, persistent BN" "$r50_bnp_ips (exit $r50_bnp_rc)"
+  printf "  %-36s %s\n" "ResNet-50 AMP NHWC, cudnn benchmark" "$r50_bench_ips (exit $r50_bench_rc)"
   printf "  %-36s %s\n" "ResNet-50 AMP / best FP32 (>= 3)" "$r50_ratio"
   printf "  %-36s %s / %s\n" "ResNet-50 peak bytes FP32 / AMP" "$r50_fp32_peak" "$r50_amp_peak"
   printf "  %-36s %s\n" "Transformer-base FP32 tokens/s" "$tf_fp32_tps (exit $tf_fp32_rc)"
@@ -246,6 +250,6 @@ secs=$(( $(date +%s) - t0 ))
   printf "  %-36s %s\n" "AMP loss scale stuck at the minimum" "$stuck"
 } | tee "$out/summary.txt"
 [ $tests_rc -eq 0 ] && [ $fp32_rc -eq 0 ] && [ $amp_rc -eq 0 ] && [ $r50_fp32_rc -eq 0 ] && [ $r50_amp_rc -eq 0 ] &&
-  [ $r50_nchw_rc -eq 0 ] && [ $r50_fp32_nhwc_rc -eq 0 ] && [ $r50_bnp_rc -eq 0 ] &&
+  [ $r50_nchw_rc -eq 0 ] && [ $r50_fp32_nhwc_rc -eq 0 ] && [ $r50_bnp_rc -eq 0 ] && [ $r50_bench_rc -eq 0 ] &&
   [ $tf_fp32_rc -eq 0 ] && [ $tf_amp_rc -eq 0 ] && [ $rs_ov_rc -eq 0 ] && [ $rs_no_rc -eq 0 ] && [ $bench_rc -eq 0 ] &&
   [ $stuck_ok -eq 0 ]

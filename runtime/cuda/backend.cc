@@ -64,8 +64,11 @@ class CudaBackend final : public DeviceBackend {
     MIX_CUDA_CHECK(cudaDeviceSynchronize());
   }
 
-  void set_allow_tf32(bool allow) override { cuda::set_allow_tf32(allow); }
-  void set_batch_norm_persistent(bool on) override { cuda::set_batch_norm_persistent(on); }
+  void set_options(const DeviceOptions& o) override {
+    cuda::set_allow_tf32(o.allow_tf32);
+    cuda::set_batch_norm_persistent(o.batch_norm_persistent);
+    cuda::set_cudnn_benchmark(o.cudnn_benchmark);
+  }
 
   Allocator* pinned_host_allocator(int index) override {
     std::call_once(pinned_once_, [this] {

@@ -21,6 +21,7 @@ std::array<std::atomic<DeviceContext*>, kMaxDevices> g_contexts{};
 std::mutex g_create_mu;
 std::atomic<bool> g_allow_tf32{false};
 std::atomic<bool> g_batch_norm_persistent{false};
+std::atomic<bool> g_cudnn_benchmark{false};
 std::atomic<double> g_hang_timeout_s{0.0};
 
 }  // namespace
@@ -55,6 +56,9 @@ bool allow_tf32() { return g_allow_tf32.load(); }
 
 void set_batch_norm_persistent(bool on) { g_batch_norm_persistent.store(on); }
 bool batch_norm_persistent() { return g_batch_norm_persistent.load(); }
+
+void set_cudnn_benchmark(bool on) { g_cudnn_benchmark.store(on); }
+bool cudnn_benchmark() { return g_cudnn_benchmark.load(); }
 
 int device_count() {
   int n = 0;

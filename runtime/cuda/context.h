@@ -39,6 +39,12 @@ bool allow_tf32();
 void set_batch_norm_persistent(bool on);
 bool batch_norm_persistent();
 
+/// conv2d times cuDNN's candidate algorithms on the first call for a shape and
+/// keeps the fastest, instead of taking the heuristics' first choice
+/// (--cudnn-benchmark, PyTorch's cudnn.benchmark; off by default).
+void set_cudnn_benchmark(bool on);
+bool cudnn_benchmark();
+
 /// Number of visible GPUs (0 when there is no driver or device).
 int device_count();
 

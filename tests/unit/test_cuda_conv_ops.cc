@@ -71,23 +71,29 @@ void disable_tf32() {
 #endif
 }
 
-/// cuDNN's persistent batch_norm kernels for the life of a test (--cudnn-bn-persistent).
-/// Their results are held to the same bounds: those allow any order of FP32 sums.
-class BatchNormMode {
+/// One of the CUDA backend's switches (cuda::set_batch_norm_persistent,
+/// cuda::set_cudnn_benchmark) set for the life of a test, then off again.
+using Switch = void (*)(bool);
+#ifdef MIX_HAVE_CUDA
+const Switch kBatchNormPersistent = mix::cuda::set_batch_norm_persistent;
+const Switch kCudnnBenchmark = mix::cuda::set_cudnn_benchmark;
+#else
+const Switch kBatchNormPersistent = nullptr, kCudnnBenchmark = nullptr;
+#endif
+
+class ScopedSwitch {
  public:
-  explicit BatchNormMode(bool persistent) {
-#ifdef MIX_HAVE_CUDA
-    mix::cuda::set_batch_norm_persistent(persistent);
-#endif
-    (void)persistent;
+  ScopedSwitch(Switch set, bool on) : set_(set) {
+    if (set_) set_(on);
   }
-  ~BatchNormMode() {
-#ifdef MIX_HAVE_CUDA
-    mix::cuda::set_batch_norm_persistent(false);
-#endif
+  ~ScopedSwitch() {
+    if (set_) set_(false);
   }
-  BatchNormMode(const BatchNormMode&) = delete;
-  BatchNormMode& operator=(const BatchNormMode&) = delete;
+  ScopedSwitch(const ScopedSwitch&) = delete;
+  ScopedSwitch& operator=(const ScopedSwitch&) = delete;
+
+ private:
+  Switch set_;
 };
 
 std::string mode_name(bool persistent) { return persistent ? " persistent" : ""; }
@@ -234,11 +240,15 @@ std::function<double(int64_t)> gemm_bound(const SumRef& r, DType t) {
 TEST_CASE("conv2d and conv2d_grad on cuDNN match the CPU and a double reference", "[cuda][conv2d]") {
   require_gpu();
   disable_tf32();
+  // --cudnn-benchmark times the candidates and may pick another algorithm: the same bounds hold for any.
+  const bool benchmark = GENERATE(false, true);
+  const ScopedSwitch timed(kCudnnBenchmark, benchmark);
   uint64_t seed = 100;
   for (const ConvCfg& k : kConvCases) {
     for (DType dt : kTypes)
       for (bool last : kLayouts) {
-        const std::string what = std::string("conv2d ") + k.name + " " + dname(dt) + layout_name(last);
+        const std::string what =
+            std::string("conv2d ") + k.name + " " + dname(dt) + layout_name(last) + (benchmark ? " benchmark" : "");
         INFO(what);
         const Tensor x = to_dtype(uniform_tensor({k.n, k.c, k.h, k.w}, seed++), dt);
         const Tensor f = to_dtype(uniform_tensor({k.oc, k.c / k.groups, k.kh, k.kw}, seed++, -0.5f, 0.5f), dt);
@@ -376,7 +386,7 @@ std::vector<std::pair<std::string, Tensor>> bn_feeds(const BnInputs& in, bool ch
 TEST_CASE("batch_norm training forward on cuDNN matches the CPU and a double reference", "[cuda][batch_norm]") {
   require_gpu();
   const bool persistent = GENERATE(false, true);
-  const BatchNormMode mode(persistent);
+  const ScopedSwitch mode(kBatchNormPersistent, persistent);  // same bounds: they allow any order of FP32 sums
   for (const Shape& s : {Shape{4, 6, 5, 7}, Shape{16, 5}}) {
     for (DType dt : kTypes) {
       // MeanOut/VarianceOut as the running statistics themselves (ResNet) and as other variables.
@@ -505,7 +515,7 @@ TEST_CASE("batch_norm evaluation forward on cuDNN uses the running statistics", 
 TEST_CASE("batch_norm_grad on cuDNN matches the CPU and a double reference", "[cuda][batch_norm]") {
   require_gpu();
   const bool persistent = GENERATE(false, true);
-  const BatchNormMode mode(persistent);
+  const ScopedSwitch mode(kBatchNormPersistent, persistent);  // same bounds: they allow any order of FP32 sums
   for (const Shape& s : {Shape{4, 6, 5, 7}, Shape{16, 5}}) {
     for (DType dt : kTypes)
       for (bool last : kLayouts) {

@@ -30,6 +30,13 @@
 // FP16), a nondeterministic one runs, with a warning, rather than the job
 // failing: it costs run-to-run reproducibility in the last bits, not rank
 // agreement, because every rank then takes the same all-reduced gradient.
+//
+// --cudnn-benchmark (cuda::cudnn_benchmark, PyTorch's cudnn.benchmark) times
+// the viable candidates instead, once per shape on the first step, and keeps
+// the fastest (deterministic ones still first for the backward passes). The
+// timing differs from run to run, so the choice, and the last bits, may too;
+// ranks may even choose differently, which costs them nothing: each applies
+// the same all-reduced gradient.
 // The choice is cached per (device, pass, dtype, TF32 setting, shapes,
 // attributes, layout).
 //
@@ -37,6 +44,7 @@
 // so the allocator's peak counts them.
 //
 // No kernels of its own: this file is only the launcher part.
+#include <algorithm>
 #include <array>
 #include <map>
 #include <mutex>
@@ -117,14 +125,15 @@ struct Algo {
   bool deterministic = true;
 };
 
-using AlgoKey = std::array<int64_t, 19>;
+using AlgoKey = std::array<int64_t, 20>;
 
 AlgoKey algo_key(int device, Pass pass, DType t, const ConvDims& d) {
-  return {device,     static_cast<int64_t>(pass), static_cast<int64_t>(t), cuda::allow_tf32() ? 1 : 0,
-          d.n,        d.c,                        d.h,                      d.w,
-          d.oc,       d.kh,                       d.kw,                     d.stride_h,
-          d.stride_w, d.pad_h,                    d.pad_w,                  d.dil_h,
-          d.dil_w,    d.groups,                   d.channels_last ? 1 : 0};
+  // clang-format off
+  return {device, static_cast<int64_t>(pass), static_cast<int64_t>(t), cuda::allow_tf32() ? 1 : 0,
+          d.n, d.c, d.h, d.w, d.oc, d.kh, d.kw,
+          d.stride_h, d.stride_w, d.pad_h, d.pad_w, d.dil_h, d.dil_w, d.groups,
+          d.channels_last ? 1 : 0, cuda::cudnn_benchmark() ? 1 : 0};
+  // clang-format on
 }
 
 std::mutex g_algo_mu;
@@ -219,6 +228,41 @@ std::string describe(DType t, const ConvDims& d) {
   return o.str();
 }
 
+/// --cudnn-benchmark: `algos` fastest first by one timed run each (after an
+/// untimed one, which pays for lazy kernel loading), deterministic ones still
+/// ahead of the others; algorithms cuDNN refuses when run are dropped. Each
+/// run overwrites the pass's output (beta 0); the caller runs the winner last.
+template <typename Run>
+std::vector<Algo> fastest_first(const std::vector<Algo>& algos, const Run& run, int device, cudaStream_t stream,
+                                const char* op) {
+  struct Timed {
+    Algo algo;
+    float ms;
+  };
+  std::vector<Timed> timed;
+  cuda::Event start(/*timing=*/true), stop(/*timing=*/true);
+  for (const Algo& a : algos) {
+    const cudnnStatus_t status = run(a);
+    if (CUDNN_STATUS_CATEGORY(status) == CUDNN_STATUS_NOT_SUPPORTED) continue;
+    MIX_CUDNN_CHECK(status);
+    start.record(stream);
+    MIX_CUDNN_CHECK(run(a));
+    stop.record(stream);
+    // Bounded: the stream may also hold a wait for an all-reduce a dead peer never joins.
+    MIX_CHECK(cuda::wait_for_streams(device), op << ": timing cuDNN's algorithms (--cudnn-benchmark) waited more than "
+                                                 << cuda::hang_timeout() << " s for the GPU; a peer may have died");
+    timed.push_back({a, stop.elapsed_ms_since(start)});
+  }
+  cuda::discard_cudnn_last_error();  // the refusals are not errors for a later check to report
+  std::stable_sort(timed.begin(), timed.end(), [](const Timed& x, const Timed& y) {
+    if (x.algo.deterministic != y.algo.deterministic) return x.algo.deterministic;
+    return x.ms < y.ms;
+  });
+  std::vector<Algo> order;
+  for (const Timed& t : timed) order.push_back(t.algo);
+  return order;
+}
+
 /// Runs one convolution pass: `call(algo, workspace)` with the algorithm cached
 /// for these shapes, or, the first time, with cuDNN's viable candidates in
 /// order until one is not refused as unsupported, which is then cached.
@@ -241,7 +285,10 @@ void run_pass(cudnnHandle_t h, const OpContext& ctx, Pass pass, DType t, const C
       return;
     }
   }
-  for (const Algo& a : viable_algos(h, pass, t, s)) {
+  std::vector<Algo> candidates = viable_algos(h, pass, t, s);
+  if (cuda::cudnn_benchmark())
+    candidates = fastest_first(candidates, run, ctx.env.device.index, cuda::compute_stream(ctx), op);
+  for (const Algo& a : candidates) {
     const cudnnStatus_t status = run(a);
     if (CUDNN_STATUS_CATEGORY(status) == CUDNN_STATUS_NOT_SUPPORTED) continue;  // any NOT_SUPPORTED_* code
     MIX_CUDNN_CHECK(status);
