@@ -181,10 +181,9 @@ void CudaCachingAllocator::empty_cache_locked() noexcept {
   if (have_prev && prev != device_) MIX_CUDA_CHECK_NOTHROW(cudaSetDevice(prev));
 }
 
-namespace {
-
-/// `bytes` (> 0) of page-locked host memory, or a mix::Error saying why not.
-void* allocate_pinned(size_t bytes) {
+void* PinnedHostAllocator::allocate(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  MIX_CUDA_CHECK(cudaSetDevice(device_));  // and left current: see the class comment
   void* p = nullptr;
   const cudaError_t err = cudaMallocHost(&p, bytes);
   if (err != cudaSuccess) {
@@ -192,15 +191,6 @@ void* allocate_pinned(size_t bytes) {
     MIX_FAIL("could not allocate " << bytes_str(bytes) << " of pinned host memory: " << cudaGetErrorString(err)
                                    << " [" << process_identity() << "]");
   }
-  return p;
-}
-
-}  // namespace
-
-void* PinnedHostAllocator::allocate(size_t bytes) {
-  if (bytes == 0) return nullptr;
-  MIX_CUDA_CHECK(cudaSetDevice(device_));  // and left current: see the class comment
-  void* p = allocate_pinned(bytes);
   count_alloc(bytes);
   return p;
 }
@@ -210,27 +200,6 @@ void PinnedHostAllocator::deallocate(void* p, size_t bytes) noexcept {
   count_free(bytes);
   MIX_CUDA_CHECK_NOTHROW(cudaSetDevice(device_));  // and left current: see the class comment
   MIX_CUDA_CHECK_NOTHROW(cudaFreeHost(p));
-}
-
-PinnedHostBuffer::PinnedHostBuffer(size_t bytes) : p_(bytes ? allocate_pinned(bytes) : nullptr), bytes_(bytes) {}
-
-PinnedHostBuffer::~PinnedHostBuffer() { reset(); }
-
-PinnedHostBuffer& PinnedHostBuffer::operator=(PinnedHostBuffer&& o) noexcept {
-  if (this != &o) {
-    reset();
-    p_ = o.p_;
-    bytes_ = o.bytes_;
-    o.p_ = nullptr;
-    o.bytes_ = 0;
-  }
-  return *this;
-}
-
-void PinnedHostBuffer::reset() noexcept {
-  if (p_) MIX_CUDA_CHECK_NOTHROW(cudaFreeHost(p_));
-  p_ = nullptr;
-  bytes_ = 0;
 }
 
 }  // namespace mix::cuda

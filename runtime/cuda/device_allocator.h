@@ -110,31 +110,4 @@ class PinnedHostAllocator final : public Allocator {
   int device_;
 };
 
-/// One page-locked host buffer (cudaMallocHost). Move-only; the destructor never throws.
-class PinnedHostBuffer {
- public:
-  PinnedHostBuffer() = default;
-  explicit PinnedHostBuffer(size_t bytes);
-  ~PinnedHostBuffer();
-  PinnedHostBuffer(PinnedHostBuffer&& o) noexcept : p_(o.p_), bytes_(o.bytes_) {
-    o.p_ = nullptr;
-    o.bytes_ = 0;
-  }
-  PinnedHostBuffer& operator=(PinnedHostBuffer&& o) noexcept;
-  PinnedHostBuffer(const PinnedHostBuffer&) = delete;
-  PinnedHostBuffer& operator=(const PinnedHostBuffer&) = delete;
-
-  void* data() const { return p_; }
-  template <typename T>
-  T* data() const {
-    return static_cast<T*>(p_);
-  }
-  size_t bytes() const { return bytes_; }
-
- private:
-  void reset() noexcept;
-  void* p_ = nullptr;
-  size_t bytes_ = 0;
-};
-
 }  // namespace mix::cuda
