@@ -9,7 +9,9 @@
 // order-independent, hence reproducible) and read by whoever needs it, on the
 // device too (the optimizer ops' SkipUpdate, update_loss_scaling). The
 // optional FoundInfiniteEach (which X held an inf or NaN) is zeroed on the
-// stream and raised the same way, one atomic per block into X's slot. The CPU op
+// stream and raised the same way, one atomic per block into X's slot. All the
+// X of one dtype are unscaled by one multi-tensor launch per 48 tensors
+// (runtime/cuda/multi_tensor.cuh), not one launch each. The CPU op
 // refuses a scale that is not positive and finite; the device cannot throw, so
 // such a scale raises found_inf instead: the step is skipped, not applied with
 // inf/NaN gradients, and the dynamic scaler falls back to min_loss_scaling.
@@ -21,13 +23,17 @@
 // one. The trainer instead calls amp::check_loss_scale_not_stuck after the
 // step, when it reads the loss and found_inf anyway: the same error, from the
 // same state, for a step that was skipped either way.
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 #include "amp/loss_scaler.h"
 #include "amp/loss_scaling_math.h"
 #include "collective/communicator.h"
+#include "runtime/cuda/multi_tensor.cuh"
 #include "runtime/kernels/functors.h"
 #include "runtime/ops/cuda/device_ops.cuh"
 
@@ -48,21 +54,27 @@ struct InitFoundInf {
   }
 };
 
-/// `each` (nullable): this X's FoundInfiniteEach slot, raised like `found`.
+/// A block's chunk of Out = X / scale (slot pointers: X, Out), raising `found`
+/// and FoundInfiniteEach[X's index] (`each`, nullable) when it holds an inf or
+/// NaN: one atomic per block that saw one.
 template <typename In, typename Out>
-__global__ void unscale_check_kernel(const In* x, Out* out, int64_t n, const float* scale, int32_t* found,
-                                     int32_t* each) {
-  const fn::UnscaleCheck f = fn::unscale_check_for(scale[0]);
-  bool any = false;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    out[i] = from_float<Out>(f(to_float(x[i]), any));
-  // Every thread reaches this (no early return above): one atomic per block at most.
-  if (__syncthreads_or(any) && threadIdx.x == 0) {
-    atomicOr(reinterpret_cast<int*>(found), 1);
-    if (each) atomicOr(reinterpret_cast<int*>(each), 1);
+struct UnscaleCheckChunk {
+  const float* scale;
+  int32_t* found;
+  int32_t* each;
+  __device__ void operator()(const cuda::TensorSlot<2>& s, int64_t begin, int64_t end) const {
+    const In* x = static_cast<const In*>(s.ptr[0]);
+    Out* out = static_cast<Out*>(s.ptr[1]);
+    const fn::UnscaleCheck f = fn::unscale_check_for(scale[0]);
+    bool any = false;
+    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) out[i] = from_float<Out>(f(to_float(x[i]), any));
+    // Every thread of the block reaches this (multi_tensor_kernel calls the body in all of them).
+    if (__syncthreads_or(any) && threadIdx.x == 0) {
+      atomicOr(reinterpret_cast<int*>(found), 1);
+      if (each) atomicOr(reinterpret_cast<int*>(each + s.index), 1);
+    }
   }
-}
+};
 
 void run_unscale(OpContext& ctx, bool to_f32) {
   const Tensor scale = ctx.in("Scale");
@@ -95,26 +107,45 @@ void run_unscale(OpContext& ctx, bool to_f32) {
     each_p = each.data<int32_t>();
     if (each.bytes() > 0) MIX_CUDA_CHECK(cudaMemsetAsync(each_p, 0, each.bytes(), stream));
   }
+  // The tensors grouped by (X dtype, Out dtype), one multi-tensor launch per
+  // group; within a group, a tensor's index is its position in X, so that
+  // FoundInfiniteEach is raised in X's slot.
+  struct Group {
+    DType in, out;
+    std::vector<std::array<void*, 2>> ptrs;
+    std::vector<int64_t> numels;
+  };
+  std::vector<Group> groups;
+  // Handles on every X until the launches are queued: an Out written before a
+  // later X is read may replace a scope entry (then only these keep X's memory).
+  std::vector<Tensor> inputs;
+  inputs.reserve(x_names.size());
   for (size_t i = 0; i < x_names.size(); ++i) {
-    // By value: shares the storage, and stays valid if Out replaces the scope entry.
-    const Tensor x = ctx.scope.get(x_names[i]);
+    const Tensor& x = inputs.emplace_back(ctx.scope.get(x_names[i]));
     const DType out_dtype = to_f32 ? DType::f32 : x.dtype();
     MIX_CHECK(out_names[i] != x_names[i] || out_dtype == x.dtype(), ctx.op.type << ": Out '" << out_names[i]
                                                                                 << "' must be a new variable for "
                                                                                 << dtype_name(x.dtype()) << " X");
     cuda::check_on_device(ctx, x, "X '" + x_names[i] + "'");
     Tensor& out = ctx.out("Out", x.shape(), out_dtype, i);
-    if (x.numel() == 0) continue;
-    cuda::dispatch_floating(x.dtype(), [&](auto in_tag) {
+    auto g = std::find_if(groups.begin(), groups.end(),
+                          [&](const Group& k) { return k.in == x.dtype() && k.out == out_dtype; });
+    if (g == groups.end()) g = groups.insert(groups.end(), Group{x.dtype(), out_dtype, {}, {}});
+    // Every X keeps its index (an empty one too: it gets no block, and its flag stays 0).
+    g->ptrs.resize(i + 1, {nullptr, nullptr});
+    g->numels.resize(i + 1, 0);
+    g->ptrs[i] = {const_cast<void*>(x.raw()), out.raw()};
+    g->numels[i] = x.numel();
+  }
+  for (const Group& g : groups)
+    cuda::dispatch_floating(g.in, [&](auto in_tag) {
       using In = decltype(in_tag);
-      cuda::dispatch_floating(out_dtype, [&](auto out_tag) {
+      cuda::dispatch_floating(g.out, [&](auto out_tag) {
         using Out = decltype(out_tag);
-        unscale_check_kernel<In, Out><<<cuda::grid_blocks(x.numel()), cuda::kBlock, 0, stream>>>(
-            x.data<In>(), out.data<Out>(), x.numel(), scale.data<float>(), found_p, each_p ? each_p + i : nullptr);
-        MIX_CUDA_CHECK(cudaGetLastError());
+        cuda::launch_multi_tensor<2>(g.ptrs, g.numels, stream,
+                                     UnscaleCheckChunk<In, Out>{scale.data<float>(), found_p, each_p});
       });
     });
-  }
 }
 
 void check_finite_and_unscale_cuda(OpContext& ctx) { run_unscale(ctx, false); }

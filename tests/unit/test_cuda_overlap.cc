@@ -85,11 +85,43 @@ std::map<std::string, Tensor> run_ops(const std::vector<OpDesc>& ops,
   return out;
 }
 
+/// 100 gradient-like shapes, two of them empty and one of 16384 * 320 + 5 elements.
+std::vector<Shape> many_shapes() {
+  std::vector<Shape> shapes;
+  for (int64_t i = 0; i < 100; ++i) shapes.push_back(i == 40 || i == 41 ? Shape{0} : Shape{(i * 613) % 9000 + 1, 2});
+  shapes[70] = {16384 * 320 + 5};
+  return shapes;
+}
+
 /// The world-size-1 NCCL communicator on GPU 0 and its bootstrap.
 struct Nccl1 {
   std::unique_ptr<mc::Communicator> boot = mc::make_local_communicator();
   std::unique_ptr<mc::Communicator> comm = mc::make_nccl_communicator(*boot, 0);
 };
+
+/// check_finite_and_unscale, or with `fused` its cast twin, of the tensors fed
+/// as X (names g0, g1, ...; `feeds` holds them and "scale") with
+/// FoundInfiniteEach, on the GPU and the CPU: every output identical (flags are
+/// integers; the unscaled values the same multiply, one rounding on store).
+/// Returns the GPU's FoundInfiniteEach and FoundInfinite.
+std::pair<std::vector<int32_t>, int32_t> unscale_on_both(bool fused, const std::vector<std::string>& xn,
+                                                         const std::vector<std::pair<std::string, Tensor>>& feeds,
+                                                         const std::string& what) {
+  std::vector<std::string> outn;
+  for (auto& x : xn) outn.push_back(fused ? x + "_f32" : x);
+  const std::string type = fused ? "cast_check_finite_and_unscale" : "check_finite_and_unscale";
+  const OneOp c{make_op(type, {{"X", xn}, {"Scale", {"scale"}}},
+                        {{"Out", outn}, {"FoundInfinite", {"found"}}, {"FoundInfiniteEach", {"each"}}}),
+                feeds};
+  std::vector<std::string> results = outn;
+  results.push_back("found");
+  results.push_back("each");
+  const Both r = run_both(c, results);
+  expect_identical(r.gpu.at("each"), r.cpu.at("each"), type + " " + what + " FoundInfiniteEach");
+  expect_identical(r.gpu.at("found"), r.cpu.at("found"), type + " " + what + " FoundInfinite");
+  for (auto& o : outn) expect_identical(r.gpu.at(o), r.cpu.at(o), type + " " + what + " " + o);
+  return {ints(r.gpu.at("each")), ints(r.gpu.at("found"))[0]};
+}
 
 }  // namespace
 
@@ -107,7 +139,7 @@ TEST_CASE("check_finite_and_unscale on CUDA: FoundInfiniteEach flags the same te
     for (bool fused : {false, true})
       for (const auto& bad : patterns) {
         std::vector<std::pair<std::string, Tensor>> feeds{{"scale", Tensor::from_floats({1}, {1024.f})}};
-        std::vector<std::string> xn, outn;
+        std::vector<std::string> xn;
         std::vector<int32_t> expected(std::size(shapes), 0);
         for (size_t i = 0; i < std::size(shapes); ++i) {
           Tensor x = random_tensor(shapes[i], DType::f32, 200 + i, -6e4f, 6e4f);
@@ -118,30 +150,18 @@ TEST_CASE("check_finite_and_unscale on CUDA: FoundInfiniteEach flags the same te
               expected[i] = 1;
             }
           xn.push_back(numbered("g", i));
-          outn.push_back(fused ? xn.back() + "_f32" : xn.back());
           feeds.push_back({xn.back(), floats(shapes[i], v, dtype)});
         }
-        const std::string type = fused ? "cast_check_finite_and_unscale" : "check_finite_and_unscale";
-        const OneOp c{make_op(type, {{"X", xn}, {"Scale", {"scale"}}},
-                              {{"Out", outn}, {"FoundInfinite", {"found"}}, {"FoundInfiniteEach", {"each"}}}),
-                      feeds};
-        std::vector<std::string> results = outn;
-        results.push_back("found");
-        results.push_back("each");
-        const Both r = run_both(c, results);
-        std::string what = type + " " + dname(dtype) + " bad {";
+        std::string what = dname(dtype) + " bad {";
         for (int b : bad) {
           what += std::to_string(b);
           what += " ";
         }
         what += "}";
-        // Flags are integers; the unscaled values the same multiply, one rounding on store.
-        expect_identical(r.gpu.at("each"), r.cpu.at("each"), what + " FoundInfiniteEach");
-        expect_identical(r.gpu.at("found"), r.cpu.at("found"), what + " FoundInfinite");
-        for (auto& o : outn) expect_identical(r.gpu.at(o), r.cpu.at(o), what + " " + o);
-        INFO(what);
-        CHECK(ints(r.gpu.at("each")) == expected);
-        CHECK(ints(r.gpu.at("found"))[0] == (bad.empty() ? 0 : 1));
+        const auto [each, found] = unscale_on_both(fused, xn, feeds, what);
+        INFO((fused ? "fused " : "") << what);
+        CHECK(each == expected);
+        CHECK(found == (bad.empty() ? 0 : 1));
       }
 }
 
@@ -161,6 +181,38 @@ TEST_CASE("check_finite_and_unscale on CUDA: FoundInfiniteIn raises FoundInfinit
   CHECK(ints(r.gpu.at("found"))[0] == 1);
 }
 
+TEST_CASE("check_finite_and_unscale on CUDA: a long list of two dtypes, across several multi-tensor launches",
+          "[cuda][amp][overlap]") {
+  require_gpu();
+  // 130 tensors, f32 and f16 interleaved (two launch groups, each over the
+  // 48-tensor table), sizes from empty to more than one launch's 320 blocks of
+  // 16384 (tensor 7); non-finite values in a tensor past the first table, in
+  // the last chunk of the big one, and in the last tensor.
+  const float inf = std::numeric_limits<float>::infinity();
+  const size_t count = 130;
+  const std::set<size_t> bad = {7, 61, 129};
+  for (bool fused : {false, true}) {
+    std::vector<std::pair<std::string, Tensor>> feeds{{"scale", Tensor::from_floats({1}, {4096.f})}};
+    std::vector<std::string> xn;
+    std::vector<int32_t> expected(count, 0);
+    for (size_t i = 0; i < count; ++i) {
+      const int64_t n = i == 7 ? 16384 * 320 + 77 : i % 10 == 3 ? 0 : static_cast<int64_t>((i * 7919) % 40000 + 1);
+      const DType dtype = i % 2 ? DType::f16 : DType::f32;
+      std::vector<float> v = random_tensor({n}, DType::f32, 500 + i, -6e4f, 6e4f).to_floats();
+      if (bad.count(i)) {
+        v.back() = i == 61 ? std::nanf("") : inf;
+        expected[i] = 1;
+      }
+      xn.push_back(numbered("g", i));
+      feeds.push_back({xn.back(), floats({n}, v, dtype)});
+    }
+    const auto [each, found] = unscale_on_both(fused, xn, feeds, "130 tensors");
+    INFO((fused ? "fused" : "unfused"));
+    CHECK(each == expected);
+    CHECK(found == 1);
+  }
+}
+
 // ---- c_allreduce_start / c_allreduce_wait ------------------------------------------------------
 
 TEST_CASE("c_allreduce_start + c_allreduce_wait on CUDA (NCCL, world 1) match the CPU ops", "[cuda][overlap]") {
@@ -177,7 +229,11 @@ TEST_CASE("c_allreduce_start + c_allreduce_wait on CUDA (NCCL, world 1) match th
                         {{{1000}, {37, 5}, {3}, {4099}}, 1.0 / 3.0, 2.0},
                         {{{1000}, {37, 5}, {3}, {4099}}, 1.0, 1.0},
                         {{{129, 3}}, 0.5, 1.0 / 3.0},
-                        {{{129, 3}}, 1.0, 1.0}};
+                        {{{129, 3}}, 1.0, 1.0},
+                        // Past one multi-tensor launch: more tensors than its table (48), and
+                        // one tensor longer than its 320 blocks of 16384 elements.
+                        {many_shapes(), 0.5, 2.0},
+                        {many_shapes(), 1.0, 1.0}};
   for (DType dtype : {DType::f32, DType::f16, DType::bf16})
     for (const Case& k : cases) {
       std::vector<std::pair<std::string, Tensor>> feeds;

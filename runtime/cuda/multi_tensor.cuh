@@ -1,0 +1,82 @@
+#pragma once
+// One kernel launch over a list of tensors: the launches and their block
+// assignments are planned on the host (runtime/kernels/multi_tensor_plan.h,
+// tested on the CPU); this file carries a plan's table to the device as the
+// kernel's argument and runs a caller's body on each block's chunk. Users:
+// the gradient buckets' packing and unpacking (collective/cuda/allreduce_op.cu)
+// and the unscale + non-finite check (amp/cuda/amp_ops.cu).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "runtime/check.h"
+#include "runtime/cuda/cuda_check.h"
+#include "runtime/kernels/multi_tensor_plan.h"
+
+namespace mix::cuda {
+
+inline constexpr int kMultiTensorThreads = 256;
+
+/// What a block's body sees of its tensor: the caller's pointers for it and
+/// its position in the caller's list.
+template <int kPointers>
+struct TensorSlot {
+  void* ptr[kPointers];
+  int32_t index;
+};
+
+/// One launch's table (multi_tensor::LaunchPlan, flattened into fixed arrays).
+template <int kPointers>
+struct MultiTensorArgs {
+  void* ptr[kPointers][multi_tensor::kMaxTensors];
+  int64_t numel[multi_tensor::kMaxTensors];
+  int32_t index[multi_tensor::kMaxTensors];
+  int32_t block_chunk[multi_tensor::kMaxBlocks];
+  uint8_t block_tensor[multi_tensor::kMaxBlocks];
+};
+
+template <int kPointers, typename Body>
+__global__ void __launch_bounds__(kMultiTensorThreads) multi_tensor_kernel(MultiTensorArgs<kPointers> args, Body body) {
+  const int t = args.block_tensor[blockIdx.x];
+  TensorSlot<kPointers> slot;
+  for (int k = 0; k < kPointers; ++k) slot.ptr[k] = args.ptr[k][t];
+  slot.index = args.index[t];
+  const int64_t begin = static_cast<int64_t>(args.block_chunk[blockIdx.x]) * multi_tensor::kChunk;
+  const int64_t end = min(begin + multi_tensor::kChunk, args.numel[t]);
+  // Every thread of the block calls the body, so a body may end with a
+  // block-wide vote (__syncthreads_or).
+  body(slot, begin, end);
+}
+
+/// Runs body(slot, begin, end) on `stream` for every chunk of every tensor:
+/// tensor i has numels[i] elements and the pointers ptrs[i]; all threads of
+/// the block call it with the same slot and [begin, end), which the body walks
+/// with stride blockDim.x. Empty tensors are skipped; the chunks of one tensor
+/// may run in any order, and in several launches.
+template <int kPointers, typename Body>
+void launch_multi_tensor(const std::vector<std::array<void*, kPointers>>& ptrs, const std::vector<int64_t>& numels,
+                         cudaStream_t stream, const Body& body) {
+  static_assert(sizeof(MultiTensorArgs<kPointers>) + sizeof(Body) <= 4096,
+                "kernel arguments over 4 KiB: lower multi_tensor::kMaxTensors or kMaxBlocks");
+  MIX_CHECK(ptrs.size() == numels.size(),
+            "launch_multi_tensor: " << ptrs.size() << " pointer sets for " << numels.size() << " tensors");
+  for (const multi_tensor::LaunchPlan& plan : multi_tensor::plan_launches(numels)) {
+    MultiTensorArgs<kPointers> args{};
+    for (size_t j = 0; j < plan.tensors.size(); ++j) {
+      const size_t i = plan.tensors[j];
+      for (int k = 0; k < kPointers; ++k) args.ptr[k][j] = ptrs[i][static_cast<size_t>(k)];
+      args.numel[j] = numels[i];
+      args.index[j] = static_cast<int32_t>(i);
+    }
+    std::copy(plan.block_chunk.begin(), plan.block_chunk.end(), args.block_chunk);
+    std::copy(plan.block_tensor.begin(), plan.block_tensor.end(), args.block_tensor);
+    const auto blocks = static_cast<unsigned>(plan.block_chunk.size());
+    multi_tensor_kernel<kPointers><<<blocks, kMultiTensorThreads, 0, stream>>>(args, body);
+    MIX_CUDA_CHECK(cudaGetLastError());
+  }
+}
+
+}  // namespace mix::cuda
