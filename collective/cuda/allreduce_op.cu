@@ -2,12 +2,12 @@
 // c_allreduce_start / c_allreduce_wait (slots, attributes and semantics: the
 // CPU ops in collective/allreduce_op.cc).
 //
-// Packing, unpacking and pre/post scaling are one pass each: a multi-tensor
-// launch (runtime/cuda/multi_tensor.cuh) copies every tensor of the bucket,
-// multiplied by the factor with fn::Scale, the functor the CPU kernels run, in
-// one kernel per 48 tensors on the compute stream. A ResNet-50 bucket of ~50
-// gradients so costs one launch to pack and one to unpack, where a copy per
-// tensor and a scaling pass cost ~100.
+// Packing, unpacking and pre/post scaling are one pass each, on the compute
+// stream: multi-tensor launches (runtime/cuda/multi_tensor.cuh) copy every
+// tensor of the bucket, multiplied by the factor with fn::Scale, the functor
+// the CPU kernels run. Small gradients share launches (up to 48 a launch),
+// large ones get one each; a ResNet-50 bucket of ~50 gradients so costs about
+// 15 launches to pack, where a copy per tensor and a scaling pass cost ~50.
 //
 // c_allreduce_sum / _max: the bucket is packed on the compute stream, the
 // device communicator (NCCL) reduces it (its stream waits for the compute
@@ -43,17 +43,26 @@
 namespace mix::collective {
 namespace {
 
-/// A block's chunk of dst = src * factor (slot pointers: src, dst), rounded to
-/// T on store as the CPU's copy_scaled does; a plain copy when `scale` is off.
+/// A block's chunk of dst = src (slot pointers: src, dst), in units of U, an
+/// unsigned type of the element's size: a copy of any dtype, bits unchanged.
+template <typename U>
+struct CopyChunk {
+  __device__ void operator()(const cuda::TensorSlot<2>& s, int64_t begin, int64_t end) const {
+    const U* src = static_cast<const U*>(s.ptr[0]);
+    U* dst = static_cast<U*>(s.ptr[1]);
+    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) dst[i] = src[i];
+  }
+};
+
+/// A block's chunk of dst = src * factor (fn::Scale), rounded to T on store as
+/// the CPU's copy_scaled does.
 template <typename T>
-struct CopyScaledChunk {
+struct ScaledCopyChunk {
   fn::Scale op;
-  bool scale;
   __device__ void operator()(const cuda::TensorSlot<2>& s, int64_t begin, int64_t end) const {
     const T* src = static_cast<const T*>(s.ptr[0]);
     T* dst = static_cast<T*>(s.ptr[1]);
-    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x)
-      dst[i] = scale ? from_float<T>(op(to_float(src[i]))) : src[i];
+    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) dst[i] = from_float<T>(op(to_float(src[i])));
   }
 };
 
@@ -69,15 +78,30 @@ struct Copies {
   }
 };
 
-/// Runs the copies on `stream`, each multiplied by `factor`.
+/// Runs the copies on `stream`, each multiplied by `factor`: a plain copy of
+/// any dtype when it is 1 (integer buckets of c_allreduce_sum / _max too), a
+/// floating dtype's scaling otherwise.
 void copy_scaled_on_device(const Copies& copies, DType dtype, float factor, cudaStream_t stream) {
   if (copies.numels.empty()) return;
+  if (factor == 1.f) {
+    switch (dtype_size(dtype)) {
+      case 1:
+        return cuda::launch_multi_tensor<2>(copies.ptrs, copies.numels, stream, CopyChunk<uint8_t>{});
+      case 2:
+        return cuda::launch_multi_tensor<2>(copies.ptrs, copies.numels, stream, CopyChunk<uint16_t>{});
+      case 4:
+        return cuda::launch_multi_tensor<2>(copies.ptrs, copies.numels, stream, CopyChunk<uint32_t>{});
+      case 8:
+        return cuda::launch_multi_tensor<2>(copies.ptrs, copies.numels, stream, CopyChunk<uint64_t>{});
+      default:
+        MIX_FAIL("cannot copy " << dtype_name(dtype) << " elements of " << dtype_size(dtype) << " bytes");
+    }
+  }
   MIX_CHECK(dtype == DType::f32 || dtype == DType::f16 || dtype == DType::bf16,
-            "cannot pack or scale a " << dtype_name(dtype) << " bucket");
+            "cannot scale a " << dtype_name(dtype) << " bucket (only floating buckets take pre/post scaling)");
   cuda::dispatch_floating(dtype, [&](auto tag) {
     using T = decltype(tag);
-    cuda::launch_multi_tensor<2>(copies.ptrs, copies.numels, stream,
-                                 CopyScaledChunk<T>{fn::Scale{factor, 0.f, true}, factor != 1.f});
+    cuda::launch_multi_tensor<2>(copies.ptrs, copies.numels, stream, ScaledCopyChunk<T>{fn::Scale{factor, 0.f, true}});
   });
 }
 

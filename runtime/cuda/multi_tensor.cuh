@@ -2,7 +2,8 @@
 // One kernel launch over a list of tensors: the launches and their block
 // assignments are planned on the host (runtime/kernels/multi_tensor_plan.h,
 // tested on the CPU); this file carries a plan's table to the device as the
-// kernel's argument and runs a caller's body on each block's chunk. Users:
+// kernel's argument and runs a caller's body on each block's chunk (and gives
+// each large tensor a launch of its own). Users:
 // the gradient buckets' packing and unpacking (collective/cuda/allreduce_op.cu)
 // and the unscale + non-finite check (amp/cuda/amp_ops.cu).
 #include <cuda_runtime.h>
@@ -10,6 +11,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "runtime/check.h"
@@ -51,11 +53,22 @@ __global__ void __launch_bounds__(kMultiTensorThreads) multi_tensor_kernel(Multi
   body(slot, begin, end);
 }
 
+/// A large tensor's own launch: block b takes chunk b of kAloneChunk elements.
+template <int kPointers, typename Body>
+__global__ void __launch_bounds__(kMultiTensorThreads)
+    single_tensor_kernel(TensorSlot<kPointers> slot, int64_t numel, Body body) {
+  const int64_t begin = static_cast<int64_t>(blockIdx.x) * multi_tensor::kAloneChunk;
+  body(slot, begin, min(begin + multi_tensor::kAloneChunk, numel));
+}
+
 /// Runs body(slot, begin, end) on `stream` for every chunk of every tensor:
 /// tensor i has numels[i] elements and the pointers ptrs[i]; all threads of
 /// the block call it with the same slot and [begin, end), which the body walks
-/// with stride blockDim.x. Empty tensors are skipped; the chunks of one tensor
-/// may run in any order, and in several launches.
+/// with stride blockDim.x. Empty tensors are skipped; large ones
+/// (multi_tensor::launched_alone) get a launch each, the others share launches
+/// planned by multi_tensor::plan_launches. Chunks, and tensors, may run in any
+/// order, and in several launches: a body must not read what another tensor's
+/// body writes.
 template <int kPointers, typename Body>
 void launch_multi_tensor(const std::vector<std::array<void*, kPointers>>& ptrs, const std::vector<int64_t>& numels,
                          cudaStream_t stream, const Body& body) {
@@ -63,7 +76,20 @@ void launch_multi_tensor(const std::vector<std::array<void*, kPointers>>& ptrs, 
                 "kernel arguments over 4 KiB: lower multi_tensor::kMaxTensors or kMaxBlocks");
   MIX_CHECK(ptrs.size() == numels.size(),
             "launch_multi_tensor: " << ptrs.size() << " pointer sets for " << numels.size() << " tensors");
-  for (const multi_tensor::LaunchPlan& plan : multi_tensor::plan_launches(numels)) {
+  std::vector<int64_t> shared = numels;  // the large tensors' counts zeroed: no block of theirs in the plan
+  for (size_t i = 0; i < numels.size(); ++i) {
+    if (!multi_tensor::launched_alone(numels[i])) continue;
+    TensorSlot<kPointers> slot{};
+    for (int k = 0; k < kPointers; ++k) slot.ptr[k] = ptrs[i][static_cast<size_t>(k)];
+    slot.index = static_cast<int32_t>(i);
+    const int64_t blocks = (numels[i] + multi_tensor::kAloneChunk - 1) / multi_tensor::kAloneChunk;
+    MIX_CHECK(blocks <= std::numeric_limits<int32_t>::max(), "launch_multi_tensor: " << numels[i] << " elements");
+    single_tensor_kernel<kPointers>
+        <<<static_cast<unsigned>(blocks), kMultiTensorThreads, 0, stream>>>(slot, numels[i], body);
+    MIX_CUDA_CHECK(cudaGetLastError());
+    shared[i] = 0;
+  }
+  for (const multi_tensor::LaunchPlan& plan : multi_tensor::plan_launches(shared)) {
     MultiTensorArgs<kPointers> args{};
     for (size_t j = 0; j < plan.tensors.size(); ++j) {
       const size_t i = plan.tensors[j];

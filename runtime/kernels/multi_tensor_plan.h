@@ -5,8 +5,14 @@
 // megabytes. One launch per tensor spends more of the GPU's time starting and
 // draining kernels than moving bytes; one launch per list keeps it busy.
 //
-// The plan is made on the host, here, in plain C++ so that the CPU tests check
-// it: each launch has a table of at most kMaxTensors tensors and at most
+// Only small tensors share launches. A tensor of more than kLargeTensor
+// elements gets a launch of its own, with as many blocks of kAloneChunk
+// elements as it needs: shared launches hold at most kMaxBlocks blocks, too few
+// to fill an H100-class GPU with memory requests, and a large tensor's own
+// launch costs nothing next to its bytes.
+//
+// The plan of the shared launches is made on the host, here, in plain C++ so
+// that the CPU tests check it: each launch has a table of at most kMaxTensors tensors and at most
 // kMaxBlocks blocks, and block b of a launch works on chunk `block_chunk[b]`
 // (elements [chunk * kChunk, min((chunk + 1) * kChunk, numel))) of table entry
 // `block_tensor[b]`. A tensor too big for what is left of a launch continues in
@@ -25,6 +31,12 @@ namespace mix::multi_tensor {
 inline constexpr int64_t kChunk = 16384;
 inline constexpr int kMaxTensors = 48;
 inline constexpr int kMaxBlocks = 320;
+/// Past this many elements a tensor is launched alone, in blocks of kAloneChunk
+/// (4 elements per thread: every SM kept full).
+inline constexpr int64_t kLargeTensor = 4 * kChunk;
+inline constexpr int64_t kAloneChunk = 1024;
+
+inline bool launched_alone(int64_t numel) { return numel > kLargeTensor; }
 static_assert(kMaxTensors <= 256, "a block's tensor is a uint8_t position in the table");
 
 struct LaunchPlan {

@@ -63,6 +63,20 @@ Tensor i32s(const Shape& s, const std::vector<int32_t>& v) {
   return t;
 }
 
+/// Integers from -100 to 99 in an i32 or i64 tensor.
+Tensor integer_tensor(const Shape& s, DType dtype, uint64_t seed) {
+  const std::vector<float> v = random_tensor(s, DType::f32, seed, -100.f, 100.f).to_floats();
+  Tensor t = Tensor::empty(s, dtype);
+  for (size_t i = 0; i < v.size(); ++i) {
+    const auto k = static_cast<int64_t>(std::floor(v[i]));
+    if (dtype == DType::i32)
+      t.data<int32_t>()[i] = static_cast<int32_t>(k);
+    else
+      t.data<int64_t>()[i] = k;
+  }
+  return t;
+}
+
 std::vector<int32_t> ints(const Tensor& t) {
   REQUIRE(t.dtype() == DType::i32);
   std::vector<int32_t> v(static_cast<size_t>(t.numel()));
@@ -85,7 +99,8 @@ std::map<std::string, Tensor> run_ops(const std::vector<OpDesc>& ops,
   return out;
 }
 
-/// 100 gradient-like shapes, two of them empty and one of 16384 * 320 + 5 elements.
+/// 100 gradient-like shapes up to 18000 elements (shared launches), two of
+/// them empty and one of 16384 * 320 + 5 elements (launched alone).
 std::vector<Shape> many_shapes() {
   std::vector<Shape> shapes;
   for (int64_t i = 0; i < 100; ++i) shapes.push_back(i == 40 || i == 41 ? Shape{0} : Shape{(i * 613) % 9000 + 1, 2});
@@ -184,13 +199,14 @@ TEST_CASE("check_finite_and_unscale on CUDA: FoundInfiniteIn raises FoundInfinit
 TEST_CASE("check_finite_and_unscale on CUDA: a long list of two dtypes, across several multi-tensor launches",
           "[cuda][amp][overlap]") {
   require_gpu();
-  // 130 tensors, f32 and f16 interleaved (two launch groups, each over the
-  // 48-tensor table), sizes from empty to more than one launch's 320 blocks of
-  // 16384 (tensor 7); non-finite values in a tensor past the first table, in
-  // the last chunk of the big one, and in the last tensor.
+  // 130 tensors, f32 and f16 interleaved (two groups, each over more than
+  // one shared launch of 48), sizes from empty to large ones launched alone
+  // (tensor 7, more than 5M elements); non-finite values in f16 tensors past
+  // the first shared launch, in the last chunk of the large one and in the
+  // last tensor, and in an f32 tensor of the f32 group's second launch (100).
   const float inf = std::numeric_limits<float>::infinity();
   const size_t count = 130;
-  const std::set<size_t> bad = {7, 61, 129};
+  const std::set<size_t> bad = {7, 61, 100, 129};
   for (bool fused : {false, true}) {
     std::vector<std::pair<std::string, Tensor>> feeds{{"scale", Tensor::from_floats({1}, {4096.f})}};
     std::vector<std::string> xn;
@@ -231,8 +247,8 @@ TEST_CASE("c_allreduce_start + c_allreduce_wait on CUDA (NCCL, world 1) match th
                         {{{129, 3}}, 0.5, 1.0 / 3.0},
                         {{{129, 3}}, 1.0, 1.0},
                         // Past one multi-tensor launch: more tensors than its table (48), and
-                        // one tensor longer than its 320 blocks of 16384 elements.
-                        {many_shapes(), 0.5, 2.0},
+                        // one large enough to be launched alone.
+                        {many_shapes(), 0.25, 3.0},
                         {many_shapes(), 1.0, 1.0}};
   for (DType dtype : {DType::f32, DType::f16, DType::bf16})
     for (const Case& k : cases) {
@@ -263,6 +279,49 @@ TEST_CASE("c_allreduce_start + c_allreduce_wait on CUDA (NCCL, world 1) match th
         CHECK(cpu.at(xn[0]).item_float(0) != x0.item_float(0));
       }
     }
+}
+
+TEST_CASE("c_allreduce_sum / c_allreduce_max on CUDA (NCCL, world 1) match the CPU ops, integer buckets too",
+          "[cuda][collective]") {
+  require_gpu();
+  Nccl1 nccl;
+  auto local = mc::make_local_communicator();
+  const std::vector<Shape> several = {{1000}, {37, 5}, {0}, {4099}}, one = {{129, 3}};
+  for (const char* type : {"c_allreduce_sum", "c_allreduce_max"})
+    for (DType dtype : {DType::f32, DType::f16, DType::bf16, DType::i32, DType::i64})
+      for (const auto* shapes : {&several, &one}) {
+        const bool floating = dtype == DType::f32 || dtype == DType::f16 || dtype == DType::bf16;
+        const bool scaled = floating && std::string(type) == "c_allreduce_sum";
+        std::vector<std::pair<std::string, Tensor>> feeds;
+        std::vector<std::string> xn;
+        for (size_t i = 0; i < shapes->size(); ++i) {
+          xn.push_back(numbered("g", i));
+          feeds.push_back({xn.back(), floating ? random_tensor((*shapes)[i], dtype, 700 + i, -100.f, 100.f)
+                                               : integer_tensor((*shapes)[i], dtype, 700 + i)});
+        }
+        std::map<std::string, Attr> attrs{{"traffic", std::string("gradients")}};
+        if (scaled) {
+          attrs["prescale"] = 0.25;
+          attrs["postscale"] = 3.0;
+        }
+        const std::vector<OpDesc> ops = {make_op(type, {{"X", xn}}, {{"Out", xn}}, attrs)};
+        const auto gpu = run_ops(ops, feeds, kGpu, *nccl.comm, xn);
+        const auto cpu = run_ops(ops, feeds, cpu_device(), *local, xn);
+        const std::string what =
+            std::string(type) + " " + dname(dtype) + " bucket of " + std::to_string(shapes->size());
+        for (auto& x : xn) expect_identical(gpu.at(x), cpu.at(x), what + " " + x);
+        INFO(what);
+        // The world-1 reduction is the identity: the input comes back, times 0.75 when scaled.
+        const Tensor& x0 = feeds[0].second;
+        const double expected = scaled ? 0.75 * x0.item_float(0) : x0.item_float(0);
+        CHECK(std::fabs(cpu.at(xn[0]).item_float(0) - expected) <= 0.01 * std::fabs(expected) + 1e-6);
+      }
+  // Max takes no scaling, on either device.
+  const std::vector<OpDesc> scaled_max = {
+      make_op("c_allreduce_max", {{"X", {"g0"}}}, {{"Out", {"g0"}}}, {{"prescale", 0.5}})};
+  const std::vector<std::pair<std::string, Tensor>> feed = {{"g0", random_tensor({8}, DType::f32, 9)}};
+  CHECK_THROWS_WITH(run_ops(scaled_max, feed, kGpu, *nccl.comm, {"g0"}), Catch::Contains("only sums"));
+  CHECK_THROWS_WITH(run_ops(scaled_max, feed, cpu_device(), *local, {"g0"}), Catch::Contains("only sums"));
 }
 
 TEST_CASE("c_allreduce_wait on CUDA without its start throws; the communicator names unknown requests",

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -139,6 +140,44 @@ TEST_CASE("a wait with no start in flight is an error that names the bucket", "[
   CHECK_THROWS_WITH(Executor(p, {"g@GRAD"}).run(scope, env),
                     Contains("no all-reduce of grad_bucket.3 is in flight"));
   CHECK_THROWS_WITH(comm->wait(12345), Contains("no such request"));
+}
+
+TEST_CASE("c_allreduce_sum / c_allreduce_max in one op (world 1): scaled floats, integers copied", "[collective]") {
+  auto comm = collective::make_local_communicator();
+  auto run = [&](const std::string& type, const std::vector<Tensor>& xs, std::map<std::string, Attr> attrs) {
+    Program p;
+    Scope scope;
+    std::vector<std::string> names;
+    for (size_t i = 0; i < xs.size(); ++i) {
+      std::string name = "x";
+      name += std::to_string(i);
+      names.push_back(name);
+      p.add_var(temp_var(name, xs[i].shape(), xs[i].dtype()));
+      scope.set(name, xs[i].clone());
+    }
+    p.append_op(make_op(type, {{"X", names}}, {{"Out", names}}, std::move(attrs)));
+    ExecEnv env;
+    env.comm = comm.get();
+    Executor(p, std::set<std::string>(names.begin(), names.end())).run(scope, env);
+    std::vector<std::vector<float>> out;
+    for (auto& n : names) out.push_back(scope.get(n).to_floats());
+    return out;
+  };
+  // Packed (two tensors) and in place (one): x * 0.25 * 3.
+  const auto sum = run("c_allreduce_sum", {Tensor::from_floats({3}, {4.f, -8.f, 1.f}), Tensor::from_floats({1}, {2.f})},
+                       {{"prescale", 0.25}, {"postscale", 3.0}});
+  CHECK(sum == std::vector<std::vector<float>>{{3.f, -6.f, 0.75f}, {1.5f}});
+  CHECK(run("c_allreduce_sum", {Tensor::from_floats({2}, {4.f, 6.f})}, {{"prescale", 0.5}}) ==
+        std::vector<std::vector<float>>{{2.f, 3.f}});
+  Tensor ints = Tensor::empty({3}, DType::i32);
+  ints.data<int32_t>()[0] = 7;
+  ints.data<int32_t>()[1] = -2;
+  ints.data<int32_t>()[2] = 40000;
+  Tensor more = Tensor::empty({1}, DType::i32);
+  more.data<int32_t>()[0] = 5;
+  CHECK(run("c_allreduce_max", {ints, more}, {}) == std::vector<std::vector<float>>{{7.f, -2.f, 40000.f}, {5.f}});
+  CHECK_THROWS_WITH(run("c_allreduce_max", {Tensor::from_floats({1}, {1.f})}, {{"prescale", 0.5}}),
+                    Contains("only sums take pre/post scaling"));
 }
 
 TEST_CASE("overflow mask: one bit per rank, rows OR by summing", "[collective][provenance]") {
