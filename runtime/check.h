@@ -15,6 +15,14 @@ class Error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// A device ran out of memory; the message has the sizes involved. A caller
+/// with a cheaper way to do the same work (a cuDNN algorithm with a smaller
+/// workspace) catches it and takes that way.
+class OutOfMemoryError : public Error {
+ public:
+  using Error::Error;
+};
+
 /// "rank 1/4 on host-a": set once the communicator knows it (log.cc).
 const std::string& process_identity();
 void set_process_identity(int rank, int world);

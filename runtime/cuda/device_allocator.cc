@@ -86,7 +86,11 @@ void* CudaCachingAllocator::allocate(size_t bytes) {
 void* CudaCachingAllocator::malloc_with_retry(size_t rounded, size_t requested) {
   DeviceGuard guard(device_);
   void* p = nullptr;
-  cudaError_t err = cudaMalloc(&p, rounded);
+  // Past set_limit's cap the device counts as full.
+  auto device_malloc = [&] {
+    return reserved_ + rounded > limit_ ? cudaErrorMemoryAllocation : cudaMalloc(&p, rounded);
+  };
+  cudaError_t err = device_malloc();
   const size_t cached_before = cached_;
   if (err == cudaErrorMemoryAllocation) {
     (void)cudaGetLastError();  // out of memory is not sticky; do not let a later launch check report it
@@ -100,7 +104,7 @@ void* CudaCachingAllocator::malloc_with_retry(size_t rounded, size_t requested) 
                << "finish within " << hang_timeout() << " s (MIX_NCCL_TIMEOUT_S); a collective may be waiting for a "
                << "rank that died (see the other ranks' logs) [" << process_identity() << "]");
     empty_cache_locked();
-    err = cudaMalloc(&p, rounded);
+    err = device_malloc();
   }
   if (err == cudaErrorMemoryAllocation) {
     (void)cudaGetLastError();
@@ -112,11 +116,12 @@ void* CudaCachingAllocator::malloc_with_retry(size_t rounded, size_t requested) 
       (void)cudaGetLastError();
       info = "device free/total unknown";
     }
-    MIX_FAIL("CUDA out of memory on device " << device_ << " allocating " << bytes_str(requested)
-                                             << " (rounded to " << rounded << " bytes; live "
-                                             << bytes_str(live_bytes()) << ", cached " << bytes_str(cached_before)
-                                             << " returned to the driver before retrying, " << info
-                                             << ") [" << process_identity() << "]");
+    if (limit_ != std::numeric_limits<size_t>::max()) info += ", this process's limit " + bytes_str(limit_);
+    throw OutOfMemoryError(MIX_STR_CAT("CUDA out of memory on device "
+                                       << device_ << " allocating " << bytes_str(requested) << " (rounded to "
+                                       << rounded << " bytes; live " << bytes_str(live_bytes()) << ", cached "
+                                       << bytes_str(cached_before) << " returned to the driver before retrying, "
+                                       << info << ") [" << process_identity() << "]"));
   }
   if (err != cudaSuccess)  // not a lack of memory: a sticky error from earlier work, or a broken device
     ::mix::throw_check_failure("cudaMalloc(&p, rounded)", __FILE__, __LINE__,
@@ -147,6 +152,16 @@ void CudaCachingAllocator::deallocate(void* p, size_t bytes) noexcept {
     MIX_CUDA_CHECK_NOTHROW(cudaFree(p));
     reserved_ -= b.size;
   }
+}
+
+void CudaCachingAllocator::set_limit(size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  limit_ = bytes;
+}
+
+size_t CudaCachingAllocator::limit() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return limit_;
 }
 
 size_t CudaCachingAllocator::cached_bytes() const {

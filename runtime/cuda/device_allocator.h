@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -44,8 +45,9 @@ class DeviceGuard {
 /// live/peak count the requested bytes handed out (the metrics' peak_bytes);
 /// cached_bytes() is what is held in the free list, reserved_bytes() all that is
 /// held from cudaMalloc. When cudaMalloc fails the cache is returned to the
-/// driver and the allocation retried once; if it fails again a mix::Error names
-/// the device, the request, live/cached bytes and the device's free/total memory.
+/// driver and the allocation retried once; if it fails again a
+/// mix::OutOfMemoryError names the device, the request, live/cached bytes and
+/// the device's free/total memory.
 class CudaCachingAllocator final : public Allocator {
  public:
   explicit CudaCachingAllocator(int device);
@@ -63,6 +65,13 @@ class CudaCachingAllocator final : public Allocator {
   size_t reserved_bytes() const;
   /// Returns every cached block to the driver (waits for the device first).
   void empty_cache() noexcept;
+
+  /// Caps reserved_bytes() (PyTorch's per-process memory fraction, in bytes):
+  /// a cudaMalloc that would pass the cap fails as the device running out
+  /// would, cache returned and retried first. For sharing a GPU, and for tests
+  /// of what runs out of memory. Blocks already held are kept.
+  void set_limit(size_t bytes);
+  size_t limit() const;
 
   /// The size class of a request (exposed for tests).
   static size_t round_size(size_t bytes);
@@ -85,6 +94,7 @@ class CudaCachingAllocator final : public Allocator {
   std::unordered_map<void*, Block> handed_out_;  // every block now handed out
   size_t cached_ = 0;
   size_t reserved_ = 0;
+  size_t limit_ = std::numeric_limits<size_t>::max();
 };
 
 /// Page-locked host memory (cudaMallocHost) as an Allocator, so that tensors

@@ -45,6 +45,7 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/allocator.h"
 #include "runtime/executor.h"
 #include "runtime/op_registry.h"
 #include "runtime/ops/data_format.h"
@@ -56,6 +57,7 @@
 
 #ifdef MIX_HAVE_CUDA
 #include "runtime/cuda/context.h"
+#include "runtime/cuda/device_allocator.h"
 #endif
 
 using namespace mix;
@@ -80,6 +82,24 @@ const Switch kCudnnBenchmark = mix::cuda::set_cudnn_benchmark;
 #else
 const Switch kBatchNormPersistent = nullptr, kCudnnBenchmark = nullptr;
 #endif
+
+/// While it lives, GPU 0's allocator holds no cache and may not take one byte
+/// more from the driver than it holds now (CudaCachingAllocator::set_limit).
+class NoMoreDeviceMemory {
+ public:
+#ifdef MIX_HAVE_CUDA
+  NoMoreDeviceMemory() : alloc_(dynamic_cast<mix::cuda::CudaCachingAllocator&>(allocator_for(kGpu))) {
+    alloc_.empty_cache();
+    before_ = alloc_.limit();
+    alloc_.set_limit(alloc_.reserved_bytes());
+  }
+  ~NoMoreDeviceMemory() { alloc_.set_limit(before_); }
+
+ private:
+  mix::cuda::CudaCachingAllocator& alloc_;
+  size_t before_ = 0;
+#endif
+};
 
 class ScopedSwitch {
  public:
@@ -296,6 +316,53 @@ TEST_CASE("conv2d_grad on cuDNN with only the filter gradient (the first layer)"
       expect_within(b.gpu.at("dw"), ref.dw.value, conv_bound(ref.dw, static_cast<int64_t>(ref.dw.value.size()), dt),
                     "conv2d_grad filter only " + dname(dt) + layout_name(last));
     }
+}
+
+TEST_CASE("conv2d on cuDNN with no memory left for a workspace falls back to an algorithm that needs none",
+          "[cuda][conv2d]") {
+  require_gpu();
+  disable_tf32();
+  const bool benchmark = GENERATE(false, true);
+  const ScopedSwitch timed(kCudnnBenchmark, benchmark);
+  // A shape of its own, so that no algorithm is cached for it yet (the cache
+  // is per process); the same bounds as above hold for whichever runs.
+  const ConvCfg k = benchmark ? ConvCfg{"3x3 no workspace, benchmark", 3, 8, 13, 11, 24, 3, 3, 1, 1, 1, 1}
+                              : ConvCfg{"3x3 no workspace", 3, 8, 11, 13, 24, 3, 3, 1, 1, 1, 1};
+  const std::string what = std::string("conv2d ") + k.name;
+  const Tensor x = uniform_tensor({k.n, k.c, k.h, k.w}, 41);
+  const Tensor f = uniform_tensor({k.oc, k.c, k.kh, k.kw}, 42, -0.5f, 0.5f);
+  const Tensor dy = uniform_tensor({k.n, k.oc, k.oh(), k.ow()}, 43);
+  const ConvRef ref = conv_reference(k, x.to_floats(), f.to_floats(), dy.to_floats());
+
+  Program p;
+  for (auto& [name, t] : {std::pair<const char*, const Tensor&>{"x", x}, {"w", f}, {"dy", dy}})
+    p.add_var(var_desc(name, t.shape(), t.dtype()));
+  p.append_op(make_op("conv2d", {{"Input", {"x"}}, {"Filter", {"w"}}}, {{"Output", {"y"}}}, conv_attrs(k)));
+  p.append_op(make_op("conv2d_grad", {{"Input", {"x"}}, {"Filter", {"w"}}, {"Output@GRAD", {"dy"}}},
+                      {{"Input@GRAD", {"dx"}}, {"Filter@GRAD", {"dw"}}}, conv_attrs(k)));
+  // Inputs and outputs on the GPU before the limit (the ops write into
+  // outputs that already have their shape), so the only memory the ops ask
+  // for is the algorithms' workspaces.
+  Scope scope;
+  scope.set("x", x.to(kGpu));
+  scope.set("w", f.to(kGpu));
+  scope.set("dy", dy.to(kGpu));
+  scope.set("y", Tensor::empty({k.n, k.oc, k.oh(), k.ow()}, DType::f32, kGpu));
+  scope.set("dx", Tensor::empty(x.shape(), DType::f32, kGpu));
+  scope.set("dw", Tensor::empty(f.shape(), DType::f32, kGpu));
+  ExecEnv env;
+  env.device = kGpu;
+  {
+    [[maybe_unused]] const NoMoreDeviceMemory none_left;  // no workspace can be had: only algorithms needing none run
+    Executor(p, {"x", "w", "dy", "y", "dx", "dw"}).run(scope, env);
+  }
+  const int64_t out_plane = k.oh() * k.ow(), in_plane = k.h * k.w;
+  expect_within(scope.get("y").to(cpu_device()), ref.out.value, conv_bound(ref.out, out_plane, DType::f32),
+                what + " forward");
+  expect_within(scope.get("dx").to(cpu_device()), ref.dx.value, conv_bound(ref.dx, in_plane, DType::f32),
+                what + " Input@GRAD");
+  expect_within(scope.get("dw").to(cpu_device()), ref.dw.value,
+                conv_bound(ref.dw, static_cast<int64_t>(ref.dw.value.size()), DType::f32), what + " Filter@GRAD");
 }
 
 // ---- batch_norm ---------------------------------------------------------------------------

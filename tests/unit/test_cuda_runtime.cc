@@ -113,7 +113,7 @@ TEST_CASE("out of memory names the device and the sizes", "[cuda]") {
   std::string msg;
   try {
     a.allocate(absurd);
-  } catch (const mix::Error& e) {
+  } catch (const mix::OutOfMemoryError& e) {  // its own type: callers with a smaller way out catch it
     msg = e.what();
   }
   INFO(msg);
@@ -127,6 +127,33 @@ TEST_CASE("out of memory names the device and the sizes", "[cuda]") {
   void* p = a.allocate(4096);
   CHECK(p != nullptr);
   a.deallocate(p, 4096);
+}
+
+TEST_CASE("a memory limit makes allocations past it fail as out of memory, after returning the cache", "[cuda]") {
+  require_gpu_or_skip();
+  auto& a = dynamic_cast<mix::cuda::CudaCachingAllocator&>(mix::allocator_for(kGpu));
+  a.empty_cache();
+  const size_t before = a.limit();
+  const size_t base = a.reserved_bytes();
+  a.set_limit(base + (4u << 20));
+  void* p = a.allocate(3u << 20);  // 4 MiB class: exactly at the limit
+  CHECK(a.reserved_bytes() == base + (4u << 20));
+  std::string msg;
+  try {
+    a.allocate(512);
+  } catch (const mix::OutOfMemoryError& e) {
+    msg = e.what();
+  }
+  INFO(msg);
+  CHECK(msg.find("limit " + std::to_string(base + (4u << 20)) + " bytes") != std::string::npos);
+  // A freed block is cached, and returned to the driver when the limit is hit.
+  a.deallocate(p, 3u << 20);
+  void* q = a.allocate(512);  // not from the 4 MiB block (too wasteful): the cache goes, then it fits
+  CHECK(a.cached_bytes() == 0);
+  CHECK(a.reserved_bytes() == base + 512);
+  a.deallocate(q, 512);
+  a.set_limit(before);
+  CHECK(cudaGetLastError() == cudaSuccess);
 }
 
 // Returning the cache on out of memory waits for the device; queued work that
@@ -144,8 +171,12 @@ TEST_CASE("out of memory while the device's queued work is stuck ends in an erro
   REQUIRE(cudaLaunchHostFunc(ctx.compute.get(), mix::testing::hold_stream, &hold) == cudaSuccess);
   const auto start = std::chrono::steady_clock::now();
   std::string msg;
+  bool plain_out_of_memory = false;
   try {
     a.allocate(size_t{1} << 50);
+  } catch (const mix::OutOfMemoryError& e) {
+    plain_out_of_memory = true;
+    msg = e.what();
   } catch (const mix::Error& e) {
     msg = e.what();
   }
@@ -156,8 +187,10 @@ TEST_CASE("out of memory while the device's queued work is stuck ends in an erro
   CHECK(msg.find("CUDA out of memory on device 0") != std::string::npos);
   CHECK(msg.find("did not finish within 0.2 s") != std::string::npos);
   CHECK(msg.find("MIX_NCCL_TIMEOUT_S") != std::string::npos);
-  // It gave up at the timeout, long before the held work (3 s) ended.
+  // It gave up at the timeout, long before the held work (3 s) ended. A
+  // stuck device is not a lack of memory: nobody may retry with less.
   CHECK(waited < 2.0);
+  CHECK_FALSE(plain_out_of_memory);
   // Idle again, the same request fails as an ordinary out of memory, having returned the cache.
   msg.clear();
   try {

@@ -41,13 +41,18 @@
 // attributes, layout).
 //
 // Workspaces come from the caching device allocator (cuda::device_workspace),
-// so the allocator's peak counts them.
+// so the allocator's peak counts them. A candidate whose workspace the device
+// cannot give (mix::OutOfMemoryError) is skipped, with a warning, for the next
+// one in the ranking, as PyTorch does: a slower algorithm beats a failed step
+// when the model nearly fills the GPU. A cached choice whose workspace stops
+// fitting is chosen again the same way.
 //
 // No kernels of its own: this file is only the launcher part.
 #include <algorithm>
 #include <array>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -230,7 +235,8 @@ std::string describe(DType t, const ConvDims& d) {
 
 /// --cudnn-benchmark: `algos` fastest first by one timed run each (after an
 /// untimed one, which pays for lazy kernel loading), deterministic ones still
-/// ahead of the others; algorithms cuDNN refuses when run are dropped. Each
+/// ahead of the others; algorithms cuDNN refuses when run, or whose workspace
+/// does not fit (run returns no status), are dropped. Each
 /// run overwrites the pass's output (beta 0); the caller runs the winner last.
 template <typename Run>
 std::vector<Algo> fastest_first(const std::vector<Algo>& algos, const Run& run, int device, cudaStream_t stream,
@@ -242,12 +248,14 @@ std::vector<Algo> fastest_first(const std::vector<Algo>& algos, const Run& run, 
   std::vector<Timed> timed;
   cuda::Event start(/*timing=*/true), stop(/*timing=*/true);
   for (const Algo& a : algos) {
-    const cudnnStatus_t status = run(a);
-    if (CUDNN_STATUS_CATEGORY(status) == CUDNN_STATUS_NOT_SUPPORTED) continue;
-    MIX_CUDNN_CHECK(status);
+    const std::optional<cudnnStatus_t> status = run(a);
+    if (!status || CUDNN_STATUS_CATEGORY(*status) == CUDNN_STATUS_NOT_SUPPORTED) continue;  // no room, or refused
+    MIX_CUDNN_CHECK(*status);
     start.record(stream);
-    MIX_CUDNN_CHECK(run(a));
+    const std::optional<cudnnStatus_t> timed_status = run(a);
     stop.record(stream);
+    if (!timed_status) continue;  // its workspace, cached by the first run, was taken back meanwhile
+    MIX_CUDNN_CHECK(*timed_status);
     // Bounded: the stream may also hold a wait for an all-reduce a dead peer never joins.
     MIX_CHECK(cuda::wait_for_streams(device), op << ": timing cuDNN's algorithms (--cudnn-benchmark) waited more than "
                                                  << cuda::hang_timeout() << " s for the GPU; a peer may have died");
@@ -265,15 +273,27 @@ std::vector<Algo> fastest_first(const std::vector<Algo>& algos, const Run& run, 
 
 /// Runs one convolution pass: `call(algo, workspace)` with the algorithm cached
 /// for these shapes, or, the first time, with cuDNN's viable candidates in
-/// order until one is not refused as unsupported, which is then cached.
+/// order until one is not refused as unsupported and its workspace fits in the
+/// device's memory; that one is cached.
 template <typename Call>
 void run_pass(cudnnHandle_t h, const OpContext& ctx, Pass pass, DType t, const ConvDims& d, const Descriptors& s,
               Call call) {
   const char* op = ctx.op.type.c_str();
   const AlgoKey key = algo_key(ctx.env.device.index, pass, t, d);
-  auto run = [&](const Algo& a) {
+  std::string out_of_memory;  // why the last candidate that did not fit did not
+  // cuDNN's status, or none when the device could not give the workspace.
+  auto run = [&](const Algo& a) -> std::optional<cudnnStatus_t> {
+    Tensor ws;
+    try {
+      ws = cuda::device_workspace(a.workspace, ctx.env.device);
+    } catch (const OutOfMemoryError& e) {
+      out_of_memory = e.what();
+      cuda::log_warning(std::string(op) + ": cuDNN " + pass_name(pass) + " algorithm " + std::to_string(a.algo) +
+                        " for " + describe(t, d) + " needs a workspace of " + std::to_string(a.workspace) +
+                        " bytes that the device cannot give now; trying one that needs less");
+      return std::nullopt;
+    }
     MIX_CUDNN_CHECK(cudnnSetConvolutionMathType(s.conv.get(), a.math));
-    Tensor ws = cuda::device_workspace(a.workspace, ctx.env.device);
     return call(a.algo, ws.raw(), a.workspace);
   };
   {
@@ -281,17 +301,22 @@ void run_pass(cudnnHandle_t h, const OpContext& ctx, Pass pass, DType t, const C
     if (auto it = g_algos.find(key); it != g_algos.end()) {
       const Algo a = it->second;
       lock.unlock();
-      MIX_CUDNN_CHECK(run(a));
-      return;
+      if (const std::optional<cudnnStatus_t> status = run(a)) {
+        MIX_CUDNN_CHECK(*status);
+        return;
+      }
+      lock.lock();
+      g_algos.erase(key);  // its workspace no longer fits: choose again below
     }
   }
   std::vector<Algo> candidates = viable_algos(h, pass, t, s);
   if (cuda::cudnn_benchmark())
     candidates = fastest_first(candidates, run, ctx.env.device.index, cuda::compute_stream(ctx), op);
   for (const Algo& a : candidates) {
-    const cudnnStatus_t status = run(a);
-    if (CUDNN_STATUS_CATEGORY(status) == CUDNN_STATUS_NOT_SUPPORTED) continue;  // any NOT_SUPPORTED_* code
-    MIX_CUDNN_CHECK(status);
+    const std::optional<cudnnStatus_t> status = run(a);
+    if (!status) continue;  // no room for its workspace: the next needs less, or as much
+    if (CUDNN_STATUS_CATEGORY(*status) == CUDNN_STATUS_NOT_SUPPORTED) continue;  // any NOT_SUPPORTED_* code
+    MIX_CUDNN_CHECK(*status);
     cuda::discard_cudnn_last_error();  // the refusals before it are not errors for a later check to report
     if (!a.deterministic)  // once per shape: the choice is cached below
       cuda::log_warning(std::string(op) + ": cuDNN has no deterministic " + pass_name(pass) + " algorithm for " +
@@ -302,6 +327,10 @@ void run_pass(cudnnHandle_t h, const OpContext& ctx, Pass pass, DType t, const C
     return;
   }
   cuda::discard_cudnn_last_error();
+  if (!out_of_memory.empty())
+    throw OutOfMemoryError(MIX_STR_CAT(op << ": no cuDNN " << pass_name(pass) << " algorithm for " << describe(t, d)
+                                          << " fits in the device memory left (a smaller --batch-size needs less); "
+                                          << "the last one tried: " << out_of_memory));
   MIX_FAIL(op << ": cuDNN offers no " << pass_name(pass) << " algorithm for " << describe(t, d) << " within a "
               << (kWorkspaceLimit >> 20) << " MiB workspace"
               << (t == DType::f32 && !cuda::allow_tf32() ? " in FMA (non-TF32) math (--allow-tf32 widens the choice)"
