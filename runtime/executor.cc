@@ -43,6 +43,9 @@ void Executor::run(Scope& scope, ExecEnv& env) const {
       } else {
         kernel(ctx);
       }
+    } catch (const OutOfMemoryError& e) {  // keeps its type: callers may take a way that needs less
+      throw OutOfMemoryError(std::string(e.what()) + " (in op " + std::to_string(op_indices_[k]) + ": " + op.type +
+                             ")");
     } catch (const Error& e) {
       throw Error(std::string(e.what()) + " (in op " + std::to_string(op_indices_[k]) + ": " + op.type + ")");
     }

@@ -1,5 +1,6 @@
 #include "runtime/cuda/device_allocator.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <limits>
@@ -86,14 +87,18 @@ void* CudaCachingAllocator::allocate(size_t bytes) {
 void* CudaCachingAllocator::malloc_with_retry(size_t rounded, size_t requested) {
   DeviceGuard guard(device_);
   void* p = nullptr;
-  // Past set_limit's cap the device counts as full.
+  // Past set_limit's cap the device counts as full (no CUDA call made, so no
+  // CUDA error to clear); written so that it cannot wrap around.
+  bool refused_by_limit = false;
   auto device_malloc = [&] {
-    return reserved_ + rounded > limit_ ? cudaErrorMemoryAllocation : cudaMalloc(&p, rounded);
+    refused_by_limit = rounded > limit_ - std::min(reserved_, limit_);
+    return refused_by_limit ? cudaErrorMemoryAllocation : cudaMalloc(&p, rounded);
   };
   cudaError_t err = device_malloc();
   const size_t cached_before = cached_;
   if (err == cudaErrorMemoryAllocation) {
-    (void)cudaGetLastError();  // out of memory is not sticky; do not let a later launch check report it
+    // Out of memory is not sticky; do not let a later launch check report it.
+    if (!refused_by_limit) (void)cudaGetLastError();
     // Returning the cache waits for the whole device (cudaDeviceSynchronize,
     // cudaFree). Work that never finishes, a collective waiting for a dead
     // peer, would hang that forever: wait under the hang timeout first.
@@ -107,7 +112,7 @@ void* CudaCachingAllocator::malloc_with_retry(size_t rounded, size_t requested) 
     err = device_malloc();
   }
   if (err == cudaErrorMemoryAllocation) {
-    (void)cudaGetLastError();
+    if (!refused_by_limit) (void)cudaGetLastError();
     size_t free_b = 0, total_b = 0;
     std::string info;
     if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {

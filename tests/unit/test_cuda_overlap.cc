@@ -201,9 +201,10 @@ TEST_CASE("check_finite_and_unscale on CUDA: a long list of two dtypes, across s
   require_gpu();
   // 130 tensors, f32 and f16 interleaved (two groups, each over more than
   // one shared launch of 48), sizes from empty to large ones launched alone
-  // (tensor 7, more than 5M elements); non-finite values in f16 tensors past
-  // the first shared launch, in the last chunk of the large one and in the
-  // last tensor, and in an f32 tensor of the f32 group's second launch (100).
+  // (tensor 7, more than 5M elements); non-finite values in the last chunk of
+  // the large one, in f16 tensors of the first and the second shared launch
+  // (61, 129: the last tensor), and in an f32 tensor of its group's second
+  // shared launch (100).
   const float inf = std::numeric_limits<float>::infinity();
   const size_t count = 130;
   const std::set<size_t> bad = {7, 61, 100, 129};

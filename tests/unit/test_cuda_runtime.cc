@@ -133,7 +133,11 @@ TEST_CASE("a memory limit makes allocations past it fail as out of memory, after
   require_gpu_or_skip();
   auto& a = dynamic_cast<mix::cuda::CudaCachingAllocator&>(mix::allocator_for(kGpu));
   a.empty_cache();
-  const size_t before = a.limit();
+  struct RestoreLimit {  // even when a REQUIRE fails: the next tests need the whole GPU
+    mix::cuda::CudaCachingAllocator& a;
+    size_t before;
+    ~RestoreLimit() { a.set_limit(before); }
+  } restore{a, a.limit()};
   const size_t base = a.reserved_bytes();
   a.set_limit(base + (4u << 20));
   void* p = a.allocate(3u << 20);  // 4 MiB class: exactly at the limit
@@ -152,8 +156,7 @@ TEST_CASE("a memory limit makes allocations past it fail as out of memory, after
   CHECK(a.cached_bytes() == 0);
   CHECK(a.reserved_bytes() == base + 512);
   a.deallocate(q, 512);
-  a.set_limit(before);
-  CHECK(cudaGetLastError() == cudaSuccess);
+  CHECK(cudaGetLastError() == cudaSuccess);  // a refusal by the limit leaves no CUDA error behind
 }
 
 // Returning the cache on out of memory waits for the device; queued work that

@@ -23,7 +23,8 @@
 // the first that has the allowed math type and a workspace within
 // kWorkspaceLimit, and that cuDNN does not refuse as unsupported when run,
 // wins. Heuristics, not timed search (Find*), so every rank and every run picks
-// the same algorithm for the same shapes. The backward passes prefer
+// the same algorithm for the same shapes (unless memory runs short, below).
+// The backward passes prefer
 // deterministic algorithms (no atomic adds into dX or dW), as the project's own
 // reductions are (runtime/ops/cuda/device_ops.cuh). Where cuDNN has none for a
 // shape (odd channel counts such as the 3-channel stem can lack one in NHWC
@@ -43,9 +44,12 @@
 // Workspaces come from the caching device allocator (cuda::device_workspace),
 // so the allocator's peak counts them. A candidate whose workspace the device
 // cannot give (mix::OutOfMemoryError) is skipped, with a warning, for the next
-// one in the ranking, as PyTorch does: a slower algorithm beats a failed step
-// when the model nearly fills the GPU. A cached choice whose workspace stops
-// fitting is chosen again the same way.
+// one in the ranking (which may need less, or not), as PyTorch does: a slower
+// algorithm beats a failed step when the model nearly fills the GPU. A cached
+// choice whose workspace stops fitting is chosen again the same way. Then the
+// choice depends on the memory free at that moment, and may differ between
+// ranks and runs, and a backward pass may even fall back to a nondeterministic
+// algorithm (the warning says why); ranks still agree, as above.
 //
 // No kernels of its own: this file is only the launcher part.
 #include <algorithm>
@@ -68,8 +72,8 @@ namespace mix {
 namespace {
 
 /// Largest workspace an algorithm may ask for: a fixed limit (not a share of
-/// the free memory) so that the choice never depends on what else is
-/// allocated; algorithms wanting more (large FFT tilings) are skipped.
+/// the free memory) so that, memory permitting, the choice does not depend on
+/// what else is allocated; algorithms wanting more (large FFT tilings) are skipped.
 constexpr size_t kWorkspaceLimit = size_t{512} << 20;
 
 enum class Pass : int64_t { forward, backward_data, backward_filter };
@@ -280,7 +284,8 @@ void run_pass(cudnnHandle_t h, const OpContext& ctx, Pass pass, DType t, const C
               Call call) {
   const char* op = ctx.op.type.c_str();
   const AlgoKey key = algo_key(ctx.env.device.index, pass, t, d);
-  std::string out_of_memory;  // why the last candidate that did not fit did not
+  std::string out_of_memory;           // why the last candidate that did not fit did not
+  bool deterministic_skipped = false;  // a deterministic candidate did not fit
   // cuDNN's status, or none when the device could not give the workspace.
   auto run = [&](const Algo& a) -> std::optional<cudnnStatus_t> {
     Tensor ws;
@@ -288,9 +293,10 @@ void run_pass(cudnnHandle_t h, const OpContext& ctx, Pass pass, DType t, const C
       ws = cuda::device_workspace(a.workspace, ctx.env.device);
     } catch (const OutOfMemoryError& e) {
       out_of_memory = e.what();
-      cuda::log_warning(std::string(op) + ": cuDNN " + pass_name(pass) + " algorithm " + std::to_string(a.algo) +
-                        " for " + describe(t, d) + " needs a workspace of " + std::to_string(a.workspace) +
-                        " bytes that the device cannot give now; trying one that needs less");
+      deterministic_skipped = deterministic_skipped || a.deterministic;
+      cuda::log_warning(std::string(op) + ": skipping cuDNN " + pass_name(pass) + " algorithm " +
+                        std::to_string(a.algo) + " for " + describe(t, d) + ": its workspace of " +
+                        std::to_string(a.workspace) + " bytes is more than the device can give now");
       return std::nullopt;
     }
     MIX_CUDNN_CHECK(cudnnSetConvolutionMathType(s.conv.get(), a.math));
@@ -314,13 +320,15 @@ void run_pass(cudnnHandle_t h, const OpContext& ctx, Pass pass, DType t, const C
     candidates = fastest_first(candidates, run, ctx.env.device.index, cuda::compute_stream(ctx), op);
   for (const Algo& a : candidates) {
     const std::optional<cudnnStatus_t> status = run(a);
-    if (!status) continue;  // no room for its workspace: the next needs less, or as much
+    if (!status) continue;  // no room for its workspace: the next may need less
     if (CUDNN_STATUS_CATEGORY(*status) == CUDNN_STATUS_NOT_SUPPORTED) continue;  // any NOT_SUPPORTED_* code
     MIX_CUDNN_CHECK(*status);
     cuda::discard_cudnn_last_error();  // the refusals before it are not errors for a later check to report
     if (!a.deterministic)  // once per shape: the choice is cached below
       cuda::log_warning(std::string(op) + ": cuDNN has no deterministic " + pass_name(pass) + " algorithm for " +
-                        describe(t, d) + "; running nondeterministic algorithm " + std::to_string(a.algo) +
+                        describe(t, d) +
+                        (deterministic_skipped ? " whose workspace fits in the device memory left" : "") +
+                        "; running nondeterministic algorithm " + std::to_string(a.algo) +
                         " (the last bits may differ from run to run; ranks still agree)");
     std::lock_guard<std::mutex> lock(g_algo_mu);
     g_algos.emplace(key, a);
