@@ -1,5 +1,7 @@
 #include "runtime/optim/optimizer.h"
 
+#include <algorithm>
+
 #include "runtime/autodiff.h"
 #include "runtime/op_registry.h"
 
@@ -33,6 +35,19 @@ void Optimizer::declare_common(Program& p, const std::string& skip) {
 
 double Optimizer::weight_decay_of(const Program& p, const std::string& param, double weight_decay) const {
   return no_decay_1d_ && p.var(param).shape.size() < 2 ? 0.0 : weight_decay;
+}
+
+std::vector<Optimizer::UpdateGroup> Optimizer::update_groups(const Program& p, const ParamGrads& grads,
+                                                             double weight_decay) const {
+  std::vector<UpdateGroup> groups;
+  for (auto& [param, grad] : grads) {
+    const double wd = weight_decay_of(p, param, weight_decay);
+    auto g = std::find_if(groups.begin(), groups.end(), [&](const UpdateGroup& k) { return k.weight_decay == wd; });
+    if (g == groups.end()) g = groups.insert(groups.end(), UpdateGroup{wd, {}, {}});
+    g->params.push_back(param);
+    g->grads.push_back(grad);
+  }
+  return groups;
 }
 
 std::string Optimizer::declare_slot(Program& p, const std::string& slot, const std::string& param) {

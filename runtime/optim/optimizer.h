@@ -55,6 +55,14 @@ class Optimizer {
  protected:
   /// `weight_decay`, or 0 for `param` when set_no_decay_1d leaves it out.
   double weight_decay_of(const Program& p, const std::string& param, double weight_decay) const;
+  /// The parameters in groups of one weight decay (weight_decay_of), in the
+  /// order each group first appears, parameters in their order within it: one
+  /// update op per group.
+  struct UpdateGroup {
+    double weight_decay = 0;
+    std::vector<std::string> params, grads;
+  };
+  std::vector<UpdateGroup> update_groups(const Program& p, const ParamGrads& grads, double weight_decay) const;
   /// Declares a zero-initialised persistable FP32 slot `optimizer.<slot>.<param>` shaped like the parameter.
   std::string declare_slot(Program& p, const std::string& slot, const std::string& param);
   /// Declares learning_rate and optimizer.step, and appends the op that counts

@@ -8,11 +8,13 @@ namespace {
 
 void sgd_cpu(OpContext& ctx) {
   if (skip_this_step(ctx)) return;
-  auto [param, grad] = param_and_grad(ctx);
   const fn::SgdUpdate update{learning_rate(ctx), ctx.attr<float>("weight_decay", 0.f)};
-  float* __restrict p = param->data<float>();
-  const float* __restrict g = grad->data<float>();
-  for (int64_t i = 0; i < param->numel(); ++i) update(p[i], g[i]);
+  for (size_t k = 0, n = updated_count(ctx); k < n; ++k) {
+    auto [param, grad] = param_and_grad(ctx, k);
+    float* __restrict p = param->data<float>();
+    const float* __restrict g = grad->data<float>();
+    for (int64_t i = 0; i < param->numel(); ++i) update(p[i], g[i]);
+  }
 }
 
 MIX_REGISTER_OP("sgd", OpInfo{{}, sgd_cpu, {}, {}});
@@ -23,9 +25,9 @@ class Sgd final : public Optimizer {
   std::string name() const override { return "sgd"; }
   void append_update_ops(Program& p, const ParamGrads& grads, const std::string& skip) override {
     declare_common(p, skip);
-    for (auto& [param, grad] : grads) {
-      OpDesc op = make_op("sgd", update_inputs(param, grad, kLearningRate, skip), {{"ParamOut", {param}}},
-                          {{"weight_decay", weight_decay_of(p, param, weight_decay_)}});
+    for (const UpdateGroup& g : update_groups(p, grads, weight_decay_)) {
+      OpDesc op = make_op("sgd", update_inputs(g.params, g.grads, kLearningRate, skip), {{"ParamOut", g.params}},
+                          {{"weight_decay", g.weight_decay}});
       op.role = OpRole::optimize;
       p.append_op(std::move(op));
     }

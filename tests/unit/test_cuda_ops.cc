@@ -72,6 +72,14 @@ std::string numbered(const char* base, size_t i) {
 
 Tensor i64s(const Shape& s, const std::vector<int64_t>& v) { return mix::testing::i64_tensor(s, v); }
 
+/// The value fed as `name`.
+const Tensor& feeds_value(const std::vector<std::pair<std::string, Tensor>>& feeds, const std::string& name) {
+  for (auto& [n, t] : feeds)
+    if (n == name) return t;
+  FAIL("no feed " << name);
+  return feeds.front().second;
+}
+
 Tensor i32s(const Shape& s, const std::vector<int32_t>& v) {
   Tensor t = Tensor::empty(s, DType::i32);
   REQUIRE(t.numel() == static_cast<int64_t>(v.size()));
@@ -742,6 +750,80 @@ TEST_CASE("adamw matches the CPU at several steps, bias corrections computed on 
           what);
     }
   }
+}
+
+TEST_CASE("update ops over many parameters on CUDA: each as its own op would update it", "[cuda][optim]") {
+  require_gpu();
+  // 70 parameters: small ones sharing multi-tensor launches (more than one
+  // launch's 48), two large enough to be launched alone, one empty. The
+  // grouped op must give each parameter and its state exactly the bits of a
+  // one-parameter op (the same functor on the same values: the single-
+  // parameter tests above compare those with the CPU).
+  std::vector<Shape> shapes;
+  for (int64_t i = 0; i < 70; ++i) shapes.push_back({(i * 389) % 3000 + 1, 3});
+  shapes[5] = {300, 301};
+  shapes[50] = {70001};
+  shapes[20] = {0};
+  struct Kind {
+    const char* type;
+    std::vector<std::pair<const char*, const char*>> state;  // input slot, output slot
+    std::map<std::string, Attr> attrs;
+  };
+  const Kind kinds[] = {
+      {"sgd", {}, {{"weight_decay", 0.01}}},
+      {"momentum", {{"Velocity", "VelocityOut"}}, {{"mu", 0.9}, {"weight_decay", 0.01}, {"use_nesterov", true}}},
+      {"adamw",
+       {{"Moment1", "Moment1Out"}, {"Moment2", "Moment2Out"}},
+       {{"beta1", 0.9}, {"beta2", 0.999}, {"epsilon", 1e-8}, {"weight_decay", 0.01}}}};
+  for (const Kind& kind : kinds)
+    for (int skip : {0, 1}) {
+      std::vector<std::pair<std::string, Tensor>> feeds{
+          {"lr", Tensor::from_floats({1}, {0.01f})}, {"skip", i32s({1}, {skip})}, {"t", i64s({1}, {3})}};
+      std::vector<std::string> results;
+      std::vector<OpDesc> singles;
+      std::map<std::string, std::vector<std::string>> ins{
+          {"LearningRate", {"lr"}}, {"SkipUpdate", {"skip"}}, {"Param", {}}, {"Grad", {}}};
+      std::map<std::string, std::vector<std::string>> outs{{"ParamOut", {}}};
+      for (size_t k = 0; k < shapes.size(); ++k) {
+        const std::string id = std::to_string(k);
+        std::map<std::string, std::vector<std::string>> one_in{
+            {"LearningRate", {"lr"}}, {"SkipUpdate", {"skip"}}, {"Param", {"p" + id}}, {"Grad", {"g" + id}}};
+        std::map<std::string, std::vector<std::string>> one_out{{"ParamOut", {"p" + id}}};
+        feeds.push_back({"p" + id, uniform_tensor(shapes[k], 800 + k, -2.f, 2.f)});
+        feeds.push_back({"g" + id, uniform_tensor(shapes[k], 900 + k, -1.f, 1.f)});
+        results.push_back("p" + id);
+        for (auto& [in_slot, out_slot] : kind.state) {
+          const std::string name = std::string(in_slot) + id;
+          // Second moments must be non-negative; the first moment and velocity any sign.
+          const float lo = std::string(in_slot) == "Moment2" ? 0.f : -0.1f;
+          feeds.push_back({name, uniform_tensor(shapes[k], 1000 + 7 * k, lo, 0.1f)});
+          results.push_back(name);
+          one_in[in_slot] = {name};
+          one_out[out_slot] = {name};
+          ins[in_slot].push_back(name);
+          outs[out_slot].push_back(name);
+        }
+        if (std::string(kind.type) == "adamw") one_in["Step"] = {"t"};
+        ins["Param"].push_back("p" + id);
+        ins["Grad"].push_back("g" + id);
+        outs["ParamOut"].push_back("p" + id);
+        singles.push_back(make_op(kind.type, one_in, one_out, kind.attrs));
+      }
+      if (std::string(kind.type) == "adamw") ins["Step"] = {"t"};
+      const std::vector<OpDesc> grouped = {make_op(kind.type, ins, outs, kind.attrs)};
+      ExecEnv env;
+      const auto one_op = run_ops_on(grouped, feeds, kGpu, env, results);
+      const auto many_ops = run_ops_on(singles, feeds, kGpu, env, results);
+      const std::string what = std::string(kind.type) + (skip ? " (skipped)" : "");
+      for (size_t i = 0; i < results.size(); ++i) {
+        expect_identical(one_op.at(results[i]), many_ops.at(results[i]), what + " " + results[i]);
+        if (skip) expect_identical(one_op.at(results[i]), feeds_value(feeds, results[i]), what + " unchanged");
+      }
+      if (!skip) {
+        INFO(what);  // the update did happen, in the large and in the last parameters too
+        for (const char* p : {"p5", "p50", "p69"}) CHECK(one_op.at(p).to_floats() != feeds_value(feeds, p).to_floats());
+      }
+    }
 }
 
 TEST_CASE("increment_step advances the device step unless the step is skipped", "[cuda][optim]") {

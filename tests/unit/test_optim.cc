@@ -162,6 +162,65 @@ TEST_CASE("set_no_decay_1d leaves 1-D parameters out of weight decay", "[optim]"
   CHECK(two_steps(*amp_opt) == two_steps(*plain));
 }
 
+// One update op per weight-decay group (the GPU updates a group in a few
+// multi-tensor launches); each parameter of a group gets exactly the bits an
+// op of its own gives it.
+TEST_CASE("update ops: one per weight-decay group, each parameter as if alone", "[optim]") {
+  using Make = std::function<std::unique_ptr<optim::Optimizer>()>;
+  const std::vector<std::pair<std::string, Make>> makers = {
+      {"sgd", [] { return optim::make_sgd(0.01); }},
+      {"momentum", [] { return optim::make_momentum(0.9, 0.01, true); }},
+      {"adamw", [] { return optim::make_adamw(0.9, 0.999, 1e-8, 0.01); }}};
+  const std::vector<float> g = {0.5f, -1.f, 0.25f, 2.f};
+  for (const auto& [name, make_opt] : makers)
+    for (bool no_decay_1d : {false, true}) {
+      INFO(name << (no_decay_1d ? ", no decay for 1-D" : ""));
+      // Alone: w [4], as make() sets it up.
+      auto alone_opt = make_opt();
+      alone_opt->set_no_decay_1d(no_decay_1d);
+      Setup alone = make(*alone_opt, false);
+      step(alone, g);
+      step(alone, g);
+      // Grouped: a matrix before it and a bias after it.
+      auto opt = make_opt();
+      opt->set_no_decay_1d(no_decay_1d);
+      Setup t;
+      t.p.add_var(VarDesc{"a", {2, 3}, DType::f32, true, true, false, {}});
+      t.p.add_var(VarDesc{"w", {4}, DType::f32, true, true, false, {}});
+      t.p.add_var(VarDesc{"b", {2}, DType::f32, true, true, false, {}});
+      for (const char* n : {"a@GRAD", "w@GRAD", "b@GRAD"})
+        t.p.add_var(VarDesc{n, {n[0] == 'a' ? 6 : n[0] == 'w' ? 4 : 2}, DType::f32, false, false, true, {}});
+      opt->append_update_ops(t.p, {{"a", "a@GRAD"}, {"w", "w@GRAD"}, {"b", "b@GRAD"}}, "");
+      std::vector<std::vector<std::string>> groups;
+      for (const OpDesc& op : t.p.ops())
+        if (op.type == name) groups.push_back(op.ins("Param"));
+      if (no_decay_1d)
+        CHECK(groups == std::vector<std::vector<std::string>>{{"a"}, {"w", "b"}});
+      else
+        CHECK(groups == std::vector<std::vector<std::string>>{{"a", "w", "b"}});
+      initialize_persistables(t.p, t.s, 1);
+      t.s.set("a", Tensor::from_floats({2, 3}, {1.f, 2.f, 3.f, -1.f, -2.f, -3.f}));
+      t.s.set("w", Tensor::from_floats({4}, {1.f, -2.f, 0.5f, 3.f}));
+      t.s.set("b", Tensor::from_floats({2}, {0.25f, -0.75f}));
+      t.s.get(optim::kLearningRate).data<float>()[0] = 0.1f;
+      for (int k = 0; k < 2; ++k) {
+        t.s.set("a@GRAD", Tensor::from_floats({6}, {0.1f, 0.2f, -0.3f, 0.4f, 0.5f, -0.6f}).reshaped({2, 3}));
+        t.s.set("w@GRAD", Tensor::from_floats({4}, g));
+        t.s.set("b@GRAD", Tensor::from_floats({2}, {1.f, -1.f}));
+        ExecEnv env;
+        Executor(t.p, {}).run(t.s, env);
+      }
+      CHECK(t.s.get("w").to_floats() == alone.s.get("w").to_floats());
+      for (auto& v : alone.p.vars())
+        if (v.persistable && v.name != optim::kLearningRate) {
+          INFO(v.name);
+          CHECK(t.s.get(v.name).to_floats() == alone.s.get(v.name).to_floats());
+        }
+      CHECK(t.s.get("a").to_floats() != std::vector<float>{1.f, 2.f, 3.f, -1.f, -2.f, -3.f});  // the others move too
+      CHECK(t.s.get("b").to_floats() != std::vector<float>{0.25f, -0.75f});
+    }
+}
+
 TEST_CASE("learning-rate schedules", "[optim]") {
   optim::LrSchedule c{"constant", 0.1, 0, 100};
   CHECK(c.at(0) == 0.1);

@@ -10,8 +10,12 @@
 // Unlike the CPU kernel, adamw cannot report optimizer.step < 1 (increment_step
 // did not run first) without a host round trip; Optimizer::append_update_ops
 // always puts increment_step first.
+#include <array>
 #include <cstdint>
+#include <string>
+#include <vector>
 
+#include "runtime/cuda/multi_tensor.cuh"
 #include "runtime/kernels/functors.h"
 #include "runtime/ops/cuda/device_ops.cuh"
 #include "runtime/optim/update_op.h"
@@ -21,64 +25,67 @@ namespace {
 
 using cuda::ScalarRef;
 
-// ---- kernels -------------------------------------------------------------------------
+// ---- kernels: the bodies of multi-tensor launches ----------------------------------------
+// One update op updates a group of parameters (runtime/optim/update_op.h); the
+// launches cover them all (runtime/cuda/multi_tensor.cuh): small parameters
+// share launches, large ones get one each, ~160 ResNet-50 parameters so cost
+// about 40 launches instead of 160. Every thread of a block calls the body.
 
-struct SgdMap {
-  float* p;
-  const float* g;
+/// Slots: param, grad.
+struct SgdChunk {
   const float* lr;
   ScalarRef skip;
   float weight_decay;
-  __device__ void operator()(int64_t i) const {
+  __device__ void operator()(const cuda::TensorSlot<2>& s, int64_t begin, int64_t end) const {
     if (cuda::flag_set(skip)) return;
+    float* p = static_cast<float*>(s.ptr[0]);
+    const float* g = static_cast<const float*>(s.ptr[1]);
     const fn::SgdUpdate update{*lr, weight_decay};
-    update(p[i], g[i]);
+    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) update(p[i], g[i]);
   }
 };
 
-struct MomentumMap {
-  float* p;
-  float* velocity;
-  const float* g;
+/// Slots: param, velocity, grad.
+struct MomentumChunk {
   const float* lr;
   ScalarRef skip;
   float mu, weight_decay;
   bool nesterov;
-  __device__ void operator()(int64_t i) const {
+  __device__ void operator()(const cuda::TensorSlot<3>& s, int64_t begin, int64_t end) const {
     if (cuda::flag_set(skip)) return;
+    float* p = static_cast<float*>(s.ptr[0]);
+    float* velocity = static_cast<float*>(s.ptr[1]);
+    const float* g = static_cast<const float*>(s.ptr[2]);
     const fn::MomentumUpdate update{*lr, mu, weight_decay, nesterov};
-    update(p[i], velocity[i], g[i]);
+    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) update(p[i], velocity[i], g[i]);
   }
 };
 
-struct AdamWArgs {
-  float* p;
-  float* m;
-  float* v;
-  const float* g;
-  int64_t n;
+/// Slots: param, m, v, grad.
+struct AdamWChunk {
   const float* lr;
   const int64_t* step;  // optimizer.step, already advanced by increment_step
   ScalarRef skip;
   double beta1, beta2;
   float eps, weight_decay;
-};
-
-__global__ void adamw_kernel(AdamWArgs a) {
-  // The step's constants, once per block: two double pows are worth sharing.
-  __shared__ fn::AdamWUpdate update;
-  __shared__ bool skip;
-  if (threadIdx.x == 0) {
-    skip = cuda::flag_set(a.skip);
-    if (!skip) update = fn::adamw_update_for_step(*a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, *a.step);
+  __device__ void operator()(const cuda::TensorSlot<4>& s, int64_t begin, int64_t end) const {
+    // The step's constants, once per block: two double pows are worth sharing.
+    __shared__ fn::AdamWUpdate shared_update;
+    __shared__ bool skipped;
+    if (threadIdx.x == 0) {
+      skipped = cuda::flag_set(skip);
+      if (!skipped) shared_update = fn::adamw_update_for_step(*lr, beta1, beta2, eps, weight_decay, *step);
+    }
+    __syncthreads();
+    if (skipped) return;
+    const fn::AdamWUpdate u = shared_update;
+    float* p = static_cast<float*>(s.ptr[0]);
+    float* m = static_cast<float*>(s.ptr[1]);
+    float* v = static_cast<float*>(s.ptr[2]);
+    const float* g = static_cast<const float*>(s.ptr[3]);
+    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) u(p[i], m[i], v[i], g[i]);
   }
-  __syncthreads();
-  if (skip) return;
-  const fn::AdamWUpdate u = update;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < a.n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    u(a.p[i], a.m[i], a.v[i], a.g[i]);
-}
+};
 
 struct IncrementStep {
   int64_t* step;
@@ -109,69 +116,61 @@ const float* learning_rate_on_device(const OpContext& ctx) {
   return lr.data<float>();
 }
 
-/// An optimizer state slot (updated in place), checked against the parameter.
-Tensor& state_slot(OpContext& ctx, const char* slot, const Tensor& param) {
-  Tensor& t = ctx.out_existing(slot);
-  MIX_CHECK(t.dtype() == DType::f32 && t.numel() == param.numel(),
-            ctx.op.type << ": " << slot << " " << dtype_name(t.dtype()) << shape_str(t.shape())
-                        << " does not match the FP32 parameter " << shape_str(param.shape()));
-  cuda::check_on_device(ctx, t, slot);
-  return t;
-}
-
-void check_param_on_device(const OpContext& ctx, const Tensor& param, const Tensor& grad) {
-  cuda::check_on_device(ctx, param, "Param");
-  cuda::check_on_device(ctx, grad, "Grad");
+/// The op's parameters, each with its state slots (outputs, in place) and its
+/// gradient, checked and on the device, as the pointer sets of a
+/// multi-tensor launch: {param, state slots..., grad}.
+template <int kPointers>
+struct UpdateTensors {
+  std::vector<std::array<void*, kPointers>> ptrs;
+  std::vector<int64_t> numels;
+};
+template <int kPointers>
+UpdateTensors<kPointers> update_tensors(OpContext& ctx, const std::array<const char*, kPointers - 2>& state_slots) {
+  UpdateTensors<kPointers> u;
+  const size_t n = updated_count(ctx, std::vector<const char*>(state_slots.begin(), state_slots.end()));
+  for (size_t k = 0; k < n; ++k) {
+    auto [param, grad] = param_and_grad(ctx, k);
+    cuda::check_on_device(ctx, *param, "Param '" + ctx.op.ins("Param").at(k) + "'");
+    cuda::check_on_device(ctx, *grad, "Grad '" + ctx.op.ins("Grad").at(k) + "'");
+    std::array<void*, kPointers> p{};
+    p[0] = param->raw();
+    for (int j = 0; j < kPointers - 2; ++j) {
+      Tensor& state = state_of(ctx, state_slots[static_cast<size_t>(j)], k, *param);
+      cuda::check_on_device(ctx, state, state_slots[static_cast<size_t>(j)]);
+      p[static_cast<size_t>(j) + 1] = state.raw();
+    }
+    p[kPointers - 1] = const_cast<void*>(grad->raw());
+    u.ptrs.push_back(p);
+    u.numels.push_back(param->numel());
+  }
+  return u;
 }
 
 void sgd_cuda(OpContext& ctx) {
-  auto [param, grad] = param_and_grad(ctx);
-  check_param_on_device(ctx, *param, *grad);
-  const SgdMap f{param->data<float>(), grad->data<float>(), learning_rate_on_device(ctx), skip_flag(ctx),
-                 ctx.attr<float>("weight_decay", 0.f)};
-  cuda::launch_grid_stride(param->numel(), cuda::compute_stream(ctx), f);
+  const UpdateTensors<2> u = update_tensors<2>(ctx, {});
+  cuda::launch_multi_tensor<2>(
+      u.ptrs, u.numels, cuda::compute_stream(ctx),
+      SgdChunk{learning_rate_on_device(ctx), skip_flag(ctx), ctx.attr<float>("weight_decay", 0.f)});
 }
 
 void momentum_cuda(OpContext& ctx) {
-  auto [param, grad] = param_and_grad(ctx);
-  check_param_on_device(ctx, *param, *grad);
-  Tensor& velocity = state_slot(ctx, "VelocityOut", *param);
-  const MomentumMap f{param->data<float>(),
-                      velocity.data<float>(),
-                      grad->data<float>(),
-                      learning_rate_on_device(ctx),
-                      skip_flag(ctx),
-                      ctx.attr<float>("mu", 0.9f),
-                      ctx.attr<float>("weight_decay", 0.f),
-                      ctx.attr<bool>("use_nesterov", false)};
-  cuda::launch_grid_stride(param->numel(), cuda::compute_stream(ctx), f);
+  const UpdateTensors<3> u = update_tensors<3>(ctx, {"VelocityOut"});
+  cuda::launch_multi_tensor<3>(
+      u.ptrs, u.numels, cuda::compute_stream(ctx),
+      MomentumChunk{learning_rate_on_device(ctx), skip_flag(ctx), ctx.attr<float>("mu", 0.9f),
+                    ctx.attr<float>("weight_decay", 0.f), ctx.attr<bool>("use_nesterov", false)});
 }
 
 void adamw_cuda(OpContext& ctx) {
-  auto [param, grad] = param_and_grad(ctx);
-  check_param_on_device(ctx, *param, *grad);
-  Tensor& m = state_slot(ctx, "Moment1Out", *param);
-  Tensor& v = state_slot(ctx, "Moment2Out", *param);
+  const UpdateTensors<4> u = update_tensors<4>(ctx, {"Moment1Out", "Moment2Out"});
   const Tensor& step = ctx.in("Step");
   MIX_CHECK(step.dtype() == DType::i64 && step.numel() == 1,
             "adamw: Step must be i64 [1], got " << dtype_name(step.dtype()) << shape_str(step.shape()));
   cuda::check_on_device(ctx, step, "Step");
-  const int64_t n = param->numel();
-  if (n == 0) return;
-  const AdamWArgs a{param->data<float>(),
-                    m.data<float>(),
-                    v.data<float>(),
-                    grad->data<float>(),
-                    n,
-                    learning_rate_on_device(ctx),
-                    step.data<int64_t>(),
-                    skip_flag(ctx),
-                    ctx.attr<double>("beta1", 0.9),
-                    ctx.attr<double>("beta2", 0.999),
-                    ctx.attr<float>("epsilon", 1e-8f),
-                    ctx.attr<float>("weight_decay", 0.01f)};
-  adamw_kernel<<<cuda::grid_blocks(n), cuda::kBlock, 0, cuda::compute_stream(ctx)>>>(a);
-  MIX_CUDA_CHECK(cudaGetLastError());
+  cuda::launch_multi_tensor<4>(u.ptrs, u.numels, cuda::compute_stream(ctx),
+                               AdamWChunk{learning_rate_on_device(ctx), step.data<int64_t>(), skip_flag(ctx),
+                                          ctx.attr<double>("beta1", 0.9), ctx.attr<double>("beta2", 0.999),
+                                          ctx.attr<float>("epsilon", 1e-8f), ctx.attr<float>("weight_decay", 0.01f)});
 }
 
 void increment_step_cuda(OpContext& ctx) {
