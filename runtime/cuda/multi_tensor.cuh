@@ -3,9 +3,10 @@
 // assignments are planned on the host (runtime/kernels/multi_tensor_plan.h,
 // tested on the CPU); this file carries a plan's table to the device as the
 // kernel's argument and runs a caller's body on each block's chunk (and gives
-// each large tensor a launch of its own). Users:
-// the gradient buckets' packing and unpacking (collective/cuda/allreduce_op.cu)
-// and the unscale + non-finite check (amp/cuda/amp_ops.cu).
+// each large tensor a launch of its own). Users: the gradient buckets'
+// packing and unpacking (collective/cuda/allreduce_op.cu), the unscale +
+// non-finite check (amp/cuda/amp_ops.cu) and the optimizer updates
+// (runtime/optim/cuda/updates.cu).
 #include <cuda_runtime.h>
 
 #include <algorithm>
