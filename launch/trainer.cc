@@ -421,10 +421,16 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   env.rank = rank;  // dropout masks differ between ranks (each rank's examples are its own)
   // Started gradient all-reduces advance between backward's ops.
   env.progress = [&grad_comm] { grad_comm.progress(); };
-  // MIX_PROFILE_OPS=1: time every op and print the totals by op type at the end.
+  // MIX_PROFILE_OPS=1: time every op and print the totals by op type at the end
+  // (on a GPU by events on its compute stream: the device's time per op).
   std::map<std::string, double> op_seconds;
   const char* profile_env = std::getenv("MIX_PROFILE_OPS");
-  if (profile_env && std::string(profile_env) == "1") env.op_seconds = &op_seconds;
+  std::unique_ptr<OpTimer> op_timer;  // on a GPU: each op's time on the device, not its launch time on the host
+  if (profile_env && std::string(profile_env) == "1") {
+    env.op_seconds = &op_seconds;
+    if (device.kind != DeviceKind::cpu) op_timer = require_device_backend(device.kind).make_op_timer(device.index);
+    env.op_timer = op_timer.get();
+  }
   MetricsWriter metrics(rank == 0 ? c.metrics : "");
   if (rank == 0)
     spdlog::info("training {} ({}{}), {} steps of {} x {} examples, precision {}, gradient all-reduce in {}", c.model,
@@ -657,7 +663,8 @@ int run_training(const TrainConfig& c, Communicator& comm) {
       total += secs;
     }
     std::sort(by_time.rbegin(), by_time.rend());
-    spdlog::info("op time by type over {} steps ({:.3f} s in ops):", steps_run, total);
+    spdlog::info("op time by type over {} steps ({:.3f} s in ops, {}):", steps_run, total,
+                 op_timer ? "measured on the device" : "wall time on the host");
     for (auto& [secs, type] : by_time)
       spdlog::info("  {:<36} {:8.3f} ms/step {:5.1f}%", type, 1e3 * secs / static_cast<double>(steps_run),
                    100 * secs / total);

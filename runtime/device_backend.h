@@ -3,6 +3,8 @@
 // registers itself from a static initialiser, so the runtime and its callers
 // never #ifdef on CUDA: a CPU-only build simply has no backend for cuda.
 #include <cstddef>
+#include <memory>
+#include <vector>
 
 #include "runtime/allocator.h"
 #include "runtime/device.h"
@@ -15,6 +17,22 @@ struct DeviceOptions {
   bool allow_tf32 = false;             // FP32 GEMMs and convolutions may use TF32 tensor cores (--allow-tf32)
   bool batch_norm_persistent = false;  // training batch_norm on cuDNN's persistent kernels (--cudnn-bn-persistent)
   bool cudnn_benchmark = false;        // time cuDNN's convolution algorithms once per shape (--cudnn-benchmark)
+};
+
+/// Times ops by the device's own clock, for MIX_PROFILE_OPS on a device whose
+/// kernels run asynchronously (host time would only count their launches).
+/// The executor starts the timer before the first op and marks the device's
+/// queue after each op; collect() then gives each op's device time.
+class OpTimer {
+ public:
+  virtual ~OpTimer() = default;
+  /// Forgets earlier marks (of a run that failed, say) and marks the start.
+  virtual void start() = 0;
+  /// Marks the point of the device's compute queue after everything queued so far.
+  virtual void mark() = 0;
+  /// Waits for the last mark; returns the seconds between consecutive marks
+  /// since start(), in order (one per mark).
+  virtual std::vector<double> collect() = 0;
 };
 
 class DeviceBackend {
@@ -40,6 +58,11 @@ class DeviceBackend {
   }
   /// The backend's speed and precision choices (mixtrain's GPU flags).
   virtual void set_options(const DeviceOptions& options) { (void)options; }
+  /// A timer of device `index`'s compute queue; nullptr when host time is the device's time.
+  virtual std::unique_ptr<OpTimer> make_op_timer(int index) {
+    (void)index;
+    return nullptr;
+  }
 };
 
 /// Registers the backend of a device kind (not cpu); later registrations replace earlier ones.

@@ -4,6 +4,7 @@
 #include <map>
 
 #include "runtime/check.h"
+#include "runtime/device_backend.h"
 
 namespace mix {
 
@@ -29,6 +30,9 @@ Executor::Executor(const Program& program, std::set<std::string> keep, OpFilter 
 
 void Executor::run(Scope& scope, ExecEnv& env) const {
   const OpRegistry& reg = OpRegistry::instance();
+  // Device-timed profiling: a mark before the first op and after each.
+  OpTimer* const timer = env.op_seconds ? env.op_timer : nullptr;
+  if (timer) timer->start();
   for (size_t k = 0; k < op_indices_.size(); ++k) {
     const OpDesc& op = program_.ops()[op_indices_[k]];
     const OpInfo& info = reg.get(op.type);
@@ -36,12 +40,13 @@ void Executor::run(Scope& scope, ExecEnv& env) const {
     MIX_CHECK(kernel, "op " << op.type << " has no kernel for device " << env.device.str());
     OpContext ctx(op, scope, env);
     try {
-      if (env.op_seconds) {
+      if (env.op_seconds && !timer) {
         const auto t0 = std::chrono::steady_clock::now();
         kernel(ctx);
         (*env.op_seconds)[op.type] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       } else {
         kernel(ctx);
+        if (timer) timer->mark();
       }
     } catch (const OutOfMemoryError& e) {  // keeps its type: callers may take a way that needs less
       throw OutOfMemoryError(std::string(e.what()) + " (in op " + std::to_string(op_indices_[k]) + ": " + op.type +
@@ -51,6 +56,12 @@ void Executor::run(Scope& scope, ExecEnv& env) const {
     }
     for (auto& n : release_after_[k]) scope.erase(n);
     if (env.progress && !env.in_flight.empty()) env.progress();
+  }
+  if (timer) {
+    const std::vector<double> secs = timer->collect();
+    MIX_CHECK(secs.size() == op_indices_.size(),
+              "op timer gave " << secs.size() << " times for " << op_indices_.size() << " ops");
+    for (size_t k = 0; k < secs.size(); ++k) (*env.op_seconds)[program_.ops()[op_indices_[k]].type] += secs[k];
   }
   // A start without its wait would leave a collective running into the next
   // step (and every rank's next collective out of step): a program bug.

@@ -14,6 +14,7 @@
 
 namespace mix {
 
+class OpTimer;  // runtime/device_backend.h
 namespace collective {
 class Communicator;
 }
@@ -45,8 +46,11 @@ struct ExecEnv {
   /// trainer sets it). A copy here because runtime/ must not depend on
   /// collective/: dropout mixes it into its mask key, so ranks drop different units.
   int rank = 0;
-  /// When set, the executor adds each op's wall time here, by op type (profiling).
+  /// When set, the executor adds each op's time here, by op type (profiling):
+  /// its wall time on the host, or with `op_timer` its time on the device.
   std::map<std::string, double>* op_seconds = nullptr;
+  /// The device's op timer (DeviceBackend::make_op_timer), for op_seconds.
+  OpTimer* op_timer = nullptr;
   /// False for evaluation: batch_norm normalises with its running statistics
   /// and updates nothing (PyTorch's model.eval()).
   bool training = true;

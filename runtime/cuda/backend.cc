@@ -9,11 +9,46 @@
 #include "runtime/cuda/context.h"
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/device_allocator.h"
+#include "runtime/cuda/stream.h"
 #include "runtime/device_backend.h"
 
 namespace mix::cuda {
 
 namespace {
+
+/// MIX_PROFILE_OPS on a GPU: a timing event recorded on the compute stream
+/// per mark, the events reused run after run; collect() waits for the device
+/// (bounded by the hang timeout) and reads the elapsed times between them.
+class CudaOpTimer final : public OpTimer {
+ public:
+  explicit CudaOpTimer(int device) : device_(device) {}
+
+  void start() override {
+    used_ = 0;
+    mark();
+  }
+
+  void mark() override {
+    DeviceContext& c = use_device(device_);
+    if (used_ == events_.size()) events_.emplace_back(/*timing=*/true);
+    events_[used_++].record(c.compute.get());
+  }
+
+  std::vector<double> collect() override {
+    std::vector<double> secs;
+    if (used_ == 0) return secs;
+    MIX_CHECK(wait_for_streams(device_), "MIX_PROFILE_OPS: the GPU's queued work did not finish within "
+                                             << hang_timeout() << " s (MIX_NCCL_TIMEOUT_S); a peer may have died");
+    for (size_t k = 1; k < used_; ++k) secs.push_back(1e-3 * events_[k].elapsed_ms_since(events_[k - 1]));
+    used_ = 0;
+    return secs;
+  }
+
+ private:
+  int device_;
+  std::vector<Event> events_;
+  size_t used_ = 0;
+};
 
 class CudaBackend final : public DeviceBackend {
  public:
@@ -69,6 +104,8 @@ class CudaBackend final : public DeviceBackend {
     cuda::set_batch_norm_persistent(o.batch_norm_persistent);
     cuda::set_cudnn_benchmark(o.cudnn_benchmark);
   }
+
+  std::unique_ptr<OpTimer> make_op_timer(int index) override { return std::make_unique<CudaOpTimer>(index); }
 
   Allocator* pinned_host_allocator(int index) override {
     std::call_once(pinned_once_, [this] {

@@ -4,14 +4,15 @@
 // reports as skipped, never as passed.
 #include <catch2/catch.hpp>
 
-#include "tests/unit/require_gpu.h"
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
+#include "tests/unit/require_gpu.h"
 
 #include "runtime/check.h"
 #include "runtime/device_backend.h"
@@ -127,6 +128,31 @@ TEST_CASE("out of memory names the device and the sizes", "[cuda]") {
   void* p = a.allocate(4096);
   CHECK(p != nullptr);
   a.deallocate(p, 4096);
+}
+
+TEST_CASE("the GPU op timer measures the device's time between marks, not the host's", "[cuda]") {
+  require_gpu_or_skip();
+  std::unique_ptr<mix::OpTimer> timer = mix::require_device_backend(mix::DeviceKind::cuda).make_op_timer(0);
+  REQUIRE(timer);
+  mix::cuda::DeviceContext& ctx = mix::cuda::use_device(0);
+  double hold = 0.2;                   // the "op": 200 ms of work queued on the compute stream
+  for (int run = 0; run < 2; ++run) {  // the second run reuses the events
+    timer->start();
+    const auto t0 = std::chrono::steady_clock::now();
+    REQUIRE(cudaLaunchHostFunc(ctx.compute.get(), mix::testing::hold_stream, &hold) == cudaSuccess);
+    timer->mark();  // returns at once: the host only queued the work
+    timer->mark();  // an "op" that queued nothing
+    const double host_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const std::vector<double> secs = timer->collect();  // waits for the device
+    REQUIRE(secs.size() == 2);
+    INFO("run " << run << ": device " << secs[0] << " s, " << secs[1] << " s; host " << host_s << " s");
+    CHECK(host_s < 0.1);
+    CHECK(secs[0] >= 0.19);
+    CHECK(secs[0] < 2.0);
+    CHECK(secs[1] >= 0.0);
+    CHECK(secs[1] < 0.05);
+  }
+  CHECK(timer->collect().empty());  // nothing marked since
 }
 
 TEST_CASE("a memory limit makes allocations past it fail as out of memory, after returning the cache", "[cuda]") {
