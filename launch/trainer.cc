@@ -440,6 +440,14 @@ int run_training(const TrainConfig& c, Communicator& comm) {
 
   auto evaluate = [&]() {
     EvalResult r;
+    // The op profile is of training steps: evaluation's ops stay out of it.
+    std::map<std::string, double>* const profile = env.op_seconds;
+    env.op_seconds = nullptr;
+    struct RestoreProfile {
+      ExecEnv& env;
+      std::map<std::string, double>* profile;
+      ~RestoreProfile() { env.op_seconds = profile; }
+    } restore{env, profile};
     const data::Dataset& ds = data.test;
     if (ds.size() == 0) return r;
     std::vector<int64_t> idx;
@@ -564,6 +572,9 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     const double samples_per_s = static_cast<double>(n * world) / std::max(secs, 1e-9);
     const double tokens_per_s = samples_per_s * static_cast<double>(model.tokens_per_example);
     const bool timed = !c.benchmark || step >= c.benchmark_warmup;
+    // The op profile, like the speed, leaves out the warm-up (first-step
+    // costs: cuDNN's choices, lazy module loading, allocator growth).
+    if (!timed) op_seconds.clear();
     if (timed) {
       timed_seconds += secs;
       timed_samples += n * world;
@@ -663,11 +674,13 @@ int run_training(const TrainConfig& c, Communicator& comm) {
       total += secs;
     }
     std::sort(by_time.rbegin(), by_time.rend());
-    spdlog::info("op time by type over {} steps ({:.3f} s in ops, {}):", steps_run, total,
-                 op_timer ? "measured on the device" : "wall time on the host");
+    spdlog::info("op time by type over {} steps ({:.3f} s in ops, {}):", sps_count, total,
+                 op_timer ? "on the device: from the end of the op before to the end of this one, so an op the "
+                            "host was slow to queue counts the GPU's wait for it too"
+                          : "wall time on the host");
     for (auto& [secs, type] : by_time)
-      spdlog::info("  {:<36} {:8.3f} ms/step {:5.1f}%", type, 1e3 * secs / static_cast<double>(steps_run),
-                   100 * secs / total);
+      spdlog::info("  {:<36} {:8.3f} ms/step {:5.1f}%", type,
+                   1e3 * secs / static_cast<double>(std::max<int64_t>(sps_count, 1)), 100 * secs / total);
   }
   if (rank == 0) {
     if (c.benchmark)

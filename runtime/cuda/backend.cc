@@ -37,6 +37,7 @@ class CudaOpTimer final : public OpTimer {
   std::vector<double> collect() override {
     std::vector<double> secs;
     if (used_ == 0) return secs;
+    use_device(device_);  // wait_for_streams records its events on the current device
     MIX_CHECK(wait_for_streams(device_), "MIX_PROFILE_OPS: the GPU's queued work did not finish within "
                                              << hang_timeout() << " s (MIX_NCCL_TIMEOUT_S); a peer may have died");
     for (size_t k = 1; k < used_; ++k) secs.push_back(1e-3 * events_[k].elapsed_ms_since(events_[k - 1]));

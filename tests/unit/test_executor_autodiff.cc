@@ -113,19 +113,41 @@ TEST_CASE("MIX_PROFILE_OPS with a device timer: each op's device time, by op typ
   CHECK(secs["relu"] == Approx(5e-3));
   CHECK(secs["tanh"] == Approx(2e-3));
   CHECK(secs["mean"] == Approx(3e-3));
-  // A run that fails part way leaves marks behind; the next run starts over.
-  Scope bad;  // no x: the first op throws
-  CHECK_THROWS(ex.run(bad, env));
+  // A run that fails part way (its second op reads a variable nobody fed)
+  // leaves a mark behind and adds nothing; the next run starts over.
+  Program broken;
+  broken.add_var(VarDesc{"x", {-1, 8}, DType::f32, false, false, true, {}});
+  broken.add_var(VarDesc{"missing", {-1, 8}, DType::f32, false, false, true, {}});
+  broken.append_op(make_op("relu", {{"X", {"x"}}}, {{"Out", {"y"}}}));
+  broken.append_op(make_op("elementwise_add", {{"X", {"y"}}, {"Y", {"missing"}}}, {{"Out", {"z"}}}));
+  Scope b;
+  b.set("x", Tensor::from_floats({2, 8}, std::vector<float>(16, 0.5f)));
+  CHECK_THROWS(Executor(broken, {"z"}).run(b, env));
+  CHECK(secs["relu"] == Approx(5e-3));
   s.set("x", Tensor::from_floats({2, 8}, std::vector<float>(16, 0.5f)));
   ex.run(s, env);
   CHECK(timer.starts == 3);
   CHECK(secs["relu"] == Approx(10e-3));
   CHECK(secs["mean"] == Approx(6e-3));
+  // Only the ops the executor runs are timed, each under its own type.
+  Program branches;
+  branches.add_var(VarDesc{"x", {-1, 8}, DType::f32, false, false, true, {}});
+  branches.append_op(make_op("relu", {{"X", {"x"}}}, {{"Out", {"y"}}}));
+  branches.append_op(make_op("tanh", {{"X", {"x"}}}, {{"Out", {"t"}}}));
+  branches.append_op(make_op("mean", {{"X", {"y"}}}, {{"Out", {"l"}}}));
+  std::map<std::string, double> only;
+  env.op_seconds = &only;
+  s.set("x", Tensor::from_floats({2, 8}, std::vector<float>(16, 0.5f)));
+  Executor(branches, {"l"}, [](const OpDesc& op) { return op.type != "tanh"; }).run(s, env);
+  CHECK(only.size() == 2);
+  CHECK(only["relu"] == Approx(1e-3));
+  CHECK(only["mean"] == Approx(2e-3));
   // Without op_seconds the timer is not used.
+  CHECK(timer.starts == 4);
   env.op_seconds = nullptr;
   s.set("x", Tensor::from_floats({2, 8}, std::vector<float>(16, 0.5f)));
   ex.run(s, env);
-  CHECK(timer.starts == 3);
+  CHECK(timer.starts == 4);
 }
 
 TEST_CASE("the allocator's live bytes return to where they were after a run", "[executor]") {
