@@ -48,11 +48,12 @@ void Executor::run(Scope& scope, ExecEnv& env) const {
         kernel(ctx);
         if (timer) timer->mark();
       }
-    } catch (const OutOfMemoryError& e) {  // keeps its type: callers may take a way that needs less
-      throw OutOfMemoryError(std::string(e.what()) + " (in op " + std::to_string(op_indices_[k]) + ": " + op.type +
-                             ")");
     } catch (const Error& e) {
-      throw Error(std::string(e.what()) + " (in op " + std::to_string(op_indices_[k]) + ": " + op.type + ")");
+      const std::string where =
+          std::string(e.what()) + " (in op " + std::to_string(op_indices_[k]) + ": " + op.type + ")";
+      // Out of memory keeps its type: callers may take a way that needs less.
+      if (dynamic_cast<const OutOfMemoryError*>(&e)) throw OutOfMemoryError(where);
+      throw Error(where);
     }
     for (auto& n : release_after_[k]) scope.erase(n);
     if (env.progress && !env.in_flight.empty()) env.progress();

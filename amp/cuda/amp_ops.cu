@@ -25,7 +25,6 @@
 // step, when it reads the loss and found_inf anyway: the same error, from the
 // same state, for a step that was skipped either way.
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -113,8 +112,7 @@ void run_unscale(OpContext& ctx, bool to_f32) {
   // FoundInfiniteEach is raised in X's slot.
   struct Group {
     DType in, out;
-    std::vector<std::array<void*, 2>> ptrs;
-    std::vector<int64_t> numels;
+    cuda::TensorList<2> tensors;  // pointers: X, Out
   };
   std::vector<Group> groups;
   // Handles on every X until the launches are queued: an Out written before a
@@ -131,19 +129,16 @@ void run_unscale(OpContext& ctx, bool to_f32) {
     Tensor& out = ctx.out("Out", x.shape(), out_dtype, i);
     auto g = std::find_if(groups.begin(), groups.end(),
                           [&](const Group& k) { return k.in == x.dtype() && k.out == out_dtype; });
-    if (g == groups.end()) g = groups.insert(groups.end(), Group{x.dtype(), out_dtype, {}, {}});
+    if (g == groups.end()) g = groups.insert(groups.end(), Group{x.dtype(), out_dtype, {}});
     // Every X keeps its index (an empty one too: it gets no block, and its flag stays 0).
-    g->ptrs.resize(i + 1, {nullptr, nullptr});
-    g->numels.resize(i + 1, 0);
-    g->ptrs[i] = {const_cast<void*>(x.raw()), out.raw()};
-    g->numels[i] = x.numel();
+    g->tensors.put(i, {const_cast<void*>(x.raw()), out.raw()}, x.numel());
   }
   for (const Group& g : groups)
     cuda::dispatch_floating(g.in, [&](auto in_tag) {
       using In = decltype(in_tag);
       cuda::dispatch_floating(g.out, [&](auto out_tag) {
         using Out = decltype(out_tag);
-        cuda::launch_multi_tensor<2>(g.ptrs, g.numels, stream,
+        cuda::launch_multi_tensor<2>(g.tensors, stream,
                                      UnscaleCheckChunk<In, Out>{scale.data<float>(), found_p, each_p});
       });
     });

@@ -66,17 +66,14 @@ struct ScaledCopyChunk {
   }
 };
 
-/// The copies of one pass over a bucket: {src, dst} and the element count of each.
-struct Copies {
-  std::vector<std::array<void*, 2>> ptrs;
-  std::vector<int64_t> numels;
-  /// Adds src -> dst; a tensor onto itself only when there is a factor to apply.
-  void add(const void* src, void* dst, int64_t n, float factor) {
-    if (n == 0 || (src == dst && factor == 1.f)) return;
-    ptrs.push_back({const_cast<void*>(src), dst});
-    numels.push_back(n);
-  }
-};
+/// The copies of one pass over a bucket (pointers: src, dst).
+using Copies = cuda::TensorList<2>;
+
+/// Adds src -> dst; a tensor onto itself only when there is a factor to apply.
+void add_copy(Copies& copies, const void* src, void* dst, int64_t n, float factor) {
+  if (n == 0 || (src == dst && factor == 1.f)) return;
+  copies.add({const_cast<void*>(src), dst}, n);
+}
 
 /// Runs the copies on `stream`, each multiplied by `factor`: a plain copy of
 /// any dtype when it is 1 (integer buckets of c_allreduce_sum / _max too), a
@@ -86,13 +83,13 @@ void copy_scaled_on_device(const Copies& copies, DType dtype, float factor, cuda
   if (factor == 1.f) {
     switch (dtype_size(dtype)) {
       case 1:
-        return cuda::launch_multi_tensor<2>(copies.ptrs, copies.numels, stream, CopyChunk<uint8_t>{});
+        return cuda::launch_multi_tensor<2>(copies, stream, CopyChunk<uint8_t>{});
       case 2:
-        return cuda::launch_multi_tensor<2>(copies.ptrs, copies.numels, stream, CopyChunk<uint16_t>{});
+        return cuda::launch_multi_tensor<2>(copies, stream, CopyChunk<uint16_t>{});
       case 4:
-        return cuda::launch_multi_tensor<2>(copies.ptrs, copies.numels, stream, CopyChunk<uint32_t>{});
+        return cuda::launch_multi_tensor<2>(copies, stream, CopyChunk<uint32_t>{});
       case 8:
-        return cuda::launch_multi_tensor<2>(copies.ptrs, copies.numels, stream, CopyChunk<uint64_t>{});
+        return cuda::launch_multi_tensor<2>(copies, stream, CopyChunk<uint64_t>{});
       default:
         MIX_FAIL("cannot copy " << dtype_name(dtype) << " elements of " << dtype_size(dtype) << " bytes");
     }
@@ -101,7 +98,7 @@ void copy_scaled_on_device(const Copies& copies, DType dtype, float factor, cuda
             "cannot scale a " << dtype_name(dtype) << " bucket (only floating buckets take pre/post scaling)");
   cuda::dispatch_floating(dtype, [&](auto tag) {
     using T = decltype(tag);
-    cuda::launch_multi_tensor<2>(copies.ptrs, copies.numels, stream, ScaledCopyChunk<T>{fn::Scale{factor, 0.f, true}});
+    cuda::launch_multi_tensor<2>(copies, stream, ScaledCopyChunk<T>{fn::Scale{factor, 0.f, true}});
   });
 }
 
@@ -113,7 +110,7 @@ void pack_scaled(const OpContext& ctx, void* buffer, DType dtype, float factor, 
   for (auto& n : ctx.op.ins("X")) {
     const Tensor& t = ctx.scope.get(n);
     cuda::check_on_device(ctx, t, "X '" + n + "'");
-    copies.add(t.raw(), static_cast<char*>(buffer) + offset, t.numel(), factor);
+    add_copy(copies, t.raw(), static_cast<char*>(buffer) + offset, t.numel(), factor);
     offset += t.bytes();
   }
   copy_scaled_on_device(copies, dtype, factor, stream);
@@ -125,7 +122,7 @@ void unpack_scaled(OpContext& ctx, const Tensor& buffer, const std::string& buff
   Copies copies;
   for_each_slice(ctx, "Out", buffer, buffer_name, [&](Tensor& t, const std::string& name, size_t offset, bool) {
     cuda::check_on_device(ctx, t, "Out '" + name + "'");
-    copies.add(static_cast<const char*>(buffer.raw()) + offset, t.raw(), t.numel(), factor);
+    add_copy(copies, static_cast<const char*>(buffer.raw()) + offset, t.raw(), t.numel(), factor);
   });
   copy_scaled_on_device(copies, buffer.dtype(), factor, stream);
 }

@@ -31,6 +31,26 @@ struct TensorSlot {
   int32_t index;
 };
 
+/// The tensors of a multi-tensor launch: tensor i has the pointers ptrs[i]
+/// (what they are is the body's business) and numels[i] elements; its index,
+/// TensorSlot::index, is i.
+template <int kPointers>
+struct TensorList {
+  std::vector<std::array<void*, kPointers>> ptrs;
+  std::vector<int64_t> numels;
+  /// Appends a tensor.
+  void add(const std::array<void*, kPointers>& p, int64_t numel) { put(numels.size(), p, numel); }
+  /// Sets tensor `index`, empty tensors filling any gap before it.
+  void put(size_t index, const std::array<void*, kPointers>& p, int64_t numel) {
+    if (index >= numels.size()) {
+      ptrs.resize(index + 1, std::array<void*, kPointers>{});
+      numels.resize(index + 1, 0);
+    }
+    ptrs[index] = p;
+    numels[index] = numel;
+  }
+};
+
 /// One launch's table (multi_tensor::LaunchPlan, flattened into fixed arrays).
 template <int kPointers>
 struct MultiTensorArgs {
@@ -62,8 +82,8 @@ __global__ void __launch_bounds__(kMultiTensorThreads)
   body(slot, begin, min(begin + multi_tensor::kAloneChunk, numel));
 }
 
-/// Runs body(slot, begin, end) on `stream` for every chunk of every tensor:
-/// tensor i has numels[i] elements and the pointers ptrs[i]; all threads of
+/// Runs body(slot, begin, end) on `stream` for every chunk of every tensor of
+/// the list; all threads of
 /// the block call it with the same slot and [begin, end), which the body walks
 /// with stride blockDim.x. Empty tensors are skipped; large ones
 /// (multi_tensor::launched_alone) get a launch each, the others share launches
@@ -71,12 +91,11 @@ __global__ void __launch_bounds__(kMultiTensorThreads)
 /// order, and in several launches: a body must not read what another tensor's
 /// body writes.
 template <int kPointers, typename Body>
-void launch_multi_tensor(const std::vector<std::array<void*, kPointers>>& ptrs, const std::vector<int64_t>& numels,
-                         cudaStream_t stream, const Body& body) {
+void launch_multi_tensor(const TensorList<kPointers>& list, cudaStream_t stream, const Body& body) {
   static_assert(sizeof(MultiTensorArgs<kPointers>) + sizeof(Body) <= 4096,
                 "kernel arguments over 4 KiB: lower multi_tensor::kMaxTensors or kMaxBlocks");
-  MIX_CHECK(ptrs.size() == numels.size(),
-            "launch_multi_tensor: " << ptrs.size() << " pointer sets for " << numels.size() << " tensors");
+  const auto& ptrs = list.ptrs;
+  const auto& numels = list.numels;
   std::vector<int64_t> shared = numels;  // the large tensors' counts zeroed: no block of theirs in the plan
   for (size_t i = 0; i < numels.size(); ++i) {
     if (!multi_tensor::launched_alone(numels[i])) continue;

@@ -120,13 +120,8 @@ const float* learning_rate_on_device(const OpContext& ctx) {
 /// gradient, checked and on the device, as the pointer sets of a
 /// multi-tensor launch: {param, state slots..., grad}.
 template <int kPointers>
-struct UpdateTensors {
-  std::vector<std::array<void*, kPointers>> ptrs;
-  std::vector<int64_t> numels;
-};
-template <int kPointers>
-UpdateTensors<kPointers> update_tensors(OpContext& ctx, const std::array<const char*, kPointers - 2>& state_slots) {
-  UpdateTensors<kPointers> u;
+cuda::TensorList<kPointers> update_tensors(OpContext& ctx, const std::array<const char*, kPointers - 2>& state_slots) {
+  cuda::TensorList<kPointers> u;
   const size_t n = updated_count(ctx, std::vector<const char*>(state_slots.begin(), state_slots.end()));
   for (size_t k = 0; k < n; ++k) {
     auto [param, grad] = param_and_grad(ctx, k);
@@ -140,34 +135,33 @@ UpdateTensors<kPointers> update_tensors(OpContext& ctx, const std::array<const c
       p[static_cast<size_t>(j) + 1] = state.raw();
     }
     p[kPointers - 1] = const_cast<void*>(grad->raw());
-    u.ptrs.push_back(p);
-    u.numels.push_back(param->numel());
+    u.add(p, param->numel());
   }
   return u;
 }
 
 void sgd_cuda(OpContext& ctx) {
-  const UpdateTensors<2> u = update_tensors<2>(ctx, {});
+  const cuda::TensorList<2> u = update_tensors<2>(ctx, {});
   cuda::launch_multi_tensor<2>(
-      u.ptrs, u.numels, cuda::compute_stream(ctx),
+      u, cuda::compute_stream(ctx),
       SgdChunk{learning_rate_on_device(ctx), skip_flag(ctx), ctx.attr<float>("weight_decay", 0.f)});
 }
 
 void momentum_cuda(OpContext& ctx) {
-  const UpdateTensors<3> u = update_tensors<3>(ctx, {"VelocityOut"});
+  const cuda::TensorList<3> u = update_tensors<3>(ctx, {"VelocityOut"});
   cuda::launch_multi_tensor<3>(
-      u.ptrs, u.numels, cuda::compute_stream(ctx),
+      u, cuda::compute_stream(ctx),
       MomentumChunk{learning_rate_on_device(ctx), skip_flag(ctx), ctx.attr<float>("mu", 0.9f),
                     ctx.attr<float>("weight_decay", 0.f), ctx.attr<bool>("use_nesterov", false)});
 }
 
 void adamw_cuda(OpContext& ctx) {
-  const UpdateTensors<4> u = update_tensors<4>(ctx, {"Moment1Out", "Moment2Out"});
+  const cuda::TensorList<4> u = update_tensors<4>(ctx, {"Moment1Out", "Moment2Out"});
   const Tensor& step = ctx.in("Step");
   MIX_CHECK(step.dtype() == DType::i64 && step.numel() == 1,
             "adamw: Step must be i64 [1], got " << dtype_name(step.dtype()) << shape_str(step.shape()));
   cuda::check_on_device(ctx, step, "Step");
-  cuda::launch_multi_tensor<4>(u.ptrs, u.numels, cuda::compute_stream(ctx),
+  cuda::launch_multi_tensor<4>(u, cuda::compute_stream(ctx),
                                AdamWChunk{learning_rate_on_device(ctx), step.data<int64_t>(), skip_flag(ctx),
                                           ctx.attr<double>("beta1", 0.9), ctx.attr<double>("beta2", 0.999),
                                           ctx.attr<float>("epsilon", 1e-8f), ctx.attr<float>("weight_decay", 0.01f)});
