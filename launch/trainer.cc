@@ -517,7 +517,10 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   // The next step's batch is gathered while this one runs.
   data::BatchPrefetcher prefetcher(data.train, batch_memory);
   if (start_step < total_steps) prefetcher.request(batch_of(start_step));
-  double timed_seconds = 0, sps_sum = 0;
+  // timed_queue_seconds: the host's time to queue the timed steps. On a GPU,
+  // a step whose queueing takes nearly its whole time is bound by the host
+  // (launch and dispatch costs, or a hidden wait for the GPU), not by the GPU.
+  double timed_seconds = 0, timed_queue_seconds = 0, sps_sum = 0;
   int64_t sps_count = 0, skipped_total = 0, timed_samples = 0;
   EvalResult last_eval;
   bool have_eval = false;
@@ -538,6 +541,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     const uint64_t bytes_before = grad_comm.bytes().grad_allreduce_bytes;
     const auto t0 = Clock::now();
     step_exec.run(scope, env);
+    const double queue_secs = seconds_since(t0);
     // Each rank updated its running statistics from its own batch (per-rank
     // batch_norm, PyTorch DDP's default); rank 0's win, as DDP's broadcast_buffers does.
     // (Alone, rank 0 has them already: on a GPU the broadcast would be ~160
@@ -577,6 +581,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     if (!timed) op_seconds.clear();
     if (timed) {
       timed_seconds += secs;
+      timed_queue_seconds += queue_secs;
       timed_samples += n * world;
       sps_sum += samples_per_s;
       ++sps_count;
@@ -645,17 +650,20 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   const double mean_sps = sps_count ? sps_sum / static_cast<double>(sps_count) : 0;
   // Samples over the time inside the training step (batch gathering excluded).
   const double overall_sps = timed_seconds > 0 ? static_cast<double>(timed_samples) / timed_seconds : 0;
-  nlohmann::json summary = {{"summary", true},
-                            {"steps", steps_run},
-                            {"skipped_steps", skipped_total},
-                            {"samples_per_s", mean_sps},
-                            {"samples_per_s_overall", overall_sps},
-                            {"peak_bytes", peak},
-                            {"planned_peak_temporary_bytes", plan.peak_temporary_bytes},
-                            {"persistent_bytes", plan.persistent_bytes},
-                            {"world_size", world},
-                            {"precision", c.precision},
-                            {"grad_reduce", c.effective_grad_reduce()}};
+  nlohmann::json summary = {
+      {"summary", true},
+      {"steps", steps_run},
+      {"skipped_steps", skipped_total},
+      {"samples_per_s", mean_sps},
+      {"samples_per_s_overall", overall_sps},
+      {"peak_bytes", peak},
+      {"step_ms", sps_count ? 1e3 * timed_seconds / static_cast<double>(sps_count) : 0.},
+      {"host_queue_ms", sps_count ? 1e3 * timed_queue_seconds / static_cast<double>(sps_count) : 0.},
+      {"planned_peak_temporary_bytes", plan.peak_temporary_bytes},
+      {"persistent_bytes", plan.persistent_bytes},
+      {"world_size", world},
+      {"precision", c.precision},
+      {"grad_reduce", c.effective_grad_reduce()}};
   if (model.tokens_per_example > 0) {
     summary["tokens_per_s"] = mean_sps * static_cast<double>(model.tokens_per_example);
     summary["tokens_per_s_overall"] = overall_sps * static_cast<double>(model.tokens_per_example);
@@ -683,13 +691,21 @@ int run_training(const TrainConfig& c, Communicator& comm) {
                    1e3 * secs / static_cast<double>(std::max<int64_t>(sps_count, 1)), 100 * secs / total);
   }
   if (rank == 0) {
-    if (c.benchmark)
+    if (c.benchmark) {
       std::cout << "benchmark: " << c.model << " " << c.precision << " batch " << batch << " x " << world
                 << " ranks: "
                 << (model.tokens_per_example > 0 ? overall_sps * static_cast<double>(model.tokens_per_example)
                                                  : overall_sps)
                 << (model.tokens_per_example > 0 ? " tokens/s" : c.is_resnet() ? " images/s" : " samples/s")
                 << " over " << sps_count << " timed steps (step time only), peak " << peak << " bytes" << std::endl;
+      // On the CPU the kernels run as they are queued, so the two times are
+      // one; the op profiler's timer waits for the GPU inside the step.
+      if (device.kind != DeviceKind::cpu && !op_timer && sps_count > 0)
+        std::cout << "benchmark: the host took " << summary["host_queue_ms"].get<double>() << " ms to queue a "
+                  << summary["step_ms"].get<double>()
+                  << " ms step (a queue time close to the step time: the host, not the GPU, sets the pace)"
+                  << std::endl;
+    }
     if (have_eval && model.tokens_per_example > 0)
       spdlog::info("final validation loss {:.4f} nats/token", last_eval.loss);
     else if (have_eval)

@@ -156,11 +156,14 @@ train_resnet_small() {  # log name, extra flags...
     --synthetic-size 4096 --batch-size 128 --bucket-mb 0.1 --benchmark --benchmark-warmup 10 --steps 40 --eval false "$@" \
     --metrics "$out/$name.jsonl" >"$out/$name.log" 2>&1
 }
-mean_step_ms() {  # file, warm-up steps: the mean step_ms of the timed steps
+# The host's time to queue a timed step, and the step's time (the summary's
+# means): a queue time close to the step time means the host sets the pace
+# (launch and dispatch costs, or a wait for the GPU hidden in the step).
+queue_and_step_ms() {  # file
   /usr/bin/env python3 -c "import json,sys
 s=[json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-t=[l['step_ms'] for l in s if 'step_ms' in l and l.get('step', 0) > int(sys.argv[2])]
-print(f'{sum(t)/len(t):.2f}' if t else 'n/a')" "$1" "$2" 2>/dev/null || echo n/a
+s=[l for l in s if l.get('summary')]
+print(f\"{s[-1]['host_queue_ms']:.2f} / {s[-1]['step_ms']:.2f}\")" "$1" 2>/dev/null || echo n/a
 }
 ratio_of() {  # fp32 value, amp value
   /usr/bin/env python3 -c "import sys
@@ -194,6 +197,7 @@ print(max(v) if v else 'n/a')" "$r50_fp32_ips" "$r50_fp32_nhwc_ips" 2>/dev/null 
 r50_fp32_peak=$(summary_field "$out/resnet50_fp32.jsonl" peak_bytes)
 r50_amp_peak=$(summary_field "$out/resnet50_amp.jsonl" peak_bytes)
 r50_ratio=$(ratio_of "$r50_fp32_best" "$r50_amp_ips")
+r50_amp_queue=$(queue_and_step_ms "$out/resnet50_amp.jsonl")
 echo "gpu_check: training a Transformer-base LM on the GPU (FP32, AMP; logs: $out/transformer_*.log)"
 train_transformer fp32 transformer_fp32; tf_fp32_rc=$?
 train_transformer amp transformer_amp; tf_amp_rc=$?
@@ -211,11 +215,12 @@ tf_amp_tps=$(summary_field "$out/transformer_amp.jsonl" tokens_per_s_overall)
 tf_fp32_peak=$(summary_field "$out/transformer_fp32.jsonl" peak_bytes)
 tf_amp_peak=$(summary_field "$out/transformer_amp.jsonl" peak_bytes)
 tf_ratio=$(ratio_of "$tf_fp32_tps" "$tf_amp_tps")
+tf_amp_queue=$(queue_and_step_ms "$out/transformer_amp.jsonl")
 echo "gpu_check: resnet-small AMP with and without overlapped all-reduce (logs: $out/resnet_small_*.log)"
 train_resnet_small resnet_small_overlap; rs_ov_rc=$?
 train_resnet_small resnet_small_no_overlap --no-overlap; rs_no_rc=$?
-rs_ov_ms=$(mean_step_ms "$out/resnet_small_overlap.jsonl" 10)
-rs_no_ms=$(mean_step_ms "$out/resnet_small_no_overlap.jsonl" 10)
+rs_ov_ms=$(summary_field "$out/resnet_small_overlap.jsonl" step_ms)
+rs_no_ms=$(summary_field "$out/resnet_small_no_overlap.jsonl" step_ms)
 rs_ratio=$(ratio_of "$rs_ov_ms" "$rs_no_ms")
 # NCCL all-reduce through the device communicator (one rank: NCCL still runs its
 # kernels), every dtype checked against exact values; the 64M rows' busbw is 0
@@ -253,10 +258,12 @@ secs=$(( $(date +%s) - t0 ))
   printf "  %-36s %s\n" "ResNet-50 AMP NHWC, cudnn benchmark" "$r50_bench_ips (exit $r50_bench_rc)"
   printf "  %-36s %s\n" "ResNet-50 AMP / best FP32 (>= 3)" "$r50_ratio"
   printf "  %-36s %s / %s\n" "ResNet-50 peak bytes FP32 / AMP" "$r50_fp32_peak" "$r50_amp_peak"
+  printf "  %-36s %s\n" "ResNet-50 AMP host queue / step ms" "$r50_amp_queue"
   printf "  %-36s %s\n" "Transformer-base FP32 tokens/s" "$tf_fp32_tps (exit $tf_fp32_rc)"
   printf "  %-36s %s\n" "Transformer-base AMP tokens/s" "$tf_amp_tps (exit $tf_amp_rc)"
   printf "  %-36s %s\n" "Transformer AMP / FP32 (>= 2.9)" "$tf_ratio"
   printf "  %-36s %s / %s\n" "Transformer peak bytes FP32 / AMP" "$tf_fp32_peak" "$tf_amp_peak"
+  printf "  %-36s %s\n" "Transformer AMP host queue / step ms" "$tf_amp_queue"
   printf "  %-36s %s\n" "resnet-small AMP ms/step overlap" "$rs_ov_ms (exit $rs_ov_rc)"
   printf "  %-36s %s\n" "resnet-small AMP ms/step no-overlap" "$rs_no_ms (exit $rs_no_rc)"
   printf "  %-36s %s\n" "no-overlap / overlap step time" "$rs_ratio"

@@ -1,0 +1,56 @@
+#!/usr/bin/python3
+"""--benchmark reports what it says it reports.
+
+One AMP run of the MLP with 2 warm-up steps and 4 timed ones:
+  1. the summary's step_ms is the mean step_ms of the 4 timed step lines (the
+     warm-up left out), and samples_per_s_overall is their examples over
+     their summed time;
+  2. host_queue_ms, the host's time to queue a step, is positive and no more
+     than the step time (on the CPU the kernels run as they are queued, so it
+     is nearly all of it; on a GPU it tells a host-bound step from a GPU-bound
+     one);
+  3. the printed benchmark line carries the same samples/s, names the 4 timed
+     steps, and the GPU-only host-queue line is absent on the CPU.
+"""
+import re
+import sys
+
+import mixtest as mt
+
+BATCH, WARMUP, TIMED = 32, 2, 4  # --steps counts the timed steps; the warm-up comes on top
+
+
+def main():
+    c = mt.Checks("benchmark_summary")
+    d = mt.workdir("benchmark_summary")
+    met = d / "bench.jsonl"
+    r = mt.mixtrain(["--data", "synthetic", "--synthetic-size", 512, "--synthetic-features", 32, "--hidden", 16,
+                     "--precision", "amp", "--batch-size", BATCH, "--benchmark", "--benchmark-warmup", WARMUP,
+                     "--steps", TIMED, "--metrics", met])
+    if not c.ok_run(r, "an AMP MLP run with --benchmark"):
+        return c.finish()
+    m = mt.Metrics(met)
+    s = m.summary
+    c.check(len(m.steps) == WARMUP + TIMED and s["steps"] == WARMUP + TIMED,
+            "the run has the warm-up steps and then the timed ones", f"{len(m.steps)} step lines")
+    timed = [m.step(n)["step_ms"] for n in range(WARMUP + 1, WARMUP + TIMED + 1)]
+    mean_ms = sum(timed) / len(timed)
+    c.check(abs(s["step_ms"] - mean_ms) <= 1e-9 * mean_ms,
+            "the summary's step_ms is the mean of the timed steps' step_ms", f"{s['step_ms']} vs {mean_ms}")
+    expected_sps = BATCH * len(timed) / (sum(timed) / 1e3)
+    c.check(abs(s["samples_per_s_overall"] - expected_sps) <= 1e-9 * expected_sps,
+            "samples_per_s_overall is the timed steps' examples over their time",
+            f"{s['samples_per_s_overall']} vs {expected_sps}")
+    c.check(0 < s["host_queue_ms"] <= s["step_ms"], "0 < host_queue_ms <= step_ms",
+            f"{s['host_queue_ms']} ms of {s['step_ms']} ms")
+    line = re.search(r"benchmark: mlp amp batch 32 x 1 ranks: ([0-9.e+]+) samples/s over (\d+) timed steps", r.out)
+    c.check(bool(line) and int(line.group(2)) == len(timed)
+            and abs(float(line.group(1)) - s["samples_per_s_overall"]) <= 1e-4 * s["samples_per_s_overall"],
+            "the benchmark line prints the summary's samples/s over the 4 timed steps",
+            line.group(0) if line else r.out[-400:])
+    c.check("to queue a" not in r.out, "no host-queue line on the CPU, where it would say nothing")
+    return c.finish()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
