@@ -20,10 +20,12 @@
 #include "runtime/data/dataset.h"
 #include "runtime/io/safetensors.h"
 #include "runtime/random.h"
+#include "tests/unit/temp_files.h"
 
 namespace fs = std::filesystem;
 using Catch::Matchers::Contains;
 using mix::DType;
+using namespace mix::test;
 using mix::Shape;
 using mix::Tensor;
 using namespace mix::data;
@@ -31,34 +33,6 @@ using namespace mix::data;
 namespace {
 
 const char* const kFashionDir = "/usr/share/datasets/fashion-mnist";
-const char* const kPython = "/usr/bin/python3";
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() / ("mix_test_data_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
-
-std::string read_bytes(const std::string& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-void write_bytes(const std::string& p, const std::string& bytes) {
-  std::ofstream out(p, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
 
 std::string be32(uint32_t v) {
   return std::string{static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8),
@@ -105,14 +79,6 @@ void write_tiny_fashion(const TempDir& dir, int train_n, int test_n, bool gz = t
 const TrainTest& fashion() {
   static const TrainTest tt = load_fashion_mnist(kFashionDir);
   return tt;
-}
-
-int run_python(const TempDir& dir, const std::string& script, const std::string& args) {
-  const std::string sp = dir.file("script.py");
-  write_bytes(sp, script);
-  const std::string cmd = std::string(kPython) + " " + sp + " " + args;
-  const int rc = std::system(cmd.c_str());
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
 bool same_bytes(const Tensor& a, const Tensor& b) {

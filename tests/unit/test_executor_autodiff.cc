@@ -10,6 +10,7 @@
 #include "models/model.h"
 #include "runtime/allocator.h"
 #include "runtime/autodiff.h"
+#include "runtime/check.h"
 #include "runtime/device_backend.h"
 #include "runtime/executor.h"
 #include "runtime/init.h"
@@ -228,4 +229,47 @@ TEST_CASE("persistables get their declared initial values, identically for equal
     differs = differs || wa.item_float(i) != c.get("fc1.weight").item_float(i);
   }
   CHECK(differs);
+}
+
+namespace {
+// An op that fails as told: out of memory (attr oom) or with a plain error.
+void failing_kernel(OpContext& ctx) {
+  if (ctx.attr<bool>("oom", false)) throw OutOfMemoryError("no room for 1 GiB");
+  MIX_FAIL("the kernel gave up");
+}
+const bool kFailingOpRegistered =
+    OpRegistry::instance().add("test_failing_op", OpInfo{same_as_input(), failing_kernel, {}, {}});
+}  // namespace
+
+TEST_CASE("a kernel's out-of-memory error leaves the executor as itself, naming the op", "[executor]") {
+  REQUIRE(kFailingOpRegistered);
+  auto run_failing = [](bool oom) {
+    Program p;
+    p.add_var(VarDesc{"x", {-1, 8}, DType::f32, false, false, true, {}});
+    p.append_op(make_op("relu", {{"X", {"x"}}}, {{"Out", {"y"}}}));
+    p.append_op(make_op("test_failing_op", {{"X", {"y"}}}, {{"Out", {"z"}}}, {{"oom", oom}}));
+    Scope s;
+    s.set("x", Tensor::from_floats({2, 8}, std::vector<float>(16, 0.5f)));
+    ExecEnv env;
+    Executor(p, {"z"}).run(s, env);
+  };
+  // Callers with a cheaper way (conv2d's smaller-workspace algorithms) catch
+  // exactly this type, so the executor must not turn it into a plain Error.
+  try {
+    run_failing(true);
+    FAIL("the failing op did not throw");
+  } catch (const OutOfMemoryError& e) {
+    CHECK_THAT(e.what(), Catch::Matchers::Contains("no room for 1 GiB"));
+    CHECK_THAT(e.what(), Catch::Matchers::Contains("(in op 1: test_failing_op)"));
+  }
+  // Any other error stays a plain one, never mistaken for a lack of memory.
+  try {
+    run_failing(false);
+    FAIL("the failing op did not throw");
+  } catch (const OutOfMemoryError&) {
+    FAIL("a plain error came out as out of memory");
+  } catch (const Error& e) {
+    CHECK_THAT(e.what(), Catch::Matchers::Contains("the kernel gave up"));
+    CHECK_THAT(e.what(), Catch::Matchers::Contains("(in op 1: test_failing_op)"));
+  }
 }

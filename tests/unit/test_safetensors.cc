@@ -14,42 +14,15 @@
 
 #include "runtime/check.h"
 #include "runtime/io/safetensors.h"
+#include "tests/unit/temp_files.h"
 
 namespace fs = std::filesystem;
 using Catch::Matchers::Contains;
 using mix::DType;
+using namespace mix::test;
 using mix::Tensor;
 
 namespace {
-
-/// A fresh directory under the system temp dir, removed with its contents.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() /
-           ("mix_test_safetensors_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
-
-std::string read_bytes(const std::string& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-void write_bytes(const std::string& p, const std::string& bytes) {
-  std::ofstream out(p, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
 
 std::string le64(uint64_t v) {
   std::string s(8, '\0');
@@ -77,17 +50,6 @@ bool same_bytes(const Tensor& a, const Tensor& b) {
 fs::path source_dir() {
   if (const char* s = std::getenv("MIX_SOURCE_DIR")) return s;
   return fs::absolute(fs::path(__FILE__)).parent_path().parent_path().parent_path();
-}
-
-const char* const kPython = "/usr/bin/python3";
-
-/// Runs a Python script (written to a file, so no shell quoting) and returns its exit status.
-int run_python(const TempDir& dir, const std::string& script, const std::string& args) {
-  const std::string sp = dir.file("script.py");
-  write_bytes(sp, script);
-  const std::string cmd = std::string(kPython) + " " + sp + " " + args;
-  const int rc = std::system(cmd.c_str());
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
 }  // namespace
