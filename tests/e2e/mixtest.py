@@ -197,6 +197,40 @@ def bit_identical(a, b):
     return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
 
 
+# ---- --print-program's op lines: `  12: out:f16[?, 8] = type(X=a, Y=[b, c]) {attr=1}` ----
+_OP_LINE = re.compile(r"^\s*(\d+): (.*?) = (\w+)\((.*?)\)(?: \{(.*)\})?\s*$")
+
+
+class ProgramOp:
+    """One printed op: its index, output text, type, input text and attribute text."""
+
+    def __init__(self, index, outs, type_, ins, attrs):
+        self.index, self.outs_text, self.type, self.ins_text, self.attrs = index, outs, type_, ins, attrs
+
+    def outputs(self):
+        """{name: dtype} of the op's outputs."""
+        return {m.group(1): m.group(2) for m in re.finditer(r"([\w.@]+):(\w+)\[", self.outs_text)}
+
+    def inputs(self):
+        """The variable names the op reads (its "Slot=name" and "Slot=[a, b]" arguments, slots dropped)."""
+        return set(re.findall(r"[\w.@]+", re.sub(r"[\w@.]+=", "", self.ins_text)))
+
+    def attr(self, name):
+        """An attribute's printed value (text), or None."""
+        m = re.search(r"(?:^|, )" + re.escape(name) + r"=([^,]*)", self.attrs)
+        return m.group(1) if m else None
+
+
+def program_ops(text):
+    """{index: ProgramOp} of the ops --print-program printed."""
+    ops = {}
+    for line in text.splitlines():
+        m = _OP_LINE.match(line)
+        if m:
+            ops[int(m.group(1))] = ProgramOp(int(m.group(1)), m.group(2), m.group(3), m.group(4), m.group(5) or "")
+    return ops
+
+
 class Checks:
     """Collects named checks; prints each as it is made; finish() sets the exit status."""
 

@@ -16,35 +16,11 @@ On 2 ranks under AMP:
      fc1.weight@GRAD in an f32 bucket and no all-reduce touches the FP16
      gradient. The pre-division by the world size shows as prescale=0.5.
 """
-import re
 import sys
 
 import mixtest as mt
 
 STEPS = 6
-OP_LINE = re.compile(r"^\s*(\d+): (.*?) = (\w+)\((.*?)\)(?: \{(.*)\})?\s*$")
-
-
-def parse_program(text):
-    """[(index, outputs 'name:dtype[...]' text, op type, inputs text, attrs text)] of the printed ops."""
-    ops = []
-    for line in text.splitlines():
-        m = OP_LINE.match(line)
-        if m:
-            ops.append((int(m.group(1)), m.group(2), m.group(3), m.group(4), m.group(5) or ""))
-    return ops
-
-
-def outputs(op):
-    """{name: dtype} of an op's outputs."""
-    return {m.group(1): m.group(2) for m in re.finditer(r"([\w.@]+):(\w+)\[", op[1])}
-
-
-def inputs(op):
-    """The variable names an op reads (its "Slot=name" and "Slot=[a, b]" arguments, slots dropped)."""
-    return set(re.findall(r"[\w.]+(?:@GRAD)?", re.sub(r"[\w@.]+=", "", op[3])))
-
-
 def main():
     mt.require_mixtrain()
     mt.require_mpirun()
@@ -84,48 +60,48 @@ def main():
         r = mt.mixtrain([*base, "--grad-reduce", mode, "--print-program"], np=2, timeout=60)
         if not c.ok_run(r, f"--print-program, --grad-reduce {mode}"):
             continue
-        ops = parse_program(r.stdout)
+        ops = list(mt.program_ops(r.stdout).values())
         c.check(len(ops) > 10, f"{mode}: the program prints its ops", f"{len(ops)} ops")
-        grad_ar = [op for op in ops if op[2] == "c_allreduce_start" and 'traffic="gradients"' in op[4]]
-        waits = [op for op in ops if op[2] == "c_allreduce_wait" and 'traffic="gradients"' in op[4]]
+        grad_ar = [op for op in ops if op.type == "c_allreduce_start" and op.attr("traffic") == '"gradients"']
+        waits = [op for op in ops if op.type == "c_allreduce_wait" and op.attr("traffic") == '"gradients"']
         to_fp32 = "cast_check_finite_and_unscale" if mode == "fp16" else "cast"
-        cast = [op for op in ops if op[2] in ("cast", "cast_check_finite_and_unscale")
-                and "fc1.weight@GRAD" in outputs(op)]
-        c.check(len(cast) == 1 and cast[0][2] == to_fp32, f"{mode}: one {to_fp32} produces fc1.weight@GRAD",
-                f"{[(op[0], op[2]) for op in cast]}")
+        cast = [op for op in ops if op.type in ("cast", "cast_check_finite_and_unscale")
+                and "fc1.weight@GRAD" in op.outputs()]
+        c.check(len(cast) == 1 and cast[0].type == to_fp32, f"{mode}: one {to_fp32} produces fc1.weight@GRAD",
+                f"{[(op.index, op.type) for op in cast]}")
         if len(cast) != 1:
             continue
         cast = cast[0]
-        c.check("fc1.weight.cast_fp16@GRAD" in inputs(cast) and outputs(cast)["fc1.weight@GRAD"] == "f32",
-                f"{mode}: it reads fc1.weight.cast_fp16@GRAD and writes f32", f"op {cast[0]}")
-        fp16_ar = [op for op in grad_ar if "fc1.weight.cast_fp16@GRAD" in inputs(op)]
-        fp32_ar = [op for op in grad_ar if "fc1.weight@GRAD" in inputs(op)]
-        bucket_dtypes = [dt for op in grad_ar for dt in outputs(op).values()]
+        c.check("fc1.weight.cast_fp16@GRAD" in cast.inputs() and cast.outputs()["fc1.weight@GRAD"] == "f32",
+                f"{mode}: it reads fc1.weight.cast_fp16@GRAD and writes f32", f"op {cast.index}")
+        fp16_ar = [op for op in grad_ar if "fc1.weight.cast_fp16@GRAD" in op.inputs()]
+        fp32_ar = [op for op in grad_ar if "fc1.weight@GRAD" in op.inputs()]
+        bucket_dtypes = [dt for op in grad_ar for dt in op.outputs().values()]
         if mode == "fp16":
             ok = len(fp16_ar) == 1 and not fp32_ar
             c.check(ok, "fp16: the all-reduce consumes fc1.weight.cast_fp16@GRAD (and none fc1.weight@GRAD)",
-                    f"{[op[0] for op in fp16_ar]} / {[op[0] for op in fp32_ar]}")
+                    f"{[op.index for op in fp16_ar]} / {[op.index for op in fp32_ar]}")
             if ok:
                 ar = fp16_ar[0]
-                c.check(list(outputs(ar).values()) == ["f16"], "fp16: it moves an f16 bucket", ar[1])
-                wait = [op for op in waits if "fc1.weight.cast_fp16@GRAD" in outputs(op)]
-                c.check(len(wait) == 1 and ar[0] < wait[0][0] < cast[0],
+                c.check(list(ar.outputs().values()) == ["f16"], "fp16: it moves an f16 bucket", ar.outs_text)
+                wait = [op for op in waits if "fc1.weight.cast_fp16@GRAD" in op.outputs()]
+                c.check(len(wait) == 1 and ar.index < wait[0].index < cast.index,
                         "fp16: start, then wait, then the cast to FP32",
-                        f"start op {ar[0]}, wait {[op[0] for op in wait]}, cast op {cast[0]}")
+                        f"start op {ar.index}, wait {[op.index for op in wait]}, cast op {cast.index}")
                 c.check(bucket_dtypes and all(dt == "f16" for dt in bucket_dtypes),
                         "fp16: every gradient bucket of this MLP is f16", f"{bucket_dtypes}")
-                c.check("prescale=0.5" in ar[4], "fp16: pre-divided by the world size 2", ar[4])
+                c.check(ar.attr("prescale") == "0.5", "fp16: pre-divided by the world size 2", ar.attrs)
         else:
             ok = len(fp32_ar) == 1 and not fp16_ar
             c.check(ok, "fp32: the all-reduce moves fc1.weight@GRAD (and none fc1.weight.cast_fp16@GRAD)",
-                    f"{[op[0] for op in fp32_ar]} / {[op[0] for op in fp16_ar]}")
+                    f"{[op.index for op in fp32_ar]} / {[op.index for op in fp16_ar]}")
             if ok:
                 ar = fp32_ar[0]
-                c.check(list(outputs(ar).values()) == ["f32"], "fp32: it moves an f32 bucket", ar[1])
-                c.check(cast[0] < ar[0], "fp32: the cast comes before the all-reduce",
-                        f"cast op {cast[0]}, all-reduce op {ar[0]}")
+                c.check(list(ar.outputs().values()) == ["f32"], "fp32: it moves an f32 bucket", ar.outs_text)
+                c.check(cast.index < ar.index, "fp32: the cast comes before the all-reduce",
+                        f"cast op {cast.index}, all-reduce op {ar.index}")
         if mode == "fp16" and grad_ar:
-            print("fp16 all-reduce:", " ".join(f"{op[0]}: {op[2]}({op[3][:90]}...)" for op in grad_ar))
+            print("fp16 all-reduce:", " ".join(f"{op.index}: {op.type}({op.ins_text[:90]}...)" for op in grad_ar))
     c.finish()
 
 

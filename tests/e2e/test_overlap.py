@@ -7,8 +7,13 @@ backward has written the bucket and is waited for after backward; --no-overlap
 starts every bucket after backward, right before its wait. Both make the same
 collective calls on the same buffers, so:
   1. 2 ranks, 10 steps, small buckets (several per dtype): FP32 and AMP runs of
-     the MLP, and an AMP run of resnet-small (FP16 and FP32 buckets side by
-     side), save bit-identical parameters with and without overlap;
+     the MLP, an AMP run of resnet-small (FP16 and FP32 buckets side by side)
+     and of a Transformer with tied embeddings (the tied gradient is the sum
+     of two backward ops' parts, so its bucket may start only after the sum),
+     save bit-identical parameters with and without overlap; and in each
+     printed program every bucket's start follows the op that wrote its last
+     gradient, its wait is where the summary says, and under AMP the bucket's
+     unscale comes right after its own wait, before the next bucket's;
   2. 4 ranks with an odd number of buckets (read from --print-program's
      summary, which also shows starts inside backward): no deadlock (the run
      ends within its timeout), and bit-identical to --no-overlap on 4 ranks;
@@ -34,6 +39,32 @@ def bucket_summary(out):
     return rows
 
 
+def check_placement(c, name, out, amp):
+    """The summary's start and wait of each bucket against the printed ops (see 1. above)."""
+    ops = mt.program_ops(out)
+    rows = re.findall(r"bucket (\d+): .*\n\s+starts at op (\d+), after op (\d+) \(\w+\); waited for at op (\d+);", out)
+    wrong = []
+    for bucket, start, after, wait in ((int(a), int(b), int(x), int(w)) for a, b, x, w in rows):
+        s, w = ops.get(start), ops.get(wait)
+        if not (s and s.type == "c_allreduce_start" and s.attr("bucket") == str(bucket)):
+            wrong.append(f"bucket {bucket}: op {start} is not its start")
+            continue
+        if not (w and w.type == "c_allreduce_wait" and w.attr("bucket") == str(bucket)):
+            wrong.append(f"bucket {bucket}: op {wait} is not its wait")
+            continue
+        between = [ops[k].type for k in range(after + 1, start)]
+        if any(t != "c_allreduce_start" for t in between) or not ops[after].outputs().keys() & s.inputs():
+            wrong.append(f"bucket {bucket}: op {after} ({ops[after].type}) does not write its last gradient")
+        if amp:
+            u = ops.get(wait + 1)
+            if not (u and u.type in ("check_finite_and_unscale", "cast_check_finite_and_unscale")
+                    and w.outputs().keys() & u.inputs()):
+                wrong.append(f"bucket {bucket}: op {wait + 1} is not the unscale of its wait's gradients")
+    c.check(rows and not wrong, f"{name}: each of the {len(rows)} buckets starts after its last gradient, is waited "
+                                f"for where the summary says{', and unscaled right after its wait' if amp else ''}",
+            "; ".join(wrong[:4]) if wrong else f"{len(rows)} summary rows, {len(ops)} ops")
+
+
 def train(c, d, name, args, np):
     path = d / f"{name}.safetensors"
     r = mt.mixtrain([*args, "--save", path], np=np, timeout=300)
@@ -55,17 +86,21 @@ def main():
            "--seed", 3, "--steps", STEPS, "--bucket-mb", 0.001]
     resnet = ["--model", "resnet-small", "--data", "synthetic", "--synthetic-size", 64, "--batch-size", 4,
               "--eval", "false", "--seed", 3, "--steps", STEPS, "--bucket-mb", 0.1, "--precision", "amp"]
+    tied = ["--model", "transformer", "--data", "synthetic", "--layers", 2, "--d-model", 32, "--heads", 2,
+            "--context", 16, "--vocab", 64, "--tie-weights", "--batch-size", 4, "--optimizer", "adamw",
+            "--eval", "false", "--seed", 3, "--steps", STEPS, "--bucket-mb", 0.01, "--precision", "amp"]
 
     # ---- 1. overlap changes nothing in the result (2 ranks) -------------------------------------
     for name, args in (("mlp_fp32", [*mlp, "--precision", "fp32"]), ("mlp_amp", [*mlp, "--precision", "amp"]),
-                       ("resnet_amp", resnet)):
+                       ("resnet_amp", resnet), ("transformer_tied_amp", tied)):
         r = mt.mixtrain([*args, "--print-program"], np=2, timeout=60)
         if c.ok_run(r, f"{name}: --print-program"):
             rows = bucket_summary(r.out)
             c.check(len(rows) >= 3 and any(inside for _, _, inside in rows),
                     f"{name}: several buckets, and some start inside backward", f"{rows}")
-            if name == "resnet_amp":
+            if name in ("resnet_amp", "transformer_tied_amp"):
                 c.check({dt for _, dt, _ in rows} == {"f16", "f32"}, f"{name}: FP16 and FP32 buckets", f"{rows}")
+            check_placement(c, name, r.out, amp=name != "mlp_fp32")
         on = train(c, d, f"{name}_overlap", args, 2)
         off = train(c, d, f"{name}_no_overlap", [*args, "--no-overlap"], 2)
         c.check(same_params(on, off), f"{name}: overlap and --no-overlap save bit-identical parameters after "
