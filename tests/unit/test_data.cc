@@ -467,6 +467,109 @@ TEST_CASE("synthetic data is deterministic and learnable-shaped", "[data][synthe
   CHECK(make_synthetic(10, 0, 4, 2, 1).test.size() == 0);
 }
 
+// ---- byte-level text and synthetic tokens (the language model's data) -----------
+
+namespace {
+
+/// Row i of an [N, context] i64 tensor as bytes.
+std::string row_bytes(const Tensor& t, int64_t i) {
+  const int64_t w = t.dim(1);
+  std::string s;
+  for (int64_t k = 0; k < w; ++k) s += static_cast<char>(t.data<int64_t>()[i * w + k]);
+  return s;
+}
+
+/// What load_byte_text must make of `stream`: windows of context + 1 bytes at stride context.
+void check_windows(const Dataset& ds, const std::string& stream, int64_t context) {
+  const int64_t n = (static_cast<int64_t>(stream.size()) - 1) / context;
+  REQUIRE(ds.inputs.shape() == Shape{n, context});
+  REQUIRE(ds.labels.shape() == Shape{n, context});
+  CHECK(ds.num_classes == 256);
+  for (int64_t i = 0; i < n; ++i) {
+    CHECK(row_bytes(ds.inputs, i) == stream.substr(static_cast<size_t>(i * context), static_cast<size_t>(context)));
+    CHECK(row_bytes(ds.labels, i) == stream.substr(static_cast<size_t>(i * context + 1), static_cast<size_t>(context)));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("byte text: entries split at '%' lines, every 20th held out, index files skipped", "[data][text]") {
+  TempDir dir;
+  // Two fortune files of 30 and 15 entries (the second without a final '%'),
+  // read in name order: entries 20 and 40 of the 45 are the validation split.
+  std::vector<std::string> entries;
+  std::string a, b;
+  for (int k = 1; k <= 30; ++k) {
+    entries.push_back("alpha fortune " + std::to_string(k) + "\nsecond line\n%\n");
+    a += entries.back();
+  }
+  for (int k = 1; k <= 15; ++k) {
+    entries.push_back("beta " + std::to_string(k) + (k < 15 ? "\n%\n" : "\n"));
+    b += entries.back();
+  }
+  write_bytes(dir.file("b_file"), b);  // written first, read second
+  write_bytes(dir.file("a_file"), a);
+  write_bytes(dir.file("a_file.dat"), std::string("\x00\x01\xff index", 9));  // fortune's binary index
+  fs::create_symlink(dir.file("a_file"), dir.file("a_file.u8"));              // and its UTF-8 link
+  fs::create_directories(dir.file("subdir"));
+  std::string train, validation;
+  for (size_t k = 0; k < entries.size(); ++k) ((k + 1) % 20 == 0 ? validation : train) += entries[k];
+  REQUIRE(validation == entries[19] + entries[39]);
+
+  const int64_t context = 8;
+  const TrainTest tt = load_byte_text(dir.path.string(), context, "tiny");
+  CHECK(tt.train.name == "tiny");
+  CHECK(tt.test.name == "tiny validation");
+  check_windows(tt.train, train, context);
+  check_windows(tt.test, validation, context);
+  // No window holds a byte of the index file.
+  for (int64_t i = 0; i < tt.train.size(); ++i) CHECK(row_bytes(tt.train.inputs, i).find('\xff') == std::string::npos);
+
+  SECTION("the errors name the directory and how to get the text") {
+    CHECK_THROWS_WITH(load_byte_text(dir.file("missing"), context), Contains("does not exist") && Contains("fortunes"));
+    TempDir only_index;
+    write_bytes(only_index.file("x.dat"), "index");
+    CHECK_THROWS_WITH(load_byte_text(only_index.path.string(), context), Contains("no plain-text files"));
+    // 45 entries hold 2 validation entries of ~20 bytes: no window of 64 + 1 bytes.
+    CHECK_THROWS_WITH(load_byte_text(dir.path.string(), 64), Contains("too little for one window of 65 bytes"));
+    CHECK_THROWS_WITH(load_byte_text(dir.path.string(), 0), Contains("context must be positive"));
+  }
+}
+
+TEST_CASE("synthetic tokens: deterministic, labels the next token, within the vocabulary", "[data][text]") {
+  const int64_t context = 16, vocab = 50;
+  const TrainTest a = make_synthetic_tokens(40, 10, context, vocab, 7);
+  const TrainTest b = make_synthetic_tokens(40, 10, context, vocab, 7);
+  const TrainTest c = make_synthetic_tokens(40, 10, context, vocab, 8);
+  CHECK(a.train.inputs.shape() == Shape{40, context});
+  CHECK(a.test.labels.shape() == Shape{10, context});
+  CHECK(a.train.num_classes == vocab);
+  CHECK(same_bytes(a.train.inputs, b.train.inputs));
+  CHECK(same_bytes(a.test.labels, b.test.labels));
+  CHECK_FALSE(same_bytes(a.train.inputs, c.train.inputs));
+  int64_t predictable = 0, total = 0;
+  for (const Dataset* ds : {&a.train, &a.test}) {
+    const int64_t* x = ds->inputs.data<int64_t>();
+    const int64_t* y = ds->labels.data<int64_t>();
+    for (int64_t i = 0; i < ds->size(); ++i)
+      for (int64_t t = 0; t < context; ++t) {
+        const int64_t k = i * context + t;
+        REQUIRE(x[k] >= 0);
+        REQUIRE(x[k] < vocab);
+        REQUIRE(y[k] >= 0);
+        REQUIRE(y[k] < vocab);
+        if (t + 1 < context) CHECK(y[k] == x[k + 1]);  // the label is the next input
+        predictable += y[k] == (5 * x[k] + 3) % vocab;
+        ++total;
+      }
+  }
+  // Seven tokens in eight follow the rule (plus the noise that happens to match it).
+  const double share = static_cast<double>(predictable) / static_cast<double>(total);
+  CHECK(share > 0.8);
+  CHECK(share < 0.95);
+  CHECK_THROWS_AS(make_synthetic_tokens(4, 1, context, 1, 7), mix::Error);
+}
+
 // ---- the distributed sampler ----------------------------------------------------
 
 namespace {

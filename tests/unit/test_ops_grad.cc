@@ -121,6 +121,20 @@ TEST_CASE("grad: softmax_with_cross_entropy, with an ignored row", "[grad][cross
   const std::vector<float> g = r.grads[0].to_floats();
   for (int k = 0; k < 6; ++k) CHECK(g[6 + k] == 0.f);
   CHECK(r.outputs.at("Loss").item_float(1) == 0.f);
+  // The language model's shape: logits [batch, seq, vocab], labels [batch, seq],
+  // one position ignored; the vocabulary axis is the last.
+  OpCase lm{"softmax_with_cross_entropy",
+            {{"Logits", uniform_tensor({2, 3, 7}, 4, -3.f, 3.f)}, {"Label", i64_tensor({2, 3}, {6, 0, 3, -100, 2, 5})}},
+            {"Softmax", "Loss"},
+            {},
+            {"Loss"}};
+  check_all(lm);
+  auto blm = build_case(lm, DType::f32);
+  const RunResult rlm = run_case(*blm, lm.inputs, make_projections(*blm, lm, DType::f16, 3), true);
+  CHECK(rlm.outputs.at("Loss").shape() == Shape{2, 3, 1});
+  const std::vector<float> glm = rlm.grads[0].to_floats();
+  for (int k = 0; k < 7; ++k) CHECK(glm[3 * 7 + k] == 0.f);  // row (1, 0) is ignored
+  CHECK(rlm.outputs.at("Loss").item_float(3) == 0.f);
 }
 
 TEST_CASE("grad: cross-entropy gradient is softmax - onehot", "[grad][cross_entropy]") {
