@@ -73,6 +73,15 @@ def main():
         c.check(len(table) == len(rows), f"{world} rank(s): the printed table has a line per row",
                 f"{len(table)} lines")
         c.check(all(x["world"] == str(world) for x in rows), f"{world} rank(s): the CSV records the world size")
+        # Sizes where the backends change their algorithm (the issue's >= 16 MB
+        # benchmark): exact values checked on a 16 MB buffer of each dtype.
+        if world > 1:
+            r = run(["allreduce", "-b", "16M", "-e", "16M", "-d", ",".join(TYPES), "-o", "sum,max", "-n", 1, "-w", 0,
+                     "--check"], np=world)
+            if c.ok_run(r, f"{world} ranks: allreduce --check of 16 MB buffers"):
+                table = [l for l in r.stdout.splitlines() if l.strip() and not l.lstrip().startswith("#")]
+                c.check(len(table) == 6 and "Out of bounds values : 0 OK" in r.stdout,
+                        f"{world} ranks: 16 MB, 3 dtypes x 2 reductions, no wrong value", r.stdout[-300:])
 
     # ---- grad-sync --------------------------------------------------------------------------------
     gcsv = d / "grad_sync.csv"

@@ -17,6 +17,7 @@
   4. ResNet-50's structure at ImageNet size trains a step (synthetic 3x224x224,
      batch 2, --width 8 to stay quick) and reports its peak memory.
 """
+import re
 import sys
 
 import numpy as np
@@ -88,7 +89,13 @@ def main():
         differing = [k for k in sd if k in t and not (t[k].shape == sd[k].shape and np.array_equal(t[k], sd[k]))]
         c.check(not differing, "every parameter and buffer round-trips bit for bit", f"differing: {differing[:5]}")
 
-    # ---- 4: ResNet-50 at ImageNet size ----------------------------------------------------------------
+    # ---- 4: ResNet-18 and -34 (narrow, 64x64 images) and ResNet-50 at ImageNet size --------------------
+    for name in ("resnet18", "resnet34"):
+        r = mt.mixtrain(["--model", name, "--width", 8, "--image-size", 64, "--data", "synthetic",
+                         "--synthetic-size", 4, "--batch-size", 2, "--steps", 2, "--eval", "false"], timeout=300)
+        if c.ok_run(r, f"{name} structure (width 8), synthetic 3x64x64, two AMP steps"):
+            c.check(re.search(r"step 2/2 loss [0-9.]+", r.out) is not None, f"{name}: step 2 has a finite loss",
+                    r.out[-300:])
     met = d / "r50.jsonl"
     r = mt.mixtrain(["--model", "resnet50", "--width", 8, "--data", "synthetic", "--synthetic-size", 4,
                      "--batch-size", 2, "--steps", 1, "--eval", "false", "--metrics", met], timeout=300)

@@ -275,4 +275,10 @@ TEST_CASE("ResNet: torchvision's state_dict names and shapes", "[resnet]") {
   int64_t p18 = 0;
   for (auto& name : r18.program.parameters()) p18 += shape_numel(r18.program.var(name).shape);
   CHECK(p18 == 11689512);  // torchvision.models.resnet18()
+  models::Model r34 = models::build_resnet(models::resnet_preset("resnet34"), "resnet34");
+  int64_t p34 = 0;
+  for (auto& name : r34.program.parameters()) p34 += shape_numel(r34.program.var(name).shape);
+  CHECK(p34 == 21797672);                                                          // torchvision.models.resnet34()
+  CHECK(r34.program.var("layer3.5.conv2.weight").shape == Shape{256, 256, 3, 3});  // blocks 3, 4, 6, 3
+  CHECK_FALSE(r34.program.has_var("layer3.6.conv1.weight"));
 }
