@@ -11,6 +11,11 @@
 #      takes libopenblas, libgfortran and libz from there, and
 #      `mixtrain --data synthetic --steps 3 --eval false` succeeds with
 #      LD_LIBRARY_PATH unset.
+#   4. Where the CUDA toolkit (with cuDNN and NCCL) is installed: NCCL and cuDNN
+#      laid out as Python wheels lay them out (include/, lib/ with only the
+#      .so.N) are found through NCCL_ROOT / CUDNN_ROOT ahead of the toolkit's
+#      own copies, by a hidden CUDA configure from the bundle, and the cuDNN
+#      and NCCL sources compile against the wheels' headers (the .d files).
 # CUDA is off to keep CI time down; MIX_BUNDLE_TEST_CUDA=1 builds with
 # -DMIX_WITH_CUDA=ON instead (nvcc from /usr/local/cuda/bin; compiles only).
 # Exits 77 (skipped) where no bundle can be written: not a git checkout (e.g. the
@@ -160,6 +165,44 @@ if (cd "$tmp" && env -u LD_LIBRARY_PATH OPENBLAS_NUM_THREADS=1 "$mixtrain" --dat
 else
   cat "$tmp/run.log"
   fail "mixtrain --data synthetic --steps 3 --eval false failed"
+fi
+
+# ---- 4. CUDA from the bundle, NCCL and cuDNN from wheel-like roots --------------------
+cuda_home=/usr/local/cuda
+if [ "$cuda" = OFF ] && [ -x "$cuda_home/bin/nvcc" ] && [ -f "$cuda_home/include/cudnn.h" ] \
+   && [ -f "$cuda_home/include/nccl.h" ]; then
+  step "configuring the bundle with CUDA, NCCL and cuDNN from wheel-like roots"
+  wheels="$tmp/wheels"
+  mkdir -p "$wheels/cudnn/include" "$wheels/cudnn/lib" "$wheels/nccl/include" "$wheels/nccl/lib"
+  ln -s "$cuda_home"/include/cudnn*.h "$wheels/cudnn/include/"
+  ln -s "$cuda_home"/lib64/libcudnn*.so.9 "$wheels/cudnn/lib/"
+  ln -s "$cuda_home"/include/nccl*.h "$wheels/nccl/include/"
+  ln -s "$cuda_home"/lib64/libnccl.so.2 "$wheels/nccl/lib/"
+  cbuild="$tmp/build-cuda"
+  if ! PATH="$cuda_home/bin:$PATH" "${hidden_env[@]}" cmake -S "$bundle/src" -B "$cbuild" "${hide[@]}" \
+       -DMIX_BUNDLE_DIR="$bundle" -DMIX_WITH_MPI=OFF -DMIX_WITH_CUDA=ON -DMIX_CUDA_ARCHS=90 \
+       -DCUDNN_ROOT="$wheels/cudnn" -DNCCL_ROOT="$wheels/nccl" -DCMAKE_BUILD_TYPE=Release >"$tmp/configure-cuda.log" 2>&1; then
+    tail -20 "$tmp/configure-cuda.log"
+    fail "the CUDA configure from the bundle with NCCL_ROOT / CUDNN_ROOT failed"
+  else
+    found=$(grep -m1 "mixtrain: NCCL" "$tmp/configure-cuda.log" || true)
+    echo "$found"
+    [[ "$found" == *"NCCL $wheels/nccl/lib/libnccl.so.2;"* && "$found" == *"cuDNN 9 $wheels/cudnn/lib/libcudnn.so.9"* ]] \
+      || fail "NCCL_ROOT / CUDNN_ROOT did not win over the toolkit's libraries: $found"
+    step "compiling the cuDNN and NCCL sources from the bundle"
+    for obj in runtime/ops/cuda/conv2d.cu.o collective/nccl_communicator.cu.o; do
+      if ! (cd "$cbuild" && PATH="$cuda_home/bin:$PATH" make "$obj") >"$tmp/compile-cuda.log" 2>&1; then
+        tail -20 "$tmp/compile-cuda.log"
+        fail "compiling $obj from the bundle failed"
+      fi
+    done
+    for pair in conv2d.cu.o.d:"$wheels/cudnn/include/cudnn.h" nccl_communicator.cu.o.d:"$wheels/nccl/include/nccl.h"; do
+      d=$(find "$cbuild" -name "${pair%%:*}" | head -1)
+      grep -q "${pair#*:}" "$d" 2>/dev/null || fail "${pair%%:*} does not record ${pair#*:}"
+    done
+  fi
+else
+  echo "no CUDA toolkit with cuDNN and NCCL at $cuda_home (or the CUDA build above): step 4 skipped"
 fi
 
 step "done"
