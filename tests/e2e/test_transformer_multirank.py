@@ -17,7 +17,9 @@
      lm_head.weight;
   5. the precision lists: by default the causal softmax is FP32 (black list) between
      FP16 matmuls; --amp-white-list softmax runs it in FP16 with no casts around it;
-  6. bad input: a --data-dir without text, --heads that do not divide --d-model.
+  6. a --data-dir of the user's own text trains and evaluates; bad input: a
+     --data-dir without text, --heads that do not divide --d-model, a --vocab
+     too small for bytes.
 """
 import re
 import sys
@@ -125,6 +127,20 @@ def main():
             "a text directory without files: an error that says what to install", r.describe(600))
     r = mt.mixtrain([*TINY, "--heads", 3, "--steps", 1])
     c.check(r.rc == 2 and "--heads" in r.stderr, "--heads 3 with --d-model 32: exit 2 naming --heads", r.describe(600))
+    r = mt.mixtrain([*TINY, "--data", "fortunes", "--vocab", 100, "--steps", 1])
+    c.check(r.rc == 2 and "--vocab 100" in r.stderr and "256" in r.stderr,
+            "--vocab 100 on byte text: exit 2 naming --vocab and 256", r.describe(600))
+    own = d / "own_text"
+    own.mkdir(exist_ok=True)
+    (own / "notes.txt").write_text("".join(f"note {k}: the quick brown fox jumps over the lazy dog\n%\n"
+                                           for k in range(200)))
+    met = d / "own_text.jsonl"
+    r = mt.mixtrain([*TINY, "--data", "fortunes", "--data-dir", own, "--batch-size", 4, "--steps", 3,
+                     "--eval", "true", "--eval-every", 3, "--metrics", met])
+    if c.ok_run(r, "--data-dir with the user's own text: 3 steps and an evaluation"):
+        ev = mt.Metrics(met).evals
+        c.check(len(ev) == 1 and 0 < ev[0]["val_loss"] < 10, "one evaluation with a finite validation loss",
+                f"{ev}")
     c.finish()
 
 

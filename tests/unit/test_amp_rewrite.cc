@@ -120,6 +120,43 @@ TEST_CASE("unlisted ops run in FP32", "[amp]") {
   CHECK(producer_of(m.program, "fc2.mul").in("X") == "fc1.relu.cast_fp16");
 }
 
+TEST_CASE("the Transformer under the default lists: FP32 embeddings and softmax, FP16 matmuls", "[amp]") {
+  models::TransformerConfig tc;
+  tc.layers = 1;
+  tc.d_model = 16;
+  tc.heads = 2;
+  tc.context = 8;
+  tc.vocab = 32;
+  {
+    models::Model m = models::build_transformer(tc);
+    amp::rewrite(m.program, amp::AmpLists::defaults());
+    const Program& p = m.program;
+    // lookup_table is black: it reads the FP32 table and writes FP32 embeddings.
+    CHECK(p.var("transformer.tok_emb").dtype == DType::f32);
+    CHECK(producer_of(p, "transformer.tok_emb").in("W") == "transformer.wte.weight");
+    CHECK_FALSE(p.has_var("transformer.wte.weight.cast_fp16"));  // untied: nothing else reads the table
+    // The matmuls (white) run in FP16, the attention softmax (black) in FP32 on a cast of the scores.
+    CHECK(p.var("transformer.h.0.attn.c_attn.matmul").dtype == DType::f16);
+    CHECK(p.var("transformer.h.0.attn.scores").dtype == DType::f16);
+    CHECK(p.var("transformer.h.0.attn.att").dtype == DType::f32);
+    CHECK(producer_of(p, "transformer.h.0.attn.att").in("X") == "transformer.h.0.attn.scores.cast_fp32");
+    // Gray ops follow: GELU after an FP16 matmul is FP16; layer_norm on the FP32
+    // residual stream (which starts at the FP32 embeddings) is FP32.
+    CHECK(p.var("transformer.h.0.mlp.gelu").dtype == DType::f16);
+    CHECK(p.var("transformer.h.0.ln_2.out").dtype == DType::f32);
+    CHECK(p.var("transformer.h.0.resid_mlp").dtype == DType::f32);
+    CHECK(p.var("logits").dtype == DType::f16);
+    CHECK(producer_of(p, "loss.per_example").in("Logits") == "logits.cast_fp32");
+  }
+  // A custom white list moves softmax to FP16: the scores need no cast, and
+  // the probabilities feed the next matmul directly.
+  models::Model m = models::build_transformer(tc);
+  amp::rewrite(m.program, amp::AmpLists::defaults().with_custom({"softmax"}, {}));
+  CHECK(m.program.var("transformer.h.0.attn.att").dtype == DType::f16);
+  CHECK(producer_of(m.program, "transformer.h.0.attn.att").in("X") == "transformer.h.0.attn.scores");
+  CHECK(producer_of(m.program, "transformer.h.0.attn.context").in("X") == "transformer.h.0.attn.att");
+}
+
 TEST_CASE("custom lists move ops; a name in both is an error naming it", "[amp]") {
   SECTION("custom black list keeps mul in FP32: no FP16 anywhere") {
     models::Model m = small_mlp();

@@ -238,4 +238,24 @@ TEST_CASE("learning-rate schedules", "[optim]") {
   CHECK(one.at(99) == Approx(0.1 / 25 / 1e4));
   for (int64_t s = 1; s < 30; ++s) CHECK(one.at(s) > one.at(s - 1));
   for (int64_t s = 31; s < 100; ++s) CHECK(one.at(s) < one.at(s - 1));
+
+  // Warm-up before a cosine decay: linear to the peak over 10 steps, then half a
+  // cosine over the remaining 90 (its middle at step 10 + 45).
+  optim::LrSchedule wcos{"cosine", 0.1, 10, 100};
+  CHECK(wcos.at(0) == Approx(0.01));
+  CHECK(wcos.at(4) == Approx(0.05));
+  CHECK(wcos.at(9) == Approx(0.1));
+  CHECK(wcos.at(10) == Approx(0.1));
+  CHECK(wcos.at(55) == Approx(0.05));
+  CHECK(wcos.at(100) == Approx(0.0).margin(1e-12));
+  for (int64_t s = 1; s < 10; ++s) CHECK(wcos.at(s) > wcos.at(s - 1));
+  for (int64_t s = 11; s <= 100; ++s) CHECK(wcos.at(s) < wcos.at(s - 1));
+  // One-cycle with a warm-up: the warm-up replaces pct_start (the peak at step 10, not 30).
+  optim::LrSchedule wone{"onecycle", 0.1, 10, 100};
+  CHECK(wone.at(0) == Approx(0.004));
+  CHECK(wone.at(5) == Approx(0.052));  // halfway up the cosine: (0.004 + 0.1) / 2
+  CHECK(wone.at(10) == Approx(0.1));
+  CHECK(wone.at(99) == Approx(0.1 / 25 / 1e4));
+  for (int64_t s = 1; s <= 10; ++s) CHECK(wone.at(s) > wone.at(s - 1));
+  for (int64_t s = 11; s < 100; ++s) CHECK(wone.at(s) < wone.at(s - 1));
 }
