@@ -10,7 +10,9 @@ One AMP run of the MLP with 2 warm-up steps and 4 timed ones:
      is nearly all of it; on a GPU it tells a host-bound step from a GPU-bound
      one);
   3. the printed benchmark line carries the same samples/s, names the 4 timed
-     steps, and the GPU-only host-queue line is absent on the CPU.
+     steps, and the GPU-only host-queue line is absent on the CPU;
+  4. a ResNet prints images/s, and a Transformer tokens/s: its summary's
+     tokens_per_s_overall is samples_per_s_overall times the context.
 """
 import re
 import sys
@@ -49,6 +51,28 @@ def main():
             "the benchmark line prints the summary's samples/s over the 4 timed steps",
             line.group(0) if line else r.out[-400:])
     c.check("to queue a" not in r.out, "no host-queue line on the CPU, where it would say nothing")
+
+    # ---- 4. the units of the other models ----
+    r = mt.mixtrain(["--model", "resnet-small", "--width", 4, "--blocks", "1,1", "--image-size", 16, "--data",
+                     "synthetic", "--synthetic-size", 16, "--batch-size", 4, "--benchmark", "--benchmark-warmup", 1,
+                     "--steps", 2])
+    if c.ok_run(r, "resnet-small with --benchmark"):
+        c.check(re.search(r"benchmark: resnet-small amp batch 4 x 1 ranks: [0-9.e+]+ images/s over 2 timed", r.out)
+                is not None, "a ResNet's benchmark line counts images/s", r.out[-300:])
+    context = 16
+    met = d / "transformer.jsonl"
+    r = mt.mixtrain(["--model", "transformer", "--layers", 1, "--d-model", 16, "--heads", 2, "--context", context,
+                     "--vocab", 32, "--data", "synthetic", "--batch-size", 4, "--benchmark", "--benchmark-warmup", 1,
+                     "--steps", 2, "--metrics", met])
+    if c.ok_run(r, "a Transformer with --benchmark"):
+        s = mt.Metrics(met).summary
+        line = re.search(r"benchmark: transformer amp batch 4 x 1 ranks: ([0-9.e+]+) tokens/s over 2 timed", r.out)
+        c.check(abs(s["tokens_per_s_overall"] - context * s["samples_per_s_overall"])
+                <= 1e-9 * s["tokens_per_s_overall"], "tokens_per_s_overall = context x samples_per_s_overall",
+                f"{s['tokens_per_s_overall']} vs {context} x {s['samples_per_s_overall']}")
+        c.check(bool(line) and abs(float(line.group(1)) - s["tokens_per_s_overall"])
+                <= 1e-4 * s["tokens_per_s_overall"], "the Transformer's benchmark line prints its tokens/s",
+                line.group(0) if line else r.out[-300:])
     return c.finish()
 
 
