@@ -8,8 +8,12 @@
 # and prints a summary table last. Logs and summary.txt go to --out DIR.
 # Budget: under 8 minutes on one H200 (the build is most of it).
 #
-#   scripts/gpu_check.sh [--out DIR] [--bundle DIR]
+#   scripts/gpu_check.sh [--out DIR] [--bundle DIR] [--deadline SECONDS]
 #
+# --deadline SECONDS: finish, summary written, within SECONDS of the start:
+# each step's time limit shrinks to what is left, and a step that would start
+# with less than 10 s left is not run (exit 125 in the summary). Give it when
+# the machine is lent for a fixed time, so that a slow step costs only itself.
 # --bundle DIR builds from a folder written by scripts/gpu_bundle.sh (air-gapped
 # GPU nodes: only the driver, a CUDA 13 toolkit, CMake and the CUDA libraries).
 # NCCL and cuDNN 9 outside the toolkit: export NCCL_ROOT / CUDNN_ROOT first, or
@@ -18,7 +22,7 @@
 # On a lent machine with no Open MPI or Debian headers (this project's device
 # tool: about 47 MB travel, under its 64 MiB; at most 8 files come back):
 #   here:   scripts/gpu_bundle.sh runs/bundle
-#   there:  (carry runs/bundle) scripts/gpu_check.sh --bundle runs/bundle --out /tmp/gc; rc=$?;
+#   there:  (carry runs/bundle) scripts/gpu_check.sh --bundle runs/bundle --out /tmp/gc --deadline 480; rc=$?;
 #           cp /tmp/gc/summary.txt "$OUT"; tar czf "$OUT/gc.tgz" -C /tmp/gc --exclude=build .; exit $rc
 #
 # A lent GPU's time is short, so nothing may hang or be wasted: the NCCL
@@ -29,11 +33,16 @@ set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 out="$root/runs/gpu_check"
 bundle=""
+deadline=""
+started=$(date +%s)
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) out="$2"; shift 2 ;;
     --bundle) bundle="$(cd "$2" && pwd)" || exit 2; shift 2 ;;
-    *) echo "gpu_check: unknown argument $1 (use --out DIR, --bundle DIR)" >&2; exit 2 ;;
+    --deadline)
+      deadline="$2"; shift 2
+      [[ "$deadline" =~ ^[0-9]+$ ]] || { echo "gpu_check: --deadline takes whole seconds, got '$deadline'" >&2; exit 2; } ;;
+    *) echo "gpu_check: unknown argument $1 (use --out DIR, --bundle DIR, --deadline SECONDS)" >&2; exit 2 ;;
   esac
 done
 mkdir -p "$out"
@@ -41,7 +50,22 @@ out="$(cd "$out" && pwd)"
 rm -f "$out"/*.jsonl "$out"/*.log "$out"/mixbench.csv "$out"/summary.txt  # no stale figures from an earlier run
 export PATH="/usr/local/cuda/bin:$PATH"
 export MIX_NCCL_TIMEOUT_S="${MIX_NCCL_TIMEOUT_S:-60}"
-limit() { timeout -k 10 "$@"; }  # seconds, command...: exit 124 when it ran too long
+# limit SECONDS COMMAND...: runs COMMAND for at most SECONDS (exit 124 when it
+# ran too long), fewer when --deadline leaves fewer (keeping 30 s for the
+# summary and a killed command's 10 s grace), and not at all (exit 125) when
+# under 10 s would be left.
+limit() {
+  local seconds="$1"; shift
+  if [ -n "$deadline" ]; then
+    local left=$(( deadline - ($(date +%s) - started) - 30 ))
+    if [ "$left" -lt 10 ]; then
+      echo "gpu_check: not run, past --deadline $deadline: $*" | tee -a "$out/deadline.log" >&2
+      return 125
+    fi
+    [ "$left" -lt "$seconds" ] && seconds="$left"
+  fi
+  timeout -k 10 "$seconds" "$@"
+}
 
 # The machine first, so that a wrong one fails in seconds, not after the build.
 {
@@ -91,15 +115,20 @@ if [ ! -f "$build/CMakeCache.txt" ] && command -v ninja >/dev/null 2>&1; then
 fi
 t0=$(date +%s)
 echo "gpu_check: building cuda_checks for sm_${archs:-default} in $build (log: $out/build.log)"
-{ cmake -S "$src" -B "$build" "${cmake_args[@]}" ${MIX_CMAKE_ARGS:-} &&
-  cmake --build "$build" -j "$(nproc)" --target cuda_checks; } >"$out/build.log" 2>&1 || {
+{ limit 600 cmake -S "$src" -B "$build" "${cmake_args[@]}" ${MIX_CMAKE_ARGS:-} &&
+  limit 1200 cmake --build "$build" -j "$(nproc)" --target cuda_checks; } >"$out/build.log" 2>&1
+build_rc=$?
+if [ $build_rc -ne 0 ]; then
   tail -30 "$out/build.log"
-  echo "gpu_check: build failed after $(( $(date +%s) - t0 )) s, see build.log" | tee "$out/summary.txt"
+  why="failed"
+  [ $build_rc -eq 124 ] && why="ran past its time limit"
+  [ $build_rc -eq 125 ] && why="was not run, past --deadline"
+  echo "gpu_check: the build $why (exit $build_rc) after $(( $(date +%s) - t0 )) s, see build.log" | tee "$out/summary.txt"
   exit 1
-}
+fi
 
 echo "gpu_check: [cuda] tests (log: $out/cuda_tests.log)"
-(cd "$build" && ctest -L cuda --no-tests=error --output-on-failure --timeout 120) >"$out/cuda_tests.log" 2>&1
+(cd "$build" && limit 600 ctest -L cuda --no-tests=error --output-on-failure --timeout 120) >"$out/cuda_tests.log" 2>&1
 tests_rc=$?
 passed=$(grep -cE "Test +#[0-9]+: .* Passed" "$out/cuda_tests.log" || true)
 failed=$(grep -cE "\*\*\*Failed|\*\*\*Exception|\*\*\*Timeout|\*\*\*Not Run" "$out/cuda_tests.log" || true)
@@ -244,7 +273,7 @@ else
 fi
 secs=$(( $(date +%s) - t0 ))
 {
-  echo "gpu_check summary ($(date -u +%FT%TZ), ${secs} s)"
+  echo "gpu_check summary ($(date -u +%FT%TZ), ${secs} s; exit 124: ran past its limit, 125: not run, past --deadline)"
   printf "  %-36s %s\n" "[cuda] tests" "$passed passed, $failed failed, $skipped skipped"
   printf "  %-36s %s\n" "MLP 784-1024-1024-10 FP32 samples/s" "$fp32_sps (exit $fp32_rc)"
   printf "  %-36s %s\n" "MLP 784-1024-1024-10 AMP samples/s" "$amp_sps (exit $amp_rc)"
