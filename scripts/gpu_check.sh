@@ -207,50 +207,12 @@ amp_sps=$(summary_field "$out/train_amp.jsonl" samples_per_s_overall)
 fp32_peak=$(summary_field "$out/train_fp32.jsonl" peak_bytes)
 amp_peak=$(summary_field "$out/train_amp.jsonl" peak_bytes)
 ratio=$(ratio_of "$fp32_sps" "$amp_sps")
-echo "gpu_check: training ResNet-50 on the GPU (FP32 and AMP, NCHW and NHWC; logs: $out/resnet50_*.log)"
+echo "gpu_check: ResNet-50 and the Transformer first, FP32 and AMP in their default layouts; then the checks,"
+echo "gpu_check: then the variants (other layouts, cuDNN options), the op profiles and the overlap (logs: $out/*.log)"
 train_resnet50 fp32 resnet50_fp32 --data-format nchw; r50_fp32_rc=$?
-train_resnet50 fp32 resnet50_fp32_nhwc --data-format nhwc; r50_fp32_nhwc_rc=$?
 train_resnet50 amp resnet50_amp --data-format nhwc; r50_amp_rc=$?
-train_resnet50 amp resnet50_amp_nchw --data-format nchw; r50_nchw_rc=$?
-train_resnet50 amp resnet50_amp_bnp --data-format nhwc --cudnn-bn-persistent; r50_bnp_rc=$?
-train_resnet50 amp resnet50_amp_bench --data-format nhwc --cudnn-benchmark; r50_bench_rc=$?
-r50_fp32_ips=$(summary_field "$out/resnet50_fp32.jsonl" samples_per_s_overall)
-r50_fp32_nhwc_ips=$(summary_field "$out/resnet50_fp32_nhwc.jsonl" samples_per_s_overall)
-r50_amp_ips=$(summary_field "$out/resnet50_amp.jsonl" samples_per_s_overall)
-r50_nchw_ips=$(summary_field "$out/resnet50_amp_nchw.jsonl" samples_per_s_overall)
-r50_bnp_ips=$(summary_field "$out/resnet50_amp_bnp.jsonl" samples_per_s_overall)
-r50_bench_ips=$(summary_field "$out/resnet50_amp_bench.jsonl" samples_per_s_overall)
-r50_fp32_best=$(/usr/bin/env python3 -c "import sys
-v=[float(a) for a in sys.argv[1:] if a.replace('.', '', 1).isdigit()]
-print(max(v) if v else 'n/a')" "$r50_fp32_ips" "$r50_fp32_nhwc_ips" 2>/dev/null || echo n/a)
-r50_fp32_peak=$(summary_field "$out/resnet50_fp32.jsonl" peak_bytes)
-r50_amp_peak=$(summary_field "$out/resnet50_amp.jsonl" peak_bytes)
-r50_ratio=$(ratio_of "$r50_fp32_best" "$r50_amp_ips")
-r50_amp_queue=$(queue_and_step_ms "$out/resnet50_amp.jsonl")
-echo "gpu_check: training a Transformer-base LM on the GPU (FP32, AMP; logs: $out/transformer_*.log)"
 train_transformer fp32 transformer_fp32; tf_fp32_rc=$?
 train_transformer amp transformer_amp; tf_amp_rc=$?
-# Where an AMP step's time goes: the same AMP runs again, each op timed on the
-# GPU (MIX_PROFILE_OPS: an event on the compute stream after each op, read
-# after the step). Separate runs, because the profile's own per-op cost would
-# lower the images/s and tokens/s above; short ones (the last flags win), to
-# keep within the check's budget.
-echo "gpu_check: the ResNet-50 and Transformer AMP runs again, each op timed (logs: $out/*_profile.log)"
-MIX_PROFILE_OPS=1 train_resnet50 amp resnet50_amp_profile --data-format nhwc --benchmark-warmup 5 --steps 10
-r50_prof_rc=$?
-MIX_PROFILE_OPS=1 train_transformer amp transformer_amp_profile --benchmark-warmup 5 --steps 10; tf_prof_rc=$?
-tf_fp32_tps=$(summary_field "$out/transformer_fp32.jsonl" tokens_per_s_overall)
-tf_amp_tps=$(summary_field "$out/transformer_amp.jsonl" tokens_per_s_overall)
-tf_fp32_peak=$(summary_field "$out/transformer_fp32.jsonl" peak_bytes)
-tf_amp_peak=$(summary_field "$out/transformer_amp.jsonl" peak_bytes)
-tf_ratio=$(ratio_of "$tf_fp32_tps" "$tf_amp_tps")
-tf_amp_queue=$(queue_and_step_ms "$out/transformer_amp.jsonl")
-echo "gpu_check: resnet-small AMP with and without overlapped all-reduce (logs: $out/resnet_small_*.log)"
-train_resnet_small resnet_small_overlap; rs_ov_rc=$?
-train_resnet_small resnet_small_no_overlap --no-overlap; rs_no_rc=$?
-rs_ov_ms=$(summary_field "$out/resnet_small_overlap.jsonl" step_ms)
-rs_no_ms=$(summary_field "$out/resnet_small_no_overlap.jsonl" step_ms)
-rs_ratio=$(ratio_of "$rs_ov_ms" "$rs_no_ms")
 # NCCL all-reduce through the device communicator (one rank: NCCL still runs its
 # kernels), every dtype checked against exact values; the 64M rows' busbw is 0
 # on one GPU by definition, so the figure that matters is the time column.
@@ -271,6 +233,45 @@ if [ $stuck_rc -ne 0 ] && [ $stuck_rc -ne 124 ] && grep -q "stuck at the minimum
 else
   stuck="FAIL: exit $stuck_rc without the error"; stuck_ok=1
 fi
+echo "gpu_check: ResNet-50 variants: FP32 in NHWC, AMP in NCHW, persistent batch_norm, cudnn benchmark"
+train_resnet50 fp32 resnet50_fp32_nhwc --data-format nhwc; r50_fp32_nhwc_rc=$?
+train_resnet50 amp resnet50_amp_nchw --data-format nchw; r50_nchw_rc=$?
+train_resnet50 amp resnet50_amp_bnp --data-format nhwc --cudnn-bn-persistent; r50_bnp_rc=$?
+train_resnet50 amp resnet50_amp_bench --data-format nhwc --cudnn-benchmark; r50_bench_rc=$?
+# Where an AMP step's time goes: the same AMP runs again, each op timed on the
+# GPU (MIX_PROFILE_OPS: an event on the compute stream after each op, read
+# after the step). Separate runs, because the profile's own per-op cost would
+# lower the images/s and tokens/s above; short ones (the last flags win), to
+# keep within the check's budget.
+echo "gpu_check: the ResNet-50 and Transformer AMP runs again, each op timed (logs: $out/*_profile.log)"
+MIX_PROFILE_OPS=1 train_resnet50 amp resnet50_amp_profile --data-format nhwc --benchmark-warmup 5 --steps 10
+r50_prof_rc=$?
+MIX_PROFILE_OPS=1 train_transformer amp transformer_amp_profile --benchmark-warmup 5 --steps 10; tf_prof_rc=$?
+echo "gpu_check: resnet-small AMP with and without overlapped all-reduce (logs: $out/resnet_small_*.log)"
+train_resnet_small resnet_small_overlap; rs_ov_rc=$?
+train_resnet_small resnet_small_no_overlap --no-overlap; rs_no_rc=$?
+rs_ov_ms=$(summary_field "$out/resnet_small_overlap.jsonl" step_ms)
+rs_no_ms=$(summary_field "$out/resnet_small_no_overlap.jsonl" step_ms)
+rs_ratio=$(ratio_of "$rs_ov_ms" "$rs_no_ms")
+r50_fp32_ips=$(summary_field "$out/resnet50_fp32.jsonl" samples_per_s_overall)
+r50_fp32_nhwc_ips=$(summary_field "$out/resnet50_fp32_nhwc.jsonl" samples_per_s_overall)
+r50_amp_ips=$(summary_field "$out/resnet50_amp.jsonl" samples_per_s_overall)
+r50_nchw_ips=$(summary_field "$out/resnet50_amp_nchw.jsonl" samples_per_s_overall)
+r50_bnp_ips=$(summary_field "$out/resnet50_amp_bnp.jsonl" samples_per_s_overall)
+r50_bench_ips=$(summary_field "$out/resnet50_amp_bench.jsonl" samples_per_s_overall)
+r50_fp32_best=$(/usr/bin/env python3 -c "import sys
+v=[float(a) for a in sys.argv[1:] if a.replace('.', '', 1).isdigit()]
+print(max(v) if v else 'n/a')" "$r50_fp32_ips" "$r50_fp32_nhwc_ips" 2>/dev/null || echo n/a)
+r50_fp32_peak=$(summary_field "$out/resnet50_fp32.jsonl" peak_bytes)
+r50_amp_peak=$(summary_field "$out/resnet50_amp.jsonl" peak_bytes)
+r50_ratio=$(ratio_of "$r50_fp32_best" "$r50_amp_ips")
+r50_amp_queue=$(queue_and_step_ms "$out/resnet50_amp.jsonl")
+tf_fp32_tps=$(summary_field "$out/transformer_fp32.jsonl" tokens_per_s_overall)
+tf_amp_tps=$(summary_field "$out/transformer_amp.jsonl" tokens_per_s_overall)
+tf_fp32_peak=$(summary_field "$out/transformer_fp32.jsonl" peak_bytes)
+tf_amp_peak=$(summary_field "$out/transformer_amp.jsonl" peak_bytes)
+tf_ratio=$(ratio_of "$tf_fp32_tps" "$tf_amp_tps")
+tf_amp_queue=$(queue_and_step_ms "$out/transformer_amp.jsonl")
 secs=$(( $(date +%s) - t0 ))
 {
   echo "gpu_check summary ($(date -u +%FT%TZ), ${secs} s; exit 124: ran past its limit, 125: not run, past --deadline)"
