@@ -129,8 +129,10 @@ void allreduce_wait_cpu(OpContext& ctx) {
 }
 
 // A one-gradient bucket is reduced where it lies: its Buffer is a view.
-MIX_REGISTER_OP("c_allreduce_start", OpInfo{infer_allreduce_start, allreduce_start_cpu, {}, {},
-                                            [](const OpDesc& op) { return op.ins("X").size() == 1; }});
+MIX_REGISTER_OP("c_allreduce_start",
+                OpInfo{infer_allreduce_start, allreduce_start_cpu, {}, {}, [](const OpDesc& op, const std::string&) {
+                         return op.ins("X").size() == 1;
+                       }});
 MIX_REGISTER_OP("c_allreduce_wait", OpInfo{{}, allreduce_wait_cpu, {}, {}});
 
 MIX_REGISTER_OP("c_allreduce_sum", OpInfo{{}, [](OpContext& c) { allreduce_cpu(c, ReduceOp::sum); }, {}, {}});

@@ -94,10 +94,11 @@ MemoryPlan Executor::plan(int64_t batch) const {
     const OpDesc& op = program_.ops()[op_indices_[k]];
     for (auto& n : op.all_outputs()) {
       if (program_.has_var(n) && program_.var(n).persistable) continue;
-      // Views (reshape2, flatten, a one-gradient bucket's Buffer) share an
-      // input's storage; counting them again would overstate the plan.
-      const ViewFn& views = OpRegistry::instance().get(op.type).outputs_are_views;
-      if (views && views(op)) continue;
+      // Views (reshape2, flatten, a one-gradient bucket's Buffer, the
+      // pass-through gradients of elementwise_add_grad) share an input's
+      // storage; counting them again would overstate the plan.
+      const ViewFn& is_view = OpRegistry::instance().get(op.type).output_is_view;
+      if (is_view && is_view(op, n)) continue;
       if (live.insert(n).second) live_bytes += bytes_of(n);
     }
     p.peak_temporary_bytes = std::max(p.peak_temporary_bytes, live_bytes);

@@ -100,20 +100,20 @@ using InferFn = std::function<void(Program&, OpDesc&)>;
 using KernelFn = std::function<void(OpContext&)>;
 using GradMaker = std::function<std::vector<OpDesc>(const OpDesc& fwd, GradContext& g)>;
 
-/// True when this instance of the op writes its outputs as views of an input
-/// (no storage of their own): the executor's memory plan counts nothing for them.
-using ViewFn = std::function<bool(const OpDesc&)>;
+/// True when this instance of the op writes output `out` as a view of an input
+/// (no storage of its own): the executor's memory plan counts nothing for it.
+using ViewFn = std::function<bool(const OpDesc&, const std::string& out)>;
 
 struct OpInfo {
   InferFn infer;         // declares outputs (shape with -1 batch, dtype)
   KernelFn cpu;          // the CPU kernel (the reference)
   KernelFn cuda;         // empty until a CUDA kernel is registered
   GradMaker grad;        // empty: the op has no gradient (or is itself a gradient op)
-  ViewFn outputs_are_views = {};  // empty: outputs have storage of their own
+  ViewFn output_is_view = {};  // empty: outputs have storage of their own
 };
 
 /// ViewFn of ops whose outputs are always views (reshape2, flatten).
-inline bool always_views(const OpDesc&) { return true; }
+inline bool always_views(const OpDesc&, const std::string&) { return true; }
 
 class OpRegistry {
  public:

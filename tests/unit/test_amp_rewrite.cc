@@ -121,12 +121,7 @@ TEST_CASE("unlisted ops run in FP32", "[amp]") {
 }
 
 TEST_CASE("the Transformer under the default lists: FP32 embeddings and softmax, FP16 matmuls", "[amp]") {
-  models::TransformerConfig tc;
-  tc.layers = 1;
-  tc.d_model = 16;
-  tc.heads = 2;
-  tc.context = 8;
-  tc.vocab = 32;
+  const models::TransformerConfig tc{.layers = 1, .d_model = 16, .heads = 2, .context = 8, .vocab = 32};
   {
     models::Model m = models::build_transformer(tc);
     amp::rewrite(m.program, amp::AmpLists::defaults());

@@ -273,3 +273,73 @@ TEST_CASE("a kernel's out-of-memory error leaves the executor as itself, naming 
     CHECK_THAT(e.what(), Catch::Matchers::Contains("(in op 1: test_failing_op)"));
   }
 }
+
+TEST_CASE("elementwise_add_grad passes gradients through as views, except a parameter's", "[autodiff][views]") {
+  // h = x * w (mul); a = h + b (bias: a parameter, broadcast); r = a + s
+  // (residual, s a second activation); loss = mean(r) + mean(t), where
+  // t = w + w2 adds two parameters of the same shape.
+  Program p;
+  p.add_var(VarDesc{"x", {-1, 3}, DType::f32, false, false, true, {}});
+  p.add_var(VarDesc{"w", {4, 3}, DType::f32, true, true, false, {}});
+  p.add_var(VarDesc{"w2", {4, 3}, DType::f32, true, true, false, {}});
+  p.add_var(VarDesc{"b", {4}, DType::f32, true, true, false, {}});
+  p.append_op(make_op("mul", {{"X", {"x"}}, {"Y", {"w"}}}, {{"Out", {"h"}}}));
+  p.append_op(make_op("elementwise_add", {{"X", {"h"}}, {"Y", {"b"}}}, {{"Out", {"a"}}}));
+  p.append_op(make_op("tanh", {{"X", {"a"}}}, {{"Out", {"s"}}}));
+  p.append_op(make_op("elementwise_add", {{"X", {"a"}}, {"Y", {"s"}}}, {{"Out", {"r"}}}));
+  p.append_op(make_op("mean", {{"X", {"r"}}}, {{"Out", {"m1"}}}));
+  p.append_op(make_op("elementwise_add", {{"X", {"w"}}, {"Y", {"w2"}}}, {{"Out", {"t"}}}));
+  p.append_op(make_op("mean", {{"X", {"t"}}}, {{"Out", {"m2"}}}));
+  p.append_op(make_op("elementwise_add", {{"X", {"m1"}}, {"Y", {"m2"}}}, {{"Out", {"loss"}}}));
+  seed_loss_gradient(p, "loss");
+  append_backward(p, "loss");
+  auto add_grad_writing = [&](const std::string& grad) -> const OpDesc& {
+    for (const OpDesc& op : p.ops())
+      if (op.type == "elementwise_add_grad" && (op.out_or_empty("X@GRAD") == grad || op.out_or_empty("Y@GRAD") == grad))
+        return op;
+    FAIL("no elementwise_add_grad writes " << grad);
+    return p.ops().front();
+  };
+  // The attrs: activations' gradients are views; a parameter's never; a
+  // broadcast Y's (the bias) is a sum, not a view.
+  const OpDesc& residual = add_grad_writing("s@GRAD");
+  CHECK(residual.attr<bool>("x_grad_is_view", false));
+  CHECK(residual.attr<bool>("y_grad_is_view", false));
+  const OpDesc& bias = add_grad_writing("h@GRAD");
+  CHECK(bias.attr<bool>("x_grad_is_view", false));
+  CHECK_FALSE(bias.attr<bool>("y_grad_is_view", false));
+  const OpDesc& params = add_grad_writing("w2@GRAD");
+  CHECK_FALSE(params.has_attr("x_grad_is_view"));
+  CHECK_FALSE(params.has_attr("y_grad_is_view"));
+
+  // At run time the views share dOut's storage; the others have their own.
+  const std::string r_grad = residual.in("Out@GRAD"), a_grad = bias.in("Out@GRAD");
+  Executor ex(p, {"s@GRAD", residual.out("X@GRAD"), r_grad, "h@GRAD", "b@GRAD", a_grad, "w@GRAD", "w2@GRAD",
+                  params.in("Out@GRAD"), params.out("X@GRAD")});
+  Scope s;
+  s.set("x", Tensor::from_floats({2, 3}, {0.5f, -1.f, 2.f, 1.5f, 0.25f, -0.75f}));
+  s.set("w", Tensor::from_floats({4, 3}, std::vector<float>(12, 0.1f)));
+  s.set("w2", Tensor::from_floats({4, 3}, std::vector<float>(12, -0.2f)));
+  s.set("b", Tensor::from_floats({4}, {0.f, 1.f, -1.f, 2.f}));
+  ExecEnv env;
+  ex.run(s, env);
+  CHECK(s.get("s@GRAD").raw() == s.get(r_grad).raw());
+  CHECK(s.get(residual.out("X@GRAD")).raw() == s.get(r_grad).raw());
+  CHECK(s.get("h@GRAD").raw() == s.get(a_grad).raw());
+  CHECK(s.get("b@GRAD").raw() != s.get(a_grad).raw());
+  CHECK(s.get("w2@GRAD").raw() != s.get(params.in("Out@GRAD")).raw());
+  CHECK(s.get(params.out("X@GRAD")).raw() != s.get(params.in("Out@GRAD")).raw());
+  // d mean(t) / d w2 = 1/12 everywhere; the bias gradient sums dOut over the batch.
+  for (float v : s.get("w2@GRAD").to_floats()) CHECK(v == Approx(1.f / 12));
+  const std::vector<float> da = s.get(a_grad).to_floats(), db = s.get("b@GRAD").to_floats();
+  for (int j = 0; j < 4; ++j) CHECK(db[j] == Approx(da[j] + da[4 + j]));
+
+  // The memory plan counts no bytes for the views: dropping the attrs makes it larger.
+  const size_t with_views = Executor(p, {}).plan(2).peak_temporary_bytes;
+  Program copies = p;
+  for (OpDesc& op : copies.ops()) {
+    op.attrs.erase("x_grad_is_view");
+    op.attrs.erase("y_grad_is_view");
+  }
+  CHECK(Executor(copies, {}).plan(2).peak_temporary_bytes > with_views);
+}

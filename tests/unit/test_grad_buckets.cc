@@ -19,6 +19,7 @@
 #include "amp/decorate.h"
 #include "collective/grad_allreduce_pass.h"
 #include "models/model.h"
+#include "runtime/op_registry.h"
 #include "runtime/optim/optimizer.h"
 
 using namespace mix;
@@ -147,6 +148,58 @@ void check_buckets(const Built& b, size_t cap) {
 }
 
 }  // namespace
+
+TEST_CASE("no gradient that shares dOut's storage is written in place by gradient sync", "[collective][views]") {
+  // elementwise_add_grad passes gradients through as views of dOut
+  // (runtime/ops/add_grad_views.h). Gradient sync writes gradients where they
+  // lie: the packing and unpacking of buckets (a one-gradient bucket is
+  // all-reduced in place while backward goes on), the unscale, the injected
+  // overflow. None of those may touch a view, or it would change dOut under
+  // the other input's gradient.
+  const models::TransformerConfig tc{
+      .layers = 2, .d_model = 16, .heads = 2, .context = 8, .vocab = 32, .tie_weights = true};
+  for (size_t cap : {size_t{1}, size_t{25} << 20}) {
+    for (auto mode : {collective::GradReduce::fp16, collective::GradReduce::fp32}) {
+      INFO("bucket cap " << cap << ", " << (mode == collective::GradReduce::fp16 ? "fp16" : "fp32") << " reduce");
+      const std::vector<std::pair<std::string, Built>> programs = [&] {
+        std::vector<std::pair<std::string, Built>> v;
+        v.emplace_back("mlp", build(models::build_mlp(models::MlpConfig{}), true, mode, cap));
+        v.emplace_back(
+            "resnet-small",
+            build(models::build_resnet(models::resnet_preset("resnet-small"), "resnet-small"), true, mode, cap));
+        v.emplace_back("transformer", build(models::build_transformer(tc), true, mode, cap));
+        if (mode == collective::GradReduce::fp32)
+          v.emplace_back("mlp fp32", build(models::build_mlp(models::MlpConfig{}), false, mode, cap));
+        return v;
+      }();
+      for (const auto& [name, b] : programs) {
+        INFO(name);
+        std::set<std::string> written_in_place;
+        for (const OpDesc& op : b.program.ops()) {
+          if (op.type == "c_allreduce_start")
+            for (const auto& v : op.ins("X")) written_in_place.insert(v);
+          for (const auto& out : op.all_outputs())
+            for (const auto& in : op.all_inputs())
+              if (out == in) written_in_place.insert(out);
+        }
+        REQUIRE_FALSE(written_in_place.empty());
+        int views = 0;
+        for (const OpDesc& op : b.program.ops()) {
+          if (op.type != "elementwise_add_grad") continue;
+          for (const char* slot : {"X@GRAD", "Y@GRAD"}) {
+            const std::string& g = op.out_or_empty(slot);
+            if (g.empty() || !OpRegistry::instance().get(op.type).output_is_view(op, g)) continue;
+            ++views;
+            INFO(g << " is a view of " << op.in("Out@GRAD"));
+            CHECK_FALSE(written_in_place.count(g));
+            CHECK_FALSE(written_in_place.count(op.in("Out@GRAD")));
+          }
+        }
+        CHECK(views > 0);  // every one of these models has an add whose gradient passes through
+      }
+    }
+  }
+}
 
 TEST_CASE("gradient buckets: each gradient in exactly one bucket of one dtype, capped, in backward order",
           "[collective][buckets]") {

@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "runtime/kernels/functors.h"
+#include "runtime/ops/add_grad_views.h"
 #include "runtime/ops/broadcast.h"
 #include "runtime/ops/cuda/device_ops.cuh"
 
@@ -156,12 +157,13 @@ void add_grad_cuda(OpContext& ctx) {
   check_on_device(ctx, dout, "Out@GRAD");
   const BroadcastDims d = broadcast_dims(dout.shape(), y.shape(), ctx.attr<int>("axis", -1), "elementwise_add_grad");
   const cudaStream_t stream = compute_stream(ctx);
-  if (ctx.wants("X@GRAD")) {
-    // A copy, not a view: gradients get scaled and reduced in place later on.
+  const AddGradLeft left = bind_add_grad_views(ctx, dout, y);  // views: no data touched
+  if (left.x) {
+    // A copy: this gradient is written in place later on.
     Tensor& dx = ctx.out("X@GRAD", dout.shape(), dout.dtype());
     copy_on_stream(dx.raw(), dout.raw(), dout.bytes(), stream);
   }
-  if (ctx.wants("Y@GRAD")) {
+  if (left.y) {
     Tensor& dy = ctx.out("Y@GRAD", y.shape(), y.dtype());
     if (d.same_shape()) {
       MIX_CHECK(dy.bytes() == dout.bytes(), "elementwise_add_grad: Y " << dtype_name(y.dtype()) << " and Out@GRAD "
