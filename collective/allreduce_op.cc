@@ -131,7 +131,7 @@ void allreduce_wait_cpu(OpContext& ctx) {
 // A one-gradient bucket is reduced where it lies: its Buffer is a view.
 MIX_REGISTER_OP("c_allreduce_start",
                 OpInfo{infer_allreduce_start, allreduce_start_cpu, {}, {}, [](const OpDesc& op, const std::string&) {
-                         return op.ins("X").size() == 1;
+                         return op.ins("X").size() == 1 ? op.ins("X")[0] : std::string();
                        }});
 MIX_REGISTER_OP("c_allreduce_wait", OpInfo{{}, allreduce_wait_cpu, {}, {}});
 

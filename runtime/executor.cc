@@ -88,22 +88,41 @@ MemoryPlan Executor::plan(int64_t batch) const {
   for (auto& v : program_.vars())
     if (v.persistable) p.persistent_bytes += bytes_of(v.name);
 
-  std::set<std::string> live;
+  // Views (reshape2, flatten, a one-gradient bucket's Buffer, the
+  // pass-through gradients of elementwise_add_grad) share an input's storage:
+  // a storage is counted once, under the variable that owns it (its root),
+  // from the op that writes the root until the last of the root and its views
+  // is released.
+  std::map<std::string, std::string> root_of;  // live variable -> the variable owning its storage
+  std::map<std::string, int> names_of_root;    // root -> live variables sharing its storage
   size_t live_bytes = 0;
   for (size_t k = 0; k < op_indices_.size(); ++k) {
     const OpDesc& op = program_.ops()[op_indices_[k]];
+    const ViewFn& viewed_input = OpRegistry::instance().get(op.type).viewed_input;
     for (auto& n : op.all_outputs()) {
-      if (program_.has_var(n) && program_.var(n).persistable) continue;
-      // Views (reshape2, flatten, a one-gradient bucket's Buffer, the
-      // pass-through gradients of elementwise_add_grad) share an input's
-      // storage; counting them again would overstate the plan.
-      const ViewFn& is_view = OpRegistry::instance().get(op.type).output_is_view;
-      if (is_view && is_view(op, n)) continue;
-      if (live.insert(n).second) live_bytes += bytes_of(n);
+      if (root_of.count(n) || (program_.has_var(n) && program_.var(n).persistable)) continue;
+      const std::string base = viewed_input ? viewed_input(op, n) : std::string();
+      if (!base.empty()) {
+        // A view of a feed or a persistable variable adds no temporary bytes.
+        if (auto it = root_of.find(base); it != root_of.end()) {
+          root_of[n] = it->second;
+          ++names_of_root[it->second];
+        }
+        continue;
+      }
+      root_of[n] = n;
+      names_of_root[n] = 1;
+      live_bytes += bytes_of(n);
     }
     p.peak_temporary_bytes = std::max(p.peak_temporary_bytes, live_bytes);
     for (auto& n : release_after_[k]) {
-      if (live.erase(n)) live_bytes -= bytes_of(n);
+      auto it = root_of.find(n);
+      if (it == root_of.end()) continue;
+      if (--names_of_root[it->second] == 0) {
+        live_bytes -= bytes_of(it->second);
+        names_of_root.erase(it->second);
+      }
+      root_of.erase(it);
     }
   }
   return p;

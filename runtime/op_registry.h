@@ -100,20 +100,24 @@ using InferFn = std::function<void(Program&, OpDesc&)>;
 using KernelFn = std::function<void(OpContext&)>;
 using GradMaker = std::function<std::vector<OpDesc>(const OpDesc& fwd, GradContext& g)>;
 
-/// True when this instance of the op writes output `out` as a view of an input
-/// (no storage of its own): the executor's memory plan counts nothing for it.
-using ViewFn = std::function<bool(const OpDesc&, const std::string& out)>;
+/// The input variable whose storage this instance of the op gives to output
+/// `out` (a view: no storage of its own), or "" when `out` has storage of its
+/// own. The executor's memory plan counts a view's bytes once, with its input's,
+/// for as long as either lives.
+using ViewFn = std::function<std::string(const OpDesc&, const std::string& out)>;
 
 struct OpInfo {
   InferFn infer;         // declares outputs (shape with -1 batch, dtype)
   KernelFn cpu;          // the CPU kernel (the reference)
   KernelFn cuda;         // empty until a CUDA kernel is registered
   GradMaker grad;        // empty: the op has no gradient (or is itself a gradient op)
-  ViewFn output_is_view = {};  // empty: outputs have storage of their own
+  ViewFn viewed_input = {};  // empty: outputs have storage of their own
 };
 
-/// ViewFn of ops whose outputs are always views (reshape2, flatten).
-inline bool always_views(const OpDesc&, const std::string&) { return true; }
+/// ViewFn of ops whose every output is a view of input `slot` (reshape2, flatten).
+inline ViewFn views_of(std::string slot) {
+  return [slot](const OpDesc& op, const std::string&) { return op.in(slot); };
+}
 
 class OpRegistry {
  public:

@@ -34,11 +34,11 @@ inline bool gradient_written_in_place(const Program& p, std::string var) {
   }
 }
 
-/// ViewFn of elementwise_add_grad: which of its outputs share Out@GRAD's storage.
-inline bool add_grad_output_is_view(const OpDesc& op, const std::string& out) {
-  if (out == op.out_or_empty("X@GRAD")) return op.attr<bool>("x_grad_is_view", false);
-  if (out == op.out_or_empty("Y@GRAD")) return op.attr<bool>("y_grad_is_view", false);
-  return false;
+/// ViewFn of elementwise_add_grad: Out@GRAD for the outputs that share its storage.
+inline std::string add_grad_viewed_input(const OpDesc& op, const std::string& out) {
+  const bool view = (out == op.out_or_empty("X@GRAD") && op.attr<bool>("x_grad_is_view", false)) ||
+                    (out == op.out_or_empty("Y@GRAD") && op.attr<bool>("y_grad_is_view", false));
+  return view ? op.in("Out@GRAD") : std::string();
 }
 
 /// Binds the wanted gradients the attrs make views of dOut; returns, per

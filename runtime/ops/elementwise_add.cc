@@ -69,7 +69,7 @@ std::vector<OpDesc> add_grad_maker(const OpDesc& fwd, GradContext& g) {
 }
 
 MIX_REGISTER_OP("elementwise_add", OpInfo{infer_elementwise, add_cpu, {}, add_grad_maker});
-MIX_REGISTER_OP("elementwise_add_grad", OpInfo{{}, add_grad_cpu, {}, {}, add_grad_output_is_view});
+MIX_REGISTER_OP("elementwise_add_grad", OpInfo{{}, add_grad_cpu, {}, {}, add_grad_viewed_input});
 
 }  // namespace
 }  // namespace mix

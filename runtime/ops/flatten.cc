@@ -39,7 +39,7 @@ std::vector<OpDesc> flatten_grad_maker(const OpDesc& fwd, GradContext& g) {
 }
 
 // Views work on any device: the same kernel serves CUDA.
-MIX_REGISTER_OP("flatten", OpInfo{infer_flatten, flatten_cpu, flatten_cpu, flatten_grad_maker, always_views});
+MIX_REGISTER_OP("flatten", OpInfo{infer_flatten, flatten_cpu, flatten_cpu, flatten_grad_maker, views_of("X")});
 
 }  // namespace
 }  // namespace mix

@@ -116,8 +116,8 @@ std::vector<OpDesc> reshape2_grad_maker(const OpDesc& fwd, GradContext& g) {
                   {{"X@GRAD", {dx}}})};
 }
 
-MIX_REGISTER_OP("reshape2", OpInfo{infer_reshape2, reshape2_cpu, {}, reshape2_grad_maker, always_views});
-MIX_REGISTER_OP("reshape2_grad", OpInfo{{}, reshape2_grad_cpu, {}, {}, always_views});
+MIX_REGISTER_OP("reshape2", OpInfo{infer_reshape2, reshape2_cpu, {}, reshape2_grad_maker, views_of("X")});
+MIX_REGISTER_OP("reshape2_grad", OpInfo{{}, reshape2_grad_cpu, {}, {}, views_of("Out@GRAD")});
 
 }  // namespace
 }  // namespace mix
