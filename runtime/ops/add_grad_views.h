@@ -12,6 +12,7 @@
 // input, and records it in attrs x_grad_is_view / y_grad_is_view; the kernels
 // (CPU and CUDA alike: a view touches no data) and the executor's memory plan
 // read the attrs.
+#include <cstdint>
 #include <string>
 
 #include "runtime/check.h"
@@ -23,14 +24,16 @@ namespace mix {
 /// is a parameter, or a cast or reshape of one (whose gradient is the
 /// parameter's, or a view of it).
 inline bool gradient_written_in_place(const Program& p, std::string var) {
+  size_t before = SIZE_MAX;  // each step looks at earlier ops only, so the walk ends
   for (;;) {
     if (!p.has_var(var)) return false;
     if (p.var(var).persistable) return true;
-    const std::optional<size_t> k = p.producer(var);
+    const std::optional<size_t> k = p.producer(var, before);
     if (!k) return false;
     const OpDesc& op = p.ops()[*k];
     if (op.type != "cast" && op.type != "reshape2" && op.type != "flatten") return false;
     var = op.in("X");
+    before = *k;
   }
 }
 
@@ -42,7 +45,9 @@ inline std::string add_grad_viewed_input(const OpDesc& op, const std::string& ou
 }
 
 /// Binds the wanted gradients the attrs make views of dOut; returns, per
-/// input, whether the kernel still has to compute that gradient.
+/// input, whether the kernel still has to compute that gradient. (dY's attr
+/// comes from the declared shapes; a Y that turns out smaller at run time,
+/// broadcast after all, gets its sum computed.)
 struct AddGradLeft {
   bool x = false, y = false;
 };
@@ -53,14 +58,8 @@ inline AddGradLeft bind_add_grad_views(OpContext& ctx, const Tensor& dout, const
     if (!left.x) ctx.scope.set(ctx.op.out("X@GRAD"), dout);
   }
   if (ctx.wants("Y@GRAD")) {
-    left.y = !ctx.attr<bool>("y_grad_is_view", false);
-    if (!left.y) {
-      MIX_CHECK(y.shape() == dout.shape() && y.dtype() == dout.dtype(),
-                "elementwise_add_grad: Y@GRAD is to be a view of Out@GRAD, but Y is "
-                    << dtype_name(y.dtype()) << shape_str(y.shape()) << " and Out@GRAD "
-                    << dtype_name(dout.dtype()) << shape_str(dout.shape()));
-      ctx.scope.set(ctx.op.out("Y@GRAD"), dout);
-    }
+    left.y = !(ctx.attr<bool>("y_grad_is_view", false) && y.shape() == dout.shape() && y.dtype() == dout.dtype());
+    if (!left.y) ctx.scope.set(ctx.op.out("Y@GRAD"), dout);
   }
   return left;
 }
