@@ -32,6 +32,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <unordered_map>
 #include <utility>
@@ -55,6 +56,11 @@ namespace {
 
 constexpr double kDefaultTimeoutS = 300.0;
 constexpr double kMaxTimeoutS = 1e9;  // larger values are clamped (nccl_timeout_seconds)
+// ncclCommInitRank waits at least this long, whatever MIX_NCCL_TIMEOUT_S says:
+// NCCL's own set-up (topology and NVLink/NVLS detection, proxy threads, device
+// buffers) takes seconds on a large node and more across many, and a short
+// timeout meant for stuck collectives must not fail a healthy start.
+constexpr double kMinInitTimeoutS = 60.0;
 
 ncclDataType_t nccl_type(DType dtype) {
   switch (dtype) {
@@ -202,7 +208,7 @@ class NcclCommunicator final : public Communicator {
     // Non-blocking communicator: ncclInProgress means the collective is not on
     // the stream yet, and nothing may be queued on the stream (the event below)
     // until it is. Poll for that only (the watchdog, without the stream).
-    if (rc == ncclInProgress) await(what, /*stream_work=*/false);
+    if (rc == ncclInProgress) await(what, /*stream_work=*/false, timeout_s_);
     std::unique_ptr<cuda::Event> done = take_event();
     done->record(stream());
     pending_.emplace(id, std::move(done));
@@ -251,7 +257,7 @@ class NcclCommunicator final : public Communicator {
                                                                        << " started all-reduce(s) not yet waited for)");
     };
     prepare(what);
-    await(what, /*stream_work=*/true);
+    await(what, /*stream_work=*/true, timeout_s_);
   }
 
   void broadcast(void* buf, size_t bytes, int root) override {
@@ -320,25 +326,11 @@ class NcclCommunicator final : public Communicator {
   }
 
   [[noreturn]] void abort(int exit_code) override {
-    // ncclCommAbort may itself wait for the device (NCCL's stream is ordered
-    // after ours, which may hold stuck non-NCCL work), and the job must end
-    // regardless: it gets the timeout on a helper thread, then the bootstrap
-    // ends every process, this one and its GPU work included.
-    auto done = std::make_shared<std::atomic<bool>>(false);  // shared: the thread may outlive this frame's wait
-    std::thread nccl_abort([this, done] {
-      abort_nccl();
-      done->store(true);
-    });
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s_);
-    while (!done->load() && std::chrono::steady_clock::now() < deadline)
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    if (done->load()) {
-      nccl_abort.join();
-    } else {
+    // Then the bootstrap ends every process, this one and its GPU work included,
+    // whether or not ncclCommAbort returned.
+    if (!abort_nccl())
       std::fprintf(stderr, "%s: ncclCommAbort did not return within %s; ending the job without it\n",
                    process_identity().c_str(), format_seconds(timeout_s_).c_str());
-      nccl_abort.detach();  // the process ends below, the thread with it
-    }
     bootstrap_.abort(exit_code);
     std::_Exit(exit_code);  // bootstrap_.abort does not return; this is for the compiler
   }
@@ -416,7 +408,7 @@ class NcclCommunicator final : public Communicator {
     };
     const ncclResult_t rc = ncclCommInitRankConfig(&comm_, world_, hello.id, rank_, &config);
     if (rc != ncclSuccess && rc != ncclInProgress) fail(what(), nccl_error_text(rc, comm_));
-    await(what, /*stream_work=*/false);
+    await(what, /*stream_work=*/false, std::max(timeout_s_, kMinInitTimeoutS));
   }
 
   /// One ncclCommGetAsyncError, without waiting: fail() on an error.
@@ -441,17 +433,18 @@ class NcclCommunicator final : public Communicator {
   template <typename What>
   void launch_and_wait(const What& what, ncclResult_t rc) {
     if (rc != ncclSuccess && rc != ncclInProgress) fail(what(), nccl_error_text(rc, comm_));
-    await(what, /*stream_work=*/true);
+    await(what, /*stream_work=*/true, timeout_s_);
   }
 
   /// The watchdog: returns when the communicator's state is ncclSuccess and, with
   /// stream_work, the communication stream is idle; aborts and throws on an
   /// error or when the timeout passes.
+  /// `limit_s`: the timeout (ncclCommInitRank's is longer).
   template <typename What>
-  void await(const What& what, bool stream_work) {
+  void await(const What& what, bool stream_work, double limit_s) {
     using clock = std::chrono::steady_clock;
     const auto start = clock::now();
-    const auto timeout = std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(timeout_s_));
+    const auto timeout = std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(limit_s));
     Backoff backoff;
     for (;;) {
       ncclResult_t state = ncclSuccess;
@@ -481,7 +474,7 @@ class NcclCommunicator final : public Communicator {
       const auto waited = clock::now() - start;
       if (waited >= timeout) {
         fail(what(),
-             std::string("no progress within ") + format_seconds(timeout_s_) + " (MIX_NCCL_TIMEOUT_S; " +
+             std::string("no progress within ") + format_seconds(limit_s) + " (MIX_NCCL_TIMEOUT_S; " +
                  (state == ncclInProgress ? "NCCL had not finished setting the call up"
                                           : "the collective was queued on the GPU but did not complete") +
                  "): another rank has probably died, hangs, or called a different collective (a different order, "
@@ -498,19 +491,50 @@ class NcclCommunicator final : public Communicator {
     std::string msg = "NCCL " + what + " failed on " + process_identity() + ", GPU " + std::to_string(device_) + ": " +
                       why + "; the NCCL communicator was aborted";
     failure_ = msg;
-    abort_nccl();
+    if (!abort_nccl())
+      msg += " (ncclCommAbort did not return within " + format_seconds(timeout_s_) +
+             ": GPU work queued before the collective may be stuck; the job has to end)";
+    failure_ = msg;
     throw Error(msg);
   }
 
-  void abort_nccl() noexcept {
-    if (!comm_) return;
+  /// ncclCommAbort, waited for at most the timeout; false if it had not
+  /// returned by then. It may itself wait for the device (NCCL's stream is
+  /// ordered after the compute stream, which may hold stuck non-NCCL work, the
+  /// very case the watchdog is for), and a rank must fail rather than hang, so
+  /// it runs on a helper thread that owns the communicator from then on: past
+  /// the deadline the thread is left behind and the process is expected to end
+  /// (the caller throws, or ends the job). Afterwards comm_ is null either way.
+  bool abort_nccl() noexcept {
+    if (!comm_) return true;
     if (failure_.empty()) failure_ = "abort() was called";
-    MIX_NCCL_CHECK_NOTHROW(ncclCommAbort(comm_));
+    const ncclComm_t comm = comm_;
     comm_ = nullptr;
     // The started collectives ended with the communicator; a later wait() names
     // the failure. Event destructors never throw (cudaEventDestroy of a recorded
     // event releases it once the stream gets there).
     pending_.clear();
+    // Shared: the thread may outlive this frame (and this object).
+    auto done = std::make_shared<std::atomic<bool>>(false);
+    try {
+      std::thread helper([comm, done, device = device_] {
+        MIX_CUDA_CHECK_NOTHROW(cudaSetDevice(device));  // a new thread starts on GPU 0
+        MIX_NCCL_CHECK_NOTHROW(ncclCommAbort(comm));
+        done->store(true);
+      });
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s_);
+      while (!done->load() && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      if (done->load()) {
+        helper.join();
+        return true;
+      }
+      helper.detach();
+      return false;
+    } catch (const std::system_error&) {  // no thread to be had: abort here, unbounded
+      MIX_NCCL_CHECK_NOTHROW(ncclCommAbort(comm));
+      return true;
+    }
   }
 
   /// Frees everything; never throws. graceful: finalize (flushing outstanding
@@ -521,15 +545,15 @@ class NcclCommunicator final : public Communicator {
       if (graceful && finalize_nccl()) {
         MIX_NCCL_CHECK_NOTHROW(ncclCommDestroy(comm_));
         comm_ = nullptr;
-      } else {
-        MIX_NCCL_CHECK_NOTHROW(ncclCommAbort(comm_));
-        comm_ = nullptr;
+      } else if (!abort_nccl()) {
+        std::fprintf(stderr, "%s: ncclCommAbort did not return within %s; leaving the NCCL communicator behind\n",
+                     process_identity().c_str(), format_seconds(timeout_s_).c_str());
       }
     }
-    if (barrier_buf_) {
-      MIX_CUDA_CHECK_NOTHROW(cudaFree(barrier_buf_));
-      barrier_buf_ = nullptr;
-    }
+    // After a failure the device may still hold stuck work, and cudaFree waits
+    // for the whole device: the four bytes stay with the process, which is ending.
+    if (barrier_buf_ && failure_.empty()) MIX_CUDA_CHECK_NOTHROW(cudaFree(barrier_buf_));
+    barrier_buf_ = nullptr;
     // Requests never waited for (an exception between start and wait): their
     // events go with the communicator; destroying them never throws.
     pending_.clear();

@@ -52,17 +52,20 @@
 //   polls cudaStreamQuery (completion) and ncclCommGetAsyncError (network and
 //   peer failures) until the collective completes, an error appears, or the
 //   timeout passes: MIX_NCCL_TIMEOUT_S seconds (default 300, fractions allowed)
-//   per call, also for ncclCommInitRank.
+//   per call; ncclCommInitRank gets at least 60 s (NCCL's set-up takes seconds
+//   on a large node, and a short timeout meant for stuck collectives must not
+//   fail a healthy start).
 // - On an error or a timeout the NCCL communicator is aborted (ncclCommAbort,
-//   which also ends NCCL kernels still running), and mix::Error is thrown naming
+//   which also ends NCCL kernels still running; on a helper thread, given the
+//   same timeout, since it may wait for the device), and mix::Error is thrown naming
 //   the rank, the host, the GPU, the operation and its size, what NCCL said, and
 //   what to check (the other ranks' logs, NCCL_DEBUG=INFO, MIX_NCCL_TIMEOUT_S).
 //   Every later call throws at once, naming that first failure. mixtrain's
 //   main then calls abort(), which ends the whole job through the bootstrap.
 // - The same timeout bounds the device allocator's wait for queued work before
 //   it returns its cache on out of memory (cuda::set_hang_timeout).
-// - abort(code): ncclCommAbort (if not yet aborted; on a helper thread, given
-//   the same timeout, since it may wait for the device), then bootstrap.abort(code).
+// - abort(code): ncclCommAbort (if not yet aborted; bounded in the same way),
+//   then bootstrap.abort(code).
 // - Destructor (never throws): ncclCommFinalize polled with the same timeout,
 //   then ncclCommDestroy; after a failure, or while an exception is unwinding
 //   (peers may be gone, so a finalize could wait on them), ncclCommAbort instead.

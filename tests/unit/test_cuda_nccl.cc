@@ -252,15 +252,22 @@ TEST_CASE("NCCL synchronize: awaits the compute stream and started all-reduces, 
   }
 
   SECTION("work that outlasts MIX_NCCL_TIMEOUT_S ends in an abort that names synchronize") {
+    // 0.5 s bounds the collectives' waits, not ncclCommInitRank's (at least 60 s:
+    // NCCL's set-up alone can take longer than this on a large node).
     REQUIRE(setenv("MIX_NCCL_TIMEOUT_S", "0.5", 1) == 0);
     auto comm = mc::make_nccl_communicator(*boot, 0);  // reads the timeout now
     REQUIRE(unsetenv("MIX_NCCL_TIMEOUT_S") == 0);
     double hold = 3.0;
     REQUIRE(cudaLaunchHostFunc(compute, mix::testing::hold_stream, &hold) == cudaSuccess);
-    // "no progress within" comes only from the watchdog's deadline. (How long the
-    // call took is not checked: ncclCommAbort may itself wait for the device.)
+    // "no progress within" comes only from the watchdog's deadline.
+    const auto t0 = std::chrono::steady_clock::now();
     CHECK_THROWS_WITH(comm->synchronize(), Catch::Contains("synchronize") && Catch::Contains("no progress within") &&
                                                Catch::Contains("aborted"));
+    // The rank fails while the device is still held: 0.5 s of watching, then
+    // ncclCommAbort, which may wait for the held stream, gets at most another
+    // 0.5 s on its helper thread. 2.5 s leaves 1.5 s for polling and a loaded
+    // host, and stays below the 3 s hold that an unbounded abort would wait out.
+    CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < 2.5);
     CHECK_THROWS_WITH(comm->barrier(), Catch::Contains("aborted after an earlier failure"));
     REQUIRE(cudaStreamSynchronize(compute) == cudaSuccess);  // `hold` must outlive the host function
   }
