@@ -117,6 +117,9 @@ void gemm_mixed(DeviceContext& ctx, bool trans_a, bool trans_b, int64_t m, int64
             "gemm: batch entries would overlap in C (stride_c = " << batch.stride_c << " < m*n = " << m * n << ")");
   MIX_CHECK(c && (k == 0 || (a && b)), "gemm: null device pointer (m=" << m << " n=" << n << " k=" << k << ")");
 
+  // A cuBLAS handle works only with its own GPU current. Today's callers have
+  // made it so (use_device); the guard keeps a future one from a wrong-device error.
+  DeviceGuard on_device(ctx.device);
   cublasHandle_t h = cublas_handle(ctx);
   if (k == 0 && beta == 0.f) {  // an empty sum; cuBLAS may not touch C when k == 0
     zero_outputs(c, c_dtype, m, n, batch, ctx.compute.get());

@@ -21,8 +21,8 @@
 //
 // Algorithms: cuDNN's heuristics (cudnnGet*Algorithm_v7) rank the candidates;
 // the first that has the allowed math type and a workspace within
-// kWorkspaceLimit, and that cuDNN does not refuse as unsupported when run,
-// wins. Heuristics, not timed search (Find*), so every rank and every run picks
+// kWorkspaceLimit, and that cuDNN does not refuse (any status but success)
+// when run, wins. Heuristics, not timed search (Find*), so every rank and every run picks
 // the same algorithm for the same shapes (unless memory runs short, below).
 // The backward passes prefer
 // deterministic algorithms (no atomic adds into dX or dW), as the project's own
@@ -237,14 +237,28 @@ std::string describe(DType t, const ConvDims& d) {
   return o.str();
 }
 
+/// Why cuDNN would not run candidates of one pass, for the error if none runs:
+/// while choosing, any status but success only rules its algorithm out. The
+/// heuristics and the workspace query rule out most combinations beforehand,
+/// but cuDNN documents no promise that a candidate they let through runs, and
+/// one refusal (a NOT_SUPPORTED code, or a BAD_PARAM one for a layout a kernel
+/// lacks) must not end training while another candidate would do.
+struct Refusals {
+  std::string text;
+  void add(int algo, cudnnStatus_t status) {
+    text += (text.empty() ? "" : "; ") + std::string("algorithm ") + std::to_string(algo) + ": " +
+            cuda::cudnn_status_text(status);
+  }
+};
+
 /// --cudnn-benchmark: `algos` fastest first by one timed run each (after an
 /// untimed one, which pays for lazy kernel loading), deterministic ones still
-/// ahead of the others; algorithms cuDNN refuses when run, or whose workspace
-/// does not fit (run returns no status), are dropped. Each
-/// run overwrites the pass's output (beta 0); the caller runs the winner last.
+/// ahead of the others; algorithms cuDNN refuses when run (noted in
+/// `refusals`), or whose workspace does not fit (run returns no status), are
+/// dropped. Each run overwrites the pass's output (beta 0); the caller runs the winner last.
 template <typename Run>
 std::vector<Algo> fastest_first(const std::vector<Algo>& algos, const Run& run, int device, cudaStream_t stream,
-                                const char* op) {
+                                const char* op, Refusals& refusals) {
   struct Timed {
     Algo algo;
     float ms;
@@ -253,8 +267,11 @@ std::vector<Algo> fastest_first(const std::vector<Algo>& algos, const Run& run, 
   cuda::Event start(/*timing=*/true), stop(/*timing=*/true);
   for (const Algo& a : algos) {
     const std::optional<cudnnStatus_t> status = run(a);
-    if (!status || CUDNN_STATUS_CATEGORY(*status) == CUDNN_STATUS_NOT_SUPPORTED) continue;  // no room, or refused
-    MIX_CUDNN_CHECK(*status);
+    if (!status) continue;  // no room
+    if (*status != CUDNN_STATUS_SUCCESS) {
+      refusals.add(a.algo, *status);
+      continue;
+    }
     start.record(stream);
     const std::optional<cudnnStatus_t> timed_status = run(a);
     stop.record(stream);
@@ -277,8 +294,8 @@ std::vector<Algo> fastest_first(const std::vector<Algo>& algos, const Run& run, 
 
 /// Runs one convolution pass: `call(algo, workspace)` with the algorithm cached
 /// for these shapes, or, the first time, with cuDNN's viable candidates in
-/// order until one is not refused as unsupported and its workspace fits in the
-/// device's memory; that one is cached.
+/// order until cuDNN runs one (any other status rules it out) and its workspace
+/// fits in the device's memory; that one is cached.
 template <typename Call>
 void run_pass(cudnnHandle_t h, const OpContext& ctx, Pass pass, DType t, const ConvDims& d, const Descriptors& s,
               Call call) {
@@ -315,14 +332,17 @@ void run_pass(cudnnHandle_t h, const OpContext& ctx, Pass pass, DType t, const C
       g_algos.erase(key);  // its workspace no longer fits: choose again below
     }
   }
+  Refusals refusals;
   std::vector<Algo> candidates = viable_algos(h, pass, t, s);
   if (cuda::cudnn_benchmark())
-    candidates = fastest_first(candidates, run, ctx.env.device.index, cuda::compute_stream(ctx), op);
+    candidates = fastest_first(candidates, run, ctx.env.device.index, cuda::compute_stream(ctx), op, refusals);
   for (const Algo& a : candidates) {
     const std::optional<cudnnStatus_t> status = run(a);
     if (!status) continue;  // no room for its workspace: the next may need less
-    if (CUDNN_STATUS_CATEGORY(*status) == CUDNN_STATUS_NOT_SUPPORTED) continue;  // any NOT_SUPPORTED_* code
-    MIX_CUDNN_CHECK(*status);
+    if (*status != CUDNN_STATUS_SUCCESS) {  // refused: the next may run (see Refusals)
+      refusals.add(a.algo, *status);
+      continue;
+    }
     cuda::discard_cudnn_last_error();  // the refusals before it are not errors for a later check to report
     if (!a.deterministic)  // once per shape: the choice is cached below
       cuda::log_warning(std::string(op) + ": cuDNN has no deterministic " + pass_name(pass) + " algorithm for " +
@@ -339,10 +359,11 @@ void run_pass(cudnnHandle_t h, const OpContext& ctx, Pass pass, DType t, const C
     throw OutOfMemoryError(MIX_STR_CAT(op << ": no cuDNN " << pass_name(pass) << " algorithm for " << describe(t, d)
                                           << " fits in the device memory left (a smaller --batch-size needs less); "
                                           << "the last one tried: " << out_of_memory));
-  MIX_FAIL(op << ": cuDNN offers no " << pass_name(pass) << " algorithm for " << describe(t, d) << " within a "
-              << (kWorkspaceLimit >> 20) << " MiB workspace"
-              << (t == DType::f32 && !cuda::allow_tf32() ? " in FMA (non-TF32) math (--allow-tf32 widens the choice)"
-                                                         : ""));
+  MIX_FAIL(
+      op << ": cuDNN offers no " << pass_name(pass) << " algorithm for " << describe(t, d) << " within a "
+         << (kWorkspaceLimit >> 20) << " MiB workspace"
+         << (t == DType::f32 && !cuda::allow_tf32() ? " in FMA (non-TF32) math (--allow-tf32 widens the choice)" : "")
+         << (refusals.text.empty() ? std::string() : "; refused when run: " + refusals.text));
 }
 
 void check_inputs(const OpContext& ctx, const Tensor& x, const Tensor& filter) {
