@@ -5,6 +5,7 @@
 # a Transformer-base-sized language model for a few dozen in FP32 and in AMP on
 # the GPU (TF32 off), times resnet-small AMP steps with and without overlapped
 # gradient all-reduces, checks that an AMP run with a stuck loss scale stops,
+# runs the kernel tests under compute-sanitizer's memcheck in the time left,
 # and prints a summary table last. Logs and summary.txt go to --out DIR.
 # Budget: under 8 minutes on one H200 (the build is most of it).
 #
@@ -250,6 +251,23 @@ MIX_PROFILE_OPS=1 train_transformer amp transformer_amp_profile --benchmark-warm
 echo "gpu_check: resnet-small AMP with and without overlapped all-reduce (logs: $out/resnet_small_*.log)"
 train_resnet_small resnet_small_overlap; rs_ov_rc=$?
 train_resnet_small resnet_small_no_overlap --no-overlap; rs_no_rc=$?
+# Last, in the time left: compute-sanitizer's memcheck over the tests of the
+# hand-written kernels. A comparison with the CPU twin misses an out-of-bounds
+# read whose stray bytes happen to hold the right values, or a write past the
+# end into memory nothing checks; memcheck does not. It works only where the
+# machine's runtime lets it (not under gVisor): the row then shows its error.
+sanitizer="$(command -v compute-sanitizer || ls /usr/local/cuda/compute-sanitizer/compute-sanitizer 2>/dev/null || true)"
+memcheck() {  # test binary name: "N errors (exit RC)" and the log memcheck_NAME.log
+  if [ -z "$sanitizer" ]; then echo "no compute-sanitizer on this machine"; return 0; fi
+  limit 120 "$sanitizer" --tool memcheck --error-exitcode 99 "$build/tests/$1" >"$out/memcheck_$1.log" 2>&1
+  local rc=$? errors
+  errors=$(grep -oE "ERROR SUMMARY: [0-9]+ errors?" "$out/memcheck_$1.log" | tail -1 | sed 's/ERROR SUMMARY: //')
+  echo "${errors:-no error summary} (exit $rc)"
+  [ $rc -ne 99 ]  # only memcheck's own verdict fails the check; a timeout or a missing tool is a row, not a failure
+}
+echo "gpu_check: compute-sanitizer memcheck over the kernel tests, in the time left (logs: $out/memcheck_*.log)"
+mc_ops=$(memcheck test_cuda_ops); mc_ops_ok=$?
+mc_tf=$(memcheck test_cuda_transformer_ops); mc_tf_ok=$?
 rs_ov_ms=$(summary_field "$out/resnet_small_overlap.jsonl" step_ms)
 rs_no_ms=$(summary_field "$out/resnet_small_no_overlap.jsonl" step_ms)
 rs_ratio=$(ratio_of "$rs_ov_ms" "$rs_no_ms")
@@ -299,6 +317,8 @@ secs=$(( $(date +%s) - t0 ))
   printf "  %-36s %s\n" "no-overlap / overlap step time" "$rs_ratio"
   printf "  %-36s %s\n" "mixbench allreduce --check (NCCL)" "$bench_wrong (exit $bench_rc)"
   printf "  %-36s %s\n" "AMP loss scale stuck at the minimum" "$stuck"
+  printf "  %-36s %s\n" "memcheck test_cuda_ops" "$mc_ops"
+  printf "  %-36s %s\n" "memcheck test_cuda_transformer_ops" "$mc_tf"
   echo "  ResNet-50 AMP NHWC, GPU time by op type, top 10 (exit $r50_prof_rc):"
   top_ops "$out/resnet50_amp_profile.log" 10
   echo "  Transformer-base AMP, GPU time by op type, top 10 (exit $tf_prof_rc):"
@@ -307,4 +327,4 @@ secs=$(( $(date +%s) - t0 ))
 [ $tests_rc -eq 0 ] && [ $fp32_rc -eq 0 ] && [ $amp_rc -eq 0 ] && [ $r50_fp32_rc -eq 0 ] && [ $r50_amp_rc -eq 0 ] &&
   [ $r50_nchw_rc -eq 0 ] && [ $r50_fp32_nhwc_rc -eq 0 ] && [ $r50_bnp_rc -eq 0 ] && [ $r50_bench_rc -eq 0 ] &&
   [ $tf_fp32_rc -eq 0 ] && [ $tf_amp_rc -eq 0 ] && [ $rs_ov_rc -eq 0 ] && [ $rs_no_rc -eq 0 ] && [ $bench_rc -eq 0 ] &&
-  [ $stuck_ok -eq 0 ]
+  [ $stuck_ok -eq 0 ] && [ $mc_ops_ok -eq 0 ] && [ $mc_tf_ok -eq 0 ]
