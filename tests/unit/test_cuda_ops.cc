@@ -292,6 +292,7 @@ TEST_CASE("elementwise_add/mul and their gradients match the CPU", "[cuda][eleme
   const Case cases[] = {
       {{64, 100}, {100}, -1},     // a bias: pre 64, n 100, post 1
       {{2, 3, 4, 5}, {3, 4}, 1},  // pre 2, n 12, post 5
+      {{3, 4, 5}, {3}, 0},        // Y on X's leading dim: pre 1, n 3, post 20
       {{1500, 3, 2}, {3, 1}, 1},  // trailing 1 in Y; columns of 3000 terms (the tree path)
       {{3000, 40}, {40}, -1},     // a bias over 3000 rows: post 1, columns summed in row chunks
       {{4, 5}, {4, 5}, -1},       // same shape

@@ -96,9 +96,6 @@ struct CrossEntropyGrad {
 
 // ---- launchers -----------------------------------------------------------------------
 
-
-
-
 /// f(L{}) with L the C++ type of the label dtype.
 template <typename F>
 void dispatch_label(DType t, F&& f) {

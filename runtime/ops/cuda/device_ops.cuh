@@ -180,20 +180,29 @@ struct MaxOf {
 };
 
 /// Reduces one value per thread over a block of kBlock threads with a fixed
-/// pairing tree; every thread gets the result. `shared` holds kBlock values.
-/// All threads of the block must call it (it synchronises).
+/// tree of log2(kBlock) = 8 levels; every thread gets the same result.
+/// `shared` holds kBlock values (only the first kBlock / 32 are used). All
+/// threads of the block must call it (it synchronises).
+///
+/// Levels 1-5 are a butterfly inside each warp (register shuffles), levels
+/// 6-8 a pairing tree over the 8 warps' values that every thread computes
+/// alike from shared memory: two barriers in all. (A tree through shared
+/// memory alone took a barrier per level, 9 in all, and the barriers, not the
+/// bytes, set the pace of a 256-column softmax row.) The depth, and so the
+/// error bound of a sum, (per-thread terms + 8)·u·sum|terms|, is the same.
 template <typename V, typename Op>
 __device__ V block_reduce(V v, V* shared, Op op) {
-  const int tid = static_cast<int>(threadIdx.x);
-  shared[tid] = v;
+  constexpr int kWarp = 32, kWarps = kBlock / kWarp;
+  static_assert(kBlock % kWarp == 0 && (kWarps & (kWarps - 1)) == 0, "whole warps, a power of two of them");
+  for (int o = kWarp / 2; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  if (threadIdx.x % kWarp == 0) shared[threadIdx.x / kWarp] = v;  // lane 0's value stands for its warp
   __syncthreads();
-  for (int s = kBlock / 2; s > 0; s >>= 1) {
-    if (tid < s) shared[tid] = op(shared[tid], shared[tid + s]);
-    __syncthreads();
-  }
-  const V r = shared[0];
+  V w[kWarps];
+  for (int k = 0; k < kWarps; ++k) w[k] = shared[k];
+  for (int s = kWarps / 2; s > 0; s >>= 1)
+    for (int k = 0; k < s; ++k) w[k] = op(w[k], w[k + s]);
   __syncthreads();  // the caller may reuse `shared` right away
-  return r;
+  return w[0];
 }
 
 // ---- column sums in row chunks ----------------------------------------------------------
