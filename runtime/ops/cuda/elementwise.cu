@@ -32,13 +32,12 @@ constexpr int64_t kMaxChunks = 1024;
 // ---- kernels -------------------------------------------------------------------------
 
 /// Which Y element X's element i meets, j = (i / post) % n, computed with only
-/// the divisions the shape needs. An integer division is a sequence of
+/// the divisions the shape needs (a same-shape Y needs none: BinaryMap). An integer division is a sequence of
 /// instructions on the GPU, not one (a 64-bit one is several times longer than
 /// a 32-bit one), and at two per element an FP16 add spent more time on index
 /// arithmetic than on moving its bytes; hence the cases, and 32-bit indices
 /// wherever every index fits.
 enum class YIndex {
-  same,     // Y has X's shape: j = i
   rows,     // post == 1, a bias on rows: j = i % n
   blocks,   // pre == 1, Y on X's leading dims: j = i / post
   general,  // j = (i / post) % n
@@ -56,9 +55,7 @@ struct BroadcastMap {
   __device__ void operator()(int64_t i64) const {
     const I i = static_cast<I>(i64);
     I j;
-    if constexpr (kY == YIndex::same)
-      j = i;
-    else if constexpr (kY == YIndex::rows)
+    if constexpr (kY == YIndex::rows)
       j = i % n;
     else if constexpr (kY == YIndex::blocks)
       j = i / post;
@@ -123,15 +120,14 @@ __global__ void column_chunk_partials(const T* a, const T* b, float* partial, Br
 
 // ---- launchers -----------------------------------------------------------------------
 
-/// out = f(x, y broadcast as `d` says), by the BroadcastMap that does the fewest divisions.
+/// out = f(x, y broadcast as `d` says, not the same shape), by the BroadcastMap
+/// that does the fewest divisions.
 template <typename T, typename F, typename I>
 void launch_broadcast_map(const Tensor& x, const Tensor& y, Tensor& out, const BroadcastDims& d, F f,
                           cudaStream_t stream) {
   const auto n = static_cast<I>(d.n), post = static_cast<I>(d.post);
   const auto launch = [&](auto map) { launch_grid_stride(x.numel(), stream, map); };
-  if (d.same_shape())
-    launch(BroadcastMap<T, F, I, YIndex::same>{x.data<T>(), y.data<T>(), out.data<T>(), n, post, f});
-  else if (d.post == 1)
+  if (d.post == 1)
     launch(BroadcastMap<T, F, I, YIndex::rows>{x.data<T>(), y.data<T>(), out.data<T>(), n, post, f});
   else if (d.pre == 1)
     launch(BroadcastMap<T, F, I, YIndex::blocks>{x.data<T>(), y.data<T>(), out.data<T>(), n, post, f});
@@ -145,7 +141,9 @@ void broadcast_binary(const OpContext& ctx, const Tensor& x, const Tensor& y, Te
   const cudaStream_t stream = compute_stream(ctx);
   dispatch_floating(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    if (x.numel() <= static_cast<int64_t>(UINT32_MAX))
+    if (d.same_shape())  // a residual add: no index arithmetic at all
+      launch_grid_stride(x.numel(), stream, BinaryMap<T, F>{x.data<T>(), y.data<T>(), out.data<T>(), f});
+    else if (x.numel() <= static_cast<int64_t>(UINT32_MAX))
       launch_broadcast_map<T, F, uint32_t>(x, y, out, d, f, stream);
     else
       launch_broadcast_map<T, F, int64_t>(x, y, out, d, f, stream);
