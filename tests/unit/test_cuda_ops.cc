@@ -298,6 +298,11 @@ TEST_CASE("elementwise_add/mul and their gradients match the CPU", "[cuda][eleme
       {{4, 5}, {4, 5}, -1},       // same shape
       {{6, 9}, {1, 9}, -1},       // leading 1 in Y
       {{2, 3, 7}, {1}, -1},       // a scalar Y: one column of all 42 terms
+      // Shapes the packed launches (runtime/cuda/launch.cuh) take in whole
+      // packs of 8 halves or 4 floats, besides {3000, 40} and the same-shape
+      // case above; the others run one element at a time, in some dtypes or all.
+      {{2, 3, 16}, {3}, 1},  // post 16: a pack shares one Y element
+      {{3, 2, 8}, {3}, 0},   // pre 1, post 16
   };
   for (DType dt : kFloatTypes)
     for (const Case& k : cases) {

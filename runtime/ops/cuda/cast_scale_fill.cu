@@ -17,6 +17,15 @@ struct FloatCast {
   const From* x;
   To* out;
   __device__ void operator()(int64_t i) const { out[i] = from_float<To>(to_float(x[i])); }
+  template <int V>
+  __device__ void pack(int64_t i) const {
+    const Pack<From, V> xs = load_pack<V>(x, i);
+    Pack<To, V> r;
+#pragma unroll
+    for (int k = 0; k < V; ++k) r.v[k] = from_float<To>(to_float(xs.v[k]));
+    store_pack<V>(out, i, r);
+  }
+  bool packable(int v) const { return pack_aligned(x, v) && pack_aligned(out, v); }
 };
 
 template <typename From, typename To>
@@ -60,7 +69,7 @@ void cast_cuda(OpContext& ctx) {
       using From = decltype(in_tag);
       dispatch_floating(to, [&](auto out_tag) {
         using To = decltype(out_tag);
-        launch_grid_stride(x.numel(), stream, FloatCast<From, To>{x.data<From>(), out.data<To>()});
+        launch_packed<kPackWidth<From, To>>(x.numel(), stream, FloatCast<From, To>{x.data<From>(), out.data<To>()});
       });
     });
     return;

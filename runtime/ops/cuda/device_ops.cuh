@@ -72,11 +72,6 @@ void dispatch_floating(DType t, F&& f) {
   cpu::dispatch_floating(t, static_cast<F&&>(f));
 }
 
-/// Blocks of a grid-stride launch over n elements (as launch_grid_stride picks them).
-inline unsigned grid_blocks(int64_t n) {
-  return static_cast<unsigned>(std::clamp<int64_t>((n + kBlock - 1) / kBlock, 1, 65535));
-}
-
 /// Device copy of `bytes` on the compute stream (dst may equal src: then nothing).
 inline void copy_on_stream(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
   if (bytes == 0 || dst == src) return;
@@ -118,7 +113,7 @@ __device__ __forceinline__ float load_as_float(ScalarRef s, int64_t i = 0) { ret
 /// (a NaN counts as set), as the CPU kernels' item_float(0) != 0.
 __device__ __forceinline__ bool flag_set(ScalarRef s) { return s.p != nullptr && load_as_float(s) != 0.f; }
 
-// ---- elementwise maps (run by launch_grid_stride) ------------------------------------
+// ---- elementwise maps (run by launch_packed, runtime/cuda/launch.cuh) -------------------
 
 /// out[i] = op(x[i]); out may alias x.
 template <typename T, typename Op>
@@ -127,6 +122,15 @@ struct UnaryMap {
   T* out;
   Op op;
   __device__ void operator()(int64_t i) const { out[i] = from_float<T>(op(to_float(x[i]))); }
+  template <int V>
+  __device__ void pack(int64_t i) const {
+    const Pack<T, V> xs = load_pack<V>(x, i);
+    Pack<T, V> r;
+#pragma unroll
+    for (int k = 0; k < V; ++k) r.v[k] = from_float<T>(op(to_float(xs.v[k])));
+    store_pack<V>(out, i, r);
+  }
+  bool packable(int v) const { return pack_aligned(x, v) && pack_aligned(out, v); }
 };
 
 /// out[i] = op(a[i], b[i]); out may alias a or b.
@@ -137,6 +141,15 @@ struct BinaryMap {
   T* out;
   Op op;
   __device__ void operator()(int64_t i) const { out[i] = from_float<T>(op(to_float(a[i]), to_float(b[i]))); }
+  template <int V>
+  __device__ void pack(int64_t i) const {
+    const Pack<T, V> as = load_pack<V>(a, i), bs = load_pack<V>(b, i);
+    Pack<T, V> r;
+#pragma unroll
+    for (int k = 0; k < V; ++k) r.v[k] = from_float<T>(op(to_float(as.v[k]), to_float(bs.v[k])));
+    store_pack<V>(out, i, r);
+  }
+  bool packable(int v) const { return pack_aligned(a, v) && pack_aligned(b, v) && pack_aligned(out, v); }
 };
 
 /// Runs a unary functor over a floating tensor (out: x's shape and dtype), as cpu::unary_tensor.
@@ -146,7 +159,7 @@ void unary_tensor(const OpContext& ctx, const Tensor& x, Tensor& out, Op op) {
   const cudaStream_t stream = compute_stream(ctx);
   dispatch_floating(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    launch_grid_stride(x.numel(), stream, UnaryMap<T, Op>{x.data<T>(), out.data<T>(), op});
+    launch_packed<kPackWidth<T>>(x.numel(), stream, UnaryMap<T, Op>{x.data<T>(), out.data<T>(), op});
   });
 }
 
@@ -160,7 +173,7 @@ void binary_tensor(const OpContext& ctx, const Tensor& a, const Tensor& b, Tenso
   const cudaStream_t stream = compute_stream(ctx);
   dispatch_floating(a.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    launch_grid_stride(a.numel(), stream, BinaryMap<T, Op>{a.data<T>(), b.data<T>(), out.data<T>(), op});
+    launch_packed<kPackWidth<T>>(a.numel(), stream, BinaryMap<T, Op>{a.data<T>(), b.data<T>(), out.data<T>(), op});
   });
 }
 

@@ -45,6 +45,10 @@ enum class YIndex {
 
 /// out[p, j, q] = f(x[p, j, q], y[j]); out may alias x. I: the index type
 /// (uint32_t where X's elements number at most 2^32 - 1, else int64_t).
+///
+/// In packs of V (launch_packed): a bias on rows whose length n is a multiple
+/// of V meets V consecutive Y elements, read as a pack too; otherwise, when
+/// post is a multiple of V, the V elements share one Y element.
 template <typename T, typename F, typename I, YIndex kY>
 struct BroadcastMap {
   const T* x;
@@ -52,16 +56,37 @@ struct BroadcastMap {
   T* out;
   I n, post;
   F f;
-  __device__ void operator()(int64_t i64) const {
+  __device__ I y_index(int64_t i64) const {
     const I i = static_cast<I>(i64);
-    I j;
     if constexpr (kY == YIndex::rows)
-      j = i % n;
+      return i % n;
     else if constexpr (kY == YIndex::blocks)
-      j = i / post;
+      return i / post;
     else
-      j = i / post % n;
-    out[i64] = from_float<T>(f(to_float(x[i64]), to_float(y[j])));
+      return i / post % n;
+  }
+  __device__ void operator()(int64_t i) const { out[i] = from_float<T>(f(to_float(x[i]), to_float(y[y_index(i)]))); }
+  template <int V>
+  __device__ void pack(int64_t i) const {
+    const Pack<T, V> xs = load_pack<V>(x, i);
+    Pack<T, V> r;
+    if constexpr (kY == YIndex::rows) {
+      const Pack<T, V> ys = load_pack<V>(y, y_index(i));
+#pragma unroll
+      for (int k = 0; k < V; ++k) r.v[k] = from_float<T>(f(to_float(xs.v[k]), to_float(ys.v[k])));
+    } else {
+      const float yj = to_float(y[y_index(i)]);
+#pragma unroll
+      for (int k = 0; k < V; ++k) r.v[k] = from_float<T>(f(to_float(xs.v[k]), yj));
+    }
+    store_pack<V>(out, i, r);
+  }
+  bool packable(int v) const {
+    if (!pack_aligned(x, v) || !pack_aligned(out, v)) return false;
+    if constexpr (kY == YIndex::rows)
+      return n % static_cast<I>(v) == 0 && pack_aligned(y, v);
+    else
+      return post % static_cast<I>(v) == 0;
   }
 };
 
@@ -126,7 +151,7 @@ template <typename T, typename F, typename I>
 void launch_broadcast_map(const Tensor& x, const Tensor& y, Tensor& out, const BroadcastDims& d, F f,
                           cudaStream_t stream) {
   const auto n = static_cast<I>(d.n), post = static_cast<I>(d.post);
-  const auto launch = [&](auto map) { launch_grid_stride(x.numel(), stream, map); };
+  const auto launch = [&](auto map) { launch_packed<kPackWidth<T>>(x.numel(), stream, map); };
   if (d.post == 1)
     launch(BroadcastMap<T, F, I, YIndex::rows>{x.data<T>(), y.data<T>(), out.data<T>(), n, post, f});
   else if (d.pre == 1)
@@ -142,7 +167,7 @@ void broadcast_binary(const OpContext& ctx, const Tensor& x, const Tensor& y, Te
   dispatch_floating(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     if (d.same_shape())  // a residual add: no index arithmetic at all
-      launch_grid_stride(x.numel(), stream, BinaryMap<T, F>{x.data<T>(), y.data<T>(), out.data<T>(), f});
+      launch_packed<kPackWidth<T>>(x.numel(), stream, BinaryMap<T, F>{x.data<T>(), y.data<T>(), out.data<T>(), f});
     else if (x.numel() <= static_cast<int64_t>(UINT32_MAX))
       launch_broadcast_map<T, F, uint32_t>(x, y, out, d, f, stream);
     else
