@@ -161,6 +161,18 @@ inline void expect_identical(const Tensor& gpu, const Tensor& cpu, const std::st
   CHECK(bad == 0);
 }
 
+/// The terms of a GPU row sum over n values for an error bound (sequential
+/// adds per thread plus tree levels, runtime/ops/cuda/device_ops.cuh): by a
+/// block, ceil(n / 256) per thread then 8 levels; by a warp, ceil(n / 32) per
+/// lane then 5.
+inline int64_t gpu_block_row_terms(int64_t n) { return (n + 255) / 256 + 8; }
+inline int64_t gpu_warp_row_terms(int64_t n) { return (n + 31) / 32 + 5; }
+/// softmax and softmax_grad (runtime/ops/cuda/softmax.cu) give rows of up to
+/// 1024 columns a warp each, longer ones a block; n of the row's cols are summed.
+inline int64_t gpu_softmax_row_terms(int64_t n, int64_t cols) {
+  return cols <= 1024 ? gpu_warp_row_terms(n) : gpu_block_row_terms(n);
+}
+
 /// |got[i] - ref[i]| <= allowed(i); a NaN reference needs a NaN, an infinite one the same infinity.
 inline void expect_within(const Tensor& got_t, const std::vector<double>& ref,
                           const std::function<double(int64_t)>& allowed, const std::string& what) {

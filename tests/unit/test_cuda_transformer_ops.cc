@@ -547,9 +547,10 @@ TEST_CASE("causal softmax and its gradient match the CPU and a double reference;
   require_gpu();
   const double inf = std::numeric_limits<double>::infinity();
   // [B, H, T, S]: T == S (training), T < S (queries after a prefix of keys),
-  // and rows longer than a block (S = 300 > 256 threads).
+  // rows longer than a warp (S = 300 > 32 lanes), and rows a block each
+  // (S = 1100 > 1024, softmax.cu's line between warps and blocks).
   for (DType dt : kFloatTypes)
-    for (const Shape& s : {Shape{2, 4, 16, 16}, Shape{2, 4, 8, 16}, Shape{2, 5, 300}}) {
+    for (const Shape& s : {Shape{2, 4, 16, 16}, Shape{2, 4, 8, 16}, Shape{2, 5, 300}, Shape{1, 3, 1100}}) {
       const int64_t cols = s.back(), t = s[s.size() - 2], rows = mix::shape_numel(s) / cols;
       const std::string what = dname(dt) + " " + mix::shape_str(s);
       const Tensor x = random_tensor(s, dt, 701, -5.f, 5.f);
@@ -573,14 +574,15 @@ TEST_CASE("causal softmax and its gradient match the CPU and a double reference;
         for (int64_t k = valid[i]; k < cols; ++k) masked.push_back(i * cols + k);
       }
       // As softmax in test_cuda_ops.cc: expf within 2 ulp (4u) in each term and
-      // in the output, the sum's chained adds (valid on the CPU; per thread
-      // ceil(valid/256) and an 8-level tree on the GPU) u each, 1/sum and the
+      // in the output, the sum's chained adds (valid on the CPU; on the GPU
+      // gpu_softmax_row_terms: per lane ceil(valid/32) and a 5-level tree, a
+      // warp per row here) u each, 1/sum and the
       // multiply u each, + slack; half an ulp of T on store. Masked entries are
       // exactly 0 (the reference's 0 passes with store_abs, checked exactly below).
       const auto bound = [&](bool gpu) {
         return [&, gpu](int64_t e) {
           const int64_t n = valid[e / cols];
-          const int64_t terms = gpu ? (n + 255) / 256 + 8 : n;
+          const int64_t terms = gpu ? gpu_softmax_row_terms(n, cols) : n;
           return (static_cast<double>(terms + 20) * kU + store_rel(dt)) * std::fabs(yref[e]) + store_abs(dt);
         };
       };
@@ -616,7 +618,7 @@ TEST_CASE("causal softmax and its gradient match the CPU and a double reference;
         return [&, gpu](int64_t e) {
           const int64_t i = e / cols, n = valid[i];
           if (e % cols >= n) return 0.0;  // a masked key: exactly 0 (dOut there may be inf or NaN)
-          const int64_t terms = gpu ? (n + 255) / 256 + 8 : n;
+          const int64_t terms = gpu ? gpu_softmax_row_terms(n, cols) : n;
           return std::fabs(yv[e]) *
                      (static_cast<double>(terms) * kU * mag[i] + 2 * kU * (std::fabs(dyv[e]) + std::fabs(dot[i]))) +
                  (2 * kU + store_rel(dt)) * std::fabs(dref[e]) + store_abs(dt);

@@ -203,11 +203,22 @@ struct MaxOf {
 /// memory alone took a barrier per level, 9 in all, and the barriers, not the
 /// bytes, set the pace of a 256-column softmax row.) The depth, and so the
 /// error bound of a sum, (per-thread terms + 8)·u·sum|terms|, is the same.
+inline constexpr int kWarp = 32;
+
+/// Reduces one value per lane over a warp with a butterfly of log2(32) = 5
+/// levels (register shuffles, no barrier); every lane gets the same result.
+/// All 32 lanes must call it.
+template <typename V, typename Op>
+__device__ V warp_reduce(V v, Op op) {
+  for (int o = kWarp / 2; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
 template <typename V, typename Op>
 __device__ V block_reduce(V v, V* shared, Op op) {
-  constexpr int kWarp = 32, kWarps = kBlock / kWarp;
+  constexpr int kWarps = kBlock / kWarp;
   static_assert(kBlock % kWarp == 0 && (kWarps & (kWarps - 1)) == 0, "whole warps, a power of two of them");
-  for (int o = kWarp / 2; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  v = warp_reduce(v, op);
   if (threadIdx.x % kWarp == 0) shared[threadIdx.x / kWarp] = v;  // lane 0's value stands for its warp
   __syncthreads();
   V w[kWarps];
@@ -248,22 +259,52 @@ struct ChunkColumnSum {
   }
 };
 
-/// Block-wide softmax of one row: y = softmax(x) through the shared row steps
+// ---- rows shared by a group of threads ------------------------------------------------
+
+/// The threads that work on one row together: a whole block (long rows) or
+/// one warp (rows of up to kWarpRowMax elements, which a block would leave
+/// mostly idle and make wait at barriers). `lane` is the thread's place in the
+/// group; every thread of the group calls `reduce` with its value.
+struct BlockRow {
+  static constexpr int kSize = kBlock;
+  float* shared;  // kBlock floats
+  __device__ int lane() const { return static_cast<int>(threadIdx.x); }
+  template <typename Op>
+  __device__ float reduce(float v, Op op) const {
+    return block_reduce(v, shared, op);
+  }
+};
+struct WarpRow {
+  static constexpr int kSize = kWarp;
+  __device__ int lane() const { return static_cast<int>(threadIdx.x % kWarp); }
+  template <typename Op>
+  __device__ float reduce(float v, Op op) const {
+    return warp_reduce(v, op);
+  }
+};
+
+/// Rows up to this long go to a warp each (at most 32 elements per lane);
+/// longer ones to a block each.
+inline constexpr int64_t kWarpRowMax = 1024;
+
+/// Softmax of one row by `group`: y = softmax(x) through the shared row steps
 /// (max, exp_shifted, softmax_normalizer). Returns the row's max and sum of
-/// exponentials, which cross-entropy also needs. Every thread of the block calls it.
+/// exponentials, which cross-entropy also needs. Every thread of the group
+/// calls it. The sum adds ceil(cols / kSize) terms per thread in order, then
+/// the group's fixed tree (5 levels in a warp, 8 in a block).
 struct RowSoftmax {
   float max, sum;
 };
-template <typename T>
-__device__ RowSoftmax softmax_row_block(const T* xr, T* yr, int64_t cols, float* shared) {
+template <typename T, typename Group>
+__device__ RowSoftmax softmax_row(const T* xr, T* yr, int64_t cols, Group group) {
   float m = -INFINITY;
-  for (int64_t i = threadIdx.x; i < cols; i += kBlock) m = fn::max_of(m, to_float(xr[i]));
-  m = block_reduce(m, shared, MaxOf{});
+  for (int64_t i = group.lane(); i < cols; i += Group::kSize) m = fn::max_of(m, to_float(xr[i]));
+  m = group.reduce(m, MaxOf{});
   float s = 0.f;
-  for (int64_t i = threadIdx.x; i < cols; i += kBlock) s = __fadd_rn(s, fn::exp_shifted(to_float(xr[i]), m));
-  s = block_reduce(s, shared, AddRn{});
+  for (int64_t i = group.lane(); i < cols; i += Group::kSize) s = __fadd_rn(s, fn::exp_shifted(to_float(xr[i]), m));
+  s = group.reduce(s, AddRn{});
   const fn::SoftmaxNormalize f = fn::softmax_normalizer(m, s);
-  for (int64_t i = threadIdx.x; i < cols; i += kBlock) yr[i] = from_float<T>(f(to_float(xr[i])));
+  for (int64_t i = group.lane(); i < cols; i += Group::kSize) yr[i] = from_float<T>(f(to_float(xr[i])));
   return {m, s};
 }
 
