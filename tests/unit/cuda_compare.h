@@ -167,9 +167,10 @@ inline void expect_identical(const Tensor& gpu, const Tensor& cpu, const std::st
 /// lane then 5.
 inline int64_t gpu_block_row_terms(int64_t n) { return (n + 255) / 256 + 8; }
 inline int64_t gpu_warp_row_terms(int64_t n) { return (n + 31) / 32 + 5; }
-/// softmax and softmax_grad (runtime/ops/cuda/softmax.cu) give rows of up to
-/// 1024 columns a warp each, longer ones a block; n of the row's cols are summed.
-inline int64_t gpu_softmax_row_terms(int64_t n, int64_t cols) {
+/// The row kernels (softmax, softmax_grad, layer_norm, layer_norm_grad) give
+/// rows of up to 1024 columns a warp each, longer ones a block (RowGroup in
+/// runtime/ops/cuda/device_ops.cuh); n of the row's cols are summed.
+inline int64_t gpu_row_terms(int64_t n, int64_t cols) {
   return cols <= 1024 ? gpu_warp_row_terms(n) : gpu_block_row_terms(n);
 }
 

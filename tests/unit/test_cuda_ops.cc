@@ -481,7 +481,7 @@ TEST_CASE("softmax and softmax_grad match the CPU and a double reference", "[cud
       const OneOp c{make_op("softmax", {{"X", {"x"}}}, {{"Out", {"y"}}}), {{"x", x}}};
       const Both r = run_both(c, {"y"});
       const SoftmaxRef ref = softmax_ref(xv, rows, cols);
-      expect_softmax_rows(r, "y", ref, cols, gpu_softmax_row_terms(cols, cols), dt, what);
+      expect_softmax_rows(r, "y", ref, cols, gpu_row_terms(cols, cols), dt, what);
 
       // The gradient from the same Out (the CPU's) and a random dOut.
       const Tensor y = r.cpu.at("y");
@@ -511,7 +511,7 @@ TEST_CASE("softmax and softmax_grad match the CPU and a double reference", "[cud
                  (2 * kU + store_rel(dt)) * std::fabs(dref[e]) + store_abs(dt);
         };
       };
-      expect_within(rg.gpu.at("dx"), dref, gbound(gpu_softmax_row_terms(cols, cols)), "softmax_grad (GPU) " + what);
+      expect_within(rg.gpu.at("dx"), dref, gbound(gpu_row_terms(cols, cols)), "softmax_grad (GPU) " + what);
       expect_within(rg.cpu.at("dx"), dref, gbound(cols), "softmax_grad (CPU) " + what);
     }
 }

@@ -181,13 +181,9 @@ TEST_CASE("lookup_table on CUDA: an out-of-range id gives a NaN row and no gradi
 
 namespace {
 
-/// Threads that share a row in layer_norm.cu, and the longest chain of FP32
-/// adds of a row sum there: ceil(cols / threads) per thread, 5 butterfly
-/// steps, and in a block the 8 warps' results in sequence.
-int64_t ln_gpu_terms(int64_t cols) {
-  const int64_t threads = cols <= 1024 ? 32 : 256;
-  return (cols + threads - 1) / threads + (threads == 32 ? 5 : 13);
-}
+/// The longest chain of FP32 adds of a row sum in layer_norm.cu: all cols
+/// summed by the row's warp or block (gpu_row_terms).
+int64_t ln_gpu_terms(int64_t cols) { return gpu_row_terms(cols, cols); }
 /// The CPU sums in double: its statistics are the exact ones rounded once to
 /// float (the double error, n·2^-53 relative, is below one float rounding).
 constexpr int64_t kLnCpuTerms = 1;
@@ -575,14 +571,14 @@ TEST_CASE("causal softmax and its gradient match the CPU and a double reference;
       }
       // As softmax in test_cuda_ops.cc: expf within 2 ulp (4u) in each term and
       // in the output, the sum's chained adds (valid on the CPU; on the GPU
-      // gpu_softmax_row_terms: per lane ceil(valid/32) and a 5-level tree, a
-      // warp per row here) u each, 1/sum and the
-      // multiply u each, + slack; half an ulp of T on store. Masked entries are
+      // gpu_row_terms: a warp's or, past 1024 keys, a block's strided sums and
+      // tree) u each, 1/sum and the multiply u each, + slack; half an ulp of T
+      // on store. Masked entries are
       // exactly 0 (the reference's 0 passes with store_abs, checked exactly below).
       const auto bound = [&](bool gpu) {
         return [&, gpu](int64_t e) {
           const int64_t n = valid[e / cols];
-          const int64_t terms = gpu ? gpu_softmax_row_terms(n, cols) : n;
+          const int64_t terms = gpu ? gpu_row_terms(n, cols) : n;
           return (static_cast<double>(terms + 20) * kU + store_rel(dt)) * std::fabs(yref[e]) + store_abs(dt);
         };
       };
@@ -618,7 +614,7 @@ TEST_CASE("causal softmax and its gradient match the CPU and a double reference;
         return [&, gpu](int64_t e) {
           const int64_t i = e / cols, n = valid[i];
           if (e % cols >= n) return 0.0;  // a masked key: exactly 0 (dOut there may be inf or NaN)
-          const int64_t terms = gpu ? gpu_softmax_row_terms(n, cols) : n;
+          const int64_t terms = gpu ? gpu_row_terms(n, cols) : n;
           return std::fabs(yv[e]) *
                      (static_cast<double>(terms) * kU * mag[i] + 2 * kU * (std::fabs(dyv[e]) + std::fabs(dot[i]))) +
                  (2 * kU + store_rel(dt)) * std::fabs(dref[e]) + store_abs(dt);

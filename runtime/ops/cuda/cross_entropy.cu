@@ -49,7 +49,7 @@ __global__ void softmax_cross_entropy_rows(const T* x, const L* labels, T* y, T*
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = x + r * classes;
     T* yr = y + r * classes;
-    const RowSoftmax row = softmax_row(xr, yr, classes, BlockRow{shared});
+    const RowSoftmax row = softmax_row<kBlock>(xr, yr, classes, shared);
     const float m = row.max, s = row.sum;
     if (threadIdx.x == 0) {
       int64_t label = 0;

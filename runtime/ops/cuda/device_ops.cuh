@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "runtime/check.h"
@@ -194,8 +195,8 @@ struct MaxOf {
 
 /// Reduces one value per thread over a block of kBlock threads with a fixed
 /// tree of log2(kBlock) = 8 levels; every thread gets the same result.
-/// `shared` holds kBlock values (only the first kBlock / 32 are used). All
-/// threads of the block must call it (it synchronises).
+/// `shared` holds kBlock / kWarp values. All threads of the block must call
+/// it (it synchronises).
 ///
 /// Levels 1-5 are a butterfly inside each warp (register shuffles), levels
 /// 6-8 a pairing tree over the 8 warps' values that every thread computes
@@ -261,50 +262,74 @@ struct ChunkColumnSum {
 
 // ---- rows shared by a group of threads ------------------------------------------------
 
-/// The threads that work on one row together: a whole block (long rows) or
-/// one warp (rows of up to kWarpRowMax elements, which a block would leave
-/// mostly idle and make wait at barriers). `lane` is the thread's place in the
-/// group; every thread of the group calls `reduce` with its value.
-struct BlockRow {
-  static constexpr int kSize = kBlock;
-  float* shared;  // kBlock floats
-  __device__ int lane() const { return static_cast<int>(threadIdx.x); }
-  template <typename Op>
-  __device__ float reduce(float v, Op op) const {
-    return block_reduce(v, shared, op);
-  }
-};
-struct WarpRow {
-  static constexpr int kSize = kWarp;
-  __device__ int lane() const { return static_cast<int>(threadIdx.x % kWarp); }
-  template <typename Op>
-  __device__ float reduce(float v, Op op) const {
-    return warp_reduce(v, op);
-  }
-};
-
-/// Rows up to this long go to a warp each (at most 32 elements per lane);
-/// longer ones to a block each.
+/// Rows of up to this many values go to one warp each, longer ones to a block
+/// each: a block would leave most of its threads idle on a short row and make
+/// them all wait at its barriers.
 inline constexpr int64_t kWarpRowMax = 1024;
 
-/// Softmax of one row by `group`: y = softmax(x) through the shared row steps
-/// (max, exp_shifted, softmax_normalizer). Returns the row's max and sum of
-/// exponentials, which cross-entropy also needs. Every thread of the group
-/// calls it. The sum adds ceil(cols / kSize) terms per thread in order, then
-/// the group's fixed tree (5 levels in a warp, 8 in a block).
+/// kThreads threads (a warp, or the whole block of kBlock) own one row; a
+/// block holds kRowsPerBlock groups, and the grid strides over rows.
+template <int kThreads>
+struct RowGroup {
+  static_assert(kThreads == kWarp || kThreads == kBlock, "a warp or a block");
+  static constexpr int kRowsPerBlock = kBlock / kThreads;
+  /// The thread's place in its group.
+  __device__ static int tid() { return static_cast<int>(threadIdx.x) % kThreads; }
+  __device__ static int64_t first_row() {
+    return static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + static_cast<int>(threadIdx.x) / kThreads;
+  }
+  __device__ static int64_t row_stride() { return static_cast<int64_t>(gridDim.x) * kRowsPerBlock; }
+
+  /// warp_reduce or block_reduce: the same bits in every thread of the group.
+  /// All threads of the group call it (every thread of a warp has the same
+  /// row, so a warp's shuffles always have all 32 lanes); `shared` holds
+  /// kBlock / kWarp values.
+  template <typename V, typename Op>
+  __device__ static V reduce(V v, V* shared, Op op) {
+    if constexpr (kThreads == kWarp)
+      return warp_reduce(v, op);
+    else
+      return block_reduce(v, shared, op);
+  }
+};
+
+/// Blocks for `rows` rows at RowGroup<kThreads>::kRowsPerBlock rows each.
+template <int kThreads>
+unsigned row_group_blocks(int64_t rows) {
+  constexpr int64_t per = RowGroup<kThreads>::kRowsPerBlock;
+  return static_cast<unsigned>(std::clamp<int64_t>((rows + per - 1) / per, 1, 65535));
+}
+
+/// f(std::integral_constant<int, kThreads>{}) with the group size for rows of
+/// `cols` values: kWarp up to kWarpRowMax, else kBlock. A row kernel's
+/// launcher then launches kernel<T, kThreads> once, for either size.
+template <typename F>
+void with_row_group(int64_t cols, F&& f) {
+  if (cols <= kWarpRowMax)
+    f(std::integral_constant<int, kWarp>{});
+  else
+    f(std::integral_constant<int, kBlock>{});
+}
+
+/// Softmax of one row by a RowGroup<kThreads>: y = softmax(x) through the
+/// shared row steps (max, exp_shifted, softmax_normalizer). Returns the row's
+/// max and sum of exponentials, which cross-entropy also needs. Every thread
+/// of the group calls it. The sum adds ceil(cols / kThreads) terms per thread
+/// in order, then the group's fixed tree (5 levels in a warp, 8 in a block).
 struct RowSoftmax {
   float max, sum;
 };
-template <typename T, typename Group>
-__device__ RowSoftmax softmax_row(const T* xr, T* yr, int64_t cols, Group group) {
+template <int kThreads, typename T>
+__device__ RowSoftmax softmax_row(const T* xr, T* yr, int64_t cols, float* shared) {
+  using G = RowGroup<kThreads>;
   float m = -INFINITY;
-  for (int64_t i = group.lane(); i < cols; i += Group::kSize) m = fn::max_of(m, to_float(xr[i]));
-  m = group.reduce(m, MaxOf{});
+  for (int64_t i = G::tid(); i < cols; i += kThreads) m = fn::max_of(m, to_float(xr[i]));
+  m = G::reduce(m, shared, MaxOf{});
   float s = 0.f;
-  for (int64_t i = group.lane(); i < cols; i += Group::kSize) s = __fadd_rn(s, fn::exp_shifted(to_float(xr[i]), m));
-  s = group.reduce(s, AddRn{});
+  for (int64_t i = G::tid(); i < cols; i += kThreads) s = __fadd_rn(s, fn::exp_shifted(to_float(xr[i]), m));
+  s = G::reduce(s, shared, AddRn{});
   const fn::SoftmaxNormalize f = fn::softmax_normalizer(m, s);
-  for (int64_t i = group.lane(); i < cols; i += Group::kSize) yr[i] = from_float<T>(f(to_float(xr[i])));
+  for (int64_t i = G::tid(); i < cols; i += kThreads) yr[i] = from_float<T>(f(to_float(xr[i])));
   return {m, s};
 }
 

@@ -5,12 +5,12 @@
 //
 //  - a row belongs to one warp when cols <= 1024 (the Transformer's d_model),
 //    else to a block of 256 threads; its sums are per-thread strided partial
-//    sums combined by a fixed butterfly (and, in a block, the warps' results
-//    added in warp order): deterministic, with no atomics. They run in FP32
+//    sums combined by RowGroup::reduce, a fixed tree (a 5-level butterfly in a
+//    warp, 8 levels in a block): deterministic, with no atomics. They run in FP32
 //    (__fadd_rn, never fused), where the CPU sums in double: two passes
 //    (mean, then sum((x - mean)^2)), so the variance does not cancel. The
 //    statistics then differ from the CPU's by a few FP32 roundings of the
-//    row's magnitudes (about (cols/threads + 5)·2^-24 relative), far below
+//    row's magnitudes (about (cols/threads + 5 or 8)·2^-24 relative), far below
 //    what an FP16 output can show, and a few ulps in FP32.
 //  - Scale@GRAD and Bias@GRAD are column sums over rows. They are summed in
 //    double, as on the CPU, over a fixed partition of the rows: each block
@@ -28,44 +28,9 @@
 namespace mix::cuda {
 namespace {
 
-constexpr int kWarp = 32;
-/// Rows of up to this many values go to one warp, longer ones to a block.
-constexpr int64_t kWarpRowMax = 1024;
 /// Rows per chunk of the parameter-gradient column sums (before the cap on chunks).
 constexpr int64_t kRowsPerChunk = 32;
 constexpr int64_t kMaxChunks = 1024;
-
-// ---- row groups -------------------------------------------------------------------------
-
-/// kThreads threads (a warp, or the whole block of kBlock) own one row.
-template <int kThreads>
-struct RowGroup {
-  static constexpr int kRowsPerBlock = kBlock / kThreads;
-  __device__ static int tid() { return static_cast<int>(threadIdx.x) % kThreads; }
-  __device__ static int64_t first_row() {
-    return static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + static_cast<int>(threadIdx.x) / kThreads;
-  }
-  __device__ static int64_t row_stride() { return static_cast<int64_t>(gridDim.x) * kRowsPerBlock; }
-
-  /// The group's sum of v, the same bits in every thread of the group. The xor
-  /// butterfly pairs lane i with lane i^o, which computes the same sum with the
-  /// operands swapped (commutative, so equal), and so on. All threads of the
-  /// group call it; `shared` holds kBlock / 32 floats.
-  __device__ static float sum(float v, float* shared) {
-    for (int o = kWarp / 2; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
-    if constexpr (kThreads == kWarp) {
-      return v;
-    } else {
-      const int warp = static_cast<int>(threadIdx.x) / kWarp;
-      if (threadIdx.x % kWarp == 0) shared[warp] = v;
-      __syncthreads();
-      float s = 0.f;
-      for (int k = 0; k < kThreads / kWarp; ++k) s = __fadd_rn(s, shared[k]);
-      __syncthreads();  // `shared` may be reused right away
-      return s;
-    }
-  }
-};
 
 // ---- kernels -------------------------------------------------------------------------
 
@@ -81,13 +46,13 @@ __global__ void layer_norm_rows(const T* x, T* y, float* mean_out, float* var_ou
     T* yr = y + r * cols;
     float s = 0.f;
     for (int64_t j = G::tid(); j < cols; j += kThreads) s = __fadd_rn(s, to_float(xr[j]));
-    const float mean = __fdiv_rn(G::sum(s, shared), n);
+    const float mean = __fdiv_rn(G::reduce(s, shared, AddRn{}), n);
     float ss = 0.f;
     for (int64_t j = G::tid(); j < cols; j += kThreads) {
       const float d = __fsub_rn(to_float(xr[j]), mean);
       ss = __fadd_rn(ss, __fmul_rn(d, d));
     }
-    const float var = __fdiv_rn(G::sum(ss, shared), n);
+    const float var = __fdiv_rn(G::reduce(ss, shared, AddRn{}), n);
     const fn::LayerNormNormalize f{mean, fn::ln_inv_std(var, eps)};
     for (int64_t j = G::tid(); j < cols; j += kThreads)
       yr[j] = from_float<T>(f(to_float(xr[j]), scale ? scale[j] : 1.f, bias ? bias[j] : 0.f));
@@ -115,8 +80,8 @@ __global__ void layer_norm_grad_rows(const T* x, const T* dy, T* dx, const float
       sg = __fadd_rn(sg, g);
       sgx = __fadd_rn(sgx, __fmul_rn(g, fn::ln_xhat(to_float(xr[j]), mean, inv_std)));
     }
-    sg = G::sum(sg, shared);
-    sgx = G::sum(sgx, shared);
+    sg = G::reduce(sg, shared, AddRn{});
+    sgx = G::reduce(sgx, shared, AddRn{});
     const fn::LayerNormBackward b{mean, inv_std, __fdiv_rn(sg, n), __fdiv_rn(sgx, n)};
     T* dxr = dx + r * cols;
     for (int64_t j = G::tid(); j < cols; j += kThreads)
@@ -153,13 +118,6 @@ __global__ void layer_norm_param_partials(const T* x, const T* dy, const float* 
 
 using layer_norm_rules::NormDims;
 
-/// Blocks for `rows` rows at kRowsPerBlock rows each.
-template <int kThreads>
-unsigned row_group_blocks(int64_t rows) {
-  constexpr int64_t per = RowGroup<kThreads>::kRowsPerBlock;
-  return static_cast<unsigned>(std::clamp<int64_t>((rows + per - 1) / per, 1, 65535));
-}
-
 void layer_norm_cuda(OpContext& ctx) {
   const Tensor x = ctx.in("X");  // by value: Y may replace X's scope entry
   check_on_device(ctx, x, "X");
@@ -177,13 +135,12 @@ void layer_norm_cuda(OpContext& ctx) {
   const cudaStream_t stream = compute_stream(ctx);
   dispatch_floating(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    if (d.cols <= kWarpRowMax)
-      layer_norm_rows<T, kWarp><<<row_group_blocks<kWarp>(d.rows), kBlock, 0, stream>>>(
+    with_row_group(d.cols, [&](auto threads) {
+      constexpr int kThreads = decltype(threads)::value;
+      layer_norm_rows<T, kThreads><<<row_group_blocks<kThreads>(d.rows), kBlock, 0, stream>>>(
           x.data<T>(), y.data<T>(), mean, var, scale, bias, d.rows, d.cols, eps);
-    else
-      layer_norm_rows<T, kBlock><<<row_group_blocks<kBlock>(d.rows), kBlock, 0, stream>>>(
-          x.data<T>(), y.data<T>(), mean, var, scale, bias, d.rows, d.cols, eps);
-    MIX_CUDA_CHECK(cudaGetLastError());
+      MIX_CUDA_CHECK(cudaGetLastError());
+    });
   });
 }
 
@@ -226,15 +183,13 @@ void layer_norm_grad_cuda(OpContext& ctx) {
   dispatch_floating(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     if (dx) {
-      if (d.cols <= kWarpRowMax)
-        layer_norm_grad_rows<T, kWarp><<<row_group_blocks<kWarp>(d.rows), kBlock, 0, stream>>>(
+      with_row_group(d.cols, [&](auto threads) {
+        constexpr int kThreads = decltype(threads)::value;
+        layer_norm_grad_rows<T, kThreads><<<row_group_blocks<kThreads>(d.rows), kBlock, 0, stream>>>(
             x.data<T>(), dy.data<T>(), dx->data<T>(), scale, mean.data<float>(), var.data<float>(), d.rows, d.cols,
             eps);
-      else
-        layer_norm_grad_rows<T, kBlock><<<row_group_blocks<kBlock>(d.rows), kBlock, 0, stream>>>(
-            x.data<T>(), dy.data<T>(), dx->data<T>(), scale, mean.data<float>(), var.data<float>(), d.rows, d.cols,
-            eps);
-      MIX_CUDA_CHECK(cudaGetLastError());
+        MIX_CUDA_CHECK(cudaGetLastError());
+      });
     }
     if ((!want_scale && !want_bias) || d.cols == 0) return;  // cols 0: empty dscale/dbias, and no 0-wide grid
     const dim3 grid(static_cast<unsigned>((d.cols + kBlock - 1) / kBlock), static_cast<unsigned>(chunks));
