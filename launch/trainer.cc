@@ -19,7 +19,7 @@
 #include "launch/metrics.h"
 #include "models/model.h"
 #include "runtime/check.h"
-#include "runtime/data/batch_prefetcher.h"
+#include "runtime/data/batch_feeder.h"
 #include "runtime/data/dataset.h"
 #include "runtime/device_backend.h"
 #include "runtime/executor.h"
@@ -514,9 +514,8 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     const int64_t begin = (step % steps_per_epoch) * batch;
     return data::BatchRequest{order, begin, std::min<int64_t>(batch, static_cast<int64_t>(order->size()) - begin)};
   };
-  // The next step's batch is gathered while this one runs.
-  data::BatchPrefetcher prefetcher(data.train, batch_memory);
-  if (start_step < total_steps) prefetcher.request(batch_of(start_step));
+  // The next step's batch is gathered (and, on a GPU, uploaded) while this one runs.
+  data::BatchFeeder feeder(data.train, device, batch_memory, batch_of, start_step, total_steps);
   // timed_queue_seconds: the host's time to queue the timed steps. On a GPU,
   // a step whose queueing takes nearly its whole time is bound by the host
   // (launch and dispatch costs, or a hidden wait for the GPU), not by the GPU.
@@ -527,13 +526,12 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   auto t_start = Clock::now(), t_last_log = Clock::now();
   for (int64_t step = start_step; step < total_steps; ++step) {
     const int64_t epoch = step / steps_per_epoch, in_epoch = step % steps_per_epoch;
-    const data::Batch& examples = prefetcher.take();
+    // Already on the device (the GPU waits for its upload, the host does not);
+    // the scope shares it, which the feeder leaves alone until its next call.
+    const data::Batch& examples = feeder.next();
     const int64_t n = examples.inputs.dim(0);
-    // On a GPU the upload is a finished copy when to() returns; on the CPU the
-    // scope shares the batch, which the next request leaves alone until the next take().
-    scope.set(model.input, examples.inputs.reshaped(batched(n, model.example_shape)).to(device));
-    scope.set(model.label, examples.labels.reshaped(batched(n, model.label_shape)).to(device));
-    if (step + 1 < total_steps) prefetcher.request(batch_of(step + 1));
+    scope.set(model.input, examples.inputs.reshaped(batched(n, model.example_shape)));
+    scope.set(model.label, examples.labels.reshaped(batched(n, model.label_shape)));
     const double rate = lr.at(step);
     write_f32(scope.get(optim::kLearningRate), static_cast<float>(rate));
     env.step = step + 1;

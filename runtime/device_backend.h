@@ -35,6 +35,31 @@ class OpTimer {
   virtual std::vector<double> collect() = 0;
 };
 
+/// Host-to-device copies on a queue of their own (a CUDA stream beside the
+/// compute stream), so that the next input batch uploads while the device
+/// computes the current step (data::BatchFeeder). Fences 0 .. fences-1 mark
+/// points in the queue; the compute stream and the host wait on them.
+class HostToDeviceQueue {
+ public:
+  virtual ~HostToDeviceQueue() = default;
+  /// The copies queued from now on start only after the work queued so far on
+  /// the device's compute stream, which may still read the memory they overwrite.
+  virtual void wait_for_compute() = 0;
+  /// Queues a copy of `bytes` from page-locked host memory (pinned_host_allocator)
+  /// to device memory and returns at once: `src` must stay unchanged until a
+  /// fence recorded after the copy has been passed.
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  /// Sets fence `k` to the end of the copies queued so far.
+  virtual void record(int k) = 0;
+  /// The compute stream's work queued from now on waits (on the device, not
+  /// the host) for fence `k`.
+  virtual void compute_waits(int k) = 0;
+  /// The host waits until the device has passed fence `k`.
+  virtual void host_waits(int k) = 0;
+  /// The host waits for every copy queued; for destructors (never throws).
+  virtual void drain() noexcept = 0;
+};
+
 class DeviceBackend {
  public:
   virtual ~DeviceBackend() = default;
@@ -54,6 +79,14 @@ class DeviceBackend {
   /// Its tensors are host tensors (device cpu). Safe to use from any thread.
   virtual Allocator* pinned_host_allocator(int index) {
     (void)index;
+    return nullptr;
+  }
+  /// A queue for host-to-device copies that overlap device `index`'s compute,
+  /// with `fences` fences; nullptr when the backend has none (callers then
+  /// copy with copy(), which returns when the copy is done).
+  virtual std::unique_ptr<HostToDeviceQueue> make_host_to_device_queue(int index, int fences) {
+    (void)index;
+    (void)fences;
     return nullptr;
   }
   /// The backend's speed and precision choices (mixtrain's GPU flags).

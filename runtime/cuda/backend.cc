@@ -51,6 +51,63 @@ class CudaOpTimer final : public OpTimer {
   size_t used_ = 0;
 };
 
+/// Uploads of input batches: a stream of the device's own beside the compute
+/// stream (copy engines run while kernels do), and an event per fence.
+class CudaHostToDeviceQueue final : public HostToDeviceQueue {
+ public:
+  CudaHostToDeviceQueue(int device, int fences) : device_(device), compute_(use_device(device).compute.get()) {
+    MIX_CHECK(fences > 0, "a host-to-device queue needs at least one fence, not " << fences);
+    fences_.resize(static_cast<size_t>(fences));
+  }
+  ~CudaHostToDeviceQueue() override { drain(); }
+
+  void wait_for_compute() override {
+    DeviceGuard guard(device_);
+    compute_done_.record(compute_);
+    compute_done_.wait(stream_.get());
+  }
+
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes == 0) return;
+    DeviceGuard guard(device_);
+    MIX_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_.get()));
+  }
+
+  void record(int k) override {
+    DeviceGuard guard(device_);
+    fence(k).record(stream_.get());
+  }
+
+  void compute_waits(int k) override {
+    DeviceGuard guard(device_);
+    fence(k).wait(compute_);
+  }
+
+  void host_waits(int k) override {
+    // Bounded like every host wait: copies queued after wait_for_compute()
+    // wait for compute work, which may wait for a dead peer's collective.
+    MIX_CHECK(wait_for_events({fence(k).get()}), "an input batch upload to GPU "
+                                                     << device_ << " did not finish within " << hang_timeout()
+                                                     << " s (MIX_NCCL_TIMEOUT_S); a peer may have died");
+    MIX_CUDA_CHECK(cudaGetLastError());
+  }
+
+  void drain() noexcept override { MIX_CUDA_CHECK_NOTHROW(cudaStreamSynchronize(stream_.get())); }
+
+ private:
+  Event& fence(int k) {
+    MIX_CHECK(k >= 0 && k < static_cast<int>(fences_.size()),
+              "fence " << k << " of a host-to-device queue with " << fences_.size());
+    return fences_[static_cast<size_t>(k)];
+  }
+
+  int device_;
+  cudaStream_t compute_;
+  Stream stream_;  // made on device_: use_device() above made it current
+  Event compute_done_;
+  std::vector<Event> fences_;
+};
+
 class CudaBackend final : public DeviceBackend {
  public:
   int device_count() override { return cuda::device_count(); }
@@ -107,6 +164,11 @@ class CudaBackend final : public DeviceBackend {
   }
 
   std::unique_ptr<OpTimer> make_op_timer(int index) override { return std::make_unique<CudaOpTimer>(index); }
+
+  std::unique_ptr<HostToDeviceQueue> make_host_to_device_queue(int index, int fences) override {
+    DeviceGuard guard(index);
+    return std::make_unique<CudaHostToDeviceQueue>(index, fences);
+  }
 
   Allocator* pinned_host_allocator(int index) override {
     std::call_once(pinned_once_, [this] {

@@ -79,14 +79,17 @@ bool wait_for_streams(int device) {
   Event compute_done, comm_done;
   compute_done.record(c->compute.get());
   comm_done.record(c->comm.get());
+  return wait_for_events({compute_done.get(), comm_done.get()});
+}
+
+bool wait_for_events(std::initializer_list<cudaEvent_t> events) {
   const double limit = hang_timeout();
   const auto start = std::chrono::steady_clock::now();
   for (;;) {
-    const cudaError_t a = cudaEventQuery(compute_done.get()), b = cudaEventQuery(comm_done.get());
-    if (a != cudaErrorNotReady && b != cudaErrorNotReady) {
-      // A failed query is an error of the queued work: the next check reports it.
-      return true;
-    }
+    bool passed = true;
+    for (cudaEvent_t e : events) passed = passed && cudaEventQuery(e) != cudaErrorNotReady;
+    // A failed query is an error of the queued work: the next check reports it.
+    if (passed) return true;
     (void)cudaGetLastError();  // "not ready" is not an error for a later check to report
     if (limit > 0 && std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > limit)
       return false;

@@ -7,6 +7,7 @@
 #include <cudnn.h>
 
 #include <cstddef>
+#include <initializer_list>
 #include <string>
 
 #include "runtime/cuda/stream.h"
@@ -59,6 +60,9 @@ double hang_timeout();
 /// that takes longer than hang_timeout(): the work then stays queued. True at
 /// once for a device whose context was never made (nothing can be queued).
 bool wait_for_streams(int device);
+/// Waits, polling, until the device has passed every one of `events` (recorded
+/// already); false when that takes longer than hang_timeout().
+bool wait_for_events(std::initializer_list<cudaEvent_t> events);
 
 /// Logs `message` as a warning through spdlog, for CUDA sources: nvcc cannot
 /// compile spdlog's headers, so the .cu files log through this host function.

@@ -15,6 +15,8 @@
 #include "tests/unit/require_gpu.h"
 
 #include "runtime/check.h"
+#include "runtime/data/batch_feeder.h"
+#include "runtime/data/dataset.h"
 #include "runtime/device_backend.h"
 #include "runtime/random.h"
 #include "runtime/tensor.h"
@@ -374,6 +376,102 @@ TEST_CASE("an event orders the communication stream after the compute stream", "
   mix::cuda::set_allow_tf32(true);
   CHECK(mix::cuda::allow_tf32());
   mix::cuda::set_allow_tf32(false);
+}
+
+TEST_CASE("the host-to-device queue is ordered after compute work, and its fences bound the host's wait", "[cuda]") {
+  require_gpu_or_skip();
+  mix::cuda::DeviceContext& ctx = mix::cuda::use_device(0);
+  mix::DeviceBackend& backend = mix::require_device_backend(mix::DeviceKind::cuda);
+  std::unique_ptr<mix::HostToDeviceQueue> queue = backend.make_host_to_device_queue(0, 2);
+  REQUIRE(queue != nullptr);
+  const int64_t n = int64_t{64} << 20;
+  mix::Allocator& pinned = *backend.pinned_host_allocator(0);
+  mix::Tensor src = mix::Tensor::empty({n}, mix::DType::u8, pinned);
+  std::memset(src.raw(), 0x11, static_cast<size_t>(n));
+  mix::Tensor d = mix::Tensor::empty({n}, mix::DType::u8, kGpu);
+
+  // wait_for_compute: the compute stream, held 200 ms, then writes 0x5a; the
+  // upload queued after wait_for_compute() must land on top of that.
+  REQUIRE(cudaLaunchHostFunc(ctx.compute.get(), sleep_on_stream, nullptr) == cudaSuccess);
+  REQUIRE(cudaMemsetAsync(d.raw(), 0x5a, static_cast<size_t>(n), ctx.compute.get()) == cudaSuccess);
+  queue->wait_for_compute();
+  queue->copy(d.raw(), src.raw(), static_cast<size_t>(n));
+  queue->record(1);
+  // compute_waits: the compute stream's read below comes after the upload.
+  queue->compute_waits(1);
+  mix::Tensor back = d.to(mix::cpu_device());  // a copy on the compute stream
+  size_t wrong = 0;
+  for (int64_t i = 0; i < n; ++i) wrong += back.data<uint8_t>()[i] != 0x11;
+  CHECK(wrong == 0);
+  queue->host_waits(1);  // passed already: returns at once
+
+  // host_waits is bounded: an upload stuck behind held compute work fails at
+  // the hang timeout, naming the cause, instead of waiting for it.
+  const double timeout_before = mix::cuda::hang_timeout();
+  mix::cuda::set_hang_timeout(0.2);
+  double hold = 3.0;
+  REQUIRE(cudaLaunchHostFunc(ctx.compute.get(), mix::testing::hold_stream, &hold) == cudaSuccess);
+  queue->wait_for_compute();
+  std::memset(src.raw(), 0x22, static_cast<size_t>(n));
+  queue->copy(d.raw(), src.raw(), static_cast<size_t>(n));
+  queue->record(0);
+  const auto start = std::chrono::steady_clock::now();
+  std::string msg;
+  try {
+    queue->host_waits(0);
+  } catch (const mix::Error& e) {
+    msg = e.what();
+  }
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  mix::cuda::set_hang_timeout(timeout_before);
+  INFO(msg << " (after " << waited << " s)");
+  CHECK(msg.find("input batch upload to GPU 0 did not finish within 0.2 s") != std::string::npos);
+  CHECK(waited < 2.0);
+  queue->drain();  // `hold`, `src` and `d` outlive the held work and the copy
+  REQUIRE(cudaStreamSynchronize(ctx.compute.get()) == cudaSuccess);
+  CHECK(d.to(mix::cpu_device()).data<uint8_t>()[n - 1] == 0x22);
+  CHECK_THROWS_WITH(queue->record(2), Catch::Matchers::Contains("fence 2 of a host-to-device queue with 2"));
+  CHECK(cudaGetLastError() == cudaSuccess);
+}
+
+TEST_CASE("BatchFeeder uploads gather_batch's batches to the GPU while the compute stream is busy", "[cuda]") {
+  require_gpu_or_skip();
+  mix::cuda::DeviceContext& ctx = mix::cuda::use_device(0);
+  mix::data::Dataset ds;
+  ds.name = "feeder";
+  const int64_t examples = 1000, features = 3000;  // 12 MB of inputs
+  ds.inputs = mix::Tensor::empty({examples, features}, mix::DType::f32);
+  ds.labels = mix::Tensor::empty({examples}, mix::DType::i64);
+  mix::Rng rng = mix::Rng::for_stream(11, 0);
+  for (int64_t i = 0; i < ds.inputs.numel(); ++i) ds.inputs.data<float>()[i] = static_cast<float>(rng.normal());
+  for (int64_t i = 0; i < examples; ++i) ds.labels.data<int64_t>()[i] = i % 10;
+  ds.num_classes = 10;
+  auto order = std::make_shared<const std::vector<int64_t> >([&] {
+    std::vector<int64_t> v(static_cast<size_t>(examples));
+    for (int64_t i = 0; i < examples; ++i) v[static_cast<size_t>(i)] = (i * 7919) % examples;
+    return v;
+  }());
+  const int64_t batch = 300, steps = 8;  // 4 batches an epoch, the last of 100 examples
+  auto batch_of = [&](int64_t s) {
+    const int64_t begin = (s % 4) * batch;
+    return mix::data::BatchRequest{order, begin, std::min(batch, examples - begin)};
+  };
+  mix::data::BatchFeeder feeder(ds, kGpu, mix::require_device_backend(mix::DeviceKind::cuda).pinned_host_allocator(0),
+                                batch_of, 0, steps);
+  double hold = 0.05;
+  for (int64_t s = 0; s < steps; ++s) {
+    INFO("step " << s);
+    const mix::data::Batch& b = feeder.next();
+    REQUIRE(b.inputs.device() == kGpu);
+    // A "step" the compute stream is busy with while the next upload runs.
+    REQUIRE(cudaLaunchHostFunc(ctx.compute.get(), mix::testing::hold_stream, &hold) == cudaSuccess);
+    mix::Tensor x, y;
+    const mix::data::BatchRequest r = batch_of(s);
+    mix::data::gather_batch(ds, *r.indices, r.begin, r.count, x, y);
+    CHECK(same_bytes(b.inputs.to(mix::cpu_device()), x));
+    CHECK(same_bytes(b.labels.to(mix::cpu_device()), y));
+  }
+  CHECK(cudaGetLastError() == cudaSuccess);
 }
 
 #endif

@@ -5,6 +5,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <array>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
@@ -12,10 +13,13 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <set>
 #include <sstream>
+#include <utility>
 
 #include "runtime/check.h"
+#include "runtime/data/batch_feeder.h"
 #include "runtime/data/batch_prefetcher.h"
 #include "runtime/data/dataset.h"
 #include "runtime/io/safetensors.h"
@@ -843,4 +847,170 @@ TEST_CASE("BatchPrefetcher reports a bad request when the batch is taken", "[dat
   CHECK(prefetcher.take().labels.to_floats() == std::vector<float>{1, 0, 2});
   // A request still in flight when the prefetcher goes away is waited for.
   prefetcher.request({good, 0, 1});
+}
+
+// ---- the feeder: batches gathered and uploaded ahead ---------------------------------
+
+namespace {
+
+/// A stand-in GPU for BatchFeeder's protocol, whose "device memory" is host
+/// memory. Its copy queue runs a copy only as late as a real asynchronous one
+/// may run: when the host waits for a fence after it, or when compute work
+/// (here, any synchronous copy: a test reading a batch) runs after a fence the
+/// compute stream was told to wait for. A batch handed out before its upload's
+/// fence, or a host batch regathered before its upload read it, then shows as
+/// wrong bytes.
+class LazyCopyQueue final : public mix::HostToDeviceQueue {
+ public:
+  void wait_for_compute() override { compute_ordered_ = true; }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    unordered_copies += !compute_ordered_;
+    copies_.push_back({dst, src, bytes});
+  }
+  void record(int k) override {
+    fence_.at(static_cast<size_t>(k)) = copies_.size();
+    compute_ordered_ = false;
+  }
+  void compute_waits(int k) override { compute_passes_ = std::max(compute_passes_, fence_.at(static_cast<size_t>(k))); }
+  void host_waits(int k) override { run_to(fence_.at(static_cast<size_t>(k))); }
+  void drain() noexcept override { run_to(copies_.size()); }
+
+  /// Compute work runs: the copies before the fences it waits for happen first.
+  void run_compute() { run_to(compute_passes_); }
+  size_t copies_queued() const { return copies_.size(); }
+  size_t copies_not_run() const { return copies_.size() - done_; }
+  int unordered_copies = 0;  // copies queued with no wait_for_compute() since the last fence
+
+ private:
+  struct Copy {
+    void* dst;
+    const void* src;
+    size_t bytes;
+  };
+  void run_to(size_t end) {
+    for (; done_ < end; ++done_) std::memcpy(copies_[done_].dst, copies_[done_].src, copies_[done_].bytes);
+  }
+  std::vector<Copy> copies_;
+  size_t done_ = 0, compute_passes_ = 0;
+  std::array<size_t, 2> fence_{};
+  bool compute_ordered_ = false;
+};
+
+class LazyGpu final : public mix::DeviceBackend {
+ public:
+  int device_count() override { return 1; }
+  mix::Allocator& allocator(int) override { return memory; }
+  void copy(void* dst, mix::Device, const void* src, mix::Device, size_t bytes) override {
+    if (queue) queue->run_compute();  // a synchronous copy runs on the compute stream, after what it waits for
+    std::memcpy(dst, src, bytes);
+  }
+  void zero(void* dst, size_t bytes, int) override { std::memset(dst, 0, bytes); }
+  void synchronize(int) override {}
+  std::unique_ptr<mix::HostToDeviceQueue> make_host_to_device_queue(int, int fences) override {
+    REQUIRE(fences == 2);
+    auto q = std::make_unique<LazyCopyQueue>();
+    queue = q.get();
+    return q;
+  }
+  CountingHostMemory memory{mix::Device{mix::DeviceKind::cuda, 0}};
+  LazyCopyQueue* queue = nullptr;
+};
+
+/// Stands a backend in for the CUDA one while in scope (a CUDA build's own comes back after).
+struct BackendStandIn {
+  explicit BackendStandIn(mix::DeviceBackend* b) { mix::register_device_backend(mix::DeviceKind::cuda, b); }
+  ~BackendStandIn() { mix::register_device_backend(mix::DeviceKind::cuda, previous); }
+  mix::DeviceBackend* previous = mix::device_backend(mix::DeviceKind::cuda);
+};
+
+/// 7 examples of 2 floats (example i holds 2i, 2i + 1) and label i, and the
+/// trainer's plan for two epochs of batches of 3 (the last of each epoch short).
+struct FeederCase {
+  Dataset ds;
+  std::vector<std::shared_ptr<const std::vector<int64_t>>> orders = {
+      std::make_shared<const std::vector<int64_t>>(std::vector<int64_t>{6, 2, 4, 0, 1, 5, 3}),
+      std::make_shared<const std::vector<int64_t>>(std::vector<int64_t>{3, 3, 0, 5, 2, 6, 1})};
+  static constexpr int64_t kSteps = 6, kStepsPerEpoch = 3;
+  FeederCase() {
+    ds.name = "tiny";
+    ds.inputs = Tensor::empty({7, 2}, DType::f32);
+    for (int64_t i = 0; i < 14; ++i) ds.inputs.data<float>()[i] = static_cast<float>(i);
+    ds.labels = labels_of({0, 1, 2, 3, 4, 5, 6});
+    ds.num_classes = 7;
+  }
+  BatchRequest batch_of(int64_t step) const {
+    const int64_t begin = (step % kStepsPerEpoch) * 3;
+    return {orders[static_cast<size_t>(step / kStepsPerEpoch)], begin, std::min<int64_t>(3, 7 - begin)};
+  }
+  /// gather_batch's batch of `step`, as floats.
+  std::pair<std::vector<float>, std::vector<float>> expected(int64_t step) const {
+    const BatchRequest r = batch_of(step);
+    Tensor x, y;
+    gather_batch(ds, *r.indices, r.begin, r.count, x, y);
+    return {x.to_floats(), y.to_floats()};
+  }
+};
+
+}  // namespace
+
+TEST_CASE("BatchFeeder on the host hands out the prefetcher's batches", "[data][batch][feeder]") {
+  FeederCase c;
+  CountingHostMemory memory;
+  BatchFeeder feeder(
+      c.ds, mix::cpu_device(), &memory, [&](int64_t s) { return c.batch_of(s); }, 1, c.kSteps);
+  const Batch* previous = nullptr;
+  for (int64_t s = 1; s < c.kSteps; ++s) {
+    INFO("step " << s);
+    const Batch& batch = feeder.next();
+    CHECK(&batch != previous);  // the prefetcher's two slots in turn
+    previous = &batch;
+    CHECK(batch.inputs.device() == mix::cpu_device());
+    const auto [x, y] = c.expected(s);
+    CHECK(batch.inputs.to_floats() == x);
+    CHECK(batch.labels.to_floats() == y);
+  }
+  // Batches of 3, 1, 3, 3, 1 examples from step 1: slot 0 is made for step 1
+  // and remade for step 5, slot 1 made for step 2 and remade for step 4; two
+  // tensors each time, and no copies elsewhere in this memory.
+  CHECK(memory.allocations == 8);
+  CHECK_THROWS_WITH(feeder.next(), Contains("past the last step 5"));
+}
+
+TEST_CASE("BatchFeeder on a device uploads each batch a step ahead and fences it", "[data][batch][feeder]") {
+  FeederCase c;
+  LazyGpu gpu;
+  BackendStandIn stand_in(&gpu);
+  const mix::Device device{mix::DeviceKind::cuda, 0};
+  CountingHostMemory pinned;  // what the GPU's page-locked memory is to the feeder
+  {
+    BatchFeeder feeder(
+        c.ds, device, &pinned, [&](int64_t s) { return c.batch_of(s); }, 0, c.kSteps);
+    REQUIRE(gpu.queue != nullptr);
+    const Batch* previous = nullptr;
+    for (int64_t s = 0; s < c.kSteps; ++s) {
+      INFO("step " << s);
+      const Batch& batch = feeder.next();
+      CHECK(&batch != previous);  // two device slots, taken in turn
+      previous = &batch;
+      CHECK(batch.inputs.device() == device);
+      CHECK(batch.labels.device() == device);
+      // The next step's upload (inputs and labels) is queued, and not waited
+      // for: it runs while this step computes. The copies not run yet are
+      // that upload's, or at the last step this step's, which its compute
+      // work waits for on the device.
+      CHECK(gpu.queue->copies_queued() == 2 * static_cast<size_t>(std::min(s + 2, c.kSteps)));
+      CHECK(gpu.queue->copies_not_run() == 2);
+      // The step's compute work (reading the batch) sees the uploaded bytes.
+      const auto [x, y] = c.expected(s);
+      CHECK(batch.inputs.shape() == Shape{static_cast<int64_t>(y.size()), 2});
+      CHECK(batch.inputs.to_floats() == x);
+      CHECK(batch.labels.to_floats() == y);
+    }
+    // Each upload waited for the compute work before it (the memory it overwrites).
+    CHECK(gpu.queue->unordered_copies == 0);
+    CHECK_THROWS_WITH(feeder.next(), Contains("past the last step 5"));
+  }
+  // The device batches are freed with the feeder; the host ones with its prefetcher.
+  CHECK(gpu.memory.live_bytes() == 0);
+  CHECK(pinned.live_bytes() == 0);
 }
