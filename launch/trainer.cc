@@ -457,23 +457,31 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     if (c.eval_batches > 0) idx.resize(std::min<size_t>(idx.size(), static_cast<size_t>(c.eval_batches * eval_batch)));
     double local[3] = {0, 0, 0};  // correct, loss sum, count (of examples)
     double labels_seen = 0;
-    Tensor x, y;
-    for (int64_t b = 0; b < static_cast<int64_t>(idx.size()); b += eval_batch) {
-      const int64_t n = std::min<int64_t>(eval_batch, static_cast<int64_t>(idx.size()) - b);
-      data::gather_batch(ds, idx, b, n, x, y, batch_memory);
-      scope.set(model.input, x.reshaped(batched(n, model.example_shape)).to(device));
-      scope.set(model.label, y.reshaped(batched(n, model.label_shape)).to(device));
+    // Batches gathered and uploaded ahead, as in training.
+    const int64_t examples = static_cast<int64_t>(idx.size());
+    const auto indices = std::make_shared<const std::vector<int64_t>>(std::move(idx));
+    const auto eval_batch_of = [&](int64_t b) {
+      const int64_t begin = b * eval_batch;
+      return data::BatchRequest{indices, begin, std::min(eval_batch, examples - begin)};
+    };
+    data::BatchFeeder feeder(ds, device, batch_memory, eval_batch_of, 0, (examples + eval_batch - 1) / eval_batch);
+    for (int64_t b = 0; b < examples; b += eval_batch) {
+      const data::Batch& batch_in = feeder.next();
+      const int64_t n = batch_in.inputs.dim(0);
+      scope.set(model.input, batch_in.inputs.reshaped(batched(n, model.example_shape)));
+      scope.set(model.label, batch_in.labels.reshaped(batched(n, model.label_shape)));
       env.training = false;  // batch_norm: the running statistics, no updates
       eval_exec.run(scope, env);
       env.training = true;
       const Tensor& logits = scope.get(model.logits);
       std::vector<float> lv = logits.to_floats();
       const int64_t k = logits.dim(-1), rows = logits.numel() / k;  // one row per label
+      const Tensor labels = batch_in.labels.to(cpu_device());       // the batch itself on the host
       for (int64_t i = 0; i < rows; ++i) {
         int64_t best = 0;
         for (int64_t j = 1; j < k; ++j)
           if (lv[i * k + j] > lv[i * k + best]) best = j;
-        local[0] += best == y.data<int64_t>()[i];
+        local[0] += best == labels.data<int64_t>()[i];
       }
       labels_seen += static_cast<double>(rows);
       local[1] += static_cast<double>(read_f32(scope, model.loss.c_str())) * static_cast<double>(n);
