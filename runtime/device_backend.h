@@ -56,7 +56,8 @@ class HostToDeviceQueue {
   virtual void compute_waits(int k) = 0;
   /// The host waits until the device has passed fence `k`.
   virtual void host_waits(int k) = 0;
-  /// The host waits for every copy queued; for destructors (never throws).
+  /// The host waits for every copy queued, at most the device's hang timeout;
+  /// for destructors (never throws).
   virtual void drain() noexcept = 0;
 };
 

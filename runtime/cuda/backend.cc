@@ -3,6 +3,7 @@
 // any #ifdef in their callers.
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "runtime/check.h"
@@ -92,7 +93,21 @@ class CudaHostToDeviceQueue final : public HostToDeviceQueue {
     MIX_CUDA_CHECK(cudaGetLastError());
   }
 
-  void drain() noexcept override { MIX_CUDA_CHECK_NOTHROW(cudaStreamSynchronize(stream_.get())); }
+  void drain() noexcept override {
+    // Bounded too: a destructor that waited forever behind stuck compute work
+    // would keep an erroring rank from exiting. Past the limit the copies are
+    // left queued; the process is on its way out with an error by then.
+    try {
+      DeviceGuard guard(device_);
+      Event done;
+      done.record(stream_.get());
+      if (!wait_for_events({done.get()}))
+        log_warning("input batch uploads to GPU " + std::to_string(device_) + " still queued after " +
+                    std::to_string(hang_timeout()) + " s; not waiting for them");
+    } catch (const std::exception& e) {
+      log_warning(std::string("waiting for input batch uploads: ") + e.what());
+    }
+  }
 
  private:
   Event& fence(int k) {

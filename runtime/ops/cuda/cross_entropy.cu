@@ -1,5 +1,5 @@
 // CUDA kernels of softmax_with_cross_entropy (hard labels) and its grad: one
-// block per row as in softmax.cu, the loss from fn::cross_entropy_loss and the
+// block per row (softmax_row<kBlock>: class rows are vocabulary-wide), the loss from fn::cross_entropy_loss and the
 // gradient from fn::softmax_cross_entropy_grad_elem (runtime/kernels/softmax_row.h).
 //
 // Labels live on the GPU, so they cannot be validated before the kernel

@@ -280,7 +280,9 @@ struct RowGroup {
   }
   __device__ static int64_t row_stride() { return static_cast<int64_t>(gridDim.x) * kRowsPerBlock; }
 
-  /// warp_reduce or block_reduce: the same bits in every thread of the group.
+  /// warp_reduce or block_reduce: the same value in every thread of the group
+  /// (the same bits for a sum, whose adds commute exactly; a warp's max may
+  /// differ between lanes in the sign of a zero, which x - max cannot show).
   /// All threads of the group call it (every thread of a warp has the same
   /// row, so a warp's shuffles always have all 32 lanes); `shared` holds
   /// kBlock / kWarp values.
