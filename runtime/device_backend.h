@@ -83,13 +83,8 @@ class DeviceBackend {
     return nullptr;
   }
   /// A queue for host-to-device copies that overlap device `index`'s compute,
-  /// with `fences` fences; nullptr when the backend has none (callers then
-  /// copy with copy(), which returns when the copy is done).
-  virtual std::unique_ptr<HostToDeviceQueue> make_host_to_device_queue(int index, int fences) {
-    (void)index;
-    (void)fences;
-    return nullptr;
-  }
+  /// with `fences` fences.
+  virtual std::unique_ptr<HostToDeviceQueue> make_host_to_device_queue(int index, int fences) = 0;
   /// The backend's speed and precision choices (mixtrain's GPU flags).
   virtual void set_options(const DeviceOptions& options) { (void)options; }
   /// A timer of device `index`'s compute queue; nullptr when host time is the device's time.

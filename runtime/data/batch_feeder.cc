@@ -28,10 +28,7 @@ const Batch& BatchFeeder::next() {
     // alone until the next take().
     const Batch& batch = prefetcher_.take();
     if (s + 1 < end_) prefetcher_.request(batch_of_(s + 1));
-    if (device_.kind == DeviceKind::cpu) return batch;
-    // A device with no copy queue: a finished copy, as Tensor::to makes.
-    on_device_[0] = Batch{batch.inputs.to(device_), batch.labels.to(device_)};
-    return on_device_[0];
+    return batch;
   }
   if (ahead_ < 0) {  // the first call: nothing is uploaded yet, so this batch is late once
     upload(prefetcher_.take(), 0);

@@ -47,7 +47,7 @@ class BatchFeeder {
   std::function<BatchRequest(int64_t)> batch_of_;
   int64_t step_, end_;  // the step next() returns a batch for, and the end
   BatchPrefetcher prefetcher_;
-  // A GPU only: the copy queue, and two device batches with a fence each: the
+  // A device only (null on the host): the copy queue, and two device batches with a fence each: the
   // one the current step reads and the one being uploaded for the next step.
   std::unique_ptr<HostToDeviceQueue> queue_;
   Batch on_device_[2];

@@ -573,8 +573,8 @@ TEST_CASE("causal softmax and its gradient match the CPU and a double reference;
       // in the output, the sum's chained adds (valid on the CPU; on the GPU
       // gpu_row_terms: a warp's or, past 1024 keys, a block's strided sums and
       // tree) u each, 1/sum and the multiply u each, + slack; half an ulp of T
-      // on store. Masked entries are
-      // exactly 0 (the reference's 0 passes with store_abs, checked exactly below).
+      // on store. Masked entries are exactly 0 (the reference's 0 passes with
+      // store_abs, checked exactly below).
       const auto bound = [&](bool gpu) {
         return [&, gpu](int64_t e) {
           const int64_t n = valid[e / cols];

@@ -1,6 +1,7 @@
 // CUDA kernels of softmax_with_cross_entropy (hard labels) and its grad: one
-// block per row (softmax_row<kBlock>: class rows are vocabulary-wide), the loss from fn::cross_entropy_loss and the
-// gradient from fn::softmax_cross_entropy_grad_elem (runtime/kernels/softmax_row.h).
+// block per row (softmax_row<kBlock>: class rows are vocabulary-wide), the
+// loss from fn::cross_entropy_loss and the gradient from
+// fn::softmax_cross_entropy_grad_elem (runtime/kernels/softmax_row.h).
 //
 // Labels live on the GPU, so they cannot be validated before the kernel
 // without a host round trip inside the step. Rows whose label equals
@@ -45,7 +46,7 @@ __device__ __forceinline__ LabelKind label_kind(const L* labels, int64_t row, in
 template <typename T, typename L>
 __global__ void softmax_cross_entropy_rows(const T* x, const L* labels, T* y, T* loss, int64_t rows, int64_t classes,
                                            int64_t ignore) {
-  __shared__ float shared[kBlock];
+  __shared__ float shared[kBlock / kWarp];  // block_reduce's
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = x + r * classes;
     T* yr = y + r * classes;
