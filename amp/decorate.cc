@@ -4,6 +4,7 @@
 #include <map>
 #include <set>
 
+#include "amp/fold_casts.h"
 #include "amp/rewrite.h"
 #include "runtime/autodiff.h"
 #include "runtime/check.h"
@@ -21,6 +22,7 @@ class Decorated final : public optim::Optimizer {
 
   optim::TrainProgram minimize(Program& p, const std::string& loss, const optim::GradSyncPass& sync) override {
     rewrite(p, o_.lists, o_.low_dtype);
+    if (o_.fold_casts) fold_widening_casts(p);
     declare_scaler_state(p, o_.scaler);
     seed_loss_gradient(p, loss, ScalerVars::scale);
     BackwardResult bw = append_backward(p, loss);

@@ -6,7 +6,8 @@
 //   auto train = opt->minimize(program, loss, collective::grad_allreduce_pass(sync));
 //
 // The decorated optimizer's minimize() runs the AMP passes around the wrapped
-// optimizer: amp::rewrite (casts), the loss gradient seeded with the loss scale,
+// optimizer: amp::rewrite (casts), amp::fold_widening_casts (the casts that
+// softmax and cross-entropy do not need), the loss gradient seeded with the loss scale,
 // autodiff, the gradient sync pass, the unscale of each gradient bucket right
 // after its all-reduce completes (fused with the cast to FP32 when the bucket
 // is FP16), the all-reduce of found_inf with its provenance (which parameters
@@ -49,6 +50,10 @@ struct AmpOptions {
   AmpLists lists = AmpLists::defaults();
   LossScalerConfig scaler = preset("paddle");
   DType low_dtype = DType::f16;
+  /// Run amp::fold_widening_casts after amp::rewrite (amp/fold_casts.h): the
+  /// same values, without FP32 copies of softmax and cross-entropy inputs.
+  /// Off: amp::rewrite's program as Paddle makes it (--no-fold-casts).
+  bool fold_casts = true;
   std::optional<InjectOverflow> inject;
   /// Ranks the overflow-provenance mask has room for (c_allreduce_found_inf);
   /// the trainer passes its world size.

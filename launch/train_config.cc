@@ -71,6 +71,7 @@ std::vector<std::pair<std::string, std::string>> TrainConfig::fingerprint_fields
           {"synthetic-features", data == "synthetic" ? num(synthetic_features) : "-"},
           {"synthetic-classes", data == "synthetic" ? num(synthetic_classes) : "-"},
           {"inject-overflow", inject_overflow},
+          {"fold-casts", fold_casts ? "on" : "off"},
           {"amp-white-list", list(amp_white_list)},
           {"amp-black-list", list(amp_black_list)},
           {"seed", num(seed)},
@@ -206,6 +207,10 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
   app.add_option("--min-loss-scaling", c.min_loss_scaling, "smallest loss scale")->check(kPositive);
   app.add_option("--on-min-scale", c.on_min_scale, "what to do after many skipped steps at the minimum scale")
       ->check(CLI::IsMember({"error", "continue"}));
+  app.add_flag("!--no-fold-casts", c.fold_casts,
+               "amp: keep the FP32 casts amp::rewrite puts before softmax and softmax_with_cross_entropy, as "
+               "Paddle does (by default those ops read the FP16 values directly: the same results, less memory "
+               "traffic)");
   app.add_option("--amp-white-list", c.amp_white_list, "ops to run in FP16, comma separated")->delimiter(',')
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_option("--amp-black-list", c.amp_black_list, "ops to keep in FP32, comma separated")->delimiter(',')

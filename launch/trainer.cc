@@ -324,6 +324,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   if (use_amp) {
     amp::AmpOptions ao;
     ao.lists = amp::AmpLists::defaults().with_custom(c.amp_white_list, c.amp_black_list);
+    ao.fold_casts = c.fold_casts;
     ao.scaler = scaler_config(c);
     ao.inject = inject_from(c);
     ao.world_size = world;

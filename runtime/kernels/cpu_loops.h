@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "runtime/check.h"
 #include "runtime/tensor.h"
@@ -52,6 +53,41 @@ inline void store_floats(const float* src, T* dst, int64_t n) {
   } else {
     half_bulk::f32_to_bf16(src, reinterpret_cast<uint16_t*>(dst), m);
   }
+}
+
+// Row kernels (softmax, cross-entropy) run their float row functions on rows
+// of any floating storage through these three: a row is widened in one bulk
+// conversion, computed in float, and narrowed in one, instead of converting
+// each value on every one of the row function's passes.
+
+/// The n values at src as floats: src itself for float storage, else widened into buf.
+template <typename T>
+const float* widened_row(const T* src, int64_t n, std::vector<float>& buf) {
+  if constexpr (std::is_same_v<T, float>) {
+    return src;
+  } else {
+    buf.resize(static_cast<size_t>(n));
+    load_floats(src, buf.data(), n);
+    return buf.data();
+  }
+}
+
+/// Where to compute n float results bound for dst: dst itself for float
+/// storage, else buf (then narrowed_row stores them).
+template <typename T>
+float* float_row_for(T* dst, int64_t n, std::vector<float>& buf) {
+  if constexpr (std::is_same_v<T, float>) {
+    return dst;
+  } else {
+    buf.resize(static_cast<size_t>(n));
+    return buf.data();
+  }
+}
+
+/// Stores the n results computed at float_row_for(dst, ...) into dst.
+template <typename T>
+void narrowed_row(const float* computed, T* dst, int64_t n) {
+  if constexpr (!std::is_same_v<T, float>) store_floats(computed, dst, n);
 }
 
 /// out[i] = op(x[i]) for T in/out of the same dtype (out may alias x).

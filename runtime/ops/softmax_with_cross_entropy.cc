@@ -1,7 +1,7 @@
 // softmax_with_cross_entropy (hard labels): Logits [..., C] of any float dtype,
 // Label i64 (or i32) [..., 1] or [...]; outputs Softmax [..., C] and Loss
-// [..., 1], both in Logits' dtype (FP32 under AMP: the op is on the black list,
-// so amp::rewrite feeds it FP32 logits). Per row, in FP32:
+// [..., 1], both in Logits' dtype or, with attr out_dtype "f32", in FP32 (see
+// below; under AMP the op is on the black list and runs in FP32). Per row, in FP32:
 //   loss = log(sum exp(x - max)) + max - x[label]   (runtime/kernels/softmax_row.h)
 // Rows whose label equals attr ignore_index (default -100, as in PyTorch) get
 // loss 0 and gradient 0. Any other label outside [0, C) is an error naming the
@@ -10,13 +10,21 @@
 // Loss@GRAD[row], from the saved Softmax. A gradient arriving at the Softmax
 // output is ignored, as in Paddle: Softmax is a by-product for the grad and
 // for metrics, not a differentiable output.
+//
+// Attr out_dtype "f32" (amp::fold_widening_casts, runtime/ops/widening.h): FP16
+// or BF16 Logits give FP32 Softmax and Loss, the values the op computes on
+// cast(Logits, f32); the grad then writes Logits@GRAD in Logits' dtype (attr
+// x_grad_dtype).
+#include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "runtime/check.h"
 #include "runtime/kernels/cpu_loops.h"
 #include "runtime/kernels/softmax_row.h"
 #include "runtime/op_registry.h"
 #include "runtime/ops/cross_entropy_shapes.h"
+#include "runtime/ops/widening.h"
 
 namespace mix {
 namespace {
@@ -42,8 +50,9 @@ void infer_swce(Program& p, OpDesc& op) {
   check_label_shape(logits.shape, label.shape);
   Shape loss_shape(logits.shape.begin(), logits.shape.end() - 1);
   loss_shape.push_back(1);
-  declare_var(p, op.out("Softmax"), logits.shape, logits.dtype);
-  declare_var(p, op.out("Loss"), loss_shape, logits.dtype);
+  const DType out = widening::out_dtype(op, logits.dtype);
+  declare_var(p, op.out("Softmax"), logits.shape, out);
+  declare_var(p, op.out("Loss"), loss_shape, out);
 }
 
 int64_t label_at(const Tensor& label, int64_t i) {
@@ -71,23 +80,27 @@ void swce_cpu(OpContext& ctx) {
   const int64_t ignore = ctx.attr<int64_t>("ignore_index", -100);
   // Validate every label before writing anything, so an error leaves no half-written outputs.
   for (int64_t i = 0; i < d.rows; ++i) checked_label(label, i, d.classes, ignore);
-  Tensor& softmax = ctx.out("Softmax", logits.shape(), logits.dtype());
-  Tensor& loss = ctx.out("Loss", loss_shape_of(logits.shape()), logits.dtype());
-  cpu::dispatch_floating(logits.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    const T* x = logits.data<T>();
-    T* y = softmax.data<T>();
-    T* l = loss.data<T>();
+  const DType out = widening::out_dtype(ctx.op, logits.dtype());
+  Tensor& softmax = ctx.out("Softmax", logits.shape(), out);
+  Tensor& loss = ctx.out("Loss", loss_shape_of(logits.shape()), out);
+  widening::dispatch(logits.dtype(), out, [&](auto x_tag, auto y_tag) {
+    using X = decltype(x_tag);
+    using Y = decltype(y_tag);
+    const X* x = logits.data<X>();
+    Y* y = softmax.data<Y>();
+    Y* l = loss.data<Y>();
+    std::vector<float> xbuf, ybuf;  // a row as floats, for FP16/BF16 storage (cpu::widened_row)
     for (int64_t i = 0; i < d.rows; ++i) {
       const int64_t lab = checked_label(label, i, d.classes, ignore);
-      const T* xr = x + i * d.classes;
-      T* yr = y + i * d.classes;
+      const float* xr = cpu::widened_row(x + i * d.classes, d.classes, xbuf);
+      float* yr = cpu::float_row_for(y + i * d.classes, d.classes, ybuf);
       if (lab < 0) {
         fn::softmax_row(xr, yr, d.classes);
-        l[i] = from_float<T>(0.f);
+        l[i] = from_float<Y>(0.f);
       } else {
-        l[i] = from_float<T>(fn::softmax_cross_entropy_row(xr, yr, d.classes, lab));
+        l[i] = from_float<Y>(fn::softmax_cross_entropy_row(xr, yr, d.classes, lab));
       }
+      cpu::narrowed_row(yr, y + i * d.classes, d.classes);
     }
   });
 }
@@ -100,19 +113,22 @@ void swce_grad_cpu(OpContext& ctx) {
   MIX_CHECK(dloss.numel() == d.rows, kOp << "_grad: Loss@GRAD " << shape_str(dloss.shape()) << " does not hold one value per row ("
                                          << d.rows << " rows)");
   const int64_t ignore = ctx.attr<int64_t>("ignore_index", -100);
-  Tensor& dx = ctx.out("Logits@GRAD", softmax.shape(), softmax.dtype());
-  cpu::dispatch_floating(softmax.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    const T* y = softmax.data<T>();
-    T* g = dx.data<T>();
+  Tensor& dx = ctx.out("Logits@GRAD", softmax.shape(), widening::x_grad_dtype(ctx.op, softmax.dtype()));
+  widening::dispatch(dx.dtype(), softmax.dtype(), [&](auto dx_tag, auto y_tag) {
+    using DX = decltype(dx_tag);
+    const auto* y = softmax.data<decltype(y_tag)>();
+    DX* g = dx.data<DX>();
+    std::vector<float> ybuf, gbuf;
     for (int64_t i = 0; i < d.rows; ++i) {
       const int64_t lab = checked_label(label, i, d.classes, ignore);
-      T* gr = g + i * d.classes;
+      float* gr = cpu::float_row_for(g + i * d.classes, d.classes, gbuf);
       if (lab < 0) {
-        for (int64_t k = 0; k < d.classes; ++k) gr[k] = from_float<T>(0.f);
+        std::fill(gr, gr + d.classes, 0.f);
       } else {
-        fn::softmax_cross_entropy_grad_row(y + i * d.classes, gr, d.classes, lab, dloss.item_float(i));
+        const float* yr = cpu::widened_row(y + i * d.classes, d.classes, ybuf);
+        fn::softmax_cross_entropy_grad_row(yr, gr, d.classes, lab, dloss.item_float(i));
       }
+      cpu::narrowed_row(gr, g + i * d.classes, d.classes);
     }
   });
 }
@@ -124,7 +140,7 @@ std::vector<OpDesc> swce_grad_maker(const OpDesc& fwd, GradContext& g) {
   if (dx.empty()) return {};
   return {make_op("softmax_with_cross_entropy_grad",
                   {{"Softmax", {fwd.out("Softmax")}}, {"Label", {fwd.in("Label")}}, {"Loss@GRAD", {dloss}}},
-                  {{"Logits@GRAD", {dx}}}, fwd.attrs)};
+                  {{"Logits@GRAD", {dx}}}, widening::grad_attrs(fwd, g.program, fwd.in("Logits"), fwd.out("Softmax")))};
 }
 
 MIX_REGISTER_OP("softmax_with_cross_entropy", OpInfo{infer_swce, swce_cpu, {}, swce_grad_maker});

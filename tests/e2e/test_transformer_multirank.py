@@ -111,13 +111,17 @@ def main():
                     f"std {np.std(t['transformer.wte.weight']):.4f}")
 
     # ---- 5: where the attention softmax runs ---------------------------------------------------------
-    for extra, dtype, what in (([], "f32", "default lists: the causal softmax runs in FP32 on a cast of FP16 scores"),
-                               (["--amp-white-list", "softmax"], "f16", "--amp-white-list softmax: FP16, no cast")):
+    for extra, dtype, want_input, what in (
+            ([], "f32", "scores)", "default lists: the causal softmax runs in FP32, reading the FP16 scores "
+                                   "(out_dtype f32, no cast)"),
+            (["--no-fold-casts"], "f32", "scores.cast_fp32)", "--no-fold-casts: FP32 on a cast of the FP16 scores"),
+            (["--amp-white-list", "softmax"], "f16", "scores)", "--amp-white-list softmax: FP16, no cast")):
         r = mt.mixtrain([*TINY, "--data", "synthetic", "--print-program", *extra])
         lines = [l for l in r.stdout.splitlines() if re.search(r"= softmax\(", l)]
-        want_input = "scores.cast_fp32" if dtype == "f32" else "scores)"
+        folded = not extra
         c.check(r.rc == 0 and len(lines) == 2 and all(f".att:{dtype}[" in l and want_input in l and "causal=true" in l
-                                                      for l in lines), what, "; ".join(lines)[:400])
+                                                      and ('out_dtype="f32"' in l) == folded for l in lines),
+                what, "; ".join(lines)[:400])
 
     # ---- 6: bad input ----------------------------------------------------------------------------------
     empty = d / "no_text"

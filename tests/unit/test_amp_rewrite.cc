@@ -9,32 +9,14 @@
 #include "models/model.h"
 #include "runtime/check.h"
 #include "runtime/op_registry.h"
+#include "tests/unit/amp_test_programs.h"
 
 using namespace mix;
+using mix::testing::cast_outputs;
+using mix::testing::producer_of;
+using mix::testing::small_mlp;
 
 namespace {
-
-models::Model small_mlp() {
-  models::MlpConfig c;
-  c.in_features = 12;
-  c.hidden = {8};
-  c.num_classes = 4;
-  return models::build_mlp(c);
-}
-
-/// The op that writes `var`, which must exist.
-const OpDesc& producer_of(const Program& p, const std::string& var) {
-  auto i = p.producer(var);
-  REQUIRE(i.has_value());
-  return p.ops()[*i];
-}
-
-std::vector<std::string> cast_outputs(const Program& p) {
-  std::vector<std::string> r;
-  for (auto& op : p.ops())
-    if (op.type == "cast") r.push_back(op.out("Out"));
-  return r;
-}
 
 size_t index_of_op(const Program& p, const std::string& type, const std::string& output) {
   for (size_t i = 0; i < p.ops().size(); ++i)

@@ -5,7 +5,9 @@
 // Tensor::to), in FP32, FP16 and BF16 (and integer dtypes for the copies),
 // with the model's shapes: [B=2, T=16, D=64] activations, [2, 16, 4, 16]
 // heads, a vocabulary of 300 with duplicate ids, causal scores [2, 4, 16, 16]
-// and a T < S case.
+// and a T < S case. Last, softmax and softmax_with_cross_entropy reading
+// FP16/BF16 with out_dtype "f32" (amp::fold_widening_casts) against the same
+// kernels on the input cast to FP32, bit for bit, on the GPU.
 //
 // How close the two must be follows from how each kernel computes (the reason
 // is stated at each comparison):
@@ -51,6 +53,7 @@
 #include "runtime/tensor.h"
 #include "tests/unit/cuda_compare.h"
 #include "tests/unit/gradcheck.h"
+#include "tests/unit/widening_check.h"
 
 using namespace mix;
 using namespace mix::testing;
@@ -625,4 +628,23 @@ TEST_CASE("causal softmax and its gradient match the CPU and a double reference;
       expect_exact_zeros(rg.gpu.at("dx"), masked, "causal softmax_grad masked keys (GPU) " + what);
       expect_exact_zeros(rg.cpu.at("dx"), masked, "causal softmax_grad masked keys (CPU) " + what);
     }
+}
+
+// ---- out_dtype f32 (amp::fold_widening_casts) ------------------------------------------------
+
+TEST_CASE("softmax and cross-entropy with out_dtype f32 on the GPU: the values of the op on the FP32 cast",
+          "[cuda][softmax][cross_entropy][fold]") {
+  require_gpu();
+  // On one device both sides run the same kernel code, with the same group
+  // size per row, on the same widened values, so they must agree bit for bit
+  // (tests/unit/widening_check.h). The shapes take both the warp-per-row and
+  // the block-per-row paths of softmax and of the cross-entropy gradient
+  // (1024 columns and fewer, and more), causal rows, and an ignored label.
+  for (DType narrow : {DType::f16, DType::bf16}) {
+    for (const Shape& s : {Shape{7, 10}, Shape{33, 257}, Shape{4, 1100}, Shape{2, 3, 64}})
+      check_widening_softmax(kGpu, narrow, s, false);
+    for (const Shape& s : {Shape{2, 4, 16, 16}, Shape{1, 3, 1100}}) check_widening_softmax(kGpu, narrow, s, true);
+    for (const Shape& s : {Shape{64, 10}, Shape{16, 1000}, Shape{5, 3, 300}, Shape{4, 3000}})
+      check_widening_cross_entropy(kGpu, narrow, s);
+  }
 }

@@ -1,7 +1,12 @@
-// CUDA kernels of softmax_with_cross_entropy (hard labels) and its grad: one
-// block per row (softmax_row<kBlock>: class rows are vocabulary-wide), the
-// loss from fn::cross_entropy_loss and the gradient from
-// fn::softmax_cross_entropy_grad_elem (runtime/kernels/softmax_row.h).
+// CUDA kernels of softmax_with_cross_entropy (hard labels) and its grad. The
+// forward gives each row a block (softmax_row<kBlock>: class rows are
+// vocabulary-wide) and takes the loss from fn::cross_entropy_loss; the grad
+// gives each row a RowGroup (a warp for rows of up to 1024 classes, else a
+// block), which reads the row's label and Loss@GRAD once and writes
+// fn::softmax_cross_entropy_grad_elem along the row
+// (runtime/kernels/softmax_row.h). Attr out_dtype "f32" (runtime/ops/
+// widening.h): FP16/BF16 Logits, FP32 Softmax and Loss, and Logits@GRAD in
+// Logits' dtype, as in the CPU kernels.
 //
 // Labels live on the GPU, so they cannot be validated before the kernel
 // without a host round trip inside the step. Rows whose label equals
@@ -16,6 +21,7 @@
 #include "runtime/kernels/softmax_row.h"
 #include "runtime/ops/cross_entropy_shapes.h"
 #include "runtime/ops/cuda/device_ops.cuh"
+#include "runtime/ops/widening.h"
 
 namespace mix::cuda {
 namespace {
@@ -43,57 +49,59 @@ __device__ __forceinline__ LabelKind label_kind(const L* labels, int64_t row, in
 
 // ---- kernels -------------------------------------------------------------------------
 
-template <typename T, typename L>
-__global__ void softmax_cross_entropy_rows(const T* x, const L* labels, T* y, T* loss, int64_t rows, int64_t classes,
+template <typename X, typename Y, typename L>
+__global__ void softmax_cross_entropy_rows(const X* x, const L* labels, Y* y, Y* loss, int64_t rows, int64_t classes,
                                            int64_t ignore) {
   __shared__ float shared[kBlock / kWarp];  // block_reduce's
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const T* xr = x + r * classes;
-    T* yr = y + r * classes;
+    const X* xr = x + r * classes;
+    Y* yr = y + r * classes;
     const RowSoftmax row = softmax_row<kBlock>(xr, yr, classes, shared);
     const float m = row.max, s = row.sum;
     if (threadIdx.x == 0) {
       int64_t label = 0;
       switch (label_kind(labels, r, classes, ignore, label)) {
         case LabelKind::valid:
-          loss[r] = from_float<T>(fn::cross_entropy_loss(s, m, to_float(xr[label])));
+          loss[r] = from_float<Y>(fn::cross_entropy_loss(s, m, to_float(xr[label])));
           break;
         case LabelKind::ignored:
-          loss[r] = from_float<T>(0.f);
+          loss[r] = from_float<Y>(0.f);
           break;
         case LabelKind::invalid:
-          loss[r] = from_float<T>(NAN);
+          loss[r] = from_float<Y>(NAN);
           break;
       }
     }
   }
 }
 
-/// One element of Logits@GRAD: (softmax - onehot) * Loss@GRAD[row].
-template <typename T, typename L>
-struct CrossEntropyGrad {
-  const T* y;
-  const L* labels;
-  ScalarRef dloss;  // Loss@GRAD, one value per row, any floating dtype
-  T* dx;
-  int64_t classes, ignore;
-  __device__ void operator()(int64_t i) const {
-    const int64_t row = i / classes;
+/// Logits@GRAD = (softmax - onehot) * Loss@GRAD[row], a row per
+/// RowGroup<kThreads>: the label and Loss@GRAD (`dloss`, any floating dtype)
+/// are read once per row, and no thread divides by the row length.
+template <typename Y, typename DX, typename L, int kThreads>
+__global__ void softmax_cross_entropy_grad_rows(const Y* y, const L* labels, ScalarRef dloss, DX* dx, int64_t rows,
+                                                int64_t classes, int64_t ignore) {
+  using G = RowGroup<kThreads>;
+  for (int64_t r = G::first_row(); r < rows; r += G::row_stride()) {
+    const Y* yr = y + r * classes;
+    DX* dxr = dx + r * classes;
     int64_t label = 0;
-    switch (label_kind(labels, row, classes, ignore, label)) {
-      case LabelKind::valid:
-        dx[i] = from_float<T>(
-            fn::softmax_cross_entropy_grad_elem(to_float(y[i]), i - row * classes == label, load_as_float(dloss, row)));
+    switch (label_kind(labels, r, classes, ignore, label)) {
+      case LabelKind::valid: {
+        const float d = load_as_float(dloss, r);
+        for (int64_t i = G::tid(); i < classes; i += kThreads)
+          dxr[i] = from_float<DX>(fn::softmax_cross_entropy_grad_elem(to_float(yr[i]), i == label, d));
         break;
+      }
       case LabelKind::ignored:
-        dx[i] = from_float<T>(0.f);
+        for (int64_t i = G::tid(); i < classes; i += kThreads) dxr[i] = from_float<DX>(0.f);
         break;
       case LabelKind::invalid:
-        dx[i] = from_float<T>(NAN);
+        for (int64_t i = G::tid(); i < classes; i += kThreads) dxr[i] = from_float<DX>(NAN);
         break;
     }
   }
-};
+}
 
 // ---- launchers -----------------------------------------------------------------------
 
@@ -111,17 +119,19 @@ void swce_cuda(OpContext& ctx) {
   check_on_device(ctx, label, "Label");
   const Dims d = dims_of(ctx, logits, label);
   const int64_t ignore = ctx.attr<int64_t>("ignore_index", -100);
-  Tensor& softmax = ctx.out("Softmax", logits.shape(), logits.dtype());
-  Tensor& loss = ctx.out("Loss", loss_shape_of(logits.shape()), logits.dtype());
+  const DType out = widening::out_dtype(ctx.op, logits.dtype());
+  Tensor& softmax = ctx.out("Softmax", logits.shape(), out);
+  Tensor& loss = ctx.out("Loss", loss_shape_of(logits.shape()), out);
   if (d.rows == 0) return;
   const cudaStream_t stream = compute_stream(ctx);
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(d.rows, 65535));
-  dispatch_floating(logits.dtype(), [&](auto tag) {
-    using T = decltype(tag);
+  widening::dispatch(logits.dtype(), out, [&](auto x_tag, auto y_tag) {
+    using X = decltype(x_tag);
+    using Y = decltype(y_tag);
     dispatch_label(label.dtype(), [&](auto label_tag) {
       using L = decltype(label_tag);
-      softmax_cross_entropy_rows<T, L><<<blocks, kBlock, 0, stream>>>(
-          logits.data<T>(), label.data<L>(), softmax.data<T>(), loss.data<T>(), d.rows, d.classes, ignore);
+      softmax_cross_entropy_rows<X, Y, L><<<blocks, kBlock, 0, stream>>>(
+          logits.data<X>(), label.data<L>(), softmax.data<Y>(), loss.data<Y>(), d.rows, d.classes, ignore);
       MIX_CUDA_CHECK(cudaGetLastError());
     });
   });
@@ -139,15 +149,20 @@ void swce_grad_cuda(OpContext& ctx) {
                                          << " does not hold one value per row (" << d.rows << " rows)");
   MIX_CHECK(is_floating(dloss.dtype()), kOp << "_grad: Loss@GRAD is " << dtype_name(dloss.dtype()));
   const int64_t ignore = ctx.attr<int64_t>("ignore_index", -100);
-  Tensor& dx = ctx.out("Logits@GRAD", softmax.shape(), softmax.dtype());
+  Tensor& dx = ctx.out("Logits@GRAD", softmax.shape(), widening::x_grad_dtype(ctx.op, softmax.dtype()));
+  if (d.rows == 0) return;
   const cudaStream_t stream = compute_stream(ctx);
-  dispatch_floating(softmax.dtype(), [&](auto tag) {
-    using T = decltype(tag);
+  widening::dispatch(dx.dtype(), softmax.dtype(), [&](auto dx_tag, auto y_tag) {
+    using DX = decltype(dx_tag);
+    using Y = decltype(y_tag);
     dispatch_label(label.dtype(), [&](auto label_tag) {
       using L = decltype(label_tag);
-      launch_grid_stride(softmax.numel(), stream,
-                         CrossEntropyGrad<T, L>{softmax.data<T>(), label.data<L>(), scalar_ref(&dloss), dx.data<T>(),
-                                                d.classes, ignore});
+      with_row_group(d.classes, [&](auto threads) {
+        constexpr int kThreads = decltype(threads)::value;
+        softmax_cross_entropy_grad_rows<Y, DX, L, kThreads><<<row_group_blocks<kThreads>(d.rows), kBlock, 0, stream>>>(
+            softmax.data<Y>(), label.data<L>(), scalar_ref(&dloss), dx.data<DX>(), d.rows, d.classes, ignore);
+        MIX_CUDA_CHECK(cudaGetLastError());
+      });
     });
   });
 }

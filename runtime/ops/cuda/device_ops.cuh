@@ -318,11 +318,13 @@ void with_row_group(int64_t cols, F&& f) {
 /// max and sum of exponentials, which cross-entropy also needs. Every thread
 /// of the group calls it. The sum adds ceil(cols / kThreads) terms per thread
 /// in order, then the group's fixed tree (5 levels in a warp, 8 in a block).
+/// X and Y are the storage types of x and y: the same, or FP16/BF16 x with
+/// FP32 y (runtime/ops/widening.h).
 struct RowSoftmax {
   float max, sum;
 };
-template <int kThreads, typename T>
-__device__ RowSoftmax softmax_row(const T* xr, T* yr, int64_t cols, float* shared) {
+template <int kThreads, typename X, typename Y>
+__device__ RowSoftmax softmax_row(const X* xr, Y* yr, int64_t cols, float* shared) {
   using G = RowGroup<kThreads>;
   float m = -INFINITY;
   for (int64_t i = G::tid(); i < cols; i += kThreads) m = fn::max_of(m, to_float(xr[i]));
@@ -331,7 +333,7 @@ __device__ RowSoftmax softmax_row(const T* xr, T* yr, int64_t cols, float* share
   for (int64_t i = G::tid(); i < cols; i += kThreads) s = __fadd_rn(s, fn::exp_shifted(to_float(xr[i]), m));
   s = G::reduce(s, shared, AddRn{});
   const fn::SoftmaxNormalize f = fn::softmax_normalizer(m, s);
-  for (int64_t i = G::tid(); i < cols; i += kThreads) yr[i] = from_float<T>(f(to_float(xr[i])));
+  for (int64_t i = G::tid(); i < cols; i += kThreads) yr[i] = from_float<Y>(f(to_float(xr[i])));
   return {m, s};
 }
 

@@ -10,11 +10,15 @@
 // fn::softmax_row_prefix does; the grad reads and writes the same prefix and
 // zeros the rest (fn::softmax_grad_row_prefix), so a non-finite dY on a
 // masked key never reaches dX.
+//
+// Attr out_dtype "f32" (runtime/ops/widening.h): FP16/BF16 X, FP32 Out, and
+// the grad's X@GRAD in X's dtype, as in the CPU kernels.
 #include <string>
 
 #include "runtime/kernels/softmax_row.h"
 #include "runtime/ops/cuda/device_ops.cuh"
 #include "runtime/ops/softmax_shapes.h"
+#include "runtime/ops/widening.h"
 
 namespace mix::cuda {
 namespace {
@@ -29,37 +33,37 @@ __device__ __forceinline__ int64_t row_valid(int64_t r, int64_t t, int64_t cols)
 
 /// y = softmax of each row (its valid prefix; zeros after it), a row per
 /// RowGroup<kThreads>.
-template <typename T, int kThreads>
-__global__ void softmax_rows(const T* x, T* y, int64_t rows, int64_t cols, int64_t t) {
+template <typename X, typename Y, int kThreads>
+__global__ void softmax_rows(const X* x, Y* y, int64_t rows, int64_t cols, int64_t t) {
   using G = RowGroup<kThreads>;
   __shared__ float shared[kBlock / kWarp];
   for (int64_t r = G::first_row(); r < rows; r += G::row_stride()) {
-    const T* xr = x + r * cols;
-    T* yr = y + r * cols;
+    const X* xr = x + r * cols;
+    Y* yr = y + r * cols;
     const int64_t valid = row_valid(r, t, cols);
     softmax_row<kThreads>(xr, yr, valid, shared);
-    for (int64_t i = valid + G::tid(); i < cols; i += kThreads) yr[i] = from_float<T>(0.f);
+    for (int64_t i = valid + G::tid(); i < cols; i += kThreads) yr[i] = from_float<Y>(0.f);
   }
 }
 
 /// dx of each row: dot = sum(y * dy) over the valid prefix, then
-/// SoftmaxGradElem there and zeros after it.
-template <typename T, int kThreads>
-__global__ void softmax_grad_rows(const T* y, const T* dy, T* dx, int64_t rows, int64_t cols, int64_t t) {
+/// SoftmaxGradElem there and zeros after it; dx in DX (X's storage type).
+template <typename Y, typename DX, int kThreads>
+__global__ void softmax_grad_rows(const Y* y, const Y* dy, DX* dx, int64_t rows, int64_t cols, int64_t t) {
   using G = RowGroup<kThreads>;
   __shared__ float shared[kBlock / kWarp];
   for (int64_t r = G::first_row(); r < rows; r += G::row_stride()) {
-    const T* yr = y + r * cols;
-    const T* dyr = dy + r * cols;
-    T* dxr = dx + r * cols;
+    const Y* yr = y + r * cols;
+    const Y* dyr = dy + r * cols;
+    DX* dxr = dx + r * cols;
     const int64_t valid = row_valid(r, t, cols);
     float dot = 0.f;
     for (int64_t i = G::tid(); i < valid; i += kThreads)
       dot = __fadd_rn(dot, fn::softmax_grad_dot_term(to_float(yr[i]), to_float(dyr[i])));
     dot = G::reduce(dot, shared, AddRn{});
     const fn::SoftmaxGradElem f{dot};
-    for (int64_t i = G::tid(); i < valid; i += kThreads) dxr[i] = from_float<T>(f(to_float(yr[i]), to_float(dyr[i])));
-    for (int64_t i = valid + G::tid(); i < cols; i += kThreads) dxr[i] = from_float<T>(0.f);
+    for (int64_t i = G::tid(); i < valid; i += kThreads) dxr[i] = from_float<DX>(f(to_float(yr[i]), to_float(dyr[i])));
+    for (int64_t i = valid + G::tid(); i < cols; i += kThreads) dxr[i] = from_float<DX>(0.f);
   }
 }
 
@@ -74,15 +78,16 @@ void softmax_cuda(OpContext& ctx) {
   const Tensor x = ctx.in("X");  // by value: Out may replace X's scope entry
   check_on_device(ctx, x, "X");
   const Rows r = rows_of(ctx.op, x.shape(), "X");
-  Tensor& out = ctx.out("Out", x.shape(), x.dtype());
+  Tensor& out = ctx.out("Out", x.shape(), widening::out_dtype(ctx.op, x.dtype()));
   if (r.rows == 0) return;
   const cudaStream_t stream = compute_stream(ctx);
-  dispatch_floating(x.dtype(), [&](auto tag) {
-    using T = decltype(tag);
+  widening::dispatch(x.dtype(), out.dtype(), [&](auto x_tag, auto y_tag) {
+    using X = decltype(x_tag);
+    using Y = decltype(y_tag);
     with_row_group(r.cols, [&](auto threads) {
       constexpr int kThreads = decltype(threads)::value;
-      softmax_rows<T, kThreads>
-          <<<row_group_blocks<kThreads>(r.rows), kBlock, 0, stream>>>(x.data<T>(), out.data<T>(), r.rows, r.cols, r.t);
+      softmax_rows<X, Y, kThreads>
+          <<<row_group_blocks<kThreads>(r.rows), kBlock, 0, stream>>>(x.data<X>(), out.data<Y>(), r.rows, r.cols, r.t);
       MIX_CUDA_CHECK(cudaGetLastError());
     });
   });
@@ -96,15 +101,16 @@ void softmax_grad_cuda(OpContext& ctx) {
   check_on_device(ctx, y, "Out");
   check_on_device(ctx, dy, "Out@GRAD");
   const Rows r = rows_of(ctx.op, y.shape(), "Out");
-  Tensor& dx = ctx.out("X@GRAD", y.shape(), y.dtype());
+  Tensor& dx = ctx.out("X@GRAD", y.shape(), widening::x_grad_dtype(ctx.op, y.dtype()));
   if (r.rows == 0) return;
   const cudaStream_t stream = compute_stream(ctx);
-  dispatch_floating(y.dtype(), [&](auto tag) {
-    using T = decltype(tag);
+  widening::dispatch(dx.dtype(), y.dtype(), [&](auto dx_tag, auto y_tag) {
+    using DX = decltype(dx_tag);
+    using Y = decltype(y_tag);
     with_row_group(r.cols, [&](auto threads) {
       constexpr int kThreads = decltype(threads)::value;
-      softmax_grad_rows<T, kThreads><<<row_group_blocks<kThreads>(r.rows), kBlock, 0, stream>>>(
-          y.data<T>(), dy.data<T>(), dx.data<T>(), r.rows, r.cols, r.t);
+      softmax_grad_rows<Y, DX, kThreads><<<row_group_blocks<kThreads>(r.rows), kBlock, 0, stream>>>(
+          y.data<Y>(), dy.data<Y>(), dx.data<DX>(), r.rows, r.cols, r.t);
       MIX_CUDA_CHECK(cudaGetLastError());
     });
   });

@@ -1,0 +1,217 @@
+// amp::fold_widening_casts (amp/fold_casts.h): which casts it removes and which
+// it keeps, that the ops it feeds FP16 values compute what they computed on
+// the FP32 casts bit for bit (tests/unit/widening_check.h, here on the CPU),
+// and that whole AMP training steps of the MLP and the Transformer give
+// bit-identical losses and parameters with and without the pass.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "amp/decorate.h"
+#include "amp/fold_casts.h"
+#include "amp/rewrite.h"
+#include "collective/communicator.h"
+#include "collective/grad_allreduce_pass.h"
+#include "models/model.h"
+#include "runtime/check.h"
+#include "runtime/executor.h"
+#include "runtime/init.h"
+#include "runtime/optim/optimizer.h"
+#include "runtime/random.h"
+#include "tests/unit/amp_test_programs.h"
+#include "tests/unit/widening_check.h"
+
+using namespace mix;
+
+namespace {
+
+const models::TransformerConfig kTinyTransformer{.layers = 2, .d_model = 16, .heads = 2, .context = 8, .vocab = 32};
+
+using mix::testing::producer_of;
+using mix::testing::small_mlp;
+
+/// The program's casts, by output name.
+std::multiset<std::string> casts_of(const Program& p) {
+  const std::vector<std::string> v = mix::testing::cast_outputs(p);
+  return {v.begin(), v.end()};
+}
+
+}  // namespace
+
+TEST_CASE("fold_widening_casts: softmax and cross-entropy read the FP16 values; no other cast moves", "[amp][fold]") {
+  SECTION("MLP: the logits") {
+    models::Model m = small_mlp();
+    amp::rewrite(m.program, amp::AmpLists::defaults());
+    const std::multiset<std::string> before = casts_of(m.program);
+    const size_t ops_before = m.program.ops().size();
+    CHECK(amp::fold_widening_casts(m.program) == 1);
+    const Program& p = m.program;
+    std::multiset<std::string> want = before;
+    want.erase("logits.cast_fp32");
+    CHECK(casts_of(p) == want);
+    CHECK(p.ops().size() == ops_before - 1);
+    const OpDesc& xent = producer_of(p, "loss.per_example");
+    CHECK(xent.in("Logits") == "logits");
+    CHECK(xent.attr<std::string>("out_dtype", "") == "f32");
+    CHECK(p.var("logits").dtype == DType::f16);
+    // Still FP32 outputs, as the black list says: the loss, and the softmax backward reads.
+    CHECK(p.var("loss.per_example").dtype == DType::f32);
+    CHECK(p.var("logits.softmax").dtype == DType::f32);
+    CHECK(p.var("loss").dtype == DType::f32);
+    // Running it again finds nothing left to fold.
+    CHECK(amp::fold_widening_casts(m.program) == 0);
+  }
+  SECTION("Transformer: each layer's attention scores and the logits") {
+    models::Model m = models::build_transformer(kTinyTransformer);
+    amp::rewrite(m.program, amp::AmpLists::defaults());
+    const std::multiset<std::string> before = casts_of(m.program);
+    CHECK(amp::fold_widening_casts(m.program) == kTinyTransformer.layers + 1);
+    const Program& p = m.program;
+    std::multiset<std::string> want = before;
+    want.erase("logits.cast_fp32");
+    for (int l = 0; l < kTinyTransformer.layers; ++l) {
+      const std::string h = "transformer.h." + std::to_string(l) + ".attn.";
+      want.erase(h + "scores.cast_fp32");
+      const OpDesc& sm = producer_of(p, h + "att");
+      CHECK(sm.in("X") == h + "scores");
+      CHECK(sm.attr<std::string>("out_dtype", "") == "f32");
+      CHECK(sm.attr<bool>("causal", false));
+      CHECK(p.var(h + "att").dtype == DType::f32);
+      // The probabilities still reach the next (white) matmul through an FP16 cast.
+      CHECK(producer_of(p, h + "context").in("X") == h + "att.cast_fp16");
+    }
+    CHECK(casts_of(p) == want);
+    CHECK(producer_of(p, "loss.per_example").in("Logits") == "logits");
+  }
+  SECTION("BF16 casts fold as FP16 ones do") {
+    models::Model m = small_mlp();
+    amp::rewrite(m.program, amp::AmpLists::defaults(), DType::bf16);
+    CHECK(amp::fold_widening_casts(m.program) == 1);
+    CHECK(producer_of(m.program, "loss.per_example").in("Logits") == "logits");
+    CHECK(m.program.var("logits").dtype == DType::bf16);
+  }
+}
+
+TEST_CASE("fold_widening_casts keeps casts that another op reads, or that no widening slot reads", "[amp][fold]") {
+  Program p;
+  p.add_var(VarDesc{"x", {-1, 4}, DType::f32, false, false, true, {}});
+  p.add_var(VarDesc{"w", {4, 4}, DType::f32, true, true, false, {}});
+  p.append_op(make_op("mul", {{"X", {"x"}}, {"Y", {"w"}}}, {{"Out", {"a"}}}));  // white: FP16 a
+  p.append_op(make_op("softmax", {{"X", {"a"}}}, {{"Out", {"b"}}}));            // black: reads a.cast_fp32
+  p.append_op(make_op("tanh", {{"X", {"a"}}}, {{"Out", {"t"}}}));               // unlisted: FP32, reads a.cast_fp32 too
+  p.append_op(make_op("elementwise_add", {{"X", {"b"}}, {"Y", {"t"}}}, {{"Out", {"c"}}}));
+  amp::AmpLists lists = amp::AmpLists::defaults();
+  lists.gray.erase("tanh");
+  amp::rewrite(p, lists);
+  REQUIRE(producer_of(p, "b").in("X") == "a.cast_fp32");
+  REQUIRE(producer_of(p, "t").in("X") == "a.cast_fp32");
+  // tanh needs the FP32 copy anyway, so softmax keeps reading it.
+  CHECK(amp::fold_widening_casts(p) == 0);
+  CHECK(producer_of(p, "b").in("X") == "a.cast_fp32");
+  CHECK_FALSE(producer_of(p, "b").has_attr("out_dtype"));
+
+  // With softmax in the custom white list there is no cast to fold.
+  models::Model m = models::build_transformer(kTinyTransformer);
+  amp::rewrite(m.program, amp::AmpLists::defaults().with_custom({"softmax"}, {}));
+  CHECK(amp::fold_widening_casts(m.program) == 1);  // the logits only
+  CHECK(m.program.var("transformer.h.0.attn.att").dtype == DType::f16);
+}
+
+TEST_CASE("out_dtype and x_grad_dtype refuse narrowing", "[amp][fold]") {
+  Program p;
+  p.add_var(VarDesc{"x", {2, 3}, DType::f32, false, false, true, {}});
+  try {
+    p.append_op(make_op("softmax", {{"X", {"x"}}}, {{"Out", {"y"}}}, {{"out_dtype", std::string("f16")}}));
+    FAIL("no error for softmax with out_dtype f16 on an f32 X");
+  } catch (const Error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("out_dtype f16") && Catch::Contains("f32 input"));
+  }
+}
+
+TEST_CASE("softmax and cross-entropy with out_dtype f32 on the CPU: the values of the op on the FP32 cast",
+          "[amp][fold][softmax]") {
+  for (DType narrow : {DType::f16, DType::bf16}) {
+    for (const Shape& s : {Shape{7, 10}, Shape{2, 3, 64}, Shape{4, 1100}, Shape{1, 1}})
+      mix::testing::check_widening_softmax(cpu_device(), narrow, s, false);
+    for (const Shape& s : {Shape{2, 3, 8}, Shape{1, 3, 20}})
+      mix::testing::check_widening_softmax(cpu_device(), narrow, s, true);
+    for (const Shape& s : {Shape{16, 10}, Shape{3, 5, 300}, Shape{4, 2000}})
+      mix::testing::check_widening_cross_entropy(cpu_device(), narrow, s);
+  }
+}
+
+namespace {
+
+/// A model's AMP training program with or without the pass, run for `steps`
+/// momentum-SGD steps on fixed random batches from the same initial state.
+struct AmpRun {
+  models::Model model;
+  optim::TrainProgram train;
+  Scope scope;
+  std::vector<float> losses;
+
+  AmpRun(models::Model m, bool fold, int steps) : model(std::move(m)) {
+    amp::AmpOptions o;
+    o.fold_casts = fold;
+    std::unique_ptr<optim::Optimizer> opt = amp::decorate(optim::make_momentum(0.9), o);
+    collective::GradSyncOptions sync;
+    sync.mode = collective::GradReduce::fp16;
+    train = opt->minimize(model.program, model.loss, collective::grad_allreduce_pass(sync));
+    initialize_persistables(model.program, scope, 5);
+    scope.get(optim::kLearningRate).data<float>()[0] = 0.05f;
+    auto comm = collective::make_local_communicator();
+    const int64_t batch = 3;
+    Rng rng(6);
+    for (int s = 1; s <= steps; ++s) {
+      Shape in_shape{batch}, label_shape{batch};
+      in_shape.insert(in_shape.end(), model.example_shape.begin(), model.example_shape.end());
+      label_shape.insert(label_shape.end(), model.label_shape.begin(), model.label_shape.end());
+      const auto classes = static_cast<uint64_t>(model.num_classes);
+      if (model.input_dtype == DType::i64) {
+        std::vector<int64_t> ids(static_cast<size_t>(shape_numel(in_shape)));
+        for (auto& v : ids) v = static_cast<int64_t>(rng.below(classes));
+        scope.set(model.input, mix::testing::i64_tensor(in_shape, ids));
+      } else {
+        scope.set(model.input, mix::testing::uniform_tensor(in_shape, 100 + static_cast<uint64_t>(s)));
+      }
+      std::vector<int64_t> labels(static_cast<size_t>(shape_numel(label_shape)));
+      for (auto& v : labels) v = static_cast<int64_t>(rng.below(classes));
+      scope.set(model.label, mix::testing::i64_tensor(label_shape, labels));
+      ExecEnv env;
+      env.comm = comm.get();
+      env.step = s;
+      Executor(model.program, {model.loss, train.found_inf}).run(scope, env);
+      REQUIRE(scope.get(train.found_inf).item_float() == 0.f);  // every step applied: the parameters move
+      losses.push_back(scope.get(model.loss).item_float());
+    }
+  }
+};
+
+void check_same_training(const std::function<models::Model()>& build, int expected_folds) {
+  AmpRun folded(build(), true, 4), plain(build(), false, 4);
+  CHECK(casts_of(plain.model.program).size() - casts_of(folded.model.program).size() ==
+        static_cast<size_t>(2 * expected_folds));  // each folded cast and the cast of its gradient
+  CHECK(folded.losses == plain.losses);
+  CHECK(folded.losses.front() != folded.losses.back());
+  for (const std::string& name : folded.model.program.parameters()) {
+    INFO(name);
+    const Tensor& a = folded.scope.get(name);
+    const Tensor& b = plain.scope.get(name);
+    REQUIRE(a.bytes() == b.bytes());
+    CHECK(std::memcmp(a.raw(), b.raw(), a.bytes()) == 0);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("AMP training with folded casts is bit-identical to training with the casts", "[amp][fold]") {
+  SECTION("MLP") { check_same_training(small_mlp, 1); }
+  SECTION("Transformer") {
+    check_same_training([] { return models::build_transformer(kTinyTransformer); }, kTinyTransformer.layers + 1);
+  }
+}

@@ -1,0 +1,103 @@
+#pragma once
+// The contract of out_dtype / x_grad_dtype (runtime/ops/widening.h), checked
+// on one device: softmax and softmax_with_cross_entropy reading an FP16/BF16
+// input with out_dtype "f32" give, bit for bit, what the FP32 op gives on the
+// input cast to FP32; their gradients with x_grad_dtype give the FP32
+// gradient cast back. Exact equality is the claim amp::fold_widening_casts
+// rests on (widening is exact, and both sides round the gradient once, to
+// nearest even), and both sides run the same kernel code on the same device,
+// in the same order of additions. (The FP32 gradient is cast back on the host:
+// a gradient op declares no output variable for a following op to read, and
+// the host's conversion rounds to nearest even as the devices' do.)
+// test_fold_casts.cc runs it on the CPU, test_cuda_transformer_ops.cc on the GPU.
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "runtime/random.h"
+#include "tests/unit/cuda_compare.h"
+
+namespace mix::testing {
+
+inline void check_widening_softmax(Device device, DType narrow, const Shape& s, bool causal) {
+  const std::string what = std::string(dtype_name(narrow)) + " " + shape_str(s) + (causal ? " causal" : "");
+  INFO("softmax " << what);
+  std::vector<float> xv = uniform_tensor(s, 71, -8.f, 8.f).to_floats();
+  if (xv.size() > 3) xv[1] = -std::numeric_limits<float>::infinity();  // a masked logit widens exactly too
+  const Tensor x = floats(s, xv, narrow);
+  const std::map<std::string, Attr> base{{"causal", causal}};
+  std::map<std::string, Attr> widened = base;
+  widened["out_dtype"] = std::string("f32");
+  const auto cast_to = [](const std::string& in, const std::string& out, DType t) {
+    return make_op("cast", {{"X", {in}}}, {{"Out", {out}}}, {{"out_dtype", std::string(dtype_name(t))}});
+  };
+  const auto folded =
+      run_ops_on({make_op("softmax", {{"X", {"x"}}}, {{"Out", {"y"}}}, widened)}, {{"x", x}}, device, ExecEnv{}, {"y"});
+  const auto cast =
+      run_ops_on({cast_to("x", "xw", DType::f32), make_op("softmax", {{"X", {"xw"}}}, {{"Out", {"y"}}}, base)},
+                 {{"x", x}}, device, ExecEnv{}, {"y"});
+  CHECK(folded.at("y").dtype() == DType::f32);
+  expect_identical(folded.at("y"), cast.at("y"), "softmax out_dtype f32 vs softmax(cast) " + what);
+
+  const Tensor y = cast.at("y");
+  const Tensor dy = random_tensor(s, DType::f32, 72, -2.f, 2.f);
+  std::map<std::string, Attr> grad_attrs = base;
+  grad_attrs["x_grad_dtype"] = std::string(dtype_name(narrow));
+  const auto gfolded =
+      run_ops_on({make_op("softmax_grad", {{"Out", {"y"}}, {"Out@GRAD", {"dy"}}}, {{"X@GRAD", {"dx"}}}, grad_attrs)},
+                 {{"y", y}, {"dy", dy}}, device, ExecEnv{}, {"dx"});
+  const auto gwide =
+      run_ops_on({make_op("softmax_grad", {{"Out", {"y"}}, {"Out@GRAD", {"dy"}}}, {{"X@GRAD", {"dx"}}}, base)},
+                 {{"y", y}, {"dy", dy}}, device, ExecEnv{}, {"dx"});
+  CHECK(gfolded.at("dx").dtype() == narrow);
+  expect_identical(gfolded.at("dx"), to_dtype(gwide.at("dx"), narrow),
+                   "softmax_grad x_grad_dtype vs cast(softmax_grad) " + what);
+}
+
+inline void check_widening_cross_entropy(Device device, DType narrow, const Shape& logits_shape) {
+  const std::string what = std::string(dtype_name(narrow)) + " " + shape_str(logits_shape);
+  INFO("softmax_with_cross_entropy " << what);
+  const int64_t classes = logits_shape.back(), rows = shape_numel(logits_shape) / classes;
+  const Tensor x = random_tensor(logits_shape, narrow, 73, -8.f, 8.f);
+  Rng rng(74);
+  std::vector<int64_t> labels(static_cast<size_t>(rows));
+  for (auto& l : labels) l = static_cast<int64_t>(rng.below(static_cast<uint64_t>(classes)));
+  labels[0] = -100;  // an ignored row: loss 0 and gradient 0 on both sides
+  Shape label_shape(logits_shape.begin(), logits_shape.end() - 1);
+  label_shape.push_back(1);
+  const Tensor label = i64_tensor(label_shape, labels);
+  const auto swce = [](const std::string& logits, std::map<std::string, Attr> attrs) {
+    return make_op("softmax_with_cross_entropy", {{"Logits", {logits}}, {"Label", {"label"}}},
+                   {{"Softmax", {"sm"}}, {"Loss", {"loss"}}}, std::move(attrs));
+  };
+  const auto folded = run_ops_on({swce("x", {{"out_dtype", std::string("f32")}})}, {{"x", x}, {"label", label}}, device,
+                                 ExecEnv{}, {"sm", "loss"});
+  const auto cast = run_ops_on(
+      {make_op("cast", {{"X", {"x"}}}, {{"Out", {"xw"}}}, {{"out_dtype", std::string("f32")}}), swce("xw", {})},
+      {{"x", x}, {"label", label}}, device, ExecEnv{}, {"sm", "loss"});
+  for (const char* out : {"sm", "loss"}) {
+    CHECK(folded.at(out).dtype() == DType::f32);
+    expect_identical(folded.at(out), cast.at(out),
+                     std::string(out) + ": out_dtype f32 vs the op on cast logits " + what);
+  }
+
+  const Tensor dloss = random_tensor(cast.at("loss").shape(), DType::f32, 75, 0.5f, 2.f);
+  const auto grad = [](const std::string& dx, std::map<std::string, Attr> attrs) {
+    return make_op("softmax_with_cross_entropy_grad",
+                   {{"Softmax", {"sm"}}, {"Label", {"label"}}, {"Loss@GRAD", {"dloss"}}}, {{"Logits@GRAD", {dx}}},
+                   std::move(attrs));
+  };
+  const std::vector<std::pair<std::string, Tensor>> feeds{{"sm", cast.at("sm")}, {"label", label}, {"dloss", dloss}};
+  const auto gfolded =
+      run_ops_on({grad("dx", {{"x_grad_dtype", std::string(dtype_name(narrow))}})}, feeds, device, ExecEnv{}, {"dx"});
+  const auto gwide = run_ops_on({grad("dx", {})}, feeds, device, ExecEnv{}, {"dx"});
+  CHECK(gfolded.at("dx").dtype() == narrow);
+  expect_identical(gfolded.at("dx"), to_dtype(gwide.at("dx"), narrow),
+                   "Logits@GRAD x_grad_dtype vs cast(grad) " + what);
+}
+
+}  // namespace mix::testing
