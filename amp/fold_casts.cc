@@ -46,22 +46,21 @@ int fold_widening_casts(Program& p) {
     if (!is_widening_cast(p, cast)) continue;
     const std::string narrow = cast.in("X"), wide = cast.out("Out");
     if (p.var(wide).persistable) continue;
+    // Exactly one reader: with two, the unfolded program adds their FP32
+    // gradients and rounds the sum to FP16 once (the cast's gradient), while
+    // folded readers would each round their own part before the sum.
     const auto reads = readers(p, wide, i);
-    bool foldable = !reads.empty();
-    for (const auto& [j, slot] : reads) {
-      const OpDesc& r = p.ops()[j];
-      // A reader whose single input slot holds only this variable (so its
-      // outputs may become FP32 while it reads FP16), and which runs forward.
-      foldable = foldable && r.role == OpRole::forward && widens_on_load(r.type, slot) && r.ins(slot).size() == 1 &&
-                 (!r.has_attr("out_dtype") || r.attr<std::string>("out_dtype", "") == dtype_name(DType::f32));
-    }
+    if (reads.size() != 1) continue;
+    const auto& [j, slot] = reads.front();
+    OpDesc& r = p.ops()[j];
+    // A forward reader whose slot holds only this variable (so its outputs may
+    // become FP32 while it reads FP16), not already storing another dtype.
+    const bool foldable = r.role == OpRole::forward && widens_on_load(r.type, slot) && r.ins(slot).size() == 1 &&
+                          (!r.has_attr("out_dtype") || r.attr<std::string>("out_dtype", "") == dtype_name(DType::f32));
     if (!foldable) continue;
-    for (const auto& [j, slot] : reads) {
-      OpDesc& r = p.ops()[j];
-      r.inputs[slot] = {narrow};
-      r.attrs["out_dtype"] = std::string(dtype_name(DType::f32));
-      changed.push_back(j);
-    }
+    r.inputs[slot] = {narrow};
+    r.attrs["out_dtype"] = std::string(dtype_name(DType::f32));
+    changed.push_back(j);
     removed.insert(i);
   }
   if (removed.empty()) return 0;

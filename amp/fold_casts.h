@@ -1,21 +1,23 @@
 #pragma once
 // amp::fold_widening_casts, the pass after amp::rewrite: removes each FP16 (or
-// BF16) -> FP32 cast whose readers all widen their input on load anyway, and
-// has those readers take the FP16 variable itself with attr out_dtype "f32"
+// BF16) -> FP32 cast whose one reader widens its input on load anyway, and
+// has that reader take the FP16 variable itself with attr out_dtype "f32"
 // (runtime/ops/widening.h). The readers that can: softmax's X and
 // softmax_with_cross_entropy's Logits, the black-list ops that follow FP16
-// matmuls in attention and at the loss.
+// matmuls in attention and at the loss. A cast with several readers stays:
+// their gradients must be added in FP32 and rounded to FP16 once, by the
+// cast's gradient.
 //
 // Why: the program then computes the same values bit for bit (widening is
 // exact; the reader's gradient rounds to FP16 once, as the removed cast's
-// gradient would), but never writes, keeps or reads an FP32 copy of the input,
-// nor the FP32 gradient of that copy. Per element that is 16 bytes of memory
+// gradient would), but never writes or reads an FP32 copy of the input, nor
+// the FP32 gradient of that copy. Per element that is 16 bytes of memory
 // traffic a step (the cast's read and write, the wider read, and the same
-// again for the gradient) and 4 bytes of memory held until backward reads the
-// copy's consumer. For a language model's logits [tokens, vocab] it is the
-// largest tensor of the step. The ops still compute in FP32, as the black
-// list says; `--print-program` shows the reader with out_dtype="f32" where
-// the cast was.
+// again for the gradient), and the executor's planned peak drops by 2 bytes
+// per element where that tensor sets it. A language model's logits
+// [tokens, vocab] are the largest tensor of the step. The ops still compute in
+// FP32, as the black list says; `--print-program` shows the reader with
+// out_dtype="f32" where the cast was.
 //
 // Run before autodiff, so that the gradient ops are made for the folded
 // program. `--no-fold-casts` keeps amp::rewrite's program as it is.

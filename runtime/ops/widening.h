@@ -10,7 +10,8 @@
 // The op's gradient then writes the input's gradient in the input's dtype
 // (attr x_grad_dtype, set by the grad maker from the forward program): the FP32
 // result rounded once on store, as the gradient of the cast (a cast back) would
-// round it. Shared by the CPU kernels and their CUDA twins.
+// round it (amp::fold_widening_casts folds only a cast with one reader, whose
+// gradient is that reader's alone). Shared by the CPU kernels and their CUDA twins.
 #include <string>
 
 #include "runtime/check.h"

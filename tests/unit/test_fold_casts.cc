@@ -97,7 +97,7 @@ TEST_CASE("fold_widening_casts: softmax and cross-entropy read the FP16 values; 
   }
 }
 
-TEST_CASE("fold_widening_casts keeps casts that another op reads, or that no widening slot reads", "[amp][fold]") {
+TEST_CASE("fold_widening_casts keeps casts with another reader, or several widening ones", "[amp][fold]") {
   Program p;
   p.add_var(VarDesc{"x", {-1, 4}, DType::f32, false, false, true, {}});
   p.add_var(VarDesc{"w", {4, 4}, DType::f32, true, true, false, {}});
@@ -114,6 +114,22 @@ TEST_CASE("fold_widening_casts keeps casts that another op reads, or that no wid
   CHECK(amp::fold_widening_casts(p) == 0);
   CHECK(producer_of(p, "b").in("X") == "a.cast_fp32");
   CHECK_FALSE(producer_of(p, "b").has_attr("out_dtype"));
+
+  // Two softmax ops reading one cast: folded, each would round its own part of
+  // a's gradient to FP16 before the parts are added, where the cast's gradient
+  // rounds their FP32 sum once. Not bit-identical, so the cast stays.
+  Program two;
+  two.add_var(VarDesc{"x", {-1, 4}, DType::f32, false, false, true, {}});
+  two.add_var(VarDesc{"w", {4, 4}, DType::f32, true, true, false, {}});
+  two.append_op(make_op("mul", {{"X", {"x"}}, {"Y", {"w"}}}, {{"Out", {"a"}}}));
+  two.append_op(make_op("softmax", {{"X", {"a"}}}, {{"Out", {"b1"}}}));
+  two.append_op(make_op("softmax", {{"X", {"a"}}}, {{"Out", {"b2"}}}));
+  amp::rewrite(two, amp::AmpLists::defaults());
+  REQUIRE(producer_of(two, "b1").in("X") == "a.cast_fp32");
+  REQUIRE(producer_of(two, "b2").in("X") == "a.cast_fp32");
+  CHECK(amp::fold_widening_casts(two) == 0);
+  CHECK(producer_of(two, "b1").in("X") == "a.cast_fp32");
+  CHECK(producer_of(two, "b2").in("X") == "a.cast_fp32");
 
   // With softmax in the custom white list there is no cast to fold.
   models::Model m = models::build_transformer(kTinyTransformer);
