@@ -5,15 +5,18 @@
 // split/transpose2 attention, 2 steps). Every
 // FP32 persistable (parameters, momentum buffers, running statistics) and the
 // last loss are compared; integer state (num_batches_tracked) must be equal.
+// Last, the Transformer's AMP steps on the GPU with and without
+// amp::fold_widening_casts, which must agree bit for bit.
 // Without a GPU: exit 77 (CTest: skipped).
 #include <catch2/catch.hpp>
 
-#include "tests/unit/require_gpu.h"
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <vector>
+#include "tests/unit/require_gpu.h"
 
 #include "amp/decorate.h"
 #include "collective/communicator.h"
@@ -40,11 +43,17 @@ struct Run {
 /// `seed`; batch s has inputs N(0, 1) of the model's example shape (random
 /// tokens for a language model) and random labels.
 // Unused in builds without CUDA, where the tests only report themselves skipped.
-[[maybe_unused]] Run train(models::Model model, bool use_amp, Device device, int steps, int64_t batch, uint64_t seed) {
+/// Under AMP, `fold_casts` picks whether amp::fold_widening_casts runs.
+[[maybe_unused]] Run train(models::Model model, bool use_amp, Device device, int steps, int64_t batch, uint64_t seed,
+                           bool fold_casts = true) {
   Run r;
   r.model = std::move(model);
   std::unique_ptr<optim::Optimizer> opt = optim::make_momentum(0.9);
-  if (use_amp) opt = amp::decorate(std::move(opt));
+  if (use_amp) {
+    amp::AmpOptions o;
+    o.fold_casts = fold_casts;
+    opt = amp::decorate(std::move(opt), o);
+  }
   collective::GradSyncOptions sync;
   sync.mode = use_amp ? collective::GradReduce::fp16 : collective::GradReduce::fp32;
   opt->minimize(r.model.program, r.model.loss, collective::grad_allreduce_pass(sync));
@@ -127,6 +136,18 @@ struct Tolerance {
   }
 }
 
+/// A 2-layer GPT (d_model 32, 4 heads, 16 tokens) with dropout 0.1 and `vocab` tokens.
+[[maybe_unused]] models::Model tiny_transformer(int64_t vocab) {
+  models::TransformerConfig cfg;
+  cfg.layers = 2;
+  cfg.d_model = 32;
+  cfg.heads = 4;
+  cfg.context = 16;
+  cfg.vocab = vocab;
+  cfg.dropout = 0.1;
+  return models::build_transformer(cfg);
+}
+
 }  // namespace
 
 TEST_CASE("MLP training steps on the GPU match the CPU", "[cuda]") {
@@ -175,16 +196,8 @@ TEST_CASE("Transformer training steps on the GPU match the CPU", "[cuda][transfo
   mix::testing::require_gpu();
 #ifdef MIX_HAVE_CUDA
   cuda::set_allow_tf32(false);
-  auto transformer = [] {
-    models::TransformerConfig cfg;
-    cfg.layers = 2;
-    cfg.d_model = 32;
-    cfg.heads = 4;
-    cfg.context = 16;
-    cfg.vocab = 64;
-    cfg.dropout = 0.1;  // the same masks on both devices (same seed, step, rank and op names)
-    return models::build_transformer(cfg);
-  };
+  // Dropout 0.1: the same masks on both devices (same seed, step, rank and op names).
+  auto transformer = [] { return tiny_transformer(64); };
   // FP32: dropout drops the same units on both devices (bit-identical masks),
   // embeddings and their gradients are identical, the GEMMs (cuBLAS vs
   // OpenBLAS, TF32 off) and the softmax / layer_norm row sums add in another
@@ -197,5 +210,37 @@ TEST_CASE("Transformer training steps on the GPU match the CPU", "[cuda][transfo
   // flip a rounding, and GELU inputs near 0 amplify it: 2e-2 of the scale, as
   // for the ResNet; the loss within 1e-2.
   expect_gpu_matches_cpu(transformer, 2, 4, 7, {1e-4, 1e-4}, {2e-2, 1e-2});
+#endif
+}
+
+TEST_CASE("Transformer AMP steps on the GPU: folded casts give the same bits as the casts",
+          "[cuda][transformer][fold]") {
+  mix::testing::require_gpu();
+#ifdef MIX_HAVE_CUDA
+  cuda::set_allow_tf32(false);
+  // A 300-token vocabulary: loss rows of more than 256 classes, several values per thread.
+  auto transformer = [] { return tiny_transformer(300); };
+  // The same GPU, the same shapes and the same kernels, which add in fixed
+  // orders (no atomics in any value the step computes; cuBLAS gives the same
+  // bits for the same call on one GPU). The folded softmax and cross-entropy
+  // widen the same FP16 values the casts widened and round their gradients to
+  // FP16 once, as the casts' gradients did (test_cuda_transformer_ops.cc checks
+  // that op by op). So every persistable and the loss must be identical.
+  const Device gpu{DeviceKind::cuda, 0};
+  Run folded = train(transformer(), true, gpu, 3, 4, 9, true);
+  Run plain = train(transformer(), true, gpu, 3, 4, 9, false);
+  size_t folded_ops = 0, plain_ops = 0;
+  for (const OpDesc& op : folded.model.program.ops()) folded_ops += op.type == "cast";
+  for (const OpDesc& op : plain.model.program.ops()) plain_ops += op.type == "cast";
+  CHECK(plain_ops - folded_ops == 2 * 3);  // 2 layers' scores and the logits, each cast and its gradient's
+  CHECK(folded.scope.get(folded.model.loss).item_float() == plain.scope.get(plain.model.loss).item_float());
+  for (const VarDesc& v : plain.model.program.vars()) {
+    if (!v.persistable) continue;
+    INFO(v.name);
+    const Tensor a = folded.scope.get(v.name).to(cpu_device());
+    const Tensor b = plain.scope.get(v.name).to(cpu_device());
+    REQUIRE(a.bytes() == b.bytes());
+    CHECK(std::memcmp(a.raw(), b.raw(), a.bytes()) == 0);
+  }
 #endif
 }
