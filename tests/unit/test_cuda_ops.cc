@@ -264,23 +264,28 @@ TEST_CASE("fill_constant and fill_like_scalar are identical to the CPU", "[cuda]
 
 TEST_CASE("sum of several inputs is identical to the CPU, in place too", "[cuda][sum]") {
   require_gpu();
+  // Packed launches (runtime/cuda/launch.cuh) take whole packs of 8 halves or
+  // 4 floats, then a tail one element at a time: 33 x 65 has both, 2 x 1024
+  // packs only, and 3 elements fewer than one pack (the one-element path).
   for (DType dt : kFloatTypes)
-    for (int k : {1, 3, 11}) {  // 11 > 8 inputs per launch: the chunked path
-      std::vector<std::pair<std::string, Tensor>> feeds;
-      std::vector<std::string> names;
-      for (int i = 0; i < k; ++i) {
-        names.push_back(numbered("x", static_cast<size_t>(i)));
-        feeds.push_back({names.back(), random_tensor({33, 65}, dt, 100 + i, -10.f, 10.f)});
+    for (const Shape& s : {Shape{33, 65}, Shape{2, 1024}, Shape{1, 3}})
+      for (int k : {1, 3, 11}) {  // 11 > 8 inputs per launch: the chunked path
+        std::vector<std::pair<std::string, Tensor>> feeds;
+        std::vector<std::string> names;
+        for (int i = 0; i < k; ++i) {
+          names.push_back(numbered("x", static_cast<size_t>(i)));
+          feeds.push_back({names.back(), random_tensor(s, dt, 100 + i, -10.f, 10.f)});
+        }
+        for (bool in_place : {false, true}) {
+          const std::string out = in_place ? names[0] : "y";
+          const OneOp c{make_op("sum", {{"X", names}}, {{"Out", {out}}}), feeds};
+          const Both r = run_both(c, {out});
+          // FP32 adds in input order and one rounding on store, on both sides.
+          expect_identical(
+              r.gpu.at(out), r.cpu.at(out),
+              "sum of " + std::to_string(k) + " " + dname(dt) + mix::shape_str(s) + (in_place ? " in place" : ""));
+        }
       }
-      for (bool in_place : {false, true}) {
-        const std::string out = in_place ? names[0] : "y";
-        const OneOp c{make_op("sum", {{"X", names}}, {{"Out", {out}}}), feeds};
-        const Both r = run_both(c, {out});
-        // FP32 adds in input order and one rounding on store, on both sides.
-        expect_identical(r.gpu.at(out), r.cpu.at(out),
-                         "sum of " + std::to_string(k) + " " + dname(dt) + (in_place ? " in place" : ""));
-      }
-    }
 }
 
 TEST_CASE("elementwise_add/mul and their gradients match the CPU", "[cuda][elementwise]") {

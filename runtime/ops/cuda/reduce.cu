@@ -31,11 +31,57 @@ struct SumChunk {
   T* out;               // written by the last chunk (may alias an input)
   __device__ void operator()(int64_t i) const {
     float a = acc_in ? acc_in[i] : to_float(in[0][i]);
-    for (int k = acc_in ? 0 : 1; k < count; ++k) a = __fadd_rn(a, to_float(in[k][i]));
+    // Unrolled to the launch's fixed input count, so that each in[k] is a
+    // kernel parameter the compiler addresses directly: a loop to `count`
+    // would index the array at run time, from a copy in local memory.
+    const int first = acc_in ? 0 : 1;
+#pragma unroll
+    for (int k = 0; k < kSumInputsPerLaunch; ++k)
+      if (k >= first && k < count) a = __fadd_rn(a, to_float(in[k][i]));
     if (out)
       out[i] = from_float<T>(a);
     else
       acc_out[i] = a;
+  }
+  /// Elements i .. i + V - 1 (launch_packed): the same adds, in the same
+  /// order, per element, with each array read and written V values at a time.
+  template <int V>
+  __device__ void pack(int64_t i) const {
+    float a[V];
+    if (acc_in) {
+      const Pack<float, V> p = load_pack<V>(acc_in, i);
+#pragma unroll
+      for (int v = 0; v < V; ++v) a[v] = p.v[v];
+    } else {
+      const Pack<T, V> p = load_pack<V>(in[0], i);
+#pragma unroll
+      for (int v = 0; v < V; ++v) a[v] = to_float(p.v[v]);
+    }
+    const int first = acc_in ? 0 : 1;
+#pragma unroll
+    for (int k = 0; k < kSumInputsPerLaunch; ++k) {
+      if (k < first || k >= count) continue;
+      const Pack<T, V> p = load_pack<V>(in[k], i);
+#pragma unroll
+      for (int v = 0; v < V; ++v) a[v] = __fadd_rn(a[v], to_float(p.v[v]));
+    }
+    if (out) {
+      Pack<T, V> r;
+#pragma unroll
+      for (int v = 0; v < V; ++v) r.v[v] = from_float<T>(a[v]);
+      store_pack<V>(out, i, r);
+    } else {
+      Pack<float, V> r;
+#pragma unroll
+      for (int v = 0; v < V; ++v) r.v[v] = a[v];
+      store_pack<V>(acc_out, i, r);
+    }
+  }
+  bool packable(int v) const {
+    bool aligned = (!acc_in || pack_aligned(acc_in, v)) && (!acc_out || pack_aligned(acc_out, v)) &&
+                   (!out || pack_aligned(out, v));
+    for (int k = 0; k < count; ++k) aligned = aligned && pack_aligned(in[k], v);
+    return aligned;
   }
 };
 
@@ -67,7 +113,7 @@ void sum_cuda(OpContext& ctx) {
       const bool last = end == xs.size();
       f.acc_out = last ? nullptr : acc.data<float>();
       f.out = last ? out.data<T>() : nullptr;
-      launch_grid_stride(n, stream, f);
+      launch_packed<kPackWidth<T>>(n, stream, f);
     }
   });
 }
