@@ -64,8 +64,11 @@ int main(int argc, char** argv) {
   grad_sync->add_option("--model", gs.model, "mlp, resnet18, resnet34, resnet50, resnet-small, transformer (resnet50)")
       ->check(CLI::IsMember({"mlp", "resnet18", "resnet34", "resnet50", "resnet-small", "transformer"}));
   grad_sync->add_option("--precision", gs.precision, "amp or fp32 (amp)")->check(CLI::IsMember({"amp", "fp32"}));
-  grad_sync->add_option("--grad-reduce", gs.grad_reduce, "fp16 (before the cast) or fp32 (fp16)")
-      ->check(CLI::IsMember({"fp16", "fp32"}));
+  CLI::Option* grad_reduce =
+      grad_sync
+          ->add_option("--grad-reduce", gs.grad_reduce,
+                       "fp16 (before the cast) or fp32 (fp16 under --precision amp, fp32 under fp32, as mixtrain)")
+          ->check(CLI::IsMember({"fp16", "fp32"}));
   grad_sync->add_option("--bucket-mb", gs.bucket_mb, "largest gradient bucket in MB (25)")->check(CLI::Range(1e-6, 1e6));
   grad_sync->add_option("-n,--iters", gs.iters, "timed syncs (20)")->check(CLI::Range(1, 1000000));
   grad_sync->add_option("-w,--warmup_iters", gs.warmup, "untimed syncs first (5)")->check(CLI::Range(0, 1000000));
@@ -77,13 +80,17 @@ int main(int argc, char** argv) {
     mix::launch::parse_byte_size(min_text, ar.min_bytes);  // both checked by byte_size() above
     mix::launch::parse_byte_size(max_text, ar.max_bytes);
     if (ar.min_bytes > ar.max_bytes) throw CLI::ValidationError("-b", "-b " + min_text + " is larger than -e " + max_text);
-    if (grad_sync->parsed() && gs.precision == "fp32" && gs.grad_reduce == "fp16")
-      throw CLI::ValidationError("--grad-reduce", "fp16 needs --precision amp (FP32 training has no FP16 gradients)");
+    if (grad_sync->parsed() && gs.precision == "fp32") {
+      if (grad_reduce->count() > 0 && gs.grad_reduce == "fp16")
+        throw CLI::ValidationError("--grad-reduce", "fp16 needs --precision amp (FP32 training has no FP16 gradients)");
+      gs.grad_reduce = "fp32";  // the only all-reduce an FP32 program has
+    }
   } catch (const CLI::CallForHelp&) {
     std::cout << app.help();
     return 0;
   } catch (const CLI::ParseError& e) {
-    std::cerr << "mixbench: " << e.what() << "\n(run mixbench allreduce --help for the flags)\n";
+    std::cerr << "mixbench: " << e.what()
+              << "\n(run mixbench allreduce --help or mixbench grad-sync --help for the flags)\n";
     return 2;
   }
 

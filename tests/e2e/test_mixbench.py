@@ -103,6 +103,9 @@ def main():
     r = run(["grad-sync", "--model", "mlp", "--precision", "fp32", "--grad-reduce", "fp16"])
     c.check(r.rc == 2 and "--grad-reduce" in r.stderr, "grad-sync fp32 program with fp16 all-reduce: exit 2",
             r.describe(400))
+    r = run(["grad-sync", "--model", "mlp", "--precision", "fp32", "-n", 1, "-w", 0])
+    c.check(r.rc == 0 and "gradient all-reduce in fp32" in r.stdout,
+            "grad-sync --precision fp32 alone all-reduces FP32, as mixtrain does", r.describe(400))
 
     for flags, name in ((["-d", "int8"], "--datatype"), (["-b", "1X"], "--minbytes"), (["-o", "prod"], "--op")):
         r = run(["allreduce", *flags])
