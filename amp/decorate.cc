@@ -26,6 +26,7 @@ class Decorated final : public optim::Optimizer {
     declare_scaler_state(p, o_.scaler);
     seed_loss_gradient(p, loss, ScalerVars::scale);
     BackwardResult bw = append_backward(p, loss);
+    if (o_.fold_casts) fold_widening_grad_casts(p);
     optim::TrainProgram t;
     t.loss = loss;
     t.param_grads = sync ? sync(p, bw.param_grads) : bw.param_grads;

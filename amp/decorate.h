@@ -50,8 +50,10 @@ struct AmpOptions {
   AmpLists lists = AmpLists::defaults();
   LossScalerConfig scaler = preset("paddle");
   DType low_dtype = DType::f16;
-  /// Run amp::fold_widening_casts after amp::rewrite (amp/fold_casts.h): the
-  /// same values, without FP32 copies of softmax and cross-entropy inputs.
+  /// Run amp::fold_widening_casts after amp::rewrite and
+  /// amp::fold_widening_grad_casts after autodiff (amp/fold_casts.h): the same
+  /// values, without FP32 copies of softmax and cross-entropy inputs and of
+  /// softmax's output gradient.
   /// Off: amp::rewrite's program as Paddle makes it (--no-fold-casts).
   bool fold_casts = true;
   std::optional<InjectOverflow> inject;

@@ -12,16 +12,12 @@ namespace mix::amp {
 
 namespace {
 
-/// The input slots whose op widens every value on load and can store FP32
-/// outputs from a narrower input (the kernels honour out_dtype there).
-bool widens_on_load(const std::string& op_type, const std::string& slot) {
-  return (op_type == "softmax" && slot == "X") || (op_type == "softmax_with_cross_entropy" && slot == "Logits");
-}
+const std::string kF32(dtype_name(DType::f32));
 
-/// Whether `op` is a forward cast of an FP16/BF16 variable to FP32.
-bool is_widening_cast(const Program& p, const OpDesc& op) {
-  if (op.type != "cast" || op.role != OpRole::forward) return false;
-  if (op.attr<std::string>("out_dtype", "") != dtype_name(DType::f32)) return false;
+/// Whether `op` is a cast of `role` from an FP16/BF16 variable to FP32.
+bool is_widening_cast(const Program& p, const OpDesc& op, OpRole role) {
+  if (op.type != "cast" || op.role != role) return false;
+  if (op.attr<std::string>("out_dtype", "") != kF32) return false;
   const DType in = p.var(op.in("X")).dtype;
   return in == DType::f16 || in == DType::bf16;
 }
@@ -36,42 +32,66 @@ std::vector<std::pair<size_t, std::string>> readers(const Program& p, const std:
   return found;
 }
 
-}  // namespace
-
-int fold_widening_casts(Program& p) {
+/// Removes each widening cast of `role` whose one reader `accepts(reader,
+/// slot)`, after `rewire(reader, slot, narrow)` has made that reader read the
+/// cast's FP16/BF16 input instead. Returns how many casts it removed.
+///
+/// Exactly one reader: with two, the unfolded program adds their FP32
+/// gradients and rounds the sum to FP16 once (the cast's gradient), while
+/// folded readers would each round their own part before the sum.
+template <typename Accepts, typename Rewire>
+int fold(Program& p, OpRole role, Accepts accepts, Rewire rewire) {
   std::set<size_t> removed;
-  std::vector<size_t> changed;
   for (size_t i = 0; i < p.ops().size(); ++i) {
     const OpDesc& cast = p.ops()[i];
-    if (!is_widening_cast(p, cast)) continue;
+    if (!is_widening_cast(p, cast, role)) continue;
     const std::string narrow = cast.in("X"), wide = cast.out("Out");
     if (p.var(wide).persistable) continue;
-    // Exactly one reader: with two, the unfolded program adds their FP32
-    // gradients and rounds the sum to FP16 once (the cast's gradient), while
-    // folded readers would each round their own part before the sum.
     const auto reads = readers(p, wide, i);
     if (reads.size() != 1) continue;
     const auto& [j, slot] = reads.front();
-    OpDesc& r = p.ops()[j];
-    // A forward reader whose slot holds only this variable (so its outputs may
-    // become FP32 while it reads FP16), not already storing another dtype.
-    const bool foldable = r.role == OpRole::forward && widens_on_load(r.type, slot) && r.ins(slot).size() == 1 &&
-                          (!r.has_attr("out_dtype") || r.attr<std::string>("out_dtype", "") == dtype_name(DType::f32));
-    if (!foldable) continue;
-    r.inputs[slot] = {narrow};
-    r.attrs["out_dtype"] = std::string(dtype_name(DType::f32));
-    changed.push_back(j);
+    OpDesc& reader = p.ops()[j];
+    // The slot must hold only this variable, so that its dtype is the slot's.
+    if (reader.ins(slot).size() != 1 || !accepts(reader, slot)) continue;
+    rewire(reader, slot, narrow);
     removed.insert(i);
   }
   if (removed.empty()) return 0;
-  // Outputs keep their FP32 dtype (out_dtype), so only the readers are inferred again.
-  for (size_t j : changed) infer_op(p, p.ops()[j]);
   std::vector<OpDesc> kept;
   kept.reserve(p.ops().size() - removed.size());
   for (size_t i = 0; i < p.ops().size(); ++i)
     if (!removed.count(i)) kept.push_back(std::move(p.ops()[i]));
   p.ops() = std::move(kept);
   return static_cast<int>(removed.size());
+}
+
+}  // namespace
+
+int fold_widening_casts(Program& p) {
+  // The input slots whose op widens every value on load and can store FP32
+  // outputs from a narrower input (the kernels honour out_dtype there).
+  const auto accepts = [](const OpDesc& r, const std::string& slot) {
+    const bool widens =
+        (r.type == "softmax" && slot == "X") || (r.type == "softmax_with_cross_entropy" && slot == "Logits");
+    return widens && r.role == OpRole::forward &&
+           (!r.has_attr("out_dtype") || r.attr<std::string>("out_dtype", "") == kF32);
+  };
+  const auto rewire = [&p](OpDesc& r, const std::string& slot, const std::string& narrow) {
+    r.inputs[slot] = {narrow};
+    r.attrs["out_dtype"] = kF32;
+    infer_op(p, r);  // its outputs stay FP32 (out_dtype): nothing after it changes
+  };
+  return fold(p, OpRole::forward, accepts, rewire);
+}
+
+int fold_widening_grad_casts(Program& p) {
+  // softmax_grad widens Out@GRAD on load; its Out (and so the gradient the
+  // cast made) is FP32.
+  const auto accepts = [&p](const OpDesc& r, const std::string& slot) {
+    return r.type == "softmax_grad" && slot == "Out@GRAD" && p.var(r.in("Out")).dtype == DType::f32;
+  };
+  const auto rewire = [](OpDesc& r, const std::string& slot, const std::string& narrow) { r.inputs[slot] = {narrow}; };
+  return fold(p, OpRole::backward, accepts, rewire);
 }
 
 }  // namespace mix::amp

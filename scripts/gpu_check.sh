@@ -317,7 +317,7 @@ secs=$(( $(date +%s) - t0 ))
   printf "  %-36s %s\n" "Transformer-base FP32 tokens/s" "$tf_fp32_tps (exit $tf_fp32_rc)"
   printf "  %-36s %s\n" "Transformer-base AMP tokens/s" "$tf_amp_tps (exit $tf_amp_rc)"
   printf "  %-36s %s\n" "Transformer AMP / FP32 (>= 2.9)" "$tf_ratio"
-  printf "  %-36s %s (exit %s), peak bytes %s\n" "Transformer AMP --no-fold-casts tok/s" "$tf_nofold_tps" "$tf_nofold_rc" \
+  printf "  %-36s %s (exit %s), peak bytes %s\n" "Transformer AMP no-fold-casts tok/s" "$tf_nofold_tps" "$tf_nofold_rc" \
     "$tf_nofold_peak"
   printf "  %-36s %s / %s\n" "Transformer peak bytes FP32 / AMP" "$tf_fp32_peak" "$tf_amp_peak"
   printf "  %-36s %s\n" "Transformer AMP host queue / step ms" "$tf_amp_queue"

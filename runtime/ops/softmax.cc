@@ -14,7 +14,9 @@
 //
 // Attr out_dtype "f32" (amp::fold_widening_casts, runtime/ops/widening.h): an
 // FP16/BF16 X gives an FP32 Out, the values of softmax(cast(X, f32)); the grad
-// then writes X@GRAD in X's dtype (attr x_grad_dtype).
+// then writes X@GRAD in X's dtype (attr x_grad_dtype). The grad also reads an
+// FP16/BF16 Out@GRAD of an FP32 Out, widened on load
+// (amp::fold_widening_grad_casts).
 #include <vector>
 
 #include "runtime/check.h"
@@ -63,27 +65,30 @@ void softmax_cpu(OpContext& ctx) {
 void softmax_grad_cpu(OpContext& ctx) {
   const Tensor& y = ctx.in("Out");
   const Tensor& dy = ctx.in("Out@GRAD");
-  MIX_CHECK(y.shape() == dy.shape() && y.dtype() == dy.dtype(),
-            "softmax_grad: Out@GRAD " << shape_str(dy.shape()) << " does not match Out " << shape_str(y.shape()));
+  MIX_CHECK(y.shape() == dy.shape() && widening::allowed(dy.dtype(), y.dtype()),
+            "softmax_grad: Out@GRAD " << dtype_name(dy.dtype()) << shape_str(dy.shape()) << " does not match Out "
+                                      << dtype_name(y.dtype()) << shape_str(y.shape()));
   const Rows r = rows_of(ctx.op, y.shape(), "Out");
   Tensor& dx = ctx.out("X@GRAD", y.shape(), widening::x_grad_dtype(ctx.op, y.dtype()));
   widening::dispatch(dx.dtype(), y.dtype(), [&](auto dx_tag, auto y_tag) {
     using Y = decltype(y_tag);
-    const Y* ys = y.data<Y>();
-    const Y* dys = dy.data<Y>();
-    auto* dxs = dx.data<decltype(dx_tag)>();
-    std::vector<float> ybuf, dybuf, dxbuf;
-    for (int64_t i = 0; i < r.rows; ++i) {
-      const int64_t o = i * r.cols;
-      const float* yr = cpu::widened_row(ys + o, r.cols, ybuf);
-      const float* dyr = cpu::widened_row(dys + o, r.cols, dybuf);
-      float* dxr = cpu::float_row_for(dxs + o, r.cols, dxbuf);
-      if (r.t > 0)
-        fn::softmax_grad_row_prefix(yr, dyr, dxr, r.cols, r.valid(i));
-      else
-        fn::softmax_grad_row(yr, dyr, dxr, r.cols);
-      cpu::narrowed_row(dxr, dxs + o, r.cols);
-    }
+    widening::dispatch_grad_input<Y>(dy.dtype(), y.dtype(), [&](auto dy_tag) {
+      const Y* ys = y.data<Y>();
+      const auto* dys = dy.data<decltype(dy_tag)>();
+      auto* dxs = dx.data<decltype(dx_tag)>();
+      std::vector<float> ybuf, dybuf, dxbuf;
+      for (int64_t i = 0; i < r.rows; ++i) {
+        const int64_t o = i * r.cols;
+        const float* yr = cpu::widened_row(ys + o, r.cols, ybuf);
+        const float* dyr = cpu::widened_row(dys + o, r.cols, dybuf);
+        float* dxr = cpu::float_row_for(dxs + o, r.cols, dxbuf);
+        if (r.t > 0)
+          fn::softmax_grad_row_prefix(yr, dyr, dxr, r.cols, r.valid(i));
+        else
+          fn::softmax_grad_row(yr, dyr, dxr, r.cols);
+        cpu::narrowed_row(dxr, dxs + o, r.cols);
+      }
+    });
   });
 }
 

@@ -11,8 +11,15 @@
 // (attr x_grad_dtype, set by the grad maker from the forward program): the FP32
 // result rounded once on store, as the gradient of the cast (a cast back) would
 // round it (amp::fold_widening_casts folds only a cast with one reader, whose
-// gradient is that reader's alone). Shared by the CPU kernels and their CUDA twins.
+// gradient is that reader's alone).
+//
+// softmax_grad may also read Out@GRAD narrower than Out: an FP16 gradient of
+// an FP32 softmax output that only an FP16 cast read (attention's
+// probabilities before their matmul); amp::fold_widening_grad_casts removes
+// the cast that widened that gradient. Shared by the CPU kernels and their
+// CUDA twins.
 #include <string>
+#include <type_traits>
 
 #include "runtime/check.h"
 #include "runtime/dtype.h"
@@ -81,6 +88,20 @@ void dispatch(DType narrow, DType wide, F&& f) {
   }
   if (narrow == DType::f16) return f(half_t{}, float{});
   f(bf16_t{}, float{});
+}
+
+/// f(DY{}) for a gradient input of dtype `dy` beside an output of dtype `y`
+/// whose C++ type is Y: Y itself when the dtypes match, else (Y float)
+/// half_t or bf16_t, the only narrower gradients `allowed` accepts.
+template <typename Y, typename F>
+void dispatch_grad_input(DType dy, DType y, F&& f) {
+  MIX_CHECK(allowed(dy, y), "a gradient of dtype " << dtype_name(dy) << " for an output of dtype " << dtype_name(y)
+                                                   << " (expected the same dtype, or f16/bf16 for f32)");
+  if (dy == y) return f(Y{});
+  if constexpr (std::is_same_v<Y, float>) {
+    if (dy == DType::f16) return f(half_t{});
+    f(bf16_t{});
+  }
 }
 
 }  // namespace mix::widening

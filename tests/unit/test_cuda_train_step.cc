@@ -136,15 +136,15 @@ struct Tolerance {
   }
 }
 
-/// A 2-layer GPT (d_model 32, 4 heads, 16 tokens) with dropout 0.1 and `vocab` tokens.
-[[maybe_unused]] models::Model tiny_transformer(int64_t vocab) {
+/// A 2-layer GPT (d_model 32, 4 heads, 16 tokens) with `vocab` tokens.
+[[maybe_unused]] models::Model tiny_transformer(int64_t vocab, double dropout) {
   models::TransformerConfig cfg;
   cfg.layers = 2;
   cfg.d_model = 32;
   cfg.heads = 4;
   cfg.context = 16;
   cfg.vocab = vocab;
-  cfg.dropout = 0.1;
+  cfg.dropout = dropout;
   return models::build_transformer(cfg);
 }
 
@@ -197,7 +197,7 @@ TEST_CASE("Transformer training steps on the GPU match the CPU", "[cuda][transfo
 #ifdef MIX_HAVE_CUDA
   cuda::set_allow_tf32(false);
   // Dropout 0.1: the same masks on both devices (same seed, step, rank and op names).
-  auto transformer = [] { return tiny_transformer(64); };
+  auto transformer = [] { return tiny_transformer(64, 0.1); };
   // FP32: dropout drops the same units on both devices (bit-identical masks),
   // embeddings and their gradients are identical, the GEMMs (cuBLAS vs
   // OpenBLAS, TF32 off) and the softmax / layer_norm row sums add in another
@@ -218,8 +218,10 @@ TEST_CASE("Transformer AMP steps on the GPU: folded casts give the same bits as 
   mix::testing::require_gpu();
 #ifdef MIX_HAVE_CUDA
   cuda::set_allow_tf32(false);
-  // A 300-token vocabulary: loss rows of more than 256 classes, several values per thread.
-  auto transformer = [] { return tiny_transformer(300); };
+  // A 300-token vocabulary: loss rows of more than 256 classes, several values
+  // per thread. No dropout, so that softmax_grad reads the FP16 gradient of
+  // the probabilities (amp::fold_widening_grad_casts).
+  auto transformer = [] { return tiny_transformer(300, 0.0); };
   // The same GPU, the same shapes and the same kernels, which add in fixed
   // orders (no atomics in any value the step computes; cuBLAS gives the same
   // bits for the same call on one GPU). The folded softmax and cross-entropy
@@ -232,7 +234,9 @@ TEST_CASE("Transformer AMP steps on the GPU: folded casts give the same bits as 
   size_t folded_ops = 0, plain_ops = 0;
   for (const OpDesc& op : folded.model.program.ops()) folded_ops += op.type == "cast";
   for (const OpDesc& op : plain.model.program.ops()) plain_ops += op.type == "cast";
-  CHECK(plain_ops - folded_ops == 2 * 3);  // 2 layers' scores and the logits, each cast and its gradient's
+  // 2 layers' scores and the logits, each cast and its gradient's; and each
+  // layer's cast of the probabilities' gradient.
+  CHECK(plain_ops - folded_ops == 2 * 3 + 2);
   CHECK(folded.scope.get(folded.model.loss).item_float() == plain.scope.get(plain.model.loss).item_float());
   for (const VarDesc& v : plain.model.program.vars()) {
     if (!v.persistable) continue;

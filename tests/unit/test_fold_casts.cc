@@ -1,8 +1,9 @@
-// amp::fold_widening_casts (amp/fold_casts.h): which casts it removes and which
-// it keeps, that the ops it feeds FP16 values compute what they computed on
-// the FP32 casts bit for bit (tests/unit/widening_check.h, here on the CPU),
-// and that whole AMP training steps of the MLP and the Transformer give
-// bit-identical losses and parameters with and without the pass.
+// amp::fold_widening_casts and amp::fold_widening_grad_casts
+// (amp/fold_casts.h): which casts they remove and which they keep, that the
+// ops they feed FP16 values compute what they computed on the FP32 casts bit
+// for bit (tests/unit/widening_check.h, here on the CPU), and that whole AMP
+// training steps of the MLP and the Transformer give bit-identical losses and
+// parameters with and without the passes.
 #include <catch2/catch.hpp>
 
 #include <cstring>
@@ -18,6 +19,7 @@
 #include "collective/communicator.h"
 #include "collective/grad_allreduce_pass.h"
 #include "models/model.h"
+#include "runtime/autodiff.h"
 #include "runtime/check.h"
 #include "runtime/executor.h"
 #include "runtime/init.h"
@@ -138,6 +140,40 @@ TEST_CASE("fold_widening_casts keeps casts with another reader, or several widen
   CHECK(m.program.var("transformer.h.0.attn.att").dtype == DType::f16);
 }
 
+TEST_CASE("fold_widening_grad_casts: softmax_grad reads the FP16 gradient of attention's probabilities",
+          "[amp][fold]") {
+  for (double dropout : {0.0, 0.1}) {
+    INFO("dropout " << dropout);
+    models::TransformerConfig tc = kTinyTransformer;
+    tc.dropout = dropout;
+    models::Model m = models::build_transformer(tc);
+    amp::rewrite(m.program, amp::AmpLists::defaults());
+    amp::fold_widening_casts(m.program);
+    seed_loss_gradient(m.program, m.loss, "");
+    append_backward(m.program, m.loss);
+    const int folded = amp::fold_widening_grad_casts(m.program);
+    for (int l = 0; l < tc.layers; ++l) {
+      const std::string h = "transformer.h." + std::to_string(l) + ".attn.";
+      const OpDesc& g = producer_of(m.program, h + "scores@GRAD");
+      REQUIRE(g.type == "softmax_grad");
+      if (dropout == 0) {
+        // The probabilities' only reader is their FP16 cast: its gradient comes
+        // back FP16, and softmax_grad reads it without the cast to FP32.
+        CHECK(g.in("Out@GRAD") == h + "att.cast_fp16@GRAD");
+        CHECK(m.program.var(g.in("Out@GRAD")).dtype == DType::f16);
+      } else {
+        // Dropout (FP32, after the black softmax) reads them: its FP32
+        // gradient is what softmax_grad reads, and there is no cast to fold.
+        CHECK(g.in("Out@GRAD") == h + "att@GRAD");
+        CHECK(m.program.var(g.in("Out@GRAD")).dtype == DType::f32);
+      }
+    }
+    CHECK(folded == (dropout == 0 ? tc.layers : 0));
+    for (const OpDesc& op : m.program.ops())
+      if (op.type == "cast") CHECK(op.out("Out").find(".attn.att@GRAD") == std::string::npos);
+  }
+}
+
 TEST_CASE("out_dtype and x_grad_dtype refuse narrowing", "[amp][fold]") {
   Program p;
   p.add_var(VarDesc{"x", {2, 3}, DType::f32, false, false, true, {}});
@@ -208,10 +244,10 @@ struct AmpRun {
   }
 };
 
-void check_same_training(const std::function<models::Model()>& build, int expected_folds) {
+/// `removed`: the casts the two passes take out of the model's AMP program.
+void check_same_training(const std::function<models::Model()>& build, int removed) {
   AmpRun folded(build(), true, 4), plain(build(), false, 4);
-  CHECK(casts_of(plain.model.program).size() - casts_of(folded.model.program).size() ==
-        static_cast<size_t>(2 * expected_folds));  // each folded cast and the cast of its gradient
+  CHECK(casts_of(plain.model.program).size() - casts_of(folded.model.program).size() == static_cast<size_t>(removed));
   CHECK(folded.losses == plain.losses);
   CHECK(folded.losses.front() != folded.losses.back());
   for (const std::string& name : folded.model.program.parameters()) {
@@ -226,8 +262,11 @@ void check_same_training(const std::function<models::Model()>& build, int expect
 }  // namespace
 
 TEST_CASE("AMP training with folded casts is bit-identical to training with the casts", "[amp][fold]") {
-  SECTION("MLP") { check_same_training(small_mlp, 1); }
+  // The MLP: the logits' cast and its gradient's cast back.
+  SECTION("MLP") { check_same_training(small_mlp, 2); }
+  // The Transformer: those two for the logits and for each layer's scores,
+  // and the cast of each layer's probability gradient before softmax_grad.
   SECTION("Transformer") {
-    check_same_training([] { return models::build_transformer(kTinyTransformer); }, kTinyTransformer.layers + 1);
+    check_same_training([] { return models::build_transformer(kTinyTransformer); }, 3 * kTinyTransformer.layers + 2);
   }
 }

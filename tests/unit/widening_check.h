@@ -3,8 +3,9 @@
 // on one device: softmax and softmax_with_cross_entropy reading an FP16/BF16
 // input with out_dtype "f32" give, bit for bit, what the FP32 op gives on the
 // input cast to FP32; their gradients with x_grad_dtype give the FP32
-// gradient cast back. Exact equality is the claim amp::fold_widening_casts
-// rests on (widening is exact, and both sides round the gradient once, to
+// gradient cast back; softmax_grad reading an FP16 Out@GRAD gives what it
+// gives on that gradient widened. Exact equality is the claim the folding
+// passes (amp/fold_casts.h) rest on (widening is exact, and both sides round the gradient once, to
 // nearest even), and both sides run the same kernel code on the same device,
 // in the same order of additions. (The FP32 gradient is cast back on the host:
 // a gradient op declares no output variable for a following op to read, and
@@ -56,6 +57,16 @@ inline void check_widening_softmax(Device device, DType narrow, const Shape& s, 
   CHECK(gfolded.at("dx").dtype() == narrow);
   expect_identical(gfolded.at("dx"), to_dtype(gwide.at("dx"), narrow),
                    "softmax_grad x_grad_dtype vs cast(softmax_grad) " + what);
+
+  // Out@GRAD narrower than Out (amp::fold_widening_grad_casts): reading the
+  // FP16 gradient gives what reading its FP32 widening gives.
+  const Tensor dy_narrow = to_dtype(dy, narrow);
+  const OpDesc grad_op =
+      make_op("softmax_grad", {{"Out", {"y"}}, {"Out@GRAD", {"dy"}}}, {{"X@GRAD", {"dx"}}}, grad_attrs);
+  const auto gnarrow = run_ops_on({grad_op}, {{"y", y}, {"dy", dy_narrow}}, device, ExecEnv{}, {"dx"});
+  const auto gwidened =
+      run_ops_on({grad_op}, {{"y", y}, {"dy", to_dtype(dy_narrow, DType::f32)}}, device, ExecEnv{}, {"dx"});
+  expect_identical(gnarrow.at("dx"), gwidened.at("dx"), "softmax_grad on a narrow Out@GRAD vs its widening " + what);
 }
 
 inline void check_widening_cross_entropy(Device device, DType narrow, const Shape& logits_shape) {

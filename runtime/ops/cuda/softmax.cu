@@ -12,7 +12,8 @@
 // masked key never reaches dX.
 //
 // Attr out_dtype "f32" (runtime/ops/widening.h): FP16/BF16 X, FP32 Out, and
-// the grad's X@GRAD in X's dtype, as in the CPU kernels.
+// the grad's X@GRAD in X's dtype, as in the CPU kernels; the grad also reads
+// an FP16/BF16 Out@GRAD of an FP32 Out.
 #include <string>
 
 #include "runtime/kernels/softmax_row.h"
@@ -47,14 +48,15 @@ __global__ void softmax_rows(const X* x, Y* y, int64_t rows, int64_t cols, int64
 }
 
 /// dx of each row: dot = sum(y * dy) over the valid prefix, then
-/// SoftmaxGradElem there and zeros after it; dx in DX (X's storage type).
-template <typename Y, typename DX, int kThreads>
-__global__ void softmax_grad_rows(const Y* y, const Y* dy, DX* dx, int64_t rows, int64_t cols, int64_t t) {
+/// SoftmaxGradElem there and zeros after it; dy in DY (Y's storage type, or
+/// FP16/BF16 for an FP32 y), dx in DX (X's storage type).
+template <typename Y, typename DY, typename DX, int kThreads>
+__global__ void softmax_grad_rows(const Y* y, const DY* dy, DX* dx, int64_t rows, int64_t cols, int64_t t) {
   using G = RowGroup<kThreads>;
   __shared__ float shared[kBlock / kWarp];
   for (int64_t r = G::first_row(); r < rows; r += G::row_stride()) {
     const Y* yr = y + r * cols;
-    const Y* dyr = dy + r * cols;
+    const DY* dyr = dy + r * cols;
     DX* dxr = dx + r * cols;
     const int64_t valid = row_valid(r, t, cols);
     float dot = 0.f;
@@ -96,8 +98,9 @@ void softmax_cuda(OpContext& ctx) {
 void softmax_grad_cuda(OpContext& ctx) {
   const Tensor y = ctx.in("Out");
   const Tensor dy = ctx.in("Out@GRAD");
-  MIX_CHECK(y.shape() == dy.shape() && y.dtype() == dy.dtype(),
-            "softmax_grad: Out@GRAD " << shape_str(dy.shape()) << " does not match Out " << shape_str(y.shape()));
+  MIX_CHECK(y.shape() == dy.shape() && widening::allowed(dy.dtype(), y.dtype()),
+            "softmax_grad: Out@GRAD " << dtype_name(dy.dtype()) << shape_str(dy.shape()) << " does not match Out "
+                                      << dtype_name(y.dtype()) << shape_str(y.shape()));
   check_on_device(ctx, y, "Out");
   check_on_device(ctx, dy, "Out@GRAD");
   const Rows r = rows_of(ctx.op, y.shape(), "Out");
@@ -107,11 +110,14 @@ void softmax_grad_cuda(OpContext& ctx) {
   widening::dispatch(dx.dtype(), y.dtype(), [&](auto dx_tag, auto y_tag) {
     using DX = decltype(dx_tag);
     using Y = decltype(y_tag);
-    with_row_group(r.cols, [&](auto threads) {
-      constexpr int kThreads = decltype(threads)::value;
-      softmax_grad_rows<Y, DX, kThreads><<<row_group_blocks<kThreads>(r.rows), kBlock, 0, stream>>>(
-          y.data<Y>(), dy.data<Y>(), dx.data<DX>(), r.rows, r.cols, r.t);
-      MIX_CUDA_CHECK(cudaGetLastError());
+    widening::dispatch_grad_input<Y>(dy.dtype(), y.dtype(), [&](auto dy_tag) {
+      using DY = decltype(dy_tag);
+      with_row_group(r.cols, [&](auto threads) {
+        constexpr int kThreads = decltype(threads)::value;
+        softmax_grad_rows<Y, DY, DX, kThreads><<<row_group_blocks<kThreads>(r.rows), kBlock, 0, stream>>>(
+            y.data<Y>(), dy.data<DY>(), dx.data<DX>(), r.rows, r.cols, r.t);
+        MIX_CUDA_CHECK(cudaGetLastError());
+      });
     });
   });
 }
