@@ -8,7 +8,8 @@
 // The decorated optimizer's minimize() runs the AMP passes around the wrapped
 // optimizer: amp::rewrite (casts), amp::fold_widening_casts (the casts that
 // softmax and cross-entropy do not need), the loss gradient seeded with the loss scale,
-// autodiff, the gradient sync pass, the unscale of each gradient bucket right
+// autodiff, amp::fold_widening_grad_casts (the cast before softmax_grad), the
+// gradient sync pass, the unscale of each gradient bucket right
 // after its all-reduce completes (fused with the cast to FP32 when the bucket
 // is FP16), the all-reduce of found_inf with its provenance (which parameters
 // overflowed on which ranks), update_loss_scaling, and then the wrapped

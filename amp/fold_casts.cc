@@ -36,9 +36,10 @@ std::vector<std::pair<size_t, std::string>> readers(const Program& p, const std:
 /// slot)`, after `rewire(reader, slot, narrow)` has made that reader read the
 /// cast's FP16/BF16 input instead. Returns how many casts it removed.
 ///
-/// Exactly one reader: with two, the unfolded program adds their FP32
-/// gradients and rounds the sum to FP16 once (the cast's gradient), while
-/// folded readers would each round their own part before the sum.
+/// Exactly one reader. Forward: with two, the unfolded program adds their
+/// FP32 gradients and rounds the sum to FP16 once (the cast's gradient),
+/// while folded readers would each round their own part before the sum.
+/// Backward: any other reader still needs the FP32 value.
 template <typename Accepts, typename Rewire>
 int fold(Program& p, OpRole role, Accepts accepts, Rewire rewire) {
   std::set<size_t> removed;

@@ -208,9 +208,9 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
   app.add_option("--on-min-scale", c.on_min_scale, "what to do after many skipped steps at the minimum scale")
       ->check(CLI::IsMember({"error", "continue"}));
   app.add_flag("!--no-fold-casts", c.fold_casts,
-               "amp: keep the FP32 casts amp::rewrite puts before softmax and softmax_with_cross_entropy, as "
-               "Paddle does (by default those ops read the FP16 values directly: the same results, less memory "
-               "traffic)");
+               "amp: keep the FP32 casts amp::rewrite puts before softmax and softmax_with_cross_entropy, and "
+               "autodiff before softmax_grad, as Paddle does (by default those ops read the FP16 values directly: "
+               "the same results, less memory traffic)");
   app.add_option("--amp-white-list", c.amp_white_list, "ops to run in FP16, comma separated")->delimiter(',')
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_option("--amp-black-list", c.amp_black_list, "ops to keep in FP32, comma separated")->delimiter(',')

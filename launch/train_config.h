@@ -74,7 +74,7 @@ struct TrainConfig {
   std::optional<double> decr_ratio;
   std::optional<double> min_loss_scaling;
   std::string on_min_scale = "error";
-  bool fold_casts = true;  // amp::fold_widening_casts after amp::rewrite (--no-fold-casts: off)
+  bool fold_casts = true;  // amp::fold_widening_casts and _grad_casts (amp/fold_casts.h; --no-fold-casts: off)
   std::vector<std::string> amp_white_list;
   std::vector<std::string> amp_black_list;
   // run control

@@ -218,33 +218,35 @@ TEST_CASE("Transformer AMP steps on the GPU: folded casts give the same bits as 
   mix::testing::require_gpu();
 #ifdef MIX_HAVE_CUDA
   cuda::set_allow_tf32(false);
-  // A 300-token vocabulary: loss rows of more than 256 classes, several values
-  // per thread. No dropout, so that softmax_grad reads the FP16 gradient of
-  // the probabilities (amp::fold_widening_grad_casts).
-  auto transformer = [] { return tiny_transformer(300, 0.0); };
   // The same GPU, the same shapes and the same kernels, which add in fixed
   // orders (no atomics in any value the step computes; cuBLAS gives the same
   // bits for the same call on one GPU). The folded softmax and cross-entropy
   // widen the same FP16 values the casts widened and round their gradients to
   // FP16 once, as the casts' gradients did (test_cuda_transformer_ops.cc checks
   // that op by op). So every persistable and the loss must be identical.
+  // A 300-token vocabulary: loss rows of more than 256 classes, several values
+  // per thread. Without dropout softmax_grad reads the FP16 gradient of the
+  // probabilities (amp::fold_widening_grad_casts); with it, dropout reads them.
   const Device gpu{DeviceKind::cuda, 0};
-  Run folded = train(transformer(), true, gpu, 3, 4, 9, true);
-  Run plain = train(transformer(), true, gpu, 3, 4, 9, false);
-  size_t folded_ops = 0, plain_ops = 0;
-  for (const OpDesc& op : folded.model.program.ops()) folded_ops += op.type == "cast";
-  for (const OpDesc& op : plain.model.program.ops()) plain_ops += op.type == "cast";
-  // 2 layers' scores and the logits, each cast and its gradient's; and each
-  // layer's cast of the probabilities' gradient.
-  CHECK(plain_ops - folded_ops == 2 * 3 + 2);
-  CHECK(folded.scope.get(folded.model.loss).item_float() == plain.scope.get(plain.model.loss).item_float());
-  for (const VarDesc& v : plain.model.program.vars()) {
-    if (!v.persistable) continue;
-    INFO(v.name);
-    const Tensor a = folded.scope.get(v.name).to(cpu_device());
-    const Tensor b = plain.scope.get(v.name).to(cpu_device());
-    REQUIRE(a.bytes() == b.bytes());
-    CHECK(std::memcmp(a.raw(), b.raw(), a.bytes()) == 0);
+  for (double dropout : {0.0, 0.1}) {
+    INFO("dropout " << dropout);
+    Run folded = train(tiny_transformer(300, dropout), true, gpu, 3, 4, 9, true);
+    Run plain = train(tiny_transformer(300, dropout), true, gpu, 3, 4, 9, false);
+    size_t folded_ops = 0, plain_ops = 0;
+    for (const OpDesc& op : folded.model.program.ops()) folded_ops += op.type == "cast";
+    for (const OpDesc& op : plain.model.program.ops()) plain_ops += op.type == "cast";
+    // 2 layers' scores and the logits, each cast and its gradient's; without
+    // dropout, also each layer's cast of the probabilities' gradient.
+    CHECK(plain_ops - folded_ops == (dropout == 0 ? 2 * 3 + 2 : 2 * 3));
+    CHECK(folded.scope.get(folded.model.loss).item_float() == plain.scope.get(plain.model.loss).item_float());
+    for (const VarDesc& v : plain.model.program.vars()) {
+      if (!v.persistable) continue;
+      INFO(v.name);
+      const Tensor a = folded.scope.get(v.name).to(cpu_device());
+      const Tensor b = plain.scope.get(v.name).to(cpu_device());
+      REQUIRE(a.bytes() == b.bytes());
+      CHECK(std::memcmp(a.raw(), b.raw(), a.bytes()) == 0);
+    }
   }
 #endif
 }

@@ -207,9 +207,10 @@ struct AmpRun {
   Scope scope;
   std::vector<float> losses;
 
-  AmpRun(models::Model m, bool fold, int steps) : model(std::move(m)) {
+  AmpRun(models::Model m, bool fold, int steps, DType low) : model(std::move(m)) {
     amp::AmpOptions o;
     o.fold_casts = fold;
+    o.low_dtype = low;
     std::unique_ptr<optim::Optimizer> opt = amp::decorate(optim::make_momentum(0.9), o);
     collective::GradSyncOptions sync;
     sync.mode = collective::GradReduce::fp16;
@@ -245,8 +246,8 @@ struct AmpRun {
 };
 
 /// `removed`: the casts the two passes take out of the model's AMP program.
-void check_same_training(const std::function<models::Model()>& build, int removed) {
-  AmpRun folded(build(), true, 4), plain(build(), false, 4);
+void check_same_training(const std::function<models::Model()>& build, int removed, DType low = DType::f16) {
+  AmpRun folded(build(), true, 4, low), plain(build(), false, 4, low);
   CHECK(casts_of(plain.model.program).size() - casts_of(folded.model.program).size() == static_cast<size_t>(removed));
   CHECK(folded.losses == plain.losses);
   CHECK(folded.losses.front() != folded.losses.back());
@@ -268,5 +269,16 @@ TEST_CASE("AMP training with folded casts is bit-identical to training with the 
   // and the cast of each layer's probability gradient before softmax_grad.
   SECTION("Transformer") {
     check_same_training([] { return models::build_transformer(kTinyTransformer); }, 3 * kTinyTransformer.layers + 2);
+  }
+  SECTION("Transformer in BF16") {
+    check_same_training([] { return models::build_transformer(kTinyTransformer); }, 3 * kTinyTransformer.layers + 2,
+                        DType::bf16);
+  }
+  // With dropout, which reads attention's probabilities in FP32, only the
+  // forward casts and their gradients' go.
+  SECTION("Transformer with dropout") {
+    models::TransformerConfig tc = kTinyTransformer;
+    tc.dropout = 0.1;
+    check_same_training([tc] { return models::build_transformer(tc); }, 2 * tc.layers + 2);
   }
 }

@@ -59,14 +59,21 @@ inline void check_widening_softmax(Device device, DType narrow, const Shape& s, 
                    "softmax_grad x_grad_dtype vs cast(softmax_grad) " + what);
 
   // Out@GRAD narrower than Out (amp::fold_widening_grad_casts): reading the
-  // FP16 gradient gives what reading its FP32 widening gives.
+  // FP16 gradient gives what reading its FP32 widening gives, whether X@GRAD
+  // is narrow (a folded softmax) or FP32 (a softmax of an FP32 input).
   const Tensor dy_narrow = to_dtype(dy, narrow);
-  const OpDesc grad_op =
-      make_op("softmax_grad", {{"Out", {"y"}}, {"Out@GRAD", {"dy"}}}, {{"X@GRAD", {"dx"}}}, grad_attrs);
-  const auto gnarrow = run_ops_on({grad_op}, {{"y", y}, {"dy", dy_narrow}}, device, ExecEnv{}, {"dx"});
-  const auto gwidened =
-      run_ops_on({grad_op}, {{"y", y}, {"dy", to_dtype(dy_narrow, DType::f32)}}, device, ExecEnv{}, {"dx"});
-  expect_identical(gnarrow.at("dx"), gwidened.at("dx"), "softmax_grad on a narrow Out@GRAD vs its widening " + what);
+  using Attrs = std::map<std::string, Attr>;
+  for (const Attrs* attrs : {static_cast<const Attrs*>(&grad_attrs), &base}) {
+    const OpDesc grad_op =
+        make_op("softmax_grad", {{"Out", {"y"}}, {"Out@GRAD", {"dy"}}}, {{"X@GRAD", {"dx"}}}, *attrs);
+    const auto gnarrow = run_ops_on({grad_op}, {{"y", y}, {"dy", dy_narrow}}, device, ExecEnv{}, {"dx"});
+    const auto gwidened =
+        run_ops_on({grad_op}, {{"y", y}, {"dy", to_dtype(dy_narrow, DType::f32)}}, device, ExecEnv{}, {"dx"});
+    CHECK(gnarrow.at("dx").dtype() == (attrs == &base ? DType::f32 : narrow));
+    expect_identical(gnarrow.at("dx"), gwidened.at("dx"),
+                     "softmax_grad on a narrow Out@GRAD vs its widening, X@GRAD " +
+                         std::string(dtype_name(gnarrow.at("dx").dtype())) + " " + what);
+  }
 }
 
 inline void check_widening_cross_entropy(Device device, DType narrow, const Shape& logits_shape) {
