@@ -18,6 +18,7 @@
 // probabilities before their matmul); amp::fold_widening_grad_casts removes
 // the cast that widened that gradient. Shared by the CPU kernels and their
 // CUDA twins.
+#include <map>
 #include <string>
 #include <type_traits>
 
