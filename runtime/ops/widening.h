@@ -25,6 +25,7 @@
 #include "runtime/check.h"
 #include "runtime/dtype.h"
 #include "runtime/half.h"
+#include "runtime/kernels/cpu_loops.h"
 #include "runtime/program.h"
 
 namespace mix::widening {
@@ -72,21 +73,7 @@ template <typename F>
 void dispatch(DType narrow, DType wide, F&& f) {
   MIX_CHECK(allowed(narrow, wide), "expected equal floating dtypes or f16/bf16 with f32, got "
                                        << dtype_name(narrow) << " and " << dtype_name(wide));
-  if (narrow == wide) {
-    switch (narrow) {
-      case DType::f32:
-        f(float{}, float{});
-        return;
-      case DType::f16:
-        f(half_t{}, half_t{});
-        return;
-      case DType::bf16:
-        f(bf16_t{}, bf16_t{});
-        return;
-      default:
-        MIX_FAIL("expected a floating dtype, got " << dtype_name(narrow));
-    }
-  }
+  if (narrow == wide) return cpu::dispatch_floating(narrow, [&](auto tag) { f(tag, tag); });
   if (narrow == DType::f16) return f(half_t{}, float{});
   f(bf16_t{}, float{});
 }
