@@ -31,6 +31,7 @@ std::vector<std::pair<std::string, std::string>> TrainConfig::fingerprint_fields
           {"width", opt(width)},
           {"blocks", list(blocks)},
           {"data-format", is_resnet() ? (resnet_channels_last() ? "nhwc" : "nchw") : "-"},
+          {"fuse-add-relu", fuse_add_relu ? "on" : "off"},
           {"layers", is_language_model() ? num(layers) : "-"},
           {"d-model", is_language_model() ? num(d_model) : "-"},
           {"heads", is_language_model() ? num(heads) : "-"},
@@ -143,6 +144,10 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
   app.add_option("--data-format", c.data_format,
                  "ResNets: activation layout, nchw, nhwc (channels last) or auto (nhwc for amp on cuda, else nchw)")
       ->check(CLI::IsMember({"auto", "nchw", "nhwc"}));
+  app.add_flag("!--no-fuse-add-relu", c.fuse_add_relu,
+               "keep each elementwise_add + relu, and each gradient sum + relu_grad, as two ops (by default a "
+               "residual block's add and relu run as one op forward and one backward: the same results, less "
+               "memory traffic)");
   app.add_option("--layers", c.layers, "transformer: blocks")->check(kPositiveInt);
   app.add_option("--d-model", c.d_model, "transformer: width of the residual stream")->check(kPositiveInt);
   app.add_option("--heads", c.heads, "transformer: attention heads (must divide --d-model)")->check(kPositiveInt);

@@ -23,6 +23,8 @@ struct TrainConfig {
     return data_format == "nhwc" || (data_format == "auto" && device == "cuda" && precision == "amp");
   }
   bool is_resnet() const { return model.rfind("resnet", 0) == 0; }
+  /// Fuse residual adds with their relu, forward and backward (runtime/fuse_add_relu.h; --no-fuse-add-relu: off).
+  bool fuse_add_relu = true;
   // the Transformer language model (models::TransformerConfig)
   int64_t layers = 4;
   int64_t d_model = 128;

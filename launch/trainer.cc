@@ -10,6 +10,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <set>
 #include <sstream>
 
 #include "amp/decorate.h"
@@ -23,6 +24,7 @@
 #include "runtime/data/dataset.h"
 #include "runtime/device_backend.h"
 #include "runtime/executor.h"
+#include "runtime/fuse_add_relu.h"
 #include "runtime/init.h"
 #include "runtime/io/checkpoint.h"
 #include "runtime/log.h"
@@ -337,6 +339,15 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   sync.bucket_bytes = static_cast<size_t>(c.bucket_mb * 1024 * 1024);
   sync.overlap = c.overlap;
   optim::TrainProgram train = opt->minimize(program, model.loss, collective::grad_allreduce_pass(sync));
+  // The variables a run reads back (the executors below keep them).
+  const std::set<std::string> read_back = {model.loss, model.logits, amp::ScalerVars::found_inf,
+                                           amp::ScalerVars::overflow_ranks};
+  if (c.fuse_add_relu) {
+    const FusedAddRelu fused = fuse_add_relu(program, read_back);
+    if (rank == 0 && fused.forward + fused.backward > 0)
+      spdlog::info("fused {} elementwise_add + relu and {} sum + relu_grad pairs (--no-fuse-add-relu: keep them)",
+                   fused.forward, fused.backward);
+  }
 
   if (c.print_program) {
     if (rank == 0) std::cout << program.str() << collective::describe_grad_sync(program) << std::flush;

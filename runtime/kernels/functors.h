@@ -67,6 +67,13 @@ struct Add {
 struct Mul {
   MIX_HD float operator()(float a, float b) const { return a * b; }
 };
+/// fused_add_relu: relu(a + b), rounded once on store. The same bits as
+/// elementwise_add then relu, which round the sum before the relu: rounding
+/// to FP16/BF16 keeps a value's sign, turns nothing positive into a negative
+/// and 0 into 0, so relu and the rounding commute (NaN gives 0 either way).
+struct AddRelu {
+  MIX_HD float operator()(float a, float b) const { return ReluFwd{}(Add{}(a, b)); }
+};
 /// The first operand: the summand of elementwise_add's bias gradient, dY = sum(dOut).
 struct TakeFirst {
   MIX_HD float operator()(float a, float) const { return a; }

@@ -5,8 +5,24 @@
 #include "runtime/check.h"
 #include "runtime/op_registry.h"
 #include "runtime/ops/gemm.h"
+#include "runtime/ops/sum.h"
 
 namespace mix {
+
+std::vector<float> sum_in_f32(const std::vector<const Tensor*>& xs, const std::string& op) {
+  MIX_CHECK(!xs.empty(), op << " of no inputs");
+  const Tensor& first = *xs[0];
+  std::vector<float> acc = first.to_floats();
+  for (size_t k = 1; k < xs.size(); ++k) {
+    MIX_CHECK(xs[k]->numel() == first.numel() && xs[k]->dtype() == first.dtype(),
+              op << ": input " << k << " " << dtype_name(xs[k]->dtype()) << shape_str(xs[k]->shape())
+                 << " does not match " << dtype_name(first.dtype()) << shape_str(first.shape()));
+    const float* v = cpu::as_f32(*xs[k], 4);
+    for (size_t i = 0; i < acc.size(); ++i) acc[i] += v[i];
+  }
+  return acc;
+}
+
 namespace {
 
 void infer_sum(Program& p, OpDesc& op) {
@@ -16,18 +32,10 @@ void infer_sum(Program& p, OpDesc& op) {
 
 void sum_cpu(OpContext& ctx) {
   auto xs = ctx.ins("X");
-  MIX_CHECK(!xs.empty(), "sum of no inputs");
-  const Tensor& first = *xs[0];
-  std::vector<float> acc = first.to_floats();
-  for (size_t k = 1; k < xs.size(); ++k) {
-    MIX_CHECK(xs[k]->numel() == first.numel() && xs[k]->dtype() == first.dtype(),
-              "sum: input " << k << " " << shape_str(xs[k]->shape()) << " does not match " << shape_str(first.shape()));
-    const float* v = cpu::as_f32(*xs[k], 4);
-    for (size_t i = 0; i < acc.size(); ++i) acc[i] += v[i];
-  }
+  const std::vector<float> acc = sum_in_f32(xs, "sum");
   // The output may alias an input (in-place accumulation): all inputs are read above.
-  Shape shape = first.shape();
-  DType dtype = first.dtype();
+  Shape shape = xs[0]->shape();
+  DType dtype = xs[0]->dtype();
   Tensor& out = ctx.out("Out", shape, dtype);
   cpu::store_f32(acc.data(), out);
 }

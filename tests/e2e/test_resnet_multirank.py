@@ -15,7 +15,10 @@
      --init-from (parameters and buffers), and `--steps 0 --save` writes exactly
      the tensors of that state_dict, with the same names, shapes and values;
   4. ResNet-50's structure at ImageNet size trains a step (synthetic 3x224x224,
-     batch 2, --width 8 to stay quick) and reports its peak memory.
+     batch 2, --width 8 to stay quick) and reports its peak memory;
+  5. the residual adds fused with their relu (runtime/fuse_add_relu.h, the
+     default): --print-program shows the fused ops, and 4 AMP steps write the
+     same checkpoint, byte for byte, as with --no-fuse-add-relu.
 """
 import re
 import sys
@@ -103,6 +106,26 @@ def main():
         s = mt.Metrics(met).summary
         c.check(s["peak_bytes"] > 0 and s["planned_peak_temporary_bytes"] > 0,
                 "the summary reports peak and planned memory", f"peak {s['peak_bytes']} bytes")
+
+    # ---- 5: fused add + relu against --no-fuse-add-relu -------------------------------------------------
+    # Two blocks: each ends in add + relu, and each block input's gradient is a
+    # sum followed by a relu_grad (block 1's input is the stem's relu).
+    for flag, fused in (([], 2), (["--no-fuse-add-relu"], 0)):
+        r = mt.mixtrain([*NET, "--print-program", *flag], timeout=60)
+        if c.ok_run(r, f"--print-program {' '.join(flag)}"):
+            ops = re.findall(r"= (fused_add_relu|fused_sum_relu_grad)\(", r.out)
+            c.check(ops.count("fused_add_relu") == fused and ops.count("fused_sum_relu_grad") == fused,
+                    f"{' '.join(flag) or 'by default'}: {fused} fused_add_relu and {fused} fused_sum_relu_grad",
+                    f"{ops}")
+    ckpts = []
+    for flag in ([], ["--no-fuse-add-relu"]):
+        ckpt = d / f"fuse_{len(flag)}.safetensors"
+        r = mt.mixtrain([*NET, "--steps", 4, "--save", ckpt, *flag], timeout=120)
+        if c.ok_run(r, f"4 AMP steps {' '.join(flag) or 'with the fused ops'}"):
+            ckpts.append(ckpt)
+    if len(ckpts) == 2:
+        c.check(ckpts[0].read_bytes() == ckpts[1].read_bytes(),
+                "fused and unfused add + relu: byte-identical checkpoints after 4 steps")
     c.finish()
 
 

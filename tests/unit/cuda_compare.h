@@ -34,6 +34,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <iterator>
+#include <limits>
 #include <map>
 #include <set>
 #include <string>
@@ -72,6 +74,16 @@ inline Tensor random_tensor(const Shape& s, DType t, uint64_t seed, float lo = -
 
 inline Tensor floats(const Shape& s, const std::vector<float>& v, DType t) {
   return to_dtype(Tensor::from_floats(s, v), t);
+}
+
+/// x_f32 stored in dtype t, with zeros of both signs, infinities, a NaN, values
+/// that underflow or overflow FP16 and a subnormal at fixed places.
+inline Tensor with_specials(const Tensor& x_f32, DType t) {
+  std::vector<float> v = x_f32.to_floats();
+  const float inf = std::numeric_limits<float>::infinity();
+  const float specials[] = {0.f, -0.f, inf, -inf, std::nanf(""), 1e-30f, -1e-30f, 6e-8f, 65504.f, -70000.f};
+  for (size_t k = 0; k < std::size(specials) && k < v.size(); ++k) v[k * 7 % v.size()] = specials[k];
+  return floats(x_f32.shape(), v, t);
 }
 
 /// Every element as double (floating dtypes).

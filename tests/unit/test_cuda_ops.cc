@@ -87,14 +87,6 @@ Tensor i32s(const Shape& s, const std::vector<int32_t>& v) {
   return t;
 }
 
-Tensor with_specials(const Tensor& x_f32, DType t) {
-  std::vector<float> v = x_f32.to_floats();
-  const float inf = std::numeric_limits<float>::infinity();
-  const float specials[] = {0.f, -0.f, inf, -inf, std::nanf(""), 1e-30f, -1e-30f, 6e-8f, 65504.f, -70000.f};
-  for (size_t k = 0; k < std::size(specials) && k < v.size(); ++k) v[k * 7 % v.size()] = specials[k];
-  return floats(x_f32.shape(), v, t);
-}
-
 }  // namespace
 
 // ---- activations --------------------------------------------------------------------------
@@ -286,6 +278,35 @@ TEST_CASE("sum of several inputs is identical to the CPU, in place too", "[cuda]
               "sum of " + std::to_string(k) + " " + dname(dt) + mix::shape_str(s) + (in_place ? " in place" : ""));
         }
       }
+}
+
+TEST_CASE("fused_add_relu and fused_sum_relu_grad are identical to the CPU", "[cuda][fused]") {
+  require_gpu();
+  // The same functors (fn::AddRelu, sum's FP32 adds in input order, then
+  // fn::ReluBwd) and one rounding on store, on both sides: bit for bit. The
+  // inputs hold infinities, a NaN, zeros of both signs and values that
+  // overflow FP16; the shapes take the packed and the one-element paths.
+  for (DType dt : kFloatTypes)
+    for (const Shape& s : {Shape{33, 65}, Shape{2, 1024}, Shape{1, 3}}) {
+      const std::string what = dname(dt) + mix::shape_str(s);
+      const OneOp add{
+          make_op("fused_add_relu", {{"X", {"x"}}, {"Y", {"y"}}}, {{"Out", {"out"}}}),
+          {{"x", with_specials(uniform_tensor(s, 1, -4.f, 4.f), dt)}, {"y", random_tensor(s, dt, 2, -4.f, 4.f)}}};
+      const Both a = run_both(add, {"out"});
+      expect_identical(a.gpu.at("out"), a.cpu.at("out"), "fused_add_relu " + what);
+      for (int k : {2, 3, 11}) {  // 11 > 8 inputs per launch: the chunked path
+        std::vector<std::pair<std::string, Tensor>> feeds{{"y", with_specials(uniform_tensor(s, 3, -1.f, 1.f), dt)}};
+        std::vector<std::string> parts;
+        for (int i = 0; i < k; ++i) {
+          parts.push_back(numbered("g", static_cast<size_t>(i)));
+          feeds.push_back({parts.back(), random_tensor(s, dt, 10 + static_cast<uint64_t>(i), -10.f, 10.f)});
+        }
+        const OneOp grad{make_op("fused_sum_relu_grad", {{"Out", {"y"}}, {"Out@GRAD", parts}}, {{"X@GRAD", {"dx"}}}),
+                         feeds};
+        const Both g = run_both(grad, {"dx"});
+        expect_identical(g.gpu.at("dx"), g.cpu.at("dx"), "fused_sum_relu_grad of " + std::to_string(k) + " " + what);
+      }
+    }
 }
 
 TEST_CASE("elementwise_add/mul and their gradients match the CPU", "[cuda][elementwise]") {

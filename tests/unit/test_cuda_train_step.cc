@@ -5,6 +5,8 @@
 // split/transpose2 attention, 2 steps). Every
 // FP32 persistable (parameters, momentum buffers, running statistics) and the
 // last loss are compared; integer state (num_batches_tracked) must be equal.
+// The programs are mixtrain's, fuse_add_relu included (tests/unit/train_steps.h),
+// so the ResNet steps run fused_add_relu and fused_sum_relu_grad on the GPU.
 // Last, the Transformer's AMP steps on the GPU with and without
 // amp::fold_widening_casts, which must agree bit for bit.
 // Without a GPU: exit 77 (CTest: skipped).
@@ -16,15 +18,10 @@
 #include <cstring>
 #include <functional>
 #include <vector>
-#include "tests/unit/require_gpu.h"
 
-#include "amp/decorate.h"
-#include "collective/communicator.h"
-#include "collective/grad_allreduce_pass.h"
 #include "models/model.h"
-#include "runtime/executor.h"
-#include "runtime/init.h"
-#include "runtime/random.h"
+#include "tests/unit/require_gpu.h"
+#include "tests/unit/train_steps.h"
 
 #ifdef MIX_HAVE_CUDA
 #include "runtime/cuda/context.h"
@@ -34,67 +31,21 @@ using namespace mix;
 
 namespace {
 
-struct Run {
-  models::Model model;
-  Scope scope;
-};
+using mix::testing::train_steps;
+using mix::testing::TrainedModel;
+using mix::testing::TrainOptions;
 
-/// `steps` momentum-SGD steps of `model` on `device` from the state seeded by
-/// `seed`; batch s has inputs N(0, 1) of the model's example shape (random
-/// tokens for a language model) and random labels.
-// Unused in builds without CUDA, where the tests only report themselves skipped.
-/// Under AMP, `fold_casts` picks whether amp::fold_widening_casts runs.
-[[maybe_unused]] Run train(models::Model model, bool use_amp, Device device, int steps, int64_t batch, uint64_t seed,
-                           bool fold_casts = true) {
-  Run r;
-  r.model = std::move(model);
-  std::unique_ptr<optim::Optimizer> opt = optim::make_momentum(0.9);
-  if (use_amp) {
-    amp::AmpOptions o;
-    o.fold_casts = fold_casts;
-    opt = amp::decorate(std::move(opt), o);
-  }
-  collective::GradSyncOptions sync;
-  sync.mode = use_amp ? collective::GradReduce::fp16 : collective::GradReduce::fp32;
-  opt->minimize(r.model.program, r.model.loss, collective::grad_allreduce_pass(sync));
-  initialize_persistables(r.model.program, r.scope, seed);
-  for (const VarDesc& v : r.model.program.vars())
-    if (v.persistable) r.scope.set(v.name, r.scope.get(v.name).to(device));
-  r.scope.get(optim::kLearningRate).copy_from(Tensor::from_floats({1}, {0.05f}));
-
-  auto comm = collective::make_local_communicator();  // world 1: the all-reduces are the identity
-  Executor step(r.model.program, {r.model.loss});
-  ExecEnv env;
-  env.comm = comm.get();
-  env.device = device;
-  Shape x_shape{batch};
-  x_shape.insert(x_shape.end(), r.model.example_shape.begin(), r.model.example_shape.end());
-  Shape label_shape{batch};
-  label_shape.insert(label_shape.end(), r.model.label_shape.begin(), r.model.label_shape.end());
-  const auto classes = static_cast<uint64_t>(r.model.num_classes);
-  for (int s = 0; s < steps; ++s) {
-    Rng rng = Rng::for_stream(seed + 10, static_cast<uint64_t>(s));
-    if (r.model.input_dtype == DType::i64) {  // tokens
-      Tensor tokens = Tensor::empty(x_shape, DType::i64);
-      for (int64_t i = 0; i < tokens.numel(); ++i) tokens.data<int64_t>()[i] = static_cast<int64_t>(rng.below(classes));
-      r.scope.set(r.model.input, tokens.to(device));
-    } else {
-      std::vector<float> x(static_cast<size_t>(shape_numel(x_shape)));
-      for (auto& v : x) v = static_cast<float>(rng.normal());
-      r.scope.set(r.model.input, Tensor::from_floats(x_shape, x).to(device));
-    }
-    Tensor labels = Tensor::empty(label_shape, DType::i64);
-    for (int64_t i = 0; i < labels.numel(); ++i) labels.data<int64_t>()[i] = static_cast<int64_t>(rng.below(classes));
-    r.scope.set(r.model.label, labels.to(device));
-    env.step = s + 1;
-    step.run(r.scope, env);
-  }
-  return r;
+/// `steps` momentum-SGD steps (tests/unit/train_steps.h) of `model` on
+/// `device`, in AMP or FP32, with `batch` examples a step.
+[[maybe_unused]] TrainedModel train(models::Model model, bool use_amp, Device device, int steps, int64_t batch,
+                                    uint64_t seed) {
+  return train_steps(std::move(model),
+                     TrainOptions{.amp = use_amp, .device = device, .steps = steps, .batch = batch, .seed = seed});
 }
 
 /// Every FP32 persistable within `tol` of its tensor's largest |value| (CPU run as
 /// the reference), integer persistables equal, and the losses within `loss_rel`.
-[[maybe_unused]] void compare(const Run& cpu, const Run& dev, double tol, double loss_rel) {
+[[maybe_unused]] void compare(const TrainedModel& cpu, const TrainedModel& dev, double tol, double loss_rel) {
   for (const VarDesc& v : cpu.model.program.vars()) {
     if (!v.persistable) continue;
     INFO(v.name);
@@ -129,8 +80,8 @@ struct Tolerance {
   const Device gpu{DeviceKind::cuda, 0};
   for (bool use_amp : {false, true}) {
     INFO((use_amp ? "AMP" : "FP32"));
-    Run cpu = train(build(), use_amp, cpu_device(), steps, batch, seed);
-    Run dev = train(build(), use_amp, gpu, steps, batch, seed);
+    TrainedModel cpu = train(build(), use_amp, cpu_device(), steps, batch, seed);
+    TrainedModel dev = train(build(), use_amp, gpu, steps, batch, seed);
     const Tolerance tol = use_amp ? amp : fp32;
     compare(cpu, dev, tol.state, tol.loss);
   }
@@ -230,8 +181,10 @@ TEST_CASE("Transformer AMP steps on the GPU: folded casts give the same bits as 
   const Device gpu{DeviceKind::cuda, 0};
   for (double dropout : {0.0, 0.1}) {
     INFO("dropout " << dropout);
-    Run folded = train(tiny_transformer(300, dropout), true, gpu, 3, 4, 9, true);
-    Run plain = train(tiny_transformer(300, dropout), true, gpu, 3, 4, 9, false);
+    TrainOptions o{.amp = true, .device = gpu, .steps = 3, .batch = 4, .seed = 9};
+    TrainedModel folded = train_steps(tiny_transformer(300, dropout), o);
+    o.fold_casts = false;
+    TrainedModel plain = train_steps(tiny_transformer(300, dropout), o);
     size_t folded_ops = 0, plain_ops = 0;
     for (const OpDesc& op : folded.model.program.ops()) folded_ops += op.type == "cast";
     for (const OpDesc& op : plain.model.program.ops()) plain_ops += op.type == "cast";

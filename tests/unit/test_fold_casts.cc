@@ -13,19 +13,13 @@
 #include <string>
 #include <vector>
 
-#include "amp/decorate.h"
 #include "amp/fold_casts.h"
 #include "amp/rewrite.h"
-#include "collective/communicator.h"
-#include "collective/grad_allreduce_pass.h"
 #include "models/model.h"
 #include "runtime/autodiff.h"
 #include "runtime/check.h"
-#include "runtime/executor.h"
-#include "runtime/init.h"
-#include "runtime/optim/optimizer.h"
-#include "runtime/random.h"
 #include "tests/unit/amp_test_programs.h"
+#include "tests/unit/train_steps.h"
 #include "tests/unit/widening_check.h"
 
 using namespace mix;
@@ -36,6 +30,9 @@ const models::TransformerConfig kTinyTransformer{.layers = 2, .d_model = 16, .he
 
 using mix::testing::producer_of;
 using mix::testing::small_mlp;
+using mix::testing::train_steps;
+using mix::testing::TrainedModel;
+using mix::testing::TrainOptions;
 
 /// The program's casts, by output name.
 std::multiset<std::string> casts_of(const Program& p) {
@@ -199,58 +196,18 @@ TEST_CASE("softmax and cross-entropy with out_dtype f32 on the CPU: the values o
 
 namespace {
 
-/// A model's AMP training program with or without the pass, run for `steps`
-/// momentum-SGD steps on fixed random batches from the same initial state.
-struct AmpRun {
-  models::Model model;
-  optim::TrainProgram train;
-  Scope scope;
-  std::vector<float> losses;
-
-  AmpRun(models::Model m, bool fold, int steps, DType low) : model(std::move(m)) {
-    amp::AmpOptions o;
-    o.fold_casts = fold;
-    o.low_dtype = low;
-    std::unique_ptr<optim::Optimizer> opt = amp::decorate(optim::make_momentum(0.9), o);
-    collective::GradSyncOptions sync;
-    sync.mode = collective::GradReduce::fp16;
-    train = opt->minimize(model.program, model.loss, collective::grad_allreduce_pass(sync));
-    initialize_persistables(model.program, scope, 5);
-    scope.get(optim::kLearningRate).data<float>()[0] = 0.05f;
-    auto comm = collective::make_local_communicator();
-    const int64_t batch = 3;
-    Rng rng(6);
-    for (int s = 1; s <= steps; ++s) {
-      Shape in_shape{batch}, label_shape{batch};
-      in_shape.insert(in_shape.end(), model.example_shape.begin(), model.example_shape.end());
-      label_shape.insert(label_shape.end(), model.label_shape.begin(), model.label_shape.end());
-      const auto classes = static_cast<uint64_t>(model.num_classes);
-      if (model.input_dtype == DType::i64) {
-        std::vector<int64_t> ids(static_cast<size_t>(shape_numel(in_shape)));
-        for (auto& v : ids) v = static_cast<int64_t>(rng.below(classes));
-        scope.set(model.input, mix::testing::i64_tensor(in_shape, ids));
-      } else {
-        scope.set(model.input, mix::testing::uniform_tensor(in_shape, 100 + static_cast<uint64_t>(s)));
-      }
-      std::vector<int64_t> labels(static_cast<size_t>(shape_numel(label_shape)));
-      for (auto& v : labels) v = static_cast<int64_t>(rng.below(classes));
-      scope.set(model.label, mix::testing::i64_tensor(label_shape, labels));
-      ExecEnv env;
-      env.comm = comm.get();
-      env.step = s;
-      Executor(model.program, {model.loss, train.found_inf}).run(scope, env);
-      REQUIRE(scope.get(train.found_inf).item_float() == 0.f);  // every step applied: the parameters move
-      losses.push_back(scope.get(model.loss).item_float());
-    }
-  }
-};
+/// 4 AMP momentum-SGD steps of the model that `build` makes (tests/unit/train_steps.h), with or without the passes.
+TrainedModel amp_steps(const std::function<models::Model()>& build, bool fold, DType low) {
+  return train_steps(build(), TrainOptions{.amp = true, .low = low, .fold_casts = fold, .steps = 4, .batch = 3});
+}
 
 /// `removed`: the casts the two passes take out of the model's AMP program.
 void check_same_training(const std::function<models::Model()>& build, int removed, DType low = DType::f16) {
-  AmpRun folded(build(), true, 4, low), plain(build(), false, 4, low);
+  const TrainedModel folded = amp_steps(build, true, low), plain = amp_steps(build, false, low);
   CHECK(casts_of(plain.model.program).size() - casts_of(folded.model.program).size() == static_cast<size_t>(removed));
   CHECK(folded.losses == plain.losses);
   CHECK(folded.losses.front() != folded.losses.back());
+  for (float f : folded.found_inf) REQUIRE(f == 0.f);  // every step was applied: the parameters moved
   for (const std::string& name : folded.model.program.parameters()) {
     INFO(name);
     const Tensor& a = folded.scope.get(name);

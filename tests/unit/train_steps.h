@@ -1,0 +1,102 @@
+#pragma once
+// A few momentum-SGD training steps of a model on random batches: the harness
+// of the tests that train one model two ways and compare the results, folded
+// casts or not (test_fold_casts.cc), fused add + relu or not
+// (test_fuse_add_relu.cc), the GPU against the CPU and the passes on the GPU
+// (test_cuda_train_step.cc). Header-only (each test file is its own executable).
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "amp/decorate.h"
+#include "collective/communicator.h"
+#include "collective/grad_allreduce_pass.h"
+#include "models/model.h"
+#include "runtime/executor.h"
+#include "runtime/fuse_add_relu.h"
+#include "runtime/init.h"
+#include "runtime/optim/optimizer.h"
+#include "runtime/random.h"
+
+namespace mix::testing {
+
+struct TrainOptions {
+  bool amp = false;           // decorate the optimizer with amp::decorate
+  DType low = DType::f16;     // AMP's low precision
+  bool fold_casts = true;     // AmpOptions::fold_casts
+  bool fuse_add_relu = true;  // run fuse_add_relu on the training program, as mixtrain does
+  Device device = cpu_device();
+  int steps = 2;
+  int64_t batch = 3;
+  uint64_t seed = 5;  // the initial state and the batches
+};
+
+struct TrainedModel {
+  models::Model model;
+  optim::TrainProgram train;
+  Scope scope;
+  std::vector<float> losses;     // each step's loss
+  std::vector<float> found_inf;  // AMP: each step's overflow flag (0: the step was applied)
+};
+
+/// `o.steps` steps of `model` (momentum 0.9, learning rate 0.05, world size 1)
+/// on `o.device` from the state `o.seed` initialises. Batch s has inputs
+/// N(0, 1) of the model's example shape (uniform random tokens for a language
+/// model) and uniform random labels, drawn from `o.seed` and s alone, so two
+/// runs with one seed see the same batches.
+inline TrainedModel train_steps(models::Model model, const TrainOptions& o) {
+  TrainedModel r;
+  r.model = std::move(model);
+  std::unique_ptr<optim::Optimizer> opt = optim::make_momentum(0.9);
+  if (o.amp) {
+    amp::AmpOptions ao;
+    ao.low_dtype = o.low;
+    ao.fold_casts = o.fold_casts;
+    opt = amp::decorate(std::move(opt), ao);
+  }
+  collective::GradSyncOptions sync;
+  sync.mode = o.amp ? collective::GradReduce::fp16 : collective::GradReduce::fp32;
+  r.train = opt->minimize(r.model.program, r.model.loss, collective::grad_allreduce_pass(sync));
+  std::set<std::string> keep = {r.model.loss};
+  if (!r.train.found_inf.empty()) keep.insert(r.train.found_inf);
+  if (o.fuse_add_relu) fuse_add_relu(r.model.program, keep);
+
+  initialize_persistables(r.model.program, r.scope, o.seed);
+  r.scope.get(optim::kLearningRate).data<float>()[0] = 0.05f;
+  for (const VarDesc& v : r.model.program.vars())
+    if (v.persistable) r.scope.set(v.name, r.scope.get(v.name).to(o.device));
+
+  auto comm = collective::make_local_communicator();  // world 1: the all-reduces are the identity
+  Executor step(r.model.program, keep);
+  ExecEnv env;
+  env.comm = comm.get();
+  env.device = o.device;
+  Shape x_shape{o.batch};
+  x_shape.insert(x_shape.end(), r.model.example_shape.begin(), r.model.example_shape.end());
+  Shape label_shape{o.batch};
+  label_shape.insert(label_shape.end(), r.model.label_shape.begin(), r.model.label_shape.end());
+  const auto classes = static_cast<uint64_t>(r.model.num_classes);
+  for (int s = 0; s < o.steps; ++s) {
+    Rng rng = Rng::for_stream(o.seed + 10, static_cast<uint64_t>(s));
+    if (r.model.input_dtype == DType::i64) {  // tokens
+      Tensor tokens = Tensor::empty(x_shape, DType::i64);
+      for (int64_t i = 0; i < tokens.numel(); ++i) tokens.data<int64_t>()[i] = static_cast<int64_t>(rng.below(classes));
+      r.scope.set(r.model.input, tokens.to(o.device));
+    } else {
+      std::vector<float> x(static_cast<size_t>(shape_numel(x_shape)));
+      for (auto& v : x) v = static_cast<float>(rng.normal());
+      r.scope.set(r.model.input, Tensor::from_floats(x_shape, x).to(o.device));
+    }
+    Tensor labels = Tensor::empty(label_shape, DType::i64);
+    for (int64_t i = 0; i < labels.numel(); ++i) labels.data<int64_t>()[i] = static_cast<int64_t>(rng.below(classes));
+    r.scope.set(r.model.label, labels.to(o.device));
+    env.step = s + 1;
+    step.run(r.scope, env);
+    r.losses.push_back(r.scope.get(r.model.loss).item_float());
+    if (!r.train.found_inf.empty()) r.found_inf.push_back(r.scope.get(r.train.found_inf).item_float());
+  }
+  return r;
+}
+
+}  // namespace mix::testing
