@@ -339,7 +339,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   sync.bucket_bytes = static_cast<size_t>(c.bucket_mb * 1024 * 1024);
   sync.overlap = c.overlap;
   optim::TrainProgram train = opt->minimize(program, model.loss, collective::grad_allreduce_pass(sync));
-  // The variables a run reads back (the executors below keep them).
+  // Variables the trainer reads after a step or an evaluation: never fused away.
   const std::set<std::string> read_back = {model.loss, model.logits, amp::ScalerVars::found_inf,
                                            amp::ScalerVars::overflow_ranks};
   if (c.fuse_add_relu) {

@@ -30,15 +30,23 @@ size_t writers_of(const Program& p, const std::string& var) {
   return count;
 }
 
-/// Whether an op strictly between `from` and `to` writes one of `op`'s inputs:
-/// moving `op` to `to` would then read other values.
-bool inputs_rewritten_between(const Program& p, const OpDesc& op, size_t from, size_t to) {
+/// Whether `op` can move from `from` to `to` and still read the same values.
+/// Comparing names is not enough: a view (reshape2, an add's pass-through
+/// gradient) shares its storage with another variable, and an op may write
+/// a tensor in place. So only collective ops may lie between the two (the
+/// gradient-sync pass starts bucket all-reduces between backward ops; they
+/// pack and reduce parameter gradients, never activations or their views),
+/// and none of them may write one of `op`'s inputs by name either.
+bool can_move(const Program& p, const OpDesc& op, size_t from, size_t to) {
   const std::vector<std::string> inputs = op.all_inputs();
-  for (size_t k = from + 1; k < to; ++k)
-    for (const auto& out : p.ops()[k].all_outputs())
+  for (size_t k = from + 1; k < to; ++k) {
+    const OpDesc& between = p.ops()[k];
+    if (between.role != OpRole::collective) return false;
+    for (const auto& out : between.all_outputs())
       for (const auto& in : inputs)
-        if (out == in) return true;
-  return false;
+        if (out == in) return false;
+  }
+  return true;
 }
 
 /// A producer whose output "Out" has one reader, the consumer, which the fused
@@ -61,7 +69,7 @@ int fuse_pairs(Program& p, const std::set<std::string>& keep, const std::string&
     if (reads.size() != 1 || reads.front().first <= i) continue;
     const auto& [j, slot] = reads.front();
     if (replaced.count(j) || p.ops()[j].ins(slot).size() != 1) continue;
-    if (inputs_rewritten_between(p, producer, i, j)) continue;
+    if (!can_move(p, producer, i, j)) continue;
     std::optional<OpDesc> fused = make_fused(producer, p.ops()[j], slot);
     if (!fused) continue;
     fused->role = p.ops()[j].role;

@@ -9,7 +9,11 @@
 //   out = fused_add_relu(branch, shortcut)
 //   dx  = fused_sum_relu_grad(out, [g_part0, g_part1])
 // when the intermediate (t or g) has no other reader, is neither persistable
-// nor kept by the caller, and the add does not broadcast.
+// nor kept by the caller, the add does not broadcast, and nothing but
+// collective ops (gradient all-reduces) lies between the two ops: the fused
+// op runs at the second op's place, so the first one's inputs must still hold
+// their values there. In the programs mixtrain builds the two are adjacent,
+// or a bucket's all-reduce starts between them.
 //
 // Why: the intermediate is never written nor read back. Per element of a
 // block's output that is 4 bytes of memory traffic less in FP16 forward and

@@ -44,22 +44,25 @@ void add_relu_cpu(OpContext& ctx) {
   cpu::binary_tensor(x, y, out, fn::AddRelu{});
 }
 
+// X@GRAD has Out's shape and the gradients' dtype, as relu_grad's.
 void infer_sum_relu_grad(Program& p, OpDesc& op) {
+  const VarDesc& out = p.var(op.in("Out"));
   const VarDesc& dout = p.var(op.ins("Out@GRAD").at(0));
-  declare_var(p, op.out("X@GRAD"), dout.shape, dout.dtype);
+  declare_var(p, op.out("X@GRAD"), out.shape, dout.dtype);
 }
 
 void sum_relu_grad_cpu(OpContext& ctx) {
   const Tensor& out = ctx.in("Out");
   const std::vector<const Tensor*> parts = ctx.ins("Out@GRAD");
   std::vector<float> acc = sum_in_f32(parts, "fused_sum_relu_grad");
-  MIX_CHECK(static_cast<int64_t>(acc.size()) == out.numel(), "fused_sum_relu_grad: Out"
-                                                                 << shape_str(out.shape()) << " does not match Out@GRAD"
-                                                                 << shape_str(parts[0]->shape()));
+  MIX_CHECK(static_cast<int64_t>(acc.size()) == out.numel() && out.dtype() == parts[0]->dtype(),
+            "fused_sum_relu_grad: Out " << dtype_name(out.dtype()) << shape_str(out.shape())
+                                        << " does not match the gradient " << dtype_name(parts[0]->dtype())
+                                        << shape_str(parts[0]->shape()));
   const float* y = cpu::as_f32(out, 3);  // sum_in_f32 uses scratch slot 4
   const fn::ReluBwd mask;
   for (size_t i = 0; i < acc.size(); ++i) acc[i] = mask(y[i], acc[i]);
-  Tensor& dx = ctx.out("X@GRAD", parts[0]->shape(), parts[0]->dtype());
+  Tensor& dx = ctx.out("X@GRAD", out.shape(), out.dtype());  // relu_grad's shape: Out's
   cpu::store_f32(acc.data(), dx);
 }
 

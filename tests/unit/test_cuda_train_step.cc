@@ -5,8 +5,8 @@
 // split/transpose2 attention, 2 steps). Every
 // FP32 persistable (parameters, momentum buffers, running statistics) and the
 // last loss are compared; integer state (num_batches_tracked) must be equal.
-// The programs are mixtrain's, fuse_add_relu included (tests/unit/train_steps.h),
-// so the ResNet steps run fused_add_relu and fused_sum_relu_grad on the GPU.
+// The programs are mixtrain's, fuse_add_relu included (tests/unit/train_steps.h):
+// the ResNet runs once with fused_add_relu and fused_sum_relu_grad, once without.
 // Last, the Transformer's AMP steps on the GPU with and without
 // amp::fold_widening_casts, which must agree bit for bit.
 // Without a GPU: exit 77 (CTest: skipped).
@@ -38,9 +38,13 @@ using mix::testing::TrainOptions;
 /// `steps` momentum-SGD steps (tests/unit/train_steps.h) of `model` on
 /// `device`, in AMP or FP32, with `batch` examples a step.
 [[maybe_unused]] TrainedModel train(models::Model model, bool use_amp, Device device, int steps, int64_t batch,
-                                    uint64_t seed) {
-  return train_steps(std::move(model),
-                     TrainOptions{.amp = use_amp, .device = device, .steps = steps, .batch = batch, .seed = seed});
+                                    uint64_t seed, bool fuse_add_relu) {
+  return train_steps(std::move(model), TrainOptions{.amp = use_amp,
+                                                    .fuse_add_relu = fuse_add_relu,
+                                                    .device = device,
+                                                    .steps = steps,
+                                                    .batch = batch,
+                                                    .seed = seed});
 }
 
 /// Every FP32 persistable within `tol` of its tensor's largest |value| (CPU run as
@@ -74,14 +78,15 @@ struct Tolerance {
 };
 
 /// The model that `build` makes, trained for `steps` steps on the CPU and on
-/// cuda:0, in FP32 and in AMP, compared with compare() within `fp32` or `amp`.
+/// cuda:0, in FP32 and in AMP, compared with compare() within `fp32` or `amp`;
+/// `fuse_add_relu` picks whether the programs run fuse_add_relu.
 [[maybe_unused]] void expect_gpu_matches_cpu(const std::function<models::Model()>& build, int steps, int64_t batch,
-                                             uint64_t seed, Tolerance fp32, Tolerance amp) {
+                                             uint64_t seed, Tolerance fp32, Tolerance amp, bool fuse_add_relu = true) {
   const Device gpu{DeviceKind::cuda, 0};
   for (bool use_amp : {false, true}) {
     INFO((use_amp ? "AMP" : "FP32"));
-    TrainedModel cpu = train(build(), use_amp, cpu_device(), steps, batch, seed);
-    TrainedModel dev = train(build(), use_amp, gpu, steps, batch, seed);
+    TrainedModel cpu = train(build(), use_amp, cpu_device(), steps, batch, seed, fuse_add_relu);
+    TrainedModel dev = train(build(), use_amp, gpu, steps, batch, seed, fuse_add_relu);
     const Tolerance tol = use_amp ? amp : fp32;
     compare(cpu, dev, tol.state, tol.loss);
   }
@@ -138,7 +143,12 @@ TEST_CASE("ResNet training steps on the GPU (cuDNN) match the CPU", "[cuda][resn
     // AMP: FP16 activations and gradients (2^-11 per rounding, the same
     // rounding points on both devices), so a different summation order can flip
     // a rounding, and more ReLU inputs switch sides: 2e-2 of the scale.
-    expect_gpu_matches_cpu(resnet, 2, 8, 5, {1e-3, 1e-4}, {2e-2, 1e-2});
+    // Both with the residual adds fused with their relu (mixtrain's default)
+    // and without (the sum and relu_grad kernels), over whole steps.
+    for (bool fuse : {true, false}) {
+      INFO((fuse ? "fused add + relu" : "--no-fuse-add-relu"));
+      expect_gpu_matches_cpu(resnet, 2, 8, 5, {1e-3, 1e-4}, {2e-2, 1e-2}, fuse);
+    }
   }
 #endif
 }

@@ -31,7 +31,7 @@ void sum_relu_grad_cuda(OpContext& ctx) {
   for (const Tensor* t : ctx.ins("Out@GRAD")) parts.push_back(*t);
   MIX_CHECK(!parts.empty(), "fused_sum_relu_grad of no gradients");
   for (size_t k = 0; k < parts.size(); ++k) check_on_device(ctx, parts[k], "Out@GRAD[" + std::to_string(k) + "]");
-  Tensor& dx = ctx.out("X@GRAD", parts[0].shape(), parts[0].dtype());
+  Tensor& dx = ctx.out("X@GRAD", relu_out.shape(), parts[0].dtype());  // relu_grad's shape: Out's
   sum_into(ctx, parts, dx, &relu_out);
 }
 
