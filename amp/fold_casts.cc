@@ -22,16 +22,6 @@ bool is_widening_cast(const Program& p, const OpDesc& op, OpRole role) {
   return in == DType::f16 || in == DType::bf16;
 }
 
-/// Where variable `var` is read: (op index, slot) for every reading op after `from`.
-std::vector<std::pair<size_t, std::string>> readers(const Program& p, const std::string& var, size_t from) {
-  std::vector<std::pair<size_t, std::string>> found;
-  for (size_t j = from + 1; j < p.ops().size(); ++j)
-    for (const auto& [slot, names] : p.ops()[j].inputs)
-      for (const auto& n : names)
-        if (n == var) found.emplace_back(j, slot);
-  return found;
-}
-
 /// Removes each widening cast of `role` whose one reader `accepts(reader,
 /// slot)`, after `rewire(reader, slot, narrow)` has made that reader read the
 /// cast's FP16/BF16 input instead. Returns how many casts it removed.
@@ -48,7 +38,7 @@ int fold(Program& p, OpRole role, Accepts accepts, Rewire rewire) {
     if (!is_widening_cast(p, cast, role)) continue;
     const std::string narrow = cast.in("X"), wide = cast.out("Out");
     if (p.var(wide).persistable) continue;
-    const auto reads = readers(p, wide, i);
+    const auto reads = p.readers(wide);  // all after i: the cast writes `wide`
     if (reads.size() != 1) continue;
     const auto& [j, slot] = reads.front();
     OpDesc& reader = p.ops()[j];

@@ -32,6 +32,7 @@ std::vector<std::pair<std::string, std::string>> TrainConfig::fingerprint_fields
           {"blocks", list(blocks)},
           {"data-format", is_resnet() ? (resnet_channels_last() ? "nhwc" : "nchw") : "-"},
           {"fuse-add-relu", fuse_add_relu ? "on" : "off"},
+          {"recompute-softmax", recompute_softmax ? "on" : "off"},
           {"layers", is_language_model() ? num(layers) : "-"},
           {"d-model", is_language_model() ? num(d_model) : "-"},
           {"heads", is_language_model() ? num(heads) : "-"},
@@ -148,6 +149,9 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
                "keep each elementwise_add + relu, and each gradient sum + relu_grad, as two ops (by default a "
                "residual block's add and relu run as one op forward and one backward: the same results, less "
                "memory traffic)");
+  app.add_flag("!--store-softmax", c.recompute_softmax,
+               "softmax_with_cross_entropy stores its softmax for the gradient, as Paddle does (by default the "
+               "gradient recomputes it from the logits: the same results, less memory and memory traffic)");
   app.add_option("--layers", c.layers, "transformer: blocks")->check(kPositiveInt);
   app.add_option("--d-model", c.d_model, "transformer: width of the residual stream")->check(kPositiveInt);
   app.add_option("--heads", c.heads, "transformer: attention heads (must divide --d-model)")->check(kPositiveInt);

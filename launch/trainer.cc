@@ -29,6 +29,7 @@
 #include "runtime/io/checkpoint.h"
 #include "runtime/log.h"
 #include "runtime/optim/lr_schedule.h"
+#include "runtime/recompute_softmax.h"
 
 namespace mix::launch {
 
@@ -342,6 +343,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   // Variables the trainer reads after a step or an evaluation: never fused away.
   const std::set<std::string> read_back = {model.loss, model.logits, amp::ScalerVars::found_inf,
                                            amp::ScalerVars::overflow_ranks};
+  if (c.recompute_softmax) recompute_softmax(program, read_back);
   if (c.fuse_add_relu) {
     const FusedAddRelu fused = fuse_add_relu(program, read_back);
     if (rank == 0 && fused.forward + fused.backward > 0)

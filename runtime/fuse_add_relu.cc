@@ -12,24 +12,6 @@ namespace mix {
 
 namespace {
 
-/// Every (op index, slot) that reads `var`.
-std::vector<std::pair<size_t, std::string>> readers_of(const Program& p, const std::string& var) {
-  std::vector<std::pair<size_t, std::string>> found;
-  for (size_t j = 0; j < p.ops().size(); ++j)
-    for (const auto& [slot, names] : p.ops()[j].inputs)
-      for (const auto& n : names)
-        if (n == var) found.emplace_back(j, slot);
-  return found;
-}
-
-/// How many ops write `var`.
-size_t writers_of(const Program& p, const std::string& var) {
-  size_t count = 0;
-  for (const OpDesc& op : p.ops())
-    for (const auto& n : op.all_outputs()) count += n == var;
-  return count;
-}
-
 /// Whether `op` can move from `from` to `to` and still read the same values.
 /// Comparing names is not enough: a view (reshape2, an add's pass-through
 /// gradient) shares its storage with another variable, and an op may write
@@ -64,8 +46,8 @@ int fuse_pairs(Program& p, const std::set<std::string>& keep, const std::string&
     const OpDesc& producer = p.ops()[i];
     if (producer.type != producer_type) continue;
     const std::string t = producer.out("Out");
-    if (keep.count(t) || p.var(t).persistable || writers_of(p, t) != 1) continue;
-    const auto reads = readers_of(p, t);
+    if (keep.count(t) || p.var(t).persistable || p.writer_count(t) != 1) continue;
+    const auto reads = p.readers(t);
     if (reads.size() != 1 || reads.front().first <= i) continue;
     const auto& [j, slot] = reads.front();
     if (replaced.count(j) || p.ops()[j].ins(slot).size() != 1) continue;

@@ -126,6 +126,23 @@ std::optional<size_t> Program::producer(const std::string& name, size_t before) 
   return std::nullopt;
 }
 
+std::vector<std::pair<size_t, std::string>> Program::readers(const std::string& var) const {
+  std::vector<std::pair<size_t, std::string>> found;
+  for (size_t j = 0; j < ops_.size(); ++j)
+    for (const auto& [slot, names] : ops_[j].inputs)
+      for (const auto& n : names)
+        if (n == var) found.emplace_back(j, slot);
+  return found;
+}
+
+size_t Program::writer_count(const std::string& var) const {
+  size_t count = 0;
+  for (const OpDesc& op : ops_)
+    for (const auto& [slot, names] : op.outputs)
+      for (const auto& n : names) count += n == var;
+  return count;
+}
+
 namespace {
 std::string attr_str(const Attr& a) {
   std::ostringstream o;

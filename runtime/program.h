@@ -105,6 +105,10 @@ class Program {
   OpDesc& insert_op(size_t pos, OpDesc op);
   /// Index of the op that writes `var` last before position `before` (or any), nullopt for feeds/params.
   std::optional<size_t> producer(const std::string& var, size_t before = SIZE_MAX) const;
+  /// Every (op index, input slot) that reads `var`, in program order.
+  std::vector<std::pair<size_t, std::string>> readers(const std::string& var) const;
+  /// How many ops write `var` (an op writing it in place counts).
+  size_t writer_count(const std::string& var) const;
 
   /// Human-readable listing: one line per op, `out:dtype[shape] = type(in, ...) {attrs}`,
   /// grouped by role. This is what `mixtrain --print-program` prints.

@@ -247,6 +247,10 @@ train_resnet50 amp resnet50_amp_nofuse --data-format nhwc --no-fuse-add-relu; r5
 # "Folded casts"): the default AMP run above folds them, this one keeps them.
 echo "gpu_check: Transformer AMP with --no-fold-casts (log: $out/transformer_amp_nofold.log)"
 train_transformer amp transformer_amp_nofold --no-fold-casts; tf_nofold_rc=$?
+# And what not storing the loss's FP32 softmax is worth (README, "The loss
+# gradient recomputes the softmax"): this run stores it, as Paddle does.
+echo "gpu_check: Transformer AMP with --store-softmax (log: $out/transformer_amp_stored.log)"
+train_transformer amp transformer_amp_stored --store-softmax; tf_stored_rc=$?
 # Where an AMP step's time goes: the same AMP runs again, each op timed on the
 # GPU (MIX_PROFILE_OPS: an event on the compute stream after each op, read
 # after the step). Separate runs, because the profile's own per-op cost would
@@ -297,6 +301,8 @@ tf_fp32_tps=$(summary_field "$out/transformer_fp32.jsonl" tokens_per_s_overall)
 tf_amp_tps=$(summary_field "$out/transformer_amp.jsonl" tokens_per_s_overall)
 tf_nofold_tps=$(summary_field "$out/transformer_amp_nofold.jsonl" tokens_per_s_overall)
 tf_nofold_peak=$(summary_field "$out/transformer_amp_nofold.jsonl" peak_bytes)
+tf_stored_tps=$(summary_field "$out/transformer_amp_stored.jsonl" tokens_per_s_overall)
+tf_stored_peak=$(summary_field "$out/transformer_amp_stored.jsonl" peak_bytes)
 tf_fp32_peak=$(summary_field "$out/transformer_fp32.jsonl" peak_bytes)
 tf_amp_peak=$(summary_field "$out/transformer_amp.jsonl" peak_bytes)
 tf_ratio=$(ratio_of "$tf_fp32_tps" "$tf_amp_tps")
@@ -324,6 +330,8 @@ secs=$(( $(date +%s) - t0 ))
   printf "  %-36s %s\n" "Transformer AMP / FP32 (>= 2.9)" "$tf_ratio"
   printf "  %-36s %s (exit %s), peak bytes %s\n" "Transformer AMP no-fold-casts tok/s" "$tf_nofold_tps" "$tf_nofold_rc" \
     "$tf_nofold_peak"
+  printf "  %-36s %s (exit %s), peak bytes %s\n" "Transformer AMP store-softmax tok/s" "$tf_stored_tps" "$tf_stored_rc" \
+    "$tf_stored_peak"
   printf "  %-36s %s / %s\n" "Transformer peak bytes FP32 / AMP" "$tf_fp32_peak" "$tf_amp_peak"
   printf "  %-36s %s\n" "Transformer AMP host queue / step ms" "$tf_amp_queue"
   printf "  %-36s %s\n" "resnet-small AMP ms/step overlap" "$rs_ov_ms (exit $rs_ov_rc)"
@@ -340,5 +348,5 @@ secs=$(( $(date +%s) - t0 ))
 } | tee "$out/summary.txt"
 [ $tests_rc -eq 0 ] && [ $fp32_rc -eq 0 ] && [ $amp_rc -eq 0 ] && [ $r50_fp32_rc -eq 0 ] && [ $r50_amp_rc -eq 0 ] &&
   [ $r50_nchw_rc -eq 0 ] && [ $r50_fp32_nhwc_rc -eq 0 ] && [ $r50_bnp_rc -eq 0 ] && [ $r50_bench_rc -eq 0 ] && [ $r50_nofuse_rc -eq 0 ] &&
-  [ $tf_fp32_rc -eq 0 ] && [ $tf_amp_rc -eq 0 ] && [ $tf_nofold_rc -eq 0 ] && [ $rs_ov_rc -eq 0 ] && [ $rs_no_rc -eq 0 ] && [ $bench_rc -eq 0 ] &&
+  [ $tf_fp32_rc -eq 0 ] && [ $tf_amp_rc -eq 0 ] && [ $tf_nofold_rc -eq 0 ] && [ $tf_stored_rc -eq 0 ] && [ $rs_ov_rc -eq 0 ] && [ $rs_no_rc -eq 0 ] && [ $bench_rc -eq 0 ] &&
   [ $stuck_ok -eq 0 ] && [ $mc_ops_ok -eq 0 ] && [ $mc_tf_ok -eq 0 ]

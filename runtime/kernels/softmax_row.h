@@ -117,24 +117,35 @@ MIX_HD void softmax_grad_row_prefix(const T* y, const T* dy, T* dx, int64_t n, i
   for (int64_t i = valid; i < n; ++i) dx[i] = from_float<T>(0.f);
 }
 
-/// Softmax of one row into y, and the cross-entropy -log softmax(x)[label]
-/// returned in FP32. The loss is log(sum exp(x - max)) + max - x[label], formed
-/// from the logits rather than from log(y), so it stays accurate where y[label]
-/// underflows (a confidently wrong prediction gives a large finite loss, not inf).
+// ---- cross-entropy rows (softmax_with_cross_entropy) ---------------------------------
+//
+// The loss is log(sum exp(x - max)) + max - x[label] (cross_entropy_loss),
+// formed from the logits rather than from log(softmax), so it stays accurate
+// where softmax[label] underflows (a confidently wrong prediction gives a
+// large finite loss, not inf).
+
+/// A row's max and sum(exp(x - max)): its softmax, its loss, and (saved as
+/// RowStats) the softmax the gradient recomputes.
+struct RowStats {
+  float max, sum;
+};
 template <typename T>
-MIX_HD float softmax_cross_entropy_row(const T* x, T* y, int64_t n, int64_t label) {
+MIX_HD RowStats row_stats(const T* x, int64_t n) {
   const float m = row_max(x, n);
-  const float s = row_sum_exp(x, n, m);
-  const SoftmaxNormalize f = softmax_normalizer(m, s);
-  for (int64_t i = 0; i < n; ++i) y[i] = from_float<T>(f(to_float(x[i])));
-  return cross_entropy_loss(s, m, to_float(x[label]));
+  return {m, row_sum_exp(x, n, m)};
 }
 
-/// dlogits = (softmax - onehot(label)) * dloss over one row.
-template <typename T>
-MIX_HD void softmax_cross_entropy_grad_row(const T* y, T* dx, int64_t n, int64_t label, float dloss) {
-  for (int64_t i = 0; i < n; ++i)
-    dx[i] = from_float<T>(softmax_cross_entropy_grad_elem(to_float(y[i]), i == label, dloss));
+/// One softmax value as the forward op stores it in Y, read back as float:
+/// the same bits whether the gradient reads the stored Softmax or recomputes
+/// it from the logit and the row's stats (the same normaliser, the same rounding).
+template <typename Y>
+MIX_HD float softmax_as_stored(const SoftmaxNormalize& f, float x) {
+  return to_float(from_float<Y>(f(x)));
+}
+
+/// dlogits = (softmax - onehot(label)) * dloss over one row of FP32 values.
+MIX_HD void softmax_cross_entropy_grad_row(const float* y, float* dx, int64_t n, int64_t label, float dloss) {
+  for (int64_t i = 0; i < n; ++i) dx[i] = softmax_cross_entropy_grad_elem(y[i], i == label, dloss);
 }
 
 }  // namespace mix::fn

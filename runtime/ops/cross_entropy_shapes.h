@@ -1,9 +1,12 @@
 #pragma once
 // Shape and attribute rules of softmax_with_cross_entropy, shared by its CPU
-// and CUDA kernels (the host-side checks both make before computing).
+// and CUDA kernels (the host-side checks both make before computing), and
+// where its grad reads the softmax from.
 #include <cstdint>
 
 #include "runtime/check.h"
+#include "runtime/op_registry.h"
+#include "runtime/ops/widening.h"
 #include "runtime/program.h"
 #include "runtime/tensor.h"
 
@@ -54,6 +57,48 @@ inline Shape loss_shape_of(const Shape& logits) {
   Shape s(logits.begin(), logits.end() - 1);
   s.push_back(1);
   return s;
+}
+
+/// RowStats [..., 2]: each row's max and sum(exp(x - max)), FP32.
+inline Shape row_stats_shape(const Shape& logits) {
+  Shape s(logits.begin(), logits.end() - 1);
+  s.push_back(2);
+  return s;
+}
+
+/// Where softmax_with_cross_entropy_grad takes the softmax from: the stored
+/// Softmax, or Logits and RowStats (runtime/recompute_softmax.h).
+struct GradSource {
+  Tensor values;     // Softmax, or Logits when recomputing
+  Tensor row_stats;  // RowStats; empty when Softmax is stored
+  bool recompute = false;
+  DType softmax_dtype = DType::f32;  // the dtype the forward stored (or would have stored) the softmax in
+  DType dx_dtype = DType::f32;       // Logits@GRAD's (attr x_grad_dtype, runtime/ops/widening.h)
+};
+
+inline GradSource grad_source(const OpContext& ctx) {
+  GradSource g;
+  g.recompute = !ctx.op.in_or_empty("RowStats").empty();
+  if (!g.recompute) {
+    g.values = ctx.in("Softmax");
+    g.softmax_dtype = g.values.dtype();
+    g.dx_dtype = widening::x_grad_dtype(ctx.op, g.softmax_dtype);
+    return g;
+  }
+  MIX_CHECK(ctx.op.has_attr("softmax_dtype"),
+            kOp << "_grad: recomputing the softmax needs attr softmax_dtype (the dtype the forward would store it in)");
+  g.values = ctx.in("Logits");
+  g.row_stats = ctx.in("RowStats");
+  g.softmax_dtype = parse_dtype(ctx.op.attr<std::string>("softmax_dtype", ""));
+  g.dx_dtype = widening::x_grad_dtype(ctx.op, g.softmax_dtype);
+  MIX_CHECK(g.values.dtype() == g.dx_dtype,
+            kOp << "_grad: Logits is " << dtype_name(g.values.dtype()) << ", its gradient " << dtype_name(g.dx_dtype));
+  const int64_t c = g.values.ndim() > 0 ? g.values.dim(-1) : 0;
+  const int64_t rows = c == 0 ? 0 : g.values.numel() / c;
+  MIX_CHECK(g.row_stats.dtype() == DType::f32 && g.row_stats.numel() == 2 * rows,
+            kOp << "_grad: RowStats " << dtype_name(g.row_stats.dtype()) << shape_str(g.row_stats.shape())
+                << " does not hold an f32 max and sum for each of the " << rows << " rows");
+  return g;
 }
 
 }  // namespace mix::xent

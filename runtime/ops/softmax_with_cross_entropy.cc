@@ -11,6 +11,12 @@
 // output is ignored, as in Paddle: Softmax is a by-product for the grad and
 // for metrics, not a differentiable output.
 //
+// Without a stored Softmax (runtime/recompute_softmax.h): the forward op may
+// have no Softmax output and write RowStats instead, f32 [rows, 2], each row's
+// max and sum(exp(x - max)); the grad op then reads Logits and RowStats in
+// place of Softmax and recomputes each softmax value as the forward would have
+// stored it (in attr softmax_dtype): the same bits.
+//
 // Attr out_dtype "f32" (amp::fold_widening_casts, runtime/ops/widening.h): FP16
 // or BF16 Logits give FP32 Softmax and Loss, the values the op computes on
 // cast(Logits, f32); the grad then writes Logits@GRAD in Logits' dtype (attr
@@ -35,8 +41,7 @@ using xent::Dims;
 using xent::dims_of;
 using xent::kOp;
 using xent::loss_shape_of;
-
-
+using xent::row_stats_shape;
 
 void infer_swce(Program& p, OpDesc& op) {
   const VarDesc& logits = p.var(op.in("Logits"));
@@ -51,7 +56,9 @@ void infer_swce(Program& p, OpDesc& op) {
   Shape loss_shape(logits.shape.begin(), logits.shape.end() - 1);
   loss_shape.push_back(1);
   const DType out = widening::out_dtype(op, logits.dtype);
-  declare_var(p, op.out("Softmax"), logits.shape, out);
+  if (!op.out_or_empty("Softmax").empty()) declare_var(p, op.out("Softmax"), logits.shape, out);
+  if (!op.out_or_empty("RowStats").empty())
+    declare_var(p, op.out("RowStats"), row_stats_shape(logits.shape), DType::f32);
   declare_var(p, op.out("Loss"), loss_shape, out);
 }
 
@@ -81,51 +88,66 @@ void swce_cpu(OpContext& ctx) {
   // Validate every label before writing anything, so an error leaves no half-written outputs.
   for (int64_t i = 0; i < d.rows; ++i) checked_label(label, i, d.classes, ignore);
   const DType out = widening::out_dtype(ctx.op, logits.dtype());
-  Tensor& softmax = ctx.out("Softmax", logits.shape(), out);
+  Tensor* softmax = ctx.wants("Softmax") ? &ctx.out("Softmax", logits.shape(), out) : nullptr;
+  float* stats =
+      ctx.wants("RowStats") ? ctx.out("RowStats", row_stats_shape(logits.shape()), DType::f32).data<float>() : nullptr;
   Tensor& loss = ctx.out("Loss", loss_shape_of(logits.shape()), out);
   widening::dispatch(logits.dtype(), out, [&](auto x_tag, auto y_tag) {
     using X = decltype(x_tag);
     using Y = decltype(y_tag);
     const X* x = logits.data<X>();
-    Y* y = softmax.data<Y>();
+    Y* y = softmax ? softmax->data<Y>() : nullptr;
     Y* l = loss.data<Y>();
     std::vector<float> xbuf, ybuf;  // a row as floats, for FP16/BF16 storage (cpu::widened_row)
     for (int64_t i = 0; i < d.rows; ++i) {
       const int64_t lab = checked_label(label, i, d.classes, ignore);
       const float* xr = cpu::widened_row(x + i * d.classes, d.classes, xbuf);
-      float* yr = cpu::float_row_for(y + i * d.classes, d.classes, ybuf);
-      if (lab < 0) {
-        fn::softmax_row(xr, yr, d.classes);
-        l[i] = from_float<Y>(0.f);
-      } else {
-        l[i] = from_float<Y>(fn::softmax_cross_entropy_row(xr, yr, d.classes, lab));
+      const fn::RowStats st = fn::row_stats(xr, d.classes);
+      l[i] = from_float<Y>(lab < 0 ? 0.f : fn::cross_entropy_loss(st.sum, st.max, xr[lab]));
+      if (stats) {
+        stats[2 * i] = st.max;
+        stats[2 * i + 1] = st.sum;
       }
+      if (!y) continue;
+      float* yr = cpu::float_row_for(y + i * d.classes, d.classes, ybuf);
+      const fn::SoftmaxNormalize f = fn::softmax_normalizer(st.max, st.sum);
+      for (int64_t k = 0; k < d.classes; ++k) yr[k] = f(xr[k]);
       cpu::narrowed_row(yr, y + i * d.classes, d.classes);
     }
   });
 }
 
 void swce_grad_cpu(OpContext& ctx) {
-  const Tensor& softmax = ctx.in("Softmax");
+  const xent::GradSource src = xent::grad_source(ctx);
   const Tensor& label = ctx.in("Label");
   const Tensor& dloss = ctx.in("Loss@GRAD");
-  const Dims d = dims_of(softmax, label);
+  const Dims d = dims_of(src.values, label);
   MIX_CHECK(dloss.numel() == d.rows, kOp << "_grad: Loss@GRAD " << shape_str(dloss.shape()) << " does not hold one value per row ("
                                          << d.rows << " rows)");
   const int64_t ignore = ctx.attr<int64_t>("ignore_index", -100);
-  Tensor& dx = ctx.out("Logits@GRAD", softmax.shape(), widening::x_grad_dtype(ctx.op, softmax.dtype()));
-  widening::dispatch(dx.dtype(), softmax.dtype(), [&](auto dx_tag, auto y_tag) {
+  Tensor& dx = ctx.out("Logits@GRAD", src.values.shape(), src.dx_dtype);
+  widening::dispatch(dx.dtype(), src.softmax_dtype, [&](auto dx_tag, auto y_tag) {
     using DX = decltype(dx_tag);
-    const auto* y = softmax.data<decltype(y_tag)>();
+    using Y = decltype(y_tag);
     DX* g = dx.data<DX>();
-    std::vector<float> ybuf, gbuf;
+    std::vector<float> vbuf, ybuf, gbuf;
     for (int64_t i = 0; i < d.rows; ++i) {
       const int64_t lab = checked_label(label, i, d.classes, ignore);
       float* gr = cpu::float_row_for(g + i * d.classes, d.classes, gbuf);
       if (lab < 0) {
         std::fill(gr, gr + d.classes, 0.f);
       } else {
-        const float* yr = cpu::widened_row(y + i * d.classes, d.classes, ybuf);
+        const float* yr;
+        if (src.recompute) {  // the softmax the forward did not store, from Logits (dtype DX) and the row's stats
+          const float* xr = cpu::widened_row(src.values.data<DX>() + i * d.classes, d.classes, vbuf);
+          const float* st = src.row_stats.data<float>() + 2 * i;
+          const fn::SoftmaxNormalize f = fn::softmax_normalizer(st[0], st[1]);
+          ybuf.resize(static_cast<size_t>(d.classes));
+          for (int64_t k = 0; k < d.classes; ++k) ybuf[static_cast<size_t>(k)] = fn::softmax_as_stored<Y>(f, xr[k]);
+          yr = ybuf.data();
+        } else {
+          yr = cpu::widened_row(src.values.data<Y>() + i * d.classes, d.classes, vbuf);
+        }
         fn::softmax_cross_entropy_grad_row(yr, gr, d.classes, lab, dloss.item_float(i));
       }
       cpu::narrowed_row(gr, g + i * d.classes, d.classes);

@@ -17,6 +17,8 @@
      lm_head.weight;
   5. the precision lists: by default the causal softmax is FP32 (black list) between
      FP16 matmuls; --amp-white-list softmax runs it in FP16 with no casts around it;
+     the loss stores no softmax by default (RowStats; runtime/recompute_softmax.h)
+     and does with --store-softmax, and the two write the same checkpoint;
   6. a --data-dir of the user's own text trains and evaluates; bad input: a
      --data-dir without text, --heads that do not divide --d-model, a --vocab
      too small for bytes.
@@ -122,6 +124,23 @@ def main():
         c.check(r.rc == 0 and len(lines) == 2 and all(f".att:{dtype}[" in l and want_input in l and "causal=true" in l
                                                       and ('out_dtype="f32"' in l) == folded for l in lines),
                 what, "; ".join(lines)[:400])
+
+    # The loss: RowStats by default, Softmax with --store-softmax; the same bits after 4 AMP steps.
+    ckpts = []
+    # The printed outputs: "logits.softmax.row_stats:f32[?, 32, 2]" or "logits.softmax:f32[?, 32, 256]".
+    for extra, output, what in (([], ".row_stats:f32[?, 32, 2]", "RowStats"),
+                                (["--store-softmax"], "softmax:f32[?, 32, 256]", "Softmax")):
+        r = mt.mixtrain([*TINY, "--data", "synthetic", "--print-program", *extra])
+        lines = [l for l in r.stdout.splitlines() if re.search(r"= softmax_with_cross_entropy\(", l)]
+        c.check(r.rc == 0 and len(lines) == 1 and output in lines[0].split(" = ")[0],
+                f"{' '.join(extra) or 'by default'}: the loss writes {what}", "; ".join(lines)[:400])
+        ckpt = d / f"loss_{len(extra)}.safetensors"
+        r = mt.mixtrain([*TINY, "--data", "synthetic", "--batch-size", 4, "--steps", 4, "--save", ckpt, *extra])
+        if c.ok_run(r, f"4 AMP steps {' '.join(extra) or 'recomputing the softmax'}"):
+            ckpts.append(ckpt)
+    if len(ckpts) == 2:
+        c.check(ckpts[0].read_bytes() == ckpts[1].read_bytes(),
+                "softmax recomputed or stored: byte-identical checkpoints after 4 steps")
 
     # ---- 6: bad input ----------------------------------------------------------------------------------
     empty = d / "no_text"

@@ -51,6 +51,7 @@
 #include "runtime/tensor.h"
 #include "tests/unit/cuda_compare.h"
 #include "tests/unit/gradcheck.h"
+#include "tests/unit/recompute_softmax_check.h"
 
 #ifdef MIX_HAVE_CUDA
 #include "runtime/cuda/context.h"
@@ -604,6 +605,27 @@ TEST_CASE("softmax_with_cross_entropy and its gradient match the CPU and a doubl
                     {{"sm", r.cpu.at("sm")}, {"label", label}, {"dloss", dloss}}};
       const Both rg = run_both(g, {"dx"});
       expect_identical(rg.gpu.at("dx"), rg.cpu.at("dx"), "softmax_with_cross_entropy_grad " + what);
+    }
+}
+
+TEST_CASE("softmax_with_cross_entropy without a stored softmax: the same gradient on the GPU",
+          "[cuda][cross_entropy]") {
+  require_gpu();
+  // On one device the recomputed softmax repeats the stored one's operations
+  // on the same logits and the same row max and sum (fn::softmax_as_stored):
+  // the loss and Logits@GRAD must be the same bits. Rows of 10 classes (a warp
+  // each in the grad) and of 3000 (a block, several values per thread), in
+  // every dtype pairing of the op.
+  for (const SoftmaxDtypes& pr : kSoftmaxDtypes)
+    for (int64_t classes : {10, 3000}) {
+      const Shape s{3, 4, classes};
+      std::vector<int64_t> labels;
+      for (int64_t i = 0; i < 12; ++i) labels.push_back(i % 10);
+      const auto [stored, recomputed] = stored_and_recomputed_grads(
+          to_dtype(uniform_tensor(s, 5, -30.f, 30.f), pr.logits), i64s({3, 4}, labels), pr.softmax, kGpu);
+      expect_identical(recomputed, stored,
+                       "Logits@GRAD, " + dname(pr.logits) + " logits, " + dname(pr.softmax) + " softmax, " +
+                           std::to_string(classes) + " classes");
     }
 }
 

@@ -6,7 +6,6 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
-#include <cstring>
 #include <functional>
 #include <set>
 #include <string>
@@ -270,16 +269,8 @@ TEST_CASE("training with fused add + relu gives the bits of training without", "
     CHECK(count_ops(fused.model.program, "fused_add_relu") == 2);
     CHECK(count_ops(fused.model.program, "fused_sum_relu_grad") == 2);
     CHECK(count_ops(plain.model.program, "fused_add_relu") == 0);
-    CHECK(fused.losses == plain.losses);
-    CHECK(fused.losses.front() != fused.losses.back());  // the parameters moved
-    for (float f : fused.found_inf) CHECK(f == 0.f);     // every AMP step was applied
-    for (const VarDesc& v : plain.model.program.vars()) {
-      if (!v.persistable) continue;
-      INFO(v.name);
-      const Tensor& a = fused.scope.get(v.name);
-      const Tensor& b = plain.scope.get(v.name);
-      REQUIRE(a.bytes() == b.bytes());
-      CHECK(std::memcmp(a.raw(), b.raw(), a.bytes()) == 0);
-    }
+    for (const TrainedModel* run : {&fused, &plain})
+      for (float f : run->found_inf) REQUIRE(f == 0.f);  // every AMP step was applied
+    expect_same_training(fused, plain);
   }
 }

@@ -2,8 +2,12 @@
 // A few momentum-SGD training steps of a model on random batches: the harness
 // of the tests that train one model two ways and compare the results, folded
 // casts or not (test_fold_casts.cc), fused add + relu or not
-// (test_fuse_add_relu.cc), the GPU against the CPU and the passes on the GPU
+// (test_fuse_add_relu.cc), the softmax stored or recomputed
+// (test_recompute_softmax.cc), the GPU against the CPU and the passes on the GPU
 // (test_cuda_train_step.cc). Header-only (each test file is its own executable).
+#include <catch2/catch.hpp>
+
+#include <cstring>
 #include <memory>
 #include <set>
 #include <string>
@@ -18,6 +22,7 @@
 #include "runtime/init.h"
 #include "runtime/optim/optimizer.h"
 #include "runtime/random.h"
+#include "runtime/recompute_softmax.h"
 
 namespace mix::testing {
 
@@ -26,6 +31,7 @@ struct TrainOptions {
   DType low = DType::f16;     // AMP's low precision
   bool fold_casts = true;     // AmpOptions::fold_casts
   bool fuse_add_relu = true;  // run fuse_add_relu on the training program, as mixtrain does
+  bool recompute_softmax = true;  // run recompute_softmax on it, as mixtrain does
   Device device = cpu_device();
   int steps = 2;
   int64_t batch = 3;
@@ -60,6 +66,7 @@ inline TrainedModel train_steps(models::Model model, const TrainOptions& o) {
   r.train = opt->minimize(r.model.program, r.model.loss, collective::grad_allreduce_pass(sync));
   std::set<std::string> keep = {r.model.loss};
   if (!r.train.found_inf.empty()) keep.insert(r.train.found_inf);
+  if (o.recompute_softmax) recompute_softmax(r.model.program, keep);
   if (o.fuse_add_relu) fuse_add_relu(r.model.program, keep);
 
   initialize_persistables(r.model.program, r.scope, o.seed);
@@ -97,6 +104,24 @@ inline TrainedModel train_steps(models::Model model, const TrainOptions& o) {
     if (!r.train.found_inf.empty()) r.found_inf.push_back(r.scope.get(r.train.found_inf).item_float());
   }
   return r;
+}
+
+/// Two runs of one model, trained two ways that must agree bit for bit: the
+/// same losses, which moved (the steps trained), the same steps skipped (AMP),
+/// and every persistable (parameters, optimizer and scaler state, running
+/// statistics) the same bytes, wherever it lives.
+inline void expect_same_training(const TrainedModel& a, const TrainedModel& b) {
+  CHECK(a.losses == b.losses);
+  CHECK(a.losses.front() != a.losses.back());
+  CHECK(a.found_inf == b.found_inf);
+  for (const VarDesc& v : b.model.program.vars()) {
+    if (!v.persistable) continue;
+    INFO(v.name);
+    const Tensor ta = a.scope.get(v.name).to(cpu_device());
+    const Tensor tb = b.scope.get(v.name).to(cpu_device());
+    REQUIRE(ta.bytes() == tb.bytes());
+    CHECK(std::memcmp(ta.raw(), tb.raw(), ta.bytes()) == 0);
+  }
 }
 
 }  // namespace mix::testing

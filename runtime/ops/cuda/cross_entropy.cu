@@ -8,6 +8,10 @@
 // widening.h): FP16/BF16 Logits, FP32 Softmax and Loss, and Logits@GRAD in
 // Logits' dtype, as in the CPU kernels.
 //
+// Without a stored Softmax (runtime/recompute_softmax.h) the forward writes
+// RowStats and the grad recomputes each softmax value from Logits and its
+// row's stats (SoftmaxSource), as the CPU kernels do.
+//
 // Labels live on the GPU, so they cannot be validated before the kernel
 // without a host round trip inside the step. Rows whose label equals
 // ignore_index get loss 0 and gradient 0, as on the CPU; a label outside
@@ -49,16 +53,21 @@ __device__ __forceinline__ LabelKind label_kind(const L* labels, int64_t row, in
 
 // ---- kernels -------------------------------------------------------------------------
 
+/// y (the Softmax) and stats (RowStats: max, sum per row) may each be null.
 template <typename X, typename Y, typename L>
-__global__ void softmax_cross_entropy_rows(const X* x, const L* labels, Y* y, Y* loss, int64_t rows, int64_t classes,
-                                           int64_t ignore) {
+__global__ void softmax_cross_entropy_rows(const X* x, const L* labels, Y* y, float* stats, Y* loss, int64_t rows,
+                                           int64_t classes, int64_t ignore) {
   __shared__ float shared[kBlock / kWarp];  // block_reduce's
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const X* xr = x + r * classes;
-    Y* yr = y + r * classes;
+    Y* yr = y != nullptr ? y + r * classes : nullptr;
     const RowSoftmax row = softmax_row<kBlock>(xr, yr, classes, shared);
     const float m = row.max, s = row.sum;
     if (threadIdx.x == 0) {
+      if (stats != nullptr) {
+        stats[2 * r] = m;
+        stats[2 * r + 1] = s;
+      }
       int64_t label = 0;
       switch (label_kind(labels, r, classes, ignore, label)) {
         case LabelKind::valid:
@@ -75,22 +84,44 @@ __global__ void softmax_cross_entropy_rows(const X* x, const L* labels, Y* y, Y*
   }
 }
 
+/// The softmax a grad row reads: the stored Softmax (Y), or, where the
+/// forward stored none, recomputed from Logits (X) and RowStats as the forward
+/// would have stored it (fn::softmax_as_stored): the same bits either way.
+template <typename Y, typename X>
+struct SoftmaxSource {
+  const Y* softmax;    // null: recompute
+  const X* logits;     // recomputing: Logits
+  const float* stats;  // recomputing: RowStats
+  struct Row {
+    const Y* y;
+    const X* x;
+    fn::SoftmaxNormalize f;
+    __device__ float operator()(int64_t i) const {
+      return y != nullptr ? to_float(y[i]) : fn::softmax_as_stored<Y>(f, to_float(x[i]));
+    }
+  };
+  __device__ Row row(int64_t r, int64_t classes) const {
+    if (softmax != nullptr) return {softmax + r * classes, nullptr, {}};
+    return {nullptr, logits + r * classes, fn::softmax_normalizer(stats[2 * r], stats[2 * r + 1])};
+  }
+};
+
 /// Logits@GRAD = (softmax - onehot) * Loss@GRAD[row], a row per
 /// RowGroup<kThreads>: the label and Loss@GRAD (`dloss`, any floating dtype)
 /// are read once per row, and no thread divides by the row length.
 template <typename Y, typename DX, typename L, int kThreads>
-__global__ void softmax_cross_entropy_grad_rows(const Y* y, const L* labels, ScalarRef dloss, DX* dx, int64_t rows,
-                                                int64_t classes, int64_t ignore) {
+__global__ void softmax_cross_entropy_grad_rows(SoftmaxSource<Y, DX> src, const L* labels, ScalarRef dloss, DX* dx,
+                                                int64_t rows, int64_t classes, int64_t ignore) {
   using G = RowGroup<kThreads>;
   for (int64_t r = G::first_row(); r < rows; r += G::row_stride()) {
-    const Y* yr = y + r * classes;
     DX* dxr = dx + r * classes;
     int64_t label = 0;
     switch (label_kind(labels, r, classes, ignore, label)) {
       case LabelKind::valid: {
         const float d = load_as_float(dloss, r);
+        const auto y = src.row(r, classes);
         for (int64_t i = G::tid(); i < classes; i += kThreads)
-          dxr[i] = from_float<DX>(fn::softmax_cross_entropy_grad_elem(to_float(yr[i]), i == label, d));
+          dxr[i] = from_float<DX>(fn::softmax_cross_entropy_grad_elem(y(i), i == label, d));
         break;
       }
       case LabelKind::ignored:
@@ -120,7 +151,10 @@ void swce_cuda(OpContext& ctx) {
   const Dims d = dims_of(ctx, logits, label);
   const int64_t ignore = ctx.attr<int64_t>("ignore_index", -100);
   const DType out = widening::out_dtype(ctx.op, logits.dtype());
-  Tensor& softmax = ctx.out("Softmax", logits.shape(), out);
+  Tensor* softmax = ctx.wants("Softmax") ? &ctx.out("Softmax", logits.shape(), out) : nullptr;
+  float* stats = ctx.wants("RowStats")
+                     ? ctx.out("RowStats", xent::row_stats_shape(logits.shape()), DType::f32).data<float>()
+                     : nullptr;
   Tensor& loss = ctx.out("Loss", loss_shape_of(logits.shape()), out);
   if (d.rows == 0) return;
   const cudaStream_t stream = compute_stream(ctx);
@@ -130,37 +164,42 @@ void swce_cuda(OpContext& ctx) {
     using Y = decltype(y_tag);
     dispatch_label(label.dtype(), [&](auto label_tag) {
       using L = decltype(label_tag);
-      softmax_cross_entropy_rows<X, Y, L><<<blocks, kBlock, 0, stream>>>(
-          logits.data<X>(), label.data<L>(), softmax.data<Y>(), loss.data<Y>(), d.rows, d.classes, ignore);
+      softmax_cross_entropy_rows<X, Y, L><<<blocks, kBlock, 0, stream>>>(logits.data<X>(), label.data<L>(),
+                                                                         softmax ? softmax->data<Y>() : nullptr, stats,
+                                                                         loss.data<Y>(), d.rows, d.classes, ignore);
       MIX_CUDA_CHECK(cudaGetLastError());
     });
   });
 }
 
 void swce_grad_cuda(OpContext& ctx) {
-  const Tensor softmax = ctx.in("Softmax");
+  const xent::GradSource src = xent::grad_source(ctx);
   const Tensor label = ctx.in("Label");
   const Tensor dloss = ctx.in("Loss@GRAD");
-  check_on_device(ctx, softmax, "Softmax");
+  check_on_device(ctx, src.values, src.recompute ? "Logits" : "Softmax");
+  if (src.recompute) check_on_device(ctx, src.row_stats, "RowStats");
   check_on_device(ctx, label, "Label");
   check_on_device(ctx, dloss, "Loss@GRAD");
-  const Dims d = dims_of(ctx, softmax, label);
+  const Dims d = dims_of(ctx, src.values, label);
   MIX_CHECK(dloss.numel() == d.rows, kOp << "_grad: Loss@GRAD " << shape_str(dloss.shape())
                                          << " does not hold one value per row (" << d.rows << " rows)");
   MIX_CHECK(is_floating(dloss.dtype()), kOp << "_grad: Loss@GRAD is " << dtype_name(dloss.dtype()));
   const int64_t ignore = ctx.attr<int64_t>("ignore_index", -100);
-  Tensor& dx = ctx.out("Logits@GRAD", softmax.shape(), widening::x_grad_dtype(ctx.op, softmax.dtype()));
+  Tensor& dx = ctx.out("Logits@GRAD", src.values.shape(), src.dx_dtype);
   if (d.rows == 0) return;
   const cudaStream_t stream = compute_stream(ctx);
-  widening::dispatch(dx.dtype(), softmax.dtype(), [&](auto dx_tag, auto y_tag) {
+  widening::dispatch(dx.dtype(), src.softmax_dtype, [&](auto dx_tag, auto y_tag) {
     using DX = decltype(dx_tag);
     using Y = decltype(y_tag);
+    const SoftmaxSource<Y, DX> from =
+        src.recompute ? SoftmaxSource<Y, DX>{nullptr, src.values.data<DX>(), src.row_stats.data<float>()}
+                      : SoftmaxSource<Y, DX>{src.values.data<Y>(), nullptr, nullptr};
     dispatch_label(label.dtype(), [&](auto label_tag) {
       using L = decltype(label_tag);
       with_row_group(d.classes, [&](auto threads) {
         constexpr int kThreads = decltype(threads)::value;
         softmax_cross_entropy_grad_rows<Y, DX, L, kThreads><<<row_group_blocks<kThreads>(d.rows), kBlock, 0, stream>>>(
-            softmax.data<Y>(), label.data<L>(), scalar_ref(&dloss), dx.data<DX>(), d.rows, d.classes, ignore);
+            from, label.data<L>(), scalar_ref(&dloss), dx.data<DX>(), d.rows, d.classes, ignore);
         MIX_CUDA_CHECK(cudaGetLastError());
       });
     });

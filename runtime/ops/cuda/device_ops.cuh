@@ -332,8 +332,10 @@ __device__ RowSoftmax softmax_row(const X* xr, Y* yr, int64_t cols, float* share
   float s = 0.f;
   for (int64_t i = G::tid(); i < cols; i += kThreads) s = __fadd_rn(s, fn::exp_shifted(to_float(xr[i]), m));
   s = G::reduce(s, shared, AddRn{});
-  const fn::SoftmaxNormalize f = fn::softmax_normalizer(m, s);
-  for (int64_t i = G::tid(); i < cols; i += kThreads) yr[i] = from_float<Y>(f(to_float(xr[i])));
+  if (yr != nullptr) {  // null: only the max and sum are wanted (cross-entropy without a stored softmax)
+    const fn::SoftmaxNormalize f = fn::softmax_normalizer(m, s);
+    for (int64_t i = G::tid(); i < cols; i += kThreads) yr[i] = from_float<Y>(f(to_float(xr[i])));
+  }
   return {m, s};
 }
 
