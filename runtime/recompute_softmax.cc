@@ -15,8 +15,15 @@ int recompute_softmax(Program& p, const std::set<std::string>& keep) {
     if (reads.size() != 1 || reads.front().second != "Softmax") continue;
     OpDesc& grad = p.ops()[reads.front().first];
     if (grad.type != "softmax_with_cross_entropy_grad") continue;
+    // The logits must still hold the forward's values when the grad runs:
+    // one writer, and storage of their own (a view, say a reshape2, shares
+    // its input's, which another name could write).
     const std::string logits = p.ops()[i].in("Logits");
     if (p.writer_count(logits) > 1) continue;
+    if (const auto w = p.producer(logits)) {
+      const ViewFn& view = OpRegistry::instance().get(p.ops()[*w].type).viewed_input;
+      if (view && !view(p.ops()[*w], logits).empty()) continue;
+    }
 
     const std::string stats = p.unique_name(softmax + ".row_stats");
     declare_var(p, stats, xent::row_stats_shape(p.var(logits).shape), DType::f32);

@@ -21,9 +21,9 @@
 // same size.
 //
 // Applied where the Softmax has no reader but the grad and is not kept by the
-// caller, and the logits are written by one op only (so they still hold the
-// forward's values when the grad runs). mixtrain runs it unless
-// `--store-softmax`.
+// caller, and the logits are written by one op only and are no view of
+// another variable (so they still hold the forward's values when the grad
+// runs). mixtrain runs it unless `--store-softmax`.
 #include <set>
 #include <string>
 

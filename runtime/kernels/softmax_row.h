@@ -30,10 +30,21 @@ MIX_HD float max_of(float m, float v) { return v > m ? v : m; }
 /// exp(x - max): one term of a row's sum, and the numerator of its softmax.
 MIX_HD float exp_shifted(float x, float max) { return expf(x - max); }
 
-/// exp(x - max) * inv_sum: one softmax output from its logit.
+/// exp(x - max) * inv_sum: one softmax output from its logit. On the GPU the
+/// multiply is rounded on its own (__fmul_rn): nvcc would otherwise contract it
+/// with whatever follows into an FMA, and a softmax recomputed in
+/// softmax_with_cross_entropy_grad (y - onehot) would then differ from the one
+/// the forward stored (runtime/recompute_softmax.h). A lone multiply rounds the
+/// same either way, so stored values do not change.
 struct SoftmaxNormalize {
   float max, inv_sum;
-  MIX_HD float operator()(float x) const { return exp_shifted(x, max) * inv_sum; }
+  MIX_HD float operator()(float x) const {
+#ifdef __CUDA_ARCH__
+    return __fmul_rn(exp_shifted(x, max), inv_sum);
+#else
+    return exp_shifted(x, max) * inv_sum;
+#endif
+  }
 };
 /// The normaliser of a row from its max and sum(exp(x - max)).
 MIX_HD SoftmaxNormalize softmax_normalizer(float max, float sum_exp) { return SoftmaxNormalize{max, 1.f / sum_exp}; }

@@ -7,8 +7,9 @@
 // last loss are compared; integer state (num_batches_tracked) must be equal.
 // The programs are mixtrain's, fuse_add_relu included (tests/unit/train_steps.h):
 // the ResNet runs once with fused_add_relu and fused_sum_relu_grad, once without.
-// Last, the Transformer's AMP steps on the GPU with and without
-// amp::fold_widening_casts, which must agree bit for bit.
+// Last, the Transformer's steps on the GPU with and without
+// amp::fold_widening_casts, and with the loss's softmax recomputed or stored
+// (runtime/recompute_softmax.h), which must agree bit for bit.
 // Without a GPU: exit 77 (CTest: skipped).
 #include <catch2/catch.hpp>
 
@@ -202,6 +203,28 @@ TEST_CASE("Transformer AMP steps on the GPU: folded casts give the same bits as 
     // dropout, also each layer's cast of the probabilities' gradient.
     CHECK(plain_ops - folded_ops == (dropout == 0 ? 2 * 3 + 2 : 2 * 3));
     mix::testing::expect_same_training(folded, plain);
+  }
+#endif
+}
+
+TEST_CASE("Transformer steps on the GPU: the recomputed softmax gives the bits of the stored one",
+          "[cuda][transformer][recompute_softmax]") {
+  mix::testing::require_gpu();
+#ifdef MIX_HAVE_CUDA
+  cuda::set_allow_tf32(false);
+  // The same GPU and kernels; the loss gradient recomputes each softmax value
+  // from the logits and the row's max and sum with the forward's operations
+  // (the multiply never contracted into an FMA: fn::SoftmaxNormalize), so
+  // every persistable and every loss must be identical. A 300-token
+  // vocabulary: rows of several values per thread.
+  const Device gpu{DeviceKind::cuda, 0};
+  for (bool use_amp : {false, true}) {
+    INFO((use_amp ? "AMP" : "FP32"));
+    TrainOptions o{.amp = use_amp, .device = gpu, .steps = 3, .batch = 4, .seed = 11};
+    TrainedModel recomputed = train_steps(tiny_transformer(300, 0.0), o);
+    o.recompute_softmax = false;
+    TrainedModel stored = train_steps(tiny_transformer(300, 0.0), o);
+    mix::testing::expect_same_training(recomputed, stored);
   }
 #endif
 }
