@@ -93,8 +93,9 @@ inline GradSource grad_source(const OpContext& ctx) {
   g.dx_dtype = widening::x_grad_dtype(ctx.op, g.softmax_dtype);
   MIX_CHECK(g.values.dtype() == g.dx_dtype,
             kOp << "_grad: Logits is " << dtype_name(g.values.dtype()) << ", its gradient " << dtype_name(g.dx_dtype));
-  const int64_t c = g.values.ndim() > 0 ? g.values.dim(-1) : 0;
-  const int64_t rows = c == 0 ? 0 : g.values.numel() / c;
+  MIX_CHECK(g.values.ndim() >= 1, kOp << "_grad: Logits must have at least one dim");
+  const Shape lead(g.values.shape().begin(), g.values.shape().end() - 1);
+  const int64_t rows = shape_numel(lead);
   MIX_CHECK(g.row_stats.dtype() == DType::f32 && g.row_stats.numel() == 2 * rows,
             kOp << "_grad: RowStats " << dtype_name(g.row_stats.dtype()) << shape_str(g.row_stats.shape())
                 << " does not hold an f32 max and sum for each of the " << rows << " rows");
