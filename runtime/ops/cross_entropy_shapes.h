@@ -53,18 +53,18 @@ inline Dims dims_of(const Tensor& logits, const Tensor& label) {
   return {rows, c};
 }
 
-inline Shape loss_shape_of(const Shape& logits) {
+/// Logits' leading dims (one entry per row) followed by `per_row`.
+inline Shape per_row_shape(const Shape& logits, int64_t per_row) {
   Shape s(logits.begin(), logits.end() - 1);
-  s.push_back(1);
+  s.push_back(per_row);
   return s;
 }
 
+/// Loss [..., 1]: one value per row.
+inline Shape loss_shape_of(const Shape& logits) { return per_row_shape(logits, 1); }
+
 /// RowStats [..., 2]: each row's max and sum(exp(x - max)), FP32.
-inline Shape row_stats_shape(const Shape& logits) {
-  Shape s(logits.begin(), logits.end() - 1);
-  s.push_back(2);
-  return s;
-}
+inline Shape row_stats_shape(const Shape& logits) { return per_row_shape(logits, 2); }
 
 /// Where softmax_with_cross_entropy_grad takes the softmax from: the stored
 /// Softmax, or Logits and RowStats (runtime/recompute_softmax.h).
@@ -94,8 +94,7 @@ inline GradSource grad_source(const OpContext& ctx) {
   MIX_CHECK(g.values.dtype() == g.dx_dtype,
             kOp << "_grad: Logits is " << dtype_name(g.values.dtype()) << ", its gradient " << dtype_name(g.dx_dtype));
   MIX_CHECK(g.values.ndim() >= 1, kOp << "_grad: Logits must have at least one dim");
-  const Shape lead(g.values.shape().begin(), g.values.shape().end() - 1);
-  const int64_t rows = shape_numel(lead);
+  const int64_t rows = shape_numel(loss_shape_of(g.values.shape()));
   MIX_CHECK(g.row_stats.dtype() == DType::f32 && g.row_stats.numel() == 2 * rows,
             kOp << "_grad: RowStats " << dtype_name(g.row_stats.dtype()) << shape_str(g.row_stats.shape())
                 << " does not hold an f32 max and sum for each of the " << rows << " rows");

@@ -53,13 +53,11 @@ void infer_swce(Program& p, OpDesc& op) {
             kOp << ": Label " << label.name << " is " << dtype_name(label.dtype) << ", expected i64 class indices");
   check_attrs(op, logits.shape.size());
   check_label_shape(logits.shape, label.shape);
-  Shape loss_shape(logits.shape.begin(), logits.shape.end() - 1);
-  loss_shape.push_back(1);
   const DType out = widening::out_dtype(op, logits.dtype);
   if (!op.out_or_empty("Softmax").empty()) declare_var(p, op.out("Softmax"), logits.shape, out);
   if (!op.out_or_empty("RowStats").empty())
     declare_var(p, op.out("RowStats"), row_stats_shape(logits.shape), DType::f32);
-  declare_var(p, op.out("Loss"), loss_shape, out);
+  declare_var(p, op.out("Loss"), loss_shape_of(logits.shape), out);
 }
 
 int64_t label_at(const Tensor& label, int64_t i) {
