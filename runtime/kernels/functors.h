@@ -21,12 +21,16 @@ MIX_HD bool is_finite(float x) {
 }
 
 // ---- activations: forward f(x), backward g(x or y, dy) ------------------------
+/// max(x, 0) that lets a NaN through, as PyTorch's relu: a NaN activation
+/// (an FP16 overflow met by inf - inf) must reach the loss and the overflow
+/// check, not be zeroed here and trained on silently.
 struct ReluFwd {
-  MIX_HD float operator()(float x) const { return x > 0.f ? x : 0.f; }
+  MIX_HD float operator()(float x) const { return x <= 0.f ? 0.f : x; }
 };
-/// Reads the forward output (y > 0 exactly where x > 0).
+/// Reads the forward output (y > 0 exactly where x > 0). A NaN output passes
+/// dy on, as PyTorch's threshold_backward: the gradient is as undefined as y.
 struct ReluBwd {
-  MIX_HD float operator()(float y, float dy) const { return y > 0.f ? dy : 0.f; }
+  MIX_HD float operator()(float y, float dy) const { return y <= 0.f ? 0.f : dy; }
 };
 
 /// Exact GELU, x * Phi(x), as PyTorch's default and Paddle's approximate=false.
@@ -70,7 +74,7 @@ struct Mul {
 /// fused_add_relu: relu(a + b), rounded once on store. The same bits as
 /// elementwise_add then relu, which round the sum before the relu: rounding
 /// to FP16/BF16 keeps a value's sign, turns nothing positive into a negative
-/// and 0 into 0, so relu and the rounding commute (NaN gives 0 either way).
+/// and 0 into 0, so relu and the rounding commute (NaN stays NaN either way).
 struct AddRelu {
   MIX_HD float operator()(float a, float b) const { return ReluFwd{}(Add{}(a, b)); }
 };

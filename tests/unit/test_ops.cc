@@ -5,11 +5,13 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "runtime/check.h"
 #include "runtime/half.h"
+#include "tests/unit/cuda_compare.h"
 #include "tests/unit/gradcheck.h"
 
 using namespace mix;
@@ -451,6 +453,30 @@ TEST_CASE("activations: relu, gelu, tanh against double references", "[ops][acti
     const std::vector<float> xh = rounded(x, DType::f16);
     for (size_t i = 0; i < xv.size(); ++i) ref[i] = a.f(xh[i]);
     expect_close(run_forward(c, DType::f16)["Out"].to_floats(), ref, kF16Out, "f16");
+  }
+}
+
+TEST_CASE("relu lets a NaN through, forward and backward, as PyTorch does", "[ops][activation]") {
+  // A NaN activation must reach the loss (and the overflow check): zeroing it
+  // would train on a broken forward without a sign. Signed zeros and the
+  // infinities keep max(x, 0)'s usual values. Every value is exact in each dtype.
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::nanf("");
+  const std::vector<float> x = {nan, -nan, inf, -inf, 0.f, -0.f, 1.5f, -1.5f};
+  for (DType dt : {DType::f32, DType::f16, DType::bf16}) {
+    INFO(dtype_name(dt));
+    const auto fwd = run_ops_on({make_op("relu", {{"X", {"x"}}}, {{"Out", {"y"}}})}, {{"x", floats({8}, x, dt)}},
+                                cpu_device(), ExecEnv{}, {"y"});
+    CHECK(fwd.at("y").dtype() == dt);
+    const std::vector<float> y = fwd.at("y").to_floats();
+    CHECK(std::isnan(y[0]));
+    CHECK(std::isnan(y[1]));
+    CHECK(std::vector<float>(y.begin() + 2, y.end()) == std::vector<float>{inf, 0, 0, 0, 1.5f, 0});
+    CHECK_FALSE(std::signbit(y[5]));  // relu(-0) is +0
+    // relu_grad reads the output: dy passes where y > 0, and where y is NaN.
+    const auto bwd = run_ops_on({make_op("relu_grad", {{"Out", {"y"}}, {"Out@GRAD", {"dy"}}}, {{"X@GRAD", {"dx"}}})},
+                                {{"y", fwd.at("y")}, {"dy", floats({8}, {1, 2, 3, 4, 5, 6, 7, 8}, dt)}}, cpu_device(),
+                                ExecEnv{}, {"dx"});
+    CHECK(bwd.at("dx").to_floats() == std::vector<float>{1, 2, 3, 0, 0, 0, 7, 0});
   }
 }
 
