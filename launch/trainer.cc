@@ -280,6 +280,9 @@ OverflowReport read_overflow_report(const std::vector<std::string>& params, cons
   return r;
 }
 
+/// top1_correct's output in evaluation: the batch's correct predictions.
+constexpr const char* kEvalCorrect = "eval.correct";
+
 struct EvalResult {
   double accuracy = 0, loss = 0;  // accuracy over every label (each token, for a language model)
   int64_t examples = 0;
@@ -428,7 +431,16 @@ int run_training(const TrainConfig& c, Communicator& comm) {
 
   Executor step_exec(program, {model.loss, amp::ScalerVars::found_inf, amp::ScalerVars::overflow_ranks});
   const std::vector<std::string> overflow_params = overflow_mask_params(program);
-  Executor eval_exec(program, {model.logits, model.loss}, forward_ops);
+  Executor eval_exec(program, {model.logits, model.loss, model.label}, forward_ops);
+  // Evaluation's accuracy is counted where the logits are (top1_correct):
+  // each batch hands back one integer, not its logits (a language model's are
+  // [batch, context, vocab], gigabytes on a GPU).
+  Program eval_metrics;
+  eval_metrics.add_var(program.var(model.logits));
+  eval_metrics.add_var(program.var(model.label));
+  eval_metrics.append_op(
+      make_op("top1_correct", {{"Logits", {model.logits}}, {"Label", {model.label}}}, {{"Correct", {kEvalCorrect}}}));
+  Executor eval_metrics_exec(eval_metrics, {kEvalCorrect, model.logits, model.label});
   ExecEnv env;
   env.comm = &grad_comm;
   env.device = device;
@@ -469,8 +481,9 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     // A language model's logits are [batch, context, vocab]: evaluate in training-sized batches.
     const int64_t eval_batch = model.tokens_per_example > 0 ? std::max<int64_t>(batch, 16) : 1000;
     if (c.eval_batches > 0) idx.resize(std::min<size_t>(idx.size(), static_cast<size_t>(c.eval_batches * eval_batch)));
-    double local[3] = {0, 0, 0};  // correct, loss sum, count (of examples)
-    double labels_seen = 0;
+    // Counts summed over ranks as integers (exact at any size), the loss as FP32.
+    int64_t counts[3] = {0, 0, 0};  // correct predictions, labels (rows of logits), examples
+    double loss_sum = 0;
     // Batches gathered and uploaded ahead, as in training.
     const int64_t examples = static_cast<int64_t>(idx.size());
     const auto indices = std::make_shared<const std::vector<int64_t>>(std::move(idx));
@@ -487,26 +500,19 @@ int run_training(const TrainConfig& c, Communicator& comm) {
       env.training = false;  // batch_norm: the running statistics, no updates
       eval_exec.run(scope, env);
       env.training = true;
+      eval_metrics_exec.run(scope, env);
       const Tensor& logits = scope.get(model.logits);
-      std::vector<float> lv = logits.to_floats();
-      const int64_t k = logits.dim(-1), rows = logits.numel() / k;  // one row per label
-      const Tensor labels = batch_in.labels.to(cpu_device());       // the batch itself on the host
-      for (int64_t i = 0; i < rows; ++i) {
-        int64_t best = 0;
-        for (int64_t j = 1; j < k; ++j)
-          if (lv[i * k + j] > lv[i * k + best]) best = j;
-        local[0] += best == labels.data<int64_t>()[i];
-      }
-      labels_seen += static_cast<double>(rows);
-      local[1] += static_cast<double>(read_f32(scope, model.loss.c_str())) * static_cast<double>(n);
-      local[2] += static_cast<double>(n);
+      counts[0] += read_i64(scope, kEvalCorrect);
+      counts[1] += logits.numel() / logits.dim(-1);  // one row per label
+      counts[2] += n;
+      loss_sum += static_cast<double>(read_f32(scope, model.loss.c_str())) * static_cast<double>(n);
     }
-    float sums[4] = {static_cast<float>(local[0]), static_cast<float>(local[1]), static_cast<float>(local[2]),
-                     static_cast<float>(labels_seen)};
-    comm.all_reduce(sums, 4, DType::f32, collective::ReduceOp::sum);
-    r.examples = static_cast<int64_t>(sums[2]);
-    r.accuracy = sums[3] > 0 ? sums[0] / sums[3] : 0;
-    r.loss = sums[2] > 0 ? sums[1] / sums[2] : 0;
+    comm.all_reduce(counts, 3, DType::i64, collective::ReduceOp::sum);
+    float loss_total = static_cast<float>(loss_sum);
+    comm.all_reduce(&loss_total, 1, DType::f32, collective::ReduceOp::sum);
+    r.examples = counts[2];
+    r.accuracy = counts[1] > 0 ? static_cast<double>(counts[0]) / static_cast<double>(counts[1]) : 0;
+    r.loss = counts[2] > 0 ? loss_total / static_cast<float>(counts[2]) : 0;
     return r;
   };
 

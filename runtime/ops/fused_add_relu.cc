@@ -4,7 +4,8 @@
 //   fused_add_relu        Out = relu(X + Y), X and Y of one shape and dtype:
 //                         elementwise_add then relu, without writing and
 //                         rereading the sum;
-//   fused_sum_relu_grad   X@GRAD = Out > 0 ? Out@GRAD[0] + Out@GRAD[1] + ... : 0:
+//   fused_sum_relu_grad   X@GRAD = Out <= 0 ? 0 : Out@GRAD[0] + Out@GRAD[1] + ...
+//                         (a NaN Out passes the sum, as relu_grad):
 //                         autodiff's sum of a gradient's contributions, then
 //                         relu_grad, without writing and rereading the sum.
 //

@@ -52,6 +52,7 @@
 #include "tests/unit/cuda_compare.h"
 #include "tests/unit/gradcheck.h"
 #include "tests/unit/recompute_softmax_check.h"
+#include "tests/unit/top1_check.h"
 
 #ifdef MIX_HAVE_CUDA
 #include "runtime/cuda/context.h"
@@ -308,6 +309,28 @@ TEST_CASE("fused_add_relu and fused_sum_relu_grad are identical to the CPU", "[c
         expect_identical(g.gpu.at("dx"), g.cpu.at("dx"), "fused_sum_relu_grad of " + std::to_string(k) + " " + what);
       }
     }
+}
+
+TEST_CASE("top1_correct counts what the CPU counts", "[cuda][top1]") {
+  require_gpu();
+  // An integer maximum over fn::argmax_key and an integer count: the order of
+  // the block's comparisons and of the rows' atomic adds cannot change them,
+  // so the counts are equal, ties and NaN rows included. Shapes: the MLP's
+  // evaluation batch, one class, rows longer than a block, and rows of many
+  // elements per thread.
+  for (DType dt : kFloatTypes)
+    for (DType label_dt : {DType::i64, DType::i32})
+      for (auto [rows, classes] : {std::pair<int64_t, int64_t>{1000, 10}, {64, 1}, {33, 257}, {8, 5000}}) {
+        const std::string what = dname(dt) + " logits, " + dname(label_dt) + " labels, " + std::to_string(rows) +
+                                 " x " + std::to_string(classes);
+        INFO(what);
+        const Top1Case c = top1_case(rows, classes, dt, label_dt, 21);
+        const OneOp op{make_op("top1_correct", {{"Logits", {"logits"}}, {"Label", {"label"}}}, {{"Correct", {"n"}}}),
+                       {{"logits", c.logits}, {"label", c.label}}};
+        const Both b = run_both(op, {"n"});
+        CHECK(b.cpu.at("n").data<int64_t>()[0] == c.expected);
+        CHECK(b.gpu.at("n").data<int64_t>()[0] == c.expected);
+      }
 }
 
 TEST_CASE("elementwise_add/mul and their gradients match the CPU", "[cuda][elementwise]") {

@@ -23,7 +23,7 @@ struct SumChunk {
   const float* acc_in;  // null in the first chunk: start from in[0]
   float* acc_out;       // written unless this is the last chunk
   T* out;               // written by the last chunk (may alias an input)
-  const T* relu_out;    // fused_sum_relu_grad: the sum passes where relu_out > 0, else 0; null for sum
+  const T* relu_out;    // fused_sum_relu_grad: 0 where relu_out <= 0, else the sum (fn::ReluBwd); null for sum
   __device__ float last(float a, int64_t i) const { return relu_out ? fn::ReluBwd{}(to_float(relu_out[i]), a) : a; }
   __device__ void operator()(int64_t i) const {
     float a = acc_in ? acc_in[i] : to_float(in[0][i]);
