@@ -5,6 +5,7 @@
 // the process identity (rank and host). MIX_CUDNN_CHECK_NOTHROW
 // prints the status to stderr instead, allocating nothing (for destructors,
 // which must not throw).
+#include <cuda_runtime_api.h>
 #include <cudnn.h>
 
 #include <cstdio>
@@ -29,10 +30,14 @@ inline std::string cudnn_status_text(cudnnStatus_t status) {
 
 /// Reads (and so drops) cuDNN's last error message after refusals that are
 /// expected, e.g. while probing which algorithms can run, so that a later
-/// failure does not report them.
+/// failure does not report them. Also drops the CUDA runtime's last error, in
+/// case a refused algorithm left one from a launch of its own: the next
+/// kernel's cudaGetLastError() check would otherwise blame that kernel. (A
+/// sticky error, a broken context, stays: every later call reports it.)
 inline void discard_cudnn_last_error() {
   char last[512];
   cudnnGetLastErrorString(last, sizeof(last));
+  (void)cudaGetLastError();
 }
 
 }  // namespace mix::cuda

@@ -1,8 +1,9 @@
 // [cuda] The cuDNN kernels of conv2d, batch_norm and pool2d against their CPU
 // twins: each op runs as a one-op Program through the Executor on the CPU and
-// on cuda:0 with the same random inputs, in FP32 and FP16. Both results are
-// compared with one reference computed here in double from the same
-// (already rounded) inputs, each within the error bound of how it computes;
+// on cuda:0 with the same random inputs, in FP32, FP16 and BF16 (pooling:
+// FP32 and FP16). Both results are compared with one reference computed here
+// in double from the same (already rounded) inputs, each within the error
+// bound of how it computes;
 // a bound on CPU - GPU alone would hide a lost term behind the CPU's own error.
 // Whole ResNet training steps on the GPU are in test_cuda_train_step.cc.
 //
@@ -10,13 +11,13 @@
 //  - sums of K terms in FP32 in any order: (K + 2)·u·sum|terms| (u = 2^-24),
 //    never relative to |result|, which cancellation can make arbitrarily small;
 //  - an FP16 output adds half an FP16 ulp of the value (2^-11·|ref|, and 2^-25
-//    where it is subnormal);
+//    where it is subnormal); a BF16 output half a BF16 ulp (2^-8·|ref|);
 //  - convolutions: cuDNN may pick Winograd or FFT algorithms, which transform
 //    tiles of the inputs first; their error scales with the magnitude of the
 //    transformed tiles, not with each output's own terms, so those
 //    comparisons also allow a fraction of the largest sum|terms| in the same
 //    output plane (2^-14 in FP32, 2^-10 in FP16 where cuDNN may keep the
-//    transformed tiles in FP16).
+//    transformed tiles in FP16, 2^-7 in BF16).
 // TF32 stays off (its 10-bit mantissa would need FP16-like bounds).
 // Every case runs channels first (NCHW) and channels last (data_format /
 // data_layout NHWC, ResNet's default on CUDA): NHWC inputs are permuted copies
@@ -69,7 +70,15 @@ using namespace mix::testing;
 
 namespace {
 
-const DType kTypes[] = {DType::f32, DType::f16};
+// Pooling's cases: its max-pool inputs are distinct in FP16 but not all in
+// BF16 (k/64 for |k| up to 297 needs 9 significant bits), and a tie may route
+// a gradient to another maximum (pool2d.cu).
+const DType kPoolTypes[] = {DType::f32, DType::f16};
+
+/// conv2d's and batch_norm's cases take every float dtype, BF16 included (AMP
+/// accepts it): one run of the test case per dtype (Catch2 GENERATE), so a
+/// dtype cuDNN turns down fails in its own run and leaves the others' results.
+#define EACH_FLOAT_TYPE() GENERATE(DType::f32, DType::f16, DType::bf16)
 
 void disable_tf32() {
 #ifdef MIX_HAVE_CUDA
@@ -206,7 +215,8 @@ struct SumRef {
   /// The largest sum|terms| of each group of `plane` consecutive elements.
   std::vector<double> plane_max(int64_t plane) const {
     std::vector<double> m(abs_sum.size() / static_cast<size_t>(plane), 0.0);
-    for (size_t i = 0; i < abs_sum.size(); ++i) m[i / static_cast<size_t>(plane)] = std::max(m[i / static_cast<size_t>(plane)], abs_sum[i]);
+    for (size_t i = 0; i < abs_sum.size(); ++i)
+      m[i / static_cast<size_t>(plane)] = std::max(m[i / static_cast<size_t>(plane)], abs_sum[i]);
     return m;
   }
 };
@@ -246,7 +256,8 @@ ConvRef conv_reference(const ConvCfg& k, const std::vector<float>& x, const std:
 std::function<double(int64_t)> conv_bound(const SumRef& r, int64_t plane, DType t) {
   // FP32: Winograd/FFT transforms in FP32 (2^-14 of the plane's largest sum|terms|).
   // FP16: cuDNN may keep the transformed tiles (or split-K partial sums) in FP16: 2^-10.
-  const double transform = t == DType::f16 ? 0x1p-10 : 0x1p-14;
+  // BF16: the same with BF16's 3 fewer mantissa bits: 2^-7.
+  const double transform = t == DType::f16 ? 0x1p-10 : t == DType::bf16 ? 0x1p-7 : 0x1p-14;
   auto maxima = std::make_shared<std::vector<double>>(r.plane_max(plane));
   return [&r, plane, t, transform, maxima](int64_t i) {
     return r.acc_err(i) + transform * (*maxima)[static_cast<size_t>(i / plane)] +
@@ -263,63 +274,63 @@ std::function<double(int64_t)> gemm_bound(const SumRef& r, DType t) {
 
 TEST_CASE("conv2d and conv2d_grad on cuDNN match the CPU and a double reference", "[cuda][conv2d]") {
   require_gpu();
+  const DType dt = EACH_FLOAT_TYPE();
   disable_tf32();
   // --cudnn-benchmark times the candidates and may pick another algorithm: the same bounds hold for any.
   const bool benchmark = GENERATE(false, true);
   const ScopedSwitch timed(kCudnnBenchmark, benchmark);
   uint64_t seed = 100;
   for (const ConvCfg& k : kConvCases) {
-    for (DType dt : kTypes)
-      for (bool last : kLayouts) {
-        const std::string what =
-            std::string("conv2d ") + k.name + " " + dname(dt) + layout_name(last) + (benchmark ? " benchmark" : "");
-        INFO(what);
-        const Tensor x = to_dtype(uniform_tensor({k.n, k.c, k.h, k.w}, seed++), dt);
-        const Tensor f = to_dtype(uniform_tensor({k.oc, k.c / k.groups, k.kh, k.kw}, seed++, -0.5f, 0.5f), dt);
-        const Tensor dy = to_dtype(uniform_tensor({k.n, k.oc, k.oh(), k.ow()}, seed++), dt);
-        const ConvRef ref = conv_reference(k, x.to_floats(), f.to_floats(), dy.to_floats());
-        const auto attrs = with_layout(conv_attrs(k), "data_format", last);
+    for (bool last : kLayouts) {
+      const std::string what =
+          std::string("conv2d ") + k.name + " " + dname(dt) + layout_name(last) + (benchmark ? " benchmark" : "");
+      INFO(what);
+      const Tensor x = to_dtype(uniform_tensor({k.n, k.c, k.h, k.w}, seed++), dt);
+      const Tensor f = to_dtype(uniform_tensor({k.oc, k.c / k.groups, k.kh, k.kw}, seed++, -0.5f, 0.5f), dt);
+      const Tensor dy = to_dtype(uniform_tensor({k.n, k.oc, k.oh(), k.ow()}, seed++), dt);
+      const ConvRef ref = conv_reference(k, x.to_floats(), f.to_floats(), dy.to_floats());
+      const auto attrs = with_layout(conv_attrs(k), "data_format", last);
 
-        Both fwd = run_both({make_op("conv2d", {{"Input", {"x"}}, {"Filter", {"w"}}}, {{"Output", {"y"}}}, attrs),
-                             {{"x", in_layout(x, last)}, {"w", f}}},
-                            {"y"});
-        results_channels_first(fwd, last, {"y"});
-        const int64_t out_plane = k.oh() * k.ow(), in_plane = k.h * k.w;
-        expect_within(fwd.cpu.at("y"), ref.out.value, gemm_bound(ref.out, dt), what + " forward (CPU)");
-        expect_within(fwd.gpu.at("y"), ref.out.value, conv_bound(ref.out, out_plane, dt), what + " forward (GPU)");
+      Both fwd = run_both({make_op("conv2d", {{"Input", {"x"}}, {"Filter", {"w"}}}, {{"Output", {"y"}}}, attrs),
+                           {{"x", in_layout(x, last)}, {"w", f}}},
+                          {"y"});
+      results_channels_first(fwd, last, {"y"});
+      const int64_t out_plane = k.oh() * k.ow(), in_plane = k.h * k.w;
+      expect_within(fwd.cpu.at("y"), ref.out.value, gemm_bound(ref.out, dt), what + " forward (CPU)");
+      expect_within(fwd.gpu.at("y"), ref.out.value, conv_bound(ref.out, out_plane, dt), what + " forward (GPU)");
 
-        Both bwd = run_both({make_op("conv2d_grad", {{"Input", {"x"}}, {"Filter", {"w"}}, {"Output@GRAD", {"dy"}}},
-                                     {{"Input@GRAD", {"dx"}}, {"Filter@GRAD", {"dw"}}}, attrs),
-                             {{"x", in_layout(x, last)}, {"w", f}, {"dy", in_layout(dy, last)}}},
-                            {"dx", "dw"});
-        results_channels_first(bwd, last, {"dx"});
-        expect_within(bwd.cpu.at("dx"), ref.dx.value, gemm_bound(ref.dx, dt), what + " Input@GRAD (CPU)");
-        expect_within(bwd.gpu.at("dx"), ref.dx.value, conv_bound(ref.dx, in_plane, dt), what + " Input@GRAD (GPU)");
-        // dFilter sums over the whole batch: its "plane" is the whole tensor.
-        const int64_t dw_all = static_cast<int64_t>(ref.dw.value.size());
-        expect_within(bwd.cpu.at("dw"), ref.dw.value, gemm_bound(ref.dw, dt), what + " Filter@GRAD (CPU)");
-        expect_within(bwd.gpu.at("dw"), ref.dw.value, conv_bound(ref.dw, dw_all, dt), what + " Filter@GRAD (GPU)");
-      }
+      Both bwd = run_both({make_op("conv2d_grad", {{"Input", {"x"}}, {"Filter", {"w"}}, {"Output@GRAD", {"dy"}}},
+                                   {{"Input@GRAD", {"dx"}}, {"Filter@GRAD", {"dw"}}}, attrs),
+                           {{"x", in_layout(x, last)}, {"w", f}, {"dy", in_layout(dy, last)}}},
+                          {"dx", "dw"});
+      results_channels_first(bwd, last, {"dx"});
+      expect_within(bwd.cpu.at("dx"), ref.dx.value, gemm_bound(ref.dx, dt), what + " Input@GRAD (CPU)");
+      expect_within(bwd.gpu.at("dx"), ref.dx.value, conv_bound(ref.dx, in_plane, dt), what + " Input@GRAD (GPU)");
+      // dFilter sums over the whole batch: its "plane" is the whole tensor.
+      const int64_t dw_all = static_cast<int64_t>(ref.dw.value.size());
+      expect_within(bwd.cpu.at("dw"), ref.dw.value, gemm_bound(ref.dw, dt), what + " Filter@GRAD (CPU)");
+      expect_within(bwd.gpu.at("dw"), ref.dw.value, conv_bound(ref.dw, dw_all, dt), what + " Filter@GRAD (GPU)");
+    }
   }
 }
 
 TEST_CASE("conv2d_grad on cuDNN with only the filter gradient (the first layer)", "[cuda][conv2d]") {
   require_gpu();
+  const DType dt = EACH_FLOAT_TYPE();
   disable_tf32();
   const ConvCfg k = kConvCases[0];
-  for (DType dt : kTypes)
-    for (bool last : kLayouts) {
-      const Tensor x = to_dtype(uniform_tensor({k.n, k.c, k.h, k.w}, 7), dt);
-      const Tensor f = to_dtype(uniform_tensor({k.oc, k.c, k.kh, k.kw}, 8, -0.5f, 0.5f), dt);
-      const Tensor dy = to_dtype(uniform_tensor({k.n, k.oc, k.oh(), k.ow()}, 9), dt);
-      const ConvRef ref = conv_reference(k, x.to_floats(), f.to_floats(), dy.to_floats());
-      const Both b = run_both({make_op("conv2d_grad", {{"Input", {"x"}}, {"Filter", {"w"}}, {"Output@GRAD", {"dy"}}},
-                                       {{"Filter@GRAD", {"dw"}}}, with_layout(conv_attrs(k), "data_format", last)),
-                               {{"x", in_layout(x, last)}, {"w", f}, {"dy", in_layout(dy, last)}}},
-                              {"dw"});
-      expect_within(b.gpu.at("dw"), ref.dw.value, conv_bound(ref.dw, static_cast<int64_t>(ref.dw.value.size()), dt),
-                    "conv2d_grad filter only " + dname(dt) + layout_name(last));
-    }
+  for (bool last : kLayouts) {
+    const Tensor x = to_dtype(uniform_tensor({k.n, k.c, k.h, k.w}, 7), dt);
+    const Tensor f = to_dtype(uniform_tensor({k.oc, k.c, k.kh, k.kw}, 8, -0.5f, 0.5f), dt);
+    const Tensor dy = to_dtype(uniform_tensor({k.n, k.oc, k.oh(), k.ow()}, 9), dt);
+    const ConvRef ref = conv_reference(k, x.to_floats(), f.to_floats(), dy.to_floats());
+    const Both b = run_both({make_op("conv2d_grad", {{"Input", {"x"}}, {"Filter", {"w"}}, {"Output@GRAD", {"dy"}}},
+                                     {{"Filter@GRAD", {"dw"}}}, with_layout(conv_attrs(k), "data_format", last)),
+                             {{"x", in_layout(x, last)}, {"w", f}, {"dy", in_layout(dy, last)}}},
+                            {"dw"});
+    expect_within(b.gpu.at("dw"), ref.dw.value, conv_bound(ref.dw, static_cast<int64_t>(ref.dw.value.size()), dt),
+                  "conv2d_grad filter only " + dname(dt) + layout_name(last));
+  }
 }
 
 TEST_CASE("conv2d on cuDNN with no memory left for a workspace falls back to an algorithm that needs none",
@@ -398,8 +409,11 @@ struct BnInputs {
 BnInputs bn_inputs(const Shape& s, DType dt, uint64_t seed) {
   const int64_t c = s[1];
   // X off-centre (mean ~0.5) as real activations are; FP16 X holds exactly the values the reference uses.
-  return {to_dtype(uniform_tensor(s, seed, -2.f, 3.f), dt), uniform_tensor({c}, seed + 1, 0.5f, 1.5f),
-          uniform_tensor({c}, seed + 2), uniform_tensor({c}, seed + 3), uniform_tensor({c}, seed + 4, 0.5f, 2.f),
+  return {to_dtype(uniform_tensor(s, seed, -2.f, 3.f), dt),
+          uniform_tensor({c}, seed + 1, 0.5f, 1.5f),
+          uniform_tensor({c}, seed + 2),
+          uniform_tensor({c}, seed + 3),
+          uniform_tensor({c}, seed + 4, 0.5f, 2.f),
           mix::testing::i64_tensor({}, {7})};
 }
 
@@ -466,225 +480,226 @@ OpDesc bn_op(const std::string& mean_out, const std::string& var_out, bool chann
 
 /// The forward's feeds, X in the op's layout.
 std::vector<std::pair<std::string, Tensor>> bn_feeds(const BnInputs& in, bool channels_last) {
-  return {{"x", in_layout(in.x, channels_last)}, {"scale", in.scale}, {"bias", in.bias},
-          {"mean", in.mean},                     {"var", in.var},     {"tracked", in.tracked}};
+  return {{"x", in_layout(in.x, channels_last)},
+          {"scale", in.scale},
+          {"bias", in.bias},
+          {"mean", in.mean},
+          {"var", in.var},
+          {"tracked", in.tracked}};
 }
 
 }  // namespace
 
 TEST_CASE("batch_norm training forward on cuDNN matches the CPU and a double reference", "[cuda][batch_norm]") {
   require_gpu();
+  const DType dt = EACH_FLOAT_TYPE();
   const bool persistent = GENERATE(false, true);
   const ScopedSwitch mode(kBatchNormPersistent, persistent);  // same bounds: they allow any order of FP32 sums
   for (const Shape& s : {Shape{4, 6, 5, 7}, Shape{16, 5}}) {
-    for (DType dt : kTypes) {
-      // MeanOut/VarianceOut as the running statistics themselves (ResNet) and as other variables.
-      for (bool in_place : {true, false})
-        for (bool last : kLayouts) {
-          const std::string what = "batch_norm " + mix::shape_str(s) + " " + dname(dt) + (in_place ? " in place" : "") +
-                                   layout_name(last) + mode_name(persistent);
-          INFO(what);
-          const BnInputs in = bn_inputs(s, dt, 40);
-          const std::string mean_out = in_place ? "mean" : "mean_out", var_out = in_place ? "var" : "var_out";
-          const OneOp op{bn_op(mean_out, var_out, last), bn_feeds(in, last)};
-          Both b = run_both(op, {"y", mean_out, var_out, "saved_mean", "saved_inv_std", "tracked"});
-          results_channels_first(b, last, {"y"});
+    // MeanOut/VarianceOut as the running statistics themselves (ResNet) and as other variables.
+    for (bool in_place : {true, false})
+      for (bool last : kLayouts) {
+        const std::string what = "batch_norm " + mix::shape_str(s) + " " + dname(dt) + (in_place ? " in place" : "") +
+                                 layout_name(last) + mode_name(persistent);
+        INFO(what);
+        const BnInputs in = bn_inputs(s, dt, 40);
+        const std::string mean_out = in_place ? "mean" : "mean_out", var_out = in_place ? "var" : "var_out";
+        const OneOp op{bn_op(mean_out, var_out, last), bn_feeds(in, last)};
+        Both b = run_both(op, {"y", mean_out, var_out, "saved_mean", "saved_inv_std", "tracked"});
+        results_channels_first(b, last, {"y"});
 
-          const BnStats st = bn_stats(in.x);
-          const int64_t c = s[1], m = st.m;
-          const std::vector<float> xv = in.x.to_floats(), scale = in.scale.to_floats(), bias = in.bias.to_floats(),
-                                   rmean = in.mean.to_floats(), rvar = in.var.to_floats();
-          std::vector<double> inv(static_cast<size_t>(c)), mean_ref(inv.size()), var_ref(inv.size());
-          std::vector<double> tol_mean(inv.size()), tol_var(inv.size()), tol_inv(inv.size());
-          const double mom = kMomentum, unbias = static_cast<double>(m) / static_cast<double>(m - 1);
-          for (size_t ch = 0; ch < inv.size(); ++ch) {
-            inv[ch] = 1.0 / std::sqrt(st.var[ch] + static_cast<double>(kEps));
-            mean_ref[ch] = mom * rmean[ch] + (1 - mom) * st.mean[ch];
-            var_ref[ch] = mom * rvar[ch] + (1 - mom) * st.var[ch] * unbias;
-            // The mean: m values summed in FP32 in some order, then divided by m.
-            tol_mean[ch] = static_cast<double>(m + 2) * kU * st.abs_mean[ch];
-            // The variance as E[x^2] - mean^2 or in two passes / Welford: either
-            // within 2(m + 2)·u·E[x^2] (the squares are summed like the mean);
-            // doubled for the CPU's double sums being rounded to float only once.
-            tol_var[ch] = 4.0 * static_cast<double>(m + 4) * kU * st.sq[ch];
-            // 1/sqrt(v + eps): its derivative inv^3 / 2 times the variance's error,
-            // plus a few ulps of rsqrt (CUDA's rsqrtf is within 2 ulp).
-            tol_inv[ch] = 0.5 * inv[ch] * inv[ch] * inv[ch] * tol_var[ch] + 4 * kU * inv[ch];
-          }
-          expect_both_within(
-              b, "saved_mean", st.mean, [&](int64_t ch) { return tol_mean[static_cast<size_t>(ch)]; },
-              what + " SavedMean");
-          expect_both_within(
-              b, "saved_inv_std", inv, [&](int64_t ch) { return tol_inv[static_cast<size_t>(ch)]; },
-              what + " SavedVariance (1/std)");
-          // The running statistics: the batch statistics' error times (1 - momentum),
-          // plus the update's own roundings (a few ulps of its two terms).
-          expect_both_within(
-              b, mean_out, mean_ref,
-              [&](int64_t ch) {
-                const size_t k = static_cast<size_t>(ch);
-                return (1 - mom) * tol_mean[k] +
-                       4 * kU * (std::fabs(mom * rmean[k]) + std::fabs((1 - mom) * st.mean[k]));
-              },
-              what + " MeanOut");
-          expect_both_within(
-              b, var_out, var_ref,
-              [&](int64_t ch) {
-                const size_t k = static_cast<size_t>(ch);
-                return (1 - mom) * unbias * tol_var[k] +
-                       4 * kU * (std::fabs(mom * rvar[k]) + (1 - mom) * st.var[k] * unbias);
-              },
-              what + " VarianceOut (unbiased batch variance)");
-          // Y = (x - mean)·inv·scale + bias: the statistics' errors carried through,
-          // a few roundings of the affine map, and FP16's store.
-          std::vector<double> y_ref(xv.size());
-          for (size_t i = 0; i < xv.size(); ++i) {
-            const size_t ch = static_cast<size_t>(channel_of(static_cast<int64_t>(i), c, st.spatial));
-            y_ref[i] = (xv[i] - st.mean[ch]) * inv[ch] * scale[ch] + bias[ch];
-          }
-          expect_both_within(
-              b, "y", y_ref,
-              [&](int64_t i) {
-                const size_t k = static_cast<size_t>(i), ch = static_cast<size_t>(channel_of(i, c, st.spatial));
-                const double centred = std::fabs(xv[k] - st.mean[ch]);
-                return std::fabs(scale[ch]) * (inv[ch] * tol_mean[ch] + centred * tol_inv[ch]) +
-                       6 * kU * (centred * inv[ch] * std::fabs(scale[ch]) + std::fabs(bias[ch])) +
-                       store_err(dt, y_ref[k]);
-              },
-              what + " Y");
-          // The counter: one integer increment, exact.
-          for (const auto* side : {&b.cpu, &b.gpu}) CHECK(side->at("tracked").data<int64_t>()[0] == 8);
+        const BnStats st = bn_stats(in.x);
+        const int64_t c = s[1], m = st.m;
+        const std::vector<float> xv = in.x.to_floats(), scale = in.scale.to_floats(), bias = in.bias.to_floats(),
+                                 rmean = in.mean.to_floats(), rvar = in.var.to_floats();
+        std::vector<double> inv(static_cast<size_t>(c)), mean_ref(inv.size()), var_ref(inv.size());
+        std::vector<double> tol_mean(inv.size()), tol_var(inv.size()), tol_inv(inv.size());
+        const double mom = kMomentum, unbias = static_cast<double>(m) / static_cast<double>(m - 1);
+        for (size_t ch = 0; ch < inv.size(); ++ch) {
+          inv[ch] = 1.0 / std::sqrt(st.var[ch] + static_cast<double>(kEps));
+          mean_ref[ch] = mom * rmean[ch] + (1 - mom) * st.mean[ch];
+          var_ref[ch] = mom * rvar[ch] + (1 - mom) * st.var[ch] * unbias;
+          // The mean: m values summed in FP32 in some order, then divided by m.
+          tol_mean[ch] = static_cast<double>(m + 2) * kU * st.abs_mean[ch];
+          // The variance as E[x^2] - mean^2 or in two passes / Welford: either
+          // within 2(m + 2)·u·E[x^2] (the squares are summed like the mean);
+          // doubled for the CPU's double sums being rounded to float only once.
+          tol_var[ch] = 4.0 * static_cast<double>(m + 4) * kU * st.sq[ch];
+          // 1/sqrt(v + eps): its derivative inv^3 / 2 times the variance's error,
+          // plus a few ulps of rsqrt (CUDA's rsqrtf is within 2 ulp).
+          tol_inv[ch] = 0.5 * inv[ch] * inv[ch] * inv[ch] * tol_var[ch] + 4 * kU * inv[ch];
         }
-    }
+        expect_both_within(
+            b, "saved_mean", st.mean, [&](int64_t ch) { return tol_mean[static_cast<size_t>(ch)]; },
+            what + " SavedMean");
+        expect_both_within(
+            b, "saved_inv_std", inv, [&](int64_t ch) { return tol_inv[static_cast<size_t>(ch)]; },
+            what + " SavedVariance (1/std)");
+        // The running statistics: the batch statistics' error times (1 - momentum),
+        // plus the update's own roundings (a few ulps of its two terms).
+        expect_both_within(
+            b, mean_out, mean_ref,
+            [&](int64_t ch) {
+              const size_t k = static_cast<size_t>(ch);
+              return (1 - mom) * tol_mean[k] + 4 * kU * (std::fabs(mom * rmean[k]) + std::fabs((1 - mom) * st.mean[k]));
+            },
+            what + " MeanOut");
+        expect_both_within(
+            b, var_out, var_ref,
+            [&](int64_t ch) {
+              const size_t k = static_cast<size_t>(ch);
+              return (1 - mom) * unbias * tol_var[k] +
+                     4 * kU * (std::fabs(mom * rvar[k]) + (1 - mom) * st.var[k] * unbias);
+            },
+            what + " VarianceOut (unbiased batch variance)");
+        // Y = (x - mean)·inv·scale + bias: the statistics' errors carried through,
+        // a few roundings of the affine map, and FP16's store.
+        std::vector<double> y_ref(xv.size());
+        for (size_t i = 0; i < xv.size(); ++i) {
+          const size_t ch = static_cast<size_t>(channel_of(static_cast<int64_t>(i), c, st.spatial));
+          y_ref[i] = (xv[i] - st.mean[ch]) * inv[ch] * scale[ch] + bias[ch];
+        }
+        expect_both_within(
+            b, "y", y_ref,
+            [&](int64_t i) {
+              const size_t k = static_cast<size_t>(i), ch = static_cast<size_t>(channel_of(i, c, st.spatial));
+              const double centred = std::fabs(xv[k] - st.mean[ch]);
+              return std::fabs(scale[ch]) * (inv[ch] * tol_mean[ch] + centred * tol_inv[ch]) +
+                     6 * kU * (centred * inv[ch] * std::fabs(scale[ch]) + std::fabs(bias[ch])) +
+                     store_err(dt, y_ref[k]);
+            },
+            what + " Y");
+        // The counter: one integer increment, exact.
+        for (const auto* side : {&b.cpu, &b.gpu}) CHECK(side->at("tracked").data<int64_t>()[0] == 8);
+      }
   }
 }
 
 TEST_CASE("batch_norm evaluation forward on cuDNN uses the running statistics", "[cuda][batch_norm]") {
   require_gpu();
+  const DType dt = EACH_FLOAT_TYPE();
   const Shape s{3, 5, 4, 6};
-  for (DType dt : kTypes) {
-    for (bool via_attr : {false, true})  // ExecEnv::training false, or attr is_test
-      for (bool last : kLayouts) {
-        const std::string what =
-            "batch_norm eval " + dname(dt) + (via_attr ? " (is_test)" : " (env)") + layout_name(last);
-        INFO(what);
-        const BnInputs in = bn_inputs(s, dt, 60);
-        OneOp op{bn_op("mean", "var", last), bn_feeds(in, last)};
-        if (via_attr) op.op.attrs["is_test"] = true;
-        op.training = via_attr;  // is_test alone must switch a training run to evaluation
-        Both b = run_both(op, {"y", "mean", "var", "tracked"});
-        results_channels_first(b, last, {"y"});
-        const std::vector<float> xv = in.x.to_floats(), scale = in.scale.to_floats(), bias = in.bias.to_floats(),
-                                 rmean = in.mean.to_floats(), rvar = in.var.to_floats();
-        const int64_t c = s[1], spatial = s[2] * s[3];
-        std::vector<double> y_ref(xv.size());
-        for (size_t i = 0; i < xv.size(); ++i) {
-          const size_t ch = static_cast<size_t>(channel_of(static_cast<int64_t>(i), c, spatial));
-          y_ref[i] = (xv[i] - rmean[ch]) / std::sqrt(static_cast<double>(rvar[ch]) + kEps) * scale[ch] + bias[ch];
-        }
-        // No reductions: 1/sqrt within a few ulps and a few roundings of the affine map, then FP16's store.
-        expect_both_within(
-            b, "y", y_ref,
-            [&](int64_t i) {
-              const size_t k = static_cast<size_t>(i), ch = static_cast<size_t>(channel_of(i, c, spatial));
-              const double k_scale = std::fabs(scale[ch]) / std::sqrt(static_cast<double>(rvar[ch]) + kEps);
-              return 10 * kU * (std::fabs(xv[k] - rmean[ch]) * k_scale + std::fabs(bias[ch])) + store_err(dt, y_ref[k]);
-            },
-            what + " Y");
-        // Evaluation updates nothing: the running statistics and the counter come back bit for bit.
-        for (const auto* side : {&b.cpu, &b.gpu}) {
-          CHECK(side->at("mean").to_floats() == rmean);
-          CHECK(side->at("var").to_floats() == rvar);
-          CHECK(side->at("tracked").data<int64_t>()[0] == 7);
-        }
+  for (bool via_attr : {false, true})  // ExecEnv::training false, or attr is_test
+    for (bool last : kLayouts) {
+      const std::string what =
+          "batch_norm eval " + dname(dt) + (via_attr ? " (is_test)" : " (env)") + layout_name(last);
+      INFO(what);
+      const BnInputs in = bn_inputs(s, dt, 60);
+      OneOp op{bn_op("mean", "var", last), bn_feeds(in, last)};
+      if (via_attr) op.op.attrs["is_test"] = true;
+      op.training = via_attr;  // is_test alone must switch a training run to evaluation
+      Both b = run_both(op, {"y", "mean", "var", "tracked"});
+      results_channels_first(b, last, {"y"});
+      const std::vector<float> xv = in.x.to_floats(), scale = in.scale.to_floats(), bias = in.bias.to_floats(),
+                               rmean = in.mean.to_floats(), rvar = in.var.to_floats();
+      const int64_t c = s[1], spatial = s[2] * s[3];
+      std::vector<double> y_ref(xv.size());
+      for (size_t i = 0; i < xv.size(); ++i) {
+        const size_t ch = static_cast<size_t>(channel_of(static_cast<int64_t>(i), c, spatial));
+        y_ref[i] = (xv[i] - rmean[ch]) / std::sqrt(static_cast<double>(rvar[ch]) + kEps) * scale[ch] + bias[ch];
       }
-  }
+      // No reductions: 1/sqrt within a few ulps and a few roundings of the affine map, then FP16's store.
+      expect_both_within(
+          b, "y", y_ref,
+          [&](int64_t i) {
+            const size_t k = static_cast<size_t>(i), ch = static_cast<size_t>(channel_of(i, c, spatial));
+            const double k_scale = std::fabs(scale[ch]) / std::sqrt(static_cast<double>(rvar[ch]) + kEps);
+            return 10 * kU * (std::fabs(xv[k] - rmean[ch]) * k_scale + std::fabs(bias[ch])) + store_err(dt, y_ref[k]);
+          },
+          what + " Y");
+      // Evaluation updates nothing: the running statistics and the counter come back bit for bit.
+      for (const auto* side : {&b.cpu, &b.gpu}) {
+        CHECK(side->at("mean").to_floats() == rmean);
+        CHECK(side->at("var").to_floats() == rvar);
+        CHECK(side->at("tracked").data<int64_t>()[0] == 7);
+      }
+    }
 }
 
 TEST_CASE("batch_norm_grad on cuDNN matches the CPU and a double reference", "[cuda][batch_norm]") {
   require_gpu();
+  const DType dt = EACH_FLOAT_TYPE();
   const bool persistent = GENERATE(false, true);
   const ScopedSwitch mode(kBatchNormPersistent, persistent);  // same bounds: they allow any order of FP32 sums
   for (const Shape& s : {Shape{4, 6, 5, 7}, Shape{16, 5}}) {
-    for (DType dt : kTypes)
-      for (bool last : kLayouts) {
-        const std::string what =
-            "batch_norm_grad " + mix::shape_str(s) + " " + dname(dt) + layout_name(last) + mode_name(persistent);
-        INFO(what);
-        const BnInputs in = bn_inputs(s, dt, 80);
-        const Tensor dy = to_dtype(uniform_tensor(s, 85), dt);
-        const BnStats st = bn_stats(in.x);
-        const int64_t c = s[1], m = st.m;
-        // The forward's saved statistics, as FP32 values both devices read.
-        std::vector<float> saved_mean(static_cast<size_t>(c)), saved_inv(static_cast<size_t>(c));
-        for (size_t ch = 0; ch < saved_mean.size(); ++ch) {
-          saved_mean[ch] = static_cast<float>(st.mean[ch]);
-          saved_inv[ch] = static_cast<float>(1.0 / std::sqrt(st.var[ch] + static_cast<double>(kEps)));
-        }
-        const OneOp op{
-            make_op("batch_norm_grad",
-                    {{"X", {"x"}},
-                     {"Scale", {"scale"}},
-                     {"SavedMean", {"saved_mean"}},
-                     {"SavedVariance", {"saved_inv_std"}},
-                     {"Y@GRAD", {"dy"}}},
-                    {{"X@GRAD", {"dx"}}, {"Scale@GRAD", {"dscale"}}, {"Bias@GRAD", {"dbias"}}},
-                    with_layout({{"momentum", static_cast<double>(kMomentum)}, {"epsilon", static_cast<double>(kEps)}},
-                                "data_layout", last)),
-            {{"x", in_layout(in.x, last)},
-             {"scale", in.scale},
-             {"saved_mean", Tensor::from_floats({c}, saved_mean)},
-             {"saved_inv_std", Tensor::from_floats({c}, saved_inv)},
-             {"dy", in_layout(dy, last)}}};
-        Both b = run_both(op, {"dx", "dscale", "dbias"});
-        results_channels_first(b, last, {"dx"});
-
-        const std::vector<float> xv = in.x.to_floats(), dyv = dy.to_floats(), scale = in.scale.to_floats();
-        std::vector<double> xhat(xv.size()), sum_dy(static_cast<size_t>(c), 0.0), sum_dy_xhat(sum_dy), abs_dy(sum_dy),
-            abs_dy_xhat(sum_dy);
-        for (size_t i = 0; i < xv.size(); ++i) {
-          const size_t ch = static_cast<size_t>(channel_of(static_cast<int64_t>(i), c, st.spatial));
-          xhat[i] = (xv[i] - static_cast<double>(saved_mean[ch])) * saved_inv[ch];
-          sum_dy[ch] += dyv[i];
-          sum_dy_xhat[ch] += dyv[i] * xhat[i];
-          abs_dy[ch] += std::fabs(dyv[i]);
-          abs_dy_xhat[ch] += std::fabs(dyv[i] * xhat[i]);
-        }
-        // The parameter gradients: sums of m terms in FP32 (xhat itself a few roundings: +4).
-        expect_both_within(
-            b, "dbias", sum_dy,
-            [&](int64_t ch) { return static_cast<double>(m + 2) * kU * abs_dy[static_cast<size_t>(ch)]; },
-            what + " Bias@GRAD");
-        expect_both_within(
-            b, "dscale", sum_dy_xhat,
-            [&](int64_t ch) { return static_cast<double>(m + 6) * kU * abs_dy_xhat[static_cast<size_t>(ch)]; },
-            what + " Scale@GRAD");
-        // dX = k (dy - mean(dy) - xhat·mean(dy·xhat)), k = scale·inv: the two means'
-        // errors (sums of m terms over m) carried through, a few roundings of the
-        // combination, then FP16's store. Never relative to |dX|: the bracket cancels.
-        std::vector<double> dx_ref(xv.size());
-        auto parts = [&](size_t i) {
-          const size_t ch = static_cast<size_t>(channel_of(static_cast<int64_t>(i), c, st.spatial));
-          const double md = sum_dy[ch] / static_cast<double>(m), mdx = sum_dy_xhat[ch] / static_cast<double>(m);
-          return std::make_tuple(ch, md, mdx, static_cast<double>(scale[ch]) * saved_inv[ch]);
-        };
-        for (size_t i = 0; i < xv.size(); ++i) {
-          const auto [ch, md, mdx, k] = parts(i);
-          dx_ref[i] = k * (dyv[i] - md - xhat[i] * mdx);
-        }
-        expect_both_within(
-            b, "dx", dx_ref,
-            [&](int64_t i) {
-              const size_t e = static_cast<size_t>(i);
-              const auto [ch, md, mdx, k] = parts(e);
-              const double mean_err = static_cast<double>(m + 2) * kU * abs_dy[ch] / static_cast<double>(m);
-              const double mean_x_err = static_cast<double>(m + 6) * kU * abs_dy_xhat[ch] / static_cast<double>(m);
-              return std::fabs(k) * (mean_err + std::fabs(xhat[e]) * mean_x_err +
-                                     8 * kU * (std::fabs(dyv[e]) + std::fabs(md) + std::fabs(xhat[e] * mdx))) +
-                     store_err(dt, dx_ref[e]);
-            },
-            what + " X@GRAD");
+    for (bool last : kLayouts) {
+      const std::string what =
+          "batch_norm_grad " + mix::shape_str(s) + " " + dname(dt) + layout_name(last) + mode_name(persistent);
+      INFO(what);
+      const BnInputs in = bn_inputs(s, dt, 80);
+      const Tensor dy = to_dtype(uniform_tensor(s, 85), dt);
+      const BnStats st = bn_stats(in.x);
+      const int64_t c = s[1], m = st.m;
+      // The forward's saved statistics, as FP32 values both devices read.
+      std::vector<float> saved_mean(static_cast<size_t>(c)), saved_inv(static_cast<size_t>(c));
+      for (size_t ch = 0; ch < saved_mean.size(); ++ch) {
+        saved_mean[ch] = static_cast<float>(st.mean[ch]);
+        saved_inv[ch] = static_cast<float>(1.0 / std::sqrt(st.var[ch] + static_cast<double>(kEps)));
       }
+      const OneOp op{
+          make_op("batch_norm_grad",
+                  {{"X", {"x"}},
+                   {"Scale", {"scale"}},
+                   {"SavedMean", {"saved_mean"}},
+                   {"SavedVariance", {"saved_inv_std"}},
+                   {"Y@GRAD", {"dy"}}},
+                  {{"X@GRAD", {"dx"}}, {"Scale@GRAD", {"dscale"}}, {"Bias@GRAD", {"dbias"}}},
+                  with_layout({{"momentum", static_cast<double>(kMomentum)}, {"epsilon", static_cast<double>(kEps)}},
+                              "data_layout", last)),
+          {{"x", in_layout(in.x, last)},
+           {"scale", in.scale},
+           {"saved_mean", Tensor::from_floats({c}, saved_mean)},
+           {"saved_inv_std", Tensor::from_floats({c}, saved_inv)},
+           {"dy", in_layout(dy, last)}}};
+      Both b = run_both(op, {"dx", "dscale", "dbias"});
+      results_channels_first(b, last, {"dx"});
+
+      const std::vector<float> xv = in.x.to_floats(), dyv = dy.to_floats(), scale = in.scale.to_floats();
+      std::vector<double> xhat(xv.size()), sum_dy(static_cast<size_t>(c), 0.0), sum_dy_xhat(sum_dy), abs_dy(sum_dy),
+          abs_dy_xhat(sum_dy);
+      for (size_t i = 0; i < xv.size(); ++i) {
+        const size_t ch = static_cast<size_t>(channel_of(static_cast<int64_t>(i), c, st.spatial));
+        xhat[i] = (xv[i] - static_cast<double>(saved_mean[ch])) * saved_inv[ch];
+        sum_dy[ch] += dyv[i];
+        sum_dy_xhat[ch] += dyv[i] * xhat[i];
+        abs_dy[ch] += std::fabs(dyv[i]);
+        abs_dy_xhat[ch] += std::fabs(dyv[i] * xhat[i]);
+      }
+      // The parameter gradients: sums of m terms in FP32 (xhat itself a few roundings: +4).
+      expect_both_within(
+          b, "dbias", sum_dy,
+          [&](int64_t ch) { return static_cast<double>(m + 2) * kU * abs_dy[static_cast<size_t>(ch)]; },
+          what + " Bias@GRAD");
+      expect_both_within(
+          b, "dscale", sum_dy_xhat,
+          [&](int64_t ch) { return static_cast<double>(m + 6) * kU * abs_dy_xhat[static_cast<size_t>(ch)]; },
+          what + " Scale@GRAD");
+      // dX = k (dy - mean(dy) - xhat·mean(dy·xhat)), k = scale·inv: the two means'
+      // errors (sums of m terms over m) carried through, a few roundings of the
+      // combination, then FP16's store. Never relative to |dX|: the bracket cancels.
+      std::vector<double> dx_ref(xv.size());
+      auto parts = [&](size_t i) {
+        const size_t ch = static_cast<size_t>(channel_of(static_cast<int64_t>(i), c, st.spatial));
+        const double md = sum_dy[ch] / static_cast<double>(m), mdx = sum_dy_xhat[ch] / static_cast<double>(m);
+        return std::make_tuple(ch, md, mdx, static_cast<double>(scale[ch]) * saved_inv[ch]);
+      };
+      for (size_t i = 0; i < xv.size(); ++i) {
+        const auto [ch, md, mdx, k] = parts(i);
+        dx_ref[i] = k * (dyv[i] - md - xhat[i] * mdx);
+      }
+      expect_both_within(
+          b, "dx", dx_ref,
+          [&](int64_t i) {
+            const size_t e = static_cast<size_t>(i);
+            const auto [ch, md, mdx, k] = parts(e);
+            const double mean_err = static_cast<double>(m + 2) * kU * abs_dy[ch] / static_cast<double>(m);
+            const double mean_x_err = static_cast<double>(m + 6) * kU * abs_dy_xhat[ch] / static_cast<double>(m);
+            return std::fabs(k) * (mean_err + std::fabs(xhat[e]) * mean_x_err +
+                                   8 * kU * (std::fabs(dyv[e]) + std::fabs(md) + std::fabs(xhat[e] * mdx))) +
+                   store_err(dt, dx_ref[e]);
+          },
+          what + " X@GRAD");
+    }
   }
 }
 
@@ -776,7 +791,7 @@ TEST_CASE("pool2d and pool2d_grad on cuDNN match the CPU and a double reference"
   require_gpu();
   const Shape s{2, 3, 9, 11};
   for (const PoolCfg& p : kPoolCases) {
-    for (DType dt : kTypes)
+    for (DType dt : kPoolTypes)
       for (bool last : kLayouts) {
         const std::string what = std::string("pool2d ") + p.name + " " + dname(dt) + layout_name(last);
         INFO(what);
