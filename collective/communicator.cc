@@ -1,6 +1,7 @@
 #include "collective/communicator.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -10,6 +11,13 @@
 #include "runtime/half.h"
 
 namespace mix::collective {
+
+namespace {
+std::atomic<bool> g_thread_left_in_library{false};
+}  // namespace
+
+void note_thread_left_in_library() noexcept { g_thread_left_in_library.store(true); }
+bool thread_left_in_library() noexcept { return g_thread_left_in_library.load(); }
 
 std::string_view reduce_op_name(ReduceOp op) {
   switch (op) {

@@ -122,6 +122,14 @@ bool launched_under_mpi();
 /// MPI when launched under MPI, else local.
 std::unique_ptr<Communicator> make_default_communicator();
 
+/// A backend that had to leave a thread behind inside a library call it could
+/// not end (ncclCommAbort past its timeout, with GPU work stuck) says so here.
+/// The process must then end without static destructors and library teardown,
+/// which would race that thread into a crash or a hang at exit: run_worker
+/// (launch/worker_main.h) ends it with std::_Exit.
+void note_thread_left_in_library() noexcept;
+bool thread_left_in_library() noexcept;
+
 /// A communicator for DEVICE buffers (NCCL), bootstrapped over a host
 /// communicator; the CUDA backend registers the factory, so callers need no
 /// #ifdef. `device` is the GPU this rank drives.

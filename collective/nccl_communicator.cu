@@ -504,7 +504,9 @@ class NcclCommunicator final : public Communicator {
   /// very case the watchdog is for), and a rank must fail rather than hang, so
   /// it runs on a helper thread that owns the communicator from then on: past
   /// the deadline the thread is left behind and the process is expected to end
-  /// (the caller throws, or ends the job). Afterwards comm_ is null either way.
+  /// (the caller throws, or ends the job; run_worker then skips the exit-time
+  /// teardown the thread would race: note_thread_left_in_library). Afterwards
+  /// comm_ is null either way.
   bool abort_nccl() noexcept {
     if (!comm_) return true;
     if (failure_.empty()) failure_ = "abort() was called";
@@ -530,6 +532,7 @@ class NcclCommunicator final : public Communicator {
         return true;
       }
       helper.detach();
+      note_thread_left_in_library();  // the process has to end without teardown
       return false;
     } catch (const std::system_error&) {  // no thread to be had: abort here, unbounded
       MIX_NCCL_CHECK_NOTHROW(ncclCommAbort(comm));

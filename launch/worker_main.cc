@@ -1,6 +1,7 @@
 #include "launch/worker_main.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <memory>
 
@@ -8,6 +9,35 @@
 #include "runtime/log.h"
 
 namespace mix::launch {
+namespace {
+
+/// Returns `code`, unless a backend left a thread inside a library call
+/// (collective::thread_left_in_library): then the logs are flushed and the
+/// process ends here with `code`, skipping the teardown that thread would race.
+int finish(int code) {
+  if (!collective::thread_left_in_library()) return code;
+  spdlog::error("a thread is still stuck in the communication library (see above); ending the process now");
+  spdlog::default_logger()->flush();
+  std::fflush(nullptr);
+  std::_Exit(code);
+}
+
+int run_body(collective::Communicator& comm, const std::function<int(collective::Communicator&)>& body) {
+  try {
+    return body(comm);
+  } catch (const collective::CollectiveError& e) {
+    // Every rank raised this together: rank 0 reports it, all end normally.
+    if (comm.rank() == 0) spdlog::error("{}", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    spdlog::error("{}", e.what());
+    // Only this rank may have failed: end the whole job so no rank waits forever.
+    if (comm.world_size() > 1) comm.abort(1);
+    return 1;
+  }
+}
+
+}  // namespace
 
 int run_worker(const char* program, const std::function<int(collective::Communicator&)>& body) {
   std::unique_ptr<collective::Communicator> comm;
@@ -18,18 +48,7 @@ int run_worker(const char* program, const std::function<int(collective::Communic
     return 1;
   }
   log::init(comm->rank(), comm->world_size());
-  try {
-    return body(*comm);
-  } catch (const collective::CollectiveError& e) {
-    // Every rank raised this together: rank 0 reports it, all end normally.
-    if (comm->rank() == 0) spdlog::error("{}", e.what());
-    return 1;
-  } catch (const std::exception& e) {
-    spdlog::error("{}", e.what());
-    // Only this rank may have failed: end the whole job so no rank waits forever.
-    if (comm->world_size() > 1) comm->abort(1);
-    return 1;
-  }
+  return finish(run_body(*comm, body));
 }
 
 }  // namespace mix::launch

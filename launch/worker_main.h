@@ -12,7 +12,9 @@ namespace mix::launch {
 /// Runs `body` on this rank. Returns body's exit code, or 1 when the
 /// communicator cannot start or body throws. A CollectiveError (raised by every
 /// rank together) is reported by rank 0 and ends normally; any other exception
-/// may be this rank's alone, so the whole job is aborted.
+/// may be this rank's alone, so the whole job is aborted. When a backend left
+/// a thread stuck inside a library (collective::thread_left_in_library), the
+/// process ends at once with that code instead of returning.
 int run_worker(const char* program, const std::function<int(collective::Communicator&)>& body);
 
 }  // namespace mix::launch
