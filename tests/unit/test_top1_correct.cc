@@ -87,7 +87,8 @@ TEST_CASE("top1_correct: logits of more dims, labels with or without a trailing 
 
 TEST_CASE("top1_correct: random rows with ties and specials count as a plain loop does", "[ops][top1]") {
   for (DType dt : kFloatTypes)
-    for (auto [rows, classes] : {std::pair<int64_t, int64_t>{64, 10}, {37, 1}, {9, 300}, {200, 3}}) {
+    // 1500 classes: rows of three CPU chunks (cpu::kChunk), ties across them.
+    for (auto [rows, classes] : {std::pair<int64_t, int64_t>{64, 10}, {37, 1}, {9, 300}, {200, 3}, {12, 1500}}) {
       INFO(dname(dt) << " " << rows << " x " << classes);
       const Top1Case c = top1_case(rows, classes, dt, DType::i64, 11);
       // Not vacuous: some rows are right and some wrong (one class: every
