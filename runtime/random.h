@@ -8,8 +8,9 @@
 //
 // Each statement below does one rounding step on purpose, so that no compiler
 // fuses a multiply and an add into an FMA (which rounds once, not twice): clang
-// contracts only within an expression, and GCC not at all in ISO mode (-std=c++20,
-// which the build uses).
+// contracts only within an expression. GCC contracts across statements too, in
+// C++ under any -std, wherever the target has FMA (aarch64; x86-64 with
+// -march), so the build turns contraction off (-ffp-contract=off, CMakeLists.txt).
 #include <cstdint>
 #include <cmath>
 

@@ -54,6 +54,22 @@ std::vector<double> ref_matmul(const std::vector<float>& x, const std::vector<fl
 
 }  // namespace
 
+// ---- build ---------------------------------------------------------------------------
+
+namespace {
+// Not inlined, inputs from memory: the compiler sees a * b + c, as in a kernel loop.
+[[gnu::noinline]] float mul_add(const std::vector<float>& v) { return v[0] * v[1] + v[2]; }
+}  // namespace
+
+TEST_CASE("the CPU build rounds a multiply before an add (no FMA contraction)", "[ops][build]") {
+  // (1 + 2^-13)^2 = 1 + 2^-12 + 2^-26: the product rounds to 1 + 2^-12, so the
+  // sum is 0; an FMA would keep the 2^-26. The GPU kernels' bit-identity with
+  // the CPU's (test_cuda_ops) needs the rounded product on every host: GCC
+  // contracts wherever the target has FMA unless told not to (CMakeLists.txt).
+  const float a = 1.f + 0x1p-13f;
+  CHECK(mul_add({a, a, -(1.f + 0x1p-12f)}) == 0.f);
+}
+
 // ---- matmul ------------------------------------------------------------------------
 
 TEST_CASE("matmul: 2-D product by hand", "[ops][matmul]") {
