@@ -31,17 +31,6 @@ int64_t count_correct(const Tensor& logits, const Tensor& label) {
   return c.data<int64_t>()[0];
 }
 
-Tensor labels(const Shape& s, const std::vector<int64_t>& v, DType dt = DType::i64) {
-  Tensor t = Tensor::empty(s, dt);
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (dt == DType::i64)
-      t.data<int64_t>()[i] = v[i];
-    else
-      t.data<int32_t>()[i] = static_cast<int32_t>(v[i]);
-  }
-  return t;
-}
-
 /// One row of three logits against one label: 1 when it counts as correct.
 int64_t row_hit(std::vector<float> row, int64_t label) {
   return count_correct(Tensor::from_floats({1, 3}, row), labels({1}, {label}));

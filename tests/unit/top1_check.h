@@ -16,8 +16,19 @@ namespace mix::testing {
 struct Top1Case {
   Tensor logits, label;  // label: one class per row, i64 or i32
   int64_t expected = 0;  // correct rows by the plain loop
-  int64_t rows = 0;
 };
+
+/// Class indices `v` in a tensor of shape `s` and dtype `dt` (i64 or i32).
+inline Tensor labels(const Shape& s, const std::vector<int64_t>& v, DType dt = DType::i64) {
+  Tensor t = Tensor::empty(s, dt);
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (dt == DType::i64)
+      t.data<int64_t>()[i] = v[i];
+    else
+      t.data<int32_t>()[i] = static_cast<int32_t>(v[i]);
+  }
+  return t;
+}
 
 /// The first index of the row's largest value, or -1 when the row holds a NaN.
 inline int64_t plain_argmax(const std::vector<float>& v, int64_t begin, int64_t n) {
@@ -36,7 +47,6 @@ inline int64_t plain_argmax(const std::vector<float>& v, int64_t begin, int64_t 
 /// [-1, classes] (mostly wrong; -1 and `classes` never match).
 inline Top1Case top1_case(int64_t rows, int64_t classes, DType dt, DType label_dt, uint64_t seed) {
   Top1Case c;
-  c.rows = rows;
   std::vector<float> v = uniform_tensor({rows, classes}, seed, -2.f, 2.f).to_floats();
   for (float& x : v) x = std::floor(x) * 0.75f;  // -1.5, -0.75, 0, 0.75: exact in every dtype
   // Some zeros become the smallest subnormals of FP32, which must rank above
@@ -47,16 +57,14 @@ inline Top1Case top1_case(int64_t rows, int64_t classes, DType dt, DType label_d
   c.logits = with_specials(Tensor::from_floats({rows, classes}, v), dt);
   const std::vector<float> stored = c.logits.to_floats();
   const std::vector<float> pick = uniform_tensor({rows}, seed + 1, -1.f, static_cast<float>(classes) + 1.f).to_floats();
-  c.label = Tensor::empty({rows}, label_dt);
+  std::vector<int64_t> want(static_cast<size_t>(rows));
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t best = plain_argmax(stored, r * classes, classes);
     const int64_t label = r % 2 == 0 ? std::max<int64_t>(best, 0) : static_cast<int64_t>(std::floor(pick[r]));
-    if (label_dt == DType::i64)
-      c.label.data<int64_t>()[r] = label;
-    else
-      c.label.data<int32_t>()[r] = static_cast<int32_t>(label);
+    want[static_cast<size_t>(r)] = label;
     c.expected += best >= 0 && best == label;
   }
+  c.label = labels({rows}, want, label_dt);
   return c;
 }
 
