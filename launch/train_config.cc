@@ -32,6 +32,7 @@ std::vector<std::pair<std::string, std::string>> TrainConfig::fingerprint_fields
           {"blocks", list(blocks)},
           {"data-format", is_resnet() ? (resnet_channels_last() ? "nhwc" : "nchw") : "-"},
           {"fuse-add-relu", fuse_add_relu ? "on" : "off"},
+          {"fuse-bn-relu", fuse_bn_relu ? "on" : "off"},
           {"recompute-softmax", recompute_softmax ? "on" : "off"},
           {"layers", is_language_model() ? num(layers) : "-"},
           {"d-model", is_language_model() ? num(d_model) : "-"},
@@ -149,6 +150,10 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
                "keep each elementwise_add + relu, and each gradient sum + relu_grad, as two ops (by default a "
                "residual block's add and relu run as one op forward and one backward: the same results, less "
                "memory traffic)");
+  app.add_flag("!--no-fuse-bn-relu", c.fuse_bn_relu,
+               "keep each batch_norm + relu, and each relu_grad + batch_norm_grad, as two ops (by default a batch "
+               "norm followed by a relu runs as one op forward and one backward: the same results, less memory "
+               "traffic)");
   app.add_flag("!--store-softmax", c.recompute_softmax,
                "softmax_with_cross_entropy stores its softmax for the gradient, as Paddle does (by default the "
                "gradient recomputes it from the logits: the same results, less memory and memory traffic)");

@@ -25,6 +25,8 @@ struct TrainConfig {
   bool is_resnet() const { return model.rfind("resnet", 0) == 0; }
   /// Fuse residual adds with their relu, forward and backward (runtime/fuse_add_relu.h; --no-fuse-add-relu: off).
   bool fuse_add_relu = true;
+  /// Fuse batch norms with the relu after them, forward and backward (runtime/fuse_bn_relu.h; --no-fuse-bn-relu: off).
+  bool fuse_bn_relu = true;
   /// softmax_with_cross_entropy's grad recomputes the softmax (runtime/recompute_softmax.h; --store-softmax: off).
   bool recompute_softmax = true;
   // the Transformer language model (models::TransformerConfig)

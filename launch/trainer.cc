@@ -25,6 +25,7 @@
 #include "runtime/device_backend.h"
 #include "runtime/executor.h"
 #include "runtime/fuse_add_relu.h"
+#include "runtime/fuse_bn_relu.h"
 #include "runtime/init.h"
 #include "runtime/io/checkpoint.h"
 #include "runtime/log.h"
@@ -351,6 +352,12 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     const FusedAddRelu fused = fuse_add_relu(program, read_back);
     if (rank == 0 && fused.forward + fused.backward > 0)
       spdlog::info("fused {} elementwise_add + relu and {} sum + relu_grad pairs (--no-fuse-add-relu: keep them)",
+                   fused.forward, fused.backward);
+  }
+  if (c.fuse_bn_relu) {
+    const FusedBnRelu fused = fuse_bn_relu(program, read_back);
+    if (rank == 0 && fused.forward + fused.backward > 0)
+      spdlog::info("fused {} batch_norm + relu and {} relu_grad + batch_norm_grad pairs (--no-fuse-bn-relu: keep them)",
                    fused.forward, fused.backward);
   }
 

@@ -142,6 +142,11 @@ MIX_HD bf16_t from_float<bf16_t>(float f) { return to_bf16(f); }
 
 /// Rounds through binary16 and back: what an FP16 store then load yields.
 MIX_HD float round_to_half(float f) { return half_bits_to_float(float_to_half_bits(f)); }
+/// Rounds through T and back: what a store to a T tensor then a load yields.
+template <typename T>
+MIX_HD float round_as(float f) {
+  return to_float(from_float<T>(f));
+}
 
 // ---- bulk conversions (host). These pick F16C when the CPU has it. ------------
 namespace half_bulk {

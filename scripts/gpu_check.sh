@@ -161,8 +161,11 @@ print(s[-1].get(sys.argv[2], 'n/a') if s else 'n/a')" "$1" "$2" 2>/dev/null || e
 # the faster FP32 run, whichever its layout. Two more AMP runs show what cuDNN's
 # persistent batch_norm kernels (--cudnn-bn-persistent) and timed convolution
 # algorithms (--cudnn-benchmark) are worth; both are off by default. The last
-# AMP run keeps each residual add and its relu as two ops (--no-fuse-add-relu),
-# to show what fusing them (runtime/fuse_add_relu.h, the default) is worth.
+# AMP runs keep each residual add and its relu as two ops (--no-fuse-add-relu),
+# and each batch norm and its relu (--no-fuse-bn-relu: cuDNN's batch norm
+# instead of mixtrain's channels-last kernels with relu fused), to show what
+# fusing them (runtime/fuse_add_relu.h, runtime/fuse_bn_relu.h, the defaults)
+# is worth.
 train_resnet50() {  # precision, log name, extra flags...
   local precision="$1" name="$2"; shift 2
   limit 180 "$build/mixtrain" --device cuda --precision "$precision" --model resnet50 --data synthetic \
@@ -237,12 +240,13 @@ if [ $stuck_rc -ne 0 ] && [ $stuck_rc -ne 124 ] && grep -q "stuck at the minimum
 else
   stuck="FAIL: exit $stuck_rc without the error"; stuck_ok=1
 fi
-echo "gpu_check: ResNet-50 variants: FP32 in NHWC, AMP in NCHW, persistent batch_norm, cudnn benchmark, unfused add+relu"
+echo "gpu_check: ResNet-50 variants: FP32 in NHWC, AMP in NCHW, persistent batch_norm, cudnn benchmark, unfused add+relu, unfused bn+relu"
 train_resnet50 fp32 resnet50_fp32_nhwc --data-format nhwc; r50_fp32_nhwc_rc=$?
 train_resnet50 amp resnet50_amp_nchw --data-format nchw; r50_nchw_rc=$?
 train_resnet50 amp resnet50_amp_bnp --data-format nhwc --cudnn-bn-persistent; r50_bnp_rc=$?
 train_resnet50 amp resnet50_amp_bench --data-format nhwc --cudnn-benchmark; r50_bench_rc=$?
 train_resnet50 amp resnet50_amp_nofuse --data-format nhwc --no-fuse-add-relu; r50_nofuse_rc=$?
+train_resnet50 amp resnet50_amp_nobnfuse --data-format nhwc --no-fuse-bn-relu; r50_nobnfuse_rc=$?
 # What folding the FP32 casts before softmax and the loss is worth (README,
 # "Folded casts"): the default AMP run above folds them, this one keeps them.
 echo "gpu_check: Transformer AMP with --no-fold-casts (log: $out/transformer_amp_nofold.log)"
@@ -290,6 +294,7 @@ r50_nchw_ips=$(summary_field "$out/resnet50_amp_nchw.jsonl" samples_per_s_overal
 r50_bnp_ips=$(summary_field "$out/resnet50_amp_bnp.jsonl" samples_per_s_overall)
 r50_bench_ips=$(summary_field "$out/resnet50_amp_bench.jsonl" samples_per_s_overall)
 r50_nofuse_ips=$(summary_field "$out/resnet50_amp_nofuse.jsonl" samples_per_s_overall)
+r50_nobnfuse_ips=$(summary_field "$out/resnet50_amp_nobnfuse.jsonl" samples_per_s_overall)
 r50_fp32_best=$(/usr/bin/env python3 -c "import sys
 v=[float(a) for a in sys.argv[1:] if a.replace('.', '', 1).isdigit()]
 print(max(v) if v else 'n/a')" "$r50_fp32_ips" "$r50_fp32_nhwc_ips" 2>/dev/null || echo n/a)
@@ -322,6 +327,7 @@ secs=$(( $(date +%s) - t0 ))
   printf "  %-36s %s\n" "ResNet-50 AMP NHWC, persistent BN" "$r50_bnp_ips (exit $r50_bnp_rc)"
   printf "  %-36s %s\n" "ResNet-50 AMP NHWC, cudnn benchmark" "$r50_bench_ips (exit $r50_bench_rc)"
   printf "  %-36s %s\n" "ResNet-50 AMP NHWC, no-fuse-add-relu" "$r50_nofuse_ips (exit $r50_nofuse_rc)"
+  printf "  %-36s %s\n" "ResNet-50 AMP NHWC, no-fuse-bn-relu" "$r50_nobnfuse_ips (exit $r50_nobnfuse_rc)"
   printf "  %-36s %s\n" "ResNet-50 AMP / best FP32 (>= 3)" "$r50_ratio"
   printf "  %-36s %s / %s\n" "ResNet-50 peak bytes FP32 / AMP" "$r50_fp32_peak" "$r50_amp_peak"
   printf "  %-36s %s\n" "ResNet-50 AMP host queue / step ms" "$r50_amp_queue"
@@ -347,6 +353,6 @@ secs=$(( $(date +%s) - t0 ))
   top_ops "$out/transformer_amp_profile.log" 10
 } | tee "$out/summary.txt"
 [ $tests_rc -eq 0 ] && [ $fp32_rc -eq 0 ] && [ $amp_rc -eq 0 ] && [ $r50_fp32_rc -eq 0 ] && [ $r50_amp_rc -eq 0 ] &&
-  [ $r50_nchw_rc -eq 0 ] && [ $r50_fp32_nhwc_rc -eq 0 ] && [ $r50_bnp_rc -eq 0 ] && [ $r50_bench_rc -eq 0 ] && [ $r50_nofuse_rc -eq 0 ] &&
+  [ $r50_nchw_rc -eq 0 ] && [ $r50_fp32_nhwc_rc -eq 0 ] && [ $r50_bnp_rc -eq 0 ] && [ $r50_bench_rc -eq 0 ] && [ $r50_nofuse_rc -eq 0 ] && [ $r50_nobnfuse_rc -eq 0 ] &&
   [ $tf_fp32_rc -eq 0 ] && [ $tf_amp_rc -eq 0 ] && [ $tf_nofold_rc -eq 0 ] && [ $tf_stored_rc -eq 0 ] && [ $rs_ov_rc -eq 0 ] && [ $rs_no_rc -eq 0 ] && [ $bench_rc -eq 0 ] &&
   [ $stuck_ok -eq 0 ] && [ $mc_ops_ok -eq 0 ] && [ $mc_tf_ok -eq 0 ]

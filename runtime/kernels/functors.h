@@ -95,10 +95,51 @@ MIX_HD float mean_grad_value(float dout, int64_t n) {
 // ---- batch_norm (per channel; statistics in FP32, activations in any dtype) -------
 /// 1 / sqrt(var + eps): the saved inverse standard deviation (Paddle's SavedVariance).
 MIX_HD float bn_inv_std(float var, float eps) { return 1.f / sqrtf(var + eps); }
+/// A channel's batch mean and biased variance (what normalises) from the
+/// sums of its m values less `shift`: sum (x - shift) and sum (x - shift)^2,
+/// in double. The CPU sums in double with shift 0; the GPU sums each thread's
+/// values in FP32 first, so it shifts by one of the channel's values, keeping
+/// the squares' sum from cancelling against the mean's square.
+struct BnBatchStats {
+  double mean, var;
+};
+MIX_HD BnBatchStats bn_batch_stats(double sum, double sum_sq, double shift, int64_t m) {
+  const double shifted_mean = sum / static_cast<double>(m);
+  const double var = sum_sq / static_cast<double>(m) - shifted_mean * shifted_mean;
+  return {shift + shifted_mean, 0.0 < var ? var : 0.0};
+}
+/// The unbiased variance the running statistics take, as PyTorch's.
+MIX_HD double bn_unbiased_var(double var, int64_t m) {
+  return var * static_cast<double>(m) / static_cast<double>(m - 1);
+}
 /// Forward: y = (x - mean) * (inv_std * scale) + bias.
 struct BnNormalize {
   float mean, scale_inv_std, bias;
   MIX_HD float operator()(float x) const { return (x - mean) * scale_inv_std + bias; }
+};
+/// batch_norm with fuse_with_relu: relu(normalize(x)), rounded once on store.
+/// The bits of batch_norm then relu, which round before the relu: relu and
+/// the rounding commute (see AddRelu).
+struct BnNormalizeAct {
+  BnNormalize norm;
+  bool relu;
+  MIX_HD float operator()(float x) const {
+    const float v = norm(x);
+    return relu ? ReluFwd{}(v) : v;
+  }
+};
+/// fuse_with_relu's backward takes relu's gradient before batch_norm's, with
+/// relu's mask recomputed from X instead of read from Y: the forward stored
+/// y = round_T(relu(v)) with v = norm(x), and y <= 0 exactly where
+/// round_T(v) <= 0 (a NaN is neither), so relu_grad's `y <= 0 ? 0 : dy` is
+/// `round_T(v) <= 0 ? 0 : dy`. The rounding matters: a tiny positive v that
+/// FP16 flushes to 0 was stored as 0. `norm` must be the forward's functor
+/// with the forward's statistics (SavedMean, SavedVariance, Scale, Bias), so
+/// v has the forward's bits. T is X's storage type.
+template <typename T>
+struct BnReluGradFromX {
+  BnNormalize norm;
+  MIX_HD float operator()(float x, float dy) const { return ReluBwd{}(round_as<T>(norm(x)), dy); }
 };
 /// Backward of the training-mode forward, from the channel's means over its M
 /// values of dy and dy * xhat: dx = scale inv_std (dy - mean(dy) - xhat mean(dy xhat)).

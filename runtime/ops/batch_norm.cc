@@ -8,13 +8,21 @@
 //           NumBatchesTrackedOut (optional)
 //   attrs   momentum (0.9: running = 0.9 running + 0.1 batch, PyTorch's momentum 0.1),
 //           epsilon (1e-5), is_test (false), data_layout (NCHW, or NHWC: X is
-//           [N, ..., C]; computed by permuting to NCHW and back, runtime/ops/data_format.h)
+//           [N, ..., C]; computed by permuting to NCHW and back, runtime/ops/data_format.h),
+//           fuse_with_relu (false; Paddle's attr): Y = relu(batch_norm(X)), the
+//           bits of batch_norm then relu. runtime/fuse_bn_relu.h sets it on
+//           the pairs of a training program, with its gradient: batch_norm_grad
+//           with fuse_with_relu reads Bias and relu's output gradient as Y@GRAD
+//           and applies relu's gradient first, its mask recomputed from X
+//           (fn::BnReluGradFromX, in bulk), never writing relu's input gradient. Its Y
+//           input (the forward's Y) is read only by the CUDA kernel for NCHW.
 // Scale, Bias and all statistics are FP32 even when X is FP16 (DESIGN.md); the
 // sums run in double and Y is rounded once on store. The running variance takes
 // the unbiased batch variance, as PyTorch does, so its checkpoints interchange.
 // Evaluation (is_test, or an executor run with ExecEnv::training false) normalises
 // with the running statistics and updates nothing.
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "runtime/check.h"
@@ -63,13 +71,15 @@ void for_each_row(const Tensor& x, const BatchNormDims& d, std::vector<float>& b
   });
 }
 
-/// Y[row] = normalize(X[row]) with one functor per channel.
-void normalize(const Tensor& x, const BatchNormDims& d, const std::vector<fn::BnNormalize>& per_channel, Tensor& y) {
+/// Y[row] = normalize(X[row]) with one functor per channel, then relu if `relu`.
+void normalize(const Tensor& x, const BatchNormDims& d, const std::vector<fn::BnNormalize>& per_channel, bool relu,
+               Tensor& y) {
   std::vector<float> buf;
   cpu::dispatch_floating(y.dtype(), [&](auto tag) {
     using T = decltype(tag);
     for_each_row(x, d, buf, [&](int64_t row, int64_t c, float* v) {
-      for (int64_t i = 0; i < d.spatial; ++i) v[i] = per_channel[static_cast<size_t>(c)](v[i]);
+      const fn::BnNormalizeAct f{per_channel[static_cast<size_t>(c)], relu};
+      for (int64_t i = 0; i < d.spatial; ++i) v[i] = f(v[i]);
       cpu::store_floats(v, y.data<T>() + row * d.spatial, d.spatial);
     });
   });
@@ -86,13 +96,14 @@ void store_channels_last(OpContext& ctx, const std::string& slot, const Tensor& 
   layout::store_channels_last(result, ctx.out(slot, x.shape(), x.dtype()));
 }
 
-/// Y = normalize(X) with one functor per channel, written in X's layout.
+/// Y = normalize(X) with one functor per channel (then relu with fuse_with_relu), written in X's layout.
 void write_y(OpContext& ctx, const Tensor& x_nchw, const BatchNormDims& d,
              const std::vector<fn::BnNormalize>& per_channel) {
   const Tensor& x = ctx.in("X");
-  if (!d.channels_last) return normalize(x_nchw, d, per_channel, ctx.out("Y", x.shape(), x.dtype()));
+  const bool relu = ctx.attr<bool>("fuse_with_relu", false);
+  if (!d.channels_last) return normalize(x_nchw, d, per_channel, relu, ctx.out("Y", x.shape(), x.dtype()));
   Tensor y = Tensor::empty(x_nchw.shape(), x.dtype());
-  normalize(x_nchw, d, per_channel, y);
+  normalize(x_nchw, d, per_channel, relu, y);
   store_channels_last(ctx, "Y", y);
 }
 
@@ -137,13 +148,12 @@ void batch_norm_cpu(OpContext& ctx) {
   Tensor& var_out = ctx.out("VarianceOut", {d.c}, DType::f32);
   for (int64_t c = 0; c < d.c; ++c) {
     const size_t k = static_cast<size_t>(c);
-    const double mean = sum[k] / static_cast<double>(m);
-    const double var = std::max(0.0, sum_sq[k] / static_cast<double>(m) - mean * mean);  // biased: normalises
+    const auto [mean, var] = fn::bn_batch_stats(sum[k], sum_sq[k], 0.0, m);
     const float inv_std = fn::bn_inv_std(static_cast<float>(var), eps);
     saved_mean.data<float>()[c] = static_cast<float>(mean);
     saved_inv_std.data<float>()[c] = inv_std;
     norm[k] = {static_cast<float>(mean), inv_std * scale[c], bias[c]};
-    const double unbiased = var * static_cast<double>(m) / static_cast<double>(m - 1);
+    const double unbiased = fn::bn_unbiased_var(var, m);
     mean_out.data<float>()[c] = fn::bn_running_update(rmean[k], static_cast<float>(mean), momentum);
     var_out.data<float>()[c] = fn::bn_running_update(rvar[k], static_cast<float>(unbiased), momentum);
   }
@@ -164,6 +174,33 @@ void batch_norm_grad_cpu(OpContext& ctx) {
   const float* mean = ctx.in("SavedMean").data<float>();
   const float* inv_std = ctx.in("SavedVariance").data<float>();
   const int64_t m = d.n * d.spatial;
+  // With fuse_with_relu, dy is relu's output gradient: each value first goes
+  // through relu's gradient, its mask recomputed from x with the forward's functor.
+  const bool relu = ctx.attr<bool>("fuse_with_relu", false);
+  std::vector<fn::BnNormalize> forward_norm;
+  if (relu) {
+    const float* bias = ctx.in("Bias").data<float>();
+    for (int64_t c = 0; c < d.c; ++c) forward_norm.push_back({mean[c], inv_std[c] * scale[c], bias[c]});
+  }
+  // fn::BnReluGradFromX<T> in three bulk steps (normalise, round through T
+  // with the vectorised conversions, mask): one call per element would round
+  // through FP16 with the portable scalar code, slower than the whole op.
+  std::vector<float> before_relu;
+  Tensor rounded = relu ? Tensor::empty({d.spatial}, x.dtype()) : Tensor{};  // one row in X's dtype
+  auto relu_grad = [&](auto tag, int64_t c, const float* xv, float* dyv) {
+    using T = decltype(tag);
+    if (!relu) return;
+    const fn::BnNormalize& norm = forward_norm[static_cast<size_t>(c)];
+    before_relu.resize(static_cast<size_t>(d.spatial));
+    for (int64_t i = 0; i < d.spatial; ++i) before_relu[static_cast<size_t>(i)] = norm(xv[i]);
+    if constexpr (!std::is_same_v<T, float>) {
+      T* row = rounded.data<T>();
+      cpu::store_floats(before_relu.data(), row, d.spatial);
+      cpu::load_floats(row, before_relu.data(), d.spatial);
+    }
+    const fn::ReluBwd mask;
+    for (int64_t i = 0; i < d.spatial; ++i) dyv[i] = mask(before_relu[static_cast<size_t>(i)], dyv[i]);
+  };
 
   // Per channel: sum(dy) and sum(dy * xhat), in double.
   std::vector<double> sum_dy(static_cast<size_t>(d.c), 0.0), sum_dy_xhat(static_cast<size_t>(d.c), 0.0);
@@ -172,6 +209,7 @@ void batch_norm_grad_cpu(OpContext& ctx) {
     using T = decltype(tag);
     for_each_row(x, d, xbuf, [&](int64_t row, int64_t c, const float* xv) {
       cpu::load_floats(dy.data<T>() + row * d.spatial, dybuf.data(), d.spatial);
+      relu_grad(tag, c, xv, dybuf.data());
       double s = 0, sx = 0;
       for (int64_t i = 0; i < d.spatial; ++i) {
         s += dybuf[static_cast<size_t>(i)];
@@ -202,6 +240,7 @@ void batch_norm_grad_cpu(OpContext& ctx) {
     using T = decltype(tag);
     for_each_row(x, d, xbuf, [&](int64_t row, int64_t c, float* xv) {
       cpu::load_floats(dy.data<T>() + row * d.spatial, dybuf.data(), d.spatial);
+      relu_grad(tag, c, xv, dybuf.data());
       const fn::BnBackward& b = back[static_cast<size_t>(c)];
       for (int64_t i = 0; i < d.spatial; ++i) xv[i] = b(xv[i], dybuf[static_cast<size_t>(i)]);
       cpu::store_floats(xv, dx.data<T>() + row * d.spatial, d.spatial);
@@ -213,16 +252,21 @@ void batch_norm_grad_cpu(OpContext& ctx) {
 std::vector<OpDesc> batch_norm_grad_maker(const OpDesc& fwd, GradContext& g) {
   const std::string dy = g.grad_of_output(fwd.out("Y"));
   if (dy.empty()) return {};
-  return {make_op("batch_norm_grad",
-                  {{"X", {fwd.in("X")}},
-                   {"Scale", {fwd.in("Scale")}},
-                   {"SavedMean", {fwd.out("SavedMean")}},
-                   {"SavedVariance", {fwd.out("SavedVariance")}},
-                   {"Y@GRAD", {dy}}},
-                  {{"X@GRAD", {g.grad_for_input(fwd.in("X"))}},
-                   {"Scale@GRAD", {g.grad_for_input(fwd.in("Scale"))}},
-                   {"Bias@GRAD", {g.grad_for_input(fwd.in("Bias"))}}},
-                  fwd.attrs)};
+  OpDesc grad = make_op("batch_norm_grad",
+                        {{"X", {fwd.in("X")}},
+                         {"Scale", {fwd.in("Scale")}},
+                         {"SavedMean", {fwd.out("SavedMean")}},
+                         {"SavedVariance", {fwd.out("SavedVariance")}},
+                         {"Y@GRAD", {dy}}},
+                        {{"X@GRAD", {g.grad_for_input(fwd.in("X"))}},
+                         {"Scale@GRAD", {g.grad_for_input(fwd.in("Scale"))}},
+                         {"Bias@GRAD", {g.grad_for_input(fwd.in("Bias"))}}},
+                        fwd.attrs);
+  if (fwd.attr<bool>("fuse_with_relu", false)) {  // relu's mask is recomputed from X with Bias
+    grad.inputs["Bias"] = {fwd.in("Bias")};
+    grad.inputs["Y"] = {fwd.out("Y")};
+  }
+  return {grad};
 }
 
 MIX_REGISTER_OP("batch_norm", OpInfo{infer_batch_norm, batch_norm_cpu, {}, batch_norm_grad_maker});

@@ -16,9 +16,10 @@
      the tensors of that state_dict, with the same names, shapes and values;
   4. ResNet-50's structure at ImageNet size trains a step (synthetic 3x224x224,
      batch 2, --width 8 to stay quick) and reports its peak memory;
-  5. the residual adds fused with their relu (runtime/fuse_add_relu.h, the
-     default): --print-program shows the fused ops, and 4 AMP steps write the
-     same checkpoint, byte for byte, as with --no-fuse-add-relu.
+  5. the residual adds and the batch norms fused with their relu
+     (runtime/fuse_add_relu.h, runtime/fuse_bn_relu.h, the defaults):
+     --print-program shows the fused ops, and 4 AMP steps write the same
+     checkpoint, byte for byte, as with --no-fuse-add-relu or --no-fuse-bn-relu.
 """
 import re
 import sys
@@ -107,25 +108,34 @@ def main():
         c.check(s["peak_bytes"] > 0 and s["planned_peak_temporary_bytes"] > 0,
                 "the summary reports peak and planned memory", f"peak {s['peak_bytes']} bytes")
 
-    # ---- 5: fused add + relu against --no-fuse-add-relu -------------------------------------------------
+    # ---- 5: fused add + relu and batch norm + relu against --no-fuse-add-relu / --no-fuse-bn-relu ------
     # Two blocks: each ends in add + relu, and each block input's gradient is a
-    # sum followed by a relu_grad (block 1's input is the stem's relu).
-    for flag, fused in (([], 2), (["--no-fuse-add-relu"], 0)):
+    # sum followed by a relu_grad (block 1's input is the stem's relu). The
+    # stem's and each block's first batch norm are followed by a relu; the
+    # stem relu's gradient is a sum's, so fuse_add_relu (run first) takes it.
+    add_relu = r"= (fused_add_relu|fused_sum_relu_grad)\("
+    bn_relu = r"= (batch_norm|batch_norm_grad)\(.*fuse_with_relu=true"
+    for flag, pattern, expected in (([], add_relu, {"fused_add_relu": 2, "fused_sum_relu_grad": 2}),
+                                    (["--no-fuse-add-relu"], add_relu, {"fused_add_relu": 0, "fused_sum_relu_grad": 0}),
+                                    ([], bn_relu, {"batch_norm": 3, "batch_norm_grad": 2}),
+                                    (["--no-fuse-bn-relu"], bn_relu, {"batch_norm": 0, "batch_norm_grad": 0})):
         r = mt.mixtrain([*NET, "--print-program", *flag], timeout=60)
         if c.ok_run(r, f"--print-program {' '.join(flag)}"):
-            ops = re.findall(r"= (fused_add_relu|fused_sum_relu_grad)\(", r.out)
-            c.check(ops.count("fused_add_relu") == fused and ops.count("fused_sum_relu_grad") == fused,
-                    f"{' '.join(flag) or 'by default'}: {fused} fused_add_relu and {fused} fused_sum_relu_grad",
-                    f"{ops}")
+            ops = re.findall(pattern, r.out)
+            c.check(all(ops.count(op) == n for op, n in expected.items()),
+                    f"{' '.join(flag) or 'by default'}: " + ", ".join(f"{n} {op}" for op, n in expected.items()) +
+                    (" with fuse_with_relu" if pattern == bn_relu else ""), f"{ops}")
     ckpts = []
-    for flag in ([], ["--no-fuse-add-relu"]):
-        ckpt = d / f"fuse_{len(flag)}.safetensors"
+    for flag in ([], ["--no-fuse-add-relu"], ["--no-fuse-bn-relu"]):
+        ckpt = d / f"fuse_{'_'.join(f.strip('-') for f in flag) or 'default'}.safetensors"
         r = mt.mixtrain([*NET, "--steps", 4, "--save", ckpt, *flag], timeout=120)
         if c.ok_run(r, f"4 AMP steps {' '.join(flag) or 'with the fused ops'}"):
             ckpts.append(ckpt)
-    if len(ckpts) == 2:
+    if len(ckpts) == 3:
         c.check(ckpts[0].read_bytes() == ckpts[1].read_bytes(),
                 "fused and unfused add + relu: byte-identical checkpoints after 4 steps")
+        c.check(ckpts[0].read_bytes() == ckpts[2].read_bytes(),
+                "fused and unfused batch norm + relu: byte-identical checkpoints after 4 steps")
     c.finish()
 
 

@@ -23,6 +23,8 @@
 // data_layout NHWC, ResNet's default on CUDA): NHWC inputs are permuted copies
 // of the NCHW ones and NHWC results are permuted back before the comparisons,
 // so one reference and one set of bounds serve both layouts.
+// batch_norm also runs with fuse_with_relu (runtime/fuse_bn_relu.h), which
+// channels last runs mixtrain's own kernels instead of cuDNN's.
 // The runner and the comparisons: tests/unit/cuda_compare.h.
 //
 // MIX_CUDA_OPS_VERBOSE=1 prints how close each comparison came to its bound.
@@ -52,6 +54,7 @@
 
 #include "runtime/allocator.h"
 #include "runtime/executor.h"
+#include "runtime/kernels/functors.h"
 #include "runtime/op_registry.h"
 #include "runtime/ops/data_format.h"
 #include "runtime/program.h"
@@ -457,6 +460,20 @@ BnStats bn_stats(const Tensor& x) {
 
 int64_t channel_of(int64_t i, int64_t c, int64_t spatial) { return (i / spatial) % c; }
 
+/// X's shapes of the batch_norm cases. Channels last with fuse_with_relu,
+/// [8, 72, 9, 9] takes the own kernels' packed path (72 channels: 8 per
+/// 16-byte FP16 pack) with three channel tiles, the last one partial, and two
+/// chunks of rows (648 > 512); [8, 6, 11, 11] their one-element path (6
+/// channels) over two chunks.
+const Shape kBnShapes[] = {{4, 6, 5, 7}, {16, 5}, {8, 72, 9, 9}, {8, 6, 11, 11}};
+
+/// fuse_with_relu's cases (runtime/fuse_bn_relu.h): channels last they run
+/// mixtrain's own kernels (batch_norm_channels_last.cu), NCHW cuDNN and a
+/// separate relu. The bounds hold with relu applied to the reference, since
+/// |relu(a) - relu(b)| <= |a - b|.
+std::string fused_name(bool fused) { return fused ? " fuse_with_relu" : ""; }
+double relu_if(bool fused, double v) { return fused && !(v > 0) ? 0.0 : v; }
+
 constexpr float kEps = 1e-5f;
 constexpr float kMomentum = 0.9f;  // Paddle's convention: running = 0.9 running + 0.1 batch
 
@@ -494,17 +511,19 @@ TEST_CASE("batch_norm training forward on cuDNN matches the CPU and a double ref
   require_gpu();
   const DType dt = EACH_FLOAT_TYPE();
   const bool persistent = GENERATE(false, true);
+  const bool fused = GENERATE(false, true);
   const ScopedSwitch mode(kBatchNormPersistent, persistent);  // same bounds: they allow any order of FP32 sums
-  for (const Shape& s : {Shape{4, 6, 5, 7}, Shape{16, 5}}) {
+  for (const Shape& s : kBnShapes) {
     // MeanOut/VarianceOut as the running statistics themselves (ResNet) and as other variables.
     for (bool in_place : {true, false})
       for (bool last : kLayouts) {
         const std::string what = "batch_norm " + mix::shape_str(s) + " " + dname(dt) + (in_place ? " in place" : "") +
-                                 layout_name(last) + mode_name(persistent);
+                                 layout_name(last) + mode_name(persistent) + fused_name(fused);
         INFO(what);
         const BnInputs in = bn_inputs(s, dt, 40);
         const std::string mean_out = in_place ? "mean" : "mean_out", var_out = in_place ? "var" : "var_out";
-        const OneOp op{bn_op(mean_out, var_out, last), bn_feeds(in, last)};
+        OneOp op{bn_op(mean_out, var_out, last), bn_feeds(in, last)};
+        if (fused) op.op.attrs["fuse_with_relu"] = true;
         Both b = run_both(op, {"y", mean_out, var_out, "saved_mean", "saved_inv_std", "tracked"});
         results_channels_first(b, last, {"y"});
 
@@ -554,10 +573,11 @@ TEST_CASE("batch_norm training forward on cuDNN matches the CPU and a double ref
             what + " VarianceOut (unbiased batch variance)");
         // Y = (x - mean)·inv·scale + bias: the statistics' errors carried through,
         // a few roundings of the affine map, and FP16's store.
-        std::vector<double> y_ref(xv.size());
+        std::vector<double> y_ref(xv.size()), y_pre(xv.size());  // y_pre: before relu
         for (size_t i = 0; i < xv.size(); ++i) {
           const size_t ch = static_cast<size_t>(channel_of(static_cast<int64_t>(i), c, st.spatial));
-          y_ref[i] = (xv[i] - st.mean[ch]) * inv[ch] * scale[ch] + bias[ch];
+          y_pre[i] = (xv[i] - st.mean[ch]) * inv[ch] * scale[ch] + bias[ch];
+          y_ref[i] = relu_if(fused, y_pre[i]);
         }
         expect_both_within(
             b, "y", y_ref,
@@ -566,7 +586,7 @@ TEST_CASE("batch_norm training forward on cuDNN matches the CPU and a double ref
               const double centred = std::fabs(xv[k] - st.mean[ch]);
               return std::fabs(scale[ch]) * (inv[ch] * tol_mean[ch] + centred * tol_inv[ch]) +
                      6 * kU * (centred * inv[ch] * std::fabs(scale[ch]) + std::fabs(bias[ch])) +
-                     store_err(dt, y_ref[k]);
+                     store_err(dt, y_pre[k]);
             },
             what + " Y");
         // The counter: one integer increment, exact.
@@ -578,25 +598,28 @@ TEST_CASE("batch_norm training forward on cuDNN matches the CPU and a double ref
 TEST_CASE("batch_norm evaluation forward on cuDNN uses the running statistics", "[cuda][batch_norm]") {
   require_gpu();
   const DType dt = EACH_FLOAT_TYPE();
+  const bool fused = GENERATE(false, true);
   const Shape s{3, 5, 4, 6};
   for (bool via_attr : {false, true})  // ExecEnv::training false, or attr is_test
     for (bool last : kLayouts) {
       const std::string what =
-          "batch_norm eval " + dname(dt) + (via_attr ? " (is_test)" : " (env)") + layout_name(last);
+          "batch_norm eval " + dname(dt) + (via_attr ? " (is_test)" : " (env)") + layout_name(last) + fused_name(fused);
       INFO(what);
       const BnInputs in = bn_inputs(s, dt, 60);
       OneOp op{bn_op("mean", "var", last), bn_feeds(in, last)};
       if (via_attr) op.op.attrs["is_test"] = true;
+      if (fused) op.op.attrs["fuse_with_relu"] = true;
       op.training = via_attr;  // is_test alone must switch a training run to evaluation
       Both b = run_both(op, {"y", "mean", "var", "tracked"});
       results_channels_first(b, last, {"y"});
       const std::vector<float> xv = in.x.to_floats(), scale = in.scale.to_floats(), bias = in.bias.to_floats(),
                                rmean = in.mean.to_floats(), rvar = in.var.to_floats();
       const int64_t c = s[1], spatial = s[2] * s[3];
-      std::vector<double> y_ref(xv.size());
+      std::vector<double> y_ref(xv.size()), y_pre(xv.size());  // y_pre: before relu
       for (size_t i = 0; i < xv.size(); ++i) {
         const size_t ch = static_cast<size_t>(channel_of(static_cast<int64_t>(i), c, spatial));
-        y_ref[i] = (xv[i] - rmean[ch]) / std::sqrt(static_cast<double>(rvar[ch]) + kEps) * scale[ch] + bias[ch];
+        y_pre[i] = (xv[i] - rmean[ch]) / std::sqrt(static_cast<double>(rvar[ch]) + kEps) * scale[ch] + bias[ch];
+        y_ref[i] = relu_if(fused, y_pre[i]);
       }
       // No reductions: 1/sqrt within a few ulps and a few roundings of the affine map, then FP16's store.
       expect_both_within(
@@ -604,7 +627,7 @@ TEST_CASE("batch_norm evaluation forward on cuDNN uses the running statistics", 
           [&](int64_t i) {
             const size_t k = static_cast<size_t>(i), ch = static_cast<size_t>(channel_of(i, c, spatial));
             const double k_scale = std::fabs(scale[ch]) / std::sqrt(static_cast<double>(rvar[ch]) + kEps);
-            return 10 * kU * (std::fabs(xv[k] - rmean[ch]) * k_scale + std::fabs(bias[ch])) + store_err(dt, y_ref[k]);
+            return 10 * kU * (std::fabs(xv[k] - rmean[ch]) * k_scale + std::fabs(bias[ch])) + store_err(dt, y_pre[k]);
           },
           what + " Y");
       // Evaluation updates nothing: the running statistics and the counter come back bit for bit.
@@ -620,14 +643,15 @@ TEST_CASE("batch_norm_grad on cuDNN matches the CPU and a double reference", "[c
   require_gpu();
   const DType dt = EACH_FLOAT_TYPE();
   const bool persistent = GENERATE(false, true);
+  const bool fused = GENERATE(false, true);
   const ScopedSwitch mode(kBatchNormPersistent, persistent);  // same bounds: they allow any order of FP32 sums
-  for (const Shape& s : {Shape{4, 6, 5, 7}, Shape{16, 5}}) {
+  for (const Shape& s : kBnShapes) {
     for (bool last : kLayouts) {
-      const std::string what =
-          "batch_norm_grad " + mix::shape_str(s) + " " + dname(dt) + layout_name(last) + mode_name(persistent);
+      const std::string what = "batch_norm_grad " + mix::shape_str(s) + " " + dname(dt) + layout_name(last) +
+                               mode_name(persistent) + fused_name(fused);
       INFO(what);
       const BnInputs in = bn_inputs(s, dt, 80);
-      const Tensor dy = to_dtype(uniform_tensor(s, 85), dt);
+      Tensor dy = to_dtype(uniform_tensor(s, 85), dt);
       const BnStats st = bn_stats(in.x);
       const int64_t c = s[1], m = st.m;
       // The forward's saved statistics, as FP32 values both devices read.
@@ -636,7 +660,23 @@ TEST_CASE("batch_norm_grad on cuDNN matches the CPU and a double reference", "[c
         saved_mean[ch] = static_cast<float>(st.mean[ch]);
         saved_inv[ch] = static_cast<float>(1.0 / std::sqrt(st.var[ch] + static_cast<double>(kEps)));
       }
-      const OneOp op{
+      // fuse_with_relu: Y@GRAD is relu's output gradient, and relu's mask
+      // comes from X (own kernels, the CPU) or from Y (NCHW on cuDNN). Y is
+      // the forward's, computed here with the CPU's functor. Where the value
+      // before relu is within 1e-5 of 0, the GPU's rounding (an FMA) may put
+      // it on the other side: dy is 0 there, so the mask cannot matter.
+      const std::vector<float> xv = in.x.to_floats(), scale = in.scale.to_floats(), bias = in.bias.to_floats();
+      std::vector<float> dy_raw = dy.to_floats(), dyv = dy_raw, y_fwd(xv.size());
+      for (size_t i = 0; i < xv.size(); ++i) {
+        const size_t ch = static_cast<size_t>(channel_of(static_cast<int64_t>(i), c, st.spatial));
+        y_fwd[i] = fn::BnNormalizeAct{{saved_mean[ch], saved_inv[ch] * scale[ch], bias[ch]}, true}(xv[i]);
+        const double before_relu = (xv[i] - static_cast<double>(saved_mean[ch])) * saved_inv[ch] * scale[ch] + bias[ch];
+        if (!fused) continue;
+        if (std::fabs(before_relu) <= 1e-5) dy_raw[i] = 0.f;
+        if (before_relu < 0 || std::fabs(before_relu) <= 1e-5) dyv[i] = 0.f;
+      }
+      if (fused) dy = to_dtype(Tensor::from_floats(s, dy_raw), dt);  // exact: dy_raw holds dy's values
+      OneOp op{
           make_op("batch_norm_grad",
                   {{"X", {"x"}},
                    {"Scale", {"scale"}},
@@ -651,10 +691,20 @@ TEST_CASE("batch_norm_grad on cuDNN matches the CPU and a double reference", "[c
            {"saved_mean", Tensor::from_floats({c}, saved_mean)},
            {"saved_inv_std", Tensor::from_floats({c}, saved_inv)},
            {"dy", in_layout(dy, last)}}};
+      if (fused) {
+        op.op.inputs["Bias"] = {"bias"};
+        op.op.inputs["Y"] = {"y"};
+        op.op.attrs["fuse_with_relu"] = true;
+        op.feeds.push_back({"bias", in.bias});
+        op.feeds.push_back({"y", in_layout(to_dtype(Tensor::from_floats(s, y_fwd), dt), last)});
+      }
       Both b = run_both(op, {"dx", "dscale", "dbias"});
       results_channels_first(b, last, {"dx"});
+      if (fused) {  // not vacuous: the mask blocked some gradients and passed others
+        CHECK(std::count(dyv.begin(), dyv.end(), 0.f) > 0);
+        CHECK(std::count(dyv.begin(), dyv.end(), 0.f) < static_cast<long>(dyv.size()));
+      }
 
-      const std::vector<float> xv = in.x.to_floats(), dyv = dy.to_floats(), scale = in.scale.to_floats();
       std::vector<double> xhat(xv.size()), sum_dy(static_cast<size_t>(c), 0.0), sum_dy_xhat(sum_dy), abs_dy(sum_dy),
           abs_dy_xhat(sum_dy);
       for (size_t i = 0; i < xv.size(); ++i) {

@@ -5,8 +5,11 @@
 // split/transpose2 attention, 2 steps). Every
 // FP32 persistable (parameters, momentum buffers, running statistics) and the
 // last loss are compared; integer state (num_batches_tracked) must be equal.
-// The programs are mixtrain's, fuse_add_relu included (tests/unit/train_steps.h):
-// the ResNet runs once with fused_add_relu and fused_sum_relu_grad, once without.
+// The programs are mixtrain's, fuse_add_relu and fuse_bn_relu included
+// (tests/unit/train_steps.h): the ResNet runs once fused (fused_add_relu,
+// fused_sum_relu_grad, batch_norm with fuse_with_relu: channels last on
+// mixtrain's own batch-norm kernels) and once with neither pass (cuDNN's batch
+// norm and separate relu kernels).
 // Last, the Transformer's steps on the GPU with and without
 // amp::fold_widening_casts, and with the loss's softmax recomputed or stored
 // (runtime/recompute_softmax.h), which must agree bit for bit.
@@ -39,9 +42,10 @@ using mix::testing::TrainOptions;
 /// `steps` momentum-SGD steps (tests/unit/train_steps.h) of `model` on
 /// `device`, in AMP or FP32, with `batch` examples a step.
 [[maybe_unused]] TrainedModel train(models::Model model, bool use_amp, Device device, int steps, int64_t batch,
-                                    uint64_t seed, bool fuse_add_relu) {
+                                    uint64_t seed, bool fuse) {
   return train_steps(std::move(model), TrainOptions{.amp = use_amp,
-                                                    .fuse_add_relu = fuse_add_relu,
+                                                    .fuse_add_relu = fuse,
+                                                    .fuse_bn_relu = fuse,
                                                     .device = device,
                                                     .steps = steps,
                                                     .batch = batch,
@@ -80,14 +84,14 @@ struct Tolerance {
 
 /// The model that `build` makes, trained for `steps` steps on the CPU and on
 /// cuda:0, in FP32 and in AMP, compared with compare() within `fp32` or `amp`;
-/// `fuse_add_relu` picks whether the programs run fuse_add_relu.
+/// `fuse` picks whether the programs run fuse_add_relu and fuse_bn_relu.
 [[maybe_unused]] void expect_gpu_matches_cpu(const std::function<models::Model()>& build, int steps, int64_t batch,
-                                             uint64_t seed, Tolerance fp32, Tolerance amp, bool fuse_add_relu = true) {
+                                             uint64_t seed, Tolerance fp32, Tolerance amp, bool fuse = true) {
   const Device gpu{DeviceKind::cuda, 0};
   for (bool use_amp : {false, true}) {
     INFO((use_amp ? "AMP" : "FP32"));
-    TrainedModel cpu = train(build(), use_amp, cpu_device(), steps, batch, seed, fuse_add_relu);
-    TrainedModel dev = train(build(), use_amp, gpu, steps, batch, seed, fuse_add_relu);
+    TrainedModel cpu = train(build(), use_amp, cpu_device(), steps, batch, seed, fuse);
+    TrainedModel dev = train(build(), use_amp, gpu, steps, batch, seed, fuse);
     const Tolerance tol = use_amp ? amp : fp32;
     compare(cpu, dev, tol.state, tol.loss);
   }
@@ -127,14 +131,7 @@ TEST_CASE("ResNet training steps on the GPU (cuDNN) match the CPU", "[cuda][resn
   cuda::set_allow_tf32(false);
   for (bool channels_last : {false, true}) {
     INFO((channels_last ? "NHWC activations" : "NCHW activations"));
-    auto resnet = [channels_last] {
-      models::ResNetConfig cfg = models::resnet_preset("resnet-small");
-      cfg.width = 4;
-      cfg.blocks = {1, 1};
-      cfg.image_size = 16;
-      cfg.channels_last = channels_last;
-      return models::build_resnet(cfg, "resnet-small");
-    };
+    auto resnet = [channels_last] { return mix::testing::narrow_resnet(channels_last, 16); };
     // FP32: every op agrees to ~1e-6 relative of its terms, but batch_norm's
     // backward cancels (dy - mean(dy) - xhat·mean(dy·xhat)) and its parameter
     // gradients are sums of batch·H·W = 2048 terms that cancel, summed in
@@ -144,10 +141,11 @@ TEST_CASE("ResNet training steps on the GPU (cuDNN) match the CPU", "[cuda][resn
     // AMP: FP16 activations and gradients (2^-11 per rounding, the same
     // rounding points on both devices), so a different summation order can flip
     // a rounding, and more ReLU inputs switch sides: 2e-2 of the scale.
-    // Both with the residual adds fused with their relu (mixtrain's default)
-    // and without (the sum and relu_grad kernels), over whole steps.
+    // Both with the residual adds and the batch norms fused with their relu
+    // (mixtrain's default) and without (the sum, relu and relu_grad kernels,
+    // cuDNN's batch norm), over whole steps.
     for (bool fuse : {true, false}) {
-      INFO((fuse ? "fused add + relu" : "--no-fuse-add-relu"));
+      INFO((fuse ? "fused add + relu, batch norm + relu" : "--no-fuse-add-relu --no-fuse-bn-relu"));
       expect_gpu_matches_cpu(resnet, 2, 8, 5, {1e-3, 1e-4}, {2e-2, 1e-2}, fuse);
     }
   }

@@ -30,25 +30,6 @@ size_t count_ops(const Program& p, const std::string& type) {
   return n;
 }
 
-/// A narrow resnet-small (two stages of one basic block) for training steps.
-models::Model narrow_resnet() {
-  models::ResNetConfig cfg = models::resnet_preset("resnet-small");
-  cfg.width = 4;
-  cfg.blocks = {1, 1};
-  cfg.image_size = 8;
-  return models::build_resnet(cfg, "resnet-small");
-}
-
-/// `build`'s training program as mixtrain makes it before fuse_add_relu.
-Program training_program(models::Model m, bool use_amp) {
-  std::unique_ptr<optim::Optimizer> opt = optim::make_momentum(0.9);
-  if (use_amp) opt = amp::decorate(std::move(opt), amp::AmpOptions{});
-  collective::GradSyncOptions sync;
-  sync.mode = use_amp ? collective::GradReduce::fp16 : collective::GradReduce::fp32;
-  opt->minimize(m.program, m.loss, collective::grad_allreduce_pass(sync));
-  return m.program;
-}
-
 VarDesc var(const std::string& name, const Shape& s, DType t = DType::f32) { return var_desc(name, s, t); }
 
 }  // namespace

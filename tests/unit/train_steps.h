@@ -19,6 +19,7 @@
 #include "models/model.h"
 #include "runtime/executor.h"
 #include "runtime/fuse_add_relu.h"
+#include "runtime/fuse_bn_relu.h"
 #include "runtime/init.h"
 #include "runtime/optim/optimizer.h"
 #include "runtime/random.h"
@@ -31,6 +32,7 @@ struct TrainOptions {
   DType low = DType::f16;     // AMP's low precision
   bool fold_casts = true;     // AmpOptions::fold_casts
   bool fuse_add_relu = true;  // run fuse_add_relu on the training program, as mixtrain does
+  bool fuse_bn_relu = true;   // run fuse_bn_relu on it, as mixtrain does
   bool recompute_softmax = true;  // run recompute_softmax on it, as mixtrain does
   Device device = cpu_device();
   int steps = 2;
@@ -68,6 +70,7 @@ inline TrainedModel train_steps(models::Model model, const TrainOptions& o) {
   if (!r.train.found_inf.empty()) keep.insert(r.train.found_inf);
   if (o.recompute_softmax) recompute_softmax(r.model.program, keep);
   if (o.fuse_add_relu) fuse_add_relu(r.model.program, keep);
+  if (o.fuse_bn_relu) fuse_bn_relu(r.model.program, keep);
 
   initialize_persistables(r.model.program, r.scope, o.seed);
   r.scope.get(optim::kLearningRate).data<float>()[0] = 0.05f;
@@ -104,6 +107,28 @@ inline TrainedModel train_steps(models::Model model, const TrainOptions& o) {
     if (!r.train.found_inf.empty()) r.found_inf.push_back(r.scope.get(r.train.found_inf).item_float());
   }
   return r;
+}
+
+/// `m`'s training program (momentum SGD, AMP-decorated or not, gradient sync
+/// for world 1) as mixtrain makes it before its fusion passes, untrained.
+inline Program training_program(models::Model m, bool use_amp) {
+  std::unique_ptr<optim::Optimizer> opt = optim::make_momentum(0.9);
+  if (use_amp) opt = amp::decorate(std::move(opt), amp::AmpOptions{});
+  collective::GradSyncOptions sync;
+  sync.mode = use_amp ? collective::GradReduce::fp16 : collective::GradReduce::fp32;
+  opt->minimize(m.program, m.loss, collective::grad_allreduce_pass(sync));
+  return m.program;
+}
+
+/// A narrow resnet-small (width 4, two stages of one basic block) on
+/// `image_size`-square images, for training steps.
+inline models::Model narrow_resnet(bool channels_last = false, int64_t image_size = 8) {
+  models::ResNetConfig cfg = models::resnet_preset("resnet-small");
+  cfg.width = 4;
+  cfg.blocks = {1, 1};
+  cfg.image_size = image_size;
+  cfg.channels_last = channels_last;
+  return models::build_resnet(cfg, "resnet-small");
 }
 
 /// Two runs of one model, trained two ways that must agree bit for bit: the

@@ -21,13 +21,22 @@
 //
 // Evaluation (ctx.env.training false, or attr is_test) normalises with the
 // running statistics and writes nothing but Y, as the CPU kernel.
+//
+// fuse_with_relu (runtime/fuse_bn_relu.h): channels last, mixtrain's own
+// kernels (batch_norm_channels_last.cuh) apply relu as they write Y, and the
+// gradient recomputes relu's mask from X, as the CPU kernel does, so neither
+// relu's input nor its gradient is ever stored. NCHW (FP32 runs by default)
+// keeps cuDNN and applies relu, and relu's gradient from Y, in separate
+// kernels: the same traffic as the unfused ops.
 #include <string>
 
 #include "runtime/check.h"
 #include "runtime/cuda/context.h"
 #include "runtime/cuda/cudnn_util.h"
+#include "runtime/kernels/functors.h"
 #include "runtime/op_registry.h"
 #include "runtime/ops/batch_norm_shapes.h"
+#include "runtime/ops/cuda/batch_norm_channels_last.cuh"
 #include "runtime/ops/cuda/device_ops.cuh"
 
 namespace mix {
@@ -80,38 +89,12 @@ Tensor& device_output(OpContext& ctx, const std::string& slot, const Shape& shap
   return t;
 }
 
-void batch_norm_cuda(OpContext& ctx) {
-  const Tensor x = ctx.in("X");
-  cuda::check_on_device(ctx, x, "X");
-  const BatchNormDims d = batch_norm_dims(x.shape(), batch_norm_channels_last(ctx.op));
-  const Tensor& scale = channel_input(ctx, "Scale", d.c);
-  const Tensor& bias = channel_input(ctx, "Bias", d.c);
-  const Tensor& rmean = channel_input(ctx, "Mean", d.c);
-  const Tensor& rvar = channel_input(ctx, "Variance", d.c);
-  const float eps = ctx.attr<float>("epsilon", 1e-5f);
-  const bool training = ctx.env.training && !ctx.attr<bool>("is_test", false);
+/// Training forward through cuDNN: Y, the saved and the running statistics.
+void run_cudnn_train_forward(OpContext& ctx, const Tensor& x, const BatchNormDims& d, const Tensor& scale,
+                             const Tensor& bias, const Tensor& rmean, const Tensor& rvar, float momentum, float eps,
+                             Tensor& mean_out, Tensor& var_out, Tensor& saved_mean, Tensor& saved_inv_std,
+                             cudaStream_t stream) {
   cuda::DeviceContext& dc = cuda::use_device(ctx.env.device.index);
-  const cudaStream_t stream = dc.compute.get();
-
-  if (!training) {
-    Tensor& y = device_output(ctx, "Y", x.shape(), x.dtype());
-    if (x.numel() == 0) return;
-    const cudnnBatchNormMode_t mode = mode_for(false);
-    const Descriptors s = make_descriptors(d, x.dtype(), mode, "batch_norm");
-    MIX_CUDNN_CHECK(cudnnBatchNormalizationForwardInference(
-        cuda::cudnn_handle(dc), mode, &cuda::kCudnnOne, &cuda::kCudnnZero, s.x.get(), x.raw(), s.x.get(), y.raw(),
-        s.params.get(), scale.raw(), bias.raw(), rmean.raw(), rvar.raw(), static_cast<double>(eps)));
-    return;
-  }
-
-  const int64_t m = d.n * d.spatial;  // values per channel
-  MIX_CHECK(m > 1, "batch_norm: training needs more than one value per channel, X is " << shape_str(x.shape())
-                                                                                       << " (use a larger batch)");
-  const float momentum = ctx.attr<float>("momentum", 0.9f);
-  Tensor& saved_mean = device_output(ctx, "SavedMean", {d.c}, DType::f32);
-  Tensor& saved_inv_std = device_output(ctx, "SavedVariance", {d.c}, DType::f32);
-  Tensor& mean_out = device_output(ctx, "MeanOut", {d.c}, DType::f32);
-  Tensor& var_out = device_output(ctx, "VarianceOut", {d.c}, DType::f32);
   // cuDNN updates the running statistics in place. MeanOut is normally Mean
   // itself; when it is another variable it starts as a copy of Mean.
   cuda::copy_on_stream(mean_out.raw(), rmean.raw(), rmean.bytes(), stream);
@@ -123,16 +106,74 @@ void batch_norm_cuda(OpContext& ctx) {
       cuda::cudnn_handle(dc), mode, &cuda::kCudnnOne, &cuda::kCudnnZero, s.x.get(), x.raw(), s.x.get(), y.raw(),
       s.params.get(), scale.raw(), bias.raw(), 1.0 - static_cast<double>(momentum), mean_out.raw(), var_out.raw(),
       static_cast<double>(eps), saved_mean.raw(), saved_inv_std.raw()));
+}
 
+/// NumBatchesTrackedOut = NumBatchesTracked + 1, when the op has them.
+void count_batch(OpContext& ctx, cudaStream_t stream) {
   if (ctx.wants("NumBatchesTrackedOut")) {
     const Tensor seen = ctx.in("NumBatchesTracked");
     MIX_CHECK(seen.dtype() == DType::i64 && seen.numel() == 1,
               "batch_norm: NumBatchesTracked must be an i64 scalar, got " << dtype_name(seen.dtype())
-                                                                           << shape_str(seen.shape()));
+                                                                          << shape_str(seen.shape()));
     cuda::check_on_device(ctx, seen, "NumBatchesTracked");
     Tensor& seen_out = device_output(ctx, "NumBatchesTrackedOut", {}, DType::i64);
     cuda::launch_grid_stride(1, stream, IncrementCounter{seen.data<int64_t>(), seen_out.data<int64_t>()});
   }
+}
+
+void batch_norm_cuda(OpContext& ctx) {
+  const Tensor x = ctx.in("X");
+  cuda::check_on_device(ctx, x, "X");
+  const BatchNormDims d = batch_norm_dims(x.shape(), batch_norm_channels_last(ctx.op));
+  const Tensor& scale = channel_input(ctx, "Scale", d.c);
+  const Tensor& bias = channel_input(ctx, "Bias", d.c);
+  const Tensor& rmean = channel_input(ctx, "Mean", d.c);
+  const Tensor& rvar = channel_input(ctx, "Variance", d.c);
+  const float eps = ctx.attr<float>("epsilon", 1e-5f);
+  const bool training = ctx.env.training && !ctx.attr<bool>("is_test", false);
+  const bool relu = ctx.attr<bool>("fuse_with_relu", false);
+  const bool own_kernels = relu && d.channels_last;
+  cuda::DeviceContext& dc = cuda::use_device(ctx.env.device.index);
+  const cudaStream_t stream = dc.compute.get();
+  const cuda::BnChannelParams params{scale.data<float>(), bias.data<float>()};
+
+  if (!training) {
+    Tensor& y = device_output(ctx, "Y", x.shape(), x.dtype());
+    if (x.numel() == 0) return;
+    if (own_kernels)
+      return cuda::bn_channels_last_eval_forward(x, d, params, rmean.data<float>(), rvar.data<float>(), eps, true, y,
+                                                 stream);
+    const cudnnBatchNormMode_t mode = mode_for(false);
+    const Descriptors s = make_descriptors(d, x.dtype(), mode, "batch_norm");
+    MIX_CUDNN_CHECK(cudnnBatchNormalizationForwardInference(
+        cuda::cudnn_handle(dc), mode, &cuda::kCudnnOne, &cuda::kCudnnZero, s.x.get(), x.raw(), s.x.get(), y.raw(),
+        s.params.get(), scale.raw(), bias.raw(), rmean.raw(), rvar.raw(), static_cast<double>(eps)));
+    if (relu) cuda::unary_tensor(ctx, y, y, fn::ReluFwd{});
+    return;
+  }
+
+  const int64_t m = d.n * d.spatial;  // values per channel
+  MIX_CHECK(m > 1, "batch_norm: training needs more than one value per channel, X is " << shape_str(x.shape())
+                                                                                       << " (use a larger batch)");
+  const float momentum = ctx.attr<float>("momentum", 0.9f);
+  Tensor& saved_mean = device_output(ctx, "SavedMean", {d.c}, DType::f32);
+  Tensor& saved_inv_std = device_output(ctx, "SavedVariance", {d.c}, DType::f32);
+  Tensor& mean_out = device_output(ctx, "MeanOut", {d.c}, DType::f32);
+  Tensor& var_out = device_output(ctx, "VarianceOut", {d.c}, DType::f32);
+  if (own_kernels) {
+    Tensor& y = device_output(ctx, "Y", x.shape(), x.dtype());
+    cuda::bn_channels_last_train_forward(x, d, params, rmean.data<float>(), rvar.data<float>(), momentum, eps, true, y,
+                                         mean_out.data<float>(), var_out.data<float>(), saved_mean.data<float>(),
+                                         saved_inv_std.data<float>(), stream);
+  } else {
+    run_cudnn_train_forward(ctx, x, d, scale, bias, rmean, rvar, momentum, eps, mean_out, var_out, saved_mean,
+                            saved_inv_std, stream);
+    if (relu) {
+      Tensor& y = ctx.out("Y", x.shape(), x.dtype());
+      cuda::unary_tensor(ctx, y, y, fn::ReluFwd{});
+    }
+  }
+  count_batch(ctx, stream);
 }
 
 // dX = scale inv_std (dY - mean(dY) - xhat mean(dY xhat)), dScale = sum(dY xhat),
@@ -148,14 +189,17 @@ void batch_norm_grad_cuda(OpContext& ctx) {
   const Tensor& saved_mean = channel_input(ctx, "SavedMean", d.c);
   const Tensor& saved_inv_std = channel_input(ctx, "SavedVariance", d.c);
   const float eps = ctx.attr<float>("epsilon", 1e-5f);
+  const bool relu = ctx.attr<bool>("fuse_with_relu", false);
   const Device dev = ctx.env.device;
   cuda::DeviceContext& dc = cuda::use_device(dev.index);
 
-  // cuDNN writes all three results: a gradient nobody wants goes to scratch.
+  // cuDNN writes all three results: a gradient nobody wants goes to scratch
+  // (X@GRAD's only for cuDNN: mixtrain's kernels skip it).
+  const bool own_kernels = relu && d.channels_last;
   Tensor scratch_dx, scratch_dscale, scratch_dbias;
   auto result = [&](const char* slot, const Shape& shape, DType dtype, Tensor& scratch) -> Tensor& {
     if (ctx.wants(slot)) return device_output(ctx, slot, shape, dtype);
-    scratch = Tensor::empty(shape, dtype, dev);
+    if (!own_kernels || std::string(slot) != "X@GRAD") scratch = Tensor::empty(shape, dtype, dev);
     return scratch;
   };
   Tensor& dx = result("X@GRAD", x.shape(), x.dtype(), scratch_dx);
@@ -166,11 +210,28 @@ void batch_norm_grad_cuda(OpContext& ctx) {
     MIX_CUDA_CHECK(cudaMemsetAsync(dbias.raw(), 0, dbias.bytes(), dc.compute.get()));
     return;
   }
+  if (own_kernels) {  // dY is relu's output gradient; the mask comes from X
+    const Tensor& bias = channel_input(ctx, "Bias", d.c);
+    cuda::bn_channels_last_backward(x, dy, d, {scale.data<float>(), bias.data<float>()}, saved_mean.data<float>(),
+                                    saved_inv_std.data<float>(), true, ctx.wants("X@GRAD") ? &dx : nullptr,
+                                    dscale.data<float>(), dbias.data<float>(), dc.compute.get());
+    return;
+  }
+  // NCHW with fuse_with_relu: relu's gradient from Y into a scratch dY first.
+  Tensor masked_dy;
+  if (relu) {
+    const Tensor y = ctx.in("Y");
+    cuda::check_on_device(ctx, y, "Y");
+    MIX_CHECK(y.shape() == x.shape() && y.dtype() == x.dtype(), "batch_norm_grad: Y must match X");
+    masked_dy = Tensor::empty(dy.shape(), dy.dtype(), dev);
+    cuda::binary_tensor(ctx, y, dy, masked_dy, fn::ReluBwd{});
+  }
+  const Tensor& dy_in = relu ? masked_dy : dy;
   const cudnnBatchNormMode_t mode = mode_for(true);
   const Descriptors s = make_descriptors(d, x.dtype(), mode, "batch_norm_grad");
   MIX_CUDNN_CHECK(cudnnBatchNormalizationBackward(
       cuda::cudnn_handle(dc), mode, &cuda::kCudnnOne, &cuda::kCudnnZero, &cuda::kCudnnOne, &cuda::kCudnnZero, s.x.get(),
-      x.raw(), s.x.get(), dy.raw(), s.x.get(), dx.raw(), s.params.get(), scale.raw(), dscale.raw(), dbias.raw(),
+      x.raw(), s.x.get(), dy_in.raw(), s.x.get(), dx.raw(), s.params.get(), scale.raw(), dscale.raw(), dbias.raw(),
       static_cast<double>(eps), saved_mean.raw(), saved_inv_std.raw()));
 }
 
