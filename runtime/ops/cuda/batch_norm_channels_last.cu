@@ -1,10 +1,10 @@
 // The kernels of runtime/ops/cuda/batch_norm_channels_last.cuh.
 //
-// Launch shapes. The sums (passes 1) give each block kChannelTile adjacent
-// channels (threadIdx.x, so a warp reads 32 adjacent values of a row) and a
-// chunk of about kRowsPerChunk rows (blockIdx.y), which its kRowLanes rows of
-// threads (threadIdx.y) stride through; the lanes' sums are added in lane
-// order. The chunks' partial sums are added per channel in double by one
+// Launch shapes. The sums (passes 1) split X as runtime/kernels/bn_channel_sums.h
+// says (blocks of 256 threads over tiles of channel groups and chunks of
+// about 16 rows a thread; 16-byte loads when C is a multiple of the pack
+// width), the thread's share written there for host and device and tested on
+// the CPU. The chunks' partial sums are added per channel in double by one
 // block (passes 2). The elementwise passes 3, when C is a multiple of the
 // pack width V, give each thread one group of V adjacent channels for all its
 // rows (adjacent threads on adjacent groups of a row: 16-byte loads, a warp
@@ -13,86 +13,74 @@
 // per thread, its channel found by a division.
 #include "runtime/ops/cuda/batch_norm_channels_last.cuh"
 
+#include <type_traits>
+
+#include "runtime/kernels/bn_channel_sums.h"
 #include "runtime/kernels/functors.h"
 #include "runtime/ops/cuda/device_ops.cuh"
 
 namespace mix::cuda {
 namespace {
 
-constexpr int kChannelTile = 32;
-constexpr int kRowLanes = 8;
-constexpr int64_t kRowsPerChunk = 512;
-constexpr int64_t kMaxChunks = 4096;
+using kernels::BnSumGeometry;
 
-/// A partial-sum launch: chunks of rows, and where the sums go ([c, chunks] each).
+/// A partial-sum launch: its split, and where the sums go ([c, chunks] each).
 struct Partials {
-  RowChunks split;
+  BnSumGeometry g;
   Tensor first, second;  // FP32 [c, chunks]
 };
 
-Partials make_partials(const BatchNormDims& d, Device dev) {
-  const RowChunks split = row_chunks(d.n * d.spatial, kRowsPerChunk, kMaxChunks);
-  return {split, Tensor::empty({d.c, split.chunks}, DType::f32, dev),
-          Tensor::empty({d.c, split.chunks}, DType::f32, dev)};
-}
-
-dim3 partial_grid(const BatchNormDims& d, const RowChunks& split) {
-  return dim3(static_cast<unsigned>((d.c + kChannelTile - 1) / kChannelTile), static_cast<unsigned>(split.chunks));
-}
-
-/// Adds a block's kRowLanes sums of each channel in lane order; thread
-/// (x, 0) gets channel x's total. All threads call it.
-__device__ float sum_row_lanes(float v, float (*shared)[kChannelTile]) {
-  shared[threadIdx.y][threadIdx.x] = v;
-  __syncthreads();
-  float s = 0.f;
-  if (threadIdx.y == 0)
-    for (int k = 0; k < kRowLanes; ++k) s = __fadd_rn(s, shared[k][threadIdx.x]);
-  __syncthreads();
-  return s;
-}
-
-/// Pass 1 of both directions: per chunk of rows and channel, the sums of the
-/// two terms `Terms::Channel` gives for each of the chunk's values (element
-/// index r * c + ch), into first[ch * chunks + chunk] and second[...].
-template <typename Terms>
-__global__ void chunk_partials(Terms terms, int64_t rows, int64_t c, int64_t rows_per_chunk, int64_t chunks,
-                               float* first, float* second) {
-  __shared__ float shared[kRowLanes][kChannelTile];
-  const int64_t ch = static_cast<int64_t>(blockIdx.x) * kChannelTile + threadIdx.x;
-  const int64_t begin = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
-  const int64_t end = begin + rows_per_chunk < rows ? begin + rows_per_chunk : rows;
-  float a = 0.f, b = 0.f;
-  if (ch < c) {
-    const typename Terms::Channel channel = terms.channel(ch);
-    for (int64_t r = begin + threadIdx.y; r < end; r += kRowLanes) {
-      const float2 t = channel(r * c + ch);
-      a = __fadd_rn(a, t.x);
-      b = __fadd_rn(b, t.y);
-    }
-  }
-  a = sum_row_lanes(a, shared);
-  b = sum_row_lanes(b, shared);
-  if (threadIdx.y == 0 && ch < c) {
-    first[ch * chunks + blockIdx.y] = a;
-    second[ch * chunks + blockIdx.y] = b;
-  }
-}
-
-/// Forward pass 1's terms: x - shift and (x - shift)^2, shift = the channel's value in row 0.
+/// The split of X [m, c] for T: packs of kPackWidth<T> channels where C and
+/// the tensors allow (`packed`), else one channel a thread.
 template <typename T>
-struct StatsTerms {
-  const T* x;
-  struct Channel {
-    const T* x;
-    float shift;
-    __device__ float2 operator()(int64_t i) const {
-      const float v = __fsub_rn(to_float(x[i]), shift);
-      return {v, __fmul_rn(v, v)};
-    }
-  };
-  __device__ Channel channel(int64_t ch) const { return {x, to_float(x[ch])}; }
-};
+Partials make_partials(const BatchNormDims& d, bool packed, Device dev) {
+  const BnSumGeometry g = kernels::bn_sum_geometry(d.n * d.spatial, d.c, packed ? kPackWidth<T> : 1);
+  return {g, Tensor::empty({d.c, g.chunks}, DType::f32, dev), Tensor::empty({d.c, g.chunks}, DType::f32, dev)};
+}
+
+/// Whether the partial sums can read X (and dY) in packs of kPackWidth<T>.
+template <typename T>
+bool packs_fit(const BatchNormDims& d, const Tensor& x, const Tensor* dy) {
+  constexpr int V = kPackWidth<T>;
+  return d.c % V == 0 && pack_aligned(x.data<T>(), V) && (!dy || pack_aligned(dy->data<T>(), V));
+}
+
+/// Pass 1 of both directions (Terms: kernels::BnStatsTerms, BnGradTerms):
+/// each thread's sums (kernels::bn_thread_sums), then each channel's over the
+/// block's row lanes in order, into first and second at [ch, chunk].
+template <int V, typename Terms>
+__global__ void __launch_bounds__(kernels::kBnSumThreads)
+    chunk_partials(BnSumGeometry g, Terms terms, float* first, float* second) {
+  __shared__ float lane_a[kernels::kBnSumThreads * V], lane_b[kernels::kBnSumThreads * V];
+  const int lane = static_cast<int>(threadIdx.x) % g.lanes, row_lane = static_cast<int>(threadIdx.x) / g.lanes;
+  float a[V], b[V];
+  kernels::bn_thread_sums<V>(g, terms, blockIdx.x, blockIdx.y, lane, row_lane, a, b);
+  for (int k = 0; k < V; ++k) {
+    lane_a[(row_lane * g.lanes + lane) * V + k] = a[k];
+    lane_b[(row_lane * g.lanes + lane) * V + k] = b[k];
+  }
+  __syncthreads();
+  const int64_t group = static_cast<int64_t>(blockIdx.x) * g.lanes + lane;
+  if (row_lane != 0 || group >= g.groups()) return;
+  for (int k = 0; k < V; ++k) {
+    const int64_t at = kernels::bn_partial_index(g, group * V + k, blockIdx.y);
+    first[at] = kernels::bn_sum_row_lanes<V>(g, lane_a, lane, k);
+    second[at] = kernels::bn_sum_row_lanes<V>(g, lane_b, lane, k);
+  }
+}
+
+/// Launches pass 1 over `part`'s split; T is X's storage type.
+template <typename T, typename Terms>
+void launch_partials(Partials& part, const Terms& terms, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(part.g.tiles), static_cast<unsigned>(part.g.chunks));
+  float* first = part.first.data<float>();
+  float* second = part.second.data<float>();
+  if (part.g.vec == 1)
+    chunk_partials<1><<<grid, kernels::kBnSumThreads, 0, stream>>>(part.g, terms, first, second);
+  else
+    chunk_partials<kPackWidth<T>><<<grid, kernels::kBnSumThreads, 0, stream>>>(part.g, terms, first, second);
+  MIX_CUDA_CHECK(cudaGetLastError());
+}
 
 /// The chunks' partial sums of channel blockIdx.x in double (fixed tree).
 /// All threads of the block call it and get the total.
@@ -189,30 +177,6 @@ struct NormalizeMap {
   bool packable(int v) const { return pack_aligned(x, v) && pack_aligned(y, v); }
 };
 
-/// Backward pass 1's terms: g and g xhat, g = dy through relu's gradient
-/// with the mask recomputed from x when `relu` (Bias is read only then).
-template <typename T>
-struct GradTerms {
-  const T *x, *dy;
-  const float *mean, *inv_std, *scale, *bias;
-  bool relu;
-  struct Channel {
-    const T *x, *dy;
-    float mean, inv_std;
-    fn::BnReluGradFromX<T> mask;
-    bool relu;
-    __device__ float2 operator()(int64_t i) const {
-      const float xv = to_float(x[i]), dyv = to_float(dy[i]);
-      const float g = relu ? mask(xv, dyv) : dyv;
-      return {g, __fmul_rn(g, __fmul_rn(__fsub_rn(xv, mean), inv_std))};
-    }
-  };
-  __device__ Channel channel(int64_t ch) const {
-    return {x,   dy, mean[ch], inv_std[ch], {{mean[ch], relu ? inv_std[ch] * scale[ch] : 0.f, relu ? bias[ch] : 0.f}},
-            relu};
-  }
-};
-
 /// Backward pass 2 (one block per channel): the parameter gradients and the
 /// means of g and g xhat (mean_g, mean_g_xhat: [c] each).
 __global__ void grad_finalize(const float* sum_g, const float* sum_g_xhat, int64_t chunks, int64_t m, float* dscale,
@@ -275,16 +239,13 @@ void bn_channels_last_train_forward(const Tensor& x, const BatchNormDims& d, BnC
                                     bool relu, Tensor& y, float* mean_out, float* var_out, float* saved_mean,
                                     float* saved_inv_std, cudaStream_t stream) {
   const int64_t m = d.n * d.spatial;
-  Partials part = make_partials(d, x.device());
   dispatch_floating(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    chunk_partials<<<partial_grid(d, part.split), dim3(kChannelTile, kRowLanes), 0, stream>>>(
-        StatsTerms<T>{x.data<T>()}, m, d.c, part.split.rows_per_chunk, part.split.chunks, part.first.data<float>(),
-        part.second.data<float>());
-    MIX_CUDA_CHECK(cudaGetLastError());
+    Partials part = make_partials<T>(d, packs_fit<T>(d, x, nullptr), x.device());
+    launch_partials<T>(part, kernels::BnStatsTerms<T>{x.data<T>()}, stream);
     stats_finalize<T><<<static_cast<unsigned>(d.c), kBlock, 0, stream>>>(
-        x.data<T>(), part.first.data<float>(), part.second.data<float>(), part.split.chunks, m, running_mean,
-        running_var, momentum, eps, mean_out, var_out, saved_mean, saved_inv_std);
+        x.data<T>(), part.first.data<float>(), part.second.data<float>(), part.g.chunks, m, running_mean, running_var,
+        momentum, eps, mean_out, var_out, saved_mean, saved_inv_std);
     MIX_CUDA_CHECK(cudaGetLastError());
     launch_channel_map<kPackWidth<T>>(
         m, d.c, stream,
@@ -311,18 +272,17 @@ void bn_channels_last_backward(const Tensor& x, const Tensor& dy, const BatchNor
                                const float* saved_mean, const float* saved_inv_std, bool relu, Tensor* dx,
                                float* dscale, float* dbias, cudaStream_t stream) {
   const int64_t m = d.n * d.spatial;
-  Partials part = make_partials(d, x.device());
   Tensor means = Tensor::empty({2, d.c}, DType::f32, x.device());  // mean_g, mean_g_xhat
   float* mean_g = means.data<float>();
   float* mean_g_xhat = mean_g + d.c;
   dispatch_floating(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    chunk_partials<<<partial_grid(d, part.split), dim3(kChannelTile, kRowLanes), 0, stream>>>(
-        GradTerms<T>{x.data<T>(), dy.data<T>(), saved_mean, saved_inv_std, p.scale, p.bias, relu}, m, d.c,
-        part.split.rows_per_chunk, part.split.chunks, part.first.data<float>(), part.second.data<float>());
-    MIX_CUDA_CHECK(cudaGetLastError());
+    Partials part = make_partials<T>(d, packs_fit<T>(d, x, &dy), x.device());
+    launch_partials<T>(
+        part, kernels::BnGradTerms<T>{x.data<T>(), dy.data<T>(), saved_mean, saved_inv_std, p.scale, p.bias, relu},
+        stream);
     grad_finalize<<<static_cast<unsigned>(d.c), kBlock, 0, stream>>>(
-        part.first.data<float>(), part.second.data<float>(), part.split.chunks, m, dscale, dbias, mean_g, mean_g_xhat);
+        part.first.data<float>(), part.second.data<float>(), part.g.chunks, m, dscale, dbias, mean_g, mean_g_xhat);
     MIX_CUDA_CHECK(cudaGetLastError());
     if (!dx) return;
     launch_channel_map<kPackWidth<T>>(m, d.c, stream,
