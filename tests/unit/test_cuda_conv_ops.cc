@@ -460,12 +460,13 @@ BnStats bn_stats(const Tensor& x) {
 
 int64_t channel_of(int64_t i, int64_t c, int64_t spatial) { return (i / spatial) % c; }
 
-/// X's shapes of the batch_norm cases. Channels last with fuse_with_relu,
-/// [8, 72, 9, 9] takes the own kernels' packed path (72 channels: 8 per
-/// 16-byte FP16 pack) with three channel tiles, the last one partial, and two
-/// chunks of rows (648 > 512); [8, 6, 11, 11] their one-element path (6
-/// channels) over two chunks.
-const Shape kBnShapes[] = {{4, 6, 5, 7}, {16, 5}, {8, 72, 9, 9}, {8, 6, 11, 11}};
+/// X's shapes of the batch_norm cases. Channels last with fuse_with_relu
+/// (mixtrain's kernels; their split: runtime/kernels/bn_channel_sums.h):
+/// [8, 72, 9, 9] reads 16-byte packs (9 groups of 8 FP16 channels, 18 of 4
+/// FP32, in one partly idle tile) over 3 or 6 chunks of rows; [2, 512, 3, 3] packs
+/// over 2 or 4 full tiles of 32 groups; [8, 6, 11, 11] one channel a thread
+/// over 2 chunks; the first two shapes one channel a thread in one chunk.
+const Shape kBnShapes[] = {{4, 6, 5, 7}, {16, 5}, {8, 72, 9, 9}, {2, 512, 3, 3}, {8, 6, 11, 11}};
 
 /// fuse_with_relu's cases (runtime/fuse_bn_relu.h): channels last they run
 /// mixtrain's own kernels (batch_norm_channels_last.cu), NCHW cuDNN and a
