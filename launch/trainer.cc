@@ -356,9 +356,11 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   }
   if (c.fuse_bn_relu) {
     const FusedBnRelu fused = fuse_bn_relu(program, read_back);
-    if (rank == 0 && fused.forward + fused.backward > 0)
-      spdlog::info("fused {} batch_norm + relu and {} relu_grad + batch_norm_grad pairs (--no-fuse-bn-relu: keep them)",
-                   fused.forward, fused.backward);
+    if (rank == 0 && fused.forward + fused.backward + fused.forward_add > 0)
+      spdlog::info(
+          "fused {} batch_norm + relu, {} relu_grad + batch_norm_grad and {} batch_norm + fused_add_relu pairs "
+          "(--no-fuse-bn-relu: keep them)",
+          fused.forward, fused.backward, fused.forward_add);
   }
 
   if (c.print_program) {

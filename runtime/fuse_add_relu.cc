@@ -1,6 +1,8 @@
 #include "runtime/fuse_add_relu.h"
 
+#include <map>
 #include <optional>
+#include <utility>
 
 #include "runtime/fuse_pairs.h"
 #include "runtime/op_registry.h"
@@ -19,6 +21,26 @@ FusedAddRelu fuse_add_relu(Program& p, const std::set<std::string>& keep) {
         if (x.shape != y.shape || x.dtype != y.dtype) return std::nullopt;
         return make_op("fused_add_relu", {{"X", {add.in("X")}}, {"Y", {add.in("Y")}}}, {{"Out", {relu.out("Out")}}});
       });
+  // The add's gradient reads Y for its shape and dtype alone
+  // (runtime/ops/elementwise_add.cc), and the fused op checks, as it runs,
+  // that its inputs have its Out's: reading Out there instead lets Y's
+  // storage go when the forward is done with it (a downsampling block's
+  // shortcut, kept until backward before) and leaves the fused op the only
+  // reader of Y (runtime/fuse_bn_relu.h folds Y's batch norm into it).
+  std::map<std::string, std::pair<std::string, size_t>> fused_out_of;  // input -> (fused op's Out, its index)
+  for (size_t i = 0; i < p.ops().size(); ++i) {
+    const OpDesc& op = p.ops()[i];
+    if (op.type != "fused_add_relu") continue;
+    for (const char* slot : {"X", "Y"}) fused_out_of[op.in(slot)] = {op.out("Out"), i};
+  }
+  for (size_t k = 0; k < p.ops().size(); ++k) {
+    OpDesc& op = p.ops()[k];
+    if (op.type != "elementwise_add_grad") continue;
+    const auto it = fused_out_of.find(op.in("Y"));
+    if (it == fused_out_of.end() || it->second.second > k) continue;
+    op.inputs["Y"] = {it->second.first};
+    ++n.grads_reading_out;
+  }
   n.backward =
       fuse_pairs(p, keep, "sum", "Out",
                  [&p](const OpDesc& sum, const OpDesc& relu_grad, const std::string& slot) -> std::optional<OpDesc> {

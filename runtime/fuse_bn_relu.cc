@@ -11,16 +11,29 @@ FusedBnRelu fuse_bn_relu(Program& p, const std::set<std::string>& keep) {
   FusedBnRelu n;
   // The fused forwards by their output y (the relu's output).
   std::map<std::string, OpDesc> fused_forward;
-  n.forward = fuse_pairs(p, keep, "batch_norm", "Y",
-                         [&](const OpDesc& bn, const OpDesc& relu, const std::string& slot) -> std::optional<OpDesc> {
-                           if (relu.type != "relu" || slot != "X" || bn.attr<bool>("fuse_with_relu", false))
-                             return std::nullopt;
-                           OpDesc fused = bn;
-                           fused.outputs["Y"] = {relu.out("Out")};
-                           fused.attrs["fuse_with_relu"] = true;
-                           fused_forward.emplace(relu.out("Out"), fused);
-                           return fused;
-                         });
+  n.forward =
+      fuse_pairs(p, keep, "batch_norm", "Y",
+                 [&](const OpDesc& bn, const OpDesc& consumer, const std::string& slot) -> std::optional<OpDesc> {
+                   if (bn.attr<bool>("fuse_with_relu", false)) return std::nullopt;
+                   OpDesc fused = bn;
+                   fused.attrs["fuse_with_relu"] = true;
+                   fused.outputs["Y"] = {consumer.out("Out")};
+                   if (consumer.type == "relu" && slot == "X") {
+                     fused_forward.emplace(consumer.out("Out"), fused);
+                     return fused;
+                   }
+                   // A residual block's end: relu(batch_norm(x) + shortcut) as fuse_add_relu left it.
+                   if (consumer.type == "fused_add_relu" && (slot == "X" || slot == "Y")) {
+                     const std::string z = consumer.in(slot == "X" ? "Y" : "X");
+                     if (p.var(z).dtype != p.var(bn.in("X")).dtype || p.var(z).shape != p.var(bn.in("X")).shape)
+                       return std::nullopt;
+                     fused.inputs["Z"] = {z};
+                     ++n.forward_add;
+                     return fused;
+                   }
+                   return std::nullopt;
+                 });
+  n.forward -= n.forward_add;
   n.backward = fuse_pairs(
       p, keep, "relu_grad", "X@GRAD",
       [&](const OpDesc& relu_grad, const OpDesc& bn_grad, const std::string& slot) -> std::optional<OpDesc> {

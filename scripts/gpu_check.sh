@@ -161,11 +161,12 @@ print(s[-1].get(sys.argv[2], 'n/a') if s else 'n/a')" "$1" "$2" 2>/dev/null || e
 # the faster FP32 run, whichever its layout. Two more AMP runs show what cuDNN's
 # persistent batch_norm kernels (--cudnn-bn-persistent) and timed convolution
 # algorithms (--cudnn-benchmark) are worth; both are off by default. The last
-# AMP runs keep each residual add and its relu as two ops (--no-fuse-add-relu),
-# and each batch norm and its relu (--no-fuse-bn-relu: cuDNN's batch norm
-# instead of mixtrain's channels-last kernels with relu fused), to show what
-# fusing them (runtime/fuse_add_relu.h, runtime/fuse_bn_relu.h, the defaults)
-# is worth.
+# AMP runs keep each residual add and its relu as two ops (--no-fuse-add-relu,
+# which also leaves no fused add for a batch norm to join), and each batch
+# norm and its relu or residual add + relu (--no-fuse-bn-relu: cuDNN's batch
+# norm instead of mixtrain's channels-last kernels with them fused), to show
+# what fusing them (runtime/fuse_add_relu.h, runtime/fuse_bn_relu.h, the
+# defaults) is worth.
 train_resnet50() {  # precision, log name, extra flags...
   local precision="$1" name="$2"; shift 2
   limit 180 "$build/mixtrain" --device cuda --precision "$precision" --model resnet50 --data synthetic \

@@ -128,6 +128,14 @@ struct BnNormalizeAct {
     return relu ? ReluFwd{}(v) : v;
   }
 };
+/// batch_norm with fuse_with_relu and a residual z: relu(round_T(normalize(x))
+/// + z), rounded once more on store. The bits of batch_norm (which rounds its
+/// output to T) then fused_add_relu (fn::AddRelu). T is X's storage type.
+template <typename T>
+struct BnAddRelu {
+  BnNormalize norm;
+  MIX_HD float operator()(float x, float z) const { return AddRelu{}(round_as<T>(norm(x)), z); }
+};
 /// fuse_with_relu's backward takes relu's gradient before batch_norm's, with
 /// relu's mask recomputed from X instead of read from Y: the forward stored
 /// y = round_T(relu(v)) with v = norm(x), and y <= 0 exactly where

@@ -16,6 +16,10 @@
 //           and applies relu's gradient first, its mask recomputed from X
 //           (fn::BnReluGradFromX, in bulk), never writing relu's input gradient. Its Y
 //           input (the forward's Y) is read only by the CUDA kernel for NCHW.
+//           With fuse_with_relu, an optional input Z (X's shape and dtype)
+//           makes Y = relu(round(batch_norm(X)) + Z): the bits of batch_norm
+//           then fused_add_relu, which fuse_bn_relu also fuses (a residual
+//           block's last batch norm). Its gradient stays the unfused ops'.
 // Scale, Bias and all statistics are FP32 even when X is FP16 (DESIGN.md); the
 // sums run in double and Y is rounded once on store. The running variance takes
 // the unbiased batch variance, as PyTorch does, so its checkpoints interchange.
@@ -44,6 +48,12 @@ void infer_batch_norm(Program& p, OpDesc& op) {
               "batch_norm: " << slot << " " << v.name << " must be f32[" << c << "] (X " << x.name << " has " << c
                              << " channels), got " << dtype_name(v.dtype) << shape_str(v.shape));
   }
+  if (!op.in_or_empty("Z").empty()) {
+    const VarDesc& z = p.var(op.in("Z"));
+    MIX_CHECK(op.attr<bool>("fuse_with_relu", false) && z.shape == x.shape && z.dtype == x.dtype,
+              "batch_norm: a residual Z (" << z.name << ") must match X " << x.name
+                                           << " and needs fuse_with_relu (runtime/fuse_bn_relu.h)");
+  }
   declare_var(p, op.out("Y"), x.shape, x.dtype);
   // Training writes the running statistics and what the grad reads; only a
   // batch_norm that is always in evaluation mode (is_test) may leave them out.
@@ -71,16 +81,29 @@ void for_each_row(const Tensor& x, const BatchNormDims& d, std::vector<float>& b
   });
 }
 
-/// Y[row] = normalize(X[row]) with one functor per channel, then relu if `relu`.
+/// Y[row] = normalize(X[row]) with one functor per channel, then relu if
+/// `relu`; with a residual z (channels first, X's shape and dtype), Y[row] =
+/// relu(round_T(normalize(X[row])) + Z[row]) (fn::BnAddRelu, in bulk).
 void normalize(const Tensor& x, const BatchNormDims& d, const std::vector<fn::BnNormalize>& per_channel, bool relu,
-               Tensor& y) {
-  std::vector<float> buf;
+               const Tensor* z, Tensor& y) {
+  std::vector<float> buf, zbuf(z ? static_cast<size_t>(d.spatial) : 0);
   cpu::dispatch_floating(y.dtype(), [&](auto tag) {
     using T = decltype(tag);
     for_each_row(x, d, buf, [&](int64_t row, int64_t c, float* v) {
-      const fn::BnNormalizeAct f{per_channel[static_cast<size_t>(c)], relu};
+      T* out = y.data<T>() + row * d.spatial;
+      if (!z) {
+        const fn::BnNormalizeAct f{per_channel[static_cast<size_t>(c)], relu};
+        for (int64_t i = 0; i < d.spatial; ++i) v[i] = f(v[i]);
+        return cpu::store_floats(v, out, d.spatial);
+      }
+      // batch_norm's rounded output, through Y's row as scratch, then the add and relu.
+      const fn::BnNormalize& f = per_channel[static_cast<size_t>(c)];
       for (int64_t i = 0; i < d.spatial; ++i) v[i] = f(v[i]);
-      cpu::store_floats(v, y.data<T>() + row * d.spatial, d.spatial);
+      cpu::store_floats(v, out, d.spatial);
+      cpu::load_floats(out, v, d.spatial);
+      cpu::load_floats(z->data<T>() + row * d.spatial, zbuf.data(), d.spatial);
+      for (int64_t i = 0; i < d.spatial; ++i) v[i] = fn::AddRelu{}(v[i], zbuf[static_cast<size_t>(i)]);
+      cpu::store_floats(v, out, d.spatial);
     });
   });
 }
@@ -96,14 +119,24 @@ void store_channels_last(OpContext& ctx, const std::string& slot, const Tensor& 
   layout::store_channels_last(result, ctx.out(slot, x.shape(), x.dtype()));
 }
 
-/// Y = normalize(X) with one functor per channel (then relu with fuse_with_relu), written in X's layout.
+/// Y = normalize(X) with one functor per channel (then relu with
+/// fuse_with_relu, after adding Z where there is one), written in X's layout.
 void write_y(OpContext& ctx, const Tensor& x_nchw, const BatchNormDims& d,
              const std::vector<fn::BnNormalize>& per_channel) {
   const Tensor& x = ctx.in("X");
   const bool relu = ctx.attr<bool>("fuse_with_relu", false);
-  if (!d.channels_last) return normalize(x_nchw, d, per_channel, relu, ctx.out("Y", x.shape(), x.dtype()));
+  const Tensor* z = ctx.in_opt("Z");
+  if (z) {
+    MIX_CHECK(relu, "batch_norm: a residual Z needs fuse_with_relu (runtime/fuse_bn_relu.h)");
+    MIX_CHECK(z->shape() == x.shape() && z->dtype() == x.dtype(),
+              "batch_norm: Z " << dtype_name(z->dtype()) << shape_str(z->shape()) << " must match X "
+                               << dtype_name(x.dtype()) << shape_str(x.shape()));
+  }
+  const Tensor z_nchw = z ? as_channels_first(*z, d) : Tensor{};
+  if (!d.channels_last)
+    return normalize(x_nchw, d, per_channel, relu, z ? &z_nchw : nullptr, ctx.out("Y", x.shape(), x.dtype()));
   Tensor y = Tensor::empty(x_nchw.shape(), x.dtype());
-  normalize(x_nchw, d, per_channel, relu, y);
+  normalize(x_nchw, d, per_channel, relu, z ? &z_nchw : nullptr, y);
   store_channels_last(ctx, "Y", y);
 }
 
@@ -252,6 +285,8 @@ void batch_norm_grad_cpu(OpContext& ctx) {
 std::vector<OpDesc> batch_norm_grad_maker(const OpDesc& fwd, GradContext& g) {
   const std::string dy = g.grad_of_output(fwd.out("Y"));
   if (dy.empty()) return {};
+  MIX_CHECK(fwd.in_or_empty("Z").empty(),
+            "batch_norm with a residual Z has no gradient maker: runtime/fuse_bn_relu.h makes it after autodiff");
   OpDesc grad = make_op("batch_norm_grad",
                         {{"X", {fwd.in("X")}},
                          {"Scale", {fwd.in("Scale")}},

@@ -113,12 +113,18 @@ def main():
     # sum followed by a relu_grad (block 1's input is the stem's relu). The
     # stem's and each block's first batch norm are followed by a relu; the
     # stem relu's gradient is a sum's, so fuse_add_relu (run first) takes it.
+    # Each block's last batch norm joins its fused add + relu: 3 + 2 forwards.
     add_relu = r"= (fused_add_relu|fused_sum_relu_grad)\("
     bn_relu = r"= (batch_norm|batch_norm_grad)\(.*fuse_with_relu=true"
-    for flag, pattern, expected in (([], add_relu, {"fused_add_relu": 2, "fused_sum_relu_grad": 2}),
-                                    (["--no-fuse-add-relu"], add_relu, {"fused_add_relu": 0, "fused_sum_relu_grad": 0}),
-                                    ([], bn_relu, {"batch_norm": 3, "batch_norm_grad": 2}),
-                                    (["--no-fuse-bn-relu"], bn_relu, {"batch_norm": 0, "batch_norm_grad": 0})):
+    for flag, pattern, expected in (
+            # By default the blocks' adds went into their last batch norms.
+            ([], add_relu, {"fused_add_relu": 0, "fused_sum_relu_grad": 2}),
+            (["--no-fuse-bn-relu"], add_relu, {"fused_add_relu": 2, "fused_sum_relu_grad": 2}),
+            (["--no-fuse-add-relu"], add_relu, {"fused_add_relu": 0, "fused_sum_relu_grad": 0}),
+            ([], bn_relu, {"batch_norm": 5, "batch_norm_grad": 2}),
+            # Without fuse_add_relu the stem relu's relu_grad follows a plain sum: 3 gradients.
+            (["--no-fuse-add-relu"], bn_relu, {"batch_norm": 3, "batch_norm_grad": 3}),
+            (["--no-fuse-bn-relu"], bn_relu, {"batch_norm": 0, "batch_norm_grad": 0})):
         r = mt.mixtrain([*NET, "--print-program", *flag], timeout=60)
         if c.ok_run(r, f"--print-program {' '.join(flag)}"):
             ops = re.findall(pattern, r.out)

@@ -471,9 +471,32 @@ const Shape kBnShapes[] = {{4, 6, 5, 7}, {16, 5}, {8, 72, 9, 9}, {2, 512, 3, 3},
 /// fuse_with_relu's cases (runtime/fuse_bn_relu.h): channels last they run
 /// mixtrain's own kernels (batch_norm_channels_last.cu), NCHW cuDNN and a
 /// separate relu. The bounds hold with relu applied to the reference, since
-/// |relu(a) - relu(b)| <= |a - b|.
-std::string fused_name(bool fused) { return fused ? " fuse_with_relu" : ""; }
+/// |relu(a) - relu(b)| <= |a - b|. The forward's also take a residual Z
+/// added before the relu: Y = relu(round(batch_norm(X)) + Z), whose bound adds
+/// the second rounding's (the first is batch_norm's own store).
+enum class Fusion { none, relu, residual_relu };
+std::string fused_name(Fusion f) {
+  return f == Fusion::none ? "" : f == Fusion::relu ? " fuse_with_relu" : " fuse_with_relu + Z";
+}
+std::string fused_name(bool fused) { return fused_name(fused ? Fusion::relu : Fusion::none); }
 double relu_if(bool fused, double v) { return fused && !(v > 0) ? 0.0 : v; }
+/// The forward op's fusion: attr and, for a residual, Z ("z": `z`, in the op's layout) among its feeds.
+void apply_fusion(OneOp& op, Fusion f, const Tensor& z, bool channels_last) {
+  if (f == Fusion::none) return;
+  op.op.attrs["fuse_with_relu"] = true;
+  if (f != Fusion::residual_relu) return;
+  op.op.inputs["Z"] = {"z"};
+  op.feeds.push_back({"z", in_layout(z, channels_last)});
+}
+/// Y's reference from the value before relu (and Z), and the error bound
+/// `pre_bound` of that value (its own store included) widened for the residual's
+/// add, rounded once more on store.
+double fused_ref(Fusion f, double pre, double z) {
+  return f == Fusion::residual_relu ? relu_if(true, pre + z) : relu_if(f == Fusion::relu, pre);
+}
+double fused_bound(Fusion f, DType dt, double pre_bound, double pre, double z) {  // pre: the value before relu
+  return f == Fusion::residual_relu ? pre_bound + store_err(dt, pre + z) : pre_bound;
+}
 
 constexpr float kEps = 1e-5f;
 constexpr float kMomentum = 0.9f;  // Paddle's convention: running = 0.9 running + 0.1 batch
@@ -512,19 +535,21 @@ TEST_CASE("batch_norm training forward on cuDNN matches the CPU and a double ref
   require_gpu();
   const DType dt = EACH_FLOAT_TYPE();
   const bool persistent = GENERATE(false, true);
-  const bool fused = GENERATE(false, true);
+  const Fusion fusion = GENERATE(Fusion::none, Fusion::relu, Fusion::residual_relu);
   const ScopedSwitch mode(kBatchNormPersistent, persistent);  // same bounds: they allow any order of FP32 sums
   for (const Shape& s : kBnShapes) {
     // MeanOut/VarianceOut as the running statistics themselves (ResNet) and as other variables.
     for (bool in_place : {true, false})
       for (bool last : kLayouts) {
         const std::string what = "batch_norm " + mix::shape_str(s) + " " + dname(dt) + (in_place ? " in place" : "") +
-                                 layout_name(last) + mode_name(persistent) + fused_name(fused);
+                                 layout_name(last) + mode_name(persistent) + fused_name(fusion);
         INFO(what);
         const BnInputs in = bn_inputs(s, dt, 40);
         const std::string mean_out = in_place ? "mean" : "mean_out", var_out = in_place ? "var" : "var_out";
         OneOp op{bn_op(mean_out, var_out, last), bn_feeds(in, last)};
-        if (fused) op.op.attrs["fuse_with_relu"] = true;
+        const Tensor z = to_dtype(uniform_tensor(s, 45, -2.f, 2.f), dt);
+        apply_fusion(op, fusion, z, last);
+        const std::vector<float> zv = z.to_floats();
         Both b = run_both(op, {"y", mean_out, var_out, "saved_mean", "saved_inv_std", "tracked"});
         results_channels_first(b, last, {"y"});
 
@@ -578,16 +603,17 @@ TEST_CASE("batch_norm training forward on cuDNN matches the CPU and a double ref
         for (size_t i = 0; i < xv.size(); ++i) {
           const size_t ch = static_cast<size_t>(channel_of(static_cast<int64_t>(i), c, st.spatial));
           y_pre[i] = (xv[i] - st.mean[ch]) * inv[ch] * scale[ch] + bias[ch];
-          y_ref[i] = relu_if(fused, y_pre[i]);
+          y_ref[i] = fused_ref(fusion, y_pre[i], zv[i]);
         }
         expect_both_within(
             b, "y", y_ref,
             [&](int64_t i) {
               const size_t k = static_cast<size_t>(i), ch = static_cast<size_t>(channel_of(i, c, st.spatial));
               const double centred = std::fabs(xv[k] - st.mean[ch]);
-              return std::fabs(scale[ch]) * (inv[ch] * tol_mean[ch] + centred * tol_inv[ch]) +
-                     6 * kU * (centred * inv[ch] * std::fabs(scale[ch]) + std::fabs(bias[ch])) +
-                     store_err(dt, y_pre[k]);
+              const double pre_bound = std::fabs(scale[ch]) * (inv[ch] * tol_mean[ch] + centred * tol_inv[ch]) +
+                                       6 * kU * (centred * inv[ch] * std::fabs(scale[ch]) + std::fabs(bias[ch])) +
+                                       store_err(dt, y_pre[k]);
+              return fused_bound(fusion, dt, pre_bound, y_pre[k], zv[k]);
             },
             what + " Y");
         // The counter: one integer increment, exact.
@@ -599,17 +625,19 @@ TEST_CASE("batch_norm training forward on cuDNN matches the CPU and a double ref
 TEST_CASE("batch_norm evaluation forward on cuDNN uses the running statistics", "[cuda][batch_norm]") {
   require_gpu();
   const DType dt = EACH_FLOAT_TYPE();
-  const bool fused = GENERATE(false, true);
+  const Fusion fusion = GENERATE(Fusion::none, Fusion::relu, Fusion::residual_relu);
   const Shape s{3, 5, 4, 6};
   for (bool via_attr : {false, true})  // ExecEnv::training false, or attr is_test
     for (bool last : kLayouts) {
-      const std::string what =
-          "batch_norm eval " + dname(dt) + (via_attr ? " (is_test)" : " (env)") + layout_name(last) + fused_name(fused);
+      const std::string what = "batch_norm eval " + dname(dt) + (via_attr ? " (is_test)" : " (env)") +
+                               layout_name(last) + fused_name(fusion);
       INFO(what);
       const BnInputs in = bn_inputs(s, dt, 60);
       OneOp op{bn_op("mean", "var", last), bn_feeds(in, last)};
       if (via_attr) op.op.attrs["is_test"] = true;
-      if (fused) op.op.attrs["fuse_with_relu"] = true;
+      const Tensor z = to_dtype(uniform_tensor(s, 65, -2.f, 2.f), dt);
+      apply_fusion(op, fusion, z, last);
+      const std::vector<float> zv = z.to_floats();
       op.training = via_attr;  // is_test alone must switch a training run to evaluation
       Both b = run_both(op, {"y", "mean", "var", "tracked"});
       results_channels_first(b, last, {"y"});
@@ -620,7 +648,7 @@ TEST_CASE("batch_norm evaluation forward on cuDNN uses the running statistics", 
       for (size_t i = 0; i < xv.size(); ++i) {
         const size_t ch = static_cast<size_t>(channel_of(static_cast<int64_t>(i), c, spatial));
         y_pre[i] = (xv[i] - rmean[ch]) / std::sqrt(static_cast<double>(rvar[ch]) + kEps) * scale[ch] + bias[ch];
-        y_ref[i] = relu_if(fused, y_pre[i]);
+        y_ref[i] = fused_ref(fusion, y_pre[i], zv[i]);
       }
       // No reductions: 1/sqrt within a few ulps and a few roundings of the affine map, then FP16's store.
       expect_both_within(
@@ -628,7 +656,9 @@ TEST_CASE("batch_norm evaluation forward on cuDNN uses the running statistics", 
           [&](int64_t i) {
             const size_t k = static_cast<size_t>(i), ch = static_cast<size_t>(channel_of(i, c, spatial));
             const double k_scale = std::fabs(scale[ch]) / std::sqrt(static_cast<double>(rvar[ch]) + kEps);
-            return 10 * kU * (std::fabs(xv[k] - rmean[ch]) * k_scale + std::fabs(bias[ch])) + store_err(dt, y_pre[k]);
+            const double pre_bound =
+                10 * kU * (std::fabs(xv[k] - rmean[ch]) * k_scale + std::fabs(bias[ch])) + store_err(dt, y_pre[k]);
+            return fused_bound(fusion, dt, pre_bound, y_pre[k], zv[k]);
           },
           what + " Y");
       // Evaluation updates nothing: the running statistics and the counter come back bit for bit.

@@ -14,6 +14,7 @@
 
 #include "models/model.h"
 #include "runtime/executor.h"
+#include "runtime/fuse_add_relu.h"
 #include "runtime/fuse_bn_relu.h"
 #include "runtime/half.h"
 #include "runtime/kernels/functors.h"
@@ -94,6 +95,47 @@ TEST_CASE("batch_norm with fuse_with_relu gives the bits of batch_norm then relu
         CHECK(std::count(y.begin(), y.end(), 0.f) > 0);
         CHECK(std::count_if(y.begin(), y.end(), [](float v) { return v > 0.f; }) > 0);
       }
+}
+
+TEST_CASE("batch_norm with a residual Z gives the bits of batch_norm then fused_add_relu", "[fuse]") {
+  for (DType dt : kFloatTypes)
+    for (bool last : {false, true})
+      for (bool training : {true, false}) {
+        const std::string what = dname(dt) + (last ? " NHWC" : " NCHW") + (training ? " training" : " eval");
+        INFO(what);
+        ExecEnv env;
+        env.training = training;
+        auto feeds = bn_feeds(dt, last, 4);
+        // Z with specials (inf, NaN, signed zeros) and values that cancel
+        // batch_norm's output or overflow FP16 with it.
+        feeds.push_back({"z", with_specials(uniform_tensor(x_shape(last), 5, -3.f, 3.f), dt)});
+        const std::vector<std::string> results =
+            training ? kForwardResults : std::vector<std::string>{"y", "mean", "var"};
+        OpDesc fused_op = batch_norm_op(last, true, "y");
+        fused_op.inputs["Z"] = {"z"};
+        const auto fused = run_ops_on({fused_op}, feeds, cpu_device(), env, results);
+        const auto pair = run_ops_on({batch_norm_op(last, false, "t"),
+                                      make_op("fused_add_relu", {{"X", {"t"}}, {"Y", {"z"}}}, {{"Out", {"y"}}})},
+                                     feeds, cpu_device(), env, results);
+        const auto three = run_ops_on({batch_norm_op(last, false, "t"),
+                                       make_op("elementwise_add", {{"X", {"t"}}, {"Y", {"z"}}}, {{"Out", {"s"}}}),
+                                       make_op("relu", {{"X", {"s"}}}, {{"Out", {"y"}}})},
+                                      feeds, cpu_device(), env, results);
+        for (const std::string& r : results) {
+          expect_identical(fused.at(r), pair.at(r), what + " " + r);
+          expect_identical(fused.at(r), three.at(r), what + " " + r + " (add, relu)");
+        }
+        const std::vector<float> y = fused.at("y").to_floats();
+        CHECK(std::count(y.begin(), y.end(), 0.f) > 0);
+        CHECK(std::count_if(y.begin(), y.end(), [](float v) { return v > 0.f; }) > 0);
+      }
+  // A residual needs fuse_with_relu.
+  auto feeds = bn_feeds(DType::f32, false, 4);
+  feeds.push_back({"z", uniform_tensor(x_shape(false), 5)});
+  OpDesc no_relu = batch_norm_op(false, false, "y");
+  no_relu.inputs["Z"] = {"z"};
+  CHECK_THROWS_WITH(run_ops_on({no_relu}, feeds, cpu_device(), ExecEnv{}, {"y"}),
+                    Catch::Contains("needs fuse_with_relu"));
 }
 
 TEST_CASE("batch_norm_grad with fuse_with_relu gives the bits of relu_grad then batch_norm_grad", "[fuse]") {
@@ -201,6 +243,7 @@ TEST_CASE("fuse_bn_relu fuses every batch norm + relu of the ResNets", "[fuse]")
         const FusedBnRelu n = fuse_bn_relu(fused, {});
         CHECK(n.forward == c.pairs);
         CHECK(n.backward == c.pairs);
+        CHECK(n.forward_add == 0);  // no fused_add_relu without fuse_add_relu
         CHECK(count_ops(fused, "batch_norm", true) == static_cast<size_t>(c.pairs));
         CHECK(count_ops(fused, "batch_norm_grad", true) == static_cast<size_t>(c.pairs));
         CHECK(count_ops(fused, "relu", false) == count_ops(plain, "relu", false) - static_cast<size_t>(c.pairs));
@@ -240,6 +283,55 @@ TEST_CASE("fuse_bn_relu fuses every batch norm + relu of the ResNets", "[fuse]")
         const size_t peak_fused = Executor(fused, {}).plan(8).peak_temporary_bytes;
         CHECK(peak_fused <= peak_plain + peak_plain / 1000);
       }
+}
+
+TEST_CASE("after fuse_add_relu, fuse_bn_relu folds each block's last batch norm into its add + relu", "[fuse]") {
+  struct Case {
+    const char* name;
+    int forward, backward, forward_add;
+  };
+  // As mixtrain runs them: fuse_add_relu first. ResNet-50: 33 batch norm +
+  // relu pairs, forward and backward, and its 16 blocks' last batch norms
+  // (downsampling blocks: the first of the branch's and the shortcut's in
+  // program order). resnet-small: the stem's relu gradient is a sum's (its
+  // output feeds block 1's branch and shortcut), taken by fuse_add_relu: 7,
+  // 6 and 6.
+  for (const Case& c : {Case{"resnet50", 33, 33, 16}, Case{"resnet-small", 7, 6, 6}})
+    for (bool use_amp : {false, true}) {
+      INFO(c.name << (use_amp ? " AMP" : " FP32"));
+      models::ResNetConfig cfg = models::resnet_preset(c.name);
+      Program plain = training_program(models::build_resnet(cfg, c.name), use_amp);
+      fuse_add_relu(plain, {});
+      Program fused = plain;
+      const FusedBnRelu n = fuse_bn_relu(fused, {});
+      CHECK(n.forward == c.forward);
+      CHECK(n.backward == c.backward);
+      CHECK(n.forward_add == c.forward_add);
+      CHECK(count_ops(fused, "fused_add_relu", false) ==
+            count_ops(plain, "fused_add_relu", false) - static_cast<size_t>(c.forward_add));
+      // Each batch_norm with Z writes a former fused_add_relu's Out from its other operand.
+      std::set<std::string> adds;
+      for (const OpDesc& op : plain.ops())
+        if (op.type == "fused_add_relu") {
+          adds.insert(op.in("X") + "," + op.in("Y") + "->" + op.out("Out"));
+          adds.insert(op.in("Y") + "," + op.in("X") + "->" + op.out("Out"));
+        }
+      int with_z = 0;
+      for (const OpDesc& op : fused.ops()) {
+        if (op.type != "batch_norm" || op.in_or_empty("Z").empty()) continue;
+        ++with_z;
+        CHECK(op.attr<bool>("fuse_with_relu", false));
+        bool found = false;
+        for (const OpDesc& bn : plain.ops())
+          if (bn.type == "batch_norm" && bn.in("X") == op.in("X"))
+            found = adds.count(bn.out("Y") + "," + op.in("Z") + "->" + op.out("Y")) == 1;
+        CHECK(found);
+      }
+      CHECK(with_z == c.forward_add);
+      const size_t peak_plain = Executor(plain, {}).plan(8).peak_temporary_bytes;
+      const size_t peak_fused = Executor(fused, {}).plan(8).peak_temporary_bytes;
+      CHECK(peak_fused <= peak_plain + peak_plain / 1000);  // as above
+    }
 }
 
 TEST_CASE("fuse_bn_relu leaves alone what it cannot fuse", "[fuse]") {
@@ -355,7 +447,8 @@ TEST_CASE("training with fused batch norm + relu gives the bits of training with
       // The stem's relu feeds block 1's branch and shortcut, so its
       // relu_grad reads a gradient sum and went to fuse_add_relu (which
       // mixtrain runs first): two fused gradients.
-      CHECK(count_ops(fused.model.program, "batch_norm", true) == 3);
+      // And each block's last batch norm joins its fused add + relu.
+      CHECK(count_ops(fused.model.program, "batch_norm", true) == 3 + 2);
       CHECK(count_ops(fused.model.program, "batch_norm_grad", true) == 2);
       CHECK(count_ops(plain.model.program, "batch_norm", true) == 0);
       for (const TrainedModel* run : {&fused, &plain})

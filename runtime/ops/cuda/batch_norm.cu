@@ -22,7 +22,8 @@
 // Evaluation (ctx.env.training false, or attr is_test) normalises with the
 // running statistics and writes nothing but Y, as the CPU kernel.
 //
-// fuse_with_relu (runtime/fuse_bn_relu.h): channels last, mixtrain's own
+// fuse_with_relu (runtime/fuse_bn_relu.h), with or without a residual Z
+// added before the relu: channels last, mixtrain's own
 // kernels (batch_norm_channels_last.cuh) apply relu as they write Y, and the
 // gradient recomputes relu's mask from X, as the CPU kernel does, so neither
 // relu's input nor its gradient is ever stored. NCHW (FP32 runs by default)
@@ -136,19 +137,32 @@ void batch_norm_cuda(OpContext& ctx) {
   cuda::DeviceContext& dc = cuda::use_device(ctx.env.device.index);
   const cudaStream_t stream = dc.compute.get();
   const cuda::BnChannelParams params{scale.data<float>(), bias.data<float>()};
+  const Tensor* z = ctx.in_opt("Z");  // the residual added before relu
+  if (z) {
+    MIX_CHECK(relu && z->shape() == x.shape() && z->dtype() == x.dtype(),
+              "batch_norm: a residual Z must match X and needs fuse_with_relu (runtime/fuse_bn_relu.h)");
+    cuda::check_on_device(ctx, *z, "Z");
+  }
+  // After cuDNN (NCHW): relu, or the residual add and relu, as separate kernels.
+  auto activate = [&](Tensor& y) {
+    if (z)
+      cuda::binary_tensor(ctx, y, *z, y, fn::AddRelu{});
+    else if (relu)
+      cuda::unary_tensor(ctx, y, y, fn::ReluFwd{});
+  };
 
   if (!training) {
     Tensor& y = device_output(ctx, "Y", x.shape(), x.dtype());
     if (x.numel() == 0) return;
     if (own_kernels)
-      return cuda::bn_channels_last_eval_forward(x, d, params, rmean.data<float>(), rvar.data<float>(), eps, true, y,
+      return cuda::bn_channels_last_eval_forward(x, d, params, rmean.data<float>(), rvar.data<float>(), eps, true, z, y,
                                                  stream);
     const cudnnBatchNormMode_t mode = mode_for(false);
     const Descriptors s = make_descriptors(d, x.dtype(), mode, "batch_norm");
     MIX_CUDNN_CHECK(cudnnBatchNormalizationForwardInference(
         cuda::cudnn_handle(dc), mode, &cuda::kCudnnOne, &cuda::kCudnnZero, s.x.get(), x.raw(), s.x.get(), y.raw(),
         s.params.get(), scale.raw(), bias.raw(), rmean.raw(), rvar.raw(), static_cast<double>(eps)));
-    if (relu) cuda::unary_tensor(ctx, y, y, fn::ReluFwd{});
+    activate(y);
     return;
   }
 
@@ -162,16 +176,13 @@ void batch_norm_cuda(OpContext& ctx) {
   Tensor& var_out = device_output(ctx, "VarianceOut", {d.c}, DType::f32);
   if (own_kernels) {
     Tensor& y = device_output(ctx, "Y", x.shape(), x.dtype());
-    cuda::bn_channels_last_train_forward(x, d, params, rmean.data<float>(), rvar.data<float>(), momentum, eps, true, y,
-                                         mean_out.data<float>(), var_out.data<float>(), saved_mean.data<float>(),
+    cuda::bn_channels_last_train_forward(x, d, params, rmean.data<float>(), rvar.data<float>(), momentum, eps, true, z,
+                                         y, mean_out.data<float>(), var_out.data<float>(), saved_mean.data<float>(),
                                          saved_inv_std.data<float>(), stream);
   } else {
     run_cudnn_train_forward(ctx, x, d, scale, bias, rmean, rvar, momentum, eps, mean_out, var_out, saved_mean,
                             saved_inv_std, stream);
-    if (relu) {
-      Tensor& y = ctx.out("Y", x.shape(), x.dtype());
-      cuda::unary_tensor(ctx, y, y, fn::ReluFwd{});
-    }
+    activate(ctx.out("Y", x.shape(), x.dtype()));
   }
   count_batch(ctx, stream);
 }

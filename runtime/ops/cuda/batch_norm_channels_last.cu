@@ -153,28 +153,34 @@ void launch_channel_map(int64_t rows, int64_t c, cudaStream_t stream, F f) {
 template <typename T>
 struct NormalizeMap {
   const T* x;
+  const T* z;  // the residual added before relu (fn::BnAddRelu), or null
   T* y;
   const float *mean, *inv_std, *scale, *bias;
   int64_t c;
   bool relu;
-  __device__ fn::BnNormalizeAct channel(int64_t ch) const {
-    return {{mean[ch], inv_std[ch] * scale[ch], bias[ch]}, relu};
+  __device__ fn::BnNormalize channel(int64_t ch) const { return {mean[ch], inv_std[ch] * scale[ch], bias[ch]}; }
+  __device__ float value(const fn::BnNormalize& f, float xv, float zv) const {
+    return z ? fn::BnAddRelu<T>{f}(xv, zv) : fn::BnNormalizeAct{f, relu}(xv);
   }
-  __device__ void operator()(int64_t i) const { y[i] = from_float<T>(channel(i % c)(to_float(x[i]))); }
+  __device__ void operator()(int64_t i) const {
+    y[i] = from_float<T>(value(channel(i % c), to_float(x[i]), z ? to_float(z[i]) : 0.f));
+  }
   template <int V>
   __device__ void column_rows(int64_t col, int64_t first_row, int64_t row_step, int64_t rows) const {
-    fn::BnNormalizeAct f[V];
+    fn::BnNormalize f[V];
 #pragma unroll
     for (int k = 0; k < V; ++k) f[k] = channel(col + k);
     for (int64_t r = first_row; r < rows; r += row_step) {
       const Pack<T, V> xs = load_pack<V>(x, r * c + col);
+      Pack<T, V> zs{};
+      if (z) zs = load_pack<V>(z, r * c + col);
       Pack<T, V> out;
 #pragma unroll
-      for (int k = 0; k < V; ++k) out.v[k] = from_float<T>(f[k](to_float(xs.v[k])));
+      for (int k = 0; k < V; ++k) out.v[k] = from_float<T>(value(f[k], to_float(xs.v[k]), to_float(zs.v[k])));
       store_pack<V>(y, r * c + col, out);
     }
   }
-  bool packable(int v) const { return pack_aligned(x, v) && pack_aligned(y, v); }
+  bool packable(int v) const { return pack_aligned(x, v) && pack_aligned(y, v) && (!z || pack_aligned(z, v)); }
 };
 
 /// Backward pass 2 (one block per channel): the parameter gradients and the
@@ -236,8 +242,8 @@ struct GradMap {
 
 void bn_channels_last_train_forward(const Tensor& x, const BatchNormDims& d, BnChannelParams p,
                                     const float* running_mean, const float* running_var, float momentum, float eps,
-                                    bool relu, Tensor& y, float* mean_out, float* var_out, float* saved_mean,
-                                    float* saved_inv_std, cudaStream_t stream) {
+                                    bool relu, const Tensor* z, Tensor& y, float* mean_out, float* var_out,
+                                    float* saved_mean, float* saved_inv_std, cudaStream_t stream) {
   const int64_t m = d.n * d.spatial;
   dispatch_floating(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -247,24 +253,24 @@ void bn_channels_last_train_forward(const Tensor& x, const BatchNormDims& d, BnC
         x.data<T>(), part.first.data<float>(), part.second.data<float>(), part.g.chunks, m, running_mean, running_var,
         momentum, eps, mean_out, var_out, saved_mean, saved_inv_std);
     MIX_CUDA_CHECK(cudaGetLastError());
-    launch_channel_map<kPackWidth<T>>(
-        m, d.c, stream,
-        NormalizeMap<T>{x.data<T>(), y.data<T>(), saved_mean, saved_inv_std, p.scale, p.bias, d.c, relu});
+    launch_channel_map<kPackWidth<T>>(m, d.c, stream,
+                                      NormalizeMap<T>{x.data<T>(), z ? z->data<T>() : nullptr, y.data<T>(), saved_mean,
+                                                      saved_inv_std, p.scale, p.bias, d.c, relu});
   });
 }
 
 void bn_channels_last_eval_forward(const Tensor& x, const BatchNormDims& d, BnChannelParams p,
-                                   const float* running_mean, const float* running_var, float eps, bool relu, Tensor& y,
-                                   cudaStream_t stream) {
+                                   const float* running_mean, const float* running_var, float eps, bool relu,
+                                   const Tensor* z, Tensor& y, cudaStream_t stream) {
   if (x.numel() == 0) return;
   const int64_t m = d.n * d.spatial;
   Tensor inv_std = Tensor::empty({d.c}, DType::f32, x.device());
   launch_grid_stride(d.c, stream, RunningInvStd{running_var, eps, inv_std.data<float>()});
   dispatch_floating(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    launch_channel_map<kPackWidth<T>>(
-        m, d.c, stream,
-        NormalizeMap<T>{x.data<T>(), y.data<T>(), running_mean, inv_std.data<float>(), p.scale, p.bias, d.c, relu});
+    launch_channel_map<kPackWidth<T>>(m, d.c, stream,
+                                      NormalizeMap<T>{x.data<T>(), z ? z->data<T>() : nullptr, y.data<T>(),
+                                                      running_mean, inv_std.data<float>(), p.scale, p.bias, d.c, relu});
   });
 }
 

@@ -32,19 +32,20 @@ struct BnChannelParams {
   const float* bias;
 };
 
-/// Training forward: writes y, saved_mean, saved_inv_std (1 / sqrt(var + eps))
-/// and the running statistics (mean_out = momentum running_mean + (1 -
-/// momentum) batch mean, likewise the unbiased variance; mean_out may alias
-/// running_mean). Needs d.n * d.spatial > 1.
+/// Training forward: writes y = relu?(normalize(x)), or with a residual z
+/// (x's shape and dtype) y = relu(round(normalize(x)) + z) (fn::BnAddRelu);
+/// saved_mean, saved_inv_std (1 / sqrt(var + eps)) and the running statistics
+/// (mean_out = momentum running_mean + (1 - momentum) batch mean, likewise the
+/// unbiased variance; mean_out may alias running_mean). Needs d.n * d.spatial > 1.
 void bn_channels_last_train_forward(const Tensor& x, const BatchNormDims& d, BnChannelParams p,
                                     const float* running_mean, const float* running_var, float momentum, float eps,
-                                    bool relu, Tensor& y, float* mean_out, float* var_out, float* saved_mean,
-                                    float* saved_inv_std, cudaStream_t stream);
+                                    bool relu, const Tensor* z, Tensor& y, float* mean_out, float* var_out,
+                                    float* saved_mean, float* saved_inv_std, cudaStream_t stream);
 
-/// Evaluation forward: y = relu?(normalize(x)) with the running statistics.
+/// Evaluation forward: y as above, with the running statistics.
 void bn_channels_last_eval_forward(const Tensor& x, const BatchNormDims& d, BnChannelParams p,
-                                   const float* running_mean, const float* running_var, float eps, bool relu, Tensor& y,
-                                   cudaStream_t stream);
+                                   const float* running_mean, const float* running_var, float eps, bool relu,
+                                   const Tensor* z, Tensor& y, cudaStream_t stream);
 
 /// Backward of the training forward from its saved statistics; dy is the
 /// gradient of y (relu's output when `relu`). dx may be null (not wanted);
