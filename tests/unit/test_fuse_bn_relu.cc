@@ -71,64 +71,72 @@ OpDesc batch_norm_op(bool channels_last, bool fuse, const std::string& y) {
 
 const std::vector<std::string> kForwardResults = {"y", "mean", "var", "saved_mean", "saved_var"};
 
-}  // namespace
+/// One forward case: X's dtype and layout, training or evaluation.
+struct ForwardCase {
+  DType dt;
+  bool channels_last;
+  ExecEnv env;
+  std::string what;                  // for messages
+  std::vector<std::string> results;  // what the forward writes (evaluation: Y alone)
+};
 
-TEST_CASE("batch_norm with fuse_with_relu gives the bits of batch_norm then relu", "[fuse]") {
+/// f(case) for every dtype, layout and mode.
+template <typename F>
+void for_each_forward_case(F&& f) {
   for (DType dt : kFloatTypes)
     for (bool last : {false, true})
       for (bool training : {true, false}) {
-        const std::string what = dname(dt) + (last ? " NHWC" : " NCHW") + (training ? " training" : " eval");
-        INFO(what);
-        ExecEnv env;
-        env.training = training;
-        const auto feeds = bn_feeds(dt, last, 1);
-        // Evaluation writes Y alone.
-        const std::vector<std::string> results =
-            training ? kForwardResults : std::vector<std::string>{"y", "mean", "var"};
-        const auto fused = run_ops_on({batch_norm_op(last, true, "y")}, feeds, cpu_device(), env, results);
-        const auto pair =
-            run_ops_on({batch_norm_op(last, false, "t"), make_op("relu", {{"X", {"t"}}}, {{"Out", {"y"}}})}, feeds,
-                       cpu_device(), env, results);
-        for (const std::string& r : results) expect_identical(fused.at(r), pair.at(r), what + " " + r);
-        // Not vacuous: relu zeroed some values and passed others.
-        const std::vector<float> y = fused.at("y").to_floats();
-        CHECK(std::count(y.begin(), y.end(), 0.f) > 0);
-        CHECK(std::count_if(y.begin(), y.end(), [](float v) { return v > 0.f; }) > 0);
+        ForwardCase c{dt, last, ExecEnv{}, dname(dt) + (last ? " NHWC" : " NCHW") + (training ? " training" : " eval"),
+                      training ? kForwardResults : std::vector<std::string>{"y", "mean", "var"}};
+        c.env.training = training;
+        INFO(c.what);
+        f(c);
       }
 }
 
+/// Not vacuous: relu zeroed some values of Y and passed others.
+void expect_some_zeroed(const Tensor& y_tensor) {
+  const std::vector<float> y = y_tensor.to_floats();
+  CHECK(std::count(y.begin(), y.end(), 0.f) > 0);
+  CHECK(std::count_if(y.begin(), y.end(), [](float v) { return v > 0.f; }) > 0);
+}
+
+}  // namespace
+
+TEST_CASE("batch_norm with fuse_with_relu gives the bits of batch_norm then relu", "[fuse]") {
+  for_each_forward_case([](const ForwardCase& c) {
+    const auto feeds = bn_feeds(c.dt, c.channels_last, 1);
+    const auto fused = run_ops_on({batch_norm_op(c.channels_last, true, "y")}, feeds, cpu_device(), c.env, c.results);
+    const auto pair =
+        run_ops_on({batch_norm_op(c.channels_last, false, "t"), make_op("relu", {{"X", {"t"}}}, {{"Out", {"y"}}})},
+                   feeds, cpu_device(), c.env, c.results);
+    for (const std::string& r : c.results) expect_identical(fused.at(r), pair.at(r), c.what + " " + r);
+    expect_some_zeroed(fused.at("y"));
+  });
+}
+
 TEST_CASE("batch_norm with a residual Z gives the bits of batch_norm then fused_add_relu", "[fuse]") {
-  for (DType dt : kFloatTypes)
-    for (bool last : {false, true})
-      for (bool training : {true, false}) {
-        const std::string what = dname(dt) + (last ? " NHWC" : " NCHW") + (training ? " training" : " eval");
-        INFO(what);
-        ExecEnv env;
-        env.training = training;
-        auto feeds = bn_feeds(dt, last, 4);
-        // Z with specials (inf, NaN, signed zeros) and values that cancel
-        // batch_norm's output or overflow FP16 with it.
-        feeds.push_back({"z", with_specials(uniform_tensor(x_shape(last), 5, -3.f, 3.f), dt)});
-        const std::vector<std::string> results =
-            training ? kForwardResults : std::vector<std::string>{"y", "mean", "var"};
-        OpDesc fused_op = batch_norm_op(last, true, "y");
-        fused_op.inputs["Z"] = {"z"};
-        const auto fused = run_ops_on({fused_op}, feeds, cpu_device(), env, results);
-        const auto pair = run_ops_on({batch_norm_op(last, false, "t"),
-                                      make_op("fused_add_relu", {{"X", {"t"}}, {"Y", {"z"}}}, {{"Out", {"y"}}})},
-                                     feeds, cpu_device(), env, results);
-        const auto three = run_ops_on({batch_norm_op(last, false, "t"),
-                                       make_op("elementwise_add", {{"X", {"t"}}, {"Y", {"z"}}}, {{"Out", {"s"}}}),
-                                       make_op("relu", {{"X", {"s"}}}, {{"Out", {"y"}}})},
-                                      feeds, cpu_device(), env, results);
-        for (const std::string& r : results) {
-          expect_identical(fused.at(r), pair.at(r), what + " " + r);
-          expect_identical(fused.at(r), three.at(r), what + " " + r + " (add, relu)");
-        }
-        const std::vector<float> y = fused.at("y").to_floats();
-        CHECK(std::count(y.begin(), y.end(), 0.f) > 0);
-        CHECK(std::count_if(y.begin(), y.end(), [](float v) { return v > 0.f; }) > 0);
-      }
+  for_each_forward_case([](const ForwardCase& c) {
+    auto feeds = bn_feeds(c.dt, c.channels_last, 4);
+    // Z with specials (inf, NaN, signed zeros) and values that cancel
+    // batch_norm's output or overflow FP16 with it.
+    feeds.push_back({"z", with_specials(uniform_tensor(x_shape(c.channels_last), 5, -3.f, 3.f), c.dt)});
+    OpDesc fused_op = batch_norm_op(c.channels_last, true, "y");
+    fused_op.inputs["Z"] = {"z"};
+    const auto fused = run_ops_on({fused_op}, feeds, cpu_device(), c.env, c.results);
+    const auto pair = run_ops_on({batch_norm_op(c.channels_last, false, "t"),
+                                  make_op("fused_add_relu", {{"X", {"t"}}, {"Y", {"z"}}}, {{"Out", {"y"}}})},
+                                 feeds, cpu_device(), c.env, c.results);
+    const auto three = run_ops_on({batch_norm_op(c.channels_last, false, "t"),
+                                   make_op("elementwise_add", {{"X", {"t"}}, {"Y", {"z"}}}, {{"Out", {"s"}}}),
+                                   make_op("relu", {{"X", {"s"}}}, {{"Out", {"y"}}})},
+                                  feeds, cpu_device(), c.env, c.results);
+    for (const std::string& r : c.results) {
+      expect_identical(fused.at(r), pair.at(r), c.what + " " + r);
+      expect_identical(fused.at(r), three.at(r), c.what + " " + r + " (add, relu)");
+    }
+    expect_some_zeroed(fused.at("y"));
+  });
   // A residual needs fuse_with_relu.
   auto feeds = bn_feeds(DType::f32, false, 4);
   feeds.push_back({"z", uniform_tensor(x_shape(false), 5)});
