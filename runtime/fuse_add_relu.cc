@@ -2,7 +2,6 @@
 
 #include <map>
 #include <optional>
-#include <utility>
 
 #include "runtime/fuse_pairs.h"
 #include "runtime/op_registry.h"
@@ -27,18 +26,21 @@ FusedAddRelu fuse_add_relu(Program& p, const std::set<std::string>& keep) {
   // storage go when the forward is done with it (a downsampling block's
   // shortcut, kept until backward before) and leaves the fused op the only
   // reader of Y (runtime/fuse_bn_relu.h folds Y's batch norm into it).
-  std::map<std::string, std::pair<std::string, size_t>> fused_out_of;  // input -> (fused op's Out, its index)
-  for (size_t i = 0; i < p.ops().size(); ++i) {
-    const OpDesc& op = p.ops()[i];
-    if (op.type != "fused_add_relu") continue;
-    for (const char* slot : {"X", "Y"}) fused_out_of[op.in(slot)] = {op.out("Out"), i};
-  }
+  // The gradient of the add fused into op f is found through relu's: its
+  // Out@GRAD is written by the relu_grad that reads f's Out.
+  std::map<std::string, size_t> fused_by_out;  // fused op's Out -> its index
+  for (size_t i = 0; i < p.ops().size(); ++i)
+    if (p.ops()[i].type == "fused_add_relu") fused_by_out[p.ops()[i].out("Out")] = i;
   for (size_t k = 0; k < p.ops().size(); ++k) {
-    OpDesc& op = p.ops()[k];
-    if (op.type != "elementwise_add_grad") continue;
-    const auto it = fused_out_of.find(op.in("Y"));
-    if (it == fused_out_of.end() || it->second.second > k) continue;
-    op.inputs["Y"] = {it->second.first};
+    if (p.ops()[k].type != "elementwise_add_grad") continue;
+    const std::optional<size_t> relu_grad = p.producer(p.ops()[k].in("Out@GRAD"), k);
+    if (!relu_grad || p.ops()[*relu_grad].type != "relu_grad") continue;
+    const auto fused = fused_by_out.find(p.ops()[*relu_grad].in("Out"));
+    if (fused == fused_by_out.end() || fused->second > k) continue;
+    const OpDesc& f = p.ops()[fused->second];
+    OpDesc& grad = p.ops()[k];
+    if (grad.in("Y") != f.in("X") && grad.in("Y") != f.in("Y")) continue;
+    grad.inputs["Y"] = {f.out("Out")};
     ++n.grads_reading_out;
   }
   n.backward =

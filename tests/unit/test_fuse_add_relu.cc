@@ -259,6 +259,31 @@ TEST_CASE("fuse_add_relu leaves alone what it cannot fuse", "[fuse]") {
   }
 }
 
+TEST_CASE("each fused add's gradient reads its own fused Out for Y's shape", "[fuse]") {
+  // Two adds share Y = b; their gradients come in reverse order. Each must
+  // read the Out of its own add (found through the relu_grad before it),
+  // not the last fused op that reads b.
+  Program p;
+  for (const char* n : {"a", "b", "c", "g1", "g2"}) p.add_var(var(n, {-1, 8}));
+  p.append_op(make_op("elementwise_add", {{"X", {"a"}}, {"Y", {"b"}}}, {{"Out", {"t1"}}}));
+  p.append_op(make_op("relu", {{"X", {"t1"}}}, {{"Out", {"o1"}}}));
+  p.append_op(make_op("elementwise_add", {{"X", {"c"}}, {"Y", {"b"}}}, {{"Out", {"t2"}}}));
+  p.append_op(make_op("relu", {{"X", {"t2"}}}, {{"Out", {"o2"}}}));
+  for (const char* n : {"t1@GRAD", "t2@GRAD"}) p.add_var(var(n, {-1, 8}));
+  p.append_op(make_op("relu_grad", {{"Out", {"o2"}}, {"Out@GRAD", {"g2"}}}, {{"X@GRAD", {"t2@GRAD"}}}));
+  p.append_op(make_op("elementwise_add_grad", {{"Y", {"b"}}, {"Out@GRAD", {"t2@GRAD"}}}, {{"X@GRAD", {"dc"}}}));
+  p.append_op(make_op("relu_grad", {{"Out", {"o1"}}, {"Out@GRAD", {"g1"}}}, {{"X@GRAD", {"t1@GRAD"}}}));
+  p.append_op(make_op("elementwise_add_grad", {{"Y", {"b"}}, {"Out@GRAD", {"t1@GRAD"}}}, {{"X@GRAD", {"da"}}}));
+  const FusedAddRelu n = fuse_add_relu(p, {});
+  CHECK(n.forward == 2);
+  CHECK(n.grads_reading_out == 2);
+  std::map<std::string, std::string> y_of;  // Out@GRAD -> Y
+  for (const OpDesc& op : p.ops())
+    if (op.type == "elementwise_add_grad") y_of[op.in("Out@GRAD")] = op.in("Y");
+  CHECK(y_of.at("t1@GRAD") == "o1");
+  CHECK(y_of.at("t2@GRAD") == "o2");
+}
+
 TEST_CASE("training with fused add + relu gives the bits of training without", "[fuse]") {
   for (bool use_amp : {false, true}) {
     INFO((use_amp ? "AMP" : "FP32"));

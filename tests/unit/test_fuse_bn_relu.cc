@@ -127,6 +127,10 @@ TEST_CASE("batch_norm with a residual Z gives the bits of batch_norm then fused_
     const auto pair = run_ops_on({batch_norm_op(c.channels_last, false, "t"),
                                   make_op("fused_add_relu", {{"X", {"t"}}, {"Y", {"z"}}}, {{"Out", {"y"}}})},
                                  feeds, cpu_device(), c.env, c.results);
+    // The batch norm's output as fused_add_relu's Y (a downsampling block's shortcut) too.
+    const auto swapped = run_ops_on({batch_norm_op(c.channels_last, false, "t"),
+                                     make_op("fused_add_relu", {{"X", {"z"}}, {"Y", {"t"}}}, {{"Out", {"y"}}})},
+                                    feeds, cpu_device(), c.env, c.results);
     const auto three = run_ops_on({batch_norm_op(c.channels_last, false, "t"),
                                    make_op("elementwise_add", {{"X", {"t"}}, {"Y", {"z"}}}, {{"Out", {"s"}}}),
                                    make_op("relu", {{"X", {"s"}}}, {{"Out", {"y"}}})},
@@ -134,6 +138,7 @@ TEST_CASE("batch_norm with a residual Z gives the bits of batch_norm then fused_
     for (const std::string& r : c.results) {
       expect_identical(fused.at(r), pair.at(r), c.what + " " + r);
       expect_identical(fused.at(r), three.at(r), c.what + " " + r + " (add, relu)");
+      expect_identical(fused.at(r), swapped.at(r), c.what + " " + r + " (Z + batch norm)");
     }
     expect_some_zeroed(fused.at("y"));
   });
@@ -332,7 +337,7 @@ TEST_CASE("after fuse_add_relu, fuse_bn_relu folds each block's last batch norm 
         bool found = false;
         for (const OpDesc& bn : plain.ops())
           if (bn.type == "batch_norm" && bn.in("X") == op.in("X"))
-            found = adds.count(bn.out("Y") + "," + op.in("Z") + "->" + op.out("Y")) == 1;
+            found = found || adds.count(bn.out("Y") + "," + op.in("Z") + "->" + op.out("Y")) == 1;
         CHECK(found);
       }
       CHECK(with_z == c.forward_add);
@@ -376,6 +381,42 @@ TEST_CASE("fuse_bn_relu leaves alone what it cannot fuse", "[fuse]") {
   };
   using Pair = std::pair<int, int>;
 
+  // An op inserted at `at` (counted from the end) that reads x2 and writes s.
+  auto insert_computing_op = [](Program& p, int at) {
+    p.ops().insert(p.ops().end() - at, make_op("scale", {{"X", {"x2"}}}, {{"Out", {"s"}}}, {{"scale", 2.0}}));
+  };
+  // A residual block's end: t = batch_norm(x); r = fused_add_relu(t, z).
+  auto block_end = [](Program& p, const std::string& z) {
+    OpDesc bn = batch_norm_op(false, false, "t");
+    bn.outputs["SavedMean"] = {"sm"};
+    bn.outputs["SavedVariance"] = {"sv"};
+    p.append_op(bn);
+    p.append_op(make_op("fused_add_relu", {{"X", {"t"}}, {"Y", {z}}}, {{"Out", {"r"}}}));
+  };
+  auto fused_add = [](Program p, const std::set<std::string>& keep = {}) { return fuse_bn_relu(p, keep).forward_add; };
+  SECTION("a block's end fuses") {
+    Program p = base();
+    block_end(p, "x2");
+    CHECK(fused_add(p) == 1);
+  }
+  SECTION("a block's end whose batch norm output is kept") {
+    Program p = base();
+    block_end(p, "x2");
+    CHECK(fused_add(p, {"t"}) == 0);
+  }
+  SECTION("a block's end whose shortcut has another dtype") {
+    Program p = base();
+    p.add_var(var_desc("z16", {-1, 4, 3, 3}, DType::f16));
+    block_end(p, "x2");
+    p.ops()[1].inputs["Y"] = {"z16"};  // as a program could hold it, never as fuse_add_relu makes it
+    CHECK(fused_add(p) == 0);
+  }
+  SECTION("a computing op between a block's batch norm and its add") {
+    Program p = base();
+    block_end(p, "x2");
+    insert_computing_op(p, 1);
+    CHECK(fused_add(p) == 0);
+  }
   SECTION("the pairs themselves fuse") {
     Program p = base();
     forward(p, "x", "");
@@ -415,10 +456,6 @@ TEST_CASE("fuse_bn_relu leaves alone what it cannot fuse", "[fuse]") {
     backward(p, "x", "r_other", "");
     CHECK(fused(p) == Pair{1, 0});
   }
-  // An op inserted at `at` (counted from the end) that reads x2 and writes s.
-  auto insert_computing_op = [](Program& p, int at) {
-    p.ops().insert(p.ops().end() - at, make_op("scale", {{"X", {"x2"}}}, {{"Out", {"s"}}}, {{"scale", 2.0}}));
-  };
   SECTION("a computing op lies between batch_norm and relu") {
     Program p = base();
     forward(p, "x", "");
