@@ -55,6 +55,15 @@ inline void store_floats(const float* src, T* dst, int64_t n) {
   }
 }
 
+/// v[0..n) = round_as<T>(v[i]): each value as a store to T then a load give
+/// it (the bulk conversions above, through `scratch`, n values of T).
+template <typename T>
+inline void round_floats(float* v, T* scratch, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) return;
+  store_floats(v, scratch, n);
+  load_floats(scratch, v, n);
+}
+
 // Row kernels (softmax, cross-entropy) run their float row functions on rows
 // of any floating storage through these three: a row is widened in one bulk
 // conversion, computed in float, and narrowed in one, instead of converting

@@ -26,7 +26,6 @@
 // Evaluation (is_test, or an executor run with ExecEnv::training false) normalises
 // with the running statistics and updates nothing.
 #include <cmath>
-#include <type_traits>
 #include <vector>
 
 #include "runtime/check.h"
@@ -99,8 +98,7 @@ void normalize(const Tensor& x, const BatchNormDims& d, const std::vector<fn::Bn
       // batch_norm's rounded output, through Y's row as scratch, then the add and relu.
       const fn::BnNormalize& f = per_channel[static_cast<size_t>(c)];
       for (int64_t i = 0; i < d.spatial; ++i) v[i] = f(v[i]);
-      cpu::store_floats(v, out, d.spatial);
-      cpu::load_floats(out, v, d.spatial);
+      cpu::round_floats(v, out, d.spatial);
       cpu::load_floats(z->data<T>() + row * d.spatial, zbuf.data(), d.spatial);
       for (int64_t i = 0; i < d.spatial; ++i) v[i] = fn::AddRelu{}(v[i], zbuf[static_cast<size_t>(i)]);
       cpu::store_floats(v, out, d.spatial);
@@ -226,11 +224,7 @@ void batch_norm_grad_cpu(OpContext& ctx) {
     const fn::BnNormalize& norm = forward_norm[static_cast<size_t>(c)];
     before_relu.resize(static_cast<size_t>(d.spatial));
     for (int64_t i = 0; i < d.spatial; ++i) before_relu[static_cast<size_t>(i)] = norm(xv[i]);
-    if constexpr (!std::is_same_v<T, float>) {
-      T* row = rounded.data<T>();
-      cpu::store_floats(before_relu.data(), row, d.spatial);
-      cpu::load_floats(row, before_relu.data(), d.spatial);
-    }
+    cpu::round_floats(before_relu.data(), rounded.data<T>(), d.spatial);
     const fn::ReluBwd mask;
     for (int64_t i = 0; i < d.spatial; ++i) dyv[i] = mask(before_relu[static_cast<size_t>(i)], dyv[i]);
   };

@@ -17,6 +17,7 @@
 #include "runtime/fuse_add_relu.h"
 #include "runtime/fuse_bn_relu.h"
 #include "runtime/half.h"
+#include "runtime/kernels/cpu_loops.h"
 #include "runtime/kernels/functors.h"
 #include "tests/unit/cuda_compare.h"
 #include "tests/unit/gradcheck.h"
@@ -139,6 +140,26 @@ TEST_CASE("batch_norm with a residual Z gives the bits of batch_norm then fused_
       expect_identical(fused.at(r), pair.at(r), c.what + " " + r);
       expect_identical(fused.at(r), three.at(r), c.what + " " + r + " (add, relu)");
       expect_identical(fused.at(r), swapped.at(r), c.what + " " + r + " (Z + batch norm)");
+    }
+    // The CUDA kernels' functor, fn::BnAddRelu<T>, value by value with the
+    // statistics the CPU kernel normalised with, gives the CPU kernel's bits.
+    if (c.env.training) {
+      const std::vector<float> xv = feeds[0].second.to_floats(), zv = feeds.back().second.to_floats(),
+                               scale = feeds[1].second.to_floats(), bias = feeds[2].second.to_floats(),
+                               mean = fused.at("saved_mean").to_floats(), inv_std = fused.at("saved_var").to_floats(),
+                               y = fused.at("y").to_floats();
+      int64_t differ = 0;
+      cpu::dispatch_floating(c.dt, [&](auto tag) {
+        using T = decltype(tag);
+        for (size_t i = 0; i < xv.size(); ++i) {
+          const auto ch = static_cast<size_t>(c.channels_last ? static_cast<int64_t>(i) % kC
+                                                              : static_cast<int64_t>(i) / (kH * kW) % kC);
+          const float want =
+              to_float(from_float<T>(fn::BnAddRelu<T>{{mean[ch], inv_std[ch] * scale[ch], bias[ch]}}(xv[i], zv[i])));
+          differ += !(want == y[i] || (std::isnan(want) && std::isnan(y[i])));
+        }
+      });
+      CHECK(differ == 0);
     }
     expect_some_zeroed(fused.at("y"));
   });

@@ -13,8 +13,6 @@
 // per thread, its channel found by a division.
 #include "runtime/ops/cuda/batch_norm_channels_last.cuh"
 
-#include <type_traits>
-
 #include "runtime/kernels/bn_channel_sums.h"
 #include "runtime/kernels/functors.h"
 #include "runtime/ops/cuda/device_ops.cuh"
