@@ -22,6 +22,7 @@
 
 #include "amp/loss_scaler.h"
 #include "runtime/check.h"
+#include "runtime/executor.h"
 #include "runtime/op_registry.h"
 
 namespace mix {
@@ -123,7 +124,8 @@ Tensor on_host(const Scope& scope, const OpDesc& op, const Slot& s) {
 }  // namespace
 
 void amp::check_loss_scale_not_stuck(const Program& program, const Scope& scope) {
-  for (const OpDesc& op : program.ops()) {
+  for (size_t index = 0; index < program.ops().size(); ++index) {
+    const OpDesc& op = program.ops()[index];
     if (op.type != "update_loss_scaling") continue;
     const LossScalerConfig config = from_op_attrs(op);
     const LossScalingParams params = to_params(config);
@@ -135,7 +137,11 @@ void amp::check_loss_scale_not_stuck(const Program& program, const Scope& scope)
     s.good_steps = on_host(scope, op, kGood).data<int64_t>()[0];
     s.bad_steps = on_host(scope, op, kBad).data<int64_t>()[0];
     s.skipped_steps = on_host(scope, op, kSkipped).data<int64_t>()[0];
-    check_not_stuck(config, s);
+    try {
+      check_not_stuck(config, s);
+    } catch (const Error& e) {  // the words the CPU kernel's error has, raised through the executor
+      throw Error(with_op_context(e.what(), index, op.type));
+    }
   }
 }
 

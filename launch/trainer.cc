@@ -459,13 +459,20 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   env.progress = [&grad_comm] { grad_comm.progress(); };
   // MIX_PROFILE_OPS=1: time every op and print the totals by op type at the end
   // (on a GPU by events on its compute stream: the device's time per op).
+  // MIX_PROFILE_OPS=host: on a GPU, the host's time to queue each op instead
+  // (its kernel call's wall time), to find what sets the pace when the host
+  // does (the benchmark's "host took ... to queue" line).
   std::map<std::string, double> op_seconds;
-  const char* profile_env = std::getenv("MIX_PROFILE_OPS");
+  const std::string profile_env = std::getenv("MIX_PROFILE_OPS") ? std::getenv("MIX_PROFILE_OPS") : "";
   std::unique_ptr<OpTimer> op_timer;  // on a GPU: each op's time on the device, not its launch time on the host
-  if (profile_env && std::string(profile_env) == "1") {
+  if (profile_env == "1" || profile_env == "host") {
     env.op_seconds = &op_seconds;
-    if (device.kind != DeviceKind::cpu) op_timer = require_device_backend(device.kind).make_op_timer(device.index);
+    if (device.kind != DeviceKind::cpu && profile_env == "1")
+      op_timer = require_device_backend(device.kind).make_op_timer(device.index);
     env.op_timer = op_timer.get();
+  } else if (!profile_env.empty()) {
+    spdlog::warn("MIX_PROFILE_OPS={} is neither 1 (device time per op) nor host (host time per op): no op profile",
+                 profile_env);
   }
   MetricsWriter metrics(rank == 0 ? c.metrics : "");
   if (rank == 0)
@@ -721,7 +728,8 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     spdlog::info("op time by type over {} steps ({:.3f} s in ops, {}):", sps_count, total,
                  op_timer ? "on the device: from the end of the op before to the end of this one, so an op the "
                             "host was slow to queue counts the GPU's wait for it too"
-                          : "wall time on the host");
+                 : device.kind == DeviceKind::cpu ? "wall time on the host"
+                                                  : "wall time on the host to queue each op");
     for (auto& [secs, type] : by_time)
       spdlog::info("  {:<36} {:8.3f} ms/step {:5.1f}%", type,
                    1e3 * secs / static_cast<double>(std::max<int64_t>(sps_count, 1)), 100 * secs / total);

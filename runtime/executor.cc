@@ -8,6 +8,10 @@
 
 namespace mix {
 
+std::string with_op_context(const std::string& message, size_t op_index, const std::string& op_type) {
+  return message + " (in op " + std::to_string(op_index) + ": " + op_type + ")";
+}
+
 Executor::Executor(const Program& program, std::set<std::string> keep, OpFilter filter)
     : program_(program), keep_(std::move(keep)) {
   for (size_t i = 0; i < program.ops().size(); ++i)
@@ -49,8 +53,7 @@ void Executor::run(Scope& scope, ExecEnv& env) const {
         if (timer) timer->mark();
       }
     } catch (const Error& e) {
-      const std::string where =
-          std::string(e.what()) + " (in op " + std::to_string(op_indices_[k]) + ": " + op.type + ")";
+      const std::string where = with_op_context(e.what(), op_indices_[k], op.type);
       // Out of memory keeps its type: callers may take a way that needs less.
       if (dynamic_cast<const OutOfMemoryError*>(&e)) throw OutOfMemoryError(where);
       throw Error(where);

@@ -26,6 +26,11 @@ using OpFilter = std::function<bool(const OpDesc&)>;
 inline bool all_ops(const OpDesc&) { return true; }
 inline bool forward_ops(const OpDesc& op) { return op.role == OpRole::forward || op.role == OpRole::loss; }
 
+/// An op's error as the executor reports it: the message, then which op
+/// (its index in the program and its type). Checks made after a step from
+/// an op's state (amp::check_loss_scale_not_stuck) name the op the same way.
+std::string with_op_context(const std::string& message, size_t op_index, const std::string& op_type);
+
 class Executor {
  public:
   /// `keep`: temporaries the caller reads after run() (e.g. the loss); never released.

@@ -166,15 +166,16 @@ print(s[-1].get(sys.argv[2], 'n/a') if s else 'n/a')" "$1" "$2" 2>/dev/null || e
 # Both precisions run in both layouts: --data-format auto picks NHWC for AMP
 # and NCHW for FP32; the other two runs show what the layout is worth (cuDNN's
 # internal conversions for FP16 NCHW). The speed ratio compares AMP (NHWC) with
-# the faster FP32 run, whichever its layout. Two more AMP runs show what cuDNN's
-# persistent batch_norm kernels (--cudnn-bn-persistent) and timed convolution
-# algorithms (--cudnn-benchmark) are worth; both are off by default. The last
-# AMP runs keep each residual add and its relu as two ops (--no-fuse-add-relu,
-# which also leaves no fused add for a batch norm to join), and each batch
-# norm and its relu or residual add + relu (--no-fuse-bn-relu: cuDNN's batch
-# norm instead of mixtrain's channels-last kernels with them fused), to show
-# what fusing them (runtime/fuse_add_relu.h, runtime/fuse_bn_relu.h, the
-# defaults) is worth.
+# the faster FP32 run, whichever its layout. The AMP runs that follow keep
+# each residual add and its relu as two ops (--no-fuse-add-relu, which also
+# leaves no fused add for a batch norm to join), and each batch norm and its
+# relu or residual add + relu (--no-fuse-bn-relu: mixtrain's channels-last
+# batch norm without them), to show what fusing them (runtime/fuse_add_relu.h,
+# runtime/fuse_bn_relu.h, the defaults) is worth; then every batch norm on
+# cuDNN's persistent kernels instead of mixtrain's (--cudnn-bn-persistent
+# --no-fuse-bn-relu, against the row before), and timed convolution
+# algorithms (--cudnn-benchmark), both off by default. Batch 256 in both
+# precisions shows the GPU's pace where batch 64 leaves the host setting it.
 train_resnet50() {  # precision, log name, extra flags...
   local precision="$1" name="$2"; shift 2
   limit 180 "$build/mixtrain" --device cuda --precision "$precision" --model resnet50 --data synthetic \
@@ -249,13 +250,17 @@ if [ $stuck_rc -ne 0 ] && [ $stuck_rc -ne 124 ] && grep -q "stuck at the minimum
 else
   stuck="FAIL: exit $stuck_rc without the error"; stuck_ok=1
 fi
-echo "gpu_check: ResNet-50 variants: FP32 in NHWC, AMP in NCHW, persistent batch_norm, cudnn benchmark, unfused add+relu, unfused bn+relu"
+echo "gpu_check: ResNet-50 variants: FP32 in NHWC, AMP in NCHW, unfused add+relu, unfused bn+relu, cuDNN persistent batch_norm, cudnn benchmark, batch 256"
 train_resnet50 fp32 resnet50_fp32_nhwc --data-format nhwc; r50_fp32_nhwc_rc=$?
 train_resnet50 amp resnet50_amp_nchw --data-format nchw; r50_nchw_rc=$?
-train_resnet50 amp resnet50_amp_bnp --data-format nhwc --cudnn-bn-persistent; r50_bnp_rc=$?
-train_resnet50 amp resnet50_amp_bench --data-format nhwc --cudnn-benchmark; r50_bench_rc=$?
 train_resnet50 amp resnet50_amp_nofuse --data-format nhwc --no-fuse-add-relu; r50_nofuse_rc=$?
 train_resnet50 amp resnet50_amp_nobnfuse --data-format nhwc --no-fuse-bn-relu; r50_nobnfuse_rc=$?
+train_resnet50 amp resnet50_amp_bnp --data-format nhwc --cudnn-bn-persistent --no-fuse-bn-relu; r50_bnp_rc=$?
+train_resnet50 amp resnet50_amp_bench --data-format nhwc --cudnn-benchmark; r50_bench_rc=$?
+train_resnet50 amp resnet50_amp_b256 --data-format nhwc --batch-size 256 --benchmark-warmup 5 --steps 15
+r50_b256_rc=$?
+train_resnet50 fp32 resnet50_fp32_b256 --data-format nchw --batch-size 256 --benchmark-warmup 3 --steps 8
+r50_fp32_b256_rc=$?
 # What folding the FP32 casts before softmax and the loss is worth (README,
 # "Folded casts"): the default AMP run above folds them, this one keeps them.
 echo "gpu_check: Transformer AMP with --no-fold-casts (log: $out/transformer_amp_nofold.log)"
@@ -272,6 +277,10 @@ train_transformer amp transformer_amp_stored --store-softmax; tf_stored_rc=$?
 echo "gpu_check: the ResNet-50 and Transformer AMP runs again, each op timed (logs: $out/*_profile.log)"
 MIX_PROFILE_OPS=1 train_resnet50 amp resnet50_amp_profile --data-format nhwc --benchmark-warmup 5 --steps 10
 r50_prof_rc=$?
+# And the host's time to queue each op (MIX_PROFILE_OPS=host), for when the
+# host sets the pace ("host queue / step ms" close to each other).
+MIX_PROFILE_OPS=host train_resnet50 amp resnet50_amp_host_profile --data-format nhwc --benchmark-warmup 5 --steps 10
+r50_host_prof_rc=$?
 MIX_PROFILE_OPS=1 train_transformer amp transformer_amp_profile --benchmark-warmup 5 --steps 10; tf_prof_rc=$?
 echo "gpu_check: resnet-small AMP with and without overlapped all-reduce (logs: $out/resnet_small_*.log)"
 train_resnet_small resnet_small_overlap; rs_ov_rc=$?
@@ -301,6 +310,10 @@ r50_fp32_nhwc_ips=$(summary_field "$out/resnet50_fp32_nhwc.jsonl" samples_per_s_
 r50_amp_ips=$(summary_field "$out/resnet50_amp.jsonl" samples_per_s_overall)
 r50_nchw_ips=$(summary_field "$out/resnet50_amp_nchw.jsonl" samples_per_s_overall)
 r50_bnp_ips=$(summary_field "$out/resnet50_amp_bnp.jsonl" samples_per_s_overall)
+r50_b256_ips=$(summary_field "$out/resnet50_amp_b256.jsonl" samples_per_s_overall)
+r50_fp32_b256_ips=$(summary_field "$out/resnet50_fp32_b256.jsonl" samples_per_s_overall)
+r50_b256_ratio=$(ratio_of "$r50_fp32_b256_ips" "$r50_b256_ips")
+r50_b256_queue=$(queue_and_step_ms "$out/resnet50_amp_b256.jsonl")
 r50_bench_ips=$(summary_field "$out/resnet50_amp_bench.jsonl" samples_per_s_overall)
 r50_nofuse_ips=$(summary_field "$out/resnet50_amp_nofuse.jsonl" samples_per_s_overall)
 r50_nobnfuse_ips=$(summary_field "$out/resnet50_amp_nobnfuse.jsonl" samples_per_s_overall)
@@ -333,10 +346,14 @@ secs=$(( $(date +%s) - t0 ))
   printf "  %-36s %s\n" "ResNet-50 b64 FP32 images/s NHWC" "$r50_fp32_nhwc_ips (exit $r50_fp32_nhwc_rc)"
   printf "  %-36s %s\n" "ResNet-50 b64 AMP images/s NHWC" "$r50_amp_ips (exit $r50_amp_rc)"
   printf "  %-36s %s\n" "ResNet-50 b64 AMP images/s NCHW" "$r50_nchw_ips (exit $r50_nchw_rc)"
-  printf "  %-36s %s\n" "ResNet-50 AMP NHWC, persistent BN" "$r50_bnp_ips (exit $r50_bnp_rc)"
-  printf "  %-36s %s\n" "ResNet-50 AMP NHWC, cudnn benchmark" "$r50_bench_ips (exit $r50_bench_rc)"
   printf "  %-36s %s\n" "ResNet-50 AMP NHWC, no-fuse-add-relu" "$r50_nofuse_ips (exit $r50_nofuse_rc)"
   printf "  %-36s %s\n" "ResNet-50 AMP NHWC, no-fuse-bn-relu" "$r50_nobnfuse_ips (exit $r50_nobnfuse_rc)"
+  printf "  %-36s %s\n" "  same, cuDNN persistent BN" "$r50_bnp_ips (exit $r50_bnp_rc)"
+  printf "  %-36s %s\n" "ResNet-50 AMP NHWC, cudnn benchmark" "$r50_bench_ips (exit $r50_bench_rc)"
+  printf "  %-36s %s\n" "ResNet-50 b256 AMP NHWC images/s" "$r50_b256_ips (exit $r50_b256_rc)"
+  printf "  %-36s %s\n" "ResNet-50 b256 FP32 NCHW images/s" "$r50_fp32_b256_ips (exit $r50_fp32_b256_rc)"
+  printf "  %-36s %s\n" "ResNet-50 b256 AMP / FP32" "$r50_b256_ratio"
+  printf "  %-36s %s\n" "ResNet-50 b256 AMP host queue / step" "$r50_b256_queue"
   printf "  %-36s %s\n" "ResNet-50 AMP / best FP32 (>= 3)" "$r50_ratio"
   printf "  %-36s %s / %s\n" "ResNet-50 peak bytes FP32 / AMP" "$r50_fp32_peak" "$r50_amp_peak"
   printf "  %-36s %s\n" "ResNet-50 AMP host queue / step ms" "$r50_amp_queue"
@@ -358,10 +375,13 @@ secs=$(( $(date +%s) - t0 ))
   printf "  %-36s %s\n" "memcheck test_cuda_transformer_ops" "$mc_tf"
   echo "  ResNet-50 AMP NHWC, GPU time by op type, top 10 (exit $r50_prof_rc):"
   top_ops "$out/resnet50_amp_profile.log" 10
+  echo "  ResNet-50 AMP NHWC, host time to queue by op type, top 10 (exit $r50_host_prof_rc):"
+  top_ops "$out/resnet50_amp_host_profile.log" 10
   echo "  Transformer-base AMP, GPU time by op type, top 10 (exit $tf_prof_rc):"
   top_ops "$out/transformer_amp_profile.log" 10
 } | tee "$out/summary.txt"
 [ $tests_rc -eq 0 ] && [ $fp32_rc -eq 0 ] && [ $amp_rc -eq 0 ] && [ $r50_fp32_rc -eq 0 ] && [ $r50_amp_rc -eq 0 ] &&
   [ $r50_nchw_rc -eq 0 ] && [ $r50_fp32_nhwc_rc -eq 0 ] && [ $r50_bnp_rc -eq 0 ] && [ $r50_bench_rc -eq 0 ] && [ $r50_nofuse_rc -eq 0 ] && [ $r50_nobnfuse_rc -eq 0 ] &&
+  [ $r50_b256_rc -eq 0 ] && [ $r50_fp32_b256_rc -eq 0 ] &&
   [ $tf_fp32_rc -eq 0 ] && [ $tf_amp_rc -eq 0 ] && [ $tf_nofold_rc -eq 0 ] && [ $tf_stored_rc -eq 0 ] && [ $rs_ov_rc -eq 0 ] && [ $rs_no_rc -eq 0 ] && [ $bench_rc -eq 0 ] &&
   [ $stuck_ok -eq 0 ] && [ $mc_ops_ok -eq 0 ] && [ $mc_tf_ok -eq 0 ]

@@ -23,8 +23,10 @@
 // data_layout NHWC, ResNet's default on CUDA): NHWC inputs are permuted copies
 // of the NCHW ones and NHWC results are permuted back before the comparisons,
 // so one reference and one set of bounds serve both layouts.
-// batch_norm also runs with fuse_with_relu (runtime/fuse_bn_relu.h), which
-// channels last runs mixtrain's own kernels instead of cuDNN's.
+// batch_norm also runs with fuse_with_relu (runtime/fuse_bn_relu.h). Channels
+// last, batch_norm runs mixtrain's own kernels (batch_norm_channels_last.cu),
+// except without a fused relu under the persistent switch (cuDNN's
+// persistent kernels); NCHW runs cuDNN.
 // The runner and the comparisons: tests/unit/cuda_compare.h.
 //
 // MIX_CUDA_OPS_VERBOSE=1 prints how close each comparison came to its bound.
@@ -470,10 +472,9 @@ const Shape kBnShapes[] = {{4, 6, 5, 7}, {16, 5}, {8, 72, 9, 9}, {2, 512, 3, 3},
 
 /// fuse_with_relu's cases (runtime/fuse_bn_relu.h): channels last they run
 /// mixtrain's own kernels (batch_norm_channels_last.cu), NCHW cuDNN and a
-/// separate relu. The bounds hold with relu applied to the reference, since
-/// |relu(a) - relu(b)| <= |a - b|. The forward's also take a residual Z
-/// added before the relu: Y = relu(round(batch_norm(X)) + Z), whose bound adds
-/// the second rounding's (the first is batch_norm's own store).
+/// separate relu; Fusion::none runs the own kernels too channels last. The bounds hold with relu applied to the
+/// reference, since |relu(a) - relu(b)| <= |a - b|. The forward's also take a residual Z added before the relu: Y =
+/// relu(round(batch_norm(X)) + Z), whose bound adds the second rounding's (the first is batch_norm's own store).
 enum class Fusion { none, relu, residual_relu };
 std::string fused_name(Fusion f) {
   return f == Fusion::none ? "" : f == Fusion::relu ? " fuse_with_relu" : " fuse_with_relu + Z";

@@ -22,13 +22,19 @@
 // Evaluation (ctx.env.training false, or attr is_test) normalises with the
 // running statistics and writes nothing but Y, as the CPU kernel.
 //
+// Channels last runs on mixtrain's own kernels (batch_norm_channels_last.cuh):
+// on an H200, cuDNN 9's non-persistent NHWC batch norm took 75% of a
+// ResNet-50 AMP step (batch_norm_grad 67 ms of 89; gpu_check, 2026-12-04).
+// --cudnn-bn-persistent keeps cuDNN's persistent kernels for the batch norms
+// without fuse_with_relu, to compare. NCHW (FP32 runs by default) stays on
+// cuDNN's SPATIAL kernels.
+//
 // fuse_with_relu (runtime/fuse_bn_relu.h), with or without a residual Z
-// added before the relu: channels last, mixtrain's own
-// kernels (batch_norm_channels_last.cuh) apply relu as they write Y, and the
-// gradient recomputes relu's mask from X, as the CPU kernel does, so neither
-// relu's input nor its gradient is ever stored. NCHW (FP32 runs by default)
-// keeps cuDNN and applies relu, and relu's gradient from Y, in separate
-// kernels: the same traffic as the unfused ops.
+// added before the relu: channels last, the own kernels apply relu as they
+// write Y, and the gradient recomputes relu's mask from X, as the CPU kernel
+// does, so neither relu's input nor its gradient is ever stored. NCHW applies
+// relu, and relu's gradient from Y, in separate kernels after cuDNN: the same
+// traffic as the unfused ops.
 #include <string>
 
 #include "runtime/check.h"
@@ -53,6 +59,14 @@ struct IncrementCounter {
 };
 
 // ---- launchers ---------------------------------------------------------------------------
+
+/// Whether a batch_norm (or its gradient) runs on mixtrain's channels-last
+/// kernels rather than cuDNN: channels last, unless --cudnn-bn-persistent
+/// asks for cuDNN's persistent kernels (for the batch norms without a fused
+/// relu: mixtrain calls none of cuDNN's relu fusions).
+bool use_own_kernels(const BatchNormDims& d, bool relu) {
+  return d.channels_last && (relu || !cuda::batch_norm_persistent());
+}
 
 /// The mode of a pass: training (forward and backward) may be persistent.
 cudnnBatchNormMode_t mode_for(bool training) {
@@ -133,7 +147,7 @@ void batch_norm_cuda(OpContext& ctx) {
   const float eps = ctx.attr<float>("epsilon", 1e-5f);
   const bool training = ctx.env.training && !ctx.attr<bool>("is_test", false);
   const bool relu = ctx.attr<bool>("fuse_with_relu", false);
-  const bool own_kernels = relu && d.channels_last;
+  const bool own_kernels = use_own_kernels(d, relu);
   cuda::DeviceContext& dc = cuda::use_device(ctx.env.device.index);
   const cudaStream_t stream = dc.compute.get();
   const cuda::BnChannelParams params{scale.data<float>(), bias.data<float>()};
@@ -155,7 +169,7 @@ void batch_norm_cuda(OpContext& ctx) {
     Tensor& y = device_output(ctx, "Y", x.shape(), x.dtype());
     if (x.numel() == 0) return;
     if (own_kernels)
-      return cuda::bn_channels_last_eval_forward(x, d, params, rmean.data<float>(), rvar.data<float>(), eps, true, z, y,
+      return cuda::bn_channels_last_eval_forward(x, d, params, rmean.data<float>(), rvar.data<float>(), eps, relu, z, y,
                                                  stream);
     const cudnnBatchNormMode_t mode = mode_for(false);
     const Descriptors s = make_descriptors(d, x.dtype(), mode, "batch_norm");
@@ -176,7 +190,7 @@ void batch_norm_cuda(OpContext& ctx) {
   Tensor& var_out = device_output(ctx, "VarianceOut", {d.c}, DType::f32);
   if (own_kernels) {
     Tensor& y = device_output(ctx, "Y", x.shape(), x.dtype());
-    cuda::bn_channels_last_train_forward(x, d, params, rmean.data<float>(), rvar.data<float>(), momentum, eps, true, z,
+    cuda::bn_channels_last_train_forward(x, d, params, rmean.data<float>(), rvar.data<float>(), momentum, eps, relu, z,
                                          y, mean_out.data<float>(), var_out.data<float>(), saved_mean.data<float>(),
                                          saved_inv_std.data<float>(), stream);
   } else {
@@ -206,7 +220,7 @@ void batch_norm_grad_cuda(OpContext& ctx) {
 
   // cuDNN writes all three results: a gradient nobody wants goes to scratch
   // (X@GRAD's only for cuDNN: mixtrain's kernels skip it).
-  const bool own_kernels = relu && d.channels_last;
+  const bool own_kernels = use_own_kernels(d, relu);
   Tensor scratch_dx, scratch_dscale, scratch_dbias;
   auto result = [&](const char* slot, const Shape& shape, DType dtype, Tensor& scratch) -> Tensor& {
     if (ctx.wants(slot)) return device_output(ctx, slot, shape, dtype);
@@ -221,10 +235,10 @@ void batch_norm_grad_cuda(OpContext& ctx) {
     MIX_CUDA_CHECK(cudaMemsetAsync(dbias.raw(), 0, dbias.bytes(), dc.compute.get()));
     return;
   }
-  if (own_kernels) {  // dY is relu's output gradient; the mask comes from X
-    const Tensor& bias = channel_input(ctx, "Bias", d.c);
-    cuda::bn_channels_last_backward(x, dy, d, {scale.data<float>(), bias.data<float>()}, saved_mean.data<float>(),
-                                    saved_inv_std.data<float>(), true, ctx.wants("X@GRAD") ? &dx : nullptr,
+  if (own_kernels) {  // with relu, dY is relu's output gradient and the mask comes from X (and Bias)
+    const float* bias = relu ? channel_input(ctx, "Bias", d.c).data<float>() : nullptr;
+    cuda::bn_channels_last_backward(x, dy, d, {scale.data<float>(), bias}, saved_mean.data<float>(),
+                                    saved_inv_std.data<float>(), relu, ctx.wants("X@GRAD") ? &dx : nullptr,
                                     dscale.data<float>(), dbias.data<float>(), dc.compute.get());
     return;
   }
