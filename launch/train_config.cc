@@ -46,6 +46,7 @@ std::vector<std::pair<std::string, std::string>> TrainConfig::fingerprint_fields
           {"allow-tf32", allow_tf32 ? "on" : "off"},
           {"cudnn-bn-persistent", cudnn_bn_persistent ? "on" : "off"},
           {"cudnn-benchmark", cudnn_benchmark ? "on" : "off"},
+          {"cudnn-graph-conv", cudnn_graph_conv ? "on" : "off"},
           {"precision", precision},
           {"grad-reduce", effective_grad_reduce()},
           {"grad-predivide", num(grad_predivide)},
@@ -176,11 +177,15 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
   app.add_option("--device", c.device, "device")->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_flag("--allow-tf32", c.allow_tf32, "let FP32 GEMMs on GPUs use TF32 tensor cores (off: true FP32)");
   app.add_flag("--cudnn-bn-persistent", c.cudnn_bn_persistent,
-               "train batch_norm on GPUs with cuDNN's SPATIAL_PERSISTENT kernels: often faster, but cuDNN limits "
-               "their range of values (off: SPATIAL)");
+               "train batch_norm on GPUs with cuDNN's SPATIAL_PERSISTENT kernels (channels last: the batch norms "
+               "without a fused relu; off: SPATIAL channels first, mixtrain's kernels channels last)");
   app.add_flag("--cudnn-benchmark", c.cudnn_benchmark,
                "time cuDNN's convolution algorithms on the first step and keep the fastest per shape, as PyTorch's "
                "cudnn.benchmark (off: cuDNN's heuristic choice, the same in every run)");
+  app.add_flag(
+      "--cudnn-graph-conv", c.cudnn_graph_conv,
+      "run convolutions on GPUs through cuDNN's graph API, an execution plan built once per shape, instead "
+      "of the legacy calls (which cost the host ~270 us each on an H200); --cudnn-benchmark then does nothing");
   app.add_option("--precision", c.precision, "fp32, or amp (FP16 where safe, dynamic loss scaling)")
       ->check(CLI::IsMember({"fp32", "amp"}));
   app.add_option("--grad-reduce", c.grad_reduce,

@@ -52,6 +52,7 @@ struct TrainConfig {
   bool allow_tf32 = false;
   bool cudnn_bn_persistent = false;  // training batch_norm on cuDNN's persistent kernels
   bool cudnn_benchmark = false;      // time cuDNN's convolution algorithms once per shape
+  bool cudnn_graph_conv = false;     // convolutions on cuDNN's graph API with cached plans
   std::string precision = "amp";
   std::string grad_reduce;  // empty: fp16 under AMP, fp32 otherwise
   double grad_predivide = 0;

@@ -228,6 +228,11 @@ echo "gpu_check: ResNet-50 and the Transformer first, FP32 and AMP in their defa
 echo "gpu_check: then the variants (other layouts, cuDNN options), the op profiles and the overlap (logs: $out/*.log)"
 train_resnet50 fp32 resnet50_fp32 --data-format nchw; r50_fp32_rc=$?
 train_resnet50 amp resnet50_amp --data-format nhwc; r50_amp_rc=$?
+# The same two ResNet-50 runs with each convolution on cuDNN's graph API, its
+# plan built once per shape (--cudnn-graph-conv): the legacy calls cost the
+# host about 270 us each on an H200, which set the pace at batch 64.
+train_resnet50 fp32 resnet50_fp32_graph --data-format nchw --cudnn-graph-conv; r50_fp32_graph_rc=$?
+train_resnet50 amp resnet50_amp_graph --data-format nhwc --cudnn-graph-conv; r50_amp_graph_rc=$?
 train_transformer fp32 transformer_fp32; tf_fp32_rc=$?
 train_transformer amp transformer_amp; tf_amp_rc=$?
 # NCCL all-reduce through the device communicator (one rank: NCCL still runs its
@@ -311,6 +316,10 @@ r50_amp_ips=$(summary_field "$out/resnet50_amp.jsonl" samples_per_s_overall)
 r50_nchw_ips=$(summary_field "$out/resnet50_amp_nchw.jsonl" samples_per_s_overall)
 r50_bnp_ips=$(summary_field "$out/resnet50_amp_bnp.jsonl" samples_per_s_overall)
 r50_b256_ips=$(summary_field "$out/resnet50_amp_b256.jsonl" samples_per_s_overall)
+r50_fp32_graph_ips=$(summary_field "$out/resnet50_fp32_graph.jsonl" samples_per_s_overall)
+r50_amp_graph_ips=$(summary_field "$out/resnet50_amp_graph.jsonl" samples_per_s_overall)
+r50_graph_ratio=$(ratio_of "$r50_fp32_graph_ips" "$r50_amp_graph_ips")
+r50_amp_graph_queue=$(queue_and_step_ms "$out/resnet50_amp_graph.jsonl")
 r50_fp32_b256_ips=$(summary_field "$out/resnet50_fp32_b256.jsonl" samples_per_s_overall)
 r50_b256_ratio=$(ratio_of "$r50_fp32_b256_ips" "$r50_b256_ips")
 r50_b256_queue=$(queue_and_step_ms "$out/resnet50_amp_b256.jsonl")
@@ -346,6 +355,9 @@ secs=$(( $(date +%s) - t0 ))
   printf "  %-36s %s\n" "ResNet-50 b64 FP32 images/s NHWC" "$r50_fp32_nhwc_ips (exit $r50_fp32_nhwc_rc)"
   printf "  %-36s %s\n" "ResNet-50 b64 AMP images/s NHWC" "$r50_amp_ips (exit $r50_amp_rc)"
   printf "  %-36s %s\n" "ResNet-50 b64 AMP images/s NCHW" "$r50_nchw_ips (exit $r50_nchw_rc)"
+  printf "  %-36s %s\n" "ResNet-50 FP32 NCHW, cudnn graph conv" "$r50_fp32_graph_ips (exit $r50_fp32_graph_rc)"
+  printf "  %-36s %s\n" "ResNet-50 AMP NHWC, cudnn graph conv" "$r50_amp_graph_ips (exit $r50_amp_graph_rc)"
+  printf "  %-36s %s\n" "  graph conv AMP / FP32; AMP queue/step" "$r50_graph_ratio; $r50_amp_graph_queue"
   printf "  %-36s %s\n" "ResNet-50 AMP NHWC, no-fuse-add-relu" "$r50_nofuse_ips (exit $r50_nofuse_rc)"
   printf "  %-36s %s\n" "ResNet-50 AMP NHWC, no-fuse-bn-relu" "$r50_nobnfuse_ips (exit $r50_nobnfuse_rc)"
   printf "  %-36s %s\n" "  same, cuDNN persistent BN" "$r50_bnp_ips (exit $r50_bnp_rc)"
@@ -382,6 +394,6 @@ secs=$(( $(date +%s) - t0 ))
 } | tee "$out/summary.txt"
 [ $tests_rc -eq 0 ] && [ $fp32_rc -eq 0 ] && [ $amp_rc -eq 0 ] && [ $r50_fp32_rc -eq 0 ] && [ $r50_amp_rc -eq 0 ] &&
   [ $r50_nchw_rc -eq 0 ] && [ $r50_fp32_nhwc_rc -eq 0 ] && [ $r50_bnp_rc -eq 0 ] && [ $r50_bench_rc -eq 0 ] && [ $r50_nofuse_rc -eq 0 ] && [ $r50_nobnfuse_rc -eq 0 ] &&
-  [ $r50_b256_rc -eq 0 ] && [ $r50_fp32_b256_rc -eq 0 ] &&
+  [ $r50_b256_rc -eq 0 ] && [ $r50_fp32_b256_rc -eq 0 ] && [ $r50_fp32_graph_rc -eq 0 ] && [ $r50_amp_graph_rc -eq 0 ] &&
   [ $tf_fp32_rc -eq 0 ] && [ $tf_amp_rc -eq 0 ] && [ $tf_nofold_rc -eq 0 ] && [ $tf_stored_rc -eq 0 ] && [ $rs_ov_rc -eq 0 ] && [ $rs_no_rc -eq 0 ] && [ $bench_rc -eq 0 ] &&
   [ $stuck_ok -eq 0 ] && [ $mc_ops_ok -eq 0 ] && [ $mc_tf_ok -eq 0 ]

@@ -176,6 +176,7 @@ class CudaBackend final : public DeviceBackend {
     cuda::set_allow_tf32(o.allow_tf32);
     cuda::set_batch_norm_persistent(o.batch_norm_persistent);
     cuda::set_cudnn_benchmark(o.cudnn_benchmark);
+    cuda::set_cudnn_graph_conv(o.cudnn_graph_conv);
   }
 
   std::unique_ptr<OpTimer> make_op_timer(int index) override { return std::make_unique<CudaOpTimer>(index); }

@@ -22,6 +22,7 @@ std::mutex g_create_mu;
 std::atomic<bool> g_allow_tf32{false};
 std::atomic<bool> g_batch_norm_persistent{false};
 std::atomic<bool> g_cudnn_benchmark{false};
+std::atomic<bool> g_cudnn_graph_conv{false};
 std::atomic<double> g_hang_timeout_s{0.0};
 
 }  // namespace
@@ -59,6 +60,9 @@ bool batch_norm_persistent() { return g_batch_norm_persistent.load(); }
 
 void set_cudnn_benchmark(bool on) { g_cudnn_benchmark.store(on); }
 bool cudnn_benchmark() { return g_cudnn_benchmark.load(); }
+
+void set_cudnn_graph_conv(bool on) { g_cudnn_graph_conv.store(on); }
+bool cudnn_graph_conv() { return g_cudnn_graph_conv.load(); }
 
 int device_count() {
   int n = 0;

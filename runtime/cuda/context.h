@@ -46,6 +46,13 @@ bool batch_norm_persistent();
 void set_cudnn_benchmark(bool on);
 bool cudnn_benchmark();
 
+/// conv2d runs cuDNN's graph API with an execution plan cached per shape
+/// (runtime/cuda/cudnn_conv_graph.h) instead of the legacy calls, whose host
+/// cost set the pace of ResNet-50 on an H200 (--cudnn-graph-conv; off by
+/// default until a GPU has checked it; --cudnn-benchmark then has no effect).
+void set_cudnn_graph_conv(bool on);
+bool cudnn_graph_conv();
+
 /// Number of visible GPUs (0 when there is no driver or device).
 int device_count();
 

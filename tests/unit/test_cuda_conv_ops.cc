@@ -92,14 +92,23 @@ void disable_tf32() {
 }
 
 /// One of the CUDA backend's switches (cuda::set_batch_norm_persistent,
-/// cuda::set_cudnn_benchmark) set for the life of a test, then off again.
+/// cuda::set_cudnn_benchmark, cuda::set_cudnn_graph_conv) set for the life of a test, then off again.
 using Switch = void (*)(bool);
 #ifdef MIX_HAVE_CUDA
 const Switch kBatchNormPersistent = mix::cuda::set_batch_norm_persistent;
 const Switch kCudnnBenchmark = mix::cuda::set_cudnn_benchmark;
+const Switch kCudnnGraphConv = mix::cuda::set_cudnn_graph_conv;
 #else
-const Switch kBatchNormPersistent = nullptr, kCudnnBenchmark = nullptr;
+const Switch kBatchNormPersistent = nullptr, kCudnnBenchmark = nullptr, kCudnnGraphConv = nullptr;
 #endif
+
+/// How conv2d picks and runs cuDNN's algorithms: the legacy calls with the
+/// heuristics' choice, the same timed (--cudnn-benchmark), or the graph API's
+/// cached plans (--cudnn-graph-conv). The same bounds hold for any algorithm.
+enum class ConvMode { heuristic, benchmark, graph };
+const char* mode_name(ConvMode m) {
+  return m == ConvMode::heuristic ? "" : m == ConvMode::benchmark ? " benchmark" : " graph API";
+}
 
 /// While it lives, GPU 0's allocator holds no cache and may not take one byte
 /// more from the driver than it holds now (CudaCachingAllocator::set_limit).
@@ -281,14 +290,13 @@ TEST_CASE("conv2d and conv2d_grad on cuDNN match the CPU and a double reference"
   require_gpu();
   const DType dt = EACH_FLOAT_TYPE();
   disable_tf32();
-  // --cudnn-benchmark times the candidates and may pick another algorithm: the same bounds hold for any.
-  const bool benchmark = GENERATE(false, true);
-  const ScopedSwitch timed(kCudnnBenchmark, benchmark);
+  const ConvMode mode = GENERATE(ConvMode::heuristic, ConvMode::benchmark, ConvMode::graph);
+  const ScopedSwitch timed(kCudnnBenchmark, mode == ConvMode::benchmark);
+  const ScopedSwitch graph(kCudnnGraphConv, mode == ConvMode::graph);
   uint64_t seed = 100;
   for (const ConvCfg& k : kConvCases) {
     for (bool last : kLayouts) {
-      const std::string what =
-          std::string("conv2d ") + k.name + " " + dname(dt) + layout_name(last) + (benchmark ? " benchmark" : "");
+      const std::string what = std::string("conv2d ") + k.name + " " + dname(dt) + layout_name(last) + mode_name(mode);
       INFO(what);
       const Tensor x = to_dtype(uniform_tensor({k.n, k.c, k.h, k.w}, seed++), dt);
       const Tensor f = to_dtype(uniform_tensor({k.oc, k.c / k.groups, k.kh, k.kw}, seed++, -0.5f, 0.5f), dt);
@@ -342,12 +350,15 @@ TEST_CASE("conv2d on cuDNN with no memory left for a workspace falls back to an 
           "[cuda][conv2d]") {
   require_gpu();
   disable_tf32();
-  const bool benchmark = GENERATE(false, true);
-  const ScopedSwitch timed(kCudnnBenchmark, benchmark);
-  // A shape of its own, so that no algorithm is cached for it yet (the cache
-  // is per process); the same bounds as above hold for whichever runs.
-  const ConvCfg k = benchmark ? ConvCfg{"3x3 no workspace, benchmark", 3, 8, 13, 11, 24, 3, 3, 1, 1, 1, 1}
-                              : ConvCfg{"3x3 no workspace", 3, 8, 11, 13, 24, 3, 3, 1, 1, 1, 1};
+  const ConvMode mode = GENERATE(ConvMode::heuristic, ConvMode::benchmark, ConvMode::graph);
+  const ScopedSwitch timed(kCudnnBenchmark, mode == ConvMode::benchmark);
+  const ScopedSwitch graph(kCudnnGraphConv, mode == ConvMode::graph);
+  // A shape of its own, so that no algorithm or plan is cached for it yet (the
+  // caches are per process); the same bounds as above hold for whichever runs.
+  const ConvCfg k =
+      mode == ConvMode::benchmark ? ConvCfg{"3x3 no workspace, benchmark", 3, 8, 13, 11, 24, 3, 3, 1, 1, 1, 1}
+      : mode == ConvMode::graph   ? ConvCfg{"3x3 no workspace, graph API", 3, 8, 12, 13, 24, 3, 3, 1, 1, 1, 1}
+                                  : ConvCfg{"3x3 no workspace", 3, 8, 11, 13, 24, 3, 3, 1, 1, 1, 1};
   const std::string what = std::string("conv2d ") + k.name;
   const Tensor x = uniform_tensor({k.n, k.c, k.h, k.w}, 41);
   const Tensor f = uniform_tensor({k.oc, k.c, k.kh, k.kw}, 42, -0.5f, 0.5f);

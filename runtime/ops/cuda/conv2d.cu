@@ -51,6 +51,11 @@
 // ranks and runs, and a backward pass may even fall back to a nondeterministic
 // algorithm (the warning says why); ranks still agree, as above.
 //
+// --cudnn-graph-conv (cuda::cudnn_graph_conv) runs each pass through cuDNN's
+// graph API instead, a plan cached per shape (runtime/cuda/cudnn_conv_graph.h,
+// which keeps the numerics rules above), and falls back to the legacy calls
+// below for a shape it has no plan for.
+//
 // No kernels of its own: this file is only the launcher part.
 #include <algorithm>
 #include <array>
@@ -63,6 +68,7 @@
 
 #include "runtime/check.h"
 #include "runtime/cuda/context.h"
+#include "runtime/cuda/cudnn_conv_graph.h"
 #include "runtime/cuda/cudnn_util.h"
 #include "runtime/op_registry.h"
 #include "runtime/ops/conv_shapes.h"
@@ -366,6 +372,23 @@ void run_pass(cudnnHandle_t h, const OpContext& ctx, Pass pass, DType t, const C
          << (refusals.text.empty() ? std::string() : "; refused when run: " + refusals.text));
 }
 
+/// Runs `pass` through cuDNN's graph API when --cudnn-graph-conv asks for it:
+/// false when not asked or when the graph API has no plan (run the legacy call).
+bool ran_on_graph(cudnnHandle_t h, const OpContext& ctx, Pass pass, DType t, const ConvDims& d, void* x, void* w,
+                  void* y) {
+  if (!cuda::cudnn_graph_conv()) return false;
+  cuda::ConvGraphShape s;
+  s.pass = static_cast<cuda::ConvGraphPass>(pass);
+  s.dtype = t;
+  s.n = d.n, s.c = d.c, s.h = d.h, s.w = d.w, s.oc = d.oc, s.kh = d.kh, s.kw = d.kw, s.oh = d.oh, s.ow = d.ow;
+  s.groups = d.groups;
+  s.stride_h = d.stride_h, s.stride_w = d.stride_w, s.pad_h = d.pad_h, s.pad_w = d.pad_w;
+  s.dil_h = d.dil_h, s.dil_w = d.dil_w;
+  s.channels_last = d.channels_last;
+  s.allow_tf32 = cuda::allow_tf32();
+  return cuda::run_conv_graph(h, ctx.env.device, s, x, w, y, kWorkspaceLimit);
+}
+
 void check_inputs(const OpContext& ctx, const Tensor& x, const Tensor& filter) {
   const char* op = ctx.op.type.c_str();
   MIX_CHECK(x.dtype() == filter.dtype(), op << ": Input is " << dtype_name(x.dtype()) << " but Filter is "
@@ -397,8 +420,9 @@ void conv2d_cuda(OpContext& ctx) {
   if (d.n == 0) return;
   cuda::DeviceContext& dc = cuda::use_device(ctx.env.device.index);
   cudnnHandle_t h = cuda::cudnn_handle(dc);
-  const Descriptors s = make_descriptors(d, x.dtype(), "conv2d");
   const Tensor w = cudnn_filter(filter, d, dc.compute.get(), "conv2d");
+  if (ran_on_graph(h, ctx, Pass::forward, x.dtype(), d, x.raw(), w.raw(), out.raw())) return;
+  const Descriptors s = make_descriptors(d, x.dtype(), "conv2d");
   run_pass(h, ctx, Pass::forward, x.dtype(), d, s, [&](int algo, void* ws, size_t ws_bytes) {
     return cudnnConvolutionForward(h, &cuda::kCudnnOne, s.x.get(), x.raw(), s.w.get(), w.raw(), s.conv.get(),
                                    static_cast<cudnnConvolutionFwdAlgo_t>(algo), ws, ws_bytes, &cuda::kCudnnZero,
@@ -428,20 +452,32 @@ void conv2d_grad_cuda(OpContext& ctx) {
     return;
   }
   cudnnHandle_t h = cuda::cudnn_handle(dc);
-  const Descriptors s = make_descriptors(d, x.dtype(), "conv2d_grad");
+  std::optional<Descriptors> legacy;  // the legacy calls' descriptors, made only if one runs
+  auto descriptors = [&]() -> const Descriptors& {
+    if (!legacy) legacy = make_descriptors(d, x.dtype(), "conv2d_grad");
+    return *legacy;
+  };
   const cudaStream_t stream = dc.compute.get();
   if (dx) {
     const Tensor w = cudnn_filter(filter, d, stream, "conv2d_grad");
-    run_pass(h, ctx, Pass::backward_data, x.dtype(), d, s, [&](int algo, void* ws, size_t ws_bytes) {
-      return cudnnConvolutionBackwardData(h, &cuda::kCudnnOne, s.w.get(), w.raw(), s.y.get(), dout.raw(),
-                                          s.conv.get(), static_cast<cudnnConvolutionBwdDataAlgo_t>(algo), ws, ws_bytes,
-                                          &cuda::kCudnnZero, s.x.get(), dx->raw());
-    });
+    if (!ran_on_graph(h, ctx, Pass::backward_data, x.dtype(), d, dx->raw(), w.raw(), dout.raw())) {
+      const Descriptors& s = descriptors();
+      run_pass(h, ctx, Pass::backward_data, x.dtype(), d, s, [&](int algo, void* ws, size_t ws_bytes) {
+        return cudnnConvolutionBackwardData(h, &cuda::kCudnnOne, s.w.get(), w.raw(), s.y.get(), dout.raw(),
+                                            s.conv.get(), static_cast<cudnnConvolutionBwdDataAlgo_t>(algo), ws,
+                                            ws_bytes, &cuda::kCudnnZero, s.x.get(), dx->raw());
+      });
+    }
   }
   if (dw) {
     // Channels last, cuDNN writes the gradient as [oc, kh, kw, c/groups]: into scratch, then permuted back.
     const bool as_is = filter_bytes_as_is(d);
     Tensor dw_cudnn = as_is ? *dw : Tensor::empty({d.oc, d.kh, d.kw, d.c_per_group()}, dw->dtype(), dw->device());
+    if (ran_on_graph(h, ctx, Pass::backward_filter, x.dtype(), d, x.raw(), dw_cudnn.raw(), dout.raw())) {
+      if (!as_is) cuda::permute_into(dw_cudnn, layout::to_channels_first(4), *dw, stream, "conv2d_grad");
+      return;
+    }
+    const Descriptors& s = descriptors();
     run_pass(h, ctx, Pass::backward_filter, x.dtype(), d, s, [&](int algo, void* ws, size_t ws_bytes) {
       return cudnnConvolutionBackwardFilter(h, &cuda::kCudnnOne, s.x.get(), x.raw(), s.y.get(), dout.raw(),
                                             s.conv.get(), static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo), ws,

@@ -1,0 +1,53 @@
+#pragma once
+// Convolutions through cuDNN's graph (backend) API, each pass's execution
+// plan built once per shape and reused (--cudnn-graph-conv; off by default
+// until a GPU day has checked it).
+//
+// Why: on an H200 (gpu_check, 2026-12-04) the host took about 270 us to queue
+// each legacy cudnnConvolution{Forward,BackwardData,BackwardFilter} call, with
+// the algorithm already chosen and cached by runtime/ops/cuda/conv2d.cu:
+// about 41 of the 40 ms a ResNet-50 AMP step at batch 64 took (MIX_PROFILE_OPS=host),
+// so the GPU, which needs about 10 ms for that step, waited for the host.
+// cuDNN 9 runs the legacy calls on its graph API; a plan made once and run
+// with a fresh variant pack each call leaves only the launch to pay.
+//
+// The choice: cuDNN's heuristics (mode A) rank the engine configurations;
+// those whose numerical notes break conv2d.cu's rules are dropped (inputs
+// rounded to a narrower type, reduced-precision sums, and for strict FP32 any
+// tensor-core engine, which would be TF32); the backward passes take
+// deterministic engines first. The first whose plan cuDNN builds, with a
+// workspace within the limit that the device can give, is cached per shape.
+// When no configuration builds, the caller falls back to the legacy API.
+#include <cudnn.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "runtime/tensor.h"
+
+namespace mix::cuda {
+
+enum class ConvGraphPass : int64_t { forward, backward_data, backward_filter };
+
+/// One pass's shapes: Input [n, c, h, w], Filter [oc, c / groups, kh, kw],
+/// Output [n, oc, oh, ow], all named in NCHW order; channels_last stores the
+/// data NHWC and the filter [oc, kh, kw, c / groups].
+struct ConvGraphShape {
+  ConvGraphPass pass = ConvGraphPass::forward;
+  DType dtype = DType::f32;
+  int64_t n = 0, c = 0, h = 0, w = 0, oc = 0, kh = 0, kw = 0, oh = 0, ow = 0, groups = 1;
+  int64_t stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0, dil_h = 1, dil_w = 1;
+  bool channels_last = false;
+  bool allow_tf32 = false;
+};
+
+/// Runs the pass on `handle`'s stream with beta 0 (the result overwritten):
+/// forward y = conv(x, w); backward data x = dInput from y = dOutput and w;
+/// backward filter w = dFilter from x and y = dOutput. The workspace comes
+/// from `device`'s allocator, at most `workspace_limit` bytes. False when
+/// cuDNN's graph API has no plan for these shapes (warned once per shape):
+/// the caller then runs the legacy API.
+bool run_conv_graph(cudnnHandle_t handle, Device device, const ConvGraphShape& shape, void* x, void* w, void* y,
+                    size_t workspace_limit);
+
+}  // namespace mix::cuda
