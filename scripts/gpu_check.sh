@@ -286,6 +286,9 @@ r50_prof_rc=$?
 # host sets the pace ("host queue / step ms" close to each other).
 MIX_PROFILE_OPS=host train_resnet50 amp resnet50_amp_host_profile --data-format nhwc --benchmark-warmup 5 --steps 10
 r50_host_prof_rc=$?
+MIX_PROFILE_OPS=host train_resnet50 amp resnet50_amp_graph_host_profile --data-format nhwc --cudnn-graph-conv \
+  --benchmark-warmup 5 --steps 10
+r50_graph_host_prof_rc=$?
 MIX_PROFILE_OPS=1 train_transformer amp transformer_amp_profile --benchmark-warmup 5 --steps 10; tf_prof_rc=$?
 echo "gpu_check: resnet-small AMP with and without overlapped all-reduce (logs: $out/resnet_small_*.log)"
 train_resnet_small resnet_small_overlap; rs_ov_rc=$?
@@ -389,6 +392,8 @@ secs=$(( $(date +%s) - t0 ))
   top_ops "$out/resnet50_amp_profile.log" 10
   echo "  ResNet-50 AMP NHWC, host time to queue by op type, top 10 (exit $r50_host_prof_rc):"
   top_ops "$out/resnet50_amp_host_profile.log" 10
+  echo "  same with --cudnn-graph-conv, top 5 (exit $r50_graph_host_prof_rc):"
+  top_ops "$out/resnet50_amp_graph_host_profile.log" 5
   echo "  Transformer-base AMP, GPU time by op type, top 10 (exit $tf_prof_rc):"
   top_ops "$out/transformer_amp_profile.log" 10
 } | tee "$out/summary.txt"

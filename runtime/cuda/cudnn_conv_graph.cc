@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -17,9 +18,9 @@
 namespace mix::cuda {
 namespace {
 
-// cuDNN 9.x deprecates naming the handle on the operation graph and the plan
-// (newer releases take a device-properties descriptor), but every 9.x still
-// takes it, and a wheel on a lent GPU may be older than these headers.
+// cuDNN 9.19 deprecates naming the handle on the operation graph and the plan
+// (newer releases also take a device-properties descriptor), but every 9.x
+// still takes it, and NVIDIA's own frontend still sets it.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 constexpr cudnnBackendAttributeName_t kGraphHandle = CUDNN_ATTR_OPERATIONGRAPH_HANDLE;
@@ -104,11 +105,16 @@ std::optional<Failure> make_tensor(BackendDescriptor& t, int64_t uid, cudnnDataT
 /// engine configuration; the rest is kept with it so nothing it may read goes away).
 struct Entry {
   std::vector<BackendDescriptor> keep;  // tensors, convolution, operation, graph, heuristics, configurations
-  std::vector<const BackendDescriptor*> ranked;  // the configurations that pass the notes, in order
+  struct Ranked {
+    const BackendDescriptor* config;
+    bool deterministic;
+  };
+  std::vector<Ranked> ranked;  // the configurations that pass the notes, in order
   BackendDescriptor plan;
   size_t chosen = 0;  // index into `ranked` of the plan's configuration
   int64_t workspace = 0;
-  bool usable = false;
+  bool deterministic = true;        // the chosen engine's notes
+  std::atomic<bool> usable{false};  // false: the legacy API runs this shape
 };
 
 /// Whether an engine configuration's numerical notes keep to conv2d.cu's rules; `deterministic` set from them.
@@ -211,40 +217,53 @@ std::optional<Failure> build_graph(cudnnHandle_t handle, const ConvGraphShape& s
   MIX_GRAPH_TRY("the graph's handle", set_attr(graph, kGraphHandle, CUDNN_TYPE_HANDLE, 1, &handle));
   MIX_GRAPH_TRY("finalizing the operation graph", cudnnBackendFinalize(graph.get()));
 
-  BackendDescriptor heuristics(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
-  MIX_GRAPH_TRY("creating the heuristics", heuristics.created());
-  const cudnnBackendHeurMode_t heur_mode = CUDNN_HEUR_MODE_A;
-  MIX_GRAPH_TRY("the heuristics' graph", set_desc(heuristics, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph));
-  MIX_GRAPH_TRY("the heuristics' mode",
-                set_attr(heuristics, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &heur_mode));
-  MIX_GRAPH_TRY("finalizing the heuristics", cudnnBackendFinalize(heuristics.get()));
-  int64_t count = 0;
-  MIX_GRAPH_TRY("counting the heuristics' results",
-                cudnnBackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
-                                         0, &count, nullptr));
+  cudnnBackendDescriptor_t graph_raw = graph.get();  // stays valid: the descriptor moves into e.keep
+  for (BackendDescriptor* d : {&x, &w, &y, &conv, &op, &graph}) e.keep.push_back(std::move(*d));
+  // Mode A's ranking, then the fallback list's (engines that run most shapes:
+  // strict FP32 may find none in mode A once the tensor-core ones are dropped).
+  // Only mode A's failure ends the build.
   std::vector<BackendDescriptor> configs;
-  std::vector<cudnnBackendDescriptor_t> raw;
-  for (int64_t i = 0; i < count; ++i) {
-    configs.emplace_back(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
-    MIX_GRAPH_TRY("creating an engine configuration", configs.back().created());
-    raw.push_back(configs.back().get());
-  }
-  int64_t got = 0;
-  if (count > 0)
-    MIX_GRAPH_TRY("reading the heuristics' results",
+  auto query = [&](cudnnBackendHeurMode_t heur_mode) -> std::optional<Failure> {
+    BackendDescriptor heuristics(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+    MIX_GRAPH_TRY("creating the heuristics", heuristics.created());
+    MIX_GRAPH_TRY("the heuristics' graph",
+                  cudnnBackendSetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH,
+                                           CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &graph_raw));
+    MIX_GRAPH_TRY("the heuristics' mode",
+                  set_attr(heuristics, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &heur_mode));
+    MIX_GRAPH_TRY("finalizing the heuristics", cudnnBackendFinalize(heuristics.get()));
+    int64_t count = 0;
+    MIX_GRAPH_TRY("counting the heuristics' results",
                   cudnnBackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                           CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got, raw.data()));
-  configs.resize(static_cast<size_t>(std::min(got, count)));
+                                           CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr));
+    std::vector<BackendDescriptor> mode_configs;
+    std::vector<cudnnBackendDescriptor_t> raw;
+    for (int64_t i = 0; i < count; ++i) {
+      mode_configs.emplace_back(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+      MIX_GRAPH_TRY("creating an engine configuration", mode_configs.back().created());
+      raw.push_back(mode_configs.back().get());
+    }
+    int64_t got = 0;
+    if (count > 0)
+      MIX_GRAPH_TRY("reading the heuristics' results",
+                    cudnnBackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                             CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got, raw.data()));
+    mode_configs.resize(static_cast<size_t>(std::min(got, count)));
+    for (BackendDescriptor& c : mode_configs) configs.push_back(std::move(c));
+    e.keep.push_back(std::move(heuristics));
+    return std::nullopt;
+  };
+  if (auto f = query(CUDNN_HEUR_MODE_A)) return f;
+  (void)query(CUDNN_HEUR_MODE_FALLBACK);
 
-  for (BackendDescriptor* d : {&x, &w, &y, &conv, &op, &graph, &heuristics}) e.keep.push_back(std::move(*d));
   const size_t first_config = e.keep.size();
   for (BackendDescriptor& c : configs) e.keep.push_back(std::move(c));
   // The backward passes prefer deterministic engines (no atomic adds), as conv2d.cu's legacy path does.
-  std::vector<const BackendDescriptor*> deterministic, other;
+  std::vector<Entry::Ranked> deterministic, other;
   for (size_t i = first_config; i < e.keep.size(); ++i) {
     bool det = true;
     if (!notes_allowed(e.keep[i], s, &det)) continue;
-    (det || s.pass == ConvGraphPass::forward ? deterministic : other).push_back(&e.keep[i]);
+    (det || s.pass == ConvGraphPass::forward ? deterministic : other).push_back({&e.keep[i], det});
   }
   e.ranked = std::move(deterministic);
   e.ranked.insert(e.ranked.end(), other.begin(), other.end());
@@ -315,11 +334,15 @@ std::string describe(const ConvGraphShape& s) {
 
 /// Chooses `e`'s plan: the first ranked configuration that builds, within
 /// the limit, whose workspace the device can give now (`ws` holds it).
-bool choose_plan(cudnnHandle_t handle, Device device, Entry& e, size_t limit, Tensor& ws, std::string& why) {
+/// `*short_of_memory`: whether a configuration that built was skipped only
+/// because the device could not give its workspace at this moment.
+bool choose_plan(cudnnHandle_t handle, Device device, Entry& e, size_t limit, Tensor& ws, std::string& why,
+                 bool* short_of_memory) {
+  *short_of_memory = false;
   for (size_t i = 0; i < e.ranked.size(); ++i) {
     BackendDescriptor plan;
     int64_t bytes = 0;
-    if (auto f = build_plan(handle, *e.ranked[i], plan, &bytes)) {
+    if (auto f = build_plan(handle, *e.ranked[i].config, plan, &bytes)) {
       why = std::string(f->what) + ": " + cudnn_status_text(f->status);
       continue;
     }
@@ -328,11 +351,13 @@ bool choose_plan(cudnnHandle_t handle, Device device, Entry& e, size_t limit, Te
       ws = device_workspace(static_cast<size_t>(bytes), device);
     } catch (const OutOfMemoryError& oom) {
       why = oom.what();
+      *short_of_memory = true;
       continue;
     }
     e.plan = std::move(plan);
     e.chosen = i;
     e.workspace = bytes;
+    e.deterministic = e.ranked[i].deterministic;
     e.usable = true;
     return true;
   }
@@ -356,19 +381,31 @@ bool run_conv_graph(cudnnHandle_t handle, Device device, const ConvGraphShape& s
     try {
       ws = device_workspace(static_cast<size_t>(e->workspace), device);
     } catch (const OutOfMemoryError&) {
-      e.reset();  // its workspace no longer fits: choose again
+      e.reset();  // its workspace does not fit now: choose again, for this call
     }
   }
   if (!e) {
     auto fresh = std::make_shared<Entry>();
     std::string why = "no engine configuration that keeps conv2d's numerics";
+    bool short_of_memory = false;
     if (auto f = build_graph(handle, shape, alignment, *fresh))
       why = std::string(f->what) + ": " + cudnn_status_text(f->status);
     else
-      choose_plan(handle, device, *fresh, workspace_limit, ws, why);  // sets usable when one is found
+      choose_plan(handle, device, *fresh, workspace_limit, ws, why, &short_of_memory);  // sets usable
+    discard_cudnn_last_error();  // configurations ruled out are not errors for a later check to report
+    if (!fresh->usable && short_of_memory) {
+      // A plan exists but its workspace does not fit at this moment: the
+      // legacy API (which can choose an algorithm with less) runs this call,
+      // and the next call looks again. A cached plan stays cached.
+      return false;
+    }
     if (!fresh->usable)
       log_warning("conv2d: cuDNN's graph API has no plan for the " + describe(shape) + " (" + why +
                   "); running the legacy API for it");
+    else if (!fresh->deterministic)
+      log_warning("conv2d: cuDNN's graph API has no deterministic engine for the " + describe(shape) +
+                  " that fits; running a nondeterministic one (the last bits may differ from run to run; ranks "
+                  "still agree)");
     std::lock_guard<std::mutex> lock(g_mu);
     g_plans[key] = fresh;
     e = fresh;
@@ -377,10 +414,11 @@ bool run_conv_graph(cudnnHandle_t handle, Device device, const ConvGraphShape& s
   const cudnnStatus_t st = execute(handle, e->plan, x, w, y, e->workspace > 0 ? ws.raw() : nullptr);
   if (st == CUDNN_STATUS_SUCCESS) return true;
   // Refused when run: the legacy API from now on for this shape (its own
-  // checks then report a real error). Nothing was written (beta 0 reruns).
+  // checks then report a real error). An engine of several kernels may have
+  // written part of the output; the legacy call overwrites it all (beta 0).
+  discard_cudnn_last_error();
   log_warning("conv2d: cuDNN's graph API refused to run its plan for the " + describe(shape) + " (" +
               cudnn_status_text(st) + "); running the legacy API for it");
-  std::lock_guard<std::mutex> lock(g_mu);
   e->usable = false;
   return false;
 }

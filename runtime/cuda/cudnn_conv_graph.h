@@ -11,13 +11,14 @@
 // cuDNN 9 runs the legacy calls on its graph API; a plan made once and run
 // with a fresh variant pack each call leaves only the launch to pay.
 //
-// The choice: cuDNN's heuristics (mode A) rank the engine configurations;
-// those whose numerical notes break conv2d.cu's rules are dropped (inputs
-// rounded to a narrower type, reduced-precision sums, and for strict FP32 any
-// tensor-core engine, which would be TF32); the backward passes take
-// deterministic engines first. The first whose plan cuDNN builds, with a
-// workspace within the limit that the device can give, is cached per shape.
-// When no configuration builds, the caller falls back to the legacy API.
+// The choice: cuDNN's heuristics (mode A, then the fallback list) rank the
+// engine configurations; those whose numerical notes break conv2d.cu's rules
+// are dropped (inputs rounded to a narrower type, reduced-precision sums, and
+// for strict FP32 any tensor-core engine, which would be TF32); the backward
+// passes take deterministic engines first (a nondeterministic one is warned
+// about). The first whose plan cuDNN builds, with a workspace within the
+// limit that the device can give, is cached per shape. When none builds, or
+// none's workspace fits at that moment, the caller runs the legacy API.
 #include <cudnn.h>
 
 #include <cstddef>
