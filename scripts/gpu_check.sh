@@ -175,7 +175,8 @@ print(s[-1].get(sys.argv[2], 'n/a') if s else 'n/a')" "$1" "$2" 2>/dev/null || e
 # cuDNN's persistent kernels instead of mixtrain's (--cudnn-bn-persistent
 # --no-fuse-bn-relu, against the row before), and timed convolution
 # algorithms (--cudnn-benchmark), both off by default. Batch 256 in both
-# precisions shows the GPU's pace where batch 64 leaves the host setting it.
+# precisions shows the GPU's pace where batch 64 leaves the host setting it,
+# and AMP once more with --cudnn-graph-conv there.
 train_resnet50() {  # precision, log name, extra flags...
   local precision="$1" name="$2"; shift 2
   limit 180 "$build/mixtrain" --device cuda --precision "$precision" --model resnet50 --data synthetic \
@@ -266,6 +267,10 @@ train_resnet50 amp resnet50_amp_b256 --data-format nhwc --batch-size 256 --bench
 r50_b256_rc=$?
 train_resnet50 fp32 resnet50_fp32_b256 --data-format nchw --batch-size 256 --benchmark-warmup 3 --steps 8
 r50_fp32_b256_rc=$?
+# Where the GPU sets the pace: are the graph API's engines as fast as the legacy calls' algorithms?
+train_resnet50 amp resnet50_amp_b256_graph --data-format nhwc --batch-size 256 --benchmark-warmup 5 --steps 15 \
+  --cudnn-graph-conv
+r50_b256_graph_rc=$?
 # What folding the FP32 casts before softmax and the loss is worth (README,
 # "Folded casts"): the default AMP run above folds them, this one keeps them.
 echo "gpu_check: Transformer AMP with --no-fold-casts (log: $out/transformer_amp_nofold.log)"
@@ -326,6 +331,7 @@ r50_amp_graph_queue=$(queue_and_step_ms "$out/resnet50_amp_graph.jsonl")
 r50_fp32_b256_ips=$(summary_field "$out/resnet50_fp32_b256.jsonl" samples_per_s_overall)
 r50_b256_ratio=$(ratio_of "$r50_fp32_b256_ips" "$r50_b256_ips")
 r50_b256_queue=$(queue_and_step_ms "$out/resnet50_amp_b256.jsonl")
+r50_b256_graph_ips=$(summary_field "$out/resnet50_amp_b256_graph.jsonl" samples_per_s_overall)
 r50_bench_ips=$(summary_field "$out/resnet50_amp_bench.jsonl" samples_per_s_overall)
 r50_nofuse_ips=$(summary_field "$out/resnet50_amp_nofuse.jsonl" samples_per_s_overall)
 r50_nobnfuse_ips=$(summary_field "$out/resnet50_amp_nobnfuse.jsonl" samples_per_s_overall)
@@ -369,6 +375,7 @@ secs=$(( $(date +%s) - t0 ))
   printf "  %-36s %s\n" "ResNet-50 b256 FP32 NCHW images/s" "$r50_fp32_b256_ips (exit $r50_fp32_b256_rc)"
   printf "  %-36s %s\n" "ResNet-50 b256 AMP / FP32" "$r50_b256_ratio"
   printf "  %-36s %s\n" "ResNet-50 b256 AMP host queue / step" "$r50_b256_queue"
+  printf "  %-36s %s\n" "ResNet-50 b256 AMP, cudnn graph conv" "$r50_b256_graph_ips (exit $r50_b256_graph_rc)"
   printf "  %-36s %s\n" "ResNet-50 AMP / best FP32 (>= 3)" "$r50_ratio"
   printf "  %-36s %s / %s\n" "ResNet-50 peak bytes FP32 / AMP" "$r50_fp32_peak" "$r50_amp_peak"
   printf "  %-36s %s\n" "ResNet-50 AMP host queue / step ms" "$r50_amp_queue"
@@ -400,5 +407,6 @@ secs=$(( $(date +%s) - t0 ))
 [ $tests_rc -eq 0 ] && [ $fp32_rc -eq 0 ] && [ $amp_rc -eq 0 ] && [ $r50_fp32_rc -eq 0 ] && [ $r50_amp_rc -eq 0 ] &&
   [ $r50_nchw_rc -eq 0 ] && [ $r50_fp32_nhwc_rc -eq 0 ] && [ $r50_bnp_rc -eq 0 ] && [ $r50_bench_rc -eq 0 ] && [ $r50_nofuse_rc -eq 0 ] && [ $r50_nobnfuse_rc -eq 0 ] &&
   [ $r50_b256_rc -eq 0 ] && [ $r50_fp32_b256_rc -eq 0 ] && [ $r50_fp32_graph_rc -eq 0 ] && [ $r50_amp_graph_rc -eq 0 ] &&
+  [ $r50_b256_graph_rc -eq 0 ] &&
   [ $tf_fp32_rc -eq 0 ] && [ $tf_amp_rc -eq 0 ] && [ $tf_nofold_rc -eq 0 ] && [ $tf_stored_rc -eq 0 ] && [ $rs_ov_rc -eq 0 ] && [ $rs_no_rc -eq 0 ] && [ $bench_rc -eq 0 ] &&
   [ $stuck_ok -eq 0 ] && [ $mc_ops_ok -eq 0 ] && [ $mc_tf_ok -eq 0 ]
