@@ -731,9 +731,15 @@ int run_training(const TrainConfig& c, Communicator& comm) {
                             "host was slow to queue counts the GPU's wait for it too"
                  : device.kind == DeviceKind::cpu ? "wall time on the host"
                                                   : "wall time on the host to queue each op");
-    for (auto& [secs, type] : by_time)
-      spdlog::info("  {:<36} {:8.3f} ms/step {:5.1f}%", type,
-                   1e3 * secs / static_cast<double>(std::max<int64_t>(sps_count, 1)), 100 * secs / total);
+    // Every op of the program runs once a step: its type's count, and the time per call.
+    std::map<std::string, int64_t> per_step;
+    for (const OpDesc& op : program.ops()) ++per_step[op.type];
+    for (auto& [secs, type] : by_time) {
+      const double ms = 1e3 * secs / static_cast<double>(std::max<int64_t>(sps_count, 1));
+      const int64_t calls = std::max<int64_t>(per_step[type], 1);
+      spdlog::info("  {:<36} {:8.3f} ms/step {:5.1f}%  {:4} a step, {:8.1f} us each", type, ms, 100 * secs / total,
+                   calls, 1e3 * ms / static_cast<double>(calls));
+    }
   }
   if (rank == 0) {
     if (c.benchmark) {
