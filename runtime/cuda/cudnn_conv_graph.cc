@@ -152,16 +152,22 @@ std::optional<Failure> build_graph(cudnnHandle_t handle, const ConvGraphShape& s
   const cudnnDataType_t dtype = cudnn_dtype(s.dtype, "conv2d");
   e.keep.reserve(16);
   BackendDescriptor x, w, y;
-  if (auto f = make_tensor(x, kUidX, dtype, {s.n, s.c, s.h, s.w}, s.channels_last, alignment)) return f;
-  if (auto f = make_tensor(w, kUidW, dtype, {s.oc, s.c / s.groups, s.kh, s.kw}, s.channels_last, alignment)) return f;
-  if (auto f = make_tensor(y, kUidY, dtype, {s.n, s.oc, s.oh, s.ow}, s.channels_last, alignment)) return f;
+  if (auto f = make_tensor(x, kUidX, dtype, {s.dims.n, s.dims.c, s.dims.h, s.dims.w}, s.dims.channels_last, alignment))
+    return f;
+  if (auto f = make_tensor(w, kUidW, dtype, {s.dims.oc, s.dims.c_per_group(), s.dims.kh, s.dims.kw},
+                           s.dims.channels_last, alignment))
+    return f;
+  if (auto f =
+          make_tensor(y, kUidY, dtype, {s.dims.n, s.dims.oc, s.dims.oh, s.dims.ow}, s.dims.channels_last, alignment))
+    return f;
 
   BackendDescriptor conv(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR);
   MIX_GRAPH_TRY("creating the convolution descriptor", conv.created());
   const cudnnDataType_t compute = CUDNN_DATA_FLOAT;  // FP32 sums for every data type, as the legacy path
   const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
   const int64_t spatial = 2;
-  const std::array<int64_t, 2> dilations{s.dil_h, s.dil_w}, strides{s.stride_h, s.stride_w}, pads{s.pad_h, s.pad_w};
+  const std::array<int64_t, 2> dilations{s.dims.dil_h, s.dims.dil_w}, strides{s.dims.stride_h, s.dims.stride_w},
+      pads{s.dims.pad_h, s.dims.pad_w};
   MIX_GRAPH_TRY("the compute type", set_attr(conv, CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &compute));
   MIX_GRAPH_TRY("the mode", set_attr(conv, CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode));
   MIX_GRAPH_TRY("the spatial dims", set_attr(conv, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &spatial));
@@ -315,9 +321,9 @@ using Key = std::array<int64_t, 24>;
 Key key_of(const ConvGraphShape& s, int device, int64_t alignment, cudnnHandle_t handle) {
   // clang-format off
   return {device, static_cast<int64_t>(s.pass), static_cast<int64_t>(s.dtype), s.allow_tf32 ? 1 : 0,
-          s.n, s.c, s.h, s.w, s.oc, s.kh, s.kw, s.oh, s.ow, s.groups,
-          s.stride_h, s.stride_w, s.pad_h, s.pad_w, s.dil_h, s.dil_w,
-          s.channels_last ? 1 : 0, alignment, static_cast<int64_t>(reinterpret_cast<uintptr_t>(handle)), 0};
+          s.dims.n, s.dims.c, s.dims.h, s.dims.w, s.dims.oc, s.dims.kh, s.dims.kw, s.dims.oh, s.dims.ow, s.dims.groups,
+          s.dims.stride_h, s.dims.stride_w, s.dims.pad_h, s.dims.pad_w, s.dims.dil_h, s.dims.dil_w,
+          s.dims.channels_last ? 1 : 0, alignment, static_cast<int64_t>(reinterpret_cast<uintptr_t>(handle)), 0};
   // clang-format on
 }
 
@@ -327,9 +333,10 @@ std::map<Key, std::shared_ptr<Entry>> g_plans;
 std::string describe(const ConvGraphShape& s) {
   static const char* const kPass[] = {"forward", "backward data", "backward filter"};
   return std::string(kPass[static_cast<int>(s.pass)]) + " pass of " + std::string(dtype_name(s.dtype)) + " Input [" +
-         std::to_string(s.n) + ", " + std::to_string(s.c) + ", " + std::to_string(s.h) + ", " + std::to_string(s.w) +
-         "], Filter [" + std::to_string(s.oc) + ", " + std::to_string(s.c / s.groups) + ", " + std::to_string(s.kh) +
-         ", " + std::to_string(s.kw) + "]" + (s.channels_last ? " channels last" : "");
+         std::to_string(s.dims.n) + ", " + std::to_string(s.dims.c) + ", " + std::to_string(s.dims.h) + ", " +
+         std::to_string(s.dims.w) + "], Filter [" + std::to_string(s.dims.oc) + ", " +
+         std::to_string(s.dims.c_per_group()) + ", " + std::to_string(s.dims.kh) + ", " + std::to_string(s.dims.kw) +
+         "]" + (s.dims.channels_last ? " channels last" : "");
 }
 
 /// Chooses `e`'s plan: the first ranked configuration that builds, within

@@ -24,22 +24,20 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "runtime/ops/conv_shapes.h"
 #include "runtime/tensor.h"
 
 namespace mix::cuda {
 
 enum class ConvGraphPass : int64_t { forward, backward_data, backward_filter };
 
-/// One pass's shapes: Input [n, c, h, w], Filter [oc, c / groups, kh, kw],
-/// Output [n, oc, oh, ow], all named in NCHW order; channels_last stores the
-/// data NHWC and the filter [oc, kh, kw, c / groups].
+/// One pass of a convolution with the shapes `dims` (runtime/ops/conv_shapes.h:
+/// channels last stores the data NHWC and the filter [oc, kh, kw, c / groups]).
 struct ConvGraphShape {
   ConvGraphPass pass = ConvGraphPass::forward;
   DType dtype = DType::f32;
-  int64_t n = 0, c = 0, h = 0, w = 0, oc = 0, kh = 0, kw = 0, oh = 0, ow = 0, groups = 1;
-  int64_t stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0, dil_h = 1, dil_w = 1;
-  bool channels_last = false;
   bool allow_tf32 = false;
+  ConvDims dims;
 };
 
 /// Runs the pass on `handle`'s stream with beta 0 (the result overwritten):

@@ -82,7 +82,7 @@ namespace {
 /// what else is allocated; algorithms wanting more (large FFT tilings) are skipped.
 constexpr size_t kWorkspaceLimit = size_t{512} << 20;
 
-enum class Pass : int64_t { forward, backward_data, backward_filter };
+using Pass = cuda::ConvGraphPass;  // one list of passes for the legacy calls and the graph API
 
 const char* pass_name(Pass p) {
   switch (p) {
@@ -377,15 +377,7 @@ void run_pass(cudnnHandle_t h, const OpContext& ctx, Pass pass, DType t, const C
 bool ran_on_graph(cudnnHandle_t h, const OpContext& ctx, Pass pass, DType t, const ConvDims& d, void* x, void* w,
                   void* y) {
   if (!cuda::cudnn_graph_conv()) return false;
-  cuda::ConvGraphShape s;
-  s.pass = static_cast<cuda::ConvGraphPass>(pass);
-  s.dtype = t;
-  s.n = d.n, s.c = d.c, s.h = d.h, s.w = d.w, s.oc = d.oc, s.kh = d.kh, s.kw = d.kw, s.oh = d.oh, s.ow = d.ow;
-  s.groups = d.groups;
-  s.stride_h = d.stride_h, s.stride_w = d.stride_w, s.pad_h = d.pad_h, s.pad_w = d.pad_w;
-  s.dil_h = d.dil_h, s.dil_w = d.dil_w;
-  s.channels_last = d.channels_last;
-  s.allow_tf32 = cuda::allow_tf32();
+  const cuda::ConvGraphShape s{pass, t, cuda::allow_tf32(), d};
   return cuda::run_conv_graph(h, ctx.env.device, s, x, w, y, kWorkspaceLimit);
 }
 
