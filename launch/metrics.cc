@@ -4,6 +4,19 @@
 
 namespace mix::launch {
 
+std::string pace_verdict(double host_queue_ms, double step_ms) {
+  if (!(step_ms > 0)) return {};
+  // A host that queues for 90% of the step or more leaves the GPU idle for
+  // part of it; below that, the GPU has a backlog at the step's end.
+  const double share = host_queue_ms / step_ms;
+  const int percent = static_cast<int>(share * 100 + 0.5);
+  if (share >= 0.9)
+    return "the host sets the pace: it queues ops for " + std::to_string(percent) +
+           "% of the step, so the GPU waits for it (MIX_PROFILE_OPS=host shows where the host's time goes)";
+  return "the GPU sets the pace: the host has queued the whole step " + std::to_string(percent) +
+         "% of the way through it";
+}
+
 MetricsWriter::MetricsWriter(const std::string& path) {
   if (path.empty()) return;
   out_.open(path, std::ios::out | std::ios::trunc);

@@ -9,6 +9,12 @@
 
 namespace mix::launch {
 
+/// What sets a GPU step's pace, from the host's mean time to queue a step and
+/// the step's mean time: "the host ..." when the host is still queueing ops
+/// in the last tenth of the step (the GPU then waits for it), else "the GPU
+/// ...", with the two times as fractions. An empty string for a step time of 0.
+std::string pace_verdict(double host_queue_ms, double step_ms);
+
 class MetricsWriter {
  public:
   /// An empty path writes nothing.

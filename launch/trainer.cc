@@ -753,8 +753,8 @@ int run_training(const TrainConfig& c, Communicator& comm) {
       // one; the op profiler's timer waits for the GPU inside the step.
       if (device.kind != DeviceKind::cpu && !op_timer && sps_count > 0)
         std::cout << "benchmark: the host took " << summary["host_queue_ms"].get<double>() << " ms to queue a "
-                  << summary["step_ms"].get<double>()
-                  << " ms step (a queue time close to the step time: the host, not the GPU, sets the pace)"
+                  << summary["step_ms"].get<double>() << " ms step: "
+                  << pace_verdict(summary["host_queue_ms"].get<double>(), summary["step_ms"].get<double>())
                   << std::endl;
     }
     if (have_eval && model.tokens_per_example > 0)
