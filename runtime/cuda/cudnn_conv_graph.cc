@@ -331,12 +331,7 @@ std::mutex g_mu;
 std::map<Key, std::shared_ptr<Entry>> g_plans;
 
 std::string describe(const ConvGraphShape& s) {
-  static const char* const kPass[] = {"forward", "backward data", "backward filter"};
-  return std::string(kPass[static_cast<int>(s.pass)]) + " pass of " + std::string(dtype_name(s.dtype)) + " Input [" +
-         std::to_string(s.dims.n) + ", " + std::to_string(s.dims.c) + ", " + std::to_string(s.dims.h) + ", " +
-         std::to_string(s.dims.w) + "], Filter [" + std::to_string(s.dims.oc) + ", " +
-         std::to_string(s.dims.c_per_group()) + ", " + std::to_string(s.dims.kh) + ", " + std::to_string(s.dims.kw) +
-         "]" + (s.dims.channels_last ? " channels last" : "");
+  return std::string(conv_pass_name(s.pass)) + " pass of " + conv_shape_text(s.dtype, s.dims);
 }
 
 /// Chooses `e`'s plan: the first ranked configuration that builds, within

@@ -9,6 +9,7 @@
 // channels last (runtime/ops/data_format.h). The dims below are always named
 // n, c, h, w whatever the layout; out_shape() is in the op's layout.
 #include <cstdint>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,16 @@ struct ConvDims {
   Shape out_shape() const { return image_shape(channels_last, n, oc, oh, ow); }
   Shape out_shape_nchw() const { return {n, oc, oh, ow}; }
 };
+
+/// "f16 Input [n, c, h, w] channels last (NHWC), Filter [oc, c/g, kh, kw],
+/// groups g": a convolution's shapes as errors and warnings name them.
+inline std::string conv_shape_text(DType t, const ConvDims& d) {
+  std::ostringstream o;
+  o << dtype_name(t) << " Input [" << d.n << ", " << d.c << ", " << d.h << ", " << d.w << "]"
+    << (d.channels_last ? " channels last (NHWC)" : "") << ", Filter [" << d.oc << ", " << d.c_per_group() << ", "
+    << d.kh << ", " << d.kw << "], groups " << d.groups;
+  return o.str();
+}
 
 /// Checks conv2d's input and filter against its attributes; `n` may be -1 (build time).
 inline ConvDims conv_dims(const OpDesc& op, const Shape& input, const Shape& filter) {

@@ -62,7 +62,6 @@
 #include <map>
 #include <mutex>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -83,15 +82,7 @@ namespace {
 constexpr size_t kWorkspaceLimit = size_t{512} << 20;
 
 using Pass = cuda::ConvGraphPass;  // one list of passes for the legacy calls and the graph API
-
-const char* pass_name(Pass p) {
-  switch (p) {
-    case Pass::forward: return "forward";
-    case Pass::backward_data: return "backward data";
-    case Pass::backward_filter: return "backward filter";
-  }
-  return "?";
-}
+using cuda::conv_pass_name;
 
 /// The math type a convolution of `t` starts from: FMA for strict FP32.
 cudnnMathType_t base_math(DType t) {
@@ -234,15 +225,6 @@ std::vector<Algo> viable_algos(cudnnHandle_t h, Pass pass, DType t, const Descri
   return viable;
 }
 
-/// "[n, c, h, w] in f16 (NHWC), Filter [oc, c/g, kh, kw], groups g": the shapes in errors and warnings.
-std::string describe(DType t, const ConvDims& d) {
-  std::ostringstream o;
-  o << dtype_name(t) << " Input [" << d.n << ", " << d.c << ", " << d.h << ", " << d.w << "]"
-    << (d.channels_last ? " channels last (NHWC)" : "") << ", Filter [" << d.oc << ", " << d.c_per_group() << ", "
-    << d.kh << ", " << d.kw << "], groups " << d.groups;
-  return o.str();
-}
-
 /// Why cuDNN would not run candidates of one pass, for the error if none runs:
 /// while choosing, any status but success only rules its algorithm out. The
 /// heuristics and the workspace query rule out most combinations beforehand,
@@ -317,8 +299,8 @@ void run_pass(cudnnHandle_t h, const OpContext& ctx, Pass pass, DType t, const C
     } catch (const OutOfMemoryError& e) {
       out_of_memory = e.what();
       deterministic_skipped = deterministic_skipped || a.deterministic;
-      cuda::log_warning(std::string(op) + ": skipping cuDNN " + pass_name(pass) + " algorithm " +
-                        std::to_string(a.algo) + " for " + describe(t, d) + ": its workspace of " +
+      cuda::log_warning(std::string(op) + ": skipping cuDNN " + conv_pass_name(pass) + " algorithm " +
+                        std::to_string(a.algo) + " for " + conv_shape_text(t, d) + ": its workspace of " +
                         std::to_string(a.workspace) + " bytes is more than the device can give now");
       return std::nullopt;
     }
@@ -351,8 +333,8 @@ void run_pass(cudnnHandle_t h, const OpContext& ctx, Pass pass, DType t, const C
     }
     cuda::discard_cudnn_last_error();  // the refusals before it are not errors for a later check to report
     if (!a.deterministic)  // once per shape: the choice is cached below
-      cuda::log_warning(std::string(op) + ": cuDNN has no deterministic " + pass_name(pass) + " algorithm for " +
-                        describe(t, d) +
+      cuda::log_warning(std::string(op) + ": cuDNN has no deterministic " + conv_pass_name(pass) + " algorithm for " +
+                        conv_shape_text(t, d) +
                         (deterministic_skipped ? " whose workspace fits in the device memory left" : "") +
                         "; running nondeterministic algorithm " + std::to_string(a.algo) +
                         " (the last bits may differ from run to run; ranks still agree)");
@@ -362,11 +344,12 @@ void run_pass(cudnnHandle_t h, const OpContext& ctx, Pass pass, DType t, const C
   }
   cuda::discard_cudnn_last_error();
   if (!out_of_memory.empty())
-    throw OutOfMemoryError(MIX_STR_CAT(op << ": no cuDNN " << pass_name(pass) << " algorithm for " << describe(t, d)
+    throw OutOfMemoryError(MIX_STR_CAT(op << ": no cuDNN " << conv_pass_name(pass) << " algorithm for "
+                                          << conv_shape_text(t, d)
                                           << " fits in the device memory left (a smaller --batch-size needs less); "
                                           << "the last one tried: " << out_of_memory));
   MIX_FAIL(
-      op << ": cuDNN offers no " << pass_name(pass) << " algorithm for " << describe(t, d) << " within a "
+      op << ": cuDNN offers no " << conv_pass_name(pass) << " algorithm for " << conv_shape_text(t, d) << " within a "
          << (kWorkspaceLimit >> 20) << " MiB workspace"
          << (t == DType::f32 && !cuda::allow_tf32() ? " in FMA (non-TF32) math (--allow-tf32 widens the choice)" : "")
          << (refusals.text.empty() ? std::string() : "; refused when run: " + refusals.text));
