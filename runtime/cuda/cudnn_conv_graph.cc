@@ -328,7 +328,9 @@ Key key_of(const ConvGraphShape& s, int device, int64_t alignment, cudnnHandle_t
 }
 
 std::mutex g_mu;
-std::map<Key, std::shared_ptr<Entry>> g_plans;
+// Never destroyed (as conv2d.cu's algorithm cache): plans handed back to
+// cuDNN from a static destructor could outlive the libraries' own state.
+std::map<Key, std::shared_ptr<Entry>>& g_plans = *new std::map<Key, std::shared_ptr<Entry>>;
 
 std::string describe(const ConvGraphShape& s) {
   return std::string(conv_pass_name(s.pass)) + " pass of " + conv_shape_text(s.dtype, s.dims);

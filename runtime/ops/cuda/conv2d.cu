@@ -39,7 +39,9 @@
 // ranks may even choose differently, which costs them nothing: each applies
 // the same all-reduced gradient.
 // The choice is cached per (device, pass, dtype, TF32 setting, shapes,
-// attributes, layout).
+// attributes, layout), with the cuDNN descriptors it runs with: a step
+// makes no descriptors (~15 cuDNN calls a pass before) and hands cuDNN the
+// same descriptor objects every time.
 //
 // Workspaces come from the caching device allocator (cuda::device_workspace),
 // so the allocator's peak counts them. A candidate whose workspace the device
@@ -60,6 +62,7 @@
 #include <algorithm>
 #include <array>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -142,8 +145,20 @@ AlgoKey algo_key(int device, Pass pass, DType t, const ConvDims& d) {
   // clang-format on
 }
 
+/// A pass's choice for one shape, and the descriptors it runs with: made
+/// once per shape (the convolution's math type set to the algorithm's), so
+/// that a legacy call costs the host no descriptor set-up and cuDNN sees the
+/// same descriptor objects every step. Never changed once cached.
+struct Choice {
+  Algo algo;
+  std::shared_ptr<const Descriptors> descriptors;
+};
+
 std::mutex g_algo_mu;
-std::map<AlgoKey, Algo> g_algos;
+// Never destroyed, like the device contexts (runtime/cuda/context.cc): the
+// cached descriptors would otherwise be handed back to cuDNN from a static
+// destructor, in an order against the libraries' own teardown that nothing fixes.
+std::map<AlgoKey, Choice>& g_choices = *new std::map<AlgoKey, Choice>;
 
 /// One row of cuDNN's ranking (its workspace is asked again under the math type we allow).
 struct Candidate {
@@ -280,19 +295,19 @@ std::vector<Algo> fastest_first(const std::vector<Algo>& algos, const Run& run, 
   return order;
 }
 
-/// Runs one convolution pass: `call(algo, workspace)` with the algorithm cached
-/// for these shapes, or, the first time, with cuDNN's viable candidates in
-/// order until cuDNN runs one (any other status rules it out) and its workspace
-/// fits in the device's memory; that one is cached.
+/// Runs one convolution pass: `call(descriptors, algo, workspace, bytes)`
+/// with the choice cached for these shapes, or, the first time, with new
+/// descriptors and cuDNN's viable candidates in order until cuDNN runs one
+/// (any other status rules it out) and its workspace fits in the device's
+/// memory; that one is cached with the descriptors.
 template <typename Call>
-void run_pass(cudnnHandle_t h, const OpContext& ctx, Pass pass, DType t, const ConvDims& d, const Descriptors& s,
-              Call call) {
+void run_pass(cudnnHandle_t h, const OpContext& ctx, Pass pass, DType t, const ConvDims& d, Call call) {
   const char* op = ctx.op.type.c_str();
   const AlgoKey key = algo_key(ctx.env.device.index, pass, t, d);
   std::string out_of_memory;           // why the last candidate that did not fit did not
   bool deterministic_skipped = false;  // a deterministic candidate did not fit
   // cuDNN's status, or none when the device could not give the workspace.
-  auto run = [&](const Algo& a) -> std::optional<cudnnStatus_t> {
+  auto run = [&](const Descriptors& s, const Algo& a) -> std::optional<cudnnStatus_t> {
     Tensor ws;
     try {
       ws = cuda::device_workspace(a.workspace, ctx.env.device);
@@ -304,28 +319,33 @@ void run_pass(cudnnHandle_t h, const OpContext& ctx, Pass pass, DType t, const C
                         std::to_string(a.workspace) + " bytes is more than the device can give now");
       return std::nullopt;
     }
-    MIX_CUDNN_CHECK(cudnnSetConvolutionMathType(s.conv.get(), a.math));
-    return call(a.algo, ws.raw(), a.workspace);
+    return call(s, a.algo, ws.raw(), a.workspace);
   };
   {
     std::unique_lock<std::mutex> lock(g_algo_mu);
-    if (auto it = g_algos.find(key); it != g_algos.end()) {
-      const Algo a = it->second;
+    if (auto it = g_choices.find(key); it != g_choices.end()) {
+      const Choice c = it->second;  // the shared descriptors stay alive while this call uses them
       lock.unlock();
-      if (const std::optional<cudnnStatus_t> status = run(a)) {
+      if (const std::optional<cudnnStatus_t> status = run(*c.descriptors, c.algo)) {
         MIX_CUDNN_CHECK(*status);
         return;
       }
       lock.lock();
-      g_algos.erase(key);  // its workspace no longer fits: choose again below
+      g_choices.erase(key);  // its workspace no longer fits: choose again below
     }
   }
+  // Fresh descriptors, this thread's alone until cached: choosing sets their math type per candidate.
+  const auto s = std::make_shared<Descriptors>(make_descriptors(d, t, op));
+  auto try_algo = [&](const Algo& a) {
+    MIX_CUDNN_CHECK(cudnnSetConvolutionMathType(s->conv.get(), a.math));
+    return run(*s, a);
+  };
   Refusals refusals;
-  std::vector<Algo> candidates = viable_algos(h, pass, t, s);
+  std::vector<Algo> candidates = viable_algos(h, pass, t, *s);
   if (cuda::cudnn_benchmark())
-    candidates = fastest_first(candidates, run, ctx.env.device.index, cuda::compute_stream(ctx), op, refusals);
+    candidates = fastest_first(candidates, try_algo, ctx.env.device.index, cuda::compute_stream(ctx), op, refusals);
   for (const Algo& a : candidates) {
-    const std::optional<cudnnStatus_t> status = run(a);
+    const std::optional<cudnnStatus_t> status = try_algo(a);
     if (!status) continue;  // no room for its workspace: the next may need less
     if (*status != CUDNN_STATUS_SUCCESS) {  // refused: the next may run (see Refusals)
       refusals.add(a.algo, *status);
@@ -338,8 +358,9 @@ void run_pass(cudnnHandle_t h, const OpContext& ctx, Pass pass, DType t, const C
                         (deterministic_skipped ? " whose workspace fits in the device memory left" : "") +
                         "; running nondeterministic algorithm " + std::to_string(a.algo) +
                         " (the last bits may differ from run to run; ranks still agree)");
+    // The math type set for `a` by its run above is the last change to s.
     std::lock_guard<std::mutex> lock(g_algo_mu);
-    g_algos.emplace(key, a);
+    g_choices[key] = Choice{a, s};
     return;
   }
   cuda::discard_cudnn_last_error();
@@ -397,8 +418,7 @@ void conv2d_cuda(OpContext& ctx) {
   cudnnHandle_t h = cuda::cudnn_handle(dc);
   const Tensor w = cudnn_filter(filter, d, dc.compute.get(), "conv2d");
   if (ran_on_graph(h, ctx, Pass::forward, x.dtype(), d, x.raw(), w.raw(), out.raw())) return;
-  const Descriptors s = make_descriptors(d, x.dtype(), "conv2d");
-  run_pass(h, ctx, Pass::forward, x.dtype(), d, s, [&](int algo, void* ws, size_t ws_bytes) {
+  run_pass(h, ctx, Pass::forward, x.dtype(), d, [&](const Descriptors& s, int algo, void* ws, size_t ws_bytes) {
     return cudnnConvolutionForward(h, &cuda::kCudnnOne, s.x.get(), x.raw(), s.w.get(), w.raw(), s.conv.get(),
                                    static_cast<cudnnConvolutionFwdAlgo_t>(algo), ws, ws_bytes, &cuda::kCudnnZero,
                                    s.y.get(), out.raw());
@@ -427,21 +447,16 @@ void conv2d_grad_cuda(OpContext& ctx) {
     return;
   }
   cudnnHandle_t h = cuda::cudnn_handle(dc);
-  std::optional<Descriptors> legacy;  // the legacy calls' descriptors, made only if one runs
-  auto descriptors = [&]() -> const Descriptors& {
-    if (!legacy) legacy = make_descriptors(d, x.dtype(), "conv2d_grad");
-    return *legacy;
-  };
   const cudaStream_t stream = dc.compute.get();
   if (dx) {
     const Tensor w = cudnn_filter(filter, d, stream, "conv2d_grad");
     if (!ran_on_graph(h, ctx, Pass::backward_data, x.dtype(), d, dx->raw(), w.raw(), dout.raw())) {
-      const Descriptors& s = descriptors();
-      run_pass(h, ctx, Pass::backward_data, x.dtype(), d, s, [&](int algo, void* ws, size_t ws_bytes) {
-        return cudnnConvolutionBackwardData(h, &cuda::kCudnnOne, s.w.get(), w.raw(), s.y.get(), dout.raw(),
-                                            s.conv.get(), static_cast<cudnnConvolutionBwdDataAlgo_t>(algo), ws,
-                                            ws_bytes, &cuda::kCudnnZero, s.x.get(), dx->raw());
-      });
+      run_pass(h, ctx, Pass::backward_data, x.dtype(), d,
+               [&](const Descriptors& s, int algo, void* ws, size_t ws_bytes) {
+                 return cudnnConvolutionBackwardData(h, &cuda::kCudnnOne, s.w.get(), w.raw(), s.y.get(), dout.raw(),
+                                                     s.conv.get(), static_cast<cudnnConvolutionBwdDataAlgo_t>(algo), ws,
+                                                     ws_bytes, &cuda::kCudnnZero, s.x.get(), dx->raw());
+               });
     }
   }
   if (dw) {
@@ -452,12 +467,12 @@ void conv2d_grad_cuda(OpContext& ctx) {
       if (!as_is) cuda::permute_into(dw_cudnn, layout::to_channels_first(4), *dw, stream, "conv2d_grad");
       return;
     }
-    const Descriptors& s = descriptors();
-    run_pass(h, ctx, Pass::backward_filter, x.dtype(), d, s, [&](int algo, void* ws, size_t ws_bytes) {
-      return cudnnConvolutionBackwardFilter(h, &cuda::kCudnnOne, s.x.get(), x.raw(), s.y.get(), dout.raw(),
-                                            s.conv.get(), static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo), ws,
-                                            ws_bytes, &cuda::kCudnnZero, s.w.get(), dw_cudnn.raw());
-    });
+    run_pass(h, ctx, Pass::backward_filter, x.dtype(), d,
+             [&](const Descriptors& s, int algo, void* ws, size_t ws_bytes) {
+               return cudnnConvolutionBackwardFilter(h, &cuda::kCudnnOne, s.x.get(), x.raw(), s.y.get(), dout.raw(),
+                                                     s.conv.get(), static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo),
+                                                     ws, ws_bytes, &cuda::kCudnnZero, s.w.get(), dw_cudnn.raw());
+             });
     if (!as_is) cuda::permute_into(dw_cudnn, layout::to_channels_first(4), *dw, stream, "conv2d_grad");
   }
 }
