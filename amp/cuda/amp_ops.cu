@@ -10,8 +10,8 @@
 // device too (the optimizer ops' SkipUpdate, update_loss_scaling). The
 // optional FoundInfiniteEach (which X held an inf or NaN) is zeroed on the
 // stream and raised the same way, one atomic per block into X's slot. The X
-// are unscaled by multi-tensor launches (runtime/cuda/multi_tensor.cuh): small
-// ones up to 48 a launch, large ones a launch each; so the X may run in any
+// are unscaled by multi-tensor launches (runtime/cuda/multi_tensor.cuh): up to
+// 128 a launch, very large ones a launch each; so the X may run in any
 // order, and an Out may be its own X (in place) but not another X. The CPU op
 // refuses a scale that is not positive and finite; the device cannot throw, so
 // such a scale raises found_inf instead: the step is skipped, not applied with

@@ -5,9 +5,9 @@
 // Packing, unpacking and pre/post scaling are one pass each, on the compute
 // stream: multi-tensor launches (runtime/cuda/multi_tensor.cuh) copy every
 // tensor of the bucket, multiplied by the factor with fn::Scale, the functor
-// the CPU kernels run. Small gradients share launches (up to 48 a launch),
-// large ones get one each; a ResNet-50 bucket of ~50 gradients so costs about
-// 15 launches to pack, where a copy per tensor and a scaling pass cost ~50.
+// the CPU kernels run. Gradients share launches (up to 128 a launch), only
+// very large ones get one each; a ResNet-50 bucket of ~50 gradients so costs
+// one launch to pack, where a copy per tensor and a scaling pass cost ~50.
 //
 // c_allreduce_sum / _max: the bucket is packed on the compute stream, the
 // device communicator (NCCL) reduces it (its stream waits for the compute

@@ -61,8 +61,11 @@ struct MultiTensorArgs {
   uint8_t block_tensor[multi_tensor::kMaxBlocks];
 };
 
+// __grid_constant__: the table is read where the launch put it (constant
+// memory), never copied per thread, whatever the indexing below.
 template <int kPointers, typename Body>
-__global__ void __launch_bounds__(kMultiTensorThreads) multi_tensor_kernel(MultiTensorArgs<kPointers> args, Body body) {
+__global__ void __launch_bounds__(kMultiTensorThreads)
+    multi_tensor_kernel(const __grid_constant__ MultiTensorArgs<kPointers> args, Body body) {
   const int t = args.block_tensor[blockIdx.x];
   TensorSlot<kPointers> slot;
   for (int k = 0; k < kPointers; ++k) slot.ptr[k] = args.ptr[k][t];
@@ -92,8 +95,11 @@ __global__ void __launch_bounds__(kMultiTensorThreads)
 /// body writes.
 template <int kPointers, typename Body>
 void launch_multi_tensor(const TensorList<kPointers>& list, cudaStream_t stream, const Body& body) {
-  static_assert(sizeof(MultiTensorArgs<kPointers>) + sizeof(Body) <= 4096,
-                "kernel arguments over 4 KiB: lower multi_tensor::kMaxTensors or kMaxBlocks");
+  static_assert(CUDART_VERSION >= 12010,
+                "multi-tensor tables need CUDA 12.1 or newer (kernel parameters over 4 KiB); "
+                "with an older toolkit lower multi_tensor::kMaxTensors and kMaxBlocks to fit 4 KiB");
+  static_assert(sizeof(MultiTensorArgs<kPointers>) + sizeof(Body) <= 32764,
+                "kernel arguments over CUDA's 32,764 bytes: lower multi_tensor::kMaxTensors or kMaxBlocks");
   const auto& ptrs = list.ptrs;
   const auto& numels = list.numels;
   std::vector<int64_t> shared = numels;  // the large tensors' counts zeroed: no block of theirs in the plan

@@ -5,11 +5,11 @@
 // megabytes. One launch per tensor spends more of the GPU's time starting and
 // draining kernels than moving bytes; one launch per list keeps it busy.
 //
-// Only small tensors share launches. A tensor of more than kLargeTensor
-// elements gets a launch of its own, with as many blocks of kAloneChunk
-// elements as it needs: shared launches hold at most kMaxBlocks blocks, too few
-// to fill an H100-class GPU with memory requests, and a large tensor's own
-// launch costs nothing next to its bytes.
+// Tensors share launches up to kLargeTensor elements each: a ResNet-50's 161
+// parameters (the largest 2.4M elements) take two launches a pass. A larger
+// tensor (a language model's embedding) gets a launch of its own, with as many
+// blocks of kAloneChunk elements as it needs: its launch costs nothing next to
+// its bytes, and its small chunks keep every SM busy.
 //
 // The plan of the shared launches is made on the host, here, in plain C++ so
 // that the CPU tests check it: each launch has a table of at most kMaxTensors tensors and at most
@@ -17,8 +17,12 @@
 // (elements [chunk * kChunk, min((chunk + 1) * kChunk, numel))) of table entry
 // `block_tensor[b]`. A tensor too big for what is left of a launch continues in
 // the next one. The table travels as the kernel's argument (runtime/cuda/
-// multi_tensor.cuh), which is why the limits are small: the launch stays within
-// the 4 KiB of kernel parameters every CUDA version accepts.
+// multi_tensor.cuh), which bounds the limits: CUDA 12.1 and later take up to
+// 32,764 bytes of kernel parameters (Volta and newer), and the largest table,
+// four pointers per tensor, stays near 16 KiB. With the 4 KiB of older CUDA
+// versions (48 tensors and 320 blocks a launch) the host queued ~40 launches
+// for each of a ResNet-50 step's passes over its gradients, 0.3-0.5 ms of host
+// time per pass on an H200 (MIX_PROFILE_OPS=host, 2026-12-04).
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -29,11 +33,12 @@ namespace mix::multi_tensor {
 /// hide the block's start on large tensors while a small one still gets a block
 /// of its own.
 inline constexpr int64_t kChunk = 16384;
-inline constexpr int kMaxTensors = 48;
-inline constexpr int kMaxBlocks = 320;
-/// Past this many elements a tensor is launched alone, in blocks of kAloneChunk
-/// (4 elements per thread: every SM kept full).
-inline constexpr int64_t kLargeTensor = 4 * kChunk;
+inline constexpr int kMaxTensors = 128;
+/// 2048 blocks of 256 threads: two waves on a 132-SM H200, 32M elements a launch.
+inline constexpr int kMaxBlocks = 2048;
+/// Past this many elements (an eighth of a launch) a tensor is launched alone,
+/// in blocks of kAloneChunk (4 elements per thread: every SM kept full).
+inline constexpr int64_t kLargeTensor = 256 * kChunk;
 inline constexpr int64_t kAloneChunk = 1024;
 
 inline bool launched_alone(int64_t numel) { return numel > kLargeTensor; }

@@ -27,9 +27,9 @@ using cuda::ScalarRef;
 
 // ---- kernels: the bodies of multi-tensor launches ----------------------------------------
 // One update op updates a group of parameters (runtime/optim/update_op.h); the
-// launches cover them all (runtime/cuda/multi_tensor.cuh): small parameters
-// share launches, large ones get one each, ~160 ResNet-50 parameters so cost
-// about 40 launches instead of 160. Every thread of a block calls the body.
+// launches cover them all (runtime/cuda/multi_tensor.cuh): up to 128 parameters
+// share a launch, only very large ones get one each, so ~160 ResNet-50
+// parameters cost two launches instead of 160. Every thread of a block calls the body.
 
 /// Slots: param, grad.
 struct SgdChunk {
