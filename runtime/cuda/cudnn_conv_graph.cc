@@ -117,34 +117,58 @@ struct Entry {
   std::atomic<bool> usable{false};  // false: the legacy API runs this shape
 };
 
-/// Whether an engine configuration's numerical notes keep to conv2d.cu's rules; `deterministic` set from them.
-bool notes_allowed(const BackendDescriptor& config, const ConvGraphShape& s, bool* deterministic) {
+/// What an engine configuration's notes say of it.
+struct EngineNotes {
+  bool allowed = false;           // its numerical notes keep to conv2d.cu's rules
+  bool deterministic = true;      // no NONDETERMINISTIC note
+  bool runtime_compiled = false;  // its kernel is compiled when the plan is built
+};
+
+/// Whether runtime compilation builds the engine's kernel (its behavior notes;
+/// none readable counts as precompiled).
+bool runtime_compiled(const BackendDescriptor& engine) {
+  std::array<cudnnBackendBehaviorNote_t, CUDNN_BEHAVIOR_NOTE_TYPE_COUNT> notes{};
+  int64_t count = 0;
+  if (cudnnBackendGetAttribute(engine.get(), CUDNN_ATTR_ENGINE_BEHAVIOR_NOTE, CUDNN_TYPE_BEHAVIOR_NOTE,
+                               static_cast<int64_t>(notes.size()), &count, notes.data()) != CUDNN_STATUS_SUCCESS)
+    return false;
+  for (int64_t i = 0; i < std::min<int64_t>(count, static_cast<int64_t>(notes.size())); ++i)
+    if (notes[static_cast<size_t>(i)] == CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION) return true;
+  return false;
+}
+
+/// Reads the notes of `config`'s engine (not allowed when they cannot be read).
+EngineNotes engine_notes(const BackendDescriptor& config, const ConvGraphShape& s) {
+  EngineNotes r;
   BackendDescriptor engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
-  if (engine.created() != CUDNN_STATUS_SUCCESS) return false;
+  if (engine.created() != CUDNN_STATUS_SUCCESS) return r;
   cudnnBackendDescriptor_t e = engine.get();
   int64_t got = 0;
   if (cudnnBackendGetAttribute(config.get(), CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &got,
                                &e) != CUDNN_STATUS_SUCCESS)
-    return false;
+    return r;
   std::array<cudnnBackendNumericalNote_t, CUDNN_NUMERICAL_NOTE_TYPE_COUNT> notes{};
   int64_t count = 0;
   if (cudnnBackendGetAttribute(engine.get(), CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
                                static_cast<int64_t>(notes.size()), &count, notes.data()) != CUDNN_STATUS_SUCCESS)
-    return false;
-  *deterministic = true;
+    return r;
   for (int64_t i = 0; i < std::min<int64_t>(count, static_cast<int64_t>(notes.size())); ++i) {
     switch (notes[static_cast<size_t>(i)]) {
       case CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS:          // rounds the inputs to a narrower type first
       case CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION:  // sums in less than FP32
-        return false;
+        return r;
       case CUDNN_NUMERICAL_NOTE_TENSOR_CORE:  // FP32 data on tensor cores is TF32
-        if (s.dtype == DType::f32 && !s.allow_tf32) return false;
+        if (s.dtype == DType::f32 && !s.allow_tf32) return r;
         break;
-      case CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC: *deterministic = false; break;
+      case CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC:
+        r.deterministic = false;
+        break;
       default: break;
     }
   }
-  return true;
+  r.allowed = true;
+  r.runtime_compiled = runtime_compiled(engine);
+  return r;
 }
 
 /// The graph of one convolution pass and cuDNN's ranked configurations for it.
@@ -264,15 +288,19 @@ std::optional<Failure> build_graph(cudnnHandle_t handle, const ConvGraphShape& s
 
   const size_t first_config = e.keep.size();
   for (BackendDescriptor& c : configs) e.keep.push_back(std::move(c));
-  // The backward passes prefer deterministic engines (no atomic adds), as conv2d.cu's legacy path does.
-  std::vector<Entry::Ranked> deterministic, other;
+  // The backward passes prefer deterministic engines (no atomic adds), as
+  // conv2d.cu's legacy path does; within each kind, precompiled engines come
+  // before runtime-compiled ones, whose plans can take a second or more each
+  // to build (NVRTC) for ResNet-50's ~60 shapes and passes, and which the
+  // legacy calls the graph API replaces never wait for.
+  std::array<std::vector<Entry::Ranked>, 4> tiers;  // [nondeterministic][runtime compiled]
   for (size_t i = first_config; i < e.keep.size(); ++i) {
-    bool det = true;
-    if (!notes_allowed(e.keep[i], s, &det)) continue;
-    (det || s.pass == ConvGraphPass::forward ? deterministic : other).push_back({&e.keep[i], det});
+    const EngineNotes n = engine_notes(e.keep[i], s);
+    if (!n.allowed) continue;
+    const bool det = n.deterministic || s.pass == ConvGraphPass::forward;
+    tiers[(det ? 0 : 2) + (n.runtime_compiled ? 1 : 0)].push_back({&e.keep[i], n.deterministic});
   }
-  e.ranked = std::move(deterministic);
-  e.ranked.insert(e.ranked.end(), other.begin(), other.end());
+  for (const auto& tier : tiers) e.ranked.insert(e.ranked.end(), tier.begin(), tier.end());
   return std::nullopt;
 }
 

@@ -16,7 +16,8 @@
 // are dropped (inputs rounded to a narrower type, reduced-precision sums, and
 // for strict FP32 any tensor-core engine, which would be TF32); the backward
 // passes take deterministic engines first (a nondeterministic one is warned
-// about). The first whose plan cuDNN builds, with a workspace within the
+// about), and precompiled engines come before runtime-compiled ones (whose
+// plans take long to build). The first whose plan cuDNN builds, with a workspace within the
 // limit that the device can give, is cached per shape. When none builds, or
 // none's workspace fits at that moment, the caller runs the legacy API.
 #include <cudnn.h>
