@@ -212,6 +212,21 @@ s=[json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 s=[l for l in s if l.get('summary')]
 print(f\"{s[-1]['host_queue_ms']:.2f} / {s[-1]['step_ms']:.2f}\")" "$1" 2>/dev/null || echo n/a
 }
+# The first step's time in seconds (cuDNN's choices or the graph API's plans
+# are made there, lazy modules loaded), from the metrics file's step lines.
+first_step_s() {  # file
+  /usr/bin/env python3 -c "import json,sys
+s=[json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+s=[l for l in s if l.get('step') == 1 and 'step_ms' in l]
+print(f\"{s[0]['step_ms'] / 1e3:.1f}\")" "$1" 2>/dev/null || echo n/a
+}
+# How many shapes the graph API left to the legacy calls, and how many ran nondeterministic engines (warnings in a log).
+graph_fallbacks() {  # log
+  local none refused nondet
+  none=$(grep -c "graph API has no plan" "$1" 2>/dev/null); refused=$(grep -c "graph API refused" "$1" 2>/dev/null)
+  nondet=$(grep -c "graph API has no deterministic" "$1" 2>/dev/null)
+  echo "${none:-n/a} without a plan, ${refused:-n/a} refused when run, ${nondet:-n/a} nondeterministic"
+}
 ratio_of() {  # fp32 value, amp value
   /usr/bin/env python3 -c "import sys
 try: print(f'{float(sys.argv[2]) / float(sys.argv[1]):.2f}')
@@ -328,6 +343,8 @@ r50_fp32_graph_ips=$(summary_field "$out/resnet50_fp32_graph.jsonl" samples_per_
 r50_amp_graph_ips=$(summary_field "$out/resnet50_amp_graph.jsonl" samples_per_s_overall)
 r50_graph_ratio=$(ratio_of "$r50_fp32_graph_ips" "$r50_amp_graph_ips")
 r50_amp_graph_queue=$(queue_and_step_ms "$out/resnet50_amp_graph.jsonl")
+r50_first_steps="$(first_step_s "$out/resnet50_amp.jsonl") / $(first_step_s "$out/resnet50_amp_graph.jsonl")"
+r50_graph_fallbacks="FP32: $(graph_fallbacks "$out/resnet50_fp32_graph.log"); AMP: $(graph_fallbacks "$out/resnet50_amp_graph.log")"
 r50_fp32_b256_ips=$(summary_field "$out/resnet50_fp32_b256.jsonl" samples_per_s_overall)
 r50_b256_ratio=$(ratio_of "$r50_fp32_b256_ips" "$r50_b256_ips")
 r50_b256_queue=$(queue_and_step_ms "$out/resnet50_amp_b256.jsonl")
@@ -367,6 +384,8 @@ secs=$(( $(date +%s) - t0 ))
   printf "  %-36s %s\n" "ResNet-50 FP32 NCHW, cudnn graph conv" "$r50_fp32_graph_ips (exit $r50_fp32_graph_rc)"
   printf "  %-36s %s\n" "ResNet-50 AMP NHWC, cudnn graph conv" "$r50_amp_graph_ips (exit $r50_amp_graph_rc)"
   printf "  %-36s %s\n" "  graph conv AMP / FP32; AMP queue/step" "$r50_graph_ratio; $r50_amp_graph_queue"
+  printf "  %-36s %s\n" "  AMP first step s, legacy / graph" "$r50_first_steps"
+  printf "  %-36s %s\n" "  graph conv shapes on legacy calls" "$r50_graph_fallbacks"
   printf "  %-36s %s\n" "ResNet-50 AMP NHWC, no-fuse-add-relu" "$r50_nofuse_ips (exit $r50_nofuse_rc)"
   printf "  %-36s %s\n" "ResNet-50 AMP NHWC, no-fuse-bn-relu" "$r50_nobnfuse_ips (exit $r50_nobnfuse_rc)"
   printf "  %-36s %s\n" "  same, cuDNN persistent BN" "$r50_bnp_ips (exit $r50_bnp_rc)"
