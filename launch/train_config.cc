@@ -76,6 +76,7 @@ std::vector<std::pair<std::string, std::string>> TrainConfig::fingerprint_fields
           {"synthetic-classes", data == "synthetic" ? num(synthetic_classes) : "-"},
           {"inject-overflow", inject_overflow},
           {"fold-casts", fold_casts ? "on" : "off"},
+          {"fuse-param-casts", fuse_param_casts ? "on" : "off"},
           {"amp-white-list", list(amp_white_list)},
           {"amp-black-list", list(amp_black_list)},
           {"seed", num(seed)},
@@ -230,6 +231,10 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
                "amp: keep the FP32 casts amp::rewrite puts before softmax and softmax_with_cross_entropy, and "
                "autodiff before softmax_grad, as Paddle does (by default those ops read the FP16 values directly: "
                "the same results, less memory traffic)");
+  app.add_flag("!--no-fuse-param-casts", c.fuse_param_casts,
+               "amp: keep one cast op per weight for its FP16 copy, as amp::rewrite makes them (by default the "
+               "casts of all weights run as one fused_cast op: the same results, one GPU launch instead of one "
+               "per weight)");
   app.add_option("--amp-white-list", c.amp_white_list, "ops to run in FP16, comma separated")->delimiter(',')
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_option("--amp-black-list", c.amp_black_list, "ops to keep in FP32, comma separated")->delimiter(',')

@@ -82,6 +82,7 @@ struct TrainConfig {
   std::optional<double> min_loss_scaling;
   std::string on_min_scale = "error";
   bool fold_casts = true;  // amp::fold_widening_casts and _grad_casts (amp/fold_casts.h; --no-fold-casts: off)
+  bool fuse_param_casts = true;  // amp::fuse_param_casts (amp/fuse_param_casts.h; --no-fuse-param-casts: off)
   std::vector<std::string> amp_white_list;
   std::vector<std::string> amp_black_list;
   // run control

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "amp/decorate.h"
+#include "amp/fuse_param_casts.h"
 #include "collective/consistency.h"
 #include "collective/grad_allreduce_pass.h"
 #include "collective/overflow_mask.h"
@@ -355,6 +356,11 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     if (rank == 0 && fused.forward + fused.backward > 0)
       spdlog::info("fused {} elementwise_add + relu and {} sum + relu_grad pairs (--no-fuse-add-relu: keep them)",
                    fused.forward, fused.backward);
+  }
+  if (use_amp && c.fuse_param_casts) {
+    const int fused = amp::fuse_param_casts(program);
+    if (rank == 0 && fused > 0)
+      spdlog::info("fused the FP16 casts of {} weights into fused_cast (--no-fuse-param-casts: keep them)", fused);
   }
   if (c.fuse_bn_relu) {
     const FusedBnRelu fused = fuse_bn_relu(program, read_back);

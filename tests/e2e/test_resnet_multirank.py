@@ -19,7 +19,8 @@
   5. the residual adds and the batch norms fused with their relu
      (runtime/fuse_add_relu.h, runtime/fuse_bn_relu.h, the defaults):
      --print-program shows the fused ops, and 4 AMP steps write the same
-     checkpoint, byte for byte, as with --no-fuse-add-relu or --no-fuse-bn-relu.
+     checkpoint, byte for byte, as with --no-fuse-add-relu, --no-fuse-bn-relu or
+     --no-fuse-param-casts.
 """
 import re
 import sys
@@ -116,7 +117,11 @@ def main():
     # Each block's last batch norm joins its fused add + relu: 3 + 2 forwards.
     add_relu = r"= (fused_add_relu|fused_sum_relu_grad)\("
     bn_relu = r"= (batch_norm|batch_norm_grad)\(.*fuse_with_relu=true"
+    # The weights' FP16 casts: one fused_cast by default (amp::fuse_param_casts), one cast each without.
+    weight_casts = r"= (fused_cast|cast)\(X=\[?conv1\.weight"
     for flag, pattern, expected in (
+            ([], weight_casts, {"fused_cast": 1, "cast": 0}),
+            (["--no-fuse-param-casts"], weight_casts, {"fused_cast": 0, "cast": 1}),
             # By default the blocks' adds went into their last batch norms.
             ([], add_relu, {"fused_add_relu": 0, "fused_sum_relu_grad": 2}),
             (["--no-fuse-bn-relu"], add_relu, {"fused_add_relu": 2, "fused_sum_relu_grad": 2}),
@@ -132,16 +137,18 @@ def main():
                     f"{' '.join(flag) or 'by default'}: " + ", ".join(f"{n} {op}" for op, n in expected.items()) +
                     (" with fuse_with_relu" if pattern == bn_relu else ""), f"{ops}")
     ckpts = []
-    for flag in ([], ["--no-fuse-add-relu"], ["--no-fuse-bn-relu"]):
+    for flag in ([], ["--no-fuse-add-relu"], ["--no-fuse-bn-relu"], ["--no-fuse-param-casts"]):
         ckpt = d / f"fuse_{'_'.join(f.strip('-') for f in flag) or 'default'}.safetensors"
         r = mt.mixtrain([*NET, "--steps", 4, "--save", ckpt, *flag], timeout=120)
         if c.ok_run(r, f"4 AMP steps {' '.join(flag) or 'with the fused ops'}"):
             ckpts.append(ckpt)
-    if len(ckpts) == 3:
+    if len(ckpts) == 4:
         c.check(ckpts[0].read_bytes() == ckpts[1].read_bytes(),
                 "fused and unfused add + relu: byte-identical checkpoints after 4 steps")
         c.check(ckpts[0].read_bytes() == ckpts[2].read_bytes(),
                 "fused and unfused batch norm + relu: byte-identical checkpoints after 4 steps")
+        c.check(ckpts[0].read_bytes() == ckpts[3].read_bytes(),
+                "one fused_cast and one cast per weight: byte-identical checkpoints after 4 steps")
     c.finish()
 
 

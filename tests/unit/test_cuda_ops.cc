@@ -203,6 +203,32 @@ TEST_CASE("cast between float dtypes and integers is identical to the CPU", "[cu
   expect_identical(r.gpu.at("y"), r.cpu.at("y"), "cast i32 -> i64");
 }
 
+TEST_CASE("fused_cast over many tensors is identical to the CPU", "[cuda][cast]") {
+  require_gpu();
+  // 131 tensors: more than one launch's table (multi_tensor::kMaxTensors), an
+  // empty one, and one past kLargeTensor elements (a launch of its own), each
+  // with overflow, subnormals, NaN and signed zeros (with_specials).
+  std::vector<std::pair<std::string, Tensor>> feeds_f32;
+  std::vector<std::string> xs, outs;
+  for (int i = 0; i < 131; ++i) {
+    const int64_t n = i == 7 ? 0 : i == 100 ? (int64_t{1} << 22) + 5 : 1 + (i * 397) % 5000;
+    xs.push_back(numbered("x", static_cast<size_t>(i)));
+    outs.push_back(numbered("y", static_cast<size_t>(i)));
+    feeds_f32.push_back({xs.back(), uniform_tensor({n}, 40 + static_cast<uint64_t>(i), -7e4f, 7e4f)});
+  }
+  for (DType from : kFloatTypes)
+    for (DType to : kFloatTypes) {
+      if (from == to) continue;
+      std::vector<std::pair<std::string, Tensor>> feeds;
+      for (auto& [name, t] : feeds_f32) feeds.push_back({name, with_specials(t, from)});
+      const OpDesc op = make_op("fused_cast", {{"X", xs}}, {{"Out", outs}}, {{"out_dtype", dname(to)}});
+      const auto cpu = run_ops_on({op}, feeds, cpu_device(), ExecEnv{}, outs);
+      const auto gpu = run_ops_on({op}, feeds, kGpu, ExecEnv{}, outs);
+      for (const std::string& y : outs)
+        expect_identical(gpu.at(y), cpu.at(y), "fused_cast " + dname(from) + " -> " + dname(to) + " " + y);
+    }
+}
+
 TEST_CASE("scale matches the CPU", "[cuda][scale]") {
   require_gpu();
   const Shape s{50, 77};

@@ -2,7 +2,7 @@
 // A few momentum-SGD training steps of a model on random batches: the harness
 // of the tests that train one model two ways and compare the results, folded
 // casts or not (test_fold_casts.cc), fused add + relu or not
-// (test_fuse_add_relu.cc), the softmax stored or recomputed
+// (test_fuse_add_relu.cc), fused weight casts or not (test_fuse_param_casts.cc), the softmax stored or recomputed
 // (test_recompute_softmax.cc), the GPU against the CPU and the passes on the GPU
 // (test_cuda_train_step.cc). Header-only (each test file is its own executable).
 #include <catch2/catch.hpp>
@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "amp/decorate.h"
+#include "amp/fuse_param_casts.h"
 #include "collective/communicator.h"
 #include "collective/grad_allreduce_pass.h"
 #include "models/model.h"
@@ -34,6 +35,7 @@ struct TrainOptions {
   bool fuse_add_relu = true;  // run fuse_add_relu on the training program, as mixtrain does
   bool fuse_bn_relu = true;   // run fuse_bn_relu on it, as mixtrain does
   bool recompute_softmax = true;  // run recompute_softmax on it, as mixtrain does
+  bool fuse_param_casts = true;   // AMP: run amp::fuse_param_casts on it, as mixtrain does
   Device device = cpu_device();
   int steps = 2;
   int64_t batch = 3;
@@ -70,6 +72,7 @@ inline TrainedModel train_steps(models::Model model, const TrainOptions& o) {
   if (!r.train.found_inf.empty()) keep.insert(r.train.found_inf);
   if (o.recompute_softmax) recompute_softmax(r.model.program, keep);
   if (o.fuse_add_relu) fuse_add_relu(r.model.program, keep);
+  if (o.amp && o.fuse_param_casts) amp::fuse_param_casts(r.model.program);
   if (o.fuse_bn_relu) fuse_bn_relu(r.model.program, keep);
 
   initialize_persistables(r.model.program, r.scope, o.seed);
