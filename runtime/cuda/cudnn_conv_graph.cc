@@ -290,10 +290,9 @@ std::optional<Failure> build_graph(cudnnHandle_t handle, const ConvGraphShape& s
   for (BackendDescriptor& c : configs) e.keep.push_back(std::move(c));
   // The backward passes prefer deterministic engines (no atomic adds), as
   // conv2d.cu's legacy path does; within each kind, precompiled engines come
-  // before runtime-compiled ones, whose plans can take a second or more each
-  // to build (NVRTC) for ResNet-50's ~60 shapes and passes, and which the
-  // legacy calls the graph API replaces never wait for.
-  std::array<std::vector<Entry::Ranked>, 4> tiers;  // [nondeterministic][runtime compiled]
+  // before runtime-compiled ones, whose plans have been reported to take a
+  // second or more each to build (NVRTC): ResNet-50 has ~60 shapes and passes.
+  std::array<std::vector<Entry::Ranked>, 4> tiers;  // index: 2 * nondeterministic + runtime compiled
   for (size_t i = first_config; i < e.keep.size(); ++i) {
     const EngineNotes n = engine_notes(e.keep[i], s);
     if (!n.allowed) continue;
