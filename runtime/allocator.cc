@@ -76,7 +76,10 @@ void CpuAllocator::release_cache() noexcept {
 }
 
 Allocator& allocator_for(Device d) {
-  static CpuAllocator cpu;
+  // Never destroyed, like the device contexts: a tensor held by some other
+  // static object (a test's cache of loaded files) is freed at exit after a
+  // function-local static allocator would be gone (found by UBSan).
+  static CpuAllocator& cpu = *new CpuAllocator;
   if (d.kind == DeviceKind::cpu) return cpu;
   return require_device_backend(d.kind).allocator(d.index);
 }

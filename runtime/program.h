@@ -4,10 +4,11 @@
 // passes (amp::rewrite, autodiff, the gradient all-reduce pass, loss scaling,
 // the optimizer) append to and rewrite it; the Executor runs it.
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <optional>
-#include <type_traits>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <variant>
 #include <vector>
@@ -91,9 +92,10 @@ class Program {
   /// A fresh name based on `base` that no variable uses yet.
   std::string unique_name(const std::string& base) const;
   bool has_var(const std::string& name) const { return index_.count(name) > 0; }
+  /// The reference stays valid while other variables are added.
   VarDesc& var(const std::string& name);
   const VarDesc& var(const std::string& name) const;
-  const std::vector<VarDesc>& vars() const { return vars_; }
+  const std::deque<VarDesc>& vars() const { return vars_; }
   /// Trainable parameters in creation order.
   std::vector<std::string> parameters() const;
 
@@ -115,7 +117,10 @@ class Program {
   std::string str() const;
 
  private:
-  std::vector<VarDesc> vars_;
+  // A deque: adding a variable leaves references to the others valid. Shape
+  // inference holds its inputs' VarDescs while it declares outputs (found by
+  // AddressSanitizer: with a vector, split's second output read a freed X).
+  std::deque<VarDesc> vars_;
   std::unordered_map<std::string, size_t> index_;
   std::vector<OpDesc> ops_;
 };

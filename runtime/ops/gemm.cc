@@ -44,7 +44,9 @@ void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float al
 void store_f32(const float* src, Tensor& dst) {
   const size_t n = static_cast<size_t>(dst.numel());
   switch (dst.dtype()) {
-    case DType::f32: std::memcpy(dst.data<float>(), src, n * 4); return;
+    case DType::f32:
+      if (n > 0) std::memcpy(dst.data<float>(), src, n * 4);  // an empty tensor has no storage: no null to memcpy
+      return;
     case DType::f16: half_bulk::f32_to_f16(src, dst.data<uint16_t>(), n); return;
     case DType::bf16: half_bulk::f32_to_bf16(src, dst.data<uint16_t>(), n); return;
     default: MIX_FAIL("cannot store floats into a " << dtype_name(dst.dtype()) << " tensor");
