@@ -1,6 +1,7 @@
 #include "amp/fuse_param_casts.h"
 
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -32,8 +33,9 @@ int fuse_param_casts(Program& p) {
     if (p.writer_count(op.out("Out")) != 1) continue;
     Group& g = groups[{from, to}];
     if (g.casts.empty()) g.first = i;
-    // The fused op reads X at the group's first cast: nothing in between may write it.
-    if (const std::optional<size_t> w = p.producer(x, i); w && *w >= g.first && !g.casts.empty()) continue;
+    // The fused op reads X at the group's first cast: nothing in between may
+    // write it (for the first cast itself, every writer comes before).
+    if (const std::optional<size_t> w = p.producer(x, i); w && *w >= g.first) continue;
     g.casts.push_back(i);
   }
   std::map<size_t, OpDesc> fused_at;  // the fused ops, by the index they take
