@@ -26,7 +26,7 @@ void inject_overflow_cpu(OpContext& ctx) {
   }
 }
 
-MIX_REGISTER_OP("inject_overflow", OpInfo{{}, inject_overflow_cpu, {}, {}});
+MIX_REGISTER_OP("inject_overflow", OpInfo{{}, inject_overflow_cpu, {}, {}, {}, /*varies_by_step=*/true});
 
 }  // namespace
 }  // namespace mix::amp

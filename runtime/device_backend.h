@@ -3,6 +3,7 @@
 // registers itself from a static initialiser, so the runtime and its callers
 // never #ifdef on CUDA: a CPU-only build simply has no backend for cuda.
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -62,6 +63,32 @@ class HostToDeviceQueue {
   virtual void drain() noexcept = 0;
 };
 
+/// A recording of the work queued on a device's compute stream (and the
+/// streams ordered onto it), replayed with one call: a CUDA graph. A training
+/// step of hundreds of kernels then costs the host one launch instead of one
+/// call per kernel (--cuda-graph, runtime/step_graph.h).
+///
+/// A recording holds addresses, not variables: each replay reads and writes
+/// exactly the memory the recorded work did. Memory allocated while recording
+/// comes from a pool of the recording's own, which nothing else is handed
+/// while the recording lives, so no later allocation can take memory a replay
+/// writes; memory allocated before it must stay allocated (and in place) for
+/// as long as it is replayed.
+class DeviceGraph {
+ public:
+  virtual ~DeviceGraph() = default;
+  /// Records what `queue_work` queues (nothing runs on the device), replacing
+  /// any earlier recording. On failure (a call that recording forbids, such as
+  /// a host wait for the device) throws mix::Error saying why; nothing was
+  /// recorded, none of the work ran, and the device is left as before.
+  virtual void record(const std::function<void()>& queue_work) = 0;
+  /// Queues a copy of `bytes` (device or page-locked host memory to device
+  /// memory), ordered before the next replay.
+  virtual void copy_in(void* dst, const void* src, size_t bytes) = 0;
+  /// Queues the recorded work once more.
+  virtual void replay() = 0;
+};
+
 class DeviceBackend {
  public:
   virtual ~DeviceBackend() = default;
@@ -90,6 +117,12 @@ class DeviceBackend {
   virtual void set_options(const DeviceOptions& options) { (void)options; }
   /// A timer of device `index`'s compute queue; nullptr when host time is the device's time.
   virtual std::unique_ptr<OpTimer> make_op_timer(int index) {
+    (void)index;
+    return nullptr;
+  }
+  /// An empty recording of device `index`'s compute stream; nullptr when the
+  /// backend cannot record (then every step is queued op by op).
+  virtual std::unique_ptr<DeviceGraph> make_graph(int index) {
     (void)index;
     return nullptr;
   }

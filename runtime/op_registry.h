@@ -112,6 +112,10 @@ struct OpInfo {
   KernelFn cuda;         // empty until a CUDA kernel is registered
   GradMaker grad;        // empty: the op has no gradient (or is itself a gradient op)
   ViewFn viewed_input = {};  // empty: outputs have storage of their own
+  /// The kernel's device work depends on ExecEnv::step (dropout's mask key,
+  /// inject_overflow's chosen step), so a recording of one step must not be
+  /// replayed for another (runtime/step_graph.h).
+  bool varies_by_step = false;
 };
 
 /// ViewFn of ops whose every output is a view of input `slot` (reshape2, flatten).

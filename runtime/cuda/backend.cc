@@ -9,6 +9,7 @@
 #include "runtime/check.h"
 #include "runtime/cuda/context.h"
 #include "runtime/cuda/cuda_check.h"
+#include "runtime/cuda/cuda_graph.h"
 #include "runtime/cuda/device_allocator.h"
 #include "runtime/cuda/stream.h"
 #include "runtime/device_backend.h"
@@ -180,6 +181,11 @@ class CudaBackend final : public DeviceBackend {
   }
 
   std::unique_ptr<OpTimer> make_op_timer(int index) override { return std::make_unique<CudaOpTimer>(index); }
+
+  std::unique_ptr<DeviceGraph> make_graph(int index) override {
+    auto& allocator = static_cast<CudaCachingAllocator&>(this->allocator(index));
+    return make_cuda_graph(index, allocator);
+  }
 
   std::unique_ptr<HostToDeviceQueue> make_host_to_device_queue(int index, int fences) override {
     DeviceGuard guard(index);

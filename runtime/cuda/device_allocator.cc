@@ -55,26 +55,31 @@ CudaCachingAllocator::CudaCachingAllocator(int device) : device_(device) {}
 
 CudaCachingAllocator::~CudaCachingAllocator() { empty_cache(); }
 
+CudaCachingAllocator::FreeList::iterator CudaCachingAllocator::best_fit(FreeList& list, size_t rounded) {
+  // Best fit among the cached blocks, if it wastes less than half of itself.
+  // Equal sizes come out last-freed first (see deallocate), which keeps the
+  // most recently touched memory in the caches.
+  auto it = list.lower_bound(rounded);
+  return it != list.end() && it->first / 2 < rounded ? it : list.end();
+}
+
 void* CudaCachingAllocator::allocate(size_t bytes) {
   if (bytes == 0) return nullptr;
   const size_t rounded = round_size(bytes);
   std::lock_guard<std::mutex> lock(mu_);
-  // Best fit among the cached blocks, if it wastes less than half of itself.
-  // Equal sizes come out last-freed first (see deallocate), which keeps the
-  // most recently touched memory in the caches.
-  auto it = free_.lower_bound(rounded);
-  if (it != free_.end() && it->first / 2 < rounded) {
+  FreeList& list = active_pool_ == 0 ? free_ : pools_.at(active_pool_);
+  if (auto it = best_fit(list, rounded); it != list.end()) {
     void* p = it->second;
     const size_t size = it->first;
-    handed_out_.emplace(p, Block{size, bytes});  // first: if it throws, the block stays cached
-    free_.erase(it);
-    cached_ -= size;
+    handed_out_.emplace(p, Block{size, bytes, active_pool_});  // first: if it throws, the block stays cached
+    list.erase(it);
+    if (active_pool_ == 0) cached_ -= size;
     count_alloc(bytes);
     return p;
   }
   void* p = malloc_with_retry(rounded, bytes);
   try {
-    handed_out_.emplace(p, Block{rounded, bytes});
+    handed_out_.emplace(p, Block{rounded, bytes, active_pool_});
   } catch (...) {
     MIX_CUDA_CHECK_NOTHROW(cudaFree(p));
     reserved_ -= rounded;
@@ -96,7 +101,7 @@ void* CudaCachingAllocator::malloc_with_retry(size_t rounded, size_t requested) 
   };
   cudaError_t err = device_malloc();
   const size_t cached_before = cached_;
-  if (err == cudaErrorMemoryAllocation) {
+  if (err == cudaErrorMemoryAllocation && active_pool_ == 0) {
     // Out of memory is not sticky; do not let a later launch check report it.
     if (!refused_by_limit) (void)cudaGetLastError();
     // Returning the cache waits for the whole device (cudaDeviceSynchronize,
@@ -122,6 +127,10 @@ void* CudaCachingAllocator::malloc_with_retry(size_t rounded, size_t requested) 
       info = "device free/total unknown";
     }
     if (limit_ != std::numeric_limits<size_t>::max()) info += ", this process's limit " + bytes_str(limit_);
+    if (active_pool_ != 0)
+      info +=
+          "; while recording a device graph, so the cache was kept (returning it waits for the device, which "
+          "recording forbids): run without --cuda-graph, or with a smaller batch";
     throw OutOfMemoryError(MIX_STR_CAT("CUDA out of memory on device "
                                        << device_ << " allocating " << bytes_str(requested) << " (rounded to "
                                        << rounded << " bytes; live " << bytes_str(live_bytes()) << ", cached "
@@ -147,6 +156,22 @@ void CudaCachingAllocator::deallocate(void* p, size_t bytes) noexcept {
   const Block b = it->second;
   handed_out_.erase(it);
   count_free(b.requested);
+  if (b.pool != 0) {
+    if (auto pool = pools_.find(b.pool); pool != pools_.end()) {
+      try {
+        pool->second.emplace_hint(pool->second.lower_bound(b.size), b.size, p);
+        return;
+      } catch (...) {
+        // No memory for the bookkeeping: the block cannot be kept for its
+        // recording, and a replay may still write it. Keep it out of every
+        // cache (leaked) rather than hand it to someone else.
+        std::fprintf(stderr, "CudaCachingAllocator(cuda:%d): %zu bytes of a recording's pool leaked (%s)\n", device_,
+                     b.size, process_identity().c_str());
+        return;
+      }
+    }
+    // Its pool was released: the block joins the shared cache.
+  }
   try {
     // Hint = first block of this size: the new one goes in front of it (LIFO).
     free_.emplace_hint(free_.lower_bound(b.size), b.size, p);
@@ -157,6 +182,36 @@ void CudaCachingAllocator::deallocate(void* p, size_t bytes) noexcept {
     MIX_CUDA_CHECK_NOTHROW(cudaFree(p));
     reserved_ -= b.size;
   }
+}
+
+int CudaCachingAllocator::new_pool() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int id = next_pool_++;
+  pools_.emplace(id, FreeList{});
+  return id;
+}
+
+void CudaCachingAllocator::use_pool(int pool) {
+  std::lock_guard<std::mutex> lock(mu_);
+  MIX_CHECK(pool == 0 || pools_.count(pool), "CUDA allocator of device " << device_ << ": no pool " << pool);
+  active_pool_ = pool;
+}
+
+void CudaCachingAllocator::release_pool(int pool) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = pools_.find(pool);
+  if (it == pools_.end()) return;
+  if (active_pool_ == pool) active_pool_ = 0;
+  for (auto& [size, p] : it->second) {
+    try {
+      free_.emplace_hint(free_.lower_bound(size), size, p);
+      cached_ += size;
+    } catch (...) {
+      MIX_CUDA_CHECK_NOTHROW(cudaFree(p));  // no queued work uses it (see the header)
+      reserved_ -= size;
+    }
+  }
+  pools_.erase(it);
 }
 
 void CudaCachingAllocator::set_limit(size_t bytes) {

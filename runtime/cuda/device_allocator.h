@@ -73,6 +73,22 @@ class CudaCachingAllocator final : public Allocator {
   void set_limit(size_t bytes);
   size_t limit() const;
 
+  /// Pools of recordings (DeviceGraph). While a pool is active (use_pool),
+  /// every allocation is served from that pool's cached blocks or a new
+  /// cudaMalloc, never from the shared cache, and a block allocated from a
+  /// pool returns to that pool when freed, active or not. So a recording's
+  /// memory is never handed to anyone else, and blocks freed while recording
+  /// are reused by later allocations of the same recording: the step's
+  /// stream-ordered reuse, replayed in the same order. While a pool is active,
+  /// running out of memory does not return the cache first (that waits for
+  /// the device, which recording forbids).
+  int new_pool();
+  /// Makes `pool` (from new_pool) the one allocations come from; 0: the shared cache.
+  void use_pool(int pool);
+  /// The pool's cached blocks join the shared cache, and its blocks still
+  /// handed out will when freed. Only once no queued work uses them.
+  void release_pool(int pool) noexcept;
+
   /// The size class of a request (exposed for tests).
   static size_t round_size(size_t bytes);
 
@@ -84,14 +100,21 @@ class CudaCachingAllocator final : public Allocator {
   struct Block {
     size_t size;       // rounded size of the cudaMalloc'd block
     size_t requested;  // what the caller asked for (counted in live bytes)
+    int pool;          // 0: the shared cache; else the recording pool it returns to
   };
+  using FreeList = std::multimap<size_t, void*>;  // block size -> block
+  /// The cached block of `list` to hand out for `rounded` bytes, or list.end().
+  static FreeList::iterator best_fit(FreeList& list, size_t rounded);
   void* malloc_with_retry(size_t rounded, size_t requested);
   void empty_cache_locked() noexcept;
 
   int device_;
   mutable std::mutex mu_;
-  std::multimap<size_t, void*> free_;              // block size -> block
+  FreeList free_;                                // the shared cache
   std::unordered_map<void*, Block> handed_out_;  // every block now handed out
+  std::unordered_map<int, FreeList> pools_;      // live recording pools' cached blocks
+  int active_pool_ = 0;
+  int next_pool_ = 1;
   size_t cached_ = 0;
   size_t reserved_ = 0;
   size_t limit_ = std::numeric_limits<size_t>::max();

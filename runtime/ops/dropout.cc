@@ -112,7 +112,7 @@ std::vector<OpDesc> dropout_grad_maker(const OpDesc& fwd, GradContext& g) {
                   {{"X@GRAD", {dx}}}, fwd.attrs)};
 }
 
-MIX_REGISTER_OP("dropout", OpInfo{infer_dropout, dropout_cpu, {}, dropout_grad_maker});
+MIX_REGISTER_OP("dropout", OpInfo{infer_dropout, dropout_cpu, {}, dropout_grad_maker, {}, /*varies_by_step=*/true});
 MIX_REGISTER_OP("dropout_grad", OpInfo{{}, dropout_grad_cpu, {}, {}});
 
 }  // namespace

@@ -12,7 +12,9 @@
 // batch-norm kernels, NCHW cuDNN's.
 // Last, the Transformer's steps on the GPU with and without
 // amp::fold_widening_casts, and with the loss's softmax recomputed or stored
-// (runtime/recompute_softmax.h), which must agree bit for bit.
+// (runtime/recompute_softmax.h), which must agree bit for bit; and the MLP's
+// and the ResNet's steps recorded once as a CUDA graph and replayed
+// (--cuda-graph), which must give the op-by-op steps' bits.
 // Without a GPU: exit 77 (CTest: skipped).
 #include <catch2/catch.hpp>
 
@@ -247,6 +249,66 @@ TEST_CASE("Transformer steps on the GPU: the recomputed softmax gives the bits o
     o.recompute_softmax = false;
     TrainedModel stored = train_steps(tiny_transformer(300, 0.0), o);
     mix::testing::expect_same_training(recomputed, stored);
+  }
+#endif
+}
+
+TEST_CASE("Training steps recorded as a CUDA graph and replayed give the bits of op-by-op steps",
+          "[cuda][cuda_graph]") {
+  mix::testing::require_gpu();
+#ifdef MIX_HAVE_CUDA
+  cuda::set_allow_tf32(false);
+  // A replay runs the recorded kernels with the recorded arguments on the
+  // recorded memory (runtime/step_graph.h): the same GPU work as the op-by-op
+  // step, so the same bits, provided the kernels add in fixed orders. They do
+  // for the MLP (cuBLAS gives the same bits for the same call) and for the
+  // ResNet as long as cuDNN's backward passes take deterministic algorithms,
+  // which conv2d chooses first; two op-by-op runs that differ show otherwise,
+  // and the test says so instead of blaming the recording.
+  const Device gpu{DeviceKind::cuda, 0};
+  auto make_graph = [](const TrainedModel&) { return require_device_backend(DeviceKind::cuda).make_graph(0); };
+  struct Case {
+    const char* name;
+    std::function<models::Model()> model;
+    bool amp;
+  };
+  const std::vector<Case> cases = {
+      {"MLP FP32",
+       [] {
+         return models::build_mlp({64, {48, 32}, 10});
+       },
+       false},
+      {"MLP AMP",
+       [] {
+         return models::build_mlp({64, {48, 32}, 10});
+       },
+       true},
+      {"resnet NCHW FP32", [] { return mix::testing::narrow_resnet(false, 16); }, false},
+      {"resnet NHWC AMP", [] { return mix::testing::narrow_resnet(true, 16); }, true},
+  };
+  for (const Case& c : cases) {
+    INFO(c.name);
+    TrainOptions o{.amp = c.amp, .device = gpu, .steps = 5, .batch = 8, .seed = 11};
+    const TrainedModel eager = train_steps(c.model(), o);
+    const TrainedModel eager_again = train_steps(c.model(), o);
+    bool deterministic = eager.losses == eager_again.losses;
+    for (const VarDesc& v : eager.model.program.vars()) {
+      if (!v.persistable || !deterministic) continue;
+      const Tensor a = eager.scope.get(v.name).to(cpu_device()), b = eager_again.scope.get(v.name).to(cpu_device());
+      deterministic = a.bytes() == b.bytes() && std::memcmp(a.raw(), b.raw(), a.bytes()) == 0;
+    }
+    INFO(
+        "two op-by-op runs of the same steps differ: a kernel is nondeterministic, and the recording cannot be "
+        "compared bit for bit");
+    REQUIRE(deterministic);
+
+    std::vector<StepGraph::Ran> ran;
+    o.make_graph = make_graph;
+    o.ran = &ran;
+    const TrainedModel replayed = train_steps(c.model(), o);
+    using Ran = StepGraph::Ran;
+    CHECK(ran == std::vector<Ran>{Ran::eager, Ran::recorded, Ran::replayed, Ran::replayed, Ran::replayed});
+    mix::testing::expect_same_training(eager, replayed);
   }
 #endif
 }

@@ -4,10 +4,12 @@
 // casts or not (test_fold_casts.cc), fused add + relu or not
 // (test_fuse_add_relu.cc), fused weight casts or not (test_fuse_param_casts.cc), the softmax stored or recomputed
 // (test_recompute_softmax.cc), the GPU against the CPU and the passes on the GPU
-// (test_cuda_train_step.cc). Header-only (each test file is its own executable).
+// (test_cuda_train_step.cc), steps recorded and replayed or not (test_step_graph.cc,
+// test_cuda_train_step.cc). Header-only (each test file is its own executable).
 #include <catch2/catch.hpp>
 
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <set>
 #include <string>
@@ -25,6 +27,7 @@
 #include "runtime/optim/optimizer.h"
 #include "runtime/random.h"
 #include "runtime/recompute_softmax.h"
+#include "runtime/step_graph.h"
 
 namespace mix::testing {
 
@@ -40,6 +43,11 @@ struct TrainOptions {
   int steps = 2;
   int64_t batch = 3;
   uint64_t seed = 5;  // the initial state and the batches
+  /// When set, the steps run through a StepGraph (--cuda-graph) on the
+  /// recording it makes for the model being trained (its program and scope are in place).
+  std::function<std::unique_ptr<DeviceGraph>(const struct TrainedModel&)> make_graph = {};
+  /// With make_graph: how each step ran (eager, recorded, replayed), in order.
+  std::vector<StepGraph::Ran>* ran = nullptr;
 };
 
 struct TrainedModel {
@@ -82,6 +90,10 @@ inline TrainedModel train_steps(models::Model model, const TrainOptions& o) {
 
   auto comm = collective::make_local_communicator();  // world 1: the all-reduces are the identity
   Executor step(r.model.program, keep);
+  std::unique_ptr<StepGraph> graph;
+  if (o.make_graph)
+    graph = std::make_unique<StepGraph>(r.model.program, step, std::vector<std::string>{r.model.input, r.model.label},
+                                        std::vector<std::string>(keep.begin(), keep.end()), o.make_graph(r));
   ExecEnv env;
   env.comm = comm.get();
   env.device = o.device;
@@ -105,7 +117,12 @@ inline TrainedModel train_steps(models::Model model, const TrainOptions& o) {
     for (int64_t i = 0; i < labels.numel(); ++i) labels.data<int64_t>()[i] = static_cast<int64_t>(rng.below(classes));
     r.scope.set(r.model.label, labels.to(o.device));
     env.step = s + 1;
-    step.run(r.scope, env);
+    if (graph) {
+      const StepGraph::Ran ran = graph->run(r.scope, env);
+      if (o.ran) o.ran->push_back(ran);
+    } else {
+      step.run(r.scope, env);
+    }
     r.losses.push_back(r.scope.get(r.model.loss).item_float());
     if (!r.train.found_inf.empty()) r.found_inf.push_back(r.scope.get(r.train.found_inf).item_float());
   }

@@ -1,0 +1,105 @@
+#include "runtime/step_graph.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "runtime/check.h"
+
+namespace mix {
+
+StepGraph::StepGraph(const Program& program, const Executor& step, std::vector<std::string> feeds,
+                     std::vector<std::string> outputs, std::unique_ptr<DeviceGraph> graph)
+    : program_(program),
+      step_(step),
+      feed_names_(std::move(feeds)),
+      output_names_(std::move(outputs)),
+      graph_(std::move(graph)) {
+  MIX_CHECK(graph_, "StepGraph needs a device recording (DeviceBackend::make_graph)");
+}
+
+std::string StepGraph::why_not(const Program& program, const ExecEnv& env) {
+  if (env.device.kind == DeviceKind::cpu) return "the CPU runs each op as it is called: there is nothing to record";
+  if (env.op_seconds) return "MIX_PROFILE_OPS times each op, which a recording of the whole step would hide";
+  const OpRegistry& reg = OpRegistry::instance();
+  for (size_t i = 0; i < program.ops().size(); ++i) {
+    const OpDesc& op = program.ops()[i];
+    if (reg.has(op.type) && reg.get(op.type).varies_by_step)
+      return MIX_STR_CAT("op " << i << " (" << op.type
+                               << ") depends on the step number, which a recording would freeze at one step");
+  }
+  return "";
+}
+
+StepGraph::Ran StepGraph::run(Scope& scope, ExecEnv& env) {
+  ++runs_;
+  if (runs_ == 1 || (recorded_ && !feeds_match(scope))) {
+    step_.run(scope, env);
+    return Ran::eager;
+  }
+  if (recorded_ && persistables_in_place(scope)) {
+    replay(scope);
+    return Ran::replayed;
+  }
+  record(scope, env);
+  replay(scope);
+  return Ran::recorded;
+}
+
+bool StepGraph::feeds_match(const Scope& scope) const {
+  for (size_t i = 0; i < feed_names_.size(); ++i) {
+    const Tensor& given = scope.get(feed_names_[i]);
+    const Tensor& buffer = feed_buffers_[i];
+    if (given.shape() != buffer.shape() || given.dtype() != buffer.dtype()) return false;
+  }
+  return true;
+}
+
+bool StepGraph::persistables_in_place(const Scope& scope) const {
+  return std::all_of(persistables_.begin(), persistables_.end(), [&](const Placed& p) {
+    const Tensor* t = scope.find(p.name);
+    return t && t->raw() == p.where;
+  });
+}
+
+void StepGraph::record(Scope& scope, ExecEnv& env) {
+  recorded_ = false;
+  std::vector<Tensor> given;
+  feed_buffers_.clear();
+  for (const std::string& name : feed_names_) {
+    given.push_back(scope.get(name));
+    const Tensor& t = given.back();
+    feed_buffers_.push_back(Tensor::empty(t.shape(), t.dtype(), env.device));
+  }
+  // Every temporary and output of the step is allocated while recording, from
+  // the recording's pool; one left over from an earlier step (or an
+  // evaluation) would be overwritten in place, in memory anyone may get back.
+  for (const VarDesc& v : program_.vars())
+    if (!v.persistable) scope.erase(v.name);
+  for (size_t i = 0; i < feed_names_.size(); ++i) scope.set(feed_names_[i], feed_buffers_[i]);
+  // Pointers, not references to this frame: a test's stand-in recording
+  // (tests/unit/test_step_graph.cc) keeps the work to run it at each replay.
+  Scope* const recorded_scope = &scope;
+  ExecEnv* const recorded_env = &env;
+  graph_->record([this, recorded_scope, recorded_env] { step_.run(*recorded_scope, *recorded_env); });
+
+  outputs_.clear();
+  for (const std::string& name : output_names_)
+    if (const Tensor* t = scope.find(name)) outputs_.emplace_back(name, *t);
+  persistables_.clear();
+  for (const VarDesc& v : program_.vars())
+    if (v.persistable)
+      if (const Tensor* t = scope.find(v.name)) persistables_.push_back({v.name, t->raw()});
+  for (size_t i = 0; i < feed_names_.size(); ++i) scope.set(feed_names_[i], given[i]);
+  recorded_ = true;
+}
+
+void StepGraph::replay(Scope& scope) {
+  for (size_t i = 0; i < feed_names_.size(); ++i) {
+    const Tensor& given = scope.get(feed_names_[i]);
+    graph_->copy_in(feed_buffers_[i].raw(), given.raw(), given.bytes());
+  }
+  graph_->replay();
+  for (auto& [name, t] : outputs_) scope.set(name, t);
+}
+
+}  // namespace mix

@@ -1,0 +1,75 @@
+#pragma once
+// --cuda-graph: a training step queued on the device as one recorded graph
+// (DeviceGraph, runtime/device_backend.h) instead of op by op. On an H200 the
+// host took ~40 ms to queue a ResNet-50 AMP step at batch 64 that the GPU ran
+// in ~10 ms: one call per kernel, cuDNN's most of all. A replay queues the
+// whole step with one call.
+//
+// What a recording freezes, and how this class keeps it right:
+// - Addresses. Inputs (the feeds) are copied into buffers of the recording's
+//   own before each replay. Every other non-persistable variable is dropped
+//   from the scope before recording, so the recorded step allocates it from
+//   the recording's pool, which nothing else is handed. Persistable variables
+//   (parameters, optimizer and scaler state) must stay where they were
+//   recorded: each run checks, and records again when one has moved.
+// - Shapes. A step whose feeds have other shapes (an epoch's partial last
+//   batch) runs op by op.
+// - Host values. The step's data-dependent decisions (skipping an overflowed
+//   step, the loss scale, the learning rate) are read from device memory by
+//   the kernels, so they replay correctly; ops whose device work depends on
+//   the step number (OpInfo::varies_by_step: dropout, inject_overflow) cannot
+//   be recorded, and why_not() says so.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/device_backend.h"
+#include "runtime/executor.h"
+
+namespace mix {
+
+class StepGraph {
+ public:
+  enum class Ran { eager, recorded, replayed };
+
+  /// `step` runs `program`; both must outlive this. `feeds`: the variables
+  /// the caller sets before each run (a batch's inputs and labels). `outputs`:
+  /// those the caller reads after a run (`step`'s kept ones; absent ones are
+  /// skipped), put back into the scope after each replay. `graph`: an empty
+  /// recording of the device (DeviceBackend::make_graph).
+  StepGraph(const Program& program, const Executor& step, std::vector<std::string> feeds,
+            std::vector<std::string> outputs, std::unique_ptr<DeviceGraph> graph);
+
+  /// Why `program`'s steps under `env` cannot be recorded once and replayed; empty when they can.
+  static std::string why_not(const Program& program, const ExecEnv& env);
+
+  /// Runs one step over `scope`. The first run is op by op, so that what a
+  /// first run caches (algorithm choices, lazily loaded kernels, allocator
+  /// blocks, plans) is in place before recording; the second is recorded and
+  /// replayed; later ones replay. The result is the eager step's, bit for bit.
+  /// A recording that fails throws mix::Error saying why (none of the step's
+  /// device work ran; the scope's temporaries are gone).
+  Ran run(Scope& scope, ExecEnv& env);
+
+ private:
+  struct Placed {
+    std::string name;
+    const void* where;
+  };
+  bool feeds_match(const Scope& scope) const;
+  bool persistables_in_place(const Scope& scope) const;
+  void record(Scope& scope, ExecEnv& env);
+  void replay(Scope& scope);
+
+  const Program& program_;
+  const Executor& step_;
+  std::vector<std::string> feed_names_, output_names_;
+  std::unique_ptr<DeviceGraph> graph_;
+  int64_t runs_ = 0;
+  bool recorded_ = false;
+  std::vector<Tensor> feed_buffers_;                     // what the recording reads the feeds from
+  std::vector<std::pair<std::string, Tensor>> outputs_;  // what the recording writes the outputs to
+  std::vector<Placed> persistables_;                     // where the recording reads and writes them
+};
+
+}  // namespace mix

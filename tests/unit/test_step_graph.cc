@@ -1,0 +1,191 @@
+// StepGraph (runtime/step_graph.h, --cuda-graph) on the CPU, through a
+// stand-in recording that behaves as CUDA's stream capture does where
+// StepGraph relies on it: record() runs none of the work, replay() runs it
+// once, copy_in copies at once. These tests check the runner's side: which
+// run is op by op, recorded or replayed; that a step runs exactly once per
+// call (the weights after five steps are the op-by-op bits); that nothing
+// left from an earlier step is in the scope while recording; that each
+// replay's inputs are copied into the buffers the recording read; and when a
+// step cannot be recorded. The real recording runs in test_cuda_train_step's
+// [cuda] cases.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "models/model.h"
+#include "runtime/step_graph.h"
+#include "tests/unit/train_steps.h"
+
+using namespace mix;
+using namespace mix::testing;
+
+namespace {
+
+/// What the stand-in saw.
+struct RecordingLog {
+  int records = 0, replays = 0;
+  std::vector<std::string> leftovers;    // non-persistable variables in the scope while recording, feeds aside
+  std::vector<const void*> feeds_read;   // the feeds' addresses the recorded work reads
+  std::vector<const void*> copied_into;  // copy_in's destinations since the last replay
+  bool copies_were_into_feeds_read = true;
+};
+
+class StandInRecording final : public DeviceGraph {
+ public:
+  StandInRecording(RecordingLog& log, const Program& program, const Scope& scope, std::vector<std::string> feeds)
+      : log_(log), program_(program), scope_(scope), feeds_(std::move(feeds)) {}
+
+  void record(const std::function<void()>& work) override {
+    ++log_.records;
+    log_.leftovers.clear();
+    log_.feeds_read.clear();
+    for (const VarDesc& v : program_.vars()) {
+      const bool feed = std::find(feeds_.begin(), feeds_.end(), v.name) != feeds_.end();
+      if (!v.persistable && !feed && scope_.has(v.name)) log_.leftovers.push_back(v.name);
+    }
+    for (const std::string& f : feeds_) log_.feeds_read.push_back(scope_.get(f).raw());
+    work_ = work;  // StepGraph's work holds pointers to the scope and env, which outlive the steps
+  }
+
+  void copy_in(void* dst, const void* src, size_t bytes) override {
+    std::memcpy(dst, src, bytes);
+    log_.copied_into.push_back(dst);
+  }
+
+  void replay() override {
+    ++log_.replays;
+    std::vector<const void*> expected = log_.feeds_read;
+    if (log_.copied_into != expected) log_.copies_were_into_feeds_read = false;
+    log_.copied_into.clear();
+    work_();
+  }
+
+ private:
+  RecordingLog& log_;
+  const Program& program_;
+  const Scope& scope_;
+  std::vector<std::string> feeds_;
+  std::function<void()> work_;
+};
+
+using Ran = StepGraph::Ran;
+
+}  // namespace
+
+TEST_CASE("StepGraph: op by op, recorded, replayed, with the bits of op-by-op steps", "[step_graph]") {
+  for (const bool amp : {false, true}) {
+    for (const bool resnet : {false, true}) {
+      INFO((amp ? "AMP " : "FP32 ") << (resnet ? "resnet" : "mlp"));
+      auto model = [&] {
+        return resnet ? narrow_resnet() : models::build_mlp({.in_features = 12, .hidden = {16, 8}, .num_classes = 4});
+      };
+      TrainOptions o;
+      o.amp = amp;
+      o.steps = 5;
+      const TrainedModel eager = train_steps(model(), o);
+
+      RecordingLog log;
+      std::vector<Ran> ran;
+      o.ran = &ran;
+      o.make_graph = [&](const TrainedModel& m) {
+        return std::make_unique<StandInRecording>(log, m.model.program, m.scope,
+                                                  std::vector<std::string>{m.model.input, m.model.label});
+      };
+      const TrainedModel graphed = train_steps(model(), o);
+      CHECK(ran == std::vector<Ran>{Ran::eager, Ran::recorded, Ran::replayed, Ran::replayed, Ran::replayed});
+      CHECK(log.records == 1);
+      CHECK(log.replays == 4);
+      CHECK(log.leftovers.empty());
+      CHECK(log.copies_were_into_feeds_read);
+      expect_same_training(eager, graphed);
+    }
+  }
+}
+
+TEST_CASE("StepGraph: other feed shapes run op by op; a moved persistable is recorded again", "[step_graph]") {
+  models::Model m = models::build_mlp({.in_features = 6, .hidden = {5}, .num_classes = 3});
+  m.program = training_program(m, /*use_amp=*/false);
+  Scope scope;
+  initialize_persistables(m.program, scope, 3);
+  scope.get(optim::kLearningRate).data<float>()[0] = 0.05f;
+  auto comm = collective::make_local_communicator();
+  Executor step(m.program, {m.loss});
+  ExecEnv env;
+  env.comm = comm.get();
+  RecordingLog log;
+  StepGraph graph(
+      m.program, step, {m.input, m.label}, {m.loss},
+      std::make_unique<StandInRecording>(log, m.program, scope, std::vector<std::string>{m.input, m.label}));
+  auto run_batch = [&](int64_t n) {
+    std::vector<float> x(static_cast<size_t>(n * 6));
+    for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 7) * 0.1f - 0.3f;
+    scope.set(m.input, Tensor::from_floats({n, 6}, x));
+    Tensor labels = Tensor::empty({n}, DType::i64);
+    for (int64_t i = 0; i < n; ++i) labels.data<int64_t>()[i] = i % 3;
+    scope.set(m.label, labels);
+    return graph.run(scope, env);
+  };
+  CHECK(run_batch(4) == Ran::eager);
+  CHECK(run_batch(4) == Ran::recorded);
+  CHECK(run_batch(4) == Ran::replayed);
+  CHECK(run_batch(2) == Ran::eager);  // a partial batch: the recording is of batch 4
+  CHECK(run_batch(4) == Ran::replayed);
+  CHECK(log.records == 1);
+
+  // A persistable moved (a checkpoint loaded into the scope, say): the
+  // recording would update the old memory, so the step is recorded again.
+  std::string moved;
+  for (const VarDesc& v : m.program.vars())
+    if (v.is_parameter) {
+      moved = v.name;
+      break;
+    }
+  REQUIRE(!moved.empty());
+  scope.set(moved, scope.get(moved).to(cpu_device()).clone());
+  CHECK(run_batch(4) == Ran::recorded);
+  CHECK(run_batch(4) == Ran::replayed);
+  CHECK(log.records == 2);
+  CHECK(log.leftovers.empty());  // the partial batch's temporaries were dropped before recording again
+  CHECK(log.copies_were_into_feeds_read);
+}
+
+TEST_CASE("StepGraph::why_not names what keeps a step from being recorded", "[step_graph]") {
+  Program p = training_program(models::build_mlp({.in_features = 6, .hidden = {5}, .num_classes = 3}), true);
+  ExecEnv gpu;
+  gpu.device = Device{DeviceKind::cuda, 0};  // why_not looks at the device's kind only: no GPU needed
+  CHECK(StepGraph::why_not(p, gpu).empty());
+
+  ExecEnv cpu;
+  CHECK_THAT(StepGraph::why_not(p, cpu), Catch::Contains("CPU"));
+
+  std::map<std::string, double> op_seconds;
+  ExecEnv profiled = gpu;
+  profiled.op_seconds = &op_seconds;
+  CHECK_THAT(StepGraph::why_not(p, profiled), Catch::Contains("MIX_PROFILE_OPS"));
+
+  // The ops whose work depends on the step number: dropout (its mask key)...
+  models::TransformerConfig tc;
+  tc.vocab = 11;
+  tc.context = 4;
+  tc.d_model = 8;
+  tc.heads = 2;
+  tc.layers = 1;
+  tc.dropout = 0.1;
+  models::Model lm = models::build_transformer(tc);
+  std::unique_ptr<optim::Optimizer> sgd = optim::make_momentum(0.9);
+  sgd->minimize(lm.program, lm.loss, collective::grad_allreduce_pass({}));
+  CHECK_THAT(StepGraph::why_not(lm.program, gpu), Catch::Contains("(dropout)") && Catch::Contains("step number"));
+
+  // ... and inject_overflow (--inject-overflow's chosen step).
+  models::Model mlp = models::build_mlp({.in_features = 6, .hidden = {5}, .num_classes = 3});
+  amp::AmpOptions ao;
+  ao.inject = amp::InjectOverflow{2, -1, ""};
+  std::unique_ptr<optim::Optimizer> decorated = amp::decorate(optim::make_momentum(0.9), ao);
+  decorated->minimize(mlp.program, mlp.loss, collective::grad_allreduce_pass({}));
+  CHECK_THAT(StepGraph::why_not(mlp.program, gpu),
+             Catch::Contains("(inject_overflow)") && Catch::Contains("step number"));
+}
