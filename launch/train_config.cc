@@ -47,6 +47,7 @@ std::vector<std::pair<std::string, std::string>> TrainConfig::fingerprint_fields
           {"cudnn-bn-persistent", cudnn_bn_persistent ? "on" : "off"},
           {"cudnn-benchmark", cudnn_benchmark ? "on" : "off"},
           {"cudnn-graph-conv", cudnn_graph_conv ? "on" : "off"},
+          {"cuda-graph", cuda_graph ? "on" : "off"},
           {"precision", precision},
           {"grad-reduce", effective_grad_reduce()},
           {"grad-predivide", num(grad_predivide)},
@@ -187,6 +188,10 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
       "--cudnn-graph-conv", c.cudnn_graph_conv,
       "run convolutions on GPUs through cuDNN's graph API, an execution plan built once per shape, instead "
       "of the legacy calls (which cost the host ~270 us each on an H200); --cudnn-benchmark then does nothing");
+  app.add_flag("--cuda-graph", c.cuda_graph,
+               "on GPUs, record the training step once as a CUDA graph (its second step) and replay it, one launch a "
+               "step instead of one call per kernel; programs with dropout or --inject-overflow, and MIX_PROFILE_OPS "
+               "runs, run op by op");
   app.add_option("--precision", c.precision, "fp32, or amp (FP16 where safe, dynamic loss scaling)")
       ->check(CLI::IsMember({"fp32", "amp"}));
   app.add_option("--grad-reduce", c.grad_reduce,

@@ -33,6 +33,7 @@
 #include "runtime/log.h"
 #include "runtime/optim/lr_schedule.h"
 #include "runtime/recompute_softmax.h"
+#include "runtime/step_graph.h"
 
 namespace mix::launch {
 
@@ -481,6 +482,25 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     spdlog::warn("MIX_PROFILE_OPS={} is neither 1 (device time per op) nor host (host time per op): no op profile",
                  profile_env);
   }
+  // --cuda-graph: the step recorded on its second run and replayed after.
+  std::unique_ptr<StepGraph> step_graph;
+  if (c.cuda_graph) {
+    std::string why = StepGraph::why_not(program, env);
+    std::unique_ptr<DeviceGraph> recording;
+    if (why.empty()) recording = require_device_backend(device.kind).make_graph(device.index);
+    if (why.empty() && !recording) why = "this device's backend cannot record";
+    if (why.empty()) {
+      step_graph = std::make_unique<StepGraph>(
+          program, step_exec, std::vector<std::string>{model.input, model.label},
+          std::vector<std::string>{model.loss, amp::ScalerVars::found_inf, amp::ScalerVars::overflow_ranks},
+          std::move(recording));
+    } else if (rank == 0) {
+      spdlog::warn("--cuda-graph: {}; every step runs op by op", why);
+    }
+  }
+  // The gradient bytes a replayed step sends: those counted while recording
+  // it (a replay runs the recorded collectives without calling the communicator).
+  uint64_t recorded_grad_bytes = 0;
   MetricsWriter metrics(rank == 0 ? c.metrics : "");
   if (rank == 0)
     spdlog::info("training {} ({}{}), {} steps of {} x {} examples, precision {}, gradient all-reduce in {}", c.model,
@@ -590,8 +610,14 @@ int run_training(const TrainConfig& c, Communicator& comm) {
 
     const uint64_t bytes_before = grad_comm.bytes().grad_allreduce_bytes;
     const auto t0 = Clock::now();
-    step_exec.run(scope, env);
+    StepGraph::Ran ran = StepGraph::Ran::eager;
+    if (step_graph)
+      ran = step_graph->run(scope, env);
+    else
+      step_exec.run(scope, env);
     const double queue_secs = seconds_since(t0);
+    if (ran == StepGraph::Ran::recorded && rank == 0)
+      spdlog::info("step {} recorded as a CUDA graph in {:.1f} ms; later steps replay it", step + 1, 1e3 * queue_secs);
     // Each rank updated its running statistics from its own batch (per-rank
     // batch_norm, PyTorch DDP's default); rank 0's win, as DDP's broadcast_buffers does.
     // (Alone, rank 0 has them already: on a GPU the broadcast would be ~160
@@ -614,7 +640,9 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     // The CUDA scaler op leaves its "stuck at the minimum" error to the host,
     // here; the CPU op has raised it already.
     if (use_amp) amp::check_loss_scale_not_stuck(program, scope);
-    const uint64_t grad_bytes = grad_comm.bytes().grad_allreduce_bytes - bytes_before;
+    uint64_t grad_bytes = grad_comm.bytes().grad_allreduce_bytes - bytes_before;
+    if (ran == StepGraph::Ran::recorded) recorded_grad_bytes = grad_bytes;
+    if (ran == StepGraph::Ran::replayed) grad_bytes = recorded_grad_bytes;
 
     // The step's device-to-host copies, all after it: the loss, the flag, the
     // scale and (above) the scaler's count of skips at the minimum.

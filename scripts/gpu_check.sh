@@ -3,7 +3,8 @@
 # runs every [cuda] test (each CUDA kernel against its CPU twin, the 1-GPU NCCL
 # communicator), trains the MLP for a few hundred steps, ResNet-50 (cuDNN) and
 # a Transformer-base-sized language model for a few dozen in FP32 and in AMP on
-# the GPU (TF32 off), times resnet-small AMP steps with and without overlapped
+# the GPU (TF32 off), ResNet-50 again with --cuda-graph and that flag's
+# end-to-end test, times resnet-small AMP steps with and without overlapped
 # gradient all-reduces, checks that an AMP run with a stuck loss scale stops,
 # runs the kernel tests under compute-sanitizer's memcheck in the time left,
 # and prints a summary table last. Logs and summary.txt go to --out DIR.
@@ -249,6 +250,18 @@ train_resnet50 amp resnet50_amp --data-format nhwc; r50_amp_rc=$?
 # host about 270 us each on an H200, which set the pace at batch 64.
 train_resnet50 fp32 resnet50_fp32_graph --data-format nchw --cudnn-graph-conv; r50_fp32_graph_rc=$?
 train_resnet50 amp resnet50_amp_graph --data-format nhwc --cudnn-graph-conv; r50_amp_graph_rc=$?
+# And with each step recorded once as a CUDA graph and replayed (--cuda-graph,
+# runtime/step_graph.h): one launch a step instead of one call per kernel,
+# cuDNN's included. Then the flag's end-to-end check on the GPU: a resnet-small
+# run with evaluations and partial batches between replays gives the op-by-op
+# run's losses, loss scales and evaluations exactly.
+train_resnet50 fp32 resnet50_fp32_cudagraph --data-format nchw --cuda-graph; r50_fp32_cg_rc=$?
+train_resnet50 amp resnet50_amp_cudagraph --data-format nhwc --cuda-graph; r50_amp_cg_rc=$?
+echo "gpu_check: --cuda-graph against op-by-op steps on the GPU (log: $out/cuda_graph_flag.log)"
+MIX_E2E_DEVICE=cuda MIX_BUILD_DIR="$build" MIX_WITH_MPI=OFF limit 120 /usr/bin/env python3 \
+  "$root/tests/e2e/test_cuda_graph_flag.py" >"$out/cuda_graph_flag.log" 2>&1
+cg_flag_rc=$?
+cg_flag=$(grep -E "^(PASS|FAIL):" "$out/cuda_graph_flag.log" | tail -1)
 train_transformer fp32 transformer_fp32; tf_fp32_rc=$?
 train_transformer amp transformer_amp; tf_amp_rc=$?
 # NCCL all-reduce through the device communicator (one rank: NCCL still runs its
@@ -344,6 +357,10 @@ r50_amp_graph_ips=$(summary_field "$out/resnet50_amp_graph.jsonl" samples_per_s_
 r50_graph_ratio=$(ratio_of "$r50_fp32_graph_ips" "$r50_amp_graph_ips")
 r50_amp_graph_queue=$(queue_and_step_ms "$out/resnet50_amp_graph.jsonl")
 r50_first_steps="$(first_step_s "$out/resnet50_amp.jsonl") / $(first_step_s "$out/resnet50_amp_graph.jsonl")"
+r50_fp32_cg_ips=$(summary_field "$out/resnet50_fp32_cudagraph.jsonl" samples_per_s_overall)
+r50_amp_cg_ips=$(summary_field "$out/resnet50_amp_cudagraph.jsonl" samples_per_s_overall)
+r50_cg_ratio=$(ratio_of "$r50_fp32_cg_ips" "$r50_amp_cg_ips")
+r50_amp_cg_queue=$(queue_and_step_ms "$out/resnet50_amp_cudagraph.jsonl")
 r50_graph_fallbacks="FP32: $(graph_fallbacks "$out/resnet50_fp32_graph.log"); AMP: $(graph_fallbacks "$out/resnet50_amp_graph.log")"
 r50_fp32_b256_ips=$(summary_field "$out/resnet50_fp32_b256.jsonl" samples_per_s_overall)
 r50_b256_ratio=$(ratio_of "$r50_fp32_b256_ips" "$r50_b256_ips")
@@ -386,6 +403,10 @@ secs=$(( $(date +%s) - t0 ))
   printf "  %-36s %s\n" "  graph conv AMP / FP32; AMP queue/step" "$r50_graph_ratio; $r50_amp_graph_queue"
   printf "  %-36s %s\n" "  AMP first step s, legacy / graph" "$r50_first_steps"
   printf "  %-36s %s\n" "  graph conv shapes on legacy calls" "$r50_graph_fallbacks"
+  printf "  %-36s %s\n" "ResNet-50 FP32 NCHW, cuda graph" "$r50_fp32_cg_ips (exit $r50_fp32_cg_rc)"
+  printf "  %-36s %s\n" "ResNet-50 AMP NHWC, cuda graph" "$r50_amp_cg_ips (exit $r50_amp_cg_rc)"
+  printf "  %-36s %s\n" "  cuda graph AMP / FP32; AMP queue/step" "$r50_cg_ratio; $r50_amp_cg_queue"
+  printf "  %-36s %s\n" "  --cuda-graph = op by op (e2e)" "${cg_flag:-no verdict} (exit $cg_flag_rc)"
   printf "  %-36s %s\n" "ResNet-50 AMP NHWC, no-fuse-add-relu" "$r50_nofuse_ips (exit $r50_nofuse_rc)"
   printf "  %-36s %s\n" "ResNet-50 AMP NHWC, no-fuse-bn-relu" "$r50_nobnfuse_ips (exit $r50_nobnfuse_rc)"
   printf "  %-36s %s\n" "  same, cuDNN persistent BN" "$r50_bnp_ips (exit $r50_bnp_rc)"
@@ -426,6 +447,6 @@ secs=$(( $(date +%s) - t0 ))
 [ $tests_rc -eq 0 ] && [ $fp32_rc -eq 0 ] && [ $amp_rc -eq 0 ] && [ $r50_fp32_rc -eq 0 ] && [ $r50_amp_rc -eq 0 ] &&
   [ $r50_nchw_rc -eq 0 ] && [ $r50_fp32_nhwc_rc -eq 0 ] && [ $r50_bnp_rc -eq 0 ] && [ $r50_bench_rc -eq 0 ] && [ $r50_nofuse_rc -eq 0 ] && [ $r50_nobnfuse_rc -eq 0 ] &&
   [ $r50_b256_rc -eq 0 ] && [ $r50_fp32_b256_rc -eq 0 ] && [ $r50_fp32_graph_rc -eq 0 ] && [ $r50_amp_graph_rc -eq 0 ] &&
-  [ $r50_b256_graph_rc -eq 0 ] &&
+  [ $r50_b256_graph_rc -eq 0 ] && [ $r50_fp32_cg_rc -eq 0 ] && [ $r50_amp_cg_rc -eq 0 ] && [ $cg_flag_rc -eq 0 ] &&
   [ $tf_fp32_rc -eq 0 ] && [ $tf_amp_rc -eq 0 ] && [ $tf_nofold_rc -eq 0 ] && [ $tf_stored_rc -eq 0 ] && [ $rs_ov_rc -eq 0 ] && [ $rs_no_rc -eq 0 ] && [ $bench_rc -eq 0 ] &&
   [ $stuck_ok -eq 0 ] && [ $mc_ops_ok -eq 0 ] && [ $mc_tf_ok -eq 0 ]
