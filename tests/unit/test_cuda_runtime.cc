@@ -1,5 +1,6 @@
 // [cuda] The CUDA runtime: caching allocator (reuse, counters, out-of-memory
-// message), device tensors through the backend registry, stream/event ordering.
+// message, recording pools), device tensors through the backend registry,
+// stream/event ordering, and CUDA graph recordings (DeviceGraph).
 // Without a GPU (or in a build without CUDA) the test exits 77, which CTest
 // reports as skipped, never as passed.
 #include <catch2/catch.hpp>
@@ -472,6 +473,94 @@ TEST_CASE("BatchFeeder uploads gather_batch's batches to the GPU while the compu
     CHECK(same_bytes(b.labels.to(mix::cpu_device()), y));
   }
   CHECK(cudaGetLastError() == cudaSuccess);
+}
+
+TEST_CASE("a recording pool keeps its blocks to itself until released", "[cuda]") {
+  require_gpu_or_skip();
+  mix::cuda::CudaCachingAllocator a(0);
+  void* shared = a.allocate(1000);
+  a.deallocate(shared, 1000);
+  REQUIRE(a.cached_bytes() == 1024);
+
+  const int pool = a.new_pool();
+  a.use_pool(pool);
+  void* in_pool = a.allocate(1000);
+  CHECK(in_pool != shared);         // the shared cache's block is not taken...
+  CHECK(a.cached_bytes() == 1024);  // ...and stays cached there
+  CHECK(a.reserved_bytes() == 2048);
+  a.deallocate(in_pool, 1000);
+  CHECK(a.cached_bytes() == 1024);  // the pool's block went back to the pool, not the shared cache
+  void* again = a.allocate(600);
+  CHECK(again == in_pool);  // the recording reuses its own freed block
+
+  a.use_pool(0);
+  void* outside = a.allocate(1000);
+  CHECK(outside == shared);
+  a.deallocate(again, 600);  // freed while the pool is not in use: still the pool's
+  void* next = a.allocate(1000);
+  CHECK(next != in_pool);  // so nobody else gets it
+  a.deallocate(next, 1000);
+  a.deallocate(outside, 1000);
+  const size_t cached_before_release = a.cached_bytes();
+  a.release_pool(pool);
+  CHECK(a.cached_bytes() == cached_before_release + 1024);  // the pool's block joins the shared cache
+  CHECK_THROWS_WITH(a.use_pool(pool), Catch::Contains("no pool"));
+  a.empty_cache();
+  CHECK(a.reserved_bytes() == 0);
+}
+
+TEST_CASE("a CUDA graph replays its recorded copies on the recorded memory; a failed recording leaves the GPU usable",
+          "[cuda]") {
+  require_gpu_or_skip();
+  mix::cuda::DeviceContext& ctx = mix::cuda::use_device(0);
+  auto& alloc = dynamic_cast<mix::cuda::CudaCachingAllocator&>(mix::allocator_for(kGpu));
+  std::unique_ptr<mix::DeviceGraph> graph = mix::require_device_backend(mix::DeviceKind::cuda).make_graph(0);
+  REQUIRE(graph);
+  const size_t n = 4096;
+  mix::Tensor input = mix::Tensor::empty({static_cast<int64_t>(n)}, mix::DType::u8, kGpu);
+  mix::Tensor output = mix::Tensor::empty({static_cast<int64_t>(n)}, mix::DType::u8, kGpu);
+  mix::Tensor host = mix::Tensor::empty({static_cast<int64_t>(n)}, mix::DType::u8,
+                                        *mix::require_device_backend(mix::DeviceKind::cuda).pinned_host_allocator(0));
+  // Recorded: input -> a temporary from the allocator (the recording's pool) -> output.
+  void* temporary = nullptr;
+  graph->record([&] {
+    temporary = alloc.allocate(n);
+    MIX_CUDA_CHECK(cudaMemcpyAsync(temporary, input.raw(), n, cudaMemcpyDeviceToDevice, ctx.compute.get()));
+    MIX_CUDA_CHECK(cudaMemcpyAsync(output.raw(), temporary, n, cudaMemcpyDeviceToDevice, ctx.compute.get()));
+    alloc.deallocate(temporary, n);
+  });
+  REQUIRE(temporary != nullptr);
+  // Nothing else is handed the temporary: allocations of its size come from elsewhere.
+  std::vector<void*> others;
+  for (int i = 0; i < 8; ++i) others.push_back(alloc.allocate(n));
+  for (void* p : others) CHECK(p != temporary);
+  for (void* p : others) alloc.deallocate(p, n);
+
+  for (uint8_t value : {uint8_t{0x11}, uint8_t{0x7e}}) {
+    INFO("value " << int(value));
+    std::memset(host.raw(), value, n);
+    graph->copy_in(input.raw(), host.raw(), n);  // ordered before the replay
+    graph->replay();
+    ctx.compute.synchronize();
+    const mix::Tensor back = output.to(mix::cpu_device());
+    size_t wrong = 0;
+    for (size_t i = 0; i < n; ++i) wrong += back.data<uint8_t>()[i] != value;
+    CHECK(wrong == 0);
+  }
+
+  // A host wait for the stream being recorded is forbidden: the recording
+  // fails with CUDA's reason, and the GPU goes on working.
+  std::unique_ptr<mix::DeviceGraph> bad = mix::require_device_backend(mix::DeviceKind::cuda).make_graph(0);
+  CHECK_THROWS_WITH(bad->record([&] { ctx.compute.synchronize(); }), Catch::Contains("could not record"));
+  CHECK_THROWS_WITH(bad->record([] { MIX_FAIL("an op's own error"); }), Catch::Contains("an op's own error"));
+  CHECK_THROWS_WITH(bad->replay(), Catch::Contains("before anything was recorded"));
+  CHECK(cudaGetLastError() == cudaSuccess);
+  REQUIRE(cudaMemsetAsync(output.raw(), 0x22, n, ctx.compute.get()) == cudaSuccess);
+  ctx.compute.synchronize();
+  CHECK(output.to(mix::cpu_device()).data<uint8_t>()[n - 1] == 0x22);
+  graph->replay();  // the good recording still replays
+  ctx.compute.synchronize();
+  CHECK(output.to(mix::cpu_device()).data<uint8_t>()[0] == 0x7e);
 }
 
 #endif
