@@ -359,7 +359,6 @@ r50_amp_graph_queue=$(queue_and_step_ms "$out/resnet50_amp_graph.jsonl")
 r50_first_steps="$(first_step_s "$out/resnet50_amp.jsonl") / $(first_step_s "$out/resnet50_amp_graph.jsonl")"
 r50_fp32_cg_ips=$(summary_field "$out/resnet50_fp32_cudagraph.jsonl" samples_per_s_overall)
 r50_amp_cg_ips=$(summary_field "$out/resnet50_amp_cudagraph.jsonl" samples_per_s_overall)
-r50_cg_ratio=$(ratio_of "$r50_fp32_cg_ips" "$r50_amp_cg_ips")
 r50_amp_cg_queue=$(queue_and_step_ms "$out/resnet50_amp_cudagraph.jsonl")
 r50_graph_fallbacks="FP32: $(graph_fallbacks "$out/resnet50_fp32_graph.log"); AMP: $(graph_fallbacks "$out/resnet50_amp_graph.log")"
 r50_fp32_b256_ips=$(summary_field "$out/resnet50_fp32_b256.jsonl" samples_per_s_overall)
@@ -369,9 +368,13 @@ r50_b256_graph_ips=$(summary_field "$out/resnet50_amp_b256_graph.jsonl" samples_
 r50_bench_ips=$(summary_field "$out/resnet50_amp_bench.jsonl" samples_per_s_overall)
 r50_nofuse_ips=$(summary_field "$out/resnet50_amp_nofuse.jsonl" samples_per_s_overall)
 r50_nobnfuse_ips=$(summary_field "$out/resnet50_amp_nobnfuse.jsonl" samples_per_s_overall)
+# The target compares AMP with FP32 at its best: the fastest FP32 batch-64 run
+# of any layout and mode (legacy calls, graph API, CUDA graph).
 r50_fp32_best=$(/usr/bin/env python3 -c "import sys
 v=[float(a) for a in sys.argv[1:] if a.replace('.', '', 1).isdigit()]
-print(max(v) if v else 'n/a')" "$r50_fp32_ips" "$r50_fp32_nhwc_ips" 2>/dev/null || echo n/a)
+print(max(v) if v else 'n/a')" "$r50_fp32_ips" "$r50_fp32_nhwc_ips" "$r50_fp32_graph_ips" "$r50_fp32_cg_ips" \
+  2>/dev/null || echo n/a)
+r50_cg_ratio=$(ratio_of "$r50_fp32_best" "$r50_amp_cg_ips")
 r50_fp32_peak=$(summary_field "$out/resnet50_fp32.jsonl" peak_bytes)
 r50_amp_peak=$(summary_field "$out/resnet50_amp.jsonl" peak_bytes)
 r50_ratio=$(ratio_of "$r50_fp32_best" "$r50_amp_ips")
@@ -405,7 +408,8 @@ secs=$(( $(date +%s) - t0 ))
   printf "  %-36s %s\n" "  graph conv shapes on legacy calls" "$r50_graph_fallbacks"
   printf "  %-36s %s\n" "ResNet-50 FP32 NCHW, cuda graph" "$r50_fp32_cg_ips (exit $r50_fp32_cg_rc)"
   printf "  %-36s %s\n" "ResNet-50 AMP NHWC, cuda graph" "$r50_amp_cg_ips (exit $r50_amp_cg_rc)"
-  printf "  %-36s %s\n" "  cuda graph AMP / FP32; AMP queue/step" "$r50_cg_ratio; $r50_amp_cg_queue"
+  printf "  %-36s %s\n" "  cuda graph AMP / best FP32 (>= 3)" "$r50_cg_ratio"
+  printf "  %-36s %s\n" "  cuda graph AMP queue / step ms" "$r50_amp_cg_queue"
   printf "  %-36s %s\n" "  --cuda-graph = op by op (e2e)" "${cg_flag:-no verdict} (exit $cg_flag_rc)"
   printf "  %-36s %s\n" "ResNet-50 AMP NHWC, no-fuse-add-relu" "$r50_nofuse_ips (exit $r50_nofuse_rc)"
   printf "  %-36s %s\n" "ResNet-50 AMP NHWC, no-fuse-bn-relu" "$r50_nobnfuse_ips (exit $r50_nobnfuse_rc)"
