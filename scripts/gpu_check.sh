@@ -264,6 +264,8 @@ cg_flag_rc=$?
 cg_flag=$(grep -E "^(PASS|FAIL):" "$out/cuda_graph_flag.log" | tail -1)
 train_transformer fp32 transformer_fp32; tf_fp32_rc=$?
 train_transformer amp transformer_amp; tf_amp_rc=$?
+# The Transformer has no dropout here, so its AMP step can be recorded too (--cuda-graph).
+train_transformer amp transformer_amp_cudagraph --cuda-graph; tf_amp_cg_rc=$?
 # NCCL all-reduce through the device communicator (one rank: NCCL still runs its
 # kernels), every dtype checked against exact values; the 64M rows' busbw is 0
 # on one GPU by definition, so the figure that matters is the time column.
@@ -389,6 +391,8 @@ tf_fp32_peak=$(summary_field "$out/transformer_fp32.jsonl" peak_bytes)
 tf_amp_peak=$(summary_field "$out/transformer_amp.jsonl" peak_bytes)
 tf_ratio=$(ratio_of "$tf_fp32_tps" "$tf_amp_tps")
 tf_amp_queue=$(queue_and_step_ms "$out/transformer_amp.jsonl")
+tf_amp_cg_tps=$(summary_field "$out/transformer_amp_cudagraph.jsonl" tokens_per_s_overall)
+tf_amp_cg_queue=$(queue_and_step_ms "$out/transformer_amp_cudagraph.jsonl")
 secs=$(( $(date +%s) - t0 ))
 {
   echo "gpu_check summary ($(date -u +%FT%TZ), ${secs} s; exit 124: ran past its limit, 125: not run, past --deadline)"
@@ -432,6 +436,8 @@ secs=$(( $(date +%s) - t0 ))
     "$tf_stored_peak"
   printf "  %-36s %s / %s\n" "Transformer peak bytes FP32 / AMP" "$tf_fp32_peak" "$tf_amp_peak"
   printf "  %-36s %s\n" "Transformer AMP host queue / step ms" "$tf_amp_queue"
+  printf "  %-36s %s (exit %s), queue / step ms %s\n" "Transformer AMP, cuda graph tok/s" "$tf_amp_cg_tps" \
+    "$tf_amp_cg_rc" "$tf_amp_cg_queue"
   printf "  %-36s %s\n" "resnet-small AMP ms/step overlap" "$rs_ov_ms (exit $rs_ov_rc)"
   printf "  %-36s %s\n" "resnet-small AMP ms/step no-overlap" "$rs_no_ms (exit $rs_no_rc)"
   printf "  %-36s %s\n" "no-overlap / overlap step time" "$rs_ratio"
@@ -452,5 +458,5 @@ secs=$(( $(date +%s) - t0 ))
   [ $r50_nchw_rc -eq 0 ] && [ $r50_fp32_nhwc_rc -eq 0 ] && [ $r50_bnp_rc -eq 0 ] && [ $r50_bench_rc -eq 0 ] && [ $r50_nofuse_rc -eq 0 ] && [ $r50_nobnfuse_rc -eq 0 ] &&
   [ $r50_b256_rc -eq 0 ] && [ $r50_fp32_b256_rc -eq 0 ] && [ $r50_fp32_graph_rc -eq 0 ] && [ $r50_amp_graph_rc -eq 0 ] &&
   [ $r50_b256_graph_rc -eq 0 ] && [ $r50_fp32_cg_rc -eq 0 ] && [ $r50_amp_cg_rc -eq 0 ] && [ $cg_flag_rc -eq 0 ] &&
-  [ $tf_fp32_rc -eq 0 ] && [ $tf_amp_rc -eq 0 ] && [ $tf_nofold_rc -eq 0 ] && [ $tf_stored_rc -eq 0 ] && [ $rs_ov_rc -eq 0 ] && [ $rs_no_rc -eq 0 ] && [ $bench_rc -eq 0 ] &&
+  [ $tf_fp32_rc -eq 0 ] && [ $tf_amp_rc -eq 0 ] && [ $tf_amp_cg_rc -eq 0 ] && [ $tf_nofold_rc -eq 0 ] && [ $tf_stored_rc -eq 0 ] && [ $rs_ov_rc -eq 0 ] && [ $rs_no_rc -eq 0 ] && [ $bench_rc -eq 0 ] &&
   [ $stuck_ok -eq 0 ] && [ $mc_ops_ok -eq 0 ] && [ $mc_tf_ok -eq 0 ]
