@@ -257,6 +257,8 @@ train_resnet50 amp resnet50_amp_graph --data-format nhwc --cudnn-graph-conv; r50
 # run's losses, loss scales and evaluations exactly.
 train_resnet50 fp32 resnet50_fp32_cudagraph --data-format nchw --cuda-graph; r50_fp32_cg_rc=$?
 train_resnet50 amp resnet50_amp_cudagraph --data-format nhwc --cuda-graph; r50_amp_cg_rc=$?
+# Both: should cuDNN's legacy calls refuse to be recorded, its graph API may not.
+train_resnet50 amp resnet50_amp_cudagraph_gc --data-format nhwc --cuda-graph --cudnn-graph-conv; r50_amp_cg_gc_rc=$?
 echo "gpu_check: --cuda-graph against op-by-op steps on the GPU (log: $out/cuda_graph_flag.log)"
 MIX_E2E_DEVICE=cuda MIX_BUILD_DIR="$build" MIX_WITH_MPI=OFF limit 120 /usr/bin/env python3 \
   "$root/tests/e2e/test_cuda_graph_flag.py" >"$out/cuda_graph_flag.log" 2>&1
@@ -362,6 +364,10 @@ r50_first_steps="$(first_step_s "$out/resnet50_amp.jsonl") / $(first_step_s "$ou
 r50_fp32_cg_ips=$(summary_field "$out/resnet50_fp32_cudagraph.jsonl" samples_per_s_overall)
 r50_amp_cg_ips=$(summary_field "$out/resnet50_amp_cudagraph.jsonl" samples_per_s_overall)
 r50_amp_cg_queue=$(queue_and_step_ms "$out/resnet50_amp_cudagraph.jsonl")
+r50_amp_cg_gc_ips=$(summary_field "$out/resnet50_amp_cudagraph_gc.jsonl" samples_per_s_overall)
+# A recording that failed names the call CUDA refused: the first such line, in the summary itself.
+cg_error=$(grep -h -o "could not \(record\|instantiate\).*" "$out"/resnet50_*cudagraph*.log \
+  "$out"/transformer_amp_cudagraph.log 2>/dev/null | head -1 | cut -c1-200)
 r50_graph_fallbacks="FP32: $(graph_fallbacks "$out/resnet50_fp32_graph.log"); AMP: $(graph_fallbacks "$out/resnet50_amp_graph.log")"
 r50_fp32_b256_ips=$(summary_field "$out/resnet50_fp32_b256.jsonl" samples_per_s_overall)
 r50_b256_ratio=$(ratio_of "$r50_fp32_b256_ips" "$r50_b256_ips")
@@ -412,6 +418,8 @@ secs=$(( $(date +%s) - t0 ))
   printf "  %-36s %s\n" "  graph conv shapes on legacy calls" "$r50_graph_fallbacks"
   printf "  %-36s %s\n" "ResNet-50 FP32 NCHW, cuda graph" "$r50_fp32_cg_ips (exit $r50_fp32_cg_rc)"
   printf "  %-36s %s\n" "ResNet-50 AMP NHWC, cuda graph" "$r50_amp_cg_ips (exit $r50_amp_cg_rc)"
+  printf "  %-36s %s\n" "  AMP, cuda graph + cudnn graph conv" "$r50_amp_cg_gc_ips (exit $r50_amp_cg_gc_rc)"
+  printf "  %-36s %s\n" "  first recording error" "${cg_error:-none}"
   printf "  %-36s %s\n" "  cuda graph AMP / best FP32 (>= 3)" "$r50_cg_ratio"
   printf "  %-36s %s\n" "  cuda graph AMP queue / step ms" "$r50_amp_cg_queue"
   printf "  %-36s %s\n" "  --cuda-graph = op by op (e2e)" "${cg_flag:-no verdict} (exit $cg_flag_rc)"
@@ -457,6 +465,7 @@ secs=$(( $(date +%s) - t0 ))
 [ $tests_rc -eq 0 ] && [ $fp32_rc -eq 0 ] && [ $amp_rc -eq 0 ] && [ $r50_fp32_rc -eq 0 ] && [ $r50_amp_rc -eq 0 ] &&
   [ $r50_nchw_rc -eq 0 ] && [ $r50_fp32_nhwc_rc -eq 0 ] && [ $r50_bnp_rc -eq 0 ] && [ $r50_bench_rc -eq 0 ] && [ $r50_nofuse_rc -eq 0 ] && [ $r50_nobnfuse_rc -eq 0 ] &&
   [ $r50_b256_rc -eq 0 ] && [ $r50_fp32_b256_rc -eq 0 ] && [ $r50_fp32_graph_rc -eq 0 ] && [ $r50_amp_graph_rc -eq 0 ] &&
-  [ $r50_b256_graph_rc -eq 0 ] && [ $r50_fp32_cg_rc -eq 0 ] && [ $r50_amp_cg_rc -eq 0 ] && [ $cg_flag_rc -eq 0 ] &&
+  [ $r50_b256_graph_rc -eq 0 ] && [ $r50_fp32_cg_rc -eq 0 ] && [ $r50_amp_cg_rc -eq 0 ] && [ $r50_amp_cg_gc_rc -eq 0 ] &&
+  [ $cg_flag_rc -eq 0 ] &&
   [ $tf_fp32_rc -eq 0 ] && [ $tf_amp_rc -eq 0 ] && [ $tf_amp_cg_rc -eq 0 ] && [ $tf_nofold_rc -eq 0 ] && [ $tf_stored_rc -eq 0 ] && [ $rs_ov_rc -eq 0 ] && [ $rs_no_rc -eq 0 ] && [ $bench_rc -eq 0 ] &&
   [ $stuck_ok -eq 0 ] && [ $mc_ops_ok -eq 0 ] && [ $mc_tf_ok -eq 0 ]
