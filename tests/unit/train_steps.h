@@ -31,6 +31,8 @@
 
 namespace mix::testing {
 
+struct TrainedModel;
+
 struct TrainOptions {
   bool amp = false;           // decorate the optimizer with amp::decorate
   DType low = DType::f16;     // AMP's low precision
@@ -45,7 +47,7 @@ struct TrainOptions {
   uint64_t seed = 5;  // the initial state and the batches
   /// When set, the steps run through a StepGraph (--cuda-graph) on the
   /// recording it makes for the model being trained (its program and scope are in place).
-  std::function<std::unique_ptr<DeviceGraph>(const struct TrainedModel&)> make_graph = {};
+  std::function<std::unique_ptr<DeviceGraph>(const TrainedModel&)> make_graph = {};
   /// With make_graph: how each step ran (eager, recorded, replayed), in order.
   std::vector<StepGraph::Ran>* ran = nullptr;
 };
