@@ -14,7 +14,9 @@ void inject_overflow_cpu(OpContext& ctx) {
   const int64_t step = ctx.attr<int64_t>("step", 0);
   const int rank = ctx.attr<int>("rank", -1);
   const int my_rank = ctx.env.comm ? ctx.env.comm->rank() : 0;
-  if (ctx.env.step != step || (rank >= 0 && rank != my_rank)) return;
+  // The step from ExecEnv::device_step when set (host memory, on the CPU).
+  const int64_t now = ctx.env.device_step ? *ctx.env.device_step : ctx.env.step;
+  if (now != step || (rank >= 0 && rank != my_rank)) return;
   for (size_t i = 0; i < ctx.op.outs("Out").size(); ++i) {
     Tensor& g = ctx.out_existing("Out", i);
     if (g.numel() == 0) continue;

@@ -190,8 +190,7 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
       "of the legacy calls (which cost the host ~270 us each on an H200); --cudnn-benchmark then does nothing");
   app.add_flag("--cuda-graph", c.cuda_graph,
                "on GPUs, record the training step once as a CUDA graph (its second step) and replay it, one launch a "
-               "step instead of one call per kernel; programs with dropout or --inject-overflow, and MIX_PROFILE_OPS "
-               "runs, run op by op");
+               "step instead of one call per kernel (MIX_PROFILE_OPS runs, and the CPU, run op by op)");
   app.add_option("--precision", c.precision, "fp32, or amp (FP16 where safe, dynamic loss scaling)")
       ->check(CLI::IsMember({"fp32", "amp"}));
   app.add_option("--grad-reduce", c.grad_reduce,

@@ -42,6 +42,12 @@ struct ExecEnv {
   Device device = cpu_device();
   collective::Communicator* comm = nullptr;  // collective ops need it
   int64_t step = 0;                          // the optimizer step being run (1-based)
+  /// When set: `step`, in the memory of `device` (i64 [1]). Ops whose work
+  /// depends on the step (OpInfo::varies_by_step) then read it there (a GPU's
+  /// kernels read it on the device), so that a step recorded once replays
+  /// with each run's step (runtime/step_graph.h sets it while recording, and
+  /// writes the step before each replay). Null: they use `step`.
+  const int64_t* device_step = nullptr;
   /// This process's rank (comm->rank() when there is a communicator; the
   /// trainer sets it). A copy here because runtime/ must not depend on
   /// collective/: dropout mixes it into its mask key, so ranks drop different units.
@@ -112,9 +118,10 @@ struct OpInfo {
   KernelFn cuda;         // empty until a CUDA kernel is registered
   GradMaker grad;        // empty: the op has no gradient (or is itself a gradient op)
   ViewFn viewed_input = {};  // empty: outputs have storage of their own
-  /// The kernel's device work depends on ExecEnv::step (dropout's mask key,
-  /// inject_overflow's chosen step), so a recording of one step must not be
-  /// replayed for another (runtime/step_graph.h).
+  /// The kernel's work depends on ExecEnv::step (dropout's mask key,
+  /// inject_overflow's chosen step): it must read the step from
+  /// ExecEnv::device_step when that is set, so that a recorded step replays
+  /// right (runtime/step_graph.h).
   bool varies_by_step = false;
 };
 

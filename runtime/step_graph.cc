@@ -15,18 +15,15 @@ StepGraph::StepGraph(const Program& program, const Executor& step, std::vector<s
       output_names_(std::move(outputs)),
       graph_(std::move(graph)) {
   MIX_CHECK(graph_, "StepGraph needs a device recording (DeviceBackend::make_graph)");
+  const OpRegistry& reg = OpRegistry::instance();
+  for (const OpDesc& op : program_.ops())
+    needs_step_ = needs_step_ || (reg.has(op.type) && reg.get(op.type).varies_by_step);
 }
 
 std::string StepGraph::why_not(const Program& program, const ExecEnv& env) {
   if (env.device.kind == DeviceKind::cpu) return "the CPU runs each op as it is called: there is nothing to record";
   if (env.op_seconds) return "MIX_PROFILE_OPS times each op, which a recording of the whole step would hide";
-  const OpRegistry& reg = OpRegistry::instance();
-  for (size_t i = 0; i < program.ops().size(); ++i) {
-    const OpDesc& op = program.ops()[i];
-    if (reg.has(op.type) && reg.get(op.type).varies_by_step)
-      return MIX_STR_CAT("op " << i << " (" << op.type
-                               << ") depends on the step number, which a recording would freeze at one step");
-  }
+  (void)program;  // every op of a program can be recorded (OpInfo::varies_by_step ones through ExecEnv::device_step)
   return "";
 }
 
@@ -36,13 +33,25 @@ StepGraph::Ran StepGraph::run(Scope& scope, ExecEnv& env) {
     step_.run(scope, env);
     return Ran::eager;
   }
-  if (recorded_ && persistables_in_place(scope)) {
-    replay(scope);
-    return Ran::replayed;
+  // The recorded ops read the step from device_step_ (set for the whole run:
+  // a stand-in recording runs the ops' host code at replay).
+  const int64_t* const caller_step = env.device_step;
+  if (needs_step_) {
+    if (!device_step_.defined()) device_step_ = Tensor::empty({1}, DType::i64, env.device);
+    env.device_step = device_step_.data<int64_t>();
   }
-  record(scope, env);
-  replay(scope);
-  return Ran::recorded;
+  struct RestoreStep {
+    ExecEnv& env;
+    const int64_t* step;
+    ~RestoreStep() { env.device_step = step; }
+  } restore{env, caller_step};
+  Ran ran = Ran::replayed;
+  if (!recorded_ || !persistables_in_place(scope)) {
+    record(scope, env);
+    ran = Ran::recorded;
+  }
+  replay(scope, env);
+  return ran;
 }
 
 bool StepGraph::feeds_match(const Scope& scope) const {
@@ -93,7 +102,14 @@ void StepGraph::record(Scope& scope, ExecEnv& env) {
   recorded_ = true;
 }
 
-void StepGraph::replay(Scope& scope) {
+void StepGraph::replay(Scope& scope, const ExecEnv& env) {
+  if (needs_step_) {
+    // A blocking copy, done before the replay is queued: the host's value
+    // need not outlive the call, and the copy waits only for work queued before it.
+    Tensor now = Tensor::empty({1}, DType::i64);
+    now.data<int64_t>()[0] = env.step;
+    device_step_.copy_from(now);
+  }
   for (size_t i = 0; i < feed_names_.size(); ++i) {
     const Tensor& given = scope.get(feed_names_[i]);
     graph_->copy_in(feed_buffers_[i].raw(), given.raw(), given.bytes());

@@ -16,9 +16,10 @@
 //   batch) runs op by op.
 // - Host values. The step's data-dependent decisions (skipping an overflowed
 //   step, the loss scale, the learning rate) are read from device memory by
-//   the kernels, so they replay correctly; ops whose device work depends on
-//   the step number (OpInfo::varies_by_step: dropout, inject_overflow) cannot
-//   be recorded, and why_not() says so.
+//   the kernels, so they replay correctly. So is the step number, for the ops
+//   whose work depends on it (OpInfo::varies_by_step: dropout's mask key,
+//   inject_overflow): while recording, ExecEnv::device_step points at a
+//   buffer of this class's own, which it writes before each replay.
 #include <memory>
 #include <string>
 #include <vector>
@@ -40,7 +41,8 @@ class StepGraph {
   StepGraph(const Program& program, const Executor& step, std::vector<std::string> feeds,
             std::vector<std::string> outputs, std::unique_ptr<DeviceGraph> graph);
 
-  /// Why `program`'s steps under `env` cannot be recorded once and replayed; empty when they can.
+  /// Why `program`'s steps under `env` cannot be recorded once and replayed (the
+  /// CPU, MIX_PROFILE_OPS); empty when they can.
   static std::string why_not(const Program& program, const ExecEnv& env);
 
   /// Runs one step over `scope`. The first run is op by op, so that what a
@@ -59,7 +61,7 @@ class StepGraph {
   bool feeds_match(const Scope& scope) const;
   bool persistables_in_place(const Scope& scope) const;
   void record(Scope& scope, ExecEnv& env);
-  void replay(Scope& scope);
+  void replay(Scope& scope, const ExecEnv& env);
 
   const Program& program_;
   const Executor& step_;
@@ -67,6 +69,8 @@ class StepGraph {
   std::unique_ptr<DeviceGraph> graph_;
   int64_t runs_ = 0;
   bool recorded_ = false;
+  bool needs_step_ = false;                              // some op varies by step: keep device_step_ current
+  Tensor device_step_;                                   // i64 [1] on the device: ExecEnv::device_step of the recording
   std::vector<Tensor> feed_buffers_;                     // what the recording reads the feeds from
   std::vector<std::pair<std::string, Tensor>> outputs_;  // what the recording writes the outputs to
   std::vector<Placed> persistables_;                     // where the recording reads and writes them

@@ -266,7 +266,7 @@ cg_flag_rc=$?
 cg_flag=$(grep -E "^(PASS|FAIL):" "$out/cuda_graph_flag.log" | tail -1)
 train_transformer fp32 transformer_fp32; tf_fp32_rc=$?
 train_transformer amp transformer_amp; tf_amp_rc=$?
-# The Transformer has no dropout here, so its AMP step can be recorded too (--cuda-graph).
+# The Transformer AMP step recorded once and replayed too (--cuda-graph).
 train_transformer amp transformer_amp_cudagraph --cuda-graph; tf_amp_cg_rc=$?
 # NCCL all-reduce through the device communicator (one rank: NCCL still runs its
 # kernels), every dtype checked against exact values; the 64M rows' busbw is 0

@@ -224,17 +224,26 @@ void update_loss_scaling_cuda(OpContext& ctx) {
 
 // ---- inject_overflow -------------------------------------------------------------------
 
+/// g[0] = +inf, in step `step` only when `now` (ExecEnv::device_step) is given.
 template <typename T>
 struct WriteInfFirst {
   T* g;
-  __device__ void operator()(int64_t) const { g[0] = from_float<T>(INFINITY); }
+  const int64_t* now;
+  int64_t step;
+  __device__ void operator()(int64_t) const {
+    if (!now || *now == step) g[0] = from_float<T>(INFINITY);
+  }
 };
 
 void inject_overflow_cuda(OpContext& ctx) {
   const int64_t step = ctx.attr<int64_t>("step", 0);
   const int rank = ctx.attr<int>("rank", -1);
   const int my_rank = ctx.env.comm ? ctx.env.comm->rank() : 0;
-  if (ctx.env.step != step || (rank >= 0 && rank != my_rank)) return;
+  if (rank >= 0 && rank != my_rank) return;
+  // With the step in device memory the kernel decides (a recorded step
+  // replays for every step); otherwise the host does, and launches nothing.
+  const int64_t* now = ctx.env.device_step;
+  if (!now && ctx.env.step != step) return;
   const cudaStream_t stream = cuda::compute_stream(ctx);
   for (size_t i = 0; i < ctx.op.outs("Out").size(); ++i) {
     Tensor& g = ctx.out_existing("Out", i);
@@ -242,7 +251,7 @@ void inject_overflow_cuda(OpContext& ctx) {
     cuda::check_on_device(ctx, g, "Out");
     cuda::dispatch_floating(g.dtype(), [&](auto tag) {
       using T = decltype(tag);
-      cuda::launch_grid_stride(1, stream, WriteInfFirst<T>{g.data<T>()});
+      cuda::launch_grid_stride(1, stream, WriteInfFirst<T>{g.data<T>(), now, step});
     });
   }
 }

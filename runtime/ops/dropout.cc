@@ -78,7 +78,9 @@ void dropout_cpu(OpContext& ctx) {
     std::fill(mask, mask + n, uint8_t{1});
     return;
   }
-  const uint64_t key = dropout_rules::mask_key(ctx);
+  // The step from ExecEnv::device_step when set (host memory, on the CPU).
+  const int64_t step = ctx.env.device_step ? *ctx.env.device_step : ctx.env.step;
+  const uint64_t key = dropout_rules::mask_key(ctx, step);
   for (int64_t i = 0; i < n; ++i) mask[i] = fn::dropout_keep(key, static_cast<uint64_t>(i), p) ? 1 : 0;
   cpu::dispatch_floating(x.dtype(), [&](auto tag) {
     using T = decltype(tag);

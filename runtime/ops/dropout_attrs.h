@@ -32,11 +32,20 @@ inline bool active(const OpContext& ctx, float p) {
   return p > 0.f && ctx.env.training && !ctx.attr<bool>("is_test", false);
 }
 
-/// The mask key of this dropout op in this step on this rank:
-/// fn::dropout_key(attr seed, ExecEnv::step, ExecEnv::rank, fnv1a(Out's name)).
-inline uint64_t mask_key(const OpContext& ctx) {
-  return fn::dropout_key(static_cast<uint64_t>(ctx.attr<int64_t>("seed", 0)), static_cast<uint64_t>(ctx.env.step),
-                         static_cast<uint64_t>(ctx.env.rank), fnv1a(ctx.op.out("Out")));
+/// What the mask key of this dropout op on this rank is made of besides the step.
+struct MaskKeyParts {
+  uint64_t seed, rank, name_hash;
+};
+inline MaskKeyParts mask_key_parts(const OpContext& ctx) {
+  return {static_cast<uint64_t>(ctx.attr<int64_t>("seed", 0)), static_cast<uint64_t>(ctx.env.rank),
+          fnv1a(ctx.op.out("Out"))};
+}
+
+/// The mask key of this dropout op in step `step` on this rank:
+/// fn::dropout_key(attr seed, step, ExecEnv::rank, fnv1a(Out's name)).
+inline uint64_t mask_key(const OpContext& ctx, int64_t step) {
+  const MaskKeyParts k = mask_key_parts(ctx);
+  return fn::dropout_key(k.seed, static_cast<uint64_t>(step), k.rank, k.name_hash);
 }
 
 /// dropout_grad's Mask: u8 of Out@GRAD's shape.

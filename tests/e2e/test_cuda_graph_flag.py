@@ -3,8 +3,9 @@
 
 One AMP resnet-small run with --cuda-graph and two without, each of 2 epochs
 of 72 examples in batches of 16 (every epoch ends with a partial batch of 8,
-which a recording of batch 16 cannot run) with an evaluation after every 3
-steps (a forward pass between replays, allocating from the shared cache):
+which a recording of batch 16 cannot run), an evaluation after every 3
+steps (a forward pass between replays, allocating from the shared cache) and
+an overflow injected at step 4 (a replay must skip that step, and only that):
   1. the runs succeed, and the two op-by-op runs give the same losses (the
      kernels add in fixed orders, so a difference below is the flag's);
   2. every step's loss, loss scale and gradient bytes, and every evaluation, are the same in
@@ -27,7 +28,7 @@ def main():
     d = mt.workdir("cuda_graph_flag")
     common = ["--device", DEVICE, "--model", "resnet-small", "--width", 4, "--blocks", "1,1", "--image-size", 16,
               "--data", "synthetic", "--synthetic-size", 72, "--batch-size", 16, "--epochs", 2, "--eval-every", 3,
-              "--precision", "amp", "--log-every", 1]
+              "--precision", "amp", "--log-every", 1, "--inject-overflow", 4]
     runs = {}
     for name, extra in (("op by op", []), ("op by op again", []), ("--cuda-graph", ["--cuda-graph"])):
         met = d / f"{name.strip('-').replace(' ', '_')}.jsonl"
@@ -49,6 +50,8 @@ def main():
         b = [s.get(key) for s in graph.steps]
         c.check(a == b, f"every step's {key} is the op-by-op run's", f"{a} vs {b}" if a != b else "")
     strip = lambda evals: [{k: v for k, v in e.items() if not k.endswith("_s") and k != "seconds"} for e in evals]
+    skipped = [s["step"] for s in graph.steps if s["found_inf"]]
+    c.check(skipped == [4], "the --cuda-graph run skips step 4 only, where the overflow was injected", f"{skipped}")
     same_evals = len(eager.evals) > 1 and strip(eager.evals) == strip(graph.evals)
     c.check(same_evals, "every evaluation is the op-by-op run's",
             "" if same_evals else f"{strip(eager.evals)} vs {strip(graph.evals)}")

@@ -1159,5 +1159,16 @@ TEST_CASE("inject_overflow writes inf into the first element at its step only", 
       expect_identical(r.gpu.at(n), r.cpu.at(n), std::string("inject_overflow ") + n);
       CHECK(std::isinf(r.gpu.at(n).item_float(0)) == (env_step == 5));
     }
+    // The step in device memory (ExecEnv::device_step, as a recorded step has
+    // it): the kernel compares that, not the host's ExecEnv::step.
+    Tensor step_now = Tensor::empty({1}, DType::i64);
+    step_now.data<int64_t>()[0] = env_step;
+    step_now = step_now.to(kGpu);
+    ExecEnv env;
+    env.step = env_step == 5 ? 4 : 5;  // the other step: the host's value must not decide
+    env.device_step = step_now.data<int64_t>();
+    const auto on_device = run_ops_on({c.op}, c.feeds, kGpu, env, {"a", "b", "c"});
+    for (const char* n : {"a", "b", "c"})
+      expect_identical(on_device.at(n), r.cpu.at(n), std::string("inject_overflow, step on the device, ") + n);
   }
 }

@@ -14,7 +14,8 @@
 // amp::fold_widening_casts, and with the loss's softmax recomputed or stored
 // (runtime/recompute_softmax.h), which must agree bit for bit; and the MLP's
 // and the ResNet's steps recorded once as a CUDA graph and replayed
-// (--cuda-graph), which must give the op-by-op steps' bits.
+// (--cuda-graph), which must give the op-by-op steps' bits, dropout's masks
+// and an injected overflow included.
 // Without a GPU: exit 77 (CTest: skipped).
 #include <catch2/catch.hpp>
 
@@ -271,6 +272,7 @@ TEST_CASE("Training steps recorded as a CUDA graph and replayed give the bits of
     const char* name;
     std::function<models::Model()> model;
     bool amp;
+    std::optional<amp::InjectOverflow> inject = {};
   };
   const std::vector<Case> cases = {
       {"MLP FP32",
@@ -285,12 +287,18 @@ TEST_CASE("Training steps recorded as a CUDA graph and replayed give the bits of
        true},
       {"resnet NCHW FP32", [] { return mix::testing::narrow_resnet(false, 16); }, false},
       {"resnet NHWC AMP", [] { return mix::testing::narrow_resnet(true, 16); }, true},
-      // Without dropout: its masks depend on the step number, which keeps a program from being recorded.
-      {"transformer AMP", [] { return tiny_transformer(300, 0.0); }, true},
+      // Dropout's masks and the injected overflow depend on the step number,
+      // which a replay reads from device memory (ExecEnv::device_step).
+      {"transformer AMP, dropout", [] { return tiny_transformer(300, 0.1); }, true},
+      {"MLP AMP, overflow injected at step 3",
+       [] {
+         return models::build_mlp({64, {48, 32}, 10});
+       },
+       true, amp::InjectOverflow{3, -1, ""}},
   };
   for (const Case& c : cases) {
     INFO(c.name);
-    TrainOptions o{.amp = c.amp, .device = gpu, .steps = 5, .batch = 8, .seed = 11};
+    TrainOptions o{.amp = c.amp, .device = gpu, .steps = 5, .batch = 8, .seed = 11, .inject = c.inject};
     const TrainedModel eager = train_steps(c.model(), o);
     const TrainedModel eager_again = train_steps(c.model(), o);
     bool deterministic = eager.losses == eager_again.losses;
@@ -311,6 +319,7 @@ TEST_CASE("Training steps recorded as a CUDA graph and replayed give the bits of
     using Ran = StepGraph::Ran;
     CHECK(ran == std::vector<Ran>{Ran::eager, Ran::recorded, Ran::replayed, Ran::replayed, Ran::replayed});
     mix::testing::expect_same_training(eager, replayed);
+    if (c.inject) CHECK(replayed.found_inf == std::vector<float>{0, 0, 1, 0, 0});
   }
 #endif
 }

@@ -503,6 +503,18 @@ TEST_CASE("dropout's mask and outputs are identical to the CPU's for the same ke
         const Both f = run_both(fwd, {"out", "mask"});
         // The mask is the same hash of (key, index) on both devices: bit for bit.
         expect_identical(f.gpu.at("mask"), f.cpu.at("mask"), "dropout Mask " + what);
+        // With the step in device memory (ExecEnv::device_step, as a recorded
+        // step has it) the key is made on the GPU: the same key, the same bits.
+        Tensor step_now = Tensor::empty({1}, DType::i64);
+        step_now.data<int64_t>()[0] = 3;
+        step_now = step_now.to(kGpu);
+        ExecEnv env;
+        env.step = 99;  // ignored: the device's step decides
+        env.rank = 1;
+        env.device_step = step_now.data<int64_t>();
+        const auto on_device = run_ops_on({fwd.op}, fwd.feeds, kGpu, env, {"out", "mask"});
+        expect_identical(on_device.at("mask"), f.cpu.at("mask"), "dropout Mask, step on the device, " + what);
+        expect_identical(on_device.at("out"), f.cpu.at("out"), "dropout Out, step on the device, " + what);
         // Out = x * keep * (1 / (1 - p)): one multiply by the same float, one rounding: identical.
         expect_identical(f.gpu.at("out"), f.cpu.at("out"), "dropout Out " + what);
         // And the mask is a dropout mask at all: about 1 - p kept (n >= 2048: 5 sigma < 0.06).

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -45,6 +46,7 @@ struct TrainOptions {
   int steps = 2;
   int64_t batch = 3;
   uint64_t seed = 5;  // the initial state and the batches
+  std::optional<amp::InjectOverflow> inject = {};  // AMP: --inject-overflow
   /// When set, the steps run through a StepGraph (--cuda-graph) on the
   /// recording it makes for the model being trained (its program and scope are in place).
   std::function<std::unique_ptr<DeviceGraph>(const TrainedModel&)> make_graph = {};
@@ -73,6 +75,7 @@ inline TrainedModel train_steps(models::Model model, const TrainOptions& o) {
     amp::AmpOptions ao;
     ao.low_dtype = o.low;
     ao.fold_casts = o.fold_casts;
+    ao.inject = o.inject;
     opt = amp::decorate(std::move(opt), ao);
   }
   collective::GradSyncOptions sync;

@@ -1,7 +1,8 @@
 // CUDA kernels of dropout and dropout_grad (upscale_in_train). The mask bit of
 // element i is fn::dropout_keep(key, i, p), a stateless hash of (key, i), and
 // the key is dropout_rules::mask_key (attr seed, ExecEnv::step, ExecEnv::rank,
-// Out's name): the same function and the same key as the CPU kernel
+// Out's name; made on the device from ExecEnv::device_step when that is set):
+// the same function and the same key as the CPU kernel
 // (runtime/ops/dropout.cc), so the GPU's Mask is the CPU's bit for bit, and
 // Out = X * keep * (1 / (1 - p)) is one multiply by the same float on both:
 // identical too. Whether anything is dropped (training, not is_test, p > 0)
@@ -18,17 +19,30 @@ namespace {
 
 // ---- kernels (grid-stride maps) ---------------------------------------------------------
 
-/// mask[i] = keep(key, i); out[i] = x[i] * keep * scale. mask may be null (not wanted).
+/// The mask key from the step in device memory (ExecEnv::device_step), into `key`.
+struct MaskKeyOnDevice {
+  const int64_t* step;
+  dropout_rules::MaskKeyParts parts;
+  uint64_t* key;
+  __device__ void operator()(int64_t) const {
+    *key = fn::dropout_key(parts.seed, static_cast<uint64_t>(*step), parts.rank, parts.name_hash);
+  }
+};
+
+/// mask[i] = keep(key, i); out[i] = x[i] * keep * scale. mask may be null (not
+/// wanted). The key is `key_on_device[0]` when that is given, else `key`.
 template <typename T>
 struct DropoutForward {
   const T* x;
   T* out;
   uint8_t* mask;
   uint64_t key;
+  const uint64_t* key_on_device;
   float p;
   fn::DropoutApply f;
   __device__ void operator()(int64_t i) const {
-    const uint8_t keep = fn::dropout_keep(key, static_cast<uint64_t>(i), p) ? 1 : 0;
+    const uint64_t k = key_on_device ? *key_on_device : key;
+    const uint8_t keep = fn::dropout_keep(k, static_cast<uint64_t>(i), p) ? 1 : 0;
     if (mask) mask[i] = keep;
     out[i] = from_float<T>(f(to_float(x[i]), keep));
   }
@@ -61,11 +75,21 @@ void dropout_cuda(OpContext& ctx) {
     if (mask) MIX_CUDA_CHECK(cudaMemsetAsync(mask, 1, static_cast<size_t>(n), stream));
     return;
   }
-  const uint64_t key = dropout_rules::mask_key(ctx);
+  // With the step in device memory (a recorded step), the key is made on the
+  // device, into scratch, by one thread; otherwise on the host.
+  Tensor key_scratch;
+  const uint64_t* key_on_device = nullptr;
+  if (ctx.env.device_step) {
+    key_scratch = Tensor::empty({1}, DType::i64, ctx.env.device);
+    auto* key = static_cast<uint64_t*>(key_scratch.raw());
+    launch_grid_stride(1, stream, MaskKeyOnDevice{ctx.env.device_step, dropout_rules::mask_key_parts(ctx), key});
+    key_on_device = key;
+  }
+  const uint64_t key = key_on_device ? 0 : dropout_rules::mask_key(ctx, ctx.env.step);
   const fn::DropoutApply f{fn::dropout_scale(p)};
   dispatch_floating(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    launch_grid_stride(n, stream, DropoutForward<T>{x.data<T>(), out.data<T>(), mask, key, p, f});
+    launch_grid_stride(n, stream, DropoutForward<T>{x.data<T>(), out.data<T>(), mask, key, key_on_device, p, f});
   });
 }
 
