@@ -485,7 +485,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   // --cuda-graph: the step recorded on its second run and replayed after.
   std::unique_ptr<StepGraph> step_graph;
   if (c.cuda_graph) {
-    std::string why = StepGraph::why_not(program, env);
+    std::string why = StepGraph::why_not(env);
     std::unique_ptr<DeviceGraph> recording;
     if (why.empty()) recording = require_device_backend(device.kind).make_graph(device.index);
     if (why.empty() && !recording) why = "this device's backend cannot record";

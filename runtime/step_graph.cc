@@ -20,10 +20,9 @@ StepGraph::StepGraph(const Program& program, const Executor& step, std::vector<s
     needs_step_ = needs_step_ || (reg.has(op.type) && reg.get(op.type).varies_by_step);
 }
 
-std::string StepGraph::why_not(const Program& program, const ExecEnv& env) {
+std::string StepGraph::why_not(const ExecEnv& env) {
   if (env.device.kind == DeviceKind::cpu) return "the CPU runs each op as it is called: there is nothing to record";
   if (env.op_seconds) return "MIX_PROFILE_OPS times each op, which a recording of the whole step would hide";
-  (void)program;  // every op of a program can be recorded (OpInfo::varies_by_step ones through ExecEnv::device_step)
   return "";
 }
 

@@ -41,9 +41,10 @@ class StepGraph {
   StepGraph(const Program& program, const Executor& step, std::vector<std::string> feeds,
             std::vector<std::string> outputs, std::unique_ptr<DeviceGraph> graph);
 
-  /// Why `program`'s steps under `env` cannot be recorded once and replayed (the
-  /// CPU, MIX_PROFILE_OPS); empty when they can.
-  static std::string why_not(const Program& program, const ExecEnv& env);
+  /// Why steps under `env` cannot be recorded once and replayed (the CPU,
+  /// MIX_PROFILE_OPS); empty when they can. Every op can be recorded: those
+  /// that depend on the step read it through ExecEnv::device_step.
+  static std::string why_not(const ExecEnv& env);
 
   /// Runs one step over `scope`. The first run is op by op, so that what a
   /// first run caches (algorithm choices, lazily loaded kernels, allocator

@@ -263,9 +263,10 @@ TEST_CASE("Training steps recorded as a CUDA graph and replayed give the bits of
   // recorded memory (runtime/step_graph.h): the same GPU work as the op-by-op
   // step, so the same bits, provided the kernels add in fixed orders. They do
   // for the MLP and the Transformer (cuBLAS gives the same bits for the same
-  // call; the hand-written kernels add in fixed orders) and for the ResNet as long as cuDNN's backward passes take deterministic algorithms,
-  // which conv2d chooses first; two op-by-op runs that differ show otherwise,
-  // and the test says so instead of blaming the recording.
+  // call; the hand-written kernels add in fixed orders) and for the ResNet as
+  // long as cuDNN's backward passes take deterministic algorithms, which
+  // conv2d chooses first; two op-by-op runs that differ show otherwise, and
+  // the test says so instead of blaming the recording.
   const Device gpu{DeviceKind::cuda, 0};
   auto make_graph = [](const TrainedModel&) { return require_device_backend(DeviceKind::cuda).make_graph(0); };
   struct Case {
