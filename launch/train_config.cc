@@ -47,6 +47,7 @@ std::vector<std::pair<std::string, std::string>> TrainConfig::fingerprint_fields
           {"cudnn-bn-persistent", cudnn_bn_persistent ? "on" : "off"},
           {"cudnn-benchmark", cudnn_benchmark ? "on" : "off"},
           {"cudnn-graph-conv", cudnn_graph_conv ? "on" : "off"},
+          {"cublas-1x1-conv", cublas_1x1_conv ? "on" : "off"},
           {"cuda-graph", cuda_graph ? "on" : "off"},
           {"precision", precision},
           {"grad-reduce", effective_grad_reduce()},
@@ -188,6 +189,9 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
       "--cudnn-graph-conv", c.cudnn_graph_conv,
       "run convolutions on GPUs through cuDNN's graph API, an execution plan built once per shape, instead "
       "of the legacy calls (which cost the host ~270 us each on an H200); --cudnn-benchmark then does nothing");
+  app.add_flag("--cublas-1x1-conv", c.cublas_1x1_conv,
+               "on GPUs, run each 1x1, stride-1, unpadded, ungrouped channels-last convolution (33 of ResNet-50's "
+               "53) as one cuBLAS GEMM per pass instead of a cuDNN call, which costs the host far more");
   app.add_flag("--cuda-graph", c.cuda_graph,
                "on GPUs, record the training step once as a CUDA graph (its second step) and replay it, one launch a "
                "step instead of one call per kernel (MIX_PROFILE_OPS runs, and the CPU, run op by op)");

@@ -312,6 +312,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     options.batch_norm_persistent = c.cudnn_bn_persistent;
     options.cudnn_benchmark = c.cudnn_benchmark;
     options.cudnn_graph_conv = c.cudnn_graph_conv;
+    options.cublas_1x1_conv = c.cublas_1x1_conv;
     require_device_backend(DeviceKind::cuda).set_options(options);
     device_comm = collective::make_device_communicator(comm, gpu);
   }

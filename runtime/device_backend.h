@@ -19,6 +19,7 @@ struct DeviceOptions {
   bool batch_norm_persistent = false;  // training batch_norm on cuDNN's persistent kernels (--cudnn-bn-persistent)
   bool cudnn_benchmark = false;        // time cuDNN's convolution algorithms once per shape (--cudnn-benchmark)
   bool cudnn_graph_conv = false;       // convolutions on cuDNN's graph API, plans cached (--cudnn-graph-conv)
+  bool cublas_1x1_conv = false;        // pointwise channels-last convolutions as cuBLAS GEMMs (--cublas-1x1-conv)
 };
 
 /// Times ops by the device's own clock, for MIX_PROFILE_OPS on a device whose

@@ -4,7 +4,7 @@
 # communicator), trains the MLP for a few hundred steps, ResNet-50 (cuDNN) and
 # a Transformer-base-sized language model for a few dozen in FP32 and in AMP on
 # the GPU (TF32 off), ResNet-50 again with --cuda-graph and that flag's
-# end-to-end test, times resnet-small AMP steps with and without overlapped
+# end-to-end test and with --cublas-1x1-conv, times resnet-small AMP steps with and without overlapped
 # gradient all-reduces, checks that an AMP run with a stuck loss scale stops,
 # runs the kernel tests under compute-sanitizer's memcheck in the time left,
 # and prints a summary table last. Logs and summary.txt go to --out DIR.
@@ -259,6 +259,14 @@ train_resnet50 fp32 resnet50_fp32_cudagraph --data-format nchw --cuda-graph; r50
 train_resnet50 amp resnet50_amp_cudagraph --data-format nhwc --cuda-graph; r50_amp_cg_rc=$?
 # Both: should cuDNN's legacy calls refuse to be recorded, its graph API may not.
 train_resnet50 amp resnet50_amp_cudagraph_gc --data-format nhwc --cuda-graph --cudnn-graph-conv; r50_amp_cg_gc_rc=$?
+# And each pointwise convolution (1x1, stride 1: 33 of ResNet-50's 53) as one
+# cuBLAS GEMM a pass instead of a cuDNN call (--cublas-1x1-conv, channels last
+# only, so in NHWC in both precisions); AMP once more with the other 20 on
+# cuDNN's graph API. No recording: the host still queues every kernel.
+train_resnet50 fp32 resnet50_fp32_gemm1x1 --data-format nhwc --cublas-1x1-conv; r50_fp32_g11_rc=$?
+train_resnet50 amp resnet50_amp_gemm1x1 --data-format nhwc --cublas-1x1-conv; r50_amp_g11_rc=$?
+train_resnet50 amp resnet50_amp_gemm1x1_gc --data-format nhwc --cublas-1x1-conv --cudnn-graph-conv
+r50_amp_g11_gc_rc=$?
 echo "gpu_check: --cuda-graph against op-by-op steps on the GPU (log: $out/cuda_graph_flag.log)"
 MIX_E2E_DEVICE=cuda MIX_BUILD_DIR="$build" MIX_WITH_MPI=OFF limit 120 /usr/bin/env python3 \
   "$root/tests/e2e/test_cuda_graph_flag.py" >"$out/cuda_graph_flag.log" 2>&1
@@ -303,6 +311,10 @@ r50_fp32_b256_rc=$?
 train_resnet50 amp resnet50_amp_b256_graph --data-format nhwc --batch-size 256 --benchmark-warmup 5 --steps 15 \
   --cudnn-graph-conv
 r50_b256_graph_rc=$?
+# And are cuBLAS's GEMMs as fast as cuDNN's 1x1 kernels?
+train_resnet50 amp resnet50_amp_b256_gemm1x1 --data-format nhwc --batch-size 256 --benchmark-warmup 5 --steps 15 \
+  --cublas-1x1-conv
+r50_b256_g11_rc=$?
 # What folding the FP32 casts before softmax and the loss is worth (README,
 # "Folded casts"): the default AMP run above folds them, this one keeps them.
 echo "gpu_check: Transformer AMP with --no-fold-casts (log: $out/transformer_amp_nofold.log)"
@@ -326,6 +338,9 @@ r50_host_prof_rc=$?
 MIX_PROFILE_OPS=host train_resnet50 amp resnet50_amp_graph_host_profile --data-format nhwc --cudnn-graph-conv \
   --benchmark-warmup 5 --steps 10
 r50_graph_host_prof_rc=$?
+MIX_PROFILE_OPS=host train_resnet50 amp resnet50_amp_gemm1x1_host_profile --data-format nhwc --cublas-1x1-conv \
+  --benchmark-warmup 5 --steps 10
+r50_g11_host_prof_rc=$?
 MIX_PROFILE_OPS=1 train_transformer amp transformer_amp_profile --benchmark-warmup 5 --steps 10; tf_prof_rc=$?
 echo "gpu_check: resnet-small AMP with and without overlapped all-reduce (logs: $out/resnet_small_*.log)"
 train_resnet_small resnet_small_overlap; rs_ov_rc=$?
@@ -365,6 +380,11 @@ r50_fp32_cg_ips=$(summary_field "$out/resnet50_fp32_cudagraph.jsonl" samples_per
 r50_amp_cg_ips=$(summary_field "$out/resnet50_amp_cudagraph.jsonl" samples_per_s_overall)
 r50_amp_cg_queue=$(queue_and_step_ms "$out/resnet50_amp_cudagraph.jsonl")
 r50_amp_cg_gc_ips=$(summary_field "$out/resnet50_amp_cudagraph_gc.jsonl" samples_per_s_overall)
+r50_fp32_g11_ips=$(summary_field "$out/resnet50_fp32_gemm1x1.jsonl" samples_per_s_overall)
+r50_amp_g11_ips=$(summary_field "$out/resnet50_amp_gemm1x1.jsonl" samples_per_s_overall)
+r50_amp_g11_queue=$(queue_and_step_ms "$out/resnet50_amp_gemm1x1.jsonl")
+r50_amp_g11_gc_ips=$(summary_field "$out/resnet50_amp_gemm1x1_gc.jsonl" samples_per_s_overall)
+r50_b256_g11_ips=$(summary_field "$out/resnet50_amp_b256_gemm1x1.jsonl" samples_per_s_overall)
 # A recording that failed names the call CUDA refused: the first such line, in the summary itself.
 cg_error=$(grep -h -o "could not \(record\|instantiate\).*" "$out"/resnet50_*cudagraph*.log \
   "$out"/transformer_amp_cudagraph.log 2>/dev/null | head -1 | cut -c1-200)
@@ -377,12 +397,13 @@ r50_bench_ips=$(summary_field "$out/resnet50_amp_bench.jsonl" samples_per_s_over
 r50_nofuse_ips=$(summary_field "$out/resnet50_amp_nofuse.jsonl" samples_per_s_overall)
 r50_nobnfuse_ips=$(summary_field "$out/resnet50_amp_nobnfuse.jsonl" samples_per_s_overall)
 # The target compares AMP with FP32 at its best: the fastest FP32 batch-64 run
-# of any layout and mode (legacy calls, graph API, CUDA graph).
+# of any layout and mode (legacy calls, graph API, CUDA graph, cuBLAS 1x1).
 r50_fp32_best=$(/usr/bin/env python3 -c "import sys
 v=[float(a) for a in sys.argv[1:] if a.replace('.', '', 1).isdigit()]
 print(max(v) if v else 'n/a')" "$r50_fp32_ips" "$r50_fp32_nhwc_ips" "$r50_fp32_graph_ips" "$r50_fp32_cg_ips" \
-  2>/dev/null || echo n/a)
+  "$r50_fp32_g11_ips" 2>/dev/null || echo n/a)
 r50_cg_ratio=$(ratio_of "$r50_fp32_best" "$r50_amp_cg_ips")
+r50_g11_ratio=$(ratio_of "$r50_fp32_best" "$r50_amp_g11_ips")
 r50_fp32_peak=$(summary_field "$out/resnet50_fp32.jsonl" peak_bytes)
 r50_amp_peak=$(summary_field "$out/resnet50_amp.jsonl" peak_bytes)
 r50_ratio=$(ratio_of "$r50_fp32_best" "$r50_amp_ips")
@@ -423,6 +444,11 @@ secs=$(( $(date +%s) - t0 ))
   printf "  %-36s %s\n" "  cuda graph AMP / best FP32 (>= 3)" "$r50_cg_ratio"
   printf "  %-36s %s\n" "  cuda graph AMP queue / step ms" "$r50_amp_cg_queue"
   printf "  %-36s %s\n" "  --cuda-graph = op by op (e2e)" "${cg_flag:-no verdict} (exit $cg_flag_rc)"
+  printf "  %-36s %s\n" "ResNet-50 FP32 NHWC, cuBLAS 1x1 conv" "$r50_fp32_g11_ips (exit $r50_fp32_g11_rc)"
+  printf "  %-36s %s\n" "ResNet-50 AMP NHWC, cuBLAS 1x1 conv" "$r50_amp_g11_ips (exit $r50_amp_g11_rc)"
+  printf "  %-36s %s\n" "  AMP, cuBLAS 1x1 + cudnn graph conv" "$r50_amp_g11_gc_ips (exit $r50_amp_g11_gc_rc)"
+  printf "  %-36s %s\n" "  cuBLAS 1x1 AMP / best FP32 (>= 3)" "$r50_g11_ratio"
+  printf "  %-36s %s\n" "  cuBLAS 1x1 AMP queue / step ms" "$r50_amp_g11_queue"
   printf "  %-36s %s\n" "ResNet-50 AMP NHWC, no-fuse-add-relu" "$r50_nofuse_ips (exit $r50_nofuse_rc)"
   printf "  %-36s %s\n" "ResNet-50 AMP NHWC, no-fuse-bn-relu" "$r50_nobnfuse_ips (exit $r50_nobnfuse_rc)"
   printf "  %-36s %s\n" "  same, cuDNN persistent BN" "$r50_bnp_ips (exit $r50_bnp_rc)"
@@ -432,6 +458,7 @@ secs=$(( $(date +%s) - t0 ))
   printf "  %-36s %s\n" "ResNet-50 b256 AMP / FP32" "$r50_b256_ratio"
   printf "  %-36s %s\n" "ResNet-50 b256 AMP host queue / step" "$r50_b256_queue"
   printf "  %-36s %s\n" "ResNet-50 b256 AMP, cudnn graph conv" "$r50_b256_graph_ips (exit $r50_b256_graph_rc)"
+  printf "  %-36s %s\n" "ResNet-50 b256 AMP, cuBLAS 1x1 conv" "$r50_b256_g11_ips (exit $r50_b256_g11_rc)"
   printf "  %-36s %s\n" "ResNet-50 AMP / best FP32 (>= 3)" "$r50_ratio"
   printf "  %-36s %s / %s\n" "ResNet-50 peak bytes FP32 / AMP" "$r50_fp32_peak" "$r50_amp_peak"
   printf "  %-36s %s\n" "ResNet-50 AMP host queue / step ms" "$r50_amp_queue"
@@ -459,6 +486,8 @@ secs=$(( $(date +%s) - t0 ))
   top_ops "$out/resnet50_amp_host_profile.log" 10
   echo "  same with --cudnn-graph-conv, top 5 (exit $r50_graph_host_prof_rc):"
   top_ops "$out/resnet50_amp_graph_host_profile.log" 5
+  echo "  same with --cublas-1x1-conv, top 5 (exit $r50_g11_host_prof_rc):"
+  top_ops "$out/resnet50_amp_gemm1x1_host_profile.log" 5
   echo "  Transformer-base AMP, GPU time by op type, top 10 (exit $tf_prof_rc):"
   top_ops "$out/transformer_amp_profile.log" 10
 } | tee "$out/summary.txt"
@@ -466,6 +495,7 @@ secs=$(( $(date +%s) - t0 ))
   [ $r50_nchw_rc -eq 0 ] && [ $r50_fp32_nhwc_rc -eq 0 ] && [ $r50_bnp_rc -eq 0 ] && [ $r50_bench_rc -eq 0 ] && [ $r50_nofuse_rc -eq 0 ] && [ $r50_nobnfuse_rc -eq 0 ] &&
   [ $r50_b256_rc -eq 0 ] && [ $r50_fp32_b256_rc -eq 0 ] && [ $r50_fp32_graph_rc -eq 0 ] && [ $r50_amp_graph_rc -eq 0 ] &&
   [ $r50_b256_graph_rc -eq 0 ] && [ $r50_fp32_cg_rc -eq 0 ] && [ $r50_amp_cg_rc -eq 0 ] && [ $r50_amp_cg_gc_rc -eq 0 ] &&
+  [ $r50_fp32_g11_rc -eq 0 ] && [ $r50_amp_g11_rc -eq 0 ] && [ $r50_amp_g11_gc_rc -eq 0 ] && [ $r50_b256_g11_rc -eq 0 ] &&
   [ $cg_flag_rc -eq 0 ] &&
   [ $tf_fp32_rc -eq 0 ] && [ $tf_amp_rc -eq 0 ] && [ $tf_amp_cg_rc -eq 0 ] && [ $tf_nofold_rc -eq 0 ] && [ $tf_stored_rc -eq 0 ] && [ $rs_ov_rc -eq 0 ] && [ $rs_no_rc -eq 0 ] && [ $bench_rc -eq 0 ] &&
   [ $stuck_ok -eq 0 ] && [ $mc_ops_ok -eq 0 ] && [ $mc_tf_ok -eq 0 ]

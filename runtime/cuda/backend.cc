@@ -178,6 +178,7 @@ class CudaBackend final : public DeviceBackend {
     cuda::set_batch_norm_persistent(o.batch_norm_persistent);
     cuda::set_cudnn_benchmark(o.cudnn_benchmark);
     cuda::set_cudnn_graph_conv(o.cudnn_graph_conv);
+    cuda::set_cublas_1x1_conv(o.cublas_1x1_conv);
   }
 
   std::unique_ptr<OpTimer> make_op_timer(int index) override { return std::make_unique<CudaOpTimer>(index); }

@@ -23,6 +23,7 @@ std::atomic<bool> g_allow_tf32{false};
 std::atomic<bool> g_batch_norm_persistent{false};
 std::atomic<bool> g_cudnn_benchmark{false};
 std::atomic<bool> g_cudnn_graph_conv{false};
+std::atomic<bool> g_cublas_1x1_conv{false};
 std::atomic<double> g_hang_timeout_s{0.0};
 
 }  // namespace
@@ -63,6 +64,9 @@ bool cudnn_benchmark() { return g_cudnn_benchmark.load(); }
 
 void set_cudnn_graph_conv(bool on) { g_cudnn_graph_conv.store(on); }
 bool cudnn_graph_conv() { return g_cudnn_graph_conv.load(); }
+
+void set_cublas_1x1_conv(bool on) { g_cublas_1x1_conv.store(on); }
+bool cublas_1x1_conv() { return g_cublas_1x1_conv.load(); }
 
 int device_count() {
   int n = 0;

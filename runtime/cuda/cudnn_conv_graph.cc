@@ -208,19 +208,19 @@ std::optional<Failure> build_graph(cudnnHandle_t handle, const ConvGraphShape& s
   };
   Slots k{};
   switch (s.pass) {
-    case ConvGraphPass::forward:
+    case ConvPass::forward:
       k = {CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X,
            CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W,            CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y,
            CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC,    CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA,
            CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA};
       break;
-    case ConvGraphPass::backward_data:
+    case ConvPass::backward_data:
       k = {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX,
            CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W,                  CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY,
            CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC,          CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA,
            CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA};
       break;
-    case ConvGraphPass::backward_filter:
+    case ConvPass::backward_filter:
       k = {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR,
            CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X,
            CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW,
@@ -296,7 +296,7 @@ std::optional<Failure> build_graph(cudnnHandle_t handle, const ConvGraphShape& s
   for (size_t i = first_config; i < e.keep.size(); ++i) {
     const EngineNotes n = engine_notes(e.keep[i], s);
     if (!n.allowed) continue;
-    const bool det = n.deterministic || s.pass == ConvGraphPass::forward;
+    const bool det = n.deterministic || s.pass == ConvPass::forward;
     tiers[(det ? 0 : 2) + (n.runtime_compiled ? 1 : 0)].push_back({&e.keep[i], n.deterministic});
   }
   for (const auto& tier : tiers) e.ranked.insert(e.ranked.end(), tier.begin(), tier.end());

@@ -30,25 +30,10 @@
 
 namespace mix::cuda {
 
-enum class ConvGraphPass : int64_t { forward, backward_data, backward_filter };
-
-/// "forward", "backward data", "backward filter": a pass as messages name it.
-inline const char* conv_pass_name(ConvGraphPass p) {
-  switch (p) {
-    case ConvGraphPass::forward:
-      return "forward";
-    case ConvGraphPass::backward_data:
-      return "backward data";
-    case ConvGraphPass::backward_filter:
-      return "backward filter";
-  }
-  return "?";
-}
-
 /// One pass of a convolution with the shapes `dims` (runtime/ops/conv_shapes.h:
 /// channels last stores the data NHWC and the filter [oc, kh, kw, c / groups]).
 struct ConvGraphShape {
-  ConvGraphPass pass = ConvGraphPass::forward;
+  ConvPass pass = ConvPass::forward;
   DType dtype = DType::f32;
   bool allow_tf32 = false;
   ConvDims dims;

@@ -33,6 +33,23 @@ inline Shape image_shape(bool channels_last, int64_t n, int64_t c, int64_t h, in
   return channels_last ? Shape{n, h, w, c} : Shape{n, c, h, w};
 }
 
+/// The three products of a convolution: Output from Input and Filter, and
+/// the gradients of Input and of Filter from Output's gradient (conv2d_grad).
+enum class ConvPass : int64_t { forward, backward_data, backward_filter };
+
+/// "forward", "backward data", "backward filter": a pass as messages name it.
+inline const char* conv_pass_name(ConvPass p) {
+  switch (p) {
+    case ConvPass::forward:
+      return "forward";
+    case ConvPass::backward_data:
+      return "backward data";
+    case ConvPass::backward_filter:
+      return "backward filter";
+  }
+  return "?";
+}
+
 /// Output extent of a sliding window: floor((in + 2 pad - dil (k - 1) - 1) / stride) + 1.
 inline int64_t window_out_size(int64_t in, int64_t k, int64_t stride, int64_t pad, int64_t dil) {
   return (in + 2 * pad - dil * (k - 1) - 1) / stride + 1;

@@ -68,6 +68,7 @@
 #ifdef MIX_HAVE_CUDA
 #include "runtime/cuda/context.h"
 #include "runtime/cuda/device_allocator.h"
+#include "runtime/cuda/gemm.h"
 #endif
 
 using namespace mix;
@@ -92,22 +93,37 @@ void disable_tf32() {
 }
 
 /// One of the CUDA backend's switches (cuda::set_batch_norm_persistent,
-/// cuda::set_cudnn_benchmark, cuda::set_cudnn_graph_conv) set for the life of a test, then off again.
+/// cuda::set_cudnn_benchmark, cuda::set_cudnn_graph_conv,
+/// cuda::set_cublas_1x1_conv) set for the life of a test, then off again.
 using Switch = void (*)(bool);
 #ifdef MIX_HAVE_CUDA
 const Switch kBatchNormPersistent = mix::cuda::set_batch_norm_persistent;
 const Switch kCudnnBenchmark = mix::cuda::set_cudnn_benchmark;
 const Switch kCudnnGraphConv = mix::cuda::set_cudnn_graph_conv;
+const Switch kCublas1x1Conv = mix::cuda::set_cublas_1x1_conv;
 #else
-const Switch kBatchNormPersistent = nullptr, kCudnnBenchmark = nullptr, kCudnnGraphConv = nullptr;
+const Switch kBatchNormPersistent = nullptr, kCudnnBenchmark = nullptr, kCudnnGraphConv = nullptr,
+             kCublas1x1Conv = nullptr;
 #endif
 
 /// How conv2d picks and runs cuDNN's algorithms: the legacy calls with the
 /// heuristics' choice, the same timed (--cudnn-benchmark), or the graph API's
-/// cached plans (--cudnn-graph-conv). The same bounds hold for any algorithm.
-enum class ConvMode { heuristic, benchmark, graph };
+/// cached plans (--cudnn-graph-conv); or the pointwise channels-last cases as
+/// cuBLAS GEMMs (--cublas-1x1-conv; the others on the legacy calls). The same
+/// bounds hold for any algorithm, a GEMM's included.
+enum class ConvMode { heuristic, benchmark, graph, gemm };
 const char* mode_name(ConvMode m) {
-  return m == ConvMode::heuristic ? "" : m == ConvMode::benchmark ? " benchmark" : " graph API";
+  switch (m) {
+    case ConvMode::heuristic:
+      return "";
+    case ConvMode::benchmark:
+      return " benchmark";
+    case ConvMode::graph:
+      return " graph API";
+    case ConvMode::gemm:
+      return " cuBLAS 1x1";
+  }
+  return "?";
 }
 
 /// While it lives, GPU 0's allocator holds no cache and may not take one byte
@@ -190,6 +206,11 @@ const ConvCfg kConvCases[] = {
     {"3x3 stride 2", 2, 8, 11, 11, 16, 3, 3, 2, 1, 1, 1},
     {"1x1", 2, 16, 7, 9, 8, 1, 1, 1, 0, 1, 1},
     {"1x1 stride 2", 2, 8, 10, 10, 16, 1, 1, 2, 0, 1, 1},
+    // Pointwise with odd extents (cuBLAS GEMMs under --cublas-1x1-conv,
+    // channels last): a swapped m, n or k changes a shape.
+    {"1x1 odd channels", 3, 5, 7, 6, 11, 1, 1, 1, 0, 1, 1},
+    {"1x1 dilation 2", 2, 12, 5, 3, 6, 1, 1, 1, 0, 2, 1},
+    {"1x1 padding 1 (not one GEMM)", 2, 8, 5, 5, 8, 1, 1, 1, 1, 1, 1},
     {"3x3 dilation 2", 2, 4, 12, 12, 8, 3, 3, 1, 2, 2, 1},
     {"3x3 groups 4", 2, 8, 9, 9, 12, 3, 3, 1, 1, 1, 4},
     // One channel per group: channels last, the filter is used without a permute.
@@ -290,9 +311,10 @@ TEST_CASE("conv2d and conv2d_grad on cuDNN match the CPU and a double reference"
   require_gpu();
   const DType dt = EACH_FLOAT_TYPE();
   disable_tf32();
-  const ConvMode mode = GENERATE(ConvMode::heuristic, ConvMode::benchmark, ConvMode::graph);
+  const ConvMode mode = GENERATE(ConvMode::heuristic, ConvMode::benchmark, ConvMode::graph, ConvMode::gemm);
   const ScopedSwitch timed(kCudnnBenchmark, mode == ConvMode::benchmark);
   const ScopedSwitch graph(kCudnnGraphConv, mode == ConvMode::graph);
+  const ScopedSwitch gemm(kCublas1x1Conv, mode == ConvMode::gemm);
   uint64_t seed = 100;
   for (const ConvCfg& k : kConvCases) {
     for (bool last : kLayouts) {
@@ -344,6 +366,44 @@ TEST_CASE("conv2d_grad on cuDNN with only the filter gradient (the first layer)"
     expect_within(b.gpu.at("dw"), ref.dw.value, conv_bound(ref.dw, static_cast<int64_t>(ref.dw.value.size()), dt),
                   "conv2d_grad filter only " + dname(dt) + layout_name(last));
   }
+}
+
+// The bounds above would pass whichever library ran; this checks that
+// --cublas-1x1-conv really hands the pointwise case to cuBLAS, as the GEMMs
+// written out here (runtime/ops/conv_gemm.h's formulation, restated): the
+// same cuBLAS call gives the same bits.
+TEST_CASE("--cublas-1x1-conv: a pointwise channels-last conv2d and its gradients are cuBLAS GEMMs, bit for bit",
+          "[cuda][conv2d]") {
+  require_gpu();
+  const DType dt = EACH_FLOAT_TYPE();
+  disable_tf32();
+#ifdef MIX_HAVE_CUDA
+  const ScopedSwitch gemm(kCublas1x1Conv, true);
+  const int64_t n = 3, h = 7, w = 6, c = 5, oc = 11, pixels = n * h * w;
+  const Tensor x = to_dtype(uniform_tensor({n, h, w, c}, 61), dt);
+  const Tensor f = to_dtype(uniform_tensor({oc, c, 1, 1}, 62, -0.5f, 0.5f), dt);
+  const Tensor dy = to_dtype(uniform_tensor({n, h, w, oc}, 63), dt);
+  const auto attrs = with_layout(conv_attrs({"1x1", n, c, h, w, oc, 1, 1, 1, 0, 1, 1}), "data_format", true);
+  const auto fwd = run_on(
+      {make_op("conv2d", {{"Input", {"x"}}, {"Filter", {"w"}}}, {{"Output", {"y"}}}, attrs), {{"x", x}, {"w", f}}},
+      kGpu, {"y"});
+  const auto bwd = run_on({make_op("conv2d_grad", {{"Input", {"x"}}, {"Filter", {"w"}}, {"Output@GRAD", {"dy"}}},
+                                   {{"Input@GRAD", {"dx"}}, {"Filter@GRAD", {"dw"}}}, attrs),
+                           {{"x", x}, {"w", f}, {"dy", dy}}},
+                          kGpu, {"dx", "dw"});
+
+  const Tensor gx = x.to(kGpu), gf = f.to(kGpu), gdy = dy.to(kGpu);
+  Tensor y = Tensor::empty({n, h, w, oc}, dt, kGpu), dx = Tensor::empty(x.shape(), dt, kGpu),
+         dw = Tensor::empty(f.shape(), dt, kGpu);
+  cuda::DeviceContext& dc = cuda::use_device(kGpu.index);
+  cuda::gemm(dc, false, true, pixels, oc, c, 1.f, gx.raw(), gf.raw(), 0.f, y.raw(), dt);     // Y = X W^T
+  cuda::gemm(dc, false, false, pixels, c, oc, 1.f, gdy.raw(), gf.raw(), 0.f, dx.raw(), dt);  // dX = dY W
+  cuda::gemm(dc, true, false, oc, c, pixels, 1.f, gdy.raw(), gx.raw(), 0.f, dw.raw(), dt);   // dW = dY^T X
+  const std::string what = "1x1 NHWC " + dname(dt);
+  expect_identical(fwd.at("y"), y.to(cpu_device()), what + " forward");
+  expect_identical(bwd.at("dx"), dx.to(cpu_device()), what + " Input@GRAD");
+  expect_identical(bwd.at("dw"), dw.to(cpu_device()), what + " Filter@GRAD");
+#endif
 }
 
 TEST_CASE("conv2d on cuDNN with no memory left for a workspace falls back to an algorithm that needs none",

@@ -147,8 +147,9 @@ inline Program training_program(models::Model m, bool use_amp) {
 
 /// A narrow resnet-small (width 4, two stages of one basic block) on
 /// `image_size`-square images, for training steps.
-inline models::Model narrow_resnet(bool channels_last = false, int64_t image_size = 8) {
+inline models::Model narrow_resnet(bool channels_last = false, int64_t image_size = 8, bool bottleneck = false) {
   models::ResNetConfig cfg = models::resnet_preset("resnet-small");
+  cfg.bottleneck = bottleneck;  // ResNet-50's 1x1-3x3-1x1 blocks
   cfg.width = 4;
   cfg.blocks = {1, 1};
   cfg.image_size = image_size;

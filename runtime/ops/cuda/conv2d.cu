@@ -58,9 +58,18 @@
 // which keeps the numerics rules above), and falls back to the legacy calls
 // below for a shape it has no plan for.
 //
+// --cublas-1x1-conv (cuda::cublas_1x1_conv) runs each pass of a pointwise
+// channels-last convolution (1x1, stride 1, no padding, one group) as one
+// cuBLAS GEMM over the [pixels, channels] matrix instead (runtime/ops/
+// conv_gemm.h): no descriptors, algorithm choice or workspace of cuDNN's, so
+// the host queues it in a GEMM's time; cuda::gemm keeps the numerics rules
+// above (FP32 accumulation, no TF32 unless allowed). It goes first; other
+// shapes take the graph API or the legacy calls as before.
+//
 // No kernels of its own: this file is only the launcher part.
 #include <algorithm>
 #include <array>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -72,7 +81,9 @@
 #include "runtime/cuda/context.h"
 #include "runtime/cuda/cudnn_conv_graph.h"
 #include "runtime/cuda/cudnn_util.h"
+#include "runtime/cuda/gemm.h"
 #include "runtime/op_registry.h"
+#include "runtime/ops/conv_gemm.h"
 #include "runtime/ops/conv_shapes.h"
 #include "runtime/ops/cuda/device_ops.cuh"
 
@@ -84,8 +95,7 @@ namespace {
 /// what else is allocated; algorithms wanting more (large FFT tilings) are skipped.
 constexpr size_t kWorkspaceLimit = size_t{512} << 20;
 
-using Pass = cuda::ConvGraphPass;  // one list of passes for the legacy calls and the graph API
-using cuda::conv_pass_name;
+using Pass = ConvPass;  // one list of passes for the legacy calls, the graph API and cuBLAS
 
 /// The math type a convolution of `t` starts from: FMA for strict FP32.
 cudnnMathType_t base_math(DType t) {
@@ -385,6 +395,19 @@ bool ran_on_graph(cudnnHandle_t h, const OpContext& ctx, Pass pass, DType t, con
   return cuda::run_conv_graph(h, ctx.env.device, s, x, w, y, kWorkspaceLimit);
 }
 
+/// Runs `pass` as one cuBLAS GEMM when --cublas-1x1-conv asks for it and the
+/// convolution is pointwise channels last (conv_gemm.h): false otherwise (and
+/// for extents past cuBLAS's int, which cuDNN's 64-bit graph API may take).
+/// x, w and y as for ran_on_graph; the filter's bytes are used as they are.
+bool ran_as_gemm(cuda::DeviceContext& dc, Pass pass, DType t, const ConvDims& d, void* x, void* w, void* y) {
+  if (!cuda::cublas_1x1_conv() || !conv_is_one_gemm(d)) return false;
+  const ConvGemm g = conv_gemm(pass, d, x, w, y);
+  constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+  if (g.m > kIntMax || g.n > kIntMax || g.k > kIntMax) return false;
+  cuda::gemm(dc, g.trans_a, g.trans_b, g.m, g.n, g.k, 1.f, g.a, g.b, 0.f, g.c, t);
+  return true;
+}
+
 void check_inputs(const OpContext& ctx, const Tensor& x, const Tensor& filter) {
   const char* op = ctx.op.type.c_str();
   MIX_CHECK(x.dtype() == filter.dtype(), op << ": Input is " << dtype_name(x.dtype()) << " but Filter is "
@@ -415,6 +438,7 @@ void conv2d_cuda(OpContext& ctx) {
   Tensor& out = ctx.out("Output", d.out_shape(), x.dtype());
   if (d.n == 0) return;
   cuda::DeviceContext& dc = cuda::use_device(ctx.env.device.index);
+  if (ran_as_gemm(dc, Pass::forward, x.dtype(), d, x.raw(), filter.raw(), out.raw())) return;
   cudnnHandle_t h = cuda::cudnn_handle(dc);
   const Tensor w = cudnn_filter(filter, d, dc.compute.get(), "conv2d");
   if (ran_on_graph(h, ctx, Pass::forward, x.dtype(), d, x.raw(), w.raw(), out.raw())) return;
@@ -446,9 +470,12 @@ void conv2d_grad_cuda(OpContext& ctx) {
     if (dw) MIX_CUDA_CHECK(cudaMemsetAsync(dw->raw(), 0, dw->bytes(), dc.compute.get()));
     return;
   }
+  // A pass cuBLAS ran (--cublas-1x1-conv) is done; cuDNN runs the others.
+  const bool dx_done = dx && ran_as_gemm(dc, Pass::backward_data, x.dtype(), d, dx->raw(), filter.raw(), dout.raw());
+  const bool dw_done = dw && ran_as_gemm(dc, Pass::backward_filter, x.dtype(), d, x.raw(), dw->raw(), dout.raw());
   cudnnHandle_t h = cuda::cudnn_handle(dc);
   const cudaStream_t stream = dc.compute.get();
-  if (dx) {
+  if (dx && !dx_done) {
     const Tensor w = cudnn_filter(filter, d, stream, "conv2d_grad");
     if (!ran_on_graph(h, ctx, Pass::backward_data, x.dtype(), d, dx->raw(), w.raw(), dout.raw())) {
       run_pass(h, ctx, Pass::backward_data, x.dtype(), d,
@@ -459,7 +486,7 @@ void conv2d_grad_cuda(OpContext& ctx) {
                });
     }
   }
-  if (dw) {
+  if (dw && !dw_done) {
     // Channels last, cuDNN writes the gradient as [oc, kh, kw, c/groups]: into scratch, then permuted back.
     const bool as_is = filter_bytes_as_is(d);
     Tensor dw_cudnn = as_is ? *dw : Tensor::empty({d.oc, d.kh, d.kw, d.c_per_group()}, dw->dtype(), dw->device());
