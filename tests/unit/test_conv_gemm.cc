@@ -11,7 +11,9 @@
 #include <catch2/catch.hpp>
 
 #include <cstdint>
+#include <map>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "models/model.h"

@@ -1,7 +1,7 @@
 // conv2d and conv2d_grad on CUDA: the slots, attributes and shapes of
 // runtime/ops/conv2d.cc (conv_dims in runtime/ops/conv_shapes.h), each
-// product one cuDNN call; groups and dilation go through the convolution
-// descriptor.
+// product one cuDNN call (or one cuBLAS GEMM, below); groups and dilation go
+// through the convolution descriptor.
 //
 // Layout: Input and Output are described in the op's data_format. Channels
 // last (NHWC), the layout cuDNN's FP16 tensor-core kernels read directly,
