@@ -396,8 +396,8 @@ bool ran_on_graph(cudnnHandle_t h, const OpContext& ctx, Pass pass, DType t, con
 }
 
 /// Runs `pass` as one cuBLAS GEMM when --cublas-1x1-conv asks for it and the
-/// convolution is pointwise channels last (conv_gemm.h): false otherwise (and
-/// for extents past cuBLAS's int, which cuDNN's 64-bit graph API may take).
+/// convolution is pointwise channels last (conv_gemm.h): false otherwise, and
+/// for extents past cuBLAS's int (cuDNN then takes the pass, or says why not).
 /// x, w and y as for ran_on_graph; the filter's bytes are used as they are.
 bool ran_as_gemm(cuda::DeviceContext& dc, Pass pass, DType t, const ConvDims& d, void* x, void* w, void* y) {
   if (!cuda::cublas_1x1_conv() || !conv_is_one_gemm(d)) return false;
