@@ -57,12 +57,13 @@ std::map<std::string, Attr> pointwise_attrs(const PointwiseCase& k, const std::s
           {"data_format", format}};
 }
 
-/// `c` (shaped as the pass writes it) from cpu::sgemm running conv_gemm's description.
-Tensor through_gemm(ConvPass pass, const ConvDims& d, Tensor x, Tensor w, Tensor y, const std::string& written) {
+/// What `pass` writes (y forward, x backward data, w backward filter), from
+/// cpu::sgemm running conv_gemm's description over x, w and y.
+Tensor through_gemm(ConvPass pass, const ConvDims& d, Tensor x, Tensor w, Tensor y) {
   const ConvGemm g = conv_gemm(pass, d, x.raw(), w.raw(), y.raw());
   cpu::sgemm(g.trans_a, g.trans_b, g.m, g.n, g.k, 1.f, static_cast<const float*>(g.a), static_cast<const float*>(g.b),
              0.f, static_cast<float*>(g.c));
-  return written == "x" ? x : written == "w" ? w : y;
+  return pass == ConvPass::forward ? y : pass == ConvPass::backward_data ? x : w;
 }
 
 void expect_same_floats(const Tensor& got, const Tensor& want, const std::string& what) {
@@ -87,17 +88,17 @@ TEST_CASE("a 1x1 channels-last convolution is one GEMM per pass, bit for bit wit
 
     const auto y = run_on({fwd, {{"x", x}, {"w", filter}}}, cpu_device(), {"y"}).at("y");
     const Tensor y_gemm =
-        through_gemm(ConvPass::forward, d, x.clone(), filter.clone(), Tensor::empty(y.shape(), DType::f32), "y");
+        through_gemm(ConvPass::forward, d, x.clone(), filter.clone(), Tensor::empty(y.shape(), DType::f32));
     expect_same_floats(y_gemm, y, "forward");
 
     const OpDesc bwd = make_op("conv2d_grad", {{"Input", {"x"}}, {"Filter", {"w"}}, {"Output@GRAD", {"dy"}}},
                                {{"Input@GRAD", {"dx"}}, {"Filter@GRAD", {"dw"}}}, pointwise_attrs(k));
     const auto grads = run_on({bwd, {{"x", x}, {"w", filter}, {"dy", dy}}}, cpu_device(), {"dx", "dw"});
     const Tensor dx_gemm =
-        through_gemm(ConvPass::backward_data, d, Tensor::empty(x.shape(), DType::f32), filter.clone(), dy.clone(), "x");
+        through_gemm(ConvPass::backward_data, d, Tensor::empty(x.shape(), DType::f32), filter.clone(), dy.clone());
     expect_same_floats(dx_gemm, grads.at("dx"), "backward data");
-    const Tensor dw_gemm = through_gemm(ConvPass::backward_filter, d, x.clone(),
-                                        Tensor::empty(filter.shape(), DType::f32), dy.clone(), "w");
+    const Tensor dw_gemm =
+        through_gemm(ConvPass::backward_filter, d, x.clone(), Tensor::empty(filter.shape(), DType::f32), dy.clone());
     expect_same_floats(dw_gemm, grads.at("dw"), "backward filter");
   }
 }
