@@ -59,6 +59,21 @@ Tensor Tensor::reshaped(const Shape& shape) const {
   return t;
 }
 
+bool Tensor::storage_holds(const Shape& shape) const {
+  for (int64_t d : shape)
+    if (d < 0) return false;
+  const size_t wanted = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype_);
+  return wanted == 0 || (storage_ && offset_ + wanted <= storage_->bytes());
+}
+
+Tensor Tensor::viewed_as(const Shape& shape) const {
+  MIX_CHECK(storage_holds(shape), "cannot view " << shape_str(shape_) << " as " << shape_str(shape)
+                                                 << ": its memory holds fewer " << dtype_name(dtype_) << " elements");
+  Tensor t = *this;
+  t.shape_ = shape;
+  return t;
+}
+
 Tensor Tensor::clone() const {
   Tensor t = empty(shape_, dtype_, device());
   t.copy_from(*this);

@@ -62,6 +62,13 @@ class Tensor {
 
   /// Same storage, new shape of equal element count.
   Tensor reshaped(const Shape& shape) const;
+  /// Whether the storage holds `shape`'s elements of this dtype from this
+  /// tensor's start (a full batch's memory holds a short last batch, and
+  /// still holds the next full one after it is viewed as the short one).
+  bool storage_holds(const Shape& shape) const;
+  /// Same storage and dtype viewed as `shape`, whose element count may differ
+  /// from this view's as long as storage_holds(shape).
+  Tensor viewed_as(const Shape& shape) const;
   /// A deep copy on the same device.
   Tensor clone() const;
   /// A copy on `device` (this tensor itself when it is already there).

@@ -88,9 +88,11 @@ class DistributedSampler {
 
 /// Copies examples `idx[begin, begin+count)` into a batch: inputs [count, ...],
 /// labels [count] (or [count, ...] for labels with more than one entry per example).
-/// `inputs` and `labels` are reused when their shape and dtype fit, else made
-/// from `host_memory` (a host allocator, e.g. page-locked memory for a GPU's
-/// DMA; nullptr: the ordinary host allocator).
+/// `inputs` and `labels` (an earlier call's) are written in place when their
+/// memory holds the batch, whatever their shape (a short last batch in a full
+/// batch's memory, and the next full batch back in it), else made from
+/// `host_memory` (a host allocator, e.g. page-locked memory for a GPU's DMA;
+/// nullptr: the ordinary host allocator).
 void gather_batch(const Dataset& ds, const std::vector<int64_t>& idx, int64_t begin, int64_t count, Tensor& inputs,
                   Tensor& labels, Allocator* host_memory = nullptr);
 

@@ -41,6 +41,26 @@ std::vector<int64_t> DistributedSampler::indices(int64_t epoch) const {
   return mine;
 }
 
+namespace {
+
+/// Where a gather writes a batch of `shape`: `last`'s memory (the tensor a
+/// previous gather wrote) viewed as `shape` when it holds that many `dtype`
+/// elements, else new memory from `memory`. An epoch's short last batch
+/// therefore reuses the full batches' memory, and the next full batch gets it
+/// back, instead of page-locked memory being freed and allocated again.
+/// Both synchronize with the device (CUDA's programming guide lists
+/// page-locked allocation among the implicit synchronizations; HIP documents
+/// its free as a device synchronize): on the prefetcher's thread that would
+/// stall the step running meanwhile, and break one being recorded as a CUDA
+/// graph (--cuda-graph).
+Tensor batch_target(const Tensor& last, const Shape& shape, DType dtype, Allocator& memory) {
+  if (last.defined() && last.dtype() == dtype && last.device() == memory.device() && last.storage_holds(shape))
+    return last.viewed_as(shape);
+  return Tensor::empty(shape, dtype, memory);
+}
+
+}  // namespace
+
 void gather_batch(const Dataset& ds, const std::vector<int64_t>& idx, int64_t begin, int64_t count, Tensor& inputs,
                   Tensor& labels, Allocator* host_memory) {
   Allocator& memory = host_memory ? *host_memory : allocator_for(cpu_device());
@@ -52,15 +72,13 @@ void gather_batch(const Dataset& ds, const std::vector<int64_t>& idx, int64_t be
   Shape shape = ds.inputs.shape();
   MIX_CHECK(!shape.empty(), "data set '" << ds.name << "' has no inputs");
   shape[0] = count;
-  if (!inputs.defined() || inputs.shape() != shape || inputs.dtype() != ds.inputs.dtype())
-    inputs = Tensor::empty(shape, ds.inputs.dtype(), memory);
+  inputs = batch_target(inputs, shape, ds.inputs.dtype(), memory);
   Shape label_shape = ds.labels.shape();
   MIX_CHECK(!label_shape.empty() && label_shape[0] == n,
             "data set '" << ds.name << "' has " << n << " inputs but labels " << shape_str(label_shape));
   label_shape[0] = count;
   const int64_t label_row = n > 0 ? ds.labels.numel() / n : 0;  // labels per example
-  if (!labels.defined() || labels.shape() != label_shape || labels.dtype() != DType::i64)
-    labels = Tensor::empty(label_shape, DType::i64, memory);
+  labels = batch_target(labels, label_shape, DType::i64, memory);
   MIX_CHECK(inputs.device().kind == DeviceKind::cpu && labels.device().kind == DeviceKind::cpu,
             "gather_batch fills host tensors");
 
