@@ -135,8 +135,22 @@ MIX_REGISTER_OP("c_allreduce_start",
                        }});
 MIX_REGISTER_OP("c_allreduce_wait", OpInfo{{}, allreduce_wait_cpu, {}, {}});
 
-MIX_REGISTER_OP("c_allreduce_sum", OpInfo{{}, [](OpContext& c) { allreduce_cpu(c, ReduceOp::sum); }, {}, {}});
-MIX_REGISTER_OP("c_allreduce_max", OpInfo{{}, [](OpContext& c) { allreduce_cpu(c, ReduceOp::max); }, {}, {}});
+// Blocking: on a GPU the communicator's all_reduce waits on the host for its
+// collective (the overlapped c_allreduce_start/wait pair does not).
+MIX_REGISTER_OP("c_allreduce_sum", OpInfo{{},
+                                          [](OpContext& c) { allreduce_cpu(c, ReduceOp::sum); },
+                                          {},
+                                          {},
+                                          {},
+                                          /*varies_by_step=*/false,
+                                          /*host_waits=*/true});
+MIX_REGISTER_OP("c_allreduce_max", OpInfo{{},
+                                          [](OpContext& c) { allreduce_cpu(c, ReduceOp::max); },
+                                          {},
+                                          {},
+                                          {},
+                                          /*varies_by_step=*/false,
+                                          /*host_waits=*/true});
 
 }  // namespace
 }  // namespace mix::collective

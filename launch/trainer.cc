@@ -483,10 +483,11 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     spdlog::warn("MIX_PROFILE_OPS={} is neither 1 (device time per op) nor host (host time per op): no op profile",
                  profile_env);
   }
-  // --cuda-graph: the step recorded on its second run and replayed after.
+  // --cuda-graph: the step recorded once (the first to repeat the batch shape
+  // of the step before it, normally the second) and replayed after.
   std::unique_ptr<StepGraph> step_graph;
   if (c.cuda_graph) {
-    std::string why = StepGraph::why_not(env);
+    std::string why = StepGraph::why_not(program, env);
     std::unique_ptr<DeviceGraph> recording;
     if (why.empty()) recording = require_device_backend(device.kind).make_graph(device.index);
     if (why.empty() && !recording) why = "this device's backend cannot record";

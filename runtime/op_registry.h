@@ -123,6 +123,11 @@ struct OpInfo {
   /// ExecEnv::device_step when that is set, so that a recorded step replays
   /// right (runtime/step_graph.h).
   bool varies_by_step = false;
+  /// The kernel waits on the host for its own device work (a blocking
+  /// collective: c_allreduce_sum, c_allreduce_max). A recording queues work
+  /// without running it, so a step with such an op cannot be recorded
+  /// (StepGraph::why_not).
+  bool host_waits = false;
 };
 
 /// ViewFn of ops whose every output is a view of input `slot` (reshape2, flatten).

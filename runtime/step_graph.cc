@@ -20,15 +20,23 @@ StepGraph::StepGraph(const Program& program, const Executor& step, std::vector<s
     needs_step_ = needs_step_ || (reg.has(op.type) && reg.get(op.type).varies_by_step);
 }
 
-std::string StepGraph::why_not(const ExecEnv& env) {
+std::string StepGraph::why_not(const Program& program, const ExecEnv& env) {
   if (env.device.kind == DeviceKind::cpu) return "the CPU runs each op as it is called: there is nothing to record";
   if (env.op_seconds) return "MIX_PROFILE_OPS times each op, which a recording of the whole step would hide";
+  const OpRegistry& reg = OpRegistry::instance();
+  const std::vector<OpDesc>& ops = program.ops();
+  for (size_t i = 0; i < ops.size(); ++i)
+    if (reg.has(ops[i].type) && reg.get(ops[i].type).host_waits)
+      return "op " + std::to_string(i) + " (" + ops[i].type +
+             ") waits on the host for its device work, which a recording only queues";
   return "";
 }
 
 StepGraph::Ran StepGraph::run(Scope& scope, ExecEnv& env) {
-  ++runs_;
-  if (runs_ == 1 || (recorded_ && !feeds_match(scope))) {
+  FeedShapes shapes = feed_shapes(scope);
+  const bool repeats_last_run = shapes == last_run_feeds_;
+  last_run_feeds_ = std::move(shapes);
+  if (recorded_ ? !feeds_match(scope) : !repeats_last_run) {
     step_.run(scope, env);
     return Ran::eager;
   }
@@ -51,6 +59,15 @@ StepGraph::Ran StepGraph::run(Scope& scope, ExecEnv& env) {
   }
   replay(scope, env);
   return ran;
+}
+
+StepGraph::FeedShapes StepGraph::feed_shapes(const Scope& scope) const {
+  FeedShapes shapes;
+  for (const std::string& name : feed_names_) {
+    const Tensor& t = scope.get(name);
+    shapes.emplace_back(t.shape(), t.dtype());
+  }
+  return shapes;
 }
 
 bool StepGraph::feeds_match(const Scope& scope) const {
@@ -88,7 +105,15 @@ void StepGraph::record(Scope& scope, ExecEnv& env) {
   // (tests/unit/test_step_graph.cc) keeps the work to run it at each replay.
   Scope* const recorded_scope = &scope;
   ExecEnv* const recorded_env = &env;
-  graph_->record([this, recorded_scope, recorded_env] { step_.run(*recorded_scope, *recorded_env); });
+  auto give_feeds_back = [&] {
+    for (size_t i = 0; i < feed_names_.size(); ++i) scope.set(feed_names_[i], given[i]);
+  };
+  try {
+    graph_->record([this, recorded_scope, recorded_env] { step_.run(*recorded_scope, *recorded_env); });
+  } catch (...) {
+    give_feeds_back();  // the caller's batch, not buffers nothing was copied into
+    throw;
+  }
 
   outputs_.clear();
   for (const std::string& name : output_names_)
@@ -97,7 +122,7 @@ void StepGraph::record(Scope& scope, ExecEnv& env) {
   for (const VarDesc& v : program_.vars())
     if (v.persistable)
       if (const Tensor* t = scope.find(v.name)) persistables_.push_back({v.name, t->raw()});
-  for (size_t i = 0; i < feed_names_.size(); ++i) scope.set(feed_names_[i], given[i]);
+  give_feeds_back();
   recorded_ = true;
 }
 

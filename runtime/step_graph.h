@@ -22,6 +22,7 @@
 //   buffer of this class's own, which it writes before each replay.
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/device_backend.h"
@@ -41,17 +42,20 @@ class StepGraph {
   StepGraph(const Program& program, const Executor& step, std::vector<std::string> feeds,
             std::vector<std::string> outputs, std::unique_ptr<DeviceGraph> graph);
 
-  /// Why steps under `env` cannot be recorded once and replayed (the CPU,
-  /// MIX_PROFILE_OPS); empty when they can. Every op can be recorded: those
-  /// that depend on the step read it through ExecEnv::device_step.
-  static std::string why_not(const ExecEnv& env);
+  /// Why steps of `program` under `env` cannot be recorded once and replayed
+  /// (the CPU, MIX_PROFILE_OPS, an op that waits on the host for the device:
+  /// OpInfo::host_waits); empty when they can. Ops that depend on the step
+  /// are recorded too: they read it through ExecEnv::device_step.
+  static std::string why_not(const Program& program, const ExecEnv& env);
 
-  /// Runs one step over `scope`. The first run is op by op, so that what a
-  /// first run caches (algorithm choices, lazily loaded kernels, allocator
-  /// blocks, plans) is in place before recording; the second is recorded and
-  /// replayed; later ones replay. The result is the eager step's, bit for bit.
-  /// A recording that fails throws mix::Error saying why (none of the step's
-  /// device work ran; the scope's temporaries are gone).
+  /// Runs one step over `scope`. Steps run op by op until one has the feed
+  /// shapes of the run before it: what that run cached (algorithm choices,
+  /// lazily loaded kernels, allocator blocks, plans) is then in place, and the
+  /// recording is of the usual batch, not of an epoch's short last one. That
+  /// step is recorded and replayed; later ones of its shapes replay, others
+  /// run op by op. The result is the eager step's, bit for bit. A recording
+  /// that fails throws mix::Error saying why (none of the step's device work
+  /// ran; the scope's temporaries are gone, its feeds are the caller's).
   Ran run(Scope& scope, ExecEnv& env);
 
  private:
@@ -59,6 +63,8 @@ class StepGraph {
     std::string name;
     const void* where;
   };
+  using FeedShapes = std::vector<std::pair<Shape, DType>>;
+  FeedShapes feed_shapes(const Scope& scope) const;
   bool feeds_match(const Scope& scope) const;
   bool persistables_in_place(const Scope& scope) const;
   void record(Scope& scope, ExecEnv& env);
@@ -68,7 +74,7 @@ class StepGraph {
   const Executor& step_;
   std::vector<std::string> feed_names_, output_names_;
   std::unique_ptr<DeviceGraph> graph_;
-  int64_t runs_ = 0;
+  FeedShapes last_run_feeds_;  // the feeds' shapes at the last run (none before the first)
   bool recorded_ = false;
   bool needs_step_ = false;                              // some op varies by step: keep device_step_ current
   Tensor device_step_;                                   // i64 [1] on the device: ExecEnv::device_step of the recording

@@ -14,10 +14,13 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "models/model.h"
+#include "runtime/check.h"
 #include "runtime/step_graph.h"
 #include "tests/unit/train_steps.h"
 
@@ -33,6 +36,7 @@ struct RecordingLog {
   std::vector<const void*> feeds_read;   // the feeds' addresses the recorded work reads
   std::vector<const void*> copied_into;  // copy_in's destinations since the last replay
   bool copies_were_into_feeds_read = true;
+  bool refuse = false;  // record() throws, as a capture CUDA refused does
 };
 
 class StandInRecording final : public DeviceGraph {
@@ -41,6 +45,7 @@ class StandInRecording final : public DeviceGraph {
       : log_(log), program_(program), scope_(scope), feeds_(std::move(feeds)) {}
 
   void record(const std::function<void()>& work) override {
+    if (log_.refuse) throw mix::Error("stand-in recording refused");
     ++log_.records;
     log_.leftovers.clear();
     log_.feeds_read.clear();
@@ -151,65 +156,121 @@ TEST_CASE("StepGraph: ops that depend on the step read the step the runner write
   }
 }
 
-TEST_CASE("StepGraph: other feed shapes run op by op; a moved persistable is recorded again", "[step_graph]") {
+namespace {
+
+/// A small MLP's training step under a StepGraph with the stand-in recording,
+/// run on batches of any size.
+struct MlpRig {
   models::Model m = models::build_mlp({.in_features = 6, .hidden = {5}, .num_classes = 3});
-  m.program = training_program(m, /*use_amp=*/false);
   Scope scope;
-  initialize_persistables(m.program, scope, 3);
-  scope.get(optim::kLearningRate).data<float>()[0] = 0.05f;
-  auto comm = collective::make_local_communicator();
-  Executor step(m.program, {m.loss});
+  std::unique_ptr<collective::Communicator> comm = collective::make_local_communicator();
+  std::unique_ptr<Executor> step;
   ExecEnv env;
-  env.comm = comm.get();
   RecordingLog log;
-  StepGraph graph(
-      m.program, step, {m.input, m.label}, {m.loss},
-      std::make_unique<StandInRecording>(log, m.program, scope, std::vector<std::string>{m.input, m.label}));
-  auto run_batch = [&](int64_t n) {
+  std::unique_ptr<StepGraph> graph;
+
+  MlpRig() {
+    m.program = training_program(m, /*use_amp=*/false);
+    initialize_persistables(m.program, scope, 3);
+    scope.get(optim::kLearningRate).data<float>()[0] = 0.05f;
+    step = std::make_unique<Executor>(m.program, std::set<std::string>{m.loss});
+    env.comm = comm.get();
+    graph = std::make_unique<StepGraph>(
+        m.program, *step, std::vector<std::string>{m.input, m.label}, std::vector<std::string>{m.loss},
+        std::make_unique<StandInRecording>(log, m.program, scope, std::vector<std::string>{m.input, m.label}));
+  }
+
+  /// Sets a batch of n examples as the feeds.
+  void feed(int64_t n) {
     std::vector<float> x(static_cast<size_t>(n * 6));
     for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 7) * 0.1f - 0.3f;
     scope.set(m.input, Tensor::from_floats({n, 6}, x));
     Tensor labels = Tensor::empty({n}, DType::i64);
     for (int64_t i = 0; i < n; ++i) labels.data<int64_t>()[i] = i % 3;
     scope.set(m.label, labels);
-    return graph.run(scope, env);
-  };
-  CHECK(run_batch(4) == Ran::eager);
-  CHECK(run_batch(4) == Ran::recorded);
-  CHECK(run_batch(4) == Ran::replayed);
-  CHECK(run_batch(2) == Ran::eager);  // a partial batch: the recording is of batch 4
-  CHECK(run_batch(4) == Ran::replayed);
-  CHECK(log.records == 1);
+  }
+
+  Ran run_batch(int64_t n) {
+    feed(n);
+    return graph->run(scope, env);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("StepGraph: other feed shapes run op by op; a moved persistable is recorded again", "[step_graph]") {
+  MlpRig rig;
+  CHECK(rig.run_batch(4) == Ran::eager);
+  CHECK(rig.run_batch(4) == Ran::recorded);
+  CHECK(rig.run_batch(4) == Ran::replayed);
+  CHECK(rig.run_batch(2) == Ran::eager);  // a partial batch: the recording is of batch 4
+  CHECK(rig.run_batch(4) == Ran::replayed);
+  CHECK(rig.log.records == 1);
 
   // A persistable moved (a checkpoint loaded into the scope, say): the
   // recording would update the old memory, so the step is recorded again.
   std::string moved;
-  for (const VarDesc& v : m.program.vars())
+  for (const VarDesc& v : rig.m.program.vars())
     if (v.is_parameter) {
       moved = v.name;
       break;
     }
   REQUIRE(!moved.empty());
-  scope.set(moved, scope.get(moved).to(cpu_device()).clone());
-  CHECK(run_batch(4) == Ran::recorded);
-  CHECK(run_batch(4) == Ran::replayed);
-  CHECK(log.records == 2);
-  CHECK(log.leftovers.empty());  // the partial batch's temporaries were dropped before recording again
-  CHECK(log.copies_were_into_feeds_read);
+  rig.scope.set(moved, rig.scope.get(moved).to(cpu_device()).clone());
+  CHECK(rig.run_batch(4) == Ran::recorded);
+  CHECK(rig.run_batch(4) == Ran::replayed);
+  CHECK(rig.log.records == 2);
+  CHECK(rig.log.leftovers.empty());  // the partial batch's temporaries were dropped before recording again
+  CHECK(rig.log.copies_were_into_feeds_read);
+}
+
+TEST_CASE("StepGraph records the first step whose feeds have the shapes of the step before it", "[step_graph]") {
+  // Two steps an epoch with a short last batch: the second step must not be
+  // recorded, or every full batch after it would run op by op.
+  MlpRig rig;
+  CHECK(rig.run_batch(4) == Ran::eager);
+  CHECK(rig.run_batch(2) == Ran::eager);
+  CHECK(rig.run_batch(4) == Ran::eager);  // nothing ran op by op at these shapes just before
+  CHECK(rig.run_batch(4) == Ran::recorded);
+  CHECK(rig.run_batch(2) == Ran::eager);
+  CHECK(rig.run_batch(4) == Ran::replayed);
+  CHECK(rig.log.records == 1);
+}
+
+TEST_CASE("StepGraph: a refused recording leaves the caller's feeds in the scope", "[step_graph]") {
+  MlpRig rig;
+  CHECK(rig.run_batch(4) == Ran::eager);
+  rig.log.refuse = true;
+  rig.feed(4);
+  const void* input = rig.scope.get(rig.m.input).raw();
+  const void* label = rig.scope.get(rig.m.label).raw();
+  CHECK_THROWS_WITH(rig.graph->run(rig.scope, rig.env), Catch::Contains("stand-in recording refused"));
+  CHECK(rig.scope.get(rig.m.input).raw() == input);
+  CHECK(rig.scope.get(rig.m.label).raw() == label);
 }
 
 TEST_CASE("StepGraph::why_not names what keeps a step from being recorded", "[step_graph]") {
+  const MlpRig rig;  // a training step, gradient all-reduces overlapped (c_allreduce_start/wait)
+  const Program& program = rig.m.program;
   ExecEnv gpu;
   gpu.device = Device{DeviceKind::cuda, 0};  // why_not looks at the device's kind only: no GPU needed
-  CHECK(StepGraph::why_not(gpu).empty());
+  CHECK(StepGraph::why_not(program, gpu).empty());
+  // Dropout and inject_overflow, whose work depends on the step, are recorded
+  // too: "ops that depend on the step ..." checks their replays.
+  CHECK(StepGraph::why_not(training_program(tiny_lm(0.1), /*use_amp=*/true), gpu).empty());
 
   ExecEnv cpu;
-  CHECK_THAT(StepGraph::why_not(cpu), Catch::Contains("CPU"));
+  CHECK_THAT(StepGraph::why_not(program, cpu), Catch::Contains("CPU"));
 
   std::map<std::string, double> op_seconds;
   ExecEnv profiled = gpu;
   profiled.op_seconds = &op_seconds;
-  CHECK_THAT(StepGraph::why_not(profiled), Catch::Contains("MIX_PROFILE_OPS"));
-  // Dropout and inject_overflow, whose work depends on the step, are recorded
-  // too: "ops that depend on the step ..." checks their replays.
+  CHECK_THAT(StepGraph::why_not(program, profiled), Catch::Contains("MIX_PROFILE_OPS"));
+
+  // A blocking all-reduce waits on the host for the GPU, which a recording only queues.
+  Program blocking = program;
+  const std::string loss = rig.m.loss;
+  blocking.append_op(make_op("c_allreduce_sum", {{"X", {loss}}}, {{"Out", {loss}}}));
+  CHECK_THAT(StepGraph::why_not(blocking, gpu),
+             Catch::Contains("op " + std::to_string(program.ops().size()) + " (c_allreduce_sum) waits on the host"));
 }
