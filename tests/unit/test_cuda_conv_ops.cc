@@ -372,8 +372,10 @@ TEST_CASE("conv2d_grad on cuDNN with only the filter gradient (the first layer)"
 // --cublas-1x1-conv really hands the pointwise case to cuBLAS, as the GEMMs
 // written out here (runtime/ops/conv_gemm.h's formulation, restated): the
 // same cuBLAS call gives the same bits.
-TEST_CASE("--cublas-1x1-conv: a pointwise channels-last conv2d and its gradients are cuBLAS GEMMs, bit for bit",
-          "[cuda][conv2d]") {
+TEST_CASE(
+    "cuBLAS 1x1 conv (--cublas-1x1-conv): a pointwise channels-last conv2d and its gradients are cuBLAS GEMMs, bit for "
+    "bit",
+    "[cuda][conv2d]") {
   require_gpu();
   const DType dt = EACH_FLOAT_TYPE();
   disable_tf32();
