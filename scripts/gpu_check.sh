@@ -3,9 +3,10 @@
 # runs every [cuda] test (each CUDA kernel against its CPU twin, the 1-GPU NCCL
 # communicator), trains the MLP for a few hundred steps, ResNet-50 (cuDNN) and
 # a Transformer-base-sized language model for a few dozen in FP32 and in AMP on
-# the GPU (TF32 off), ResNet-50 again with --cuda-graph and that flag's
-# end-to-end test and with --cublas-1x1-conv, times resnet-small AMP steps with and without overlapped
-# gradient all-reduces, checks that an AMP run with a stuck loss scale stops,
+# the GPU (TF32 off), ResNet-50 again with each of the flags that cut the
+# host's time a step (--cudnn-graph-conv, --cuda-graph and its end-to-end
+# test, --cublas-1x1-conv), times resnet-small AMP steps with and without
+# overlapped gradient all-reduces, checks that an AMP run with a stuck loss scale stops,
 # runs the kernel tests under compute-sanitizer's memcheck in the time left,
 # and prints a summary table last. Logs and summary.txt go to --out DIR.
 # Budget: under 8 minutes on one H200. The build of cuda_checks for one
@@ -25,8 +26,10 @@
 # On a lent machine with no Open MPI or Debian headers (this project's device
 # tool: about 47 MB travel, under its 64 MiB; at most 8 files come back):
 #   here:   scripts/gpu_bundle.sh runs/bundle
-#   there:  (carry runs/bundle) scripts/gpu_check.sh --bundle runs/bundle --out /tmp/gc --deadline 480; rc=$?;
-#           cp /tmp/gc/summary.txt "$OUT"; tar czf "$OUT/gc.tgz" -C /tmp/gc --exclude=build .; exit $rc
+#   there:  (carry runs/bundle, timeout_s 600; the loop keeps what ran should the call time out)
+#           (while sleep 50; do tar czf $OUT/partial.tgz -C /tmp/gc --exclude=build . 2>/dev/null; done) & bg=$!;
+#           scripts/gpu_check.sh --bundle runs/bundle --out /tmp/gc --deadline 530; rc=$?; kill $bg;
+#           rm -f $OUT/partial.tgz; cp /tmp/gc/summary.txt $OUT/; tar czf $OUT/gc.tgz -C /tmp/gc --exclude=build .; exit $rc
 #
 # A lent GPU's time is short, so nothing may hang or be wasted: the NCCL
 # watchdog fires after 60 s (MIX_NCCL_TIMEOUT_S), every test and run has a time
