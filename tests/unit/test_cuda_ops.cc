@@ -44,6 +44,7 @@
 #include "runtime/check.h"
 #include "runtime/executor.h"
 #include "runtime/half.h"
+#include "runtime/kernels/multi_tensor_plan.h"
 #include "runtime/op_registry.h"
 #include "runtime/ops/broadcast.h"
 #include "runtime/program.h"
@@ -748,8 +749,9 @@ std::vector<std::pair<std::string, Tensor>> update_feeds(const Tensor& p, const 
 
 TEST_CASE("sgd and momentum updates match the CPU; a skipped step changes nothing", "[cuda][optim]") {
   require_gpu();
-  // 33330 elements share a multi-tensor launch; 99330 get a launch of their own.
-  const int64_t cols = GENERATE(101, 301);
+  // 33330 elements share a multi-tensor launch; just over kLargeTensor (4M)
+  // get a launch of their own.
+  const int64_t cols = GENERATE(int64_t{101}, multi_tensor::kLargeTensor / 330 + 1);
   const Shape s{330, cols};
   const Tensor p = uniform_tensor(s, 91, -2.f, 2.f);
   const Tensor g = uniform_tensor(s, 92, -1.f, 1.f);
@@ -799,8 +801,9 @@ TEST_CASE("sgd and momentum updates match the CPU; a skipped step changes nothin
 
 TEST_CASE("adamw matches the CPU at several steps, bias corrections computed on the device", "[cuda][optim]") {
   require_gpu();
-  // 33410 elements share a multi-tensor launch; 77366 get a launch of their own.
-  const int64_t cols = GENERATE(130, 301);
+  // 33410 elements share a multi-tensor launch; just over kLargeTensor (4M)
+  // get a launch of their own.
+  const int64_t cols = GENERATE(int64_t{130}, multi_tensor::kLargeTensor / 257 + 1);
   const Shape s{257, cols};
   const Tensor p = uniform_tensor(s, 101, -2.f, 2.f);
   const Tensor g = uniform_tensor(s, 102, -1.f, 1.f);
@@ -863,16 +866,18 @@ TEST_CASE("adamw matches the CPU at several steps, bias corrections computed on 
 
 TEST_CASE("update ops over many parameters on CUDA: each as its own op would update it", "[cuda][optim]") {
   require_gpu();
-  // 70 parameters: small ones sharing multi-tensor launches (more than one
-  // launch's 48), two large enough to be launched alone, one empty. The
+  // 140 parameters: small ones sharing multi-tensor launches (more than one
+  // launch's table of kMaxTensors, 128), two over kLargeTensor elements,
+  // launched alone, one empty. The
   // grouped op must give each parameter and its state exactly the bits of a
   // one-parameter op (the same functor on the same values: the single-
   // parameter tests above compare those with the CPU, in shared launches and
   // alone).
   std::vector<Shape> shapes;
-  for (int64_t i = 0; i < 70; ++i) shapes.push_back({(i * 389) % 3000 + 1, 3});
-  shapes[5] = {300, 301};
-  shapes[50] = {70001};
+  for (int64_t i = 0; i < 140; ++i) shapes.push_back({(i * 389) % 3000 + 1, 3});
+  static_assert(multi_tensor::kMaxTensors < 140 - 3, "the shared tensors must need two tables");
+  shapes[5] = {multi_tensor::kLargeTensor / 1000 + 1, 1000};
+  shapes[50] = {multi_tensor::kLargeTensor + 1};
   shapes[20] = {0};
   struct Kind {
     const char* type;

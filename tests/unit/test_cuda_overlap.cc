@@ -31,6 +31,7 @@
 #include "collective/communicator.h"
 #include "runtime/check.h"
 #include "runtime/executor.h"
+#include "runtime/kernels/multi_tensor_plan.h"
 #include "runtime/op_registry.h"
 #include "runtime/program.h"
 #include "runtime/tensor.h"
@@ -99,12 +100,15 @@ std::map<std::string, Tensor> run_ops(const std::vector<OpDesc>& ops,
   return out;
 }
 
-/// 100 gradient-like shapes up to 18000 elements (shared launches), two of
-/// them empty and one of 16384 * 320 + 5 elements (launched alone).
+/// 140 gradient-like shapes up to 18000 elements (shared launches, more than
+/// one table of kMaxTensors), two of them empty and one of 16384 * 320 + 5
+/// elements (over kLargeTensor: launched alone).
 std::vector<Shape> many_shapes() {
   std::vector<Shape> shapes;
-  for (int64_t i = 0; i < 100; ++i) shapes.push_back(i == 40 || i == 41 ? Shape{0} : Shape{(i * 613) % 9000 + 1, 2});
+  for (int64_t i = 0; i < 140; ++i) shapes.push_back(i == 40 || i == 41 ? Shape{0} : Shape{(i * 613) % 9000 + 1, 2});
+  static_assert(multi_tensor::kMaxTensors < 140 - 3, "the shared tensors must need two tables");
   shapes[70] = {16384 * 320 + 5};
+  static_assert(16384 * 320 + 5 > multi_tensor::kLargeTensor, "shape 70 must be launched alone");
   return shapes;
 }
 
@@ -199,21 +203,24 @@ TEST_CASE("check_finite_and_unscale on CUDA: FoundInfiniteIn raises FoundInfinit
 TEST_CASE("check_finite_and_unscale on CUDA: a long list of two dtypes, across several multi-tensor launches",
           "[cuda][amp][overlap]") {
   require_gpu();
-  // 130 tensors, f32 and f16 interleaved (two groups, each over more than
-  // one shared launch of 48), sizes from empty to large ones launched alone
-  // (tensor 7, more than 5M elements); non-finite values in the last chunk of
-  // the large one, in f16 tensors of the first and the second shared launch
-  // (61, 129: the last tensor), and in an f32 tensor of its group's second
-  // shared launch (100).
+  // 300 tensors, f32 and f16 interleaved (two groups of 150, each over more
+  // than one shared launch's table of kMaxTensors, 128; 6 of the f16 ones
+  // empty), sizes from empty to a large one launched alone (tensor 7, more
+  // than 5M elements); non-finite values in the last chunk of the large one,
+  // in f16 tensors of the first and the second shared launch (61, and 299:
+  // the last tensor, after 142 shared f16 ones), and in an f32 tensor of its
+  // group's second shared launch (280, after 140 shared f32 ones).
+  static_assert(multi_tensor::kMaxTensors < 140, "the bad tensors 280 and 299 must be in a second table");
+  static_assert(16384 * 320 + 77 > multi_tensor::kLargeTensor, "tensor 7 must be launched alone");
   const float inf = std::numeric_limits<float>::infinity();
-  const size_t count = 130;
-  const std::set<size_t> bad = {7, 61, 100, 129};
+  const size_t count = 300;
+  const std::set<size_t> bad = {7, 61, 280, 299};
   for (bool fused : {false, true}) {
     std::vector<std::pair<std::string, Tensor>> feeds{{"scale", Tensor::from_floats({1}, {4096.f})}};
     std::vector<std::string> xn;
     std::vector<int32_t> expected(count, 0);
     for (size_t i = 0; i < count; ++i) {
-      const int64_t n = i == 7 ? 16384 * 320 + 77 : i % 10 == 3 ? 0 : static_cast<int64_t>((i * 7919) % 40000 + 1);
+      const int64_t n = i == 7 ? 16384 * 320 + 77 : i % 50 == 3 ? 0 : static_cast<int64_t>((i * 7919) % 40000 + 1);
       const DType dtype = i % 2 ? DType::f16 : DType::f32;
       std::vector<float> v = random_tensor({n}, DType::f32, 500 + i, -6e4f, 6e4f).to_floats();
       if (bad.count(i)) {
@@ -223,7 +230,7 @@ TEST_CASE("check_finite_and_unscale on CUDA: a long list of two dtypes, across s
       xn.push_back(numbered("g", i));
       feeds.push_back({xn.back(), floats({n}, v, dtype)});
     }
-    const auto [each, found] = unscale_on_both(fused, xn, feeds, "130 tensors");
+    const auto [each, found] = unscale_on_both(fused, xn, feeds, "300 tensors");
     INFO((fused ? "fused" : "unfused"));
     CHECK(each == expected);
     CHECK(found == 1);
@@ -247,7 +254,7 @@ TEST_CASE("c_allreduce_start + c_allreduce_wait on CUDA (NCCL, world 1) match th
                         {{{1000}, {37, 5}, {3}, {4099}}, 1.0, 1.0},
                         {{{129, 3}}, 0.5, 1.0 / 3.0},
                         {{{129, 3}}, 1.0, 1.0},
-                        // Past one multi-tensor launch: more tensors than its table (48), and
+                        // Past one multi-tensor launch: more tensors than its table (128), and
                         // one large enough to be launched alone.
                         {many_shapes(), 0.25, 3.0},
                         {many_shapes(), 1.0, 1.0}};
