@@ -137,20 +137,14 @@ MIX_REGISTER_OP("c_allreduce_wait", OpInfo{{}, allreduce_wait_cpu, {}, {}});
 
 // Blocking: on a GPU the communicator's all_reduce waits on the host for its
 // collective (the overlapped c_allreduce_start/wait pair does not).
-MIX_REGISTER_OP("c_allreduce_sum", OpInfo{{},
-                                          [](OpContext& c) { allreduce_cpu(c, ReduceOp::sum); },
-                                          {},
-                                          {},
-                                          {},
-                                          /*varies_by_step=*/false,
-                                          /*host_waits=*/true});
-MIX_REGISTER_OP("c_allreduce_max", OpInfo{{},
-                                          [](OpContext& c) { allreduce_cpu(c, ReduceOp::max); },
-                                          {},
-                                          {},
-                                          {},
-                                          /*varies_by_step=*/false,
-                                          /*host_waits=*/true});
+OpInfo blocking_allreduce(ReduceOp op) {
+  OpInfo info{{}, [op](OpContext& c) { allreduce_cpu(c, op); }, {}, {}};
+  info.host_waits = true;
+  return info;
+}
+
+MIX_REGISTER_OP("c_allreduce_sum", blocking_allreduce(ReduceOp::sum));
+MIX_REGISTER_OP("c_allreduce_max", blocking_allreduce(ReduceOp::max));
 
 }  // namespace
 }  // namespace mix::collective

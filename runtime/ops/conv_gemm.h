@@ -11,8 +11,9 @@
 //   backward data    dX = dY W       [m, c]  = [m, oc] [oc, c]
 //   backward filter  dW = dY^T X     [oc, c] = [oc, m] [m, c]   (summed over every pixel)
 // 33 of ResNet-50's 53 convolutions (its bottlenecks' first and last layers,
-// and the first downsampling shortcut) have that shape. The numerics are the convolution's rules (runtime/ops/cuda/
-// conv2d.cu): FP32 accumulation and one rounding on store.
+// and the first downsampling shortcut) have that shape. The numerics are the
+// convolution's rules (runtime/ops/cuda/conv2d.cu): FP32 accumulation and one
+// rounding on store.
 //
 // Written once here for both devices: the CPU tests check the formulation
 // against the CPU conv2d kernel (tests/unit/test_conv_gemm.cc), and the CUDA
@@ -20,6 +21,7 @@
 // cpu::sgemm's).
 #include <cstdint>
 
+#include "runtime/check.h"
 #include "runtime/ops/conv_shapes.h"
 
 namespace mix {
