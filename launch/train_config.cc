@@ -190,8 +190,9 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
       "run convolutions on GPUs through cuDNN's graph API, an execution plan built once per shape, instead "
       "of the legacy calls (which cost the host ~270 us each on an H200); --cudnn-benchmark then does nothing");
   app.add_flag("--cublas-1x1-conv", c.cublas_1x1_conv,
-               "on GPUs, run each 1x1, stride-1, unpadded, ungrouped channels-last convolution (33 of ResNet-50's "
-               "53) as one cuBLAS GEMM per pass instead of a cuDNN call, which costs the host far more");
+               "on GPUs, run each 1x1, unpadded, ungrouped channels-last convolution (36 of ResNet-50's 53; a "
+               "strided one on a copy of the pixels it samples) as one cuBLAS GEMM per pass instead of a cuDNN "
+               "call, which costs the host far more");
   app.add_flag("--cuda-graph", c.cuda_graph,
                "on GPUs, record the training step once as a CUDA graph (its second step) and replay it, one launch a "
                "step instead of one call per kernel (MIX_PROFILE_OPS runs, and the CPU, run op by op)");

@@ -265,9 +265,10 @@ train_resnet50 fp32 resnet50_fp32_cudagraph --data-format nchw --cuda-graph; r50
 train_resnet50 amp resnet50_amp_cudagraph --data-format nhwc --cuda-graph; r50_amp_cg_rc=$?
 # Both: should cuDNN's legacy calls refuse to be recorded, its graph API may not.
 train_resnet50 amp resnet50_amp_cudagraph_gc --data-format nhwc --cuda-graph --cudnn-graph-conv; r50_amp_cg_gc_rc=$?
-# And each pointwise convolution (1x1, stride 1: 33 of ResNet-50's 53) as one
-# cuBLAS GEMM a pass instead of a cuDNN call (--cublas-1x1-conv, channels last
-# only, so in NHWC in both precisions); AMP once more with the other 20 on
+# And each pointwise convolution (1x1: 36 of ResNet-50's 53, 3 of them strided
+# shortcuts) as one cuBLAS GEMM a pass (plus a copy of the pixels a strided
+# one samples) instead of a cuDNN call (--cublas-1x1-conv, channels last
+# only, so in NHWC in both precisions); AMP once more with the other 17 on
 # cuDNN's graph API. No recording: the host still queues every kernel.
 train_resnet50 fp32 resnet50_fp32_gemm1x1 --data-format nhwc --cublas-1x1-conv; r50_fp32_g11_rc=$?
 train_resnet50 amp resnet50_amp_gemm1x1 --data-format nhwc --cublas-1x1-conv; r50_amp_g11_rc=$?

@@ -53,8 +53,8 @@ bool cudnn_benchmark();
 void set_cudnn_graph_conv(bool on);
 bool cudnn_graph_conv();
 
-/// conv2d runs its pointwise channels-last convolutions (1x1, stride 1, no
-/// padding, one group: runtime/ops/conv_gemm.h) as one cuBLAS GEMM per pass
+/// conv2d runs its pointwise channels-last convolutions (1x1, no padding, one
+/// group, any stride: runtime/ops/conv_gemm.h) as one cuBLAS GEMM per pass
 /// instead of cuDNN, which the host queues far faster (--cublas-1x1-conv; off
 /// by default until a GPU has checked it). Ahead of --cudnn-graph-conv.
 void set_cublas_1x1_conv(bool on);

@@ -5,6 +5,10 @@
 // and output dims that are also adjacent and in order in X are merged, so
 // [B, T, H, hd] -> [B, H, T, hd] is a 4-D map whose innermost run (hd values)
 // is contiguous on both sides, and an identity permutation is one run.
+//
+// The same map describes any strided view of X (make_view_plan): conv2d's
+// cuBLAS path gathers a strided convolution's sampled pixels with it, and
+// scatters their gradient back (runtime/ops/conv_gemm.h).
 #include <cstdint>
 
 #include "runtime/half.h"
@@ -55,6 +59,26 @@ inline TransposePlan make_transpose_plan(const int64_t* x_dims, const int64_t* p
     ++p.ndim;
   }
   if (p.ndim == 0) {  // every dim 1 (or none): a single element
+    p.ndim = 1;
+    p.out_dims[0] = 1;
+    p.src_strides[0] = 1;
+  }
+  return p;
+}
+
+/// The plan of Out[i_0, ..., i_{ndim-1}] = X[sum_k i_k strides[k]] (Out
+/// row-major over `dims`, strides in elements of X): a strided view of X,
+/// copied out dense. Size-1 dims are dropped; nothing is merged. ndim <=
+/// kMaxTransposeDims (the caller's to keep).
+inline TransposePlan make_view_plan(const int64_t* dims, const int64_t* strides, int ndim) {
+  TransposePlan p;
+  for (int k = 0; k < ndim; ++k) {
+    if (dims[k] == 1) continue;
+    p.out_dims[p.ndim] = dims[k];
+    p.src_strides[p.ndim] = strides[k];
+    ++p.ndim;
+  }
+  if (p.ndim == 0) {
     p.ndim = 1;
     p.out_dims[0] = 1;
     p.src_strides[0] = 1;

@@ -13,6 +13,7 @@
 //
 // Grad (transpose2_grad): input Out@GRAD, attr axis (copied);
 // X@GRAD = Out@GRAD transposed by the inverse permutation.
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -38,12 +39,62 @@ void infer_transpose2(Program& p, OpDesc& op) {
     declare_var(p, op.out("XShape"), transpose_rules::xshape_of(x.shape), x.dtype);
 }
 
-/// Elements of E (an unsigned type of the element size): n of them, `stride` apart in src.
-template <typename E>
-void gather_strided(const unsigned char* src, unsigned char* dst, int64_t n, int64_t stride) {
-  const E* s = reinterpret_cast<const E*>(src);
-  E* d = reinterpret_cast<E*>(dst);
-  for (int64_t i = 0; i < n; ++i) d[i] = s[i * stride];
+/// n elements of E (an unsigned type of the element size) from `from` to
+/// `to`, spaced `stride` apart on the strided side: the source when gathering,
+/// the destination when scattering (the other side is dense).
+template <typename E, bool kScatter>
+void copy_strided(const unsigned char* from, unsigned char* to, int64_t n, int64_t stride) {
+  const E* f = reinterpret_cast<const E*>(from);
+  E* t = reinterpret_cast<E*>(to);
+  for (int64_t i = 0; i < n; ++i) {
+    if constexpr (kScatter)
+      t[i * stride] = f[i];
+    else
+      t[i] = f[i * stride];
+  }
+}
+
+/// gather_cpu (src strided, dst dense) or scatter_cpu (src dense, dst
+/// strided): walks the dense side in order with an odometer over the plan's
+/// outer dims; an innermost run contiguous on both sides is one memcpy.
+template <bool kScatter>
+void copy_runs(const unsigned char* src, unsigned char* dst, const fn::TransposePlan& plan, int64_t numel, size_t es) {
+  if (numel == 0) return;
+  const int last = plan.ndim - 1;
+  const int64_t run = plan.out_dims[last], run_stride = plan.src_strides[last];
+  int64_t idx[fn::kMaxTransposeDims] = {};
+  int64_t off = 0;  // the strided side's element offset of the current run's start
+  for (int64_t o = 0; o < numel; o += run) {
+    const unsigned char* from = src + static_cast<size_t>(kScatter ? o : off) * es;
+    unsigned char* to = dst + static_cast<size_t>(kScatter ? off : o) * es;
+    if (run_stride == 1) {
+      std::memcpy(to, from, static_cast<size_t>(run) * es);
+    } else {
+      switch (es) {
+        case 1:
+          copy_strided<uint8_t, kScatter>(from, to, run, run_stride);
+          break;
+        case 2:
+          copy_strided<uint16_t, kScatter>(from, to, run, run_stride);
+          break;
+        case 4:
+          copy_strided<uint32_t, kScatter>(from, to, run, run_stride);
+          break;
+        case 8:
+          copy_strided<uint64_t, kScatter>(from, to, run, run_stride);
+          break;
+        default:
+          MIX_FAIL("strided copy: no copy for elements of " << es << " bytes");
+      }
+    }
+    // Advance the odometer over the outer dims (the last one is the run).
+    for (int k = last - 1; k >= 0; --k) {
+      off += plan.src_strides[k];
+      if (++idx[k] < plan.out_dims[k]) break;
+      off -= plan.src_strides[k] * plan.out_dims[k];
+      idx[k] = 0;
+    }
+  }
 }
 
 void transpose2_cpu(OpContext& ctx) {
@@ -80,44 +131,17 @@ void transpose_rules::permute_into_cpu(const Tensor& x, const Perm& perm, Tensor
   const int64_t numel = x.numel();
   if (numel == 0) return;
   const fn::TransposePlan plan = fn::make_transpose_plan(x.shape().data(), perm.data(), x.ndim());
-  const size_t es = dtype_size(x.dtype());
-  const auto* src = static_cast<const unsigned char*>(x.raw());
-  auto* dst = static_cast<unsigned char*>(out.raw());
-  const int last = plan.ndim - 1;
-  const int64_t run = plan.out_dims[last], run_stride = plan.src_strides[last];
-  int64_t idx[fn::kMaxTransposeDims] = {};
-  int64_t off = 0;  // X's element offset of the current run's start
-  for (int64_t o = 0; o < numel; o += run) {
-    unsigned char* d = dst + static_cast<size_t>(o) * es;
-    const unsigned char* s = src + static_cast<size_t>(off) * es;
-    if (run_stride == 1) {
-      std::memcpy(d, s, static_cast<size_t>(run) * es);
-    } else {
-      switch (es) {
-        case 1:
-          gather_strided<uint8_t>(s, d, run, run_stride);
-          break;
-        case 2:
-          gather_strided<uint16_t>(s, d, run, run_stride);
-          break;
-        case 4:
-          gather_strided<uint32_t>(s, d, run, run_stride);
-          break;
-        case 8:
-          gather_strided<uint64_t>(s, d, run, run_stride);
-          break;
-        default:
-          MIX_FAIL("transpose2: no copy for elements of " << es << " bytes");
-      }
-    }
-    // Advance the odometer over the outer dims (the last one is the run).
-    for (int k = last - 1; k >= 0; --k) {
-      off += plan.src_strides[k];
-      if (++idx[k] < plan.out_dims[k]) break;
-      off -= plan.src_strides[k] * plan.out_dims[k];
-      idx[k] = 0;
-    }
-  }
+  gather_cpu(x.raw(), out.raw(), plan, numel, dtype_size(x.dtype()));
+}
+
+void transpose_rules::gather_cpu(const void* x, void* out, const fn::TransposePlan& plan, int64_t numel,
+                                 size_t elem_bytes) {
+  copy_runs<false>(static_cast<const unsigned char*>(x), static_cast<unsigned char*>(out), plan, numel, elem_bytes);
+}
+
+void transpose_rules::scatter_cpu(const void* x, void* out, const fn::TransposePlan& plan, int64_t numel,
+                                  size_t elem_bytes) {
+  copy_runs<true>(static_cast<const unsigned char*>(x), static_cast<unsigned char*>(out), plan, numel, elem_bytes);
 }
 
 }  // namespace mix

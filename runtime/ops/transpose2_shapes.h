@@ -51,6 +51,14 @@ inline Perm inverse(const Perm& p) {
 /// kernels (runtime/ops/data_format.h). Defined in runtime/ops/transpose2.cc.
 void permute_into_cpu(const Tensor& x, const Perm& perm, Tensor& out);
 
+/// The copies under permute_into_cpu, over raw host buffers of `numel`
+/// elements of `elem_bytes` each (the CPU twins of cuda::gather_into and
+/// cuda::scatter_into): gather_cpu writes out[o] = x[plan.src_offset(o)],
+/// scatter_cpu writes out[plan.src_offset(o)] = x[o] (and nothing else of out),
+/// o running over [0, numel) = the plan's dims. Defined in runtime/ops/transpose2.cc.
+void gather_cpu(const void* x, void* out, const fn::TransposePlan& plan, int64_t numel, size_t elem_bytes);
+void scatter_cpu(const void* x, void* out, const fn::TransposePlan& plan, int64_t numel, size_t elem_bytes);
+
 /// XShape's declared shape: [0] + X's shape (it holds no data).
 inline Shape xshape_of(const Shape& x) {
   Shape xs{0};

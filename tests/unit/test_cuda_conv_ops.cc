@@ -57,8 +57,10 @@
 #include "runtime/allocator.h"
 #include "runtime/executor.h"
 #include "runtime/kernels/functors.h"
+#include "runtime/kernels/transpose_index.h"
 #include "runtime/op_registry.h"
 #include "runtime/ops/data_format.h"
+#include "runtime/ops/transpose2_shapes.h"
 #include "runtime/program.h"
 #include "runtime/random.h"
 #include "runtime/tensor.h"
@@ -206,6 +208,10 @@ const ConvCfg kConvCases[] = {
     {"3x3 stride 2", 2, 8, 11, 11, 16, 3, 3, 2, 1, 1, 1},
     {"1x1", 2, 16, 7, 9, 8, 1, 1, 1, 0, 1, 1},
     {"1x1 stride 2", 2, 8, 10, 10, 16, 1, 1, 2, 0, 1, 1},
+    // Under --cublas-1x1-conv channels last, the sampled pixels are gathered
+    // and scattered element by element here (5 channels: no wider copy unit),
+    // and the last row and column are sampled.
+    {"1x1 stride 2, odd channels and extents", 2, 5, 9, 7, 6, 1, 1, 2, 0, 1, 1},
     // Pointwise with odd extents (cuBLAS GEMMs under --cublas-1x1-conv,
     // channels last): a swapped m, n or k changes a shape.
     {"1x1 odd channels", 3, 5, 7, 6, 11, 1, 1, 1, 0, 1, 1},
@@ -371,7 +377,8 @@ TEST_CASE("conv2d_grad on cuDNN with only the filter gradient (the first layer)"
 // The bounds above would pass whichever library ran; this checks that
 // --cublas-1x1-conv really hands the pointwise case to cuBLAS, as the GEMMs
 // written out here (runtime/ops/conv_gemm.h's formulation, restated): the
-// same cuBLAS call gives the same bits.
+// same cuBLAS call gives the same bits. With a stride, the sampled pixels are
+// gathered and scattered here by the CPU twins of the GPU's copies.
 TEST_CASE(
     "cuBLAS 1x1 conv (--cublas-1x1-conv): a pointwise channels-last conv2d and its gradients are cuBLAS GEMMs, bit for "
     "bit",
@@ -381,30 +388,45 @@ TEST_CASE(
   disable_tf32();
 #ifdef MIX_HAVE_CUDA
   const ScopedSwitch gemm(kCublas1x1Conv, true);
-  const int64_t n = 3, h = 7, w = 6, c = 5, oc = 11, pixels = n * h * w;
-  const Tensor x = to_dtype(uniform_tensor({n, h, w, c}, 61), dt);
-  const Tensor f = to_dtype(uniform_tensor({oc, c, 1, 1}, 62, -0.5f, 0.5f), dt);
-  const Tensor dy = to_dtype(uniform_tensor({n, h, w, oc}, 63), dt);
-  const auto attrs = with_layout(conv_attrs({"1x1", n, c, h, w, oc, 1, 1, 1, 0, 1, 1}), "data_format", true);
-  const auto fwd = run_on(
-      {make_op("conv2d", {{"Input", {"x"}}, {"Filter", {"w"}}}, {{"Output", {"y"}}}, attrs), {{"x", x}, {"w", f}}},
-      kGpu, {"y"});
-  const auto bwd = run_on({make_op("conv2d_grad", {{"Input", {"x"}}, {"Filter", {"w"}}, {"Output@GRAD", {"dy"}}},
-                                   {{"Input@GRAD", {"dx"}}, {"Filter@GRAD", {"dw"}}}, attrs),
-                           {{"x", x}, {"w", f}, {"dy", dy}}},
-                          kGpu, {"dx", "dw"});
+  struct Case {
+    int64_t n, h, w, c, oc, stride;
+  };
+  for (const Case k : {Case{3, 7, 6, 5, 11, 1}, Case{2, 9, 7, 8, 6, 2}}) {
+    const int64_t oh = (k.h - 1) / k.stride + 1, ow = (k.w - 1) / k.stride + 1, pixels = k.n * oh * ow;
+    const Tensor x = to_dtype(uniform_tensor({k.n, k.h, k.w, k.c}, 61), dt);
+    const Tensor f = to_dtype(uniform_tensor({k.oc, k.c, 1, 1}, 62, -0.5f, 0.5f), dt);
+    const Tensor dy = to_dtype(uniform_tensor({k.n, oh, ow, k.oc}, 63), dt);
+    const auto attrs =
+        with_layout(conv_attrs({"1x1", k.n, k.c, k.h, k.w, k.oc, 1, 1, k.stride, 0, 1, 1}), "data_format", true);
+    const auto fwd = run_on(
+        {make_op("conv2d", {{"Input", {"x"}}, {"Filter", {"w"}}}, {{"Output", {"y"}}}, attrs), {{"x", x}, {"w", f}}},
+        kGpu, {"y"});
+    const auto bwd = run_on({make_op("conv2d_grad", {{"Input", {"x"}}, {"Filter", {"w"}}, {"Output@GRAD", {"dy"}}},
+                                     {{"Input@GRAD", {"dx"}}, {"Filter@GRAD", {"dw"}}}, attrs),
+                             {{"x", x}, {"w", f}, {"dy", dy}}},
+                            kGpu, {"dx", "dw"});
 
-  const Tensor gx = x.to(kGpu), gf = f.to(kGpu), gdy = dy.to(kGpu);
-  Tensor y = Tensor::empty({n, h, w, oc}, dt, kGpu), dx = Tensor::empty(x.shape(), dt, kGpu),
-         dw = Tensor::empty(f.shape(), dt, kGpu);
-  cuda::DeviceContext& dc = cuda::use_device(kGpu.index);
-  cuda::gemm(dc, false, true, pixels, oc, c, 1.f, gx.raw(), gf.raw(), 0.f, y.raw(), dt);     // Y = X W^T
-  cuda::gemm(dc, false, false, pixels, c, oc, 1.f, gdy.raw(), gf.raw(), 0.f, dx.raw(), dt);  // dX = dY W
-  cuda::gemm(dc, true, false, oc, c, pixels, 1.f, gdy.raw(), gx.raw(), 0.f, dw.raw(), dt);   // dW = dY^T X
-  const std::string what = "1x1 NHWC " + dname(dt);
-  expect_identical(fwd.at("y"), y.to(cpu_device()), what + " forward");
-  expect_identical(bwd.at("dx"), dx.to(cpu_device()), what + " Input@GRAD");
-  expect_identical(bwd.at("dw"), dw.to(cpu_device()), what + " Filter@GRAD");
+    // The GEMMs' pixel matrix: x itself, or its sampled pixels (a [n, oh, ow, c] view).
+    const int64_t view_dims[4] = {k.n, oh, ow, k.c};
+    const int64_t view_strides[4] = {k.h * k.w * k.c, k.stride * k.w * k.c, k.stride * k.c, 1};
+    const fn::TransposePlan view = fn::make_view_plan(view_dims, view_strides, 4);
+    Tensor sampled = Tensor::empty({k.n, oh, ow, k.c}, dt);
+    transpose_rules::gather_cpu(x.raw(), sampled.raw(), view, sampled.numel(), dtype_size(dt));
+    const Tensor gx = sampled.to(kGpu), gf = f.to(kGpu), gdy = dy.to(kGpu);
+    Tensor y = Tensor::empty({k.n, oh, ow, k.oc}, dt, kGpu), dxs = Tensor::empty(sampled.shape(), dt, kGpu),
+           dw = Tensor::empty(f.shape(), dt, kGpu);
+    cuda::DeviceContext& dc = cuda::use_device(kGpu.index);
+    cuda::gemm(dc, false, true, pixels, k.oc, k.c, 1.f, gx.raw(), gf.raw(), 0.f, y.raw(), dt);      // Y = X W^T
+    cuda::gemm(dc, false, false, pixels, k.c, k.oc, 1.f, gdy.raw(), gf.raw(), 0.f, dxs.raw(), dt);  // dX = dY W
+    cuda::gemm(dc, true, false, k.oc, k.c, pixels, 1.f, gdy.raw(), gx.raw(), 0.f, dw.raw(), dt);    // dW = dY^T X
+    Tensor dx = Tensor::zeros(x.shape(), dt);  // the pixels a stride skips get no gradient
+    const Tensor dxs_host = dxs.to(cpu_device());
+    transpose_rules::scatter_cpu(dxs_host.raw(), dx.raw(), view, dxs_host.numel(), dtype_size(dt));
+    const std::string what = "1x1 stride " + std::to_string(k.stride) + " NHWC " + dname(dt);
+    expect_identical(fwd.at("y"), y.to(cpu_device()), what + " forward");
+    expect_identical(bwd.at("dx"), dx, what + " Input@GRAD");
+    expect_identical(bwd.at("dw"), dw.to(cpu_device()), what + " Filter@GRAD");
+  }
 #endif
 }
 

@@ -55,6 +55,13 @@
 #include "tests/unit/gradcheck.h"
 #include "tests/unit/widening_check.h"
 
+#ifdef MIX_HAVE_CUDA
+#include "runtime/cuda/context.h"
+#include "runtime/ops/cuda/strided_copy.h"
+#endif
+#include "runtime/kernels/transpose_index.h"
+#include "runtime/ops/transpose2_shapes.h"
+
 using namespace mix;
 using namespace mix::testing;
 
@@ -435,6 +442,57 @@ TEST_CASE("transpose2 and transpose2_grad are identical to the CPU, any dtype", 
       expect_identical(b.gpu.at("dx"), b.cpu.at("dx"), "transpose2_grad " + what);
       CHECK(b.gpu.at("dx").shape() == k.x);
     }
+}
+
+// The copies under transpose2's, with a plan handed in: gathers and
+// scatters of permutations and of strided views (conv2d's sampled pixels
+// under --cublas-1x1-conv), against their CPU twins. Each starts from a
+// destination filled with other bytes, so a scatter that writes past its
+// view, or a gather that misses an element, differs.
+TEST_CASE("gather_into and scatter_into are identical to their CPU twins", "[cuda][transpose2]") {
+  require_gpu();
+#ifdef MIX_HAVE_CUDA
+  struct Case {
+    const char* name;
+    std::vector<int64_t> x_dims, dims, strides;  // X's extent; the plan: Out's dims and X's strides
+  };
+  const Case cases[] = {
+      {"[B, T, H, hd] -> [B, H, T, hd]", {2, 16, 4, 16}, {2, 4, 16, 16}, {1024, 16, 64, 1}},
+      {"the last dim moves", {33, 65}, {65, 33}, {1, 65}},
+      // A stride-2 1x1 convolution's pixels: runs of 8 channels (16-byte units
+      // for 16-bit types), of 5 (no wider unit), and of 8 whose outer strides
+      // are not whole 16-byte units (12 channels a pixel: 8-byte units at most).
+      {"sampled pixels, 8 channels", {2, 10, 10, 8}, {2, 5, 5, 8}, {800, 160, 16, 1}},
+      {"sampled pixels, 5 channels, odd extents", {2, 9, 7, 5}, {2, 5, 4, 5}, {315, 70, 10, 1}},
+      {"the first 8 of each pixel's 12 channels", {3, 4, 12}, {3, 4, 8}, {48, 12, 1}},
+  };
+  const DType types[] = {DType::f32, DType::f16, DType::bf16, DType::i64, DType::u8};
+  for (DType dt : types)
+    for (const Case& k : cases) {
+      const std::string what = dname(dt) + " " + k.name;
+      const size_t es = dtype_size(dt);
+      const fn::TransposePlan plan =
+          fn::make_view_plan(k.dims.data(), k.strides.data(), static_cast<int>(k.dims.size()));
+      const Tensor x = copy_input(k.x_dims, dt, 403);
+      const Tensor gx = x.to(kGpu);
+      const Shape dense_shape(k.dims.begin(), k.dims.end());
+      const int64_t numel = shape_numel(dense_shape);
+      const cudaStream_t stream = cuda::use_device(kGpu.index).compute.get();
+
+      Tensor want = copy_input(dense_shape, dt, 404);
+      Tensor got = want.to(kGpu);
+      transpose_rules::gather_cpu(x.raw(), want.raw(), plan, numel, es);
+      cuda::gather_into(gx.raw(), got.raw(), plan, numel, es, stream, "test");
+      expect_identical(got.to(cpu_device()), want, "gather " + what);
+
+      const Tensor dense = copy_input(dense_shape, dt, 405);
+      Tensor want_back = copy_input(k.x_dims, dt, 406);
+      Tensor got_back = want_back.to(kGpu);
+      transpose_rules::scatter_cpu(dense.raw(), want_back.raw(), plan, numel, es);
+      cuda::scatter_into(dense.to(kGpu).raw(), got_back.raw(), plan, numel, es, stream, "test");
+      expect_identical(got_back.to(cpu_device()), want_back, "scatter " + what);
+    }
+#endif
 }
 
 // ---- split ---------------------------------------------------------------------------------

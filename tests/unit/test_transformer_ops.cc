@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <numeric>
 #include <string>
@@ -16,6 +17,7 @@
 #include "runtime/check.h"
 #include "runtime/kernels/dropout_mask.h"
 #include "runtime/kernels/transpose_index.h"
+#include "runtime/ops/transpose2_shapes.h"
 #include "tests/unit/gradcheck.h"
 
 using namespace mix;
@@ -370,6 +372,68 @@ TEST_CASE("transpose2: the copy plan merges dims and keeps contiguous runs", "[o
   std::iota(iota.begin(), iota.end(), 0);
   const std::vector<int64_t> ref = ref_transpose(iota, {2, 3, 4, 5}, perm);
   for (int64_t o = 0; o < 120; ++o) CHECK(p.src_offset(o) == ref[static_cast<size_t>(o)]);
+}
+
+namespace {
+
+/// Distinct values of E, none equal to `kUnwritten`.
+template <typename E>
+std::vector<E> distinct_values(size_t n) {
+  std::vector<E> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<E>(3 + 5 * i);
+  return v;
+}
+template <typename E>
+constexpr E kUnwritten = static_cast<E>(1);
+
+/// gather_cpu and scatter_cpu with elements of E: a permutation's scatter
+/// undoes its gather, and a strided view's (conv2d's sampled pixels) reaches
+/// exactly the view's elements.
+template <typename E>
+void check_strided_copies() {
+  const size_t es = sizeof(E);
+  for (const TrCfg& k : kTrCases) {
+    INFO("X" << shape_str(k.x) << " axis " << shape_str(k.perm) << ", " << es << "-byte elements");
+    const fn::TransposePlan plan = fn::make_transpose_plan(k.x.data(), k.perm.data(), static_cast<int>(k.x.size()));
+    const std::vector<E> x = distinct_values<E>(static_cast<size_t>(shape_numel(k.x)));
+    const auto n = static_cast<int64_t>(x.size());
+    std::vector<E> out(x.size()), back(x.size(), kUnwritten<E>);
+    transpose_rules::gather_cpu(x.data(), out.data(), plan, n, es);
+    CHECK(out == ref_transpose(x, k.x, k.perm));
+    transpose_rules::scatter_cpu(out.data(), back.data(), plan, n, es);
+    CHECK(back == x);
+  }
+  // Rows 0, 2, 4 and columns 0 and 3 of [2, 5, 7, 3] (pixels of 3 channels),
+  // as a stride-(2, 3) 1x1 convolution samples them.
+  const int64_t n = 2, h = 5, w = 7, c = 3, sh = 2, sw = 3, oh = 3, ow = 3;
+  const int64_t dims[4] = {n, oh, ow, c};
+  const int64_t strides[4] = {h * w * c, sh * w * c, sw * c, 1};
+  const fn::TransposePlan view = fn::make_view_plan(dims, strides, 4);
+  const std::vector<E> x = distinct_values<E>(static_cast<size_t>(n * h * w * c));
+  std::vector<E> sampled(static_cast<size_t>(n * oh * ow * c));
+  transpose_rules::gather_cpu(x.data(), sampled.data(), view, static_cast<int64_t>(sampled.size()), es);
+  std::vector<E> want_sampled, want_back(x.size(), kUnwritten<E>);
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t i = 0; i < oh; ++i)
+      for (int64_t j = 0; j < ow; ++j)
+        for (int64_t ch = 0; ch < c; ++ch) {
+          const auto at = static_cast<size_t>(((b * h + i * sh) * w + j * sw) * c + ch);
+          want_sampled.push_back(x[at]);
+          want_back[at] = x[at];
+        }
+  CHECK(sampled == want_sampled);
+  std::vector<E> back(x.size(), kUnwritten<E>);
+  transpose_rules::scatter_cpu(sampled.data(), back.data(), view, static_cast<int64_t>(sampled.size()), es);
+  CHECK(back == want_back);
+}
+
+}  // namespace
+
+TEST_CASE("strided copies on the CPU: a scatter undoes its gather; a view reaches only its elements",
+          "[ops][transformer][transpose2]") {
+  check_strided_copies<uint16_t>();
+  check_strided_copies<uint32_t>();
+  check_strided_copies<uint64_t>();
 }
 
 TEST_CASE("grad: transpose2, 4-D and 5-D permutations", "[grad][transformer][transpose2]") {

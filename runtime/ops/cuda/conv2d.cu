@@ -59,12 +59,14 @@
 // below for a shape it has no plan for.
 //
 // --cublas-1x1-conv (cuda::cublas_1x1_conv) runs each pass of a pointwise
-// channels-last convolution (1x1, stride 1, no padding, one group) as one
+// channels-last convolution (1x1, no padding, one group, any stride) as one
 // cuBLAS GEMM over the [pixels, channels] matrix instead (runtime/ops/
-// conv_gemm.h): no descriptors, algorithm choice or workspace of cuDNN's, so
-// the host queues it in a GEMM's time; cuda::gemm keeps the numerics rules
-// above (FP32 accumulation, no TF32 unless allowed). It goes first; other
-// shapes take the graph API or the legacy calls as before.
+// conv_gemm.h; with a stride, of the sampled pixels, gathered or scattered by
+// transpose2's copy): no descriptors, algorithm choice or workspace of
+// cuDNN's, so the host queues it in a GEMM's time (and a copy's);
+// cuda::gemm keeps the numerics rules above (FP32 accumulation, no TF32
+// unless allowed). It goes first; other shapes take the graph API or the
+// legacy calls as before.
 //
 // No kernels of its own: this file is only the launcher part.
 #include <algorithm>
@@ -398,13 +400,35 @@ bool ran_on_graph(cudnnHandle_t h, const OpContext& ctx, Pass pass, DType t, con
 /// Runs `pass` as one cuBLAS GEMM when --cublas-1x1-conv asks for it and the
 /// convolution is pointwise channels last (conv_gemm.h): false otherwise, and
 /// for extents past cuBLAS's int (cuDNN then takes the pass, or says why not).
-/// x, w and y as for ran_on_graph; the filter's bytes are used as they are.
-bool ran_as_gemm(cuda::DeviceContext& dc, Pass pass, DType t, const ConvDims& d, void* x, void* w, void* y) {
-  if (!cuda::cublas_1x1_conv() || !conv_is_one_gemm(d)) return false;
+/// x, w and y as for ran_on_graph (Input or Input@GRAD itself); the filter's
+/// bytes are used as they are. A strided convolution's GEMM works on its
+/// sampled pixels in scratch: gathered from Input before, or scattered into
+/// Input@GRAD after (the pixels it does not sample zeroed).
+bool ran_as_gemm(cuda::DeviceContext& dc, const Device& device, Pass pass, DType t, const ConvDims& d, void* x, void* w,
+                 void* y) {
+  if (!cuda::cublas_1x1_conv() || !conv_runs_as_gemm(d)) return false;
   const ConvGemm g = conv_gemm(pass, d, x, w, y);
   constexpr int64_t kIntMax = std::numeric_limits<int>::max();
   if (g.m > kIntMax || g.n > kIntMax || g.k > kIntMax) return false;
-  cuda::gemm(dc, g.trans_a, g.trans_b, g.m, g.n, g.k, 1.f, g.a, g.b, 0.f, g.c, t);
+  auto run = [&](const ConvGemm& e) {
+    cuda::gemm(dc, e.trans_a, e.trans_b, e.m, e.n, e.k, 1.f, e.a, e.b, 0.f, e.c, t);
+  };
+  if (conv_samples_every_pixel(d)) {
+    run(g);
+    return true;
+  }
+  const cudaStream_t stream = dc.compute.get();
+  const fn::TransposePlan view = sampled_pixels(d);
+  const size_t es = dtype_size(t);
+  const char* op = pass == Pass::forward ? "conv2d" : "conv2d_grad";
+  const bool writes_input = pass == Pass::backward_data;
+  Tensor sampled = Tensor::empty({d.n, d.oh, d.ow, d.c}, t, device);  // released in stream order
+  if (!writes_input) cuda::gather_into(x, sampled.raw(), view, sampled.numel(), es, stream, op);
+  run(conv_gemm(pass, d, sampled.raw(), w, y));
+  if (writes_input) {
+    MIX_CUDA_CHECK(cudaMemsetAsync(x, 0, static_cast<size_t>(d.n * d.h * d.w * d.c) * es, stream));
+    cuda::scatter_into(sampled.raw(), x, view, sampled.numel(), es, stream, op);
+  }
   return true;
 }
 
@@ -438,7 +462,7 @@ void conv2d_cuda(OpContext& ctx) {
   Tensor& out = ctx.out("Output", d.out_shape(), x.dtype());
   if (d.n == 0) return;
   cuda::DeviceContext& dc = cuda::use_device(ctx.env.device.index);
-  if (ran_as_gemm(dc, Pass::forward, x.dtype(), d, x.raw(), filter.raw(), out.raw())) return;
+  if (ran_as_gemm(dc, ctx.env.device, Pass::forward, x.dtype(), d, x.raw(), filter.raw(), out.raw())) return;
   cudnnHandle_t h = cuda::cudnn_handle(dc);
   const Tensor w = cudnn_filter(filter, d, dc.compute.get(), "conv2d");
   if (ran_on_graph(h, ctx, Pass::forward, x.dtype(), d, x.raw(), w.raw(), out.raw())) return;
@@ -471,8 +495,10 @@ void conv2d_grad_cuda(OpContext& ctx) {
     return;
   }
   // A pass cuBLAS ran (--cublas-1x1-conv) is done; cuDNN runs the others.
-  const bool dx_done = dx && ran_as_gemm(dc, Pass::backward_data, x.dtype(), d, dx->raw(), filter.raw(), dout.raw());
-  const bool dw_done = dw && ran_as_gemm(dc, Pass::backward_filter, x.dtype(), d, x.raw(), dw->raw(), dout.raw());
+  const Device& dev = ctx.env.device;
+  const bool dx_done =
+      dx && ran_as_gemm(dc, dev, Pass::backward_data, x.dtype(), d, dx->raw(), filter.raw(), dout.raw());
+  const bool dw_done = dw && ran_as_gemm(dc, dev, Pass::backward_filter, x.dtype(), d, x.raw(), dw->raw(), dout.raw());
   cudnnHandle_t h = cuda::cudnn_handle(dc);
   const cudaStream_t stream = dc.compute.get();
   if (dx && !dx_done) {

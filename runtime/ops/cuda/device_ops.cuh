@@ -38,6 +38,7 @@
 #include "runtime/kernels/cpu_loops.h"
 #include "runtime/kernels/softmax_row.h"
 #include "runtime/op_registry.h"
+#include "runtime/ops/cuda/strided_copy.h"
 
 namespace mix::cuda {
 
