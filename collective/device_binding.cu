@@ -26,7 +26,7 @@ namespace {
 
 // The fixed-size record every rank contributes to the all-gather.
 struct Record {
-  int32_t rank, local_rank, local_size, visible_gpus, device;
+  int32_t rank, local_rank, local_size, visible_gpus, device, driver_version;
   char host[256];
   char pci_bus_id[32];
   char visible_devices[256];
@@ -49,6 +49,11 @@ std::string host_name() {
   char host[256] = {0};
   if (gethostname(host, sizeof(host) - 1) != 0) return "unknown-host";
   return host;
+}
+
+/// "12.4" for cudaDriverGetVersion's 12040.
+std::string cuda_version_text(int version) {
+  return std::to_string(version / 1000) + "." + std::to_string(version % 1000 / 10);
 }
 
 std::string list_ranks(const std::vector<int>& ranks) {
@@ -82,6 +87,12 @@ GpuBinding local_gpu_binding(const Communicator& bootstrap) {
   }
   b.visible_gpus = n;
   b.device = pick_device(b.local_rank, n);
+  int driver = 0;
+  if (cudaDriverGetVersion(&driver) == cudaSuccess) {
+    b.driver_version = driver;
+  } else {
+    (void)cudaGetLastError();  // unknown: left to the first launch to report
+  }
   if (b.device >= 0) {
     char pci[32] = {0};
     const cudaError_t pe = cudaDeviceGetPCIBusId(pci, static_cast<int>(sizeof(pci)), b.device);
@@ -137,6 +148,18 @@ void check_gpu_bindings(const std::vector<GpuBinding>& table) {
            "picks the GPU of its local rank) or each rank a different single GPU, or start at most one rank per GPU";
     throw CollectiveError(msg.str());
   }
+  // 3. A driver new enough for the kernels' arguments (kMinDriverVersion).
+  for (const GpuBinding& b : table) {
+    if (b.device < 0 || b.driver_version <= 0 || b.driver_version >= kMinDriverVersion) continue;
+    std::ostringstream msg;
+    msg << "rank " << b.rank << " on host " << b.host << ": its NVIDIA driver supports CUDA "
+        << cuda_version_text(b.driver_version) << ", but mixtrain's multi-tensor kernels (optimizer, unscale and "
+        << "weight-cast updates of many tensors at once) pass up to 32 KiB of kernel arguments, which needs a "
+           "driver for CUDA "
+        << cuda_version_text(kMinDriverVersion) << " or newer (R530 or later); update the NVIDIA driver on " << b.host
+        << ", or train with --device cpu";
+    throw CollectiveError(msg.str());
+  }
 }
 
 int bind_local_gpu(Communicator& bootstrap, std::vector<GpuBinding>* table) {
@@ -147,6 +170,7 @@ int bind_local_gpu(Communicator& bootstrap, std::vector<GpuBinding>* table) {
   rec.local_size = mine.local_size;
   rec.visible_gpus = mine.visible_gpus;
   rec.device = mine.device;
+  rec.driver_version = mine.driver_version;
   put(rec.host, mine.host);
   put(rec.pci_bus_id, mine.pci_bus_id);
   put(rec.visible_devices, mine.visible_devices);
@@ -165,6 +189,7 @@ int bind_local_gpu(Communicator& bootstrap, std::vector<GpuBinding>* table) {
     b.local_size = r.local_size;
     b.visible_gpus = r.visible_gpus;
     b.device = r.device;
+    b.driver_version = r.driver_version;
     b.host = get(r.host);
     b.pci_bus_id = get(r.pci_bus_id);
     b.visible_devices = get(r.visible_devices);

@@ -24,13 +24,24 @@ struct GpuBinding {
   std::string pci_bus_id;       ///< cudaDeviceGetPCIBusId of `device` ("" when none)
   std::string visible_devices;  ///< CUDA_VISIBLE_DEVICES, or "unset"
   std::string cuda_error;       ///< why cudaGetDeviceCount or cudaDeviceGetPCIBusId failed, if one did
+  int driver_version = 0;       ///< cudaDriverGetVersion: 1000 major + 10 minor (12040: CUDA 12.4); 0 unknown
 };
+
+/// The oldest driver mixtrain's kernels run on, as cudaDriverGetVersion
+/// reports it: CUDA 12.1 (R530). The multi-tensor kernels (optimizers,
+/// unscale, weight casts) carry their tensor tables in up to 32 KiB of kernel
+/// parameters, which older drivers refuse at launch. A build with a 12.1+
+/// toolkit runs on a 12.0 driver otherwise (CUDA's minor-version
+/// compatibility), so only this check says so before the first step.
+inline constexpr int kMinDriverVersion = 12010;
 
 /// Checks a gathered table (one entry per rank, rank order) and throws
 /// CollectiveError (collective/consistency.h) when more ranks share a host
 /// than that host's ranks see GPUs ("N ranks on host H but only G GPUs visible
-/// (CUDA_VISIBLE_DEVICES=...)"), or when two ranks of one host would drive the
-/// same GPU (same PCI bus id; the message names both ranks). Every rank checks
+/// (CUDA_VISIBLE_DEVICES=...)"), when two ranks of one host would drive the
+/// same GPU (same PCI bus id; the message names both ranks), or when a rank's
+/// driver is older than kMinDriverVersion (the message names the rank, its
+/// host and both versions). Every rank checks
 /// the same table, so every rank throws the same error together. Pure host
 /// code: tested without a GPU.
 void check_gpu_bindings(const std::vector<GpuBinding>& table);

@@ -35,6 +35,7 @@ std::vector<GpuBinding> table(int hosts, int per_host, int gpus) {
       b.visible_gpus = gpus;
       b.host = "node" + std::to_string(h);
       b.visible_devices = "unset";
+      b.driver_version = 13000;  // CUDA 13.0
       if (l < gpus) {
         b.device = l;
         b.pci_bus_id = "0000:" + std::to_string(10 + l) + ":00.0";
@@ -124,6 +125,22 @@ TEST_CASE("two ranks of one host on one GPU are named, with both CUDA_VISIBLE_DE
   const std::string msg = message_of(t);
   CHECK_THAT(msg, Catch::Contains("ranks 4 and 5 on host node1 would share GPU 0000:10:00.0"));
   CHECK_THAT(msg, Catch::Contains("CUDA_VISIBLE_DEVICES=1,0,2,3"));
+}
+
+TEST_CASE("a driver older than CUDA 12.1 is named with its host and version; unknown or newer ones pass", "[binding]") {
+  auto t = table(2, 2, 2);
+  t[1].driver_version = mix::collective::kMinDriverVersion;  // exactly 12.1
+  t[2].driver_version = 0;                                   // cudaDriverGetVersion failed: not judged here
+  CHECK_NOTHROW(check_gpu_bindings(t));
+  t[3].driver_version = 12000;
+  const std::string msg = message_of(t);
+  CHECK_THAT(msg, Catch::Contains("rank 3 on host node1: its NVIDIA driver supports CUDA 12.0"));
+  CHECK_THAT(msg, Catch::Contains("driver for CUDA 12.1 or newer"));
+  CHECK_THAT(msg, Catch::Contains("update the NVIDIA driver on node1"));
+  // A rank without a GPU is reported for that, not for its driver.
+  t[3].device = -1;
+  t[3].pci_bus_id.clear();
+  CHECK_THAT(message_of(t), Catch::Contains("has no GPU of its own"));
 }
 
 TEST_CASE("MIX_NCCL_TIMEOUT_S: default 300 s, fractions allowed, huge values clamped, garbage refused", "[binding]") {
