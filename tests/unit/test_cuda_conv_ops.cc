@@ -401,9 +401,13 @@ TEST_CASE(
     const auto fwd = run_on(
         {make_op("conv2d", {{"Input", {"x"}}, {"Filter", {"w"}}}, {{"Output", {"y"}}}, attrs), {{"x", x}, {"w", f}}},
         kGpu, {"y"});
+    // Input@GRAD fed nonzero, so the op writes over it in place (OpContext::out)
+    // and a strided one must zero the pixels it does not sample itself: fresh
+    // device memory is often zero already.
+    const Tensor dx_before = to_dtype(uniform_tensor(x.shape(), 64), dt);
     const auto bwd = run_on({make_op("conv2d_grad", {{"Input", {"x"}}, {"Filter", {"w"}}, {"Output@GRAD", {"dy"}}},
                                      {{"Input@GRAD", {"dx"}}, {"Filter@GRAD", {"dw"}}}, attrs),
-                             {{"x", x}, {"w", f}, {"dy", dy}}},
+                             {{"x", x}, {"w", f}, {"dy", dy}, {"dx", dx_before}}},
                             kGpu, {"dx", "dw"});
 
     // The GEMMs' pixel matrix: x itself, or its sampled pixels (a [n, oh, ow, c] view).

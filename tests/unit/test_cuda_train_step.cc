@@ -177,10 +177,11 @@ TEST_CASE("ResNet training steps on the GPU (cuDNN) match the CPU", "[cuda][resn
     }
   }
   // Bottleneck blocks channels last, on cuDNN alone and then with
-  // --cublas-1x1-conv: their first and last 1x1 convolutions and the first
-  // shortcut as cuBLAS GEMMs, the others on cuDNN, under the same bounds (the
-  // GEMMs keep the convolutions' numerics). The run without the flag tells a
-  // fault of the bottleneck model's first GPU run from one of the GEMMs.
+  // --cublas-1x1-conv: their first and last 1x1 convolutions and both
+  // shortcuts (the second strided) as cuBLAS GEMMs, the others on cuDNN,
+  // under the same bounds (the GEMMs keep the convolutions' numerics). The
+  // run without the flag tells a fault of the bottleneck model's first GPU
+  // run from one of the GEMMs.
   struct PointwiseOffAfter {
     ~PointwiseOffAfter() { cuda::set_cublas_1x1_conv(false); }
   } off_after;

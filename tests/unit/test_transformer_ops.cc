@@ -403,7 +403,7 @@ void check_strided_copies() {
     transpose_rules::scatter_cpu(out.data(), back.data(), plan, n, es);
     CHECK(back == x);
   }
-  // Rows 0, 2, 4 and columns 0 and 3 of [2, 5, 7, 3] (pixels of 3 channels),
+  // Rows 0, 2, 4 and columns 0, 3, 6 of [2, 5, 7, 3] (pixels of 3 channels),
   // as a stride-(2, 3) 1x1 convolution samples them.
   const int64_t n = 2, h = 5, w = 7, c = 3, sh = 2, sw = 3, oh = 3, ow = 3;
   const int64_t dims[4] = {n, oh, ow, c};
