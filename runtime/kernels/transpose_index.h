@@ -35,18 +35,15 @@ struct TransposePlan {
   MIX_HD bool inner_contiguous() const { return src_strides[ndim - 1] == 1; }
 };
 
-/// The plan of Out = X.permute(perm) for X of `ndim` dims (perm a valid
-/// permutation, ndim <= kMaxTransposeDims; the caller checks both).
-inline TransposePlan make_transpose_plan(const int64_t* x_dims, const int64_t* perm, int ndim) {
-  int64_t x_strides[kMaxTransposeDims];
-  int64_t s = 1;
-  for (int i = ndim - 1; i >= 0; --i) {
-    x_strides[i] = s;
-    s *= x_dims[i];
-  }
+/// The plan of Out[i_0, ..., i_{ndim-1}] = X[sum_k i_k strides[k]] (Out
+/// row-major over `dims`, strides in elements of X): any strided view of X,
+/// copied out dense. Size-1 dims are dropped, and a dim is merged into the one
+/// before it when that one steps over exactly it. ndim <= kMaxTransposeDims
+/// (the caller's to keep).
+inline TransposePlan make_view_plan(const int64_t* dims, const int64_t* strides, int ndim) {
   TransposePlan p;
   for (int k = 0; k < ndim; ++k) {
-    const int64_t d = x_dims[perm[k]], st = x_strides[perm[k]];
+    const int64_t d = dims[k], st = strides[k];
     if (d == 1) continue;  // a size-1 dim moves nothing
     // The previous output dim steps over exactly this one in X: one dim of the product's size.
     if (p.ndim > 0 && p.src_strides[p.ndim - 1] == d * st) {
@@ -66,24 +63,22 @@ inline TransposePlan make_transpose_plan(const int64_t* x_dims, const int64_t* p
   return p;
 }
 
-/// The plan of Out[i_0, ..., i_{ndim-1}] = X[sum_k i_k strides[k]] (Out
-/// row-major over `dims`, strides in elements of X): a strided view of X,
-/// copied out dense. Size-1 dims are dropped; nothing is merged. ndim <=
-/// kMaxTransposeDims (the caller's to keep).
-inline TransposePlan make_view_plan(const int64_t* dims, const int64_t* strides, int ndim) {
-  TransposePlan p;
+/// The plan of Out = X.permute(perm) for X of `ndim` dims (perm a valid
+/// permutation, ndim <= kMaxTransposeDims; the caller checks both): the view
+/// of X with X's dims and row-major strides taken in perm's order.
+inline TransposePlan make_transpose_plan(const int64_t* x_dims, const int64_t* perm, int ndim) {
+  int64_t x_strides[kMaxTransposeDims];
+  int64_t s = 1;
+  for (int i = ndim - 1; i >= 0; --i) {
+    x_strides[i] = s;
+    s *= x_dims[i];
+  }
+  int64_t dims[kMaxTransposeDims], strides[kMaxTransposeDims];
   for (int k = 0; k < ndim; ++k) {
-    if (dims[k] == 1) continue;
-    p.out_dims[p.ndim] = dims[k];
-    p.src_strides[p.ndim] = strides[k];
-    ++p.ndim;
+    dims[k] = x_dims[perm[k]];
+    strides[k] = x_strides[perm[k]];
   }
-  if (p.ndim == 0) {
-    p.ndim = 1;
-    p.out_dims[0] = 1;
-    p.src_strides[0] = 1;
-  }
-  return p;
+  return make_view_plan(dims, strides, ndim);
 }
 
 }  // namespace mix::fn
