@@ -17,6 +17,7 @@
 #include "collective/communicator.h"
 #include "collective/consistency.h"
 #include "launch/allreduce_bench.h"
+#include "launch/cli_checks.h"
 #include "launch/grad_sync_bench.h"
 #include "launch/worker_main.h"
 
@@ -44,7 +45,7 @@ int main(int argc, char** argv) {
   allreduce->add_option("-b,--minbytes", min_text, "smallest size (1K)")->check(byte_size());
   allreduce->add_option("-e,--maxbytes", max_text, "largest size (32M)")->check(byte_size());
   allreduce->add_option("-f,--stepfactor", ar.factor, "each size is the last times this (2)")
-      ->check(CLI::Range(1.0, 1024.0));
+      ->check(mix::launch::number_in(1.0, 1024.0));
   allreduce->add_option("-d,--datatype", ar.types, "comma-separated: half, bfloat16, float (float)")
       ->delimiter(',')
       ->check(CLI::IsMember({"half", "f16", "float16", "bfloat16", "bf16", "float", "f32", "float32"}));
@@ -69,7 +70,8 @@ int main(int argc, char** argv) {
           ->add_option("--grad-reduce", gs.grad_reduce,
                        "fp16 (before the cast) or fp32 (fp16 under --precision amp, fp32 under fp32, as mixtrain)")
           ->check(CLI::IsMember({"fp16", "fp32"}));
-  grad_sync->add_option("--bucket-mb", gs.bucket_mb, "largest gradient bucket in MB (25)")->check(CLI::Range(1e-6, 1e6));
+  grad_sync->add_option("--bucket-mb", gs.bucket_mb, "largest gradient bucket in MB (25)")
+      ->check(mix::launch::number_in(1e-6, 1e6));
   grad_sync->add_option("-n,--iters", gs.iters, "timed syncs (20)")->check(CLI::Range(1, 1000000));
   grad_sync->add_option("-w,--warmup_iters", gs.warmup, "untimed syncs first (5)")->check(CLI::Range(0, 1000000));
   grad_sync->add_option("--csv", gs.csv, "append a row to this CSV file (rank 0)");
@@ -80,6 +82,9 @@ int main(int argc, char** argv) {
     mix::launch::parse_byte_size(min_text, ar.min_bytes);  // both checked by byte_size() above
     mix::launch::parse_byte_size(max_text, ar.max_bytes);
     if (ar.min_bytes > ar.max_bytes) throw CLI::ValidationError("-b", "-b " + min_text + " is larger than -e " + max_text);
+    if (ar.factor <= 1 && ar.min_bytes != ar.max_bytes)
+      throw CLI::ValidationError("-f", "must be above 1 to go from -b " + min_text + " to -e " + max_text +
+                                           " (or give -b and -e the same size)");
     if (grad_sync->parsed() && gs.precision == "fp32") {
       if (grad_reduce->count() > 0 && gs.grad_reduce == "fp16")
         throw CLI::ValidationError("--grad-reduce", "fp16 needs --precision amp (FP32 training has no FP16 gradients)");

@@ -4,6 +4,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "launch/cli_checks.h"
 #include "models/model.h"
 
 namespace mix::launch {
@@ -11,6 +12,19 @@ namespace mix::launch {
 std::string TrainConfig::effective_grad_reduce() const {
   if (!grad_reduce.empty()) return grad_reduce;
   return precision == "amp" ? "fp16" : "fp32";
+}
+
+amp::LossScalerConfig TrainConfig::loss_scaler_config() const {
+  amp::LossScalerConfig s = amp::preset(loss_scaling == "dynamic" ? loss_scaling_preset : loss_scaling);
+  if (init_loss_scaling) s.init_loss_scaling = static_cast<float>(*init_loss_scaling);
+  if (incr_every_n_steps) s.incr_every_n_steps = static_cast<int>(*incr_every_n_steps);
+  if (decr_every_n_nan_or_inf) s.decr_every_n_nan_or_inf = static_cast<int>(*decr_every_n_nan_or_inf);
+  if (incr_ratio) s.incr_ratio = static_cast<float>(*incr_ratio);
+  if (decr_ratio) s.decr_ratio = static_cast<float>(*decr_ratio);
+  if (min_loss_scaling) s.min_loss_scaling = static_cast<float>(*min_loss_scaling);
+  s.on_min_scale = on_min_scale == "continue" ? amp::LossScalerConfig::OnMinScale::continue_
+                                              : amp::LossScalerConfig::OnMinScale::error;
+  return s;
 }
 
 std::vector<std::pair<std::string, std::string>> TrainConfig::fingerprint_fields() const {
@@ -83,32 +97,21 @@ std::vector<std::pair<std::string, std::string>> TrainConfig::fingerprint_fields
           {"amp-black-list", list(amp_black_list)},
           {"seed", num(seed)},
           {"shuffle", shuffle ? "true" : "false"},
-          {"check-every", num(check_every)}};
+          {"check-every", num(check_every)},
+          // Flags that decide which collectives run (a checkpoint's closing
+          // barrier, evaluation's reductions, the benchmark's steps, a
+          // printout instead of training): given to some ranks only, they
+          // would leave the others waiting. Paths may differ between nodes.
+          {"save", save.empty() ? "not given" : "given"},
+          {"resume", resume.empty() ? "not given" : "given"},
+          {"init-from", init_from.empty() ? "not given" : "given"},
+          {"eval", eval ? "true" : "false"},
+          {"eval-every", num(eval_every)},
+          {"eval-batches", num(eval_batches)},
+          {"benchmark", benchmark ? "on" : "off"},
+          {"benchmark-warmup", num(benchmark_warmup)},
+          {"print-program", print_program ? "on" : "off"}};
 }
-
-namespace {
-
-// CLI11's PositiveNumber prints the whole double range in its message; these say it plainly.
-CLI::Validator number_check(bool integer, bool allow_zero) {
-  const std::string what = std::string(allow_zero ? "a non-negative " : "a positive ") + (integer ? "integer" : "number");
-  return CLI::Validator(
-      [=](std::string& text) -> std::string {
-        try {
-          size_t used = 0;
-          const double v = integer ? static_cast<double>(std::stoll(text, &used)) : std::stod(text, &used);
-          if (used == text.size() && (allow_zero ? v >= 0 : v > 0)) return "";
-        } catch (const std::exception&) {
-        }
-        return "must be " + what + ", got '" + text + "'";
-      },
-      allow_zero ? "NONNEGATIVE" : "POSITIVE");
-}
-const CLI::Validator kPositiveInt = number_check(true, false);
-const CLI::Validator kNonNegativeInt = number_check(true, true);
-const CLI::Validator kPositive = number_check(false, false);
-const CLI::Validator kNonNegative = number_check(false, true);
-
-}  // namespace
 
 bool parse_inject_overflow(const std::string& text, InjectOverflowSpec& out) {
   std::vector<std::string> parts;
@@ -139,8 +142,10 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
   auto models = models::model_names();
 
   app.add_option("--model", c.model, "model to train")->check(CLI::IsMember(models));
-  app.add_option("--hidden", c.hidden, "MLP hidden layer sizes, comma separated")->delimiter(',')
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  app.add_option("--hidden", c.hidden, "MLP hidden layer sizes, comma separated")
+      ->delimiter(',')
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+      ->check(kPositiveInt);
   app.add_option("--image-size", c.image_size, "ResNets: height and width of synthetic images (224; 32 for resnet-small)")
       ->check(kPositiveInt);
   app.add_option("--width", c.width, "ResNets: channels of the stem and first stage (64; 16 for resnet-small)")
@@ -167,7 +172,7 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
   app.add_option("--context", c.context, "transformer: tokens per sequence")->check(kPositiveInt);
   app.add_option("--vocab", c.vocab, "transformer: vocabulary (256 for byte-level text)")->check(CLI::Range(2, 1 << 24));
   app.add_flag("--tie-weights", c.tie_weights, "transformer: the output layer reuses the token embedding");
-  app.add_option("--dropout", c.dropout, "transformer: dropout probability (0: none)")->check(CLI::Range(0.0, 0.99));
+  app.add_option("--dropout", c.dropout, "transformer: dropout probability (0: none)")->check(number_in(0.0, 0.99));
   app.add_option("--data", c.data, "data set (default: fortunes for the transformer, else fashion-mnist)")
       ->check(CLI::IsMember({"fashion-mnist", "fortunes", "synthetic", "safetensors"}));
   app.add_option("--data-dir", c.data_dir,
@@ -217,7 +222,7 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
       ->check(CLI::IsMember({"constant", "cosine", "onecycle"}));
   app.add_option("--warmup-steps", c.warmup_steps, "linear warm-up steps")->check(kNonNegativeInt);
   app.add_option("--optimizer", c.optimizer, "optimizer")->check(CLI::IsMember({"sgd", "momentum", "adamw"}));
-  app.add_option("--momentum", c.momentum, "momentum of --optimizer momentum")->check(CLI::Range(0.0, 1.0));
+  app.add_option("--momentum", c.momentum, "momentum of --optimizer momentum")->check(number_in(0.0, 1.0));
   app.add_option("--weight-decay", c.weight_decay, "weight decay, decoupled for adamw (0; 0.01 for adamw, as torch.optim.AdamW)")->check(kNonNegative);
   app.add_flag("--no-decay-1d", c.no_decay_1d,
                "no weight decay on 1-D parameters (biases, batch_norm and layer_norm scales and shifts), as timm "
@@ -231,8 +236,8 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
       ->check(kPositiveInt);
   app.add_option("--decr-every-n-nan-or-inf", c.decr_every_n_nan_or_inf, "overflow steps before the scale shrinks")
       ->check(kPositiveInt);
-  app.add_option("--incr-ratio", c.incr_ratio, "growth factor of the scale")->check(CLI::Range(1.0, 1e6));
-  app.add_option("--decr-ratio", c.decr_ratio, "shrink factor of the scale")->check(CLI::Range(1e-6, 1.0));
+  app.add_option("--incr-ratio", c.incr_ratio, "growth factor of the scale")->check(number_in(1.0, 1e6));
+  app.add_option("--decr-ratio", c.decr_ratio, "shrink factor of the scale")->check(number_in(1e-6, 1.0));
   app.add_option("--min-loss-scaling", c.min_loss_scaling, "smallest loss scale")->check(kPositive);
   app.add_option("--on-min-scale", c.on_min_scale, "what to do after many skipped steps at the minimum scale")
       ->check(CLI::IsMember({"error", "continue"}));
@@ -282,6 +287,8 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
     std::cerr << "mixtrain: " << msg << "\n";
     return 2;
   };
+  if (!c.data_file.empty() && !c.data.empty() && c.data != "safetensors")
+    return bad("--data-file gives the data, but --data " + c.data + " asks for another data set: drop one of them");
   if (c.data.empty()) c.data = c.is_language_model() ? "fortunes" : "fashion-mnist";
   if (!c.data_file.empty()) c.data = "safetensors";  // --data-file alone says where the data is
   if (c.data_dir.empty())
@@ -312,6 +319,22 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
   if (c.image_size && c.data != "synthetic")
     return bad("--image-size sets the size of synthetic images; with --data " + c.data +
                " the images have the data set's size");
+  if (c.is_resnet() && c.image_size) {
+    const int64_t min_size = models::resnet_min_image_size(models::resnet_preset(c.model));
+    if (*c.image_size < min_size)
+      return bad("--image-size " + std::to_string(*c.image_size) + " is too small for --model " + c.model +
+                 ": it needs at least " + std::to_string(min_size));
+  }
+  if (c.precision == "amp" && c.loss_scaling == "dynamic") {
+    const amp::LossScalerConfig s = c.loss_scaler_config();
+    if (s.min_loss_scaling > s.init_loss_scaling) {
+      std::ostringstream m;
+      m << "--min-loss-scaling " << s.min_loss_scaling << " is above the initial loss scale " << s.init_loss_scaling
+        << (c.init_loss_scaling ? " (--init-loss-scaling)" : " (the " + c.loss_scaling_preset + " preset's)")
+        << ": lower it, or raise --init-loss-scaling";
+      return bad(m.str());
+    }
+  }
   if (c.steps == 0 && c.save.empty() && !c.print_program)
     return bad("--steps 0 trains nothing: add --save FILE to write the initial parameters");
   for (auto& w : c.amp_white_list)

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "amp/loss_scaler.h"
+
 namespace mix::launch {
 
 struct TrainConfig {
@@ -106,6 +108,8 @@ struct TrainConfig {
   /// The fields every rank must agree on, as (name, value) text, for the startup fingerprint.
   std::vector<std::pair<std::string, std::string>> fingerprint_fields() const;
   std::string effective_grad_reduce() const;
+  /// The loss scaler the flags ask for: the preset (or --loss-scaling static/none) with the flags' overrides.
+  amp::LossScalerConfig loss_scaler_config() const;
 };
 
 /// Splits --inject-overflow STEP[:RANK[:PARAM]]; false when it does not parse.

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -20,6 +21,7 @@
 #include "collective/grad_allreduce_pass.h"
 #include "collective/overflow_mask.h"
 #include "launch/metrics.h"
+#include "launch/worker_main.h"
 #include "models/model.h"
 #include "runtime/check.h"
 #include "runtime/data/batch_feeder.h"
@@ -145,23 +147,69 @@ void check_finite_data(const data::Dataset& ds, const std::string& where) {
     }
 }
 
-amp::LossScalerConfig scaler_config(const TrainConfig& c) {
-  amp::LossScalerConfig s = amp::preset(c.loss_scaling == "dynamic" ? c.loss_scaling_preset : c.loss_scaling);
-  if (c.init_loss_scaling) s.init_loss_scaling = static_cast<float>(*c.init_loss_scaling);
-  if (c.incr_every_n_steps) s.incr_every_n_steps = static_cast<int>(*c.incr_every_n_steps);
-  if (c.decr_every_n_nan_or_inf) s.decr_every_n_nan_or_inf = static_cast<int>(*c.decr_every_n_nan_or_inf);
-  if (c.incr_ratio) s.incr_ratio = static_cast<float>(*c.incr_ratio);
-  if (c.decr_ratio) s.decr_ratio = static_cast<float>(*c.decr_ratio);
-  if (c.min_loss_scaling) s.min_loss_scaling = static_cast<float>(*c.min_loss_scaling);
-  s.on_min_scale = c.on_min_scale == "continue" ? amp::LossScalerConfig::OnMinScale::continue_
-                                                : amp::LossScalerConfig::OnMinScale::error;
-  return s;
+/// The output layer has a row for every value up to the largest label, so one
+/// stray large label makes a huge layer that trains without complaint. Say so
+/// when most of those classes have no example.
+void warn_sparse_labels(const data::TrainTest& d, const std::string& path) {
+  std::set<int64_t> seen;
+  for (const data::Dataset* ds : {&d.train, &d.test}) {
+    const int64_t* v = ds->labels.data<int64_t>();
+    for (int64_t i = 0; i < ds->labels.numel(); ++i) seen.insert(v[i]);
+  }
+  const int64_t classes = d.train.num_classes;
+  if (static_cast<int64_t>(seen.size()) * 2 < classes)
+    spdlog::warn(
+        "{}: the largest label is {}, so the model has {} output classes, but only {} label values occur; "
+        "if the labels are not class indices 0..K-1, renumber them",
+        path, classes - 1, classes, seen.size());
 }
 
 std::optional<amp::InjectOverflow> inject_from(const TrainConfig& c) {
   InjectOverflowSpec spec;
   if (c.inject_overflow.empty() || !parse_inject_overflow(c.inject_overflow, spec)) return std::nullopt;
   return amp::InjectOverflow{spec.step, spec.rank, spec.param};
+}
+
+/// A whole count (the step, a scaler counter) from --resume's metadata; 0 when
+/// the checkpoint has none. A value that is not one names the file and the field.
+int64_t metadata_count(const std::string& path, const io::Metadata& meta, const char* key) {
+  const auto it = meta.find(key);
+  if (it == meta.end()) return 0;
+  try {
+    size_t used = 0;
+    const long long v = std::stoll(it->second, &used);
+    if (used == it->second.size() && v >= 0) return v;
+  } catch (const std::exception&) {
+  }
+  MIX_FAIL("--resume " << path << ": metadata field '" << key << "' is '" << it->second
+                       << "', not a whole number >= 0; the checkpoint is corrupt or was not written by mixtrain");
+}
+
+/// The loss scale from --resume's metadata: a finite FP32 value above 0.
+float metadata_loss_scale(const std::string& path, const io::Metadata& meta) {
+  const std::string& text = meta.at("loss_scale");
+  try {
+    size_t used = 0;
+    const double v = std::stod(text, &used);
+    if (used == text.size() && std::isfinite(v) && v > 0 && v <= FLT_MAX) return static_cast<float>(v);
+  } catch (const std::exception&) {
+  }
+  MIX_FAIL("--resume " << path << ": metadata field 'loss_scale' is '" << text
+                       << "', not a finite number above 0; the checkpoint is corrupt or was not written by mixtrain");
+}
+
+/// --inject-overflow's rank and parameter, which only the job and the model can check.
+void check_inject_overflow(const TrainConfig& c, const Program& program, int world) {
+  const std::optional<amp::InjectOverflow> inject = inject_from(c);
+  if (!inject) return;
+  if (inject->rank >= world)
+    throw UsageError("--inject-overflow " + c.inject_overflow + ": there is no rank " + std::to_string(inject->rank) +
+                     " in a job of " + std::to_string(world) + " rank(s); give a rank from 0 to " +
+                     std::to_string(world - 1) + ", or none for every rank");
+  const std::vector<std::string>& params = program.parameters();
+  if (!inject->param.empty() && std::find(params.begin(), params.end(), inject->param) == params.end())
+    throw UsageError("--inject-overflow " + c.inject_overflow + ": the model has no parameter '" + inject->param +
+                     "' (`mixtrain --steps 0 --save FILE` writes a file with every name)");
 }
 
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c) {
@@ -326,8 +374,10 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   data::TrainTest data = load_data(c);
   check_finite_data(data.train, c.data == "safetensors" ? c.data_file : c.data + " training set");
   if (data.test.size() > 0) check_finite_data(data.test, c.data == "safetensors" ? c.data_file : c.data + " test set");
+  if (rank == 0 && c.data == "safetensors") warn_sparse_labels(data, c.data_file);
   models::Model model = build_model(c, data.train);
   Program& program = model.program;
+  check_inject_overflow(c, program, world);
   const std::vector<std::string> buffers = buffer_names(program);
 
   // ---- the training program: the one-line AMP switch ------------------------------
@@ -337,7 +387,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     amp::AmpOptions ao;
     ao.lists = amp::AmpLists::defaults().with_custom(c.amp_white_list, c.amp_black_list);
     ao.fold_casts = c.fold_casts;
-    ao.scaler = scaler_config(c);
+    ao.scaler = c.loss_scaler_config();
     ao.inject = inject_from(c);
     ao.world_size = world;
     opt = amp::decorate(std::move(opt), ao);
@@ -373,16 +423,17 @@ int run_training(const TrainConfig& c, Communicator& comm) {
           fused.forward, fused.backward, fused.forward_add);
   }
 
-  if (c.print_program) {
-    if (rank == 0) std::cout << program.str() << collective::describe_grad_sync(program) << std::flush;
-    return 0;
-  }
-
-  // Before any collective whose sizes depend on the model: every rank must agree.
+  // Before any collective whose sizes depend on the model (and before a
+  // printout that ends this rank): every rank must agree.
   collective::Fields fields = c.fingerprint_fields();
   fields.emplace_back("parameters", model_signature(program));
   fields.emplace_back("world", std::to_string(world));
   collective::check_same_on_all_ranks(comm, "startup fingerprint", fields);
+
+  if (c.print_program) {
+    if (rank == 0) std::cout << program.str() << collective::describe_grad_sync(program) << std::flush;
+    return 0;
+  }
 
   // ---- state: initialise on every rank, then rank 0's values win --------------------
   Scope scope;
@@ -400,16 +451,24 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     }
   }
   if (!c.resume.empty()) {
-    io::Metadata meta = io::load_checkpoint(c.resume, program, scope);
-    auto num = [&](const char* k, double fallback) { return meta.count(k) ? std::stod(meta.at(k)) : fallback; };
-    start_step = static_cast<int64_t>(num("step", 0));
+    const io::Metadata meta = io::load_checkpoint(c.resume, program, scope);
+    start_step = metadata_count(c.resume, meta, "step");
     if (use_amp) {
-      scope.get(amp::ScalerVars::scale).data<float>()[0] = static_cast<float>(num("loss_scale", 1));
-      scope.get(amp::ScalerVars::good_steps).data<int64_t>()[0] = static_cast<int64_t>(num("scaler_good_steps", 0));
-      scope.get(amp::ScalerVars::bad_steps).data<int64_t>()[0] = static_cast<int64_t>(num("scaler_bad_steps", 0));
-      scope.get(amp::ScalerVars::skipped).data<int64_t>()[0] = static_cast<int64_t>(num("scaler_skipped_steps", 0));
+      // A checkpoint without the scaler's state (--steps 0 --save, or FP32
+      // training) starts the scaler afresh, as a new run would.
+      const bool has_scaler = meta.count("loss_scale") > 0;
+      const float scale = has_scaler ? metadata_loss_scale(c.resume, meta) : c.loss_scaler_config().init_loss_scaling;
+      scope.get(amp::ScalerVars::scale).data<float>()[0] = scale;
+      scope.get(amp::ScalerVars::good_steps).data<int64_t>()[0] = metadata_count(c.resume, meta, "scaler_good_steps");
+      scope.get(amp::ScalerVars::bad_steps).data<int64_t>()[0] = metadata_count(c.resume, meta, "scaler_bad_steps");
+      scope.get(amp::ScalerVars::skipped).data<int64_t>()[0] = metadata_count(c.resume, meta, "scaler_skipped_steps");
       scope.get(amp::ScalerVars::skips_at_min).data<int64_t>()[0] =
-          static_cast<int64_t>(num("scaler_consecutive_skips_at_min", 0));
+          metadata_count(c.resume, meta, "scaler_consecutive_skips_at_min");
+      if (rank == 0 && !has_scaler)
+        spdlog::info(
+            "{} holds no loss-scaler state (saved before training or by FP32 training): the scaler "
+            "starts at {}",
+            c.resume, scale);
     }
     if (rank == 0) spdlog::info("resumed from {} at step {}", c.resume, start_step);
   }
@@ -437,6 +496,12 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   const int64_t timed_steps = c.benchmark ? (c.steps > 0 ? c.steps : 50) : 0;
   const int64_t total_steps = c.benchmark ? c.benchmark_warmup + timed_steps
                                           : (c.steps > 0 ? c.steps : c.epochs * steps_per_epoch);
+  if (start_step > total_steps)
+    throw UsageError("--resume " + c.resume + " is at step " + std::to_string(start_step) +
+                     ", past the end of this run (step " + std::to_string(total_steps) +
+                     "): --steps and --epochs count from the start of training, not from "
+                     "the checkpoint; ask for more than " +
+                     std::to_string(start_step) + " steps");
   optim::LrSchedule lr{c.lr_schedule, c.lr, c.warmup_steps, total_steps};
   // Every rank must run the same number of steps from the same place, or one
   // would wait forever in a collective the others never reach.

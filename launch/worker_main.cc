@@ -31,9 +31,10 @@ int run_body(collective::Communicator& comm, const std::function<int(collective:
     return 1;
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());
+    const int code = dynamic_cast<const UsageError*>(&e) ? 2 : 1;
     // Only this rank may have failed: end the whole job so no rank waits forever.
-    if (comm.world_size() > 1) comm.abort(1);
-    return 1;
+    if (comm.world_size() > 1) comm.abort(code);
+    return code;
   }
 }
 

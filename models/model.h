@@ -58,6 +58,9 @@ struct ResNetConfig {
 /// The configuration of resnet18, resnet34, resnet50 or resnet-small (widths
 /// 16/32/64, two basic blocks per stage, 1x28x28 input); throws for other names.
 ResNetConfig resnet_preset(const std::string& name);
+/// The smallest image side `c` takes: one pixel per unit of the network's
+/// total stride (32 with the ImageNet stem, 4 for the small-input variant).
+int64_t resnet_min_image_size(const ResNetConfig& c);
 Model build_resnet(const ResNetConfig& c, const std::string& name);
 
 /// A GPT-style decoder-only language model (models/transformer.cc): nanoGPT's

@@ -149,10 +149,12 @@ ResNetConfig resnet_preset(const std::string& name) {
   return c;
 }
 
+int64_t resnet_min_image_size(const ResNetConfig& c) { return c.small_input ? 4 : 32; }
+
 Model build_resnet(const ResNetConfig& c, const std::string& name) {
   MIX_CHECK(c.in_channels > 0 && c.num_classes > 1 && c.width > 0 && !c.blocks.empty(),
             "ResNet needs input channels, at least two classes, a positive width and at least one stage");
-  const int64_t min_size = c.small_input ? 4 : 32;
+  const int64_t min_size = resnet_min_image_size(c);
   MIX_CHECK(c.image_size >= min_size, name << " needs images of at least " << min_size << "x" << min_size
                                            << " pixels, got " << c.image_size << " (--image-size)");
   Model m;

@@ -1,5 +1,6 @@
 #include "runtime/io/checkpoint.h"
 
+#include <cmath>
 #include <cstring>
 
 #include "runtime/check.h"
@@ -30,6 +31,27 @@ void copy_into(const std::string& path, const std::string& name, const Tensor& s
   cpu::store_f32(cpu::as_f32(src, 3), dst);
 }
 
+/// A NaN or inf loaded into a parameter (or optimizer state) would only show
+/// later, as every AMP step overflowing or an FP32 loss of NaN: stop here and
+/// name the tensor instead.
+void check_finite(const std::string& path, const std::string& name, const Tensor& t) {
+  const DType d = t.dtype();
+  if ((d != DType::f32 && d != DType::f16 && d != DType::bf16) || t.numel() == 0) return;
+  const float* v = cpu::as_f32(t, 3);
+  for (int64_t i = 0; i < t.numel(); ++i)
+    if (!std::isfinite(v[i]))
+      MIX_FAIL(
+          "checkpoint " << path << ": tensor '" << name << "' holds " << v[i] << " at element " << i
+                        << "; it was saved from a run that had diverged, or the file is corrupt (mixtrain does not "
+                           "start from non-finite values)");
+}
+
+/// Copies a tensor of the file into the model's, then checks its values.
+void load_into(const std::string& path, const std::string& name, const Tensor& src, Tensor& dst) {
+  copy_into(path, name, src, dst);
+  check_finite(path, name, dst);
+}
+
 }  // namespace
 
 void save_checkpoint(const std::string& path, const Program& p, const Scope& scope, const Metadata& meta) {
@@ -50,7 +72,7 @@ int load_parameters(const std::string& path, const Program& p, Scope& scope, int
       missing += (missing.empty() ? "" : ", ") + name;
       continue;
     }
-    copy_into(path, name, *src, scope.get(name));
+    load_into(path, name, *src, scope.get(name));
     ++loaded;
   }
   if (!missing.empty())
@@ -60,7 +82,7 @@ int load_parameters(const std::string& path, const Program& p, Scope& scope, int
   for (const VarDesc& v : p.vars()) {
     if (!v.is_buffer) continue;
     if (const Tensor* src = f.find(v.name)) {
-      copy_into(path, v.name, *src, scope.get(v.name));
+      load_into(path, v.name, *src, scope.get(v.name));
       ++loaded;
     } else if (missing_buffers) {
       missing_buffers->push_back(v.name);
@@ -78,7 +100,7 @@ Metadata load_checkpoint(const std::string& path, const Program& p, Scope& scope
     if (!src)
       MIX_FAIL("--resume " << path << " has no tensor '" << v.name
                            << "': it was saved by another model or optimizer (use --init-from to load parameters only)");
-    copy_into(path, v.name, *src, scope.get(v.name));
+    load_into(path, v.name, *src, scope.get(v.name));
   }
   return f.metadata;
 }

@@ -165,6 +165,17 @@ SafetensorsFile read_safetensors(const std::string& path) {
   std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
     return a.begin != b.begin ? a.begin < b.begin : a.name < b.name;
   });
+  // Each byte of data belongs to one tensor: overlapping ranges would load
+  // one tensor's bytes as another's without any other sign of damage.
+  const Entry* reaches_furthest = nullptr;
+  for (const Entry& e : entries) {
+    if (e.begin == e.end) continue;  // an empty tensor owns no bytes
+    if (reaches_furthest && e.begin < reaches_furthest->end)
+      MIX_FAIL(path << " is corrupt: tensors '" << reaches_furthest->name << "' (data bytes ["
+                    << reaches_furthest->begin << ", " << reaches_furthest->end << ")) and '" << e.name << "' (["
+                    << e.begin << ", " << e.end << ")) overlap");
+    if (!reaches_furthest || e.end > reaches_furthest->end) reaches_furthest = &e;
+  }
 
   out.tensors.reserve(entries.size());
   for (const Entry& e : entries) {

@@ -9,18 +9,27 @@ whole job (main() calls Communicator::abort). Each case is one short run with a
 timeout; a case that hangs fails with "timed out" instead of hanging the test.
 
 Cases: unknown flag, --precision fp8, --batch-size 0 (exit 2, and no 300-digit
-range in the message), overlapping AMP lists (names the op), --grad-reduce fp16
-in FP32, malformed and unknown-parameter --inject-overflow; missing dataset dir,
+range in the message), --lr inf and 1e39 (inf in FP32), --momentum nan, a zero
+in --hidden, --min-loss-scaling above the preset's initial scale, overlapping
+AMP lists (names the op), --grad-reduce fp16 in FP32, malformed
+--inject-overflow, and (exit 2 too, though only the model or the job can tell)
+one naming an unknown parameter or a rank beyond the job; missing dataset dir,
 dir without the files, truncated .gz, truncated safetensors --data-file, NaN in
---data-file (non-finite, example index), missing --init-from; ResNet flags
-(--width, --data-format) on the MLP, an unknown --data-format, --image-size with a data set, --blocks 2,0, a ResNet on non-square data or
-on images too small for it, batch_norm over a single value per channel; MPMD jobs whose
+--data-file (non-finite, example index), --data-file with another --data;
+missing --init-from; ResNet flags (--width, --data-format) on the MLP, an
+unknown --data-format, --image-size with a data set, --blocks 2,0, a ResNet on
+non-square data or on images too small for it, batch_norm over a single value
+per channel; damaged checkpoints (a NaN parameter for --init-from and --resume,
+a non-numeric step and a negative loss scale in the metadata, overlapping
+tensor data) and --resume of a checkpoint already past --steps; MPMD jobs whose
 ranks differ in --model (both orders), the scaler flags, --bucket-mb,
---synthetic-size, the size of their --data-file, --resume or --benchmark on one
-rank only (these two must only not hang), and a dead rank (a missing --data-file
-on rank 1, then on rank 0); an AMP run whose loss scale is stuck at the minimum (the checkpoint
+--synthetic-size, the size of their --data-file, --resume, --benchmark, --save,
+--eval or --print-program on one rank only (each a collective the other rank
+would wait in forever), and a dead rank (a missing --data-file on rank 1, then
+on rank 0); an AMP run whose loss scale is stuck at the minimum (the checkpoint
 already at --save survives).
 """
+import json
 import os
 import re
 import sys
@@ -30,6 +39,17 @@ import numpy as np
 import mixtest as mt
 
 FM_DIR = "/usr/share/datasets/fashion-mnist"
+
+
+def rewrite_header(src, dst, edit):
+    """Copies safetensors file `src` to `dst` with edit(header dict) applied to its JSON header."""
+    raw = src.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    edit(header)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    dst.write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + n:])
 
 
 def main():
@@ -78,8 +98,19 @@ def main():
            names=["--grad-reduce"])
     expect([*small, "--inject-overflow", "abc"], "--inject-overflow abc", rc=2,
            names=["--inject-overflow", "STEP[:RANK[:PARAM]]"])
-    expect([*small, "--inject-overflow", "2:0:nope.weight"], "--inject-overflow of an unknown parameter",
-           names=["nope.weight"])
+    expect([*small, "--inject-overflow", "2:0:nope.weight"], "--inject-overflow of an unknown parameter", rc=2,
+           names=["--inject-overflow", "nope.weight"])
+    expect([*small, "--inject-overflow", "2:1"], "--inject-overflow on rank 1 of a 1-rank job", rc=2,
+           names=["--inject-overflow", "no rank 1"])
+    # CLI11's checks let "inf" through (and, for ranges, "nan"); 1e39 is a double but inf as
+    # the FP32 value the learning rate becomes on the device.
+    expect([*small, "--lr", "inf"], "--lr inf", rc=2, names=["--lr", "'inf'"])
+    expect([*small, "--lr", "1e39"], "--lr 1e39", rc=2, names=["--lr", "FP32"])
+    expect([*small, "--momentum", "nan"], "--momentum nan", rc=2, names=["--momentum", "'nan'"])
+    expect([*small, "--hidden", "8,0"], "--hidden 8,0", rc=2, names=["--hidden", "'0'"])
+    # The paddle preset starts at 32768: a larger minimum used to stop the run in the scaler (exit 1).
+    expect([*small, "--min-loss-scaling", "100000"], "--min-loss-scaling above the initial scale", rc=2,
+           names=["--min-loss-scaling", "32768", "--init-loss-scaling"])
 
     # ---- data ---------------------------------------------------------------------------------
     expect(["--data-dir", "/nonexistent", "--steps", 1], "missing dataset dir",
@@ -113,6 +144,19 @@ def main():
     nan = d / "nan.safetensors"
     mt.safetensors_io.save(nan, {"inputs": x, "labels": rng.integers(0, 4, 128).astype(np.int64)})
     expect([*data_small, "--data-file", nan], "NaN in --data-file inputs", names=[str(nan), "non-finite", "example 7"])
+    # The output layer has a row per value up to the largest label: one stray label of 1000
+    # among 0..3 makes 1001 classes, which trains without complaint but is worth a warning.
+    sparse = d / "sparse_labels.safetensors"
+    labels = rng.integers(0, 4, 128).astype(np.int64)
+    labels[5] = 1000
+    mt.safetensors_io.save(sparse, {"inputs": rng.standard_normal((128, 16)).astype(np.float32), "labels": labels})
+    r = mt.mixtrain([*data_small, "--data-file", sparse], timeout=60)
+    c.check(r.rc == 0 and "largest label is 1000" in r.out and "1001 output classes" in r.out
+            and "only 5 label values" in r.out, "one stray label of 1000 among 0..3: trains, with a warning",
+            r.describe(800))
+    # --data-file used to win silently over the data set --data named.
+    expect([*data_small, "--data", "fashion-mnist", "--data-file", good], "--data-file with --data fashion-mnist",
+           rc=2, names=["--data-file", "--data fashion-mnist"])
 
     # ---- ResNets ---------------------------------------------------------------------------------
     expect([*small, "--width", 8], "--width on the MLP", rc=2, names=["--width", "ResNet"])
@@ -130,13 +174,45 @@ def main():
            names=["square images", "[15]"])
     r50 = ["--model", "resnet50", "--data", "synthetic", "--synthetic-size", 4, "--width", 4, "--steps", 1,
            "--eval", "false"]
-    expect([*r50, "--image-size", 16], "resnet50 on 16x16 images", names=["at least 32x32", "--image-size"])
+    expect([*r50, "--image-size", 16], "resnet50 on 16x16 images", rc=2, names=["--image-size 16", "at least 32"])
     expect([*r50, "--image-size", 32, "--batch-size", 1], "batch_norm over one value per channel",
            names=["more than one value per channel", "larger batch"])
 
     # ---- checkpoints ----------------------------------------------------------------------------
     expect([*small, "--init-from", d / "missing.safetensors"], "missing --init-from file",
            names=[str(d / "missing.safetensors")])
+    # Damage is refused at load, naming the file and the tensor or field: a NaN parameter used
+    # to train on (every AMP step skipped), a bad step to end in a bare "stod", a negative scale
+    # to fail in an op, and overlapping tensors to load one tensor's bytes as another's.
+    ten = d / "ten_steps.safetensors"
+    if c.ok_run(mt.mixtrain([*small[:-4], "--steps", 10, "--eval", "false", "--save", ten]), "checkpoint to damage"):
+        tensors, meta = mt.load_checkpoint(ten)
+        nan_param = d / "nan_param.safetensors"
+        w = tensors["fc1.weight"].copy()
+        w.flat[5] = np.nan
+        mt.safetensors_io.save(nan_param, {**tensors, "fc1.weight": w}, metadata=meta)
+        for flag in ("--init-from", "--resume"):
+            expect([*small[:-4], "--steps", 12, "--eval", "false", flag, nan_param], f"NaN parameter, {flag}",
+                   names=[str(nan_param), "'fc1.weight'", "nan", "element 5"])
+        for key, value in (("step", "abc"), ("loss_scale", "-5")):
+            bad_meta = d / f"bad_{key}.safetensors"
+            mt.safetensors_io.save(bad_meta, tensors, metadata={**meta, key: value})
+            expect([*small[:-4], "--steps", 12, "--eval", "false", "--resume", bad_meta], f"--resume with {key} '{value}'",
+                   names=[str(bad_meta), f"'{key}'", f"'{value}'"])
+        overlap = d / "overlap.safetensors"
+
+        def bias_over_weight(h):
+            begin = h["fc1.weight"]["data_offsets"][0]
+            b0, b1 = h["fc1.bias"]["data_offsets"]
+            h["fc1.bias"]["data_offsets"] = [begin, begin + b1 - b0]
+
+        rewrite_header(ten, overlap, bias_over_weight)
+        expect([*small[:-4], "--steps", 12, "--eval", "false", "--resume", overlap], "overlapping tensor data",
+               names=[str(overlap), "overlap", "'fc1.bias'", "'fc1.weight'"])
+        # Steps count from the start of training: a checkpoint at step 10 with --steps 4 used to
+        # fail inside the batch feeder ("steps [10, 4) run backwards").
+        expect([*small[:-4], "--steps", 4, "--eval", "false", "--resume", ten], "--resume past --steps", rc=2,
+               names=["--resume", "step 10", "--steps"])
 
     # ---- training that cannot go on ---------------------------------------------------------------
     # A loss scale pinned at 1e30 overflows every FP16 gradient: after 100 skipped steps at the
@@ -196,15 +272,23 @@ def main():
     expect(None, "rank 1's --data-file has 256 examples, rank 0's 128 (--epochs 1)", timeout=15,
            mpmd=[(1, [*by_epoch, "--data-file", good]), (1, [*by_epoch, "--data-file", other_size])],
            names=["rank 1"])
-    # Flags that change the number of steps on one rank only: whatever mixtrain makes of them
-    # (an error naming the flag, or rank 0's choice winning), the job must not hang.
+    # Flags given to one rank only that change which collectives it calls (a different start
+    # step, timed steps, the barrier after --save, evaluation's reductions, a printout instead of
+    # training): the fingerprint names them. --save, --eval and --print-program used to hang.
     resume_from = d / "two_steps.safetensors"
     few = [*mt.synthetic(size=256, features=16, classes=4, hidden=(8,)), "--batch-size", 8, "--eval", "false"]
     if c.ok_run(mt.mixtrain([*few, "--steps", 2, "--save", resume_from]), "checkpoint to resume from"):
-        expect(None, "only rank 1 resumes (--resume)", rc="ends", timeout=15,
-               mpmd=[(1, [*few, "--steps", 4]), (1, [*few, "--steps", 4, "--resume", resume_from])])
-    expect(None, "only rank 1 runs --benchmark", rc="ends", timeout=15,
-           mpmd=[(1, [*few, "--steps", 4]), (1, [*few, "--steps", 4, "--benchmark", "--benchmark-warmup", 2])])
+        expect(None, "only rank 1 resumes (--resume)", timeout=15,
+               mpmd=[(1, [*few, "--steps", 4]), (1, [*few, "--steps", 4, "--resume", resume_from])],
+               names=["rank 1 differs", "resume"])
+    one_rank_only = {"--benchmark": ["--benchmark", "--benchmark-warmup", 2],
+                     "--save": ["--save", d / "rank0_only.safetensors"],
+                     "--eval": ["--eval", "true"],
+                     "--print-program": ["--print-program"]}
+    for flag, extra in one_rank_only.items():
+        expect(None, f"only rank 0 runs {flag}", timeout=15,
+               mpmd=[(1, [*few, "--steps", 4, *extra]), (1, [*few, "--steps", 4])],
+               names=["rank 1 differs", flag[2:]])
     missing = d / "missing_data.safetensors"
     expect(None, "rank 1's --data-file does not exist (a dead rank)", timeout=60,
            mpmd=[(1, [*data_small, "--data-file", good]), (1, [*data_small, "--data-file", missing])],

@@ -112,6 +112,12 @@ def main():
         c.check(r.rc == 2 and name in r.stderr, f"allreduce {' '.join(flags)}: exit 2 naming {name}", r.describe(400))
     r = run(["allreduce", "-b", "1M", "-e", "1K"])
     c.check(r.rc == 2 and "larger than -e" in r.stderr, "-b larger than -e: exit 2 saying so", r.describe(400))
+    # -f 1 never reaches -e: it used to pass the flag check and fail on every rank at run time (exit 1).
+    r = run(["allreduce", "-b", "1K", "-e", "4K", "-f", 1])
+    c.check(r.rc == 2 and "-f" in r.stderr and "above 1" in r.stderr, "-f 1 from 1K to 4K: exit 2 naming -f",
+            r.describe(400))
+    r = run(["allreduce", "-f", "nan"])
+    c.check(r.rc == 2 and "--stepfactor" in r.stderr, "-f nan: exit 2 naming --stepfactor", r.describe(400))
     c.finish()
 
 

@@ -1,6 +1,7 @@
 """Resume is exact: 10 steps in one run equal 6 steps, --save, then --resume to
 step 10, bit for bit (parameters, optimizer state and the scaler's metadata),
-for AMP with momentum and for AdamW, on 1 rank and on 2 ranks."""
+for AMP with momentum and for AdamW, on 1 rank and on 2 ranks; and a checkpoint
+without the scaler's state starts the scaler at its initial scale."""
 import os
 import sys
 
@@ -28,6 +29,21 @@ def main():
                     if meta_a.get(k) != meta_b.get(k)]
             checks.check(not bad, f"{ranks} rank(s), {opt[1]}: 10 steps == 6 + resume 4, {len(a)} tensors "
                                   f"bit-identical (scale {meta_a.get('loss_scale')})", f"differing: {bad}")
+    # A checkpoint without the scaler's state (--steps 0 --save, or FP32 training) starts the
+    # scaler afresh, at the initial scale the flags give, not at 1 (as it used to, silently:
+    # FP16 gradients then underflow).
+    init, fp32 = os.path.join(tmp, "init.st"), os.path.join(tmp, "fp32.st")
+    mixtest.mixtrain(SMALL + ["--steps", "0", "--save", init]).expect_ok()
+    mixtest.mixtrain(SMALL + ["--precision", "fp32", "--steps", "2", "--save", fp32]).expect_ok()
+    for path, extra, want in ((init, [], 32768.0), (init, ["--init-loss-scaling", "1024"], 1024.0),
+                              (fp32, [], 32768.0)):
+        metrics = os.path.join(tmp, "fresh_scaler.jsonl")
+        mixtest.mixtrain(SMALL + ["--precision", "amp", "--steps", "4", "--resume", path, "--metrics", metrics]
+                         + extra).expect_ok()
+        first = mixtest.Metrics(metrics).steps[0]
+        checks.check(first["loss_scale"] == want and not first["skipped"],
+                     f"--resume {os.path.basename(path)} {' '.join(extra)}: the scaler starts at {want}",
+                     f"first step: {first}")
     return checks.finish()
 
 

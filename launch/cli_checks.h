@@ -1,0 +1,64 @@
+#pragma once
+// CLI11 validators shared by mixtrain and mixbench. CLI11's own PositiveNumber
+// prints the whole double range in its message, and its Range lets NaN
+// through (NaN compares false both ways) and, for doubles, inf where the
+// bound is open: these say the rule plainly and refuse non-finite values.
+// Floating flags also stay within FP32's range, since the values they set
+// (learning rate, loss scale, decay) end up in FP32 on the device, where
+// 1e39 would be inf.
+#include <CLI/CLI.hpp>
+#include <cfloat>
+#include <cmath>
+#include <exception>
+#include <sstream>
+#include <string>
+
+namespace mix::launch {
+
+/// Parses all of `text` as a number (an integer when `integer`); false when it
+/// does not parse or something is left over ("1x", "").
+inline bool parse_number(const std::string& text, bool integer, double& out) {
+  try {
+    size_t used = 0;
+    out = integer ? static_cast<double>(std::stoll(text, &used)) : std::stod(text, &used);
+    return used == text.size() && !text.empty();
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+/// Positive (or, with `allow_zero`, non-negative) numbers; integers when `integer`.
+inline CLI::Validator number_check(bool integer, bool allow_zero) {
+  const std::string what =
+      std::string(allow_zero ? "a non-negative " : "a positive ") + (integer ? "integer" : "number");
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        double v = 0;
+        if (!parse_number(text, integer, v) || !(allow_zero ? v >= 0 : v > 0))
+          return "must be " + what + ", got '" + text + "'";
+        if (!std::isfinite(v) || v > FLT_MAX)
+          return "must be " + what + " no larger than 3.4e38 (FP32's largest), got '" + text + "'";
+        return "";
+      },
+      allow_zero ? "NONNEGATIVE" : "POSITIVE");
+}
+
+/// A finite number in [lo, hi] (NaN refused, which CLI::Range lets through).
+inline CLI::Validator number_in(double lo, double hi) {
+  std::ostringstream range;
+  range << "[" << lo << ", " << hi << "]";
+  return CLI::Validator(
+      [=, r = range.str()](std::string& text) -> std::string {
+        double v = 0;
+        if (parse_number(text, false, v) && std::isfinite(v) && v >= lo && v <= hi) return "";
+        return "must be a number in " + r + ", got '" + text + "'";
+      },
+      "FLOAT in " + range.str());
+}
+
+inline const CLI::Validator kPositiveInt = number_check(true, false);
+inline const CLI::Validator kNonNegativeInt = number_check(true, true);
+inline const CLI::Validator kPositive = number_check(false, false);
+inline const CLI::Validator kNonNegative = number_check(false, true);
+
+}  // namespace mix::launch
