@@ -7,7 +7,6 @@
 // (learning rate, loss scale, decay) end up in FP32 on the device, where
 // 1e39 would be inf.
 #include <CLI/CLI.hpp>
-#include <cfloat>
 #include <cmath>
 #include <exception>
 #include <sstream>
@@ -36,7 +35,7 @@ inline CLI::Validator number_check(bool integer, bool allow_zero) {
         double v = 0;
         if (!parse_number(text, integer, v) || !(allow_zero ? v >= 0 : v > 0))
           return "must be " + what + ", got '" + text + "'";
-        if (!std::isfinite(v) || v > FLT_MAX)
+        if (!std::isfinite(static_cast<float>(v)))  // FP32's largest, 3.40282347e38, still passes
           return "must be " + what + " no larger than 3.4e38 (FP32's largest), got '" + text + "'";
         return "";
       },
@@ -54,6 +53,17 @@ inline CLI::Validator number_in(double lo, double hi) {
         return "must be a number in " + r + ", got '" + text + "'";
       },
       "FLOAT in " + range.str());
+}
+
+/// Digits only, for unsigned flags: CLI11 reads "-1" into an unsigned 64-bit
+/// option as 2^64 - 1 without a word.
+inline CLI::Validator unsigned_check() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        if (!text.empty() && text.find_first_not_of("0123456789") == std::string::npos) return "";
+        return "must be a whole number from 0 to 18446744073709551615, got '" + text + "'";
+      },
+      "UINT");
 }
 
 inline const CLI::Validator kPositiveInt = number_check(true, false);

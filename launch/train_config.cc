@@ -253,7 +253,7 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_option("--amp-black-list", c.amp_black_list, "ops to keep in FP32, comma separated")->delimiter(',')
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  app.add_option("--seed", c.seed, "seed of initialisation, shuffles and synthetic data");
+  app.add_option("--seed", c.seed, "seed of initialisation, shuffles and synthetic data")->check(unsigned_check());
   app.add_option("--metrics", c.metrics, "JSON Lines metrics file (written by rank 0)");
   app.add_option("--save", c.save, "checkpoint (safetensors) written at the end");
   app.add_option("--resume", c.resume, "checkpoint to resume from (parameters, optimizer, scaler, step)");

@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cfloat>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -191,7 +190,9 @@ float metadata_loss_scale(const std::string& path, const io::Metadata& meta) {
   try {
     size_t used = 0;
     const double v = std::stod(text, &used);
-    if (used == text.size() && std::isfinite(v) && v > 0 && v <= FLT_MAX) return static_cast<float>(v);
+    // Compared as the float it becomes: the 9 digits save_checkpoint writes
+    // for FP32's largest value (3.40282347e+38) are a little above FLT_MAX as a double.
+    if (used == text.size() && v > 0 && std::isfinite(static_cast<float>(v))) return static_cast<float>(v);
   } catch (const std::exception&) {
   }
   MIX_FAIL("--resume " << path << ": metadata field 'loss_scale' is '" << text

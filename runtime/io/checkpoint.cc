@@ -31,25 +31,28 @@ void copy_into(const std::string& path, const std::string& name, const Tensor& s
   cpu::store_f32(cpu::as_f32(src, 3), dst);
 }
 
-/// A NaN or inf loaded into a parameter (or optimizer state) would only show
+/// A NaN loaded into any tensor, or an inf into a parameter, would only show
 /// later, as every AMP step overflowing or an FP32 loss of NaN: stop here and
-/// name the tensor instead.
-void check_finite(const std::string& path, const std::string& name, const Tensor& t) {
+/// name the tensor instead. Other state may hold inf in a healthy run (AdamW's
+/// exp_avg_sq past a gradient of ~1.8e19, whose update is then 0), so only
+/// parameters must be finite.
+void check_values(const std::string& path, const std::string& name, const Tensor& t, bool parameter) {
   const DType d = t.dtype();
   if ((d != DType::f32 && d != DType::f16 && d != DType::bf16) || t.numel() == 0) return;
   const float* v = cpu::as_f32(t, 3);
   for (int64_t i = 0; i < t.numel(); ++i)
-    if (!std::isfinite(v[i]))
-      MIX_FAIL(
-          "checkpoint " << path << ": tensor '" << name << "' holds " << v[i] << " at element " << i
-                        << "; it was saved from a run that had diverged, or the file is corrupt (mixtrain does not "
-                           "start from non-finite values)");
+    if (std::isnan(v[i]) || (parameter && std::isinf(v[i])))
+      MIX_FAIL("checkpoint " << path << ": " << (parameter ? "parameter" : "tensor") << " '" << name << "' holds "
+                             << v[i] << " at element " << i
+                             << "; it was saved from a run that had diverged, or the file is corrupt (mixtrain does "
+                                "not start from "
+                             << (parameter ? "non-finite parameters" : "NaN") << ")");
 }
 
-/// Copies a tensor of the file into the model's, then checks its values.
-void load_into(const std::string& path, const std::string& name, const Tensor& src, Tensor& dst) {
-  copy_into(path, name, src, dst);
-  check_finite(path, name, dst);
+/// Copies a tensor of the file into the model's variable `v`, then checks its values.
+void load_into(const std::string& path, const VarDesc& v, const Tensor& src, Tensor& dst) {
+  copy_into(path, v.name, src, dst);
+  check_values(path, v.name, dst, v.is_parameter);
 }
 
 }  // namespace
@@ -72,7 +75,7 @@ int load_parameters(const std::string& path, const Program& p, Scope& scope, int
       missing += (missing.empty() ? "" : ", ") + name;
       continue;
     }
-    load_into(path, name, *src, scope.get(name));
+    load_into(path, p.var(name), *src, scope.get(name));
     ++loaded;
   }
   if (!missing.empty())
@@ -82,7 +85,7 @@ int load_parameters(const std::string& path, const Program& p, Scope& scope, int
   for (const VarDesc& v : p.vars()) {
     if (!v.is_buffer) continue;
     if (const Tensor* src = f.find(v.name)) {
-      load_into(path, v.name, *src, scope.get(v.name));
+      load_into(path, v, *src, scope.get(v.name));
       ++loaded;
     } else if (missing_buffers) {
       missing_buffers->push_back(v.name);
@@ -100,7 +103,7 @@ Metadata load_checkpoint(const std::string& path, const Program& p, Scope& scope
     if (!src)
       MIX_FAIL("--resume " << path << " has no tensor '" << v.name
                            << "': it was saved by another model or optimizer (use --init-from to load parameters only)");
-    load_into(path, v.name, *src, scope.get(v.name));
+    load_into(path, v, *src, scope.get(v.name));
   }
   return f.metadata;
 }

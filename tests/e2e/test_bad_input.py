@@ -10,7 +10,7 @@ timeout; a case that hangs fails with "timed out" instead of hanging the test.
 
 Cases: unknown flag, --precision fp8, --batch-size 0 (exit 2, and no 300-digit
 range in the message), --lr inf and 1e39 (inf in FP32), --momentum nan, a zero
-in --hidden, --min-loss-scaling above the preset's initial scale, overlapping
+in --hidden, --seed -1, --min-loss-scaling above the preset's initial scale, overlapping
 AMP lists (names the op), --grad-reduce fp16 in FP32, malformed
 --inject-overflow, and (exit 2 too, though only the model or the job can tell)
 one naming an unknown parameter or a rank beyond the job; missing dataset dir,
@@ -19,8 +19,8 @@ dir without the files, truncated .gz, truncated safetensors --data-file, NaN in
 missing --init-from; ResNet flags (--width, --data-format) on the MLP, an
 unknown --data-format, --image-size with a data set, --blocks 2,0, a ResNet on
 non-square data or on images too small for it, batch_norm over a single value
-per channel; damaged checkpoints (a NaN parameter for --init-from and --resume,
-a non-numeric step and a negative loss scale in the metadata, overlapping
+per channel; damaged checkpoints (a NaN or inf parameter for --init-from and --resume,
+NaN in AdamW's state, while inf there, which a healthy run can reach, loads; a non-numeric step and a negative loss scale in the metadata, overlapping
 tensor data) and --resume of a checkpoint already past --steps; MPMD jobs whose
 ranks differ in --model (both orders), the scaler flags, --bucket-mb,
 --synthetic-size, the size of their --data-file, --resume, --benchmark, --save,
@@ -108,6 +108,8 @@ def main():
     expect([*small, "--lr", "1e39"], "--lr 1e39", rc=2, names=["--lr", "FP32"])
     expect([*small, "--momentum", "nan"], "--momentum nan", rc=2, names=["--momentum", "'nan'"])
     expect([*small, "--hidden", "8,0"], "--hidden 8,0", rc=2, names=["--hidden", "'0'"])
+    # CLI11 read "-1" into the unsigned seed as 2^64 - 1, silently.
+    expect([*small, "--seed", "-1"], "--seed -1", rc=2, names=["--seed", "'-1'"])
     # The paddle preset starts at 32768: a larger minimum used to stop the run in the scaler (exit 1).
     expect([*small, "--min-loss-scaling", "100000"], "--min-loss-scaling above the initial scale", rc=2,
            names=["--min-loss-scaling", "32768", "--init-loss-scaling"])
@@ -187,13 +189,14 @@ def main():
     ten = d / "ten_steps.safetensors"
     if c.ok_run(mt.mixtrain([*small[:-4], "--steps", 10, "--eval", "false", "--save", ten]), "checkpoint to damage"):
         tensors, meta = mt.load_checkpoint(ten)
-        nan_param = d / "nan_param.safetensors"
-        w = tensors["fc1.weight"].copy()
-        w.flat[5] = np.nan
-        mt.safetensors_io.save(nan_param, {**tensors, "fc1.weight": w}, metadata=meta)
-        for flag in ("--init-from", "--resume"):
-            expect([*small[:-4], "--steps", 12, "--eval", "false", flag, nan_param], f"NaN parameter, {flag}",
-                   names=[str(nan_param), "'fc1.weight'", "nan", "element 5"])
+        for value, text in ((np.nan, "nan"), (np.inf, "inf")):
+            bad_param = d / f"{text}_param.safetensors"
+            w = tensors["fc1.weight"].copy()
+            w.flat[5] = value
+            mt.safetensors_io.save(bad_param, {**tensors, "fc1.weight": w}, metadata=meta)
+            for flag in ("--init-from", "--resume"):
+                expect([*small[:-4], "--steps", 12, "--eval", "false", flag, bad_param], f"{text} parameter, {flag}",
+                       names=[str(bad_param), "parameter 'fc1.weight'", text, "element 5"])
         for key, value in (("step", "abc"), ("loss_scale", "-5")):
             bad_meta = d / f"bad_{key}.safetensors"
             mt.safetensors_io.save(bad_meta, tensors, metadata={**meta, key: value})
@@ -201,8 +204,8 @@ def main():
                    names=[str(bad_meta), f"'{key}'", f"'{value}'"])
         overlap = d / "overlap.safetensors"
 
-        def bias_over_weight(h):
-            begin = h["fc1.weight"]["data_offsets"][0]
+        def bias_over_weight(h):  # starts inside the weight's bytes, not at their start
+            begin = h["fc1.weight"]["data_offsets"][0] + 8
             b0, b1 = h["fc1.bias"]["data_offsets"]
             h["fc1.bias"]["data_offsets"] = [begin, begin + b1 - b0]
 
@@ -213,6 +216,22 @@ def main():
         # fail inside the batch feeder ("steps [10, 4) run backwards").
         expect([*small[:-4], "--steps", 4, "--eval", "false", "--resume", ten], "--resume past --steps", rc=2,
                names=["--resume", "step 10", "--steps"])
+    # Optimizer state may hold inf in a healthy run (AdamW's exp_avg_sq past a gradient of
+    # ~1.8e19, whose update is then 0), but never NaN; only parameters must be finite.
+    adamw = [*small[:-4], "--optimizer", "adamw", "--eval", "false"]
+    adamw_ckpt = d / "adamw.safetensors"
+    if c.ok_run(mt.mixtrain([*adamw, "--steps", 10, "--save", adamw_ckpt]), "AdamW checkpoint to damage"):
+        tensors, meta = mt.load_checkpoint(adamw_ckpt)
+        state = next(k for k in tensors if k.startswith("optimizer.exp_avg_sq."))
+        for value, refused in ((np.inf, False), (np.nan, True)):
+            path = d / f"exp_avg_sq_{value}.safetensors"
+            v = tensors[state].copy()
+            v.flat[0] = value
+            mt.safetensors_io.save(path, {**tensors, state: v}, metadata=meta)
+            if refused:
+                expect([*adamw, "--steps", 12, "--resume", path], f"NaN in {state}", names=[str(path), f"'{state}'", "nan"])
+            else:
+                c.ok_run(mt.mixtrain([*adamw, "--steps", 12, "--resume", path]), f"inf in {state}: resumes")
 
     # ---- training that cannot go on ---------------------------------------------------------------
     # A loss scale pinned at 1e30 overflows every FP16 gradient: after 100 skipped steps at the

@@ -44,6 +44,13 @@ def main():
         checks.check(first["loss_scale"] == want and not first["skipped"],
                      f"--resume {os.path.basename(path)} {' '.join(extra)}: the scaler starts at {want}",
                      f"first step: {first}")
+    # The largest FP32 scale survives the 9 digits the checkpoint writes (3.40282347e+38 is a
+    # little above FLT_MAX as a double; the check used to compare it as one).
+    flt_max = os.path.join(tmp, "flt_max.st")
+    static = SMALL + ["--precision", "amp", "--loss-scaling", "static", "--init-loss-scaling", "3.4028234e38"]
+    mixtrain = mixtest.mixtrain(static + ["--steps", "2", "--save", flt_max])
+    if checks.ok_run(mixtrain, "static scale FP32's largest: checkpoint"):
+        checks.ok_run(mixtest.mixtrain(static + ["--steps", "4", "--resume", flt_max]), "... and resume from it")
     return checks.finish()
 
 
