@@ -81,7 +81,7 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
     mix::launch::parse_byte_size(min_text, ar.min_bytes);  // both checked by byte_size() above
     mix::launch::parse_byte_size(max_text, ar.max_bytes);
-    if (ar.min_bytes > ar.max_bytes) throw CLI::ValidationError("-b", "-b " + min_text + " is larger than -e " + max_text);
+    if (ar.min_bytes > ar.max_bytes) throw CLI::ValidationError("-b", min_text + " is larger than -e " + max_text);
     if (ar.factor <= 1 && ar.min_bytes != ar.max_bytes)
       throw CLI::ValidationError("-f", "must be above 1 to go from -b " + min_text + " to -e " + max_text +
                                            " (or give -b and -e the same size)");

@@ -19,16 +19,30 @@ out="$root/runs/bandwidth"
 max_bytes=256M
 models="mlp resnet50 transformer"
 iters=20
+die() { echo "bandwidth.sh: $*" >&2; exit 2; }
+need_value() { [ $# -ge 2 ] && [ -n "$2" ] || die "$1 needs a value (see the header of this script)"; }
+positive() { [[ $2 =~ ^[1-9][0-9]*$ ]] || die "$1 must be a positive integer, got '$2'"; }
 while [ $# -gt 0 ]; do
   case "$1" in
-    -n) ranks="$2"; shift 2 ;;
-    --device) device="$2"; shift 2 ;;
-    --hosts) hosts="$2"; shift 2 ;;
-    --out) out="$2"; shift 2 ;;
-    --max-bytes) max_bytes="$2"; shift 2 ;;
-    --models) models="$2"; shift 2 ;;
-    --iters) iters="$2"; shift 2 ;;
-    *) echo "bandwidth.sh: unknown argument '$1' (see the header of this script)" >&2; exit 2 ;;
+    -n) need_value "$@"; positive "$1" "$2"; ranks="$2"; shift 2 ;;
+    --device) need_value "$@"; device="$2"; shift 2 ;;
+    --hosts) need_value "$@"; hosts="$2"; shift 2 ;;
+    --out) need_value "$@"; out="$2"; shift 2 ;;
+    --max-bytes) need_value "$@"; max_bytes="$2"; shift 2 ;;
+    --models) need_value "$@"; models="$2"; shift 2 ;;
+    --iters) need_value "$@"; positive "$1" "$2"; iters="$2"; shift 2 ;;
+    *) die "unknown argument '$1' (see the header of this script)" ;;
+  esac
+done
+# Checked before the sweep, which runs for minutes: the sweep starts at 1K,
+# and each model must be one mixbench grad-sync knows.
+[[ $max_bytes =~ ^([0-9]+)([KkMmGg]?)$ ]] || die "--max-bytes takes a size such as 4096, 64K, 256M or 1G, got '$max_bytes'"
+case "${BASH_REMATCH[2]}" in [Kk]) scale=1024 ;; [Mm]) scale=$((1024 * 1024)) ;; [Gg]) scale=$((1024 * 1024 * 1024)) ;; *) scale=1 ;; esac
+[ $((10#${BASH_REMATCH[1]} * scale)) -ge 1024 ] || die "--max-bytes $max_bytes is below 1K, where the all-reduce sweep starts"
+for m in $models; do
+  case "$m" in
+    mlp | resnet18 | resnet34 | resnet50 | resnet-small | transformer) ;;
+    *) die "--models: unknown model '$m' (mlp, resnet18, resnet34, resnet50, resnet-small, transformer)" ;;
   esac
 done
 [ -x "$build/mixbench" ] || "$root/scripts/build.sh"

@@ -5,21 +5,30 @@
 # (parameters, optimizer and scaler state). Prints one line per precision and
 # the AMP / FP32 ratios (the ResNet issue's target: <= 0.6 for ResNet-50 at 224x224).
 #
-#   scripts/bench_memory.sh [--model resnet50] [--batch 8] [--image-size 224]
+#   scripts/bench_memory.sh [--model resnet18|resnet34|resnet50|resnet-small] [--batch 8] [--image-size 224]
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${MIX_BUILD_DIR:-$root/build}"
 model=resnet50
 batch=8
 size=224
+die() { echo "bench_memory.sh: $*" >&2; exit 2; }
+need_value() { [ $# -ge 2 ] && [ -n "$2" ] || die "$1 needs a value (see the header of this script)"; }
+positive() { [[ $2 =~ ^[1-9][0-9]*$ ]] || die "$1 must be a positive integer, got '$2'"; }
 while [ $# -gt 0 ]; do
   case "$1" in
-    --model) model="$2"; shift 2 ;;
-    --batch) batch="$2"; shift 2 ;;
-    --image-size) size="$2"; shift 2 ;;
-    *) echo "bench_memory.sh: unknown argument '$1'" >&2; exit 2 ;;
+    --model) need_value "$@"; model="$2"; shift 2 ;;
+    --batch) need_value "$@"; positive "$1" "$2"; batch="$2"; shift 2 ;;
+    --image-size) need_value "$@"; positive "$1" "$2"; size="$2"; shift 2 ;;
+    *) die "unknown argument '$1' (see the header of this script)" ;;
   esac
 done
+# Synthetic images of --image-size: the comparison is the ResNets' (the MLP and
+# the Transformer have no image size; --benchmark prints their peaks too).
+case "$model" in
+  resnet18 | resnet34 | resnet50 | resnet-small) ;;
+  *) die "--model must be a ResNet (resnet18, resnet34, resnet50, resnet-small), got '$model'" ;;
+esac
 [ -x "$build/mixtrain" ] || "$root/scripts/build.sh"
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Overlapped gradient sync against --no-overlap: the same AMP training step
 # timed both ways, alternating, so that drift of a shared machine hits both.
-# Prints images/s per run, the medians, their ratio (overlap / no-overlap;
-# >= 1 means overlap is no slower), and the time blocked in c_allreduce_wait
-# per step (MIX_PROFILE_OPS), which is the sync time backward did not hide.
+# Prints the speed of each run (images/s; samples/s or tokens/s for the MLP
+# and the Transformer), the medians, their ratio (overlap / no-overlap; >= 1
+# means overlap is no slower), and the time blocked in c_allreduce_wait per
+# step, which is the sync time backward did not hide. That time comes from one
+# more run of each mode under MIX_PROFILE_OPS, kept apart from the timed runs:
+# timing every op (on a GPU, events around each op, and no CUDA-graph replay)
+# would change the speed being compared.
 #
 #   scripts/bench_overlap.sh [-n RANKS] [--device cpu|cuda] [--model resnet-small]
 #                            [--batch-size 16] [--bucket-mb 0.1] [--steps 20] [--repeats 3]
@@ -21,49 +25,65 @@ batch=16
 bucket_mb=0.1
 steps=20
 repeats=3
+die() { echo "bench_overlap.sh: $*" >&2; exit 2; }
+need_value() { [ $# -ge 2 ] && [ -n "$2" ] || die "$1 needs a value (see the header of this script)"; }
+positive() { [[ $2 =~ ^[1-9][0-9]*$ ]] || die "$1 must be a positive integer, got '$2'"; }
 while [ $# -gt 0 ]; do
   case "$1" in
-    -n) ranks="$2"; shift 2 ;;
-    --device) device="$2"; shift 2 ;;
-    --model) model="$2"; shift 2 ;;
-    --batch-size) batch="$2"; shift 2 ;;
-    --bucket-mb) bucket_mb="$2"; shift 2 ;;
-    --steps) steps="$2"; shift 2 ;;
-    --repeats) repeats="$2"; shift 2 ;;
-    *) echo "bench_overlap.sh: unknown argument '$1' (see the header of this script)" >&2; exit 2 ;;
+    -n) need_value "$@"; positive "$1" "$2"; ranks="$2"; shift 2 ;;
+    --device) need_value "$@"; device="$2"; shift 2 ;;
+    --model) need_value "$@"; model="$2"; shift 2 ;;
+    --batch-size) need_value "$@"; positive "$1" "$2"; batch="$2"; shift 2 ;;
+    --bucket-mb) need_value "$@"; bucket_mb="$2"; shift 2 ;;
+    --steps) need_value "$@"; positive "$1" "$2"; steps="$2"; shift 2 ;;
+    --repeats) need_value "$@"; positive "$1" "$2"; repeats="$2"; shift 2 ;;
+    *) die "unknown argument '$1' (see the header of this script)" ;;
   esac
 done
 [ -x "$build/mixtrain" ] || "$root/scripts/build.sh"
 export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}"
-export MIX_PROFILE_OPS=1
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 
-run() {  # $1: label, rest: extra flags; appends "label images/s wait_ms" to $tmp/results
-  local label="$1"; shift
-  local log="$tmp/$label.log"
+train() {  # $1: log file, rest: extra flags
+  local log="$1"; shift
   "$build/mixrun" -n "$ranks" -- "$build/mixtrain" --model "$model" --precision amp --device "$device" \
     --data synthetic --batch-size "$batch" --bucket-mb "$bucket_mb" --benchmark --steps "$steps" "$@" >"$log" 2>&1 || {
-    cat "$log" >&2; echo "bench_overlap.sh: the $label run failed" >&2; exit 1; }
-  local ips wait_ms
-  ips="$(sed -n 's/^benchmark: .*: \([0-9.]*\) images\/s.*/\1/p' "$log")"
-  wait_ms="$(sed -n 's/.*c_allreduce_wait *\([0-9.]*\) ms\/step.*/\1/p' "$log" | head -1)"
-  echo "$label ${ips:-nan} ${wait_ms:-nan}" >>"$tmp/results"
-  printf '  %-11s %10s images/s   %8s ms/step blocked in c_allreduce_wait\n' "$label" "$ips" "$wait_ms"
+    cat "$log" >&2; echo "bench_overlap.sh: the run of $log failed" >&2; exit 1; }
+}
+
+# "benchmark: MODEL amp batch B x R ranks: RATE UNIT over ..." -> "RATE UNIT"
+rate_of() { sed -n 's/^benchmark: .* ranks: \([0-9.e+-]*\) \([a-z]*\/s\) over .*/\1 \2/p' "$1"; }
+
+timed() {  # $1: label, rest: extra flags; appends "label rate" to $tmp/results
+  local label="$1"; shift
+  train "$tmp/$label.log" "$@"
+  local rate
+  rate="$(rate_of "$tmp/$label.log")"
+  [ -n "$rate" ] || { cat "$tmp/$label.log" >&2; echo "bench_overlap.sh: no benchmark line in the $label run" >&2; exit 1; }
+  echo "$label ${rate% *}" >>"$tmp/results"
+  printf '  %-11s %12s %s\n' "$label" "${rate% *}" "${rate#* }"
+}
+
+blocked() {  # $1: label, rest: extra flags; prints ms/step in c_allreduce_wait, from a profiled run
+  local label="$1"; shift
+  MIX_PROFILE_OPS=1 train "$tmp/$label.profile.log" "$@"
+  local wait_ms
+  wait_ms="$(sed -n 's/.*c_allreduce_wait *\([0-9.]*\) ms\/step.*/\1/p' "$tmp/$label.profile.log" | head -1)"
+  echo "${wait_ms:-0}"  # no c_allreduce_wait op in the profile: nothing was waited for
 }
 
 echo "== $model, AMP, $ranks rank(s) on $device, batch $batch per rank, buckets of <= $bucket_mb MB, $steps timed steps"
 for i in $(seq "$repeats"); do
-  run overlap
-  run no-overlap --no-overlap
+  timed overlap
+  timed no-overlap --no-overlap
 done
+echo "ms/step blocked in c_allreduce_wait (one run of each under MIX_PROFILE_OPS): overlap $(blocked overlap)," \
+  "no-overlap $(blocked no-overlap --no-overlap)"
 /usr/bin/python3 - "$tmp/results" <<'PY'
 import statistics, sys
 rows = [line.split() for line in open(sys.argv[1])]
 med = {k: statistics.median(float(r[1]) for r in rows if r[0] == k) for k in ("overlap", "no-overlap")}
-wait = {k: statistics.median(float(r[2]) for r in rows if r[0] == k) for k in ("overlap", "no-overlap")}
-print(f"median images/s: overlap {med['overlap']:.1f}, no-overlap {med['no-overlap']:.1f}, "
+print(f"median speed: overlap {med['overlap']:.1f}, no-overlap {med['no-overlap']:.1f}, "
       f"ratio {med['overlap'] / med['no-overlap']:.3f} (>= 1: overlap is no slower)")
-print(f"median ms/step blocked in c_allreduce_wait: overlap {wait['overlap']:.2f}, "
-      f"no-overlap {wait['no-overlap']:.2f}")
 PY

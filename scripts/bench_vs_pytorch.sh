@@ -43,7 +43,9 @@ need_value() { [[ $# -ge 2 && -n $2 ]] || { echo "bench_vs_pytorch: $1 needs a v
 positive() { [[ $2 =~ ^[1-9][0-9]*$ ]] || { echo "bench_vs_pytorch: $1 must be a positive integer, got '$2'" >&2; exit 2; }; }
 while [[ $# -gt 0 ]]; do
   case $1 in
-    --batch-size) need_value "$@"; positive "$1" "$2"; BATCH=$2; shift 2 ;;
+    --batch-size) need_value "$@"; positive "$1" "$2"; BATCH=$2; shift 2
+      # Both sides draw batches from 8192 synthetic examples (mixtrain's default --synthetic-size).
+      [[ $BATCH -le 8192 ]] || { echo "bench_vs_pytorch: --batch-size must be at most 8192 (the synthetic data set), got $BATCH" >&2; exit 2; } ;;
     --steps) need_value "$@"; positive "$1" "$2"; STEPS=$2; shift 2 ;;
     --repeats) need_value "$@"; positive "$1" "$2"; REPEATS=$2; shift 2 ;;
     --threads) need_value "$@"; positive "$1" "$2"; THREADS=$2; shift 2 ;;

@@ -15,7 +15,15 @@ def main():
     mt.require_mpirun()
     c = mt.Checks("bandwidth_script")
     d = mt.workdir("bandwidth_script")
-    r = mt.launch(["bash", mt.SOURCE_DIR / "scripts" / "bandwidth.sh", "-n", 2, "--max-bytes", "64K", "--models", "mlp",
+    script = mt.SOURCE_DIR / "scripts" / "bandwidth.sh"
+    # Bad arguments stop it before the sweep (which takes minutes at the defaults), naming the argument.
+    for args, says in ((["-n"], "-n needs a value"), (["--max-bytes", "512"], "below 1K"),
+                       (["--models", "mlp bogus"], "unknown model 'bogus'"), (["--iters", "0"], "--iters")):
+        bad = mt.launch(["bash", script, "--out", d / "bad", *args], timeout=30,
+                        env={"MIX_BUILD_DIR": str(mt.BUILD_DIR)})
+        c.check(bad.rc == 2 and says in bad.stderr and not (d / "bad").exists(),
+                f"bandwidth.sh {' '.join(args)}: exit 2 saying '{says}', nothing run", bad.describe(400))
+    r = mt.launch(["bash", script, "-n", 2, "--max-bytes", "64K", "--models", "mlp",
                    "--iters", 2, "--out", d], timeout=300, env={"MIX_BUILD_DIR": str(mt.BUILD_DIR)})
     if not c.ok_run(r, "scripts/bandwidth.sh -n 2 --max-bytes 64K --models mlp"):
         c.finish()

@@ -18,6 +18,7 @@
 """
 import csv
 import os
+import re
 import sys
 
 import mixtest as mt
@@ -55,6 +56,13 @@ def main():
         c.check("Out of bounds values : 0 OK" in r.stdout, f"{world} rank(s): the table reports no wrong value",
                 r.stdout[-300:])
         rows = list(csv.DictReader(open(out)))
+        # nccl-tests averages the bus bandwidth of both calls of each row, out of place and in place.
+        avg = re.search(r"Avg bus bandwidth\s*:\s*([0-9.]+)", r.stdout)
+        if rows:
+            want_avg = sum(float(x["busbw"]) + float(x["busbw_ip"]) for x in rows) / (2 * len(rows))
+            c.check(avg is not None and abs(float(avg.group(1)) - want_avg) <= 0.0005 + 1e-3 * want_avg,
+                    f"{world} rank(s): Avg bus bandwidth is the mean over out-of-place and in-place calls",
+                    f"printed {avg.group(1) if avg else None}, CSV mean {want_avg:.4f}")
         want = {(s, t, o) for s in SIZES for t in TYPES for o in OPS}
         got = {(int(x["size"]), x["type"], x["redop"]) for x in rows}
         c.check(got == want and len(rows) == len(want), f"{world} rank(s): one CSV row per size x dtype x reduction",
