@@ -358,6 +358,7 @@ std::mutex g_mu;
 // Never destroyed (as conv2d.cu's algorithm cache): plans handed back to
 // cuDNN from a static destructor could outlive the libraries' own state.
 std::map<Key, std::shared_ptr<Entry>>& g_plans = *new std::map<Key, std::shared_ptr<Entry>>;
+std::atomic<uint64_t> g_runs{0};  // passes run on the graph API: conv_graph_runs()
 
 std::string describe(const ConvGraphShape& s) {
   return std::string(conv_pass_name(s.pass)) + " pass of " + conv_shape_text(s.dtype, s.dims);
@@ -396,6 +397,8 @@ bool choose_plan(cudnnHandle_t handle, Device device, Entry& e, size_t limit, Te
 }
 
 }  // namespace
+
+uint64_t conv_graph_runs() { return g_runs.load(std::memory_order_relaxed); }
 
 bool run_conv_graph(cudnnHandle_t handle, Device device, const ConvGraphShape& shape, void* x, void* w, void* y,
                     size_t workspace_limit) {
@@ -443,7 +446,10 @@ bool run_conv_graph(cudnnHandle_t handle, Device device, const ConvGraphShape& s
     if (!e->usable) return false;
   }
   const cudnnStatus_t st = execute(handle, e->plan, x, w, y, e->workspace > 0 ? ws.raw() : nullptr);
-  if (st == CUDNN_STATUS_SUCCESS) return true;
+  if (st == CUDNN_STATUS_SUCCESS) {
+    g_runs.fetch_add(1, std::memory_order_relaxed);
+    return true;
+  }
   // Refused when run: the legacy API from now on for this shape (its own
   // checks then report a real error). An engine of several kernels may have
   // written part of the output; the legacy call overwrites it all (beta 0).

@@ -48,4 +48,9 @@ struct ConvGraphShape {
 bool run_conv_graph(cudnnHandle_t handle, Device device, const ConvGraphShape& shape, void* x, void* w, void* y,
                     size_t workspace_limit);
 
+/// Passes run_conv_graph has run on the graph API (true returned) in this
+/// process: tests tell by it that the graph path ran, not its fallback to the
+/// legacy calls, which computes the same result.
+uint64_t conv_graph_runs();
+
 }  // namespace mix::cuda

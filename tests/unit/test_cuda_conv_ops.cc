@@ -69,6 +69,7 @@
 
 #ifdef MIX_HAVE_CUDA
 #include "runtime/cuda/context.h"
+#include "runtime/cuda/cudnn_conv_graph.h"
 #include "runtime/cuda/device_allocator.h"
 #include "runtime/cuda/gemm.h"
 #endif
@@ -107,6 +108,15 @@ const Switch kCublas1x1Conv = mix::cuda::set_cublas_1x1_conv;
 const Switch kBatchNormPersistent = nullptr, kCudnnBenchmark = nullptr, kCudnnGraphConv = nullptr,
              kCublas1x1Conv = nullptr;
 #endif
+
+/// Convolution passes run on cuDNN's graph API so far (cuda::conv_graph_runs).
+uint64_t graph_api_passes() {
+#ifdef MIX_HAVE_CUDA
+  return mix::cuda::conv_graph_runs();
+#else
+  return 0;
+#endif
+}
 
 /// How conv2d picks and runs cuDNN's algorithms: the legacy calls with the
 /// heuristics' choice, the same timed (--cudnn-benchmark), or the graph API's
@@ -322,10 +332,14 @@ TEST_CASE("conv2d and conv2d_grad on cuDNN match the CPU and a double reference"
   const ScopedSwitch graph(kCudnnGraphConv, mode == ConvMode::graph);
   const ScopedSwitch gemm(kCublas1x1Conv, mode == ConvMode::gemm);
   uint64_t seed = 100;
+  // The graph API falls back to the legacy calls, which meet the same bounds,
+  // for a shape it has no plan for: count the passes it ran itself.
+  uint64_t graph_passes = 0, passes = 0;
   for (const ConvCfg& k : kConvCases) {
     for (bool last : kLayouts) {
       const std::string what = std::string("conv2d ") + k.name + " " + dname(dt) + layout_name(last) + mode_name(mode);
       INFO(what);
+      const uint64_t graph_passes_before = graph_api_passes();
       const Tensor x = to_dtype(uniform_tensor({k.n, k.c, k.h, k.w}, seed++), dt);
       const Tensor f = to_dtype(uniform_tensor({k.oc, k.c / k.groups, k.kh, k.kw}, seed++, -0.5f, 0.5f), dt);
       const Tensor dy = to_dtype(uniform_tensor({k.n, k.oc, k.oh(), k.ow()}, seed++), dt);
@@ -351,7 +365,24 @@ TEST_CASE("conv2d and conv2d_grad on cuDNN match the CPU and a double reference"
       const int64_t dw_all = static_cast<int64_t>(ref.dw.value.size());
       expect_within(bwd.cpu.at("dw"), ref.dw.value, gemm_bound(ref.dw, dt), what + " Filter@GRAD (CPU)");
       expect_within(bwd.gpu.at("dw"), ref.dw.value, conv_bound(ref.dw, dw_all, dt), what + " Filter@GRAD (GPU)");
+      const uint64_t on_graph = graph_api_passes() - graph_passes_before;
+      graph_passes += on_graph;
+      passes += 3;
+      // The shape --cudnn-graph-conv is for (ResNet-50 AMP's 3x3 layers:
+      // FP16, channels last, tensor-core channel counts) must run all three
+      // passes on the graph API; other shapes may fall back.
+      if (mode == ConvMode::graph && dt == DType::f16 && last && k.c % 8 == 0 && k.oc % 8 == 0 && k.kh == 3 &&
+          k.kw == 3 && k.groups == 1 && k.dil == 1)
+        CHECK(on_graph == 3);
     }
+  }
+  if (mode == ConvMode::graph) {
+    std::printf("conv2d %s graph API: %llu of %llu passes on the graph API, the rest on the legacy calls\n",
+                dname(dt).c_str(), static_cast<unsigned long long>(graph_passes),
+                static_cast<unsigned long long>(passes));
+    CHECK(graph_passes > 0);
+  } else {
+    CHECK(graph_passes == 0);  // the flag off: the legacy calls (or cuBLAS) only
   }
 }
 
@@ -359,6 +390,9 @@ TEST_CASE("conv2d_grad on cuDNN with only the filter gradient (the first layer)"
   require_gpu();
   const DType dt = EACH_FLOAT_TYPE();
   disable_tf32();
+  // The stem under --cudnn-graph-conv takes this path too.
+  const ConvMode mode = GENERATE(ConvMode::heuristic, ConvMode::graph);
+  const ScopedSwitch graph(kCudnnGraphConv, mode == ConvMode::graph);
   const ConvCfg k = kConvCases[0];
   for (bool last : kLayouts) {
     const Tensor x = to_dtype(uniform_tensor({k.n, k.c, k.h, k.w}, 7), dt);
@@ -370,7 +404,7 @@ TEST_CASE("conv2d_grad on cuDNN with only the filter gradient (the first layer)"
                              {{"x", in_layout(x, last)}, {"w", f}, {"dy", in_layout(dy, last)}}},
                             {"dw"});
     expect_within(b.gpu.at("dw"), ref.dw.value, conv_bound(ref.dw, static_cast<int64_t>(ref.dw.value.size()), dt),
-                  "conv2d_grad filter only " + dname(dt) + layout_name(last));
+                  "conv2d_grad filter only " + dname(dt) + layout_name(last) + mode_name(mode));
   }
 }
 
@@ -726,11 +760,17 @@ TEST_CASE("batch_norm evaluation forward on cuDNN uses the running statistics", 
   require_gpu();
   const DType dt = EACH_FLOAT_TYPE();
   const Fusion fusion = GENERATE(Fusion::none, Fusion::relu, Fusion::residual_relu);
-  const Shape s{3, 5, 4, 6};
+  // --cudnn-bn-persistent sends channels-last batch norms without a fused relu
+  // to cuDNN's NHWC inference call; 16 channels take the own kernels' packed
+  // path (8 FP16 channels a load), as every batch norm of an AMP ResNet does.
+  const bool persistent = GENERATE(false, true);
+  const ScopedSwitch mode(kBatchNormPersistent, persistent);
+  const Shape s = GENERATE(Shape{3, 5, 4, 6}, Shape{2, 16, 3, 5});
   for (bool via_attr : {false, true})  // ExecEnv::training false, or attr is_test
     for (bool last : kLayouts) {
-      const std::string what = "batch_norm eval " + dname(dt) + (via_attr ? " (is_test)" : " (env)") +
-                               layout_name(last) + fused_name(fusion);
+      const std::string what = "batch_norm eval " + mix::shape_str(s) + " " + dname(dt) +
+                               (via_attr ? " (is_test)" : " (env)") + layout_name(last) + mode_name(persistent) +
+                               fused_name(fusion);
       INFO(what);
       const BnInputs in = bn_inputs(s, dt, 60);
       OneOp op{bn_op("mean", "var", last), bn_feeds(in, last)};

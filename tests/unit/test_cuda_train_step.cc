@@ -284,12 +284,27 @@ TEST_CASE("Training steps recorded as a CUDA graph and replayed give the bits of
   // the test says so instead of blaming the recording.
   const Device gpu{DeviceKind::cuda, 0};
   auto make_graph = [](const TrainedModel&) { return require_device_backend(DeviceKind::cuda).make_graph(0); };
+  // The off-by-default convolution paths a GPU day compares for speed with
+  // --cuda-graph (scripts/gpu_check.sh): cuBLAS GEMMs with their strided
+  // gathers, scatters and memsets, and graph-API plans with their workspaces,
+  // all inside a recording.
+  struct ConvFlags {
+    bool cublas_1x1 = false, graph_conv = false;
+  };
   struct Case {
     const char* name;
     std::function<models::Model()> model;
     bool amp;
     std::optional<amp::InjectOverflow> inject = {};
+    ConvFlags flags = {};
   };
+  struct FlagsOffAfter {
+    ~FlagsOffAfter() {
+      cuda::set_cublas_1x1_conv(false);
+      cuda::set_cudnn_graph_conv(false);
+    }
+  } flags_off_after;
+  auto bottleneck = [] { return mix::testing::narrow_resnet(true, 16, /*bottleneck=*/true); };
   const std::vector<Case> cases = {
       {"MLP FP32",
        [] {
@@ -311,9 +326,14 @@ TEST_CASE("Training steps recorded as a CUDA graph and replayed give the bits of
          return models::build_mlp({64, {48, 32}, 10});
        },
        true, amp::InjectOverflow{3, -1, ""}},
+      {"bottleneck resnet NHWC AMP, --cublas-1x1-conv", bottleneck, true, {}, {.cublas_1x1 = true}},
+      {"bottleneck resnet NHWC AMP, --cudnn-graph-conv", bottleneck, true, {}, {.graph_conv = true}},
+      {"bottleneck resnet NHWC AMP, both", bottleneck, true, {}, {.cublas_1x1 = true, .graph_conv = true}},
   };
   for (const Case& c : cases) {
     INFO(c.name);
+    cuda::set_cublas_1x1_conv(c.flags.cublas_1x1);
+    cuda::set_cudnn_graph_conv(c.flags.graph_conv);
     TrainOptions o{.amp = c.amp, .device = gpu, .steps = 5, .batch = 8, .seed = 11, .inject = c.inject};
     const TrainedModel eager = train_steps(c.model(), o);
     const TrainedModel eager_again = train_steps(c.model(), o);
