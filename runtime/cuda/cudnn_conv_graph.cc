@@ -288,16 +288,19 @@ std::optional<Failure> build_graph(cudnnHandle_t handle, const ConvGraphShape& s
 
   const size_t first_config = e.keep.size();
   for (BackendDescriptor& c : configs) e.keep.push_back(std::move(c));
-  // The backward passes prefer deterministic engines (no atomic adds), as
-  // conv2d.cu's legacy path does; within each kind, precompiled engines come
-  // before runtime-compiled ones, whose plans have been reported to take a
-  // second or more each to build (NVRTC): ResNet-50 has ~60 shapes and passes.
+  // Deterministic engines (no atomic adds) come first; within each kind,
+  // precompiled engines come before runtime-compiled ones, whose plans have
+  // been reported to take a second or more each to build (NVRTC): ResNet-50
+  // has ~60 shapes and passes. A backward pass takes deterministic engines
+  // only: with none, the legacy calls run it and choose as conv2d.cu does (a
+  // deterministic algorithm first), so the graph path never makes a step
+  // less repeatable than the legacy calls would.
   std::array<std::vector<Entry::Ranked>, 4> tiers;  // index: 2 * nondeterministic + runtime compiled
   for (size_t i = first_config; i < e.keep.size(); ++i) {
     const EngineNotes n = engine_notes(e.keep[i], s);
     if (!n.allowed) continue;
-    const bool det = n.deterministic || s.pass == ConvPass::forward;
-    tiers[(det ? 0 : 2) + (n.runtime_compiled ? 1 : 0)].push_back({&e.keep[i], n.deterministic});
+    if (!n.deterministic && s.pass != ConvPass::forward) continue;
+    tiers[(n.deterministic ? 0 : 2) + (n.runtime_compiled ? 1 : 0)].push_back({&e.keep[i], n.deterministic});
   }
   for (const auto& tier : tiers) e.ranked.insert(e.ranked.end(), tier.begin(), tier.end());
   return std::nullopt;
@@ -420,7 +423,9 @@ bool run_conv_graph(cudnnHandle_t handle, Device device, const ConvGraphShape& s
   }
   if (!e) {
     auto fresh = std::make_shared<Entry>();
-    std::string why = "no engine configuration that keeps conv2d's numerics";
+    std::string why = shape.pass == ConvPass::forward
+                          ? "no engine configuration that keeps conv2d's numerics"
+                          : "no deterministic engine configuration that keeps conv2d's numerics";
     bool short_of_memory = false;
     if (auto f = build_graph(handle, shape, alignment, *fresh))
       why = std::string(f->what) + ": " + cudnn_status_text(f->status);
@@ -436,7 +441,7 @@ bool run_conv_graph(cudnnHandle_t handle, Device device, const ConvGraphShape& s
     if (!fresh->usable)
       log_warning("conv2d: cuDNN's graph API has no plan for the " + describe(shape) + " (" + why +
                   "); running the legacy API for it");
-    else if (!fresh->deterministic)
+    else if (!fresh->deterministic)  // the forward pass only (above)
       log_warning("conv2d: cuDNN's graph API has no deterministic engine for the " + describe(shape) +
                   " that fits; running a nondeterministic one (the last bits may differ from run to run; ranks "
                   "still agree)");

@@ -14,9 +14,10 @@
 // The choice: cuDNN's heuristics (mode A, then the fallback list) rank the
 // engine configurations; those whose numerical notes break conv2d.cu's rules
 // are dropped (inputs rounded to a narrower type, reduced-precision sums, and
-// for strict FP32 any tensor-core engine, which would be TF32); the backward
-// passes take deterministic engines first (a nondeterministic one is warned
-// about), and precompiled engines come before runtime-compiled ones (whose
+// for strict FP32 any tensor-core engine, which would be TF32); deterministic
+// engines come first (the forward pass may fall back to a nondeterministic
+// one, with a warning; a backward pass with none runs on the legacy API, which
+// prefers deterministic algorithms as well), and precompiled engines before runtime-compiled ones (whose
 // plans take long to build). The first whose plan cuDNN builds, with a workspace within the
 // limit that the device can give, is cached per shape. When none builds, or
 // none's workspace fits at that moment, the caller runs the legacy API.

@@ -326,6 +326,8 @@ TEST_CASE("Training steps recorded as a CUDA graph and replayed give the bits of
          return models::build_mlp({64, {48, 32}, 10});
        },
        true, amp::InjectOverflow{3, -1, ""}},
+      // Without the flags first, so that a failure below is the flag's, not the model's.
+      {"bottleneck resnet NHWC AMP", bottleneck, true},
       {"bottleneck resnet NHWC AMP, --cublas-1x1-conv", bottleneck, true, {}, {.cublas_1x1 = true}},
       {"bottleneck resnet NHWC AMP, --cudnn-graph-conv", bottleneck, true, {}, {.graph_conv = true}},
       {"bottleneck resnet NHWC AMP, both", bottleneck, true, {}, {.cublas_1x1 = true, .graph_conv = true}},
@@ -346,7 +348,8 @@ TEST_CASE("Training steps recorded as a CUDA graph and replayed give the bits of
     INFO(
         "two op-by-op runs of the same steps differ: a kernel is nondeterministic, and the recording cannot be "
         "compared bit for bit");
-    REQUIRE(deterministic);
+    CHECK(deterministic);
+    if (!deterministic) continue;  // the next cases still run
 
     std::vector<StepGraph::Ran> ran;
     o.make_graph = make_graph;
