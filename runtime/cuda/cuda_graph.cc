@@ -1,6 +1,8 @@
 #include "runtime/cuda/cuda_graph.h"
 
+#include <optional>
 #include <string>
+#include <utility>
 
 #include "runtime/check.h"
 #include "runtime/cuda/context.h"
@@ -58,6 +60,7 @@ class CudaGraph final : public DeviceGraph {
     // memory held. Returned once, before recording (it waits for the device).
     allocator_.empty_cache();
     const cudaStream_t stream = c.compute.get();
+    std::optional<CaptureInProgress> capturing(std::in_place);  // holds pinned frees back until the end
     MIX_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
     allocator_.use_pool(pool_);
     std::string failure;
@@ -69,6 +72,7 @@ class CudaGraph final : public DeviceGraph {
     allocator_.use_pool(0);
     cudaGraph_t graph = nullptr;
     const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+    capturing.reset();
     if (failure.empty() && ended != cudaSuccess)
       failure = std::string("cudaStreamEndCapture: ") + cudaGetErrorString(ended) +
                 (ended == cudaErrorStreamCaptureUnjoined
@@ -79,7 +83,8 @@ class CudaGraph final : public DeviceGraph {
       // Capture errors are not sticky: a later launch check must not report them.
       (void)cudaGetLastError();
       MIX_FAIL("could not record the step as a CUDA graph on GPU "
-               << device_ << ": " << failure << "; none of its work ran. Run without --cuda-graph");
+               << device_ << ": " << failure << "; none of its work ran. Run without --cuda-graph ["
+               << process_identity() << "]");
     }
     graph_ = graph;
     const cudaError_t made = cudaGraphInstantiate(&exec_, graph_, 0);
@@ -87,8 +92,9 @@ class CudaGraph final : public DeviceGraph {
       exec_ = nullptr;
       drop();
       (void)cudaGetLastError();
-      MIX_FAIL("could not instantiate the recorded CUDA graph on GPU " << device_ << ": " << cudaGetErrorString(made)
-                                                                       << ". Run without --cuda-graph");
+      MIX_FAIL("could not instantiate the recorded CUDA graph on GPU "
+               << device_ << ": " << cudaGetErrorString(made) << ". Run without --cuda-graph [" << process_identity()
+               << "]");
     }
     // Uploads the graph's launch data now rather than in the first replay.
     MIX_CUDA_CHECK(cudaGraphUpload(exec_, stream));

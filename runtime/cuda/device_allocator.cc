@@ -4,7 +4,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <limits>
+#include <mutex>
+#include <new>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "runtime/check.h"
 #include "runtime/cuda/context.h"
@@ -256,6 +260,33 @@ void CudaCachingAllocator::empty_cache_locked() noexcept {
   if (have_prev && prev != device_) MIX_CUDA_CHECK_NOTHROW(cudaSetDevice(prev));
 }
 
+namespace {
+
+std::mutex g_capture_mu;
+int g_captures = 0;                               // CaptureInProgress marks alive
+std::vector<std::pair<int, void*>> g_held_frees;  // (device, pointer) freed during a capture
+
+void free_pinned(int device, void* p) noexcept {
+  MIX_CUDA_CHECK_NOTHROW(cudaSetDevice(device));  // and left current: see PinnedHostAllocator
+  MIX_CUDA_CHECK_NOTHROW(cudaFreeHost(p));
+}
+
+}  // namespace
+
+CaptureInProgress::CaptureInProgress() {
+  std::lock_guard<std::mutex> lock(g_capture_mu);
+  ++g_captures;
+}
+
+CaptureInProgress::~CaptureInProgress() {
+  std::vector<std::pair<int, void*>> due;
+  {
+    std::lock_guard<std::mutex> lock(g_capture_mu);
+    if (--g_captures == 0) due.swap(g_held_frees);
+  }
+  for (const auto& [device, p] : due) free_pinned(device, p);
+}
+
 void* PinnedHostAllocator::allocate(size_t bytes) {
   if (bytes == 0) return nullptr;
   MIX_CUDA_CHECK(cudaSetDevice(device_));  // and left current: see the class comment
@@ -273,8 +304,18 @@ void* PinnedHostAllocator::allocate(size_t bytes) {
 void PinnedHostAllocator::deallocate(void* p, size_t bytes) noexcept {
   if (!p) return;
   count_free(bytes);
-  MIX_CUDA_CHECK_NOTHROW(cudaSetDevice(device_));  // and left current: see the class comment
-  MIX_CUDA_CHECK_NOTHROW(cudaFreeHost(p));
+  {
+    std::lock_guard<std::mutex> lock(g_capture_mu);
+    if (g_captures > 0) {
+      try {
+        g_held_frees.emplace_back(device_, p);
+        return;
+      } catch (const std::bad_alloc&) {
+        // No room to hold it: free it now, as before the capture marks.
+      }
+    }
+  }
+  free_pinned(device_, p);
 }
 
 }  // namespace mix::cuda

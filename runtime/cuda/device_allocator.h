@@ -132,6 +132,11 @@ class CudaCachingAllocator final : public Allocator {
 /// there for every rank of the node; so would switching such a thread back to
 /// its "previous" device 0 as DeviceGuard does, because since CUDA 12
 /// cudaSetDevice initialises the device's context.
+///
+/// Frees wait while a CUDA graph is being recorded (CaptureInProgress):
+/// cudaFreeHost synchronises the device, which a stream capture does not
+/// allow, and the batch prefetcher's thread may free a buffer (the batch
+/// shape changed) while the main thread records.
 class PinnedHostAllocator final : public Allocator {
  public:
   explicit PinnedHostAllocator(int device) : device_(device) {}
@@ -141,6 +146,17 @@ class PinnedHostAllocator final : public Allocator {
 
  private:
   int device_;
+};
+
+/// Marks a stream capture in progress (CudaGraph::record) for its lifetime:
+/// pinned host frees from any thread are held back until the last mark ends,
+/// and run then.
+class CaptureInProgress {
+ public:
+  CaptureInProgress();
+  ~CaptureInProgress();
+  CaptureInProgress(const CaptureInProgress&) = delete;
+  CaptureInProgress& operator=(const CaptureInProgress&) = delete;
 };
 
 }  // namespace mix::cuda

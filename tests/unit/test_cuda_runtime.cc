@@ -322,6 +322,38 @@ TEST_CASE("pinned host allocator: host tensors in page-locked memory", "[cuda]")
   CHECK(pinned->live_bytes() == live_before);
 }
 
+TEST_CASE("pinned host frees wait for the end of a recording, from any thread", "[cuda]") {
+  require_gpu_or_skip();
+  mix::Allocator* pinned = mix::require_device_backend(mix::DeviceKind::cuda).pinned_host_allocator(0);
+  REQUIRE(pinned != nullptr);
+  auto type_of = [](const void* p) {
+    cudaPointerAttributes attr{};
+    return cudaPointerGetAttributes(&attr, p) == cudaSuccess ? attr.type : cudaMemoryTypeUnregistered;
+  };
+  // Under a mark the free is held: the memory stays page-locked until the mark ends.
+  void* p = pinned->allocate(4096);
+  {
+    mix::cuda::CaptureInProgress mark;
+    pinned->deallocate(p, 4096);
+    CHECK(type_of(p) == cudaMemoryTypeHost);
+  }
+  CHECK(type_of(p) == cudaMemoryTypeUnregistered);
+  // The batch prefetcher's case: another thread frees while the main thread
+  // records. cudaFreeHost would synchronise the device during the capture.
+  mix::cuda::DeviceContext& ctx = mix::cuda::use_device(0);
+  mix::Tensor out = mix::Tensor::empty({256}, mix::DType::u8, kGpu);
+  void* q = pinned->allocate(1 << 20);
+  std::unique_ptr<mix::DeviceGraph> graph = mix::require_device_backend(mix::DeviceKind::cuda).make_graph(0);
+  graph->record([&] {
+    MIX_CUDA_CHECK(cudaMemsetAsync(out.raw(), 0x5a, 256, ctx.compute.get()));
+    std::thread([&] { pinned->deallocate(q, 1 << 20); }).join();
+  });
+  CHECK(type_of(q) == cudaMemoryTypeUnregistered);  // held during the recording, freed once it ended
+  graph->replay();
+  ctx.compute.synchronize();
+  CHECK(out.to(mix::cpu_device()).data<uint8_t>()[255] == 0x5a);
+}
+
 TEST_CASE("an event orders the communication stream after the compute stream", "[cuda]") {
   require_gpu_or_skip();
   mix::cuda::DeviceContext& ctx = mix::cuda::use_device(0);

@@ -3,9 +3,10 @@
 // (split_rules::strips_of), so part k is a 2-D block of `outer` rows of
 // size_k·inner elements, at column offset start_k·inner of X's rows of
 // dim·inner elements: one cudaMemcpy2DAsync per part on the compute stream
-// (cudaMemset2DAsync for a missing gradient), bytes copied as they are, so
+// (cudaMemset2DAsync for a missing gradient; a plain copy for one row), bytes copied as they are, so
 // every dtype works and the result is identical to the CPU's memcpy loops.
-// There is no kernel of our own: the copies are the CUDA runtime's.
+// There is no kernel of our own: the copies are the CUDA runtime's. A pitch
+// beyond what the 2-D calls take (rows over 2 GiB) goes row by row instead.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -17,6 +18,39 @@ namespace mix::cuda {
 namespace {
 
 using split_rules::Strips;
+
+/// The largest pitch cudaMemcpy2DAsync and cudaMemset2DAsync accept
+/// (cudaDevAttrMaxPitch: 2^31 - 1 bytes on every GPU to date).
+constexpr size_t kMaxPitch = (size_t{1} << 31) - 1;
+
+/// `rows` rows of `width` bytes from `src` (rows `spitch` apart) to `dst`
+/// (rows `dpitch` apart), on `stream`: one 2-D copy, or one copy when there is
+/// a single row, or a copy per row when a pitch is too large for a 2-D copy.
+void copy_rows(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows,
+               cudaStream_t stream) {
+  if (rows == 1) {
+    MIX_CUDA_CHECK(cudaMemcpyAsync(dst, src, width, cudaMemcpyDeviceToDevice, stream));
+  } else if (dpitch <= kMaxPitch && spitch <= kMaxPitch) {
+    MIX_CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDeviceToDevice, stream));
+  } else {
+    for (size_t r = 0; r < rows; ++r)
+      MIX_CUDA_CHECK(cudaMemcpyAsync(static_cast<unsigned char*>(dst) + r * dpitch,
+                                     static_cast<const unsigned char*>(src) + r * spitch, width,
+                                     cudaMemcpyDeviceToDevice, stream));
+  }
+}
+
+/// Zeroes `rows` rows of `width` bytes, `pitch` apart, from `dst`, as copy_rows copies.
+void zero_rows(void* dst, size_t pitch, size_t width, size_t rows, cudaStream_t stream) {
+  if (rows == 1) {
+    MIX_CUDA_CHECK(cudaMemsetAsync(dst, 0, width, stream));
+  } else if (pitch <= kMaxPitch) {
+    MIX_CUDA_CHECK(cudaMemset2DAsync(dst, pitch, 0, width, rows, stream));
+  } else {
+    for (size_t r = 0; r < rows; ++r)
+      MIX_CUDA_CHECK(cudaMemsetAsync(static_cast<unsigned char*>(dst) + r * pitch, 0, width, stream));
+  }
+}
 
 void split_cuda(OpContext& ctx) {
   const Tensor x = ctx.in("X");  // by value: an output may replace X's scope entry
@@ -33,8 +67,8 @@ void split_cuda(OpContext& ctx) {
     Tensor& out = ctx.out("Out", split_rules::with_dim(x.shape(), axis, sizes[k]), x.dtype(), k);
     const size_t part = static_cast<size_t>(sizes[k]) * s.inner_bytes;
     if (part > 0 && s.outer > 0)
-      MIX_CUDA_CHECK(cudaMemcpy2DAsync(out.raw(), part, src + static_cast<size_t>(start) * s.inner_bytes, row, part,
-                                       static_cast<size_t>(s.outer), cudaMemcpyDeviceToDevice, stream));
+      copy_rows(out.raw(), part, src + static_cast<size_t>(start) * s.inner_bytes, row, part,
+                static_cast<size_t>(s.outer), stream);
     start += sizes[k];
   }
 }
@@ -60,10 +94,9 @@ void split_grad_cuda(OpContext& ctx) {
     unsigned char* d = dst + static_cast<size_t>(start) * s.inner_bytes;
     if (part > 0 && s.outer > 0) {
       if (parts[k])
-        MIX_CUDA_CHECK(cudaMemcpy2DAsync(d, row, parts[k]->raw(), part, part, static_cast<size_t>(s.outer),
-                                         cudaMemcpyDeviceToDevice, stream));
+        copy_rows(d, row, parts[k]->raw(), part, part, static_cast<size_t>(s.outer), stream);
       else  // all-zero bytes are 0 in every dtype
-        MIX_CUDA_CHECK(cudaMemset2DAsync(d, row, 0, part, static_cast<size_t>(s.outer), stream));
+        zero_rows(d, row, part, static_cast<size_t>(s.outer), stream);
     }
     start += g.sizes[k];
   }
