@@ -229,8 +229,8 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
                "and nanoGPT do; weight matrices, filters and embeddings are still decayed");
   app.add_option("--loss-scaling", c.loss_scaling, "loss scaling under amp")
       ->check(CLI::IsMember({"dynamic", "static", "none"}));
-  app.add_option("--loss-scaling-preset", c.loss_scaling_preset, "defaults of the dynamic scaler")
-      ->check(CLI::IsMember({"paddle", "pytorch"}));
+  CLI::Option* preset = app.add_option("--loss-scaling-preset", c.loss_scaling_preset, "defaults of the dynamic scaler")
+                            ->check(CLI::IsMember({"paddle", "pytorch"}));
   app.add_option("--init-loss-scaling", c.init_loss_scaling, "initial (or static) loss scale")->check(kPositive);
   app.add_option("--incr-every-n-steps", c.incr_every_n_steps, "finite steps before the scale grows")
       ->check(kPositiveInt);
@@ -325,6 +325,10 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
       return bad("--image-size " + std::to_string(*c.image_size) + " is too small for --model " + c.model +
                  ": it needs at least " + std::to_string(min_size));
   }
+  if (preset->count() > 0 && c.loss_scaling != "dynamic")
+    return bad(
+        "--loss-scaling-preset sets the defaults of the dynamic scaler; --loss-scaling " + c.loss_scaling +
+        (c.loss_scaling == "static" ? " takes its fixed scale from --init-loss-scaling" : " has no scale to set"));
   if (c.precision == "amp" && c.loss_scaling == "dynamic") {
     const amp::LossScalerConfig s = c.loss_scaler_config();
     if (s.min_loss_scaling > s.init_loss_scaling) {

@@ -10,7 +10,7 @@ timeout; a case that hangs fails with "timed out" instead of hanging the test.
 
 Cases: unknown flag, --precision fp8, --batch-size 0 (exit 2, and no 300-digit
 range in the message), --lr inf and 1e39 (inf in FP32), --momentum nan, a zero
-in --hidden, --seed -1, --min-loss-scaling above the preset's initial scale, overlapping
+in --hidden, --seed -1, a --loss-scaling-preset with static scaling, --min-loss-scaling above the preset's initial scale, overlapping
 AMP lists (names the op), --grad-reduce fp16 in FP32, malformed
 --inject-overflow, and (exit 2 too, though only the model or the job can tell)
 one naming an unknown parameter or a rank beyond the job; missing dataset dir,
@@ -110,6 +110,9 @@ def main():
     expect([*small, "--hidden", "8,0"], "--hidden 8,0", rc=2, names=["--hidden", "'0'"])
     # CLI11 read "-1" into the unsigned seed as 2^64 - 1, silently.
     expect([*small, "--seed", "-1"], "--seed -1", rc=2, names=["--seed", "'-1'"])
+    # A preset sets the dynamic scaler's defaults: under static scaling it used to be ignored silently.
+    expect([*small, "--loss-scaling", "static", "--loss-scaling-preset", "pytorch"], "a preset with static scaling",
+           rc=2, names=["--loss-scaling-preset", "--init-loss-scaling"])
     # The paddle preset starts at 32768: a larger minimum used to stop the run in the scaler (exit 1).
     expect([*small, "--min-loss-scaling", "100000"], "--min-loss-scaling above the initial scale", rc=2,
            names=["--min-loss-scaling", "32768", "--init-loss-scaling"])
