@@ -1,5 +1,6 @@
 #pragma once
-// CLI11 validators shared by mixtrain and mixbench. CLI11's own PositiveNumber
+// CLI11 validators shared by mixtrain and mixbench, and the number parsing
+// they rest on (the trainer reads checkpoint metadata with it too). CLI11's own PositiveNumber
 // prints the whole double range in its message, and its Range lets NaN
 // through (NaN compares false both ways) and, for doubles, inf where the
 // bound is open: these say the rule plainly and refuse non-finite values.

@@ -19,6 +19,7 @@
 #include "collective/consistency.h"
 #include "collective/grad_allreduce_pass.h"
 #include "collective/overflow_mask.h"
+#include "launch/cli_checks.h"
 #include "launch/metrics.h"
 #include "launch/worker_main.h"
 #include "models/model.h"
@@ -174,12 +175,8 @@ std::optional<amp::InjectOverflow> inject_from(const TrainConfig& c) {
 int64_t metadata_count(const std::string& path, const io::Metadata& meta, const char* key) {
   const auto it = meta.find(key);
   if (it == meta.end()) return 0;
-  try {
-    size_t used = 0;
-    const long long v = std::stoll(it->second, &used);
-    if (used == it->second.size() && v >= 0) return v;
-  } catch (const std::exception&) {
-  }
+  double v = 0;  // exact for any count below 2^53
+  if (parse_number(it->second, /*integer=*/true, v) && v >= 0) return static_cast<int64_t>(v);
   MIX_FAIL("--resume " << path << ": metadata field '" << key << "' is '" << it->second
                        << "', not a whole number >= 0; the checkpoint is corrupt or was not written by mixtrain");
 }
@@ -187,14 +184,11 @@ int64_t metadata_count(const std::string& path, const io::Metadata& meta, const 
 /// The loss scale from --resume's metadata: a finite FP32 value above 0.
 float metadata_loss_scale(const std::string& path, const io::Metadata& meta) {
   const std::string& text = meta.at("loss_scale");
-  try {
-    size_t used = 0;
-    const double v = std::stod(text, &used);
-    // Compared as the float it becomes: the 9 digits save_checkpoint writes
-    // for FP32's largest value (3.40282347e+38) are a little above FLT_MAX as a double.
-    if (used == text.size() && v > 0 && std::isfinite(static_cast<float>(v))) return static_cast<float>(v);
-  } catch (const std::exception&) {
-  }
+  double v = 0;
+  // Compared as the float it becomes: the 9 digits save_checkpoint writes
+  // for FP32's largest value (3.40282347e+38) are a little above FLT_MAX as a double.
+  if (parse_number(text, /*integer=*/false, v) && v > 0 && std::isfinite(static_cast<float>(v)))
+    return static_cast<float>(v);
   MIX_FAIL("--resume " << path << ": metadata field 'loss_scale' is '" << text
                        << "', not a finite number above 0; the checkpoint is corrupt or was not written by mixtrain");
 }

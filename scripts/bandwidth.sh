@@ -19,9 +19,8 @@ out="$root/runs/bandwidth"
 max_bytes=256M
 models="mlp resnet50 transformer"
 iters=20
-die() { echo "bandwidth.sh: $*" >&2; exit 2; }
-need_value() { [ $# -ge 2 ] && [ -n "$2" ] || die "$1 needs a value (see the header of this script)"; }
-positive() { [[ $2 =~ ^[1-9][0-9]*$ ]] || die "$1 must be a positive integer, got '$2'"; }
+prog=bandwidth.sh
+source "$root/scripts/lib/args.sh"  # die, need_value, positive
 while [ $# -gt 0 ]; do
   case "$1" in
     -n) need_value "$@"; positive "$1" "$2"; ranks="$2"; shift 2 ;;

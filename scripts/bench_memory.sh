@@ -12,9 +12,8 @@ build="${MIX_BUILD_DIR:-$root/build}"
 model=resnet50
 batch=8
 size=224
-die() { echo "bench_memory.sh: $*" >&2; exit 2; }
-need_value() { [ $# -ge 2 ] && [ -n "$2" ] || die "$1 needs a value (see the header of this script)"; }
-positive() { [[ $2 =~ ^[1-9][0-9]*$ ]] || die "$1 must be a positive integer, got '$2'"; }
+prog=bench_memory.sh
+source "$root/scripts/lib/args.sh"  # die, need_value, positive
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) need_value "$@"; model="$2"; shift 2 ;;

@@ -39,20 +39,20 @@ PYTHON=/usr/bin/python3
 WARMUP=10
 
 usage() { sed -n '2,28p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
-need_value() { [[ $# -ge 2 && -n $2 ]] || { echo "bench_vs_pytorch: $1 needs a value" >&2; exit 2; }; }
-positive() { [[ $2 =~ ^[1-9][0-9]*$ ]] || { echo "bench_vs_pytorch: $1 must be a positive integer, got '$2'" >&2; exit 2; }; }
+prog=bench_vs_pytorch
+source "$ROOT/scripts/lib/args.sh"  # die, need_value, positive
 while [[ $# -gt 0 ]]; do
   case $1 in
     --batch-size) need_value "$@"; positive "$1" "$2"; BATCH=$2; shift 2
       # Both sides draw batches from 8192 synthetic examples (mixtrain's default --synthetic-size).
-      [[ $BATCH -le 8192 ]] || { echo "bench_vs_pytorch: --batch-size must be at most 8192 (the synthetic data set), got $BATCH" >&2; exit 2; } ;;
+      [[ $BATCH -le 8192 ]] || die "--batch-size must be at most 8192 (the synthetic data set), got $BATCH" ;;
     --steps) need_value "$@"; positive "$1" "$2"; STEPS=$2; shift 2 ;;
     --repeats) need_value "$@"; positive "$1" "$2"; REPEATS=$2; shift 2 ;;
     --threads) need_value "$@"; positive "$1" "$2"; THREADS=$2; shift 2 ;;
-    --hidden) need_value "$@"; [[ $2 =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] || { echo "bench_vs_pytorch: --hidden takes sizes like 256,128, got '$2'" >&2; exit 2; }; HIDDEN=$2; shift 2 ;;
+    --hidden) need_value "$@"; [[ $2 =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] || die "--hidden takes sizes like 256,128, got '$2'"; HIDDEN=$2; shift 2 ;;
     --build) need_value "$@"; BUILD=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
-    *) echo "bench_vs_pytorch: unknown flag '$1' (see --help)" >&2; exit 2 ;;
+    *) die "unknown flag '$1' (see --help)" ;;
   esac
 done
 
