@@ -200,7 +200,8 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
                "call, which costs the host far more");
   app.add_flag("--cuda-graph", c.cuda_graph,
                "on GPUs, record the training step once as a CUDA graph (its second step) and replay it, one launch a "
-               "step instead of one call per kernel (MIX_PROFILE_OPS runs, and the CPU, run op by op)");
+               "step instead of one call per kernel (MIX_PROFILE_OPS runs, and the CPU, run op by op; so does a single "
+               "process whose recording CUDA refused, after saying why)");
   app.add_option("--precision", c.precision, "fp32, or amp (FP16 where safe, dynamic loss scaling)")
       ->check(CLI::IsMember({"fp32", "amp"}));
   app.add_option("--grad-reduce", c.grad_reduce,

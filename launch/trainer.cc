@@ -670,13 +670,28 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     write_f32(scope.get(optim::kLearningRate), static_cast<float>(rate));
     env.step = step + 1;
 
-    const uint64_t bytes_before = grad_comm.bytes().grad_allreduce_bytes;
+    uint64_t bytes_before = grad_comm.bytes().grad_allreduce_bytes;
     const auto t0 = Clock::now();
     StepGraph::Ran ran = StepGraph::Ran::eager;
-    if (step_graph)
-      ran = step_graph->run(scope, env);
-    else
+    if (step_graph) {
+      try {
+        ran = step_graph->run(scope, env);
+      } catch (const RecordingError& e) {
+        // Nothing of the step ran, so one process can run it op by op, as
+        // without --cuda-graph. With several ranks the others may have
+        // recorded their collectives, and one rank alone queueing them op by
+        // op against their replays is untried: the job stops instead.
+        if (world > 1)
+          throw Error(std::string(e.what()) + ". With several ranks a failed recording stops the job (one rank " +
+                      "cannot fall back to op-by-op steps alone): run without --cuda-graph");
+        spdlog::warn("--cuda-graph: {}; this step and every later one run op by op, as without --cuda-graph", e.what());
+        step_graph.reset();
+        bytes_before = grad_comm.bytes().grad_allreduce_bytes;  // the recording counted the collectives it queued
+        step_exec.run(scope, env);
+      }
+    } else {
       step_exec.run(scope, env);
+    }
     const double queue_secs = seconds_since(t0);
     if (ran == StepGraph::Ran::recorded && rank == 0)
       spdlog::info("step {} recorded as a CUDA graph in {:.1f} ms; later steps replay it", step + 1, 1e3 * queue_secs);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "runtime/allocator.h"
+#include "runtime/check.h"
 #include "runtime/device.h"
 
 namespace mix {
@@ -75,12 +76,21 @@ class HostToDeviceQueue {
 /// while the recording lives, so no later allocation can take memory a replay
 /// writes; memory allocated before it must stay allocated (and in place) for
 /// as long as it is replayed.
+/// A recording that failed (DeviceGraph::record): the device refused to
+/// record some call, or to instantiate what was recorded. Nothing was
+/// recorded and none of the work ran, so the caller may queue the same work
+/// op by op instead.
+class RecordingError : public Error {
+ public:
+  using Error::Error;
+};
+
 class DeviceGraph {
  public:
   virtual ~DeviceGraph() = default;
   /// Records what `queue_work` queues (nothing runs on the device), replacing
   /// any earlier recording. On failure (a call that recording forbids, such as
-  /// a host wait for the device) throws mix::Error saying why; nothing was
+  /// a host wait for the device) throws RecordingError saying why; nothing was
   /// recorded, none of the work ran, and the device is left as before.
   virtual void record(const std::function<void()>& queue_work) = 0;
   /// Queues a copy of `bytes` (device or page-locked host memory to device

@@ -111,7 +111,11 @@ void StepGraph::record(Scope& scope, ExecEnv& env) {
   try {
     graph_->record([this, recorded_scope, recorded_env] { step_.run(*recorded_scope, *recorded_env); });
   } catch (...) {
-    give_feeds_back();  // the caller's batch, not buffers nothing was copied into
+    // What the failed recording allocated (from its pool) goes, and the
+    // caller's batch comes back, not buffers nothing was copied into.
+    for (const VarDesc& v : program_.vars())
+      if (!v.persistable) scope.erase(v.name);
+    give_feeds_back();
     throw;
   }
 

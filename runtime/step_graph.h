@@ -54,8 +54,10 @@ class StepGraph {
   /// recording is of the usual batch, not of an epoch's short last one. That
   /// step is recorded and replayed; later ones of its shapes replay, others
   /// run op by op. The result is the eager step's, bit for bit. A recording
-  /// that fails throws mix::Error saying why (none of the step's device work
-  /// ran; the scope's temporaries are gone, its feeds are the caller's).
+  /// that fails throws RecordingError saying why. None of the step's device
+  /// work ran, and the scope is as the step found it, less its temporaries
+  /// (its feeds are the caller's again), so the caller may run the same step
+  /// op by op instead (mixtrain does with one rank).
   Ran run(Scope& scope, ExecEnv& env);
 
  private:

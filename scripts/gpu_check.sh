@@ -162,6 +162,11 @@ top_ops() {  # log, count: the op types that took the most device time (MIX_PROF
   awk -v n="$2" '/op time by type/ { on = 1; next } on && /ms\/step/ { print; if (++k >= n) exit }' "$1" 2>/dev/null |
     sed -E 's/^\[rank [^]]*\] \[[a-z]+\] +/    /' || true
 }
+# With one process, a --cuda-graph run whose recording failed goes on op by op
+# (launch/trainer.cc): its figures are then not of replays, and say so.
+not_recorded() {  # log
+  if grep -q "could not \(record\|instantiate\)" "$1" 2>/dev/null; then echo " (NOT recorded: ran op by op)"; fi
+}
 summary_field() {  # file, field
   /usr/bin/env python3 -c "import json,sys
 s=[json.loads(l) for l in open(sys.argv[1]) if l.strip()]
@@ -387,6 +392,10 @@ r50_fp32_cg_ips=$(summary_field "$out/resnet50_fp32_cudagraph.jsonl" samples_per
 r50_amp_cg_ips=$(summary_field "$out/resnet50_amp_cudagraph.jsonl" samples_per_s_overall)
 r50_amp_cg_queue=$(queue_and_step_ms "$out/resnet50_amp_cudagraph.jsonl")
 r50_amp_cg_gc_ips=$(summary_field "$out/resnet50_amp_cudagraph_gc.jsonl" samples_per_s_overall)
+r50_fp32_cg_note=$(not_recorded "$out/resnet50_fp32_cudagraph.log")
+r50_amp_cg_note=$(not_recorded "$out/resnet50_amp_cudagraph.log")
+r50_amp_cg_gc_note=$(not_recorded "$out/resnet50_amp_cudagraph_gc.log")
+tf_amp_cg_note=$(not_recorded "$out/transformer_amp_cudagraph.log")
 r50_fp32_g11_ips=$(summary_field "$out/resnet50_fp32_gemm1x1.jsonl" samples_per_s_overall)
 r50_amp_g11_ips=$(summary_field "$out/resnet50_amp_gemm1x1.jsonl" samples_per_s_overall)
 r50_amp_g11_queue=$(queue_and_step_ms "$out/resnet50_amp_gemm1x1.jsonl")
@@ -444,11 +453,12 @@ secs=$(( $(date +%s) - t0 ))
   printf "  %-36s %s\n" "  graph conv AMP / FP32; AMP queue/step" "$r50_graph_ratio; $r50_amp_graph_queue"
   printf "  %-36s %s\n" "  AMP first step s, legacy / graph" "$r50_first_steps"
   printf "  %-36s %s\n" "  graph conv shapes on legacy calls" "$r50_graph_fallbacks"
-  printf "  %-36s %s\n" "ResNet-50 FP32 NCHW, cuda graph" "$r50_fp32_cg_ips (exit $r50_fp32_cg_rc)"
-  printf "  %-36s %s\n" "ResNet-50 AMP NHWC, cuda graph" "$r50_amp_cg_ips (exit $r50_amp_cg_rc)"
-  printf "  %-36s %s\n" "  AMP, cuda graph + cudnn graph conv" "$r50_amp_cg_gc_ips (exit $r50_amp_cg_gc_rc)"
+  printf "  %-36s %s\n" "ResNet-50 FP32 NCHW, cuda graph" "$r50_fp32_cg_ips (exit $r50_fp32_cg_rc)$r50_fp32_cg_note"
+  printf "  %-36s %s\n" "ResNet-50 AMP NHWC, cuda graph" "$r50_amp_cg_ips (exit $r50_amp_cg_rc)$r50_amp_cg_note"
+  printf "  %-36s %s\n" "  AMP, cuda graph + cudnn graph conv" \
+    "$r50_amp_cg_gc_ips (exit $r50_amp_cg_gc_rc)$r50_amp_cg_gc_note"
   printf "  %-36s %s\n" "  first recording error" "${cg_error:-none}"
-  printf "  %-36s %s\n" "  cuda graph AMP / best FP32 (>= 3)" "$r50_cg_ratio"
+  printf "  %-36s %s\n" "  cuda graph AMP / best FP32 (>= 3)" "$r50_cg_ratio$r50_amp_cg_note"
   printf "  %-36s %s\n" "  cuda graph AMP queue / step ms" "$r50_amp_cg_queue"
   printf "  %-36s %s\n" "  --cuda-graph = op by op (e2e)" "${cg_flag:-no verdict} (exit $cg_flag_rc)"
   printf "  %-36s %s\n" "ResNet-50 FP32 NHWC, cuBLAS 1x1 conv" "$r50_fp32_g11_ips (exit $r50_fp32_g11_rc)"
@@ -478,8 +488,8 @@ secs=$(( $(date +%s) - t0 ))
     "$tf_stored_peak"
   printf "  %-36s %s / %s\n" "Transformer peak bytes FP32 / AMP" "$tf_fp32_peak" "$tf_amp_peak"
   printf "  %-36s %s\n" "Transformer AMP host queue / step ms" "$tf_amp_queue"
-  printf "  %-36s %s (exit %s), queue / step ms %s\n" "Transformer AMP, cuda graph tok/s" "$tf_amp_cg_tps" \
-    "$tf_amp_cg_rc" "$tf_amp_cg_queue"
+  printf "  %-36s %s (exit %s), queue / step ms %s%s\n" "Transformer AMP, cuda graph tok/s" "$tf_amp_cg_tps" \
+    "$tf_amp_cg_rc" "$tf_amp_cg_queue" "$tf_amp_cg_note"
   printf "  %-36s %s\n" "resnet-small AMP ms/step overlap" "$rs_ov_ms (exit $rs_ov_rc)"
   printf "  %-36s %s\n" "resnet-small AMP ms/step no-overlap" "$rs_no_ms (exit $rs_no_rc)"
   printf "  %-36s %s\n" "no-overlap / overlap step time" "$rs_ratio"

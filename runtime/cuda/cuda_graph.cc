@@ -82,9 +82,9 @@ class CudaGraph final : public DeviceGraph {
       if (graph) MIX_CUDA_CHECK_NOTHROW(cudaGraphDestroy(graph));
       // Capture errors are not sticky: a later launch check must not report them.
       (void)cudaGetLastError();
-      MIX_FAIL("could not record the step as a CUDA graph on GPU "
-               << device_ << ": " << failure << "; none of its work ran. Run without --cuda-graph ["
-               << process_identity() << "]");
+      throw RecordingError(MIX_STR_CAT("could not record the step as a CUDA graph on GPU "
+                                       << device_ << ": " << failure << "; none of its work ran [" << process_identity()
+                                       << "]"));
     }
     graph_ = graph;
     const cudaError_t made = cudaGraphInstantiate(&exec_, graph_, 0);
@@ -92,9 +92,9 @@ class CudaGraph final : public DeviceGraph {
       exec_ = nullptr;
       drop();
       (void)cudaGetLastError();
-      MIX_FAIL("could not instantiate the recorded CUDA graph on GPU "
-               << device_ << ": " << cudaGetErrorString(made) << ". Run without --cuda-graph [" << process_identity()
-               << "]");
+      throw RecordingError(MIX_STR_CAT("could not instantiate the recorded CUDA graph on GPU "
+                                       << device_ << ": " << cudaGetErrorString(made) << "; none of its work ran ["
+                                       << process_identity() << "]"));
     }
     // Uploads the graph's launch data now rather than in the first replay.
     MIX_CUDA_CHECK(cudaGraphUpload(exec_, stream));

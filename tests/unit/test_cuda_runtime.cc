@@ -584,6 +584,8 @@ TEST_CASE("a CUDA graph replays its recorded copies on the recorded memory; a fa
   // fails with CUDA's reason, and the GPU goes on working.
   std::unique_ptr<mix::DeviceGraph> bad = mix::require_device_backend(mix::DeviceKind::cuda).make_graph(0);
   CHECK_THROWS_WITH(bad->record([&] { ctx.compute.synchronize(); }), Catch::Contains("could not record"));
+  // The type a single process falls back to op-by-op steps on (launch/trainer.cc).
+  CHECK_THROWS_AS(bad->record([&] { ctx.compute.synchronize(); }), mix::RecordingError);
   CHECK_THROWS_WITH(bad->record([] { MIX_FAIL("an op's own error"); }), Catch::Contains("an op's own error"));
   CHECK_THROWS_WITH(bad->replay(), Catch::Contains("before anything was recorded"));
   CHECK(cudaGetLastError() == cudaSuccess);

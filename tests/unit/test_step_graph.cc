@@ -37,6 +37,10 @@ struct RecordingLog {
   std::vector<const void*> copied_into;  // copy_in's destinations since the last replay
   bool copies_were_into_feeds_read = true;
   bool refuse = false;  // record() throws, as a capture CUDA refused does
+  // record() runs the step's host code (temporaries allocated, as a capture
+  // does until a call is refused), puts the persistables' bytes back (a
+  // capture ran none of the device work), then throws.
+  bool refuse_after_host_code = false;
 };
 
 class StandInRecording final : public DeviceGraph {
@@ -45,7 +49,24 @@ class StandInRecording final : public DeviceGraph {
       : log_(log), program_(program), scope_(scope), feeds_(std::move(feeds)) {}
 
   void record(const std::function<void()>& work) override {
-    if (log_.refuse) throw mix::Error("stand-in recording refused");
+    if (log_.refuse) throw RecordingError("stand-in recording refused");
+    if (log_.refuse_after_host_code) {
+      std::vector<std::pair<Tensor, Tensor>> saved;  // each persistable and a copy of its bytes
+      for (const VarDesc& v : program_.vars())
+        if (v.persistable && scope_.has(v.name)) {
+          const Tensor& t = scope_.get(v.name);
+          saved.emplace_back(t, t.clone());
+        }
+      // The recording's feed buffers are filled only before a replay; the CPU
+      // kernels check what they read (labels), so give them zeros.
+      for (const std::string& f : feeds_) {
+        Tensor buffer = scope_.get(f);
+        std::memset(buffer.raw(), 0, buffer.bytes());
+      }
+      work();
+      for (auto& [t, bytes] : saved) std::memcpy(t.raw(), bytes.raw(), t.bytes());
+      throw RecordingError("stand-in recording refused after the host code ran");
+    }
     ++log_.records;
     log_.leftovers.clear();
     log_.feeds_read.clear();
@@ -247,6 +268,44 @@ TEST_CASE("StepGraph: a refused recording leaves the caller's feeds in the scope
   CHECK_THROWS_WITH(rig.graph->run(rig.scope, rig.env), Catch::Contains("stand-in recording refused"));
   CHECK(rig.scope.get(rig.m.input).raw() == input);
   CHECK(rig.scope.get(rig.m.label).raw() == label);
+}
+
+// mixtrain's fallback with one rank (launch/trainer.cc): a recording that
+// failed part-way is followed by the same step op by op. Nothing the failed
+// recording allocated may be left in the scope, and the result must be the
+// bits of a run that never tried to record.
+TEST_CASE("StepGraph: after a recording that failed part-way, the step runs op by op with the usual bits",
+          "[step_graph]") {
+  MlpRig rig, never_recorded;
+  CHECK(rig.run_batch(4) == Ran::eager);
+  never_recorded.feed(4);
+  never_recorded.step->run(never_recorded.scope, never_recorded.env);
+
+  rig.log.refuse_after_host_code = true;
+  rig.feed(4);
+  const void* input = rig.scope.get(rig.m.input).raw();
+  CHECK_THROWS_AS(rig.graph->run(rig.scope, rig.env), RecordingError);
+  CHECK(rig.scope.get(rig.m.input).raw() == input);
+  for (const VarDesc& v : rig.m.program.vars())
+    if (!v.persistable && v.name != rig.m.input && v.name != rig.m.label) {
+      INFO(v.name << " was allocated by the failed recording and is still in the scope");
+      CHECK_FALSE(rig.scope.has(v.name));
+    }
+  rig.step->run(rig.scope, rig.env);
+  never_recorded.feed(4);
+  never_recorded.step->run(never_recorded.scope, never_recorded.env);
+  int compared = 0;
+  for (const VarDesc& v : rig.m.program.vars())
+    if (v.persistable) {
+      INFO(v.name);
+      const Tensor& a = rig.scope.get(v.name);
+      const Tensor& b = never_recorded.scope.get(v.name);
+      REQUIRE(a.bytes() == b.bytes());
+      CHECK(std::memcmp(a.raw(), b.raw(), a.bytes()) == 0);
+      ++compared;
+    }
+  CHECK(compared > 2);
+  CHECK(rig.log.records == 0);
 }
 
 TEST_CASE("StepGraph::why_not names what keeps a step from being recorded", "[step_graph]") {
