@@ -18,7 +18,8 @@
 //    comparisons also allow a fraction of the largest sum|terms| in the same
 //    output plane (2^-14 in FP32, 2^-10 in FP16 where cuDNN may keep the
 //    transformed tiles in FP16, 2^-7 in BF16).
-// TF32 stays off (its 10-bit mantissa would need FP16-like bounds).
+// TF32 stays off (its 10-bit mantissa would need FP16-like bounds), except in
+// the one test case of --allow-tf32, which has such bounds.
 // Every case runs channels first (NCHW) and channels last (data_format /
 // data_layout NHWC, ResNet's default on CUDA): NHWC inputs are permuted copies
 // of the NCHW ones and NHWC results are permuted back before the comparisons,
@@ -104,9 +105,10 @@ const Switch kBatchNormPersistent = mix::cuda::set_batch_norm_persistent;
 const Switch kCudnnBenchmark = mix::cuda::set_cudnn_benchmark;
 const Switch kCudnnGraphConv = mix::cuda::set_cudnn_graph_conv;
 const Switch kCublas1x1Conv = mix::cuda::set_cublas_1x1_conv;
+const Switch kAllowTf32 = mix::cuda::set_allow_tf32;
 #else
 const Switch kBatchNormPersistent = nullptr, kCudnnBenchmark = nullptr, kCudnnGraphConv = nullptr,
-             kCublas1x1Conv = nullptr;
+             kCublas1x1Conv = nullptr, kAllowTf32 = nullptr;
 #endif
 
 /// Convolution passes run on cuDNN's graph API so far (cuda::conv_graph_runs).
@@ -316,9 +318,48 @@ std::function<double(int64_t)> conv_bound(const SumRef& r, int64_t plane, DType 
   };
 }
 
+/// An FP32 convolution under --allow-tf32: the tensor cores read each operand
+/// with TF32's 10 explicit mantissa bits, rounded or truncated (the libraries
+/// do either), so each is off by up to 2^-10 of itself and each product by
+/// up to 2^-9 (+2^-20) of |term|; sums are FP32 (acc_err). Winograd or FFT
+/// tiles multiplied in TF32 err by a like fraction of the transformed tiles:
+/// 2^-9 of the plane's largest sum|terms|, as the FP16 bound takes 2^-10.
+std::function<double(int64_t)> tf32_conv_bound(const SumRef& r, int64_t plane) {
+  auto maxima = std::make_shared<std::vector<double>>(r.plane_max(plane));
+  return [&r, plane, maxima](int64_t i) {
+    const size_t k = static_cast<size_t>(i);
+    return r.acc_err(i) + (0x1p-9 + 0x1p-20) * r.abs_sum[k] + 0x1p-9 * (*maxima)[k / static_cast<size_t>(plane)];
+  };
+}
+
 /// The CPU (im2col + SGEMM, FP32 accumulation, one rounding on store): no transforms.
 std::function<double(int64_t)> gemm_bound(const SumRef& r, DType t) {
   return [&r, t](int64_t i) { return r.acc_err(i) + store_err(t, r.value[static_cast<size_t>(i)]); };
+}
+
+/// One convolution case on both devices: inputs drawn from three seeds on
+/// from `seed`, the reference in double, the forward and both gradients (the
+/// results back in channels-first order).
+struct ConvRun {
+  ConvRef ref;
+  Both fwd, bwd;
+};
+ConvRun run_conv_case(const ConvCfg& k, DType dt, bool last, uint64_t& seed) {
+  const Tensor x = to_dtype(uniform_tensor({k.n, k.c, k.h, k.w}, seed++), dt);
+  const Tensor f = to_dtype(uniform_tensor({k.oc, k.c / k.groups, k.kh, k.kw}, seed++, -0.5f, 0.5f), dt);
+  const Tensor dy = to_dtype(uniform_tensor({k.n, k.oc, k.oh(), k.ow()}, seed++), dt);
+  ConvRun r{conv_reference(k, x.to_floats(), f.to_floats(), dy.to_floats()), {}, {}};
+  const auto attrs = with_layout(conv_attrs(k), "data_format", last);
+  r.fwd = run_both({make_op("conv2d", {{"Input", {"x"}}, {"Filter", {"w"}}}, {{"Output", {"y"}}}, attrs),
+                    {{"x", in_layout(x, last)}, {"w", f}}},
+                   {"y"});
+  results_channels_first(r.fwd, last, {"y"});
+  r.bwd = run_both({make_op("conv2d_grad", {{"Input", {"x"}}, {"Filter", {"w"}}, {"Output@GRAD", {"dy"}}},
+                            {{"Input@GRAD", {"dx"}}, {"Filter@GRAD", {"dw"}}}, attrs),
+                    {{"x", in_layout(x, last)}, {"w", f}, {"dy", in_layout(dy, last)}}},
+                   {"dx", "dw"});
+  results_channels_first(r.bwd, last, {"dx"});
+  return r;
 }
 
 }  // namespace
@@ -340,25 +381,12 @@ TEST_CASE("conv2d and conv2d_grad on cuDNN match the CPU and a double reference"
       const std::string what = std::string("conv2d ") + k.name + " " + dname(dt) + layout_name(last) + mode_name(mode);
       INFO(what);
       const uint64_t graph_passes_before = graph_api_passes();
-      const Tensor x = to_dtype(uniform_tensor({k.n, k.c, k.h, k.w}, seed++), dt);
-      const Tensor f = to_dtype(uniform_tensor({k.oc, k.c / k.groups, k.kh, k.kw}, seed++, -0.5f, 0.5f), dt);
-      const Tensor dy = to_dtype(uniform_tensor({k.n, k.oc, k.oh(), k.ow()}, seed++), dt);
-      const ConvRef ref = conv_reference(k, x.to_floats(), f.to_floats(), dy.to_floats());
-      const auto attrs = with_layout(conv_attrs(k), "data_format", last);
-
-      Both fwd = run_both({make_op("conv2d", {{"Input", {"x"}}, {"Filter", {"w"}}}, {{"Output", {"y"}}}, attrs),
-                           {{"x", in_layout(x, last)}, {"w", f}}},
-                          {"y"});
-      results_channels_first(fwd, last, {"y"});
+      const ConvRun run = run_conv_case(k, dt, last, seed);
+      const ConvRef& ref = run.ref;
+      const Both &fwd = run.fwd, &bwd = run.bwd;
       const int64_t out_plane = k.oh() * k.ow(), in_plane = k.h * k.w;
       expect_within(fwd.cpu.at("y"), ref.out.value, gemm_bound(ref.out, dt), what + " forward (CPU)");
       expect_within(fwd.gpu.at("y"), ref.out.value, conv_bound(ref.out, out_plane, dt), what + " forward (GPU)");
-
-      Both bwd = run_both({make_op("conv2d_grad", {{"Input", {"x"}}, {"Filter", {"w"}}, {"Output@GRAD", {"dy"}}},
-                                   {{"Input@GRAD", {"dx"}}, {"Filter@GRAD", {"dw"}}}, attrs),
-                           {{"x", in_layout(x, last)}, {"w", f}, {"dy", in_layout(dy, last)}}},
-                          {"dx", "dw"});
-      results_channels_first(bwd, last, {"dx"});
       expect_within(bwd.cpu.at("dx"), ref.dx.value, gemm_bound(ref.dx, dt), what + " Input@GRAD (CPU)");
       expect_within(bwd.gpu.at("dx"), ref.dx.value, conv_bound(ref.dx, in_plane, dt), what + " Input@GRAD (GPU)");
       // dFilter sums over the whole batch: its "plane" is the whole tensor.
@@ -409,6 +437,55 @@ TEST_CASE("conv2d_grad on cuDNN with only the filter gradient (the first layer)"
     // Case 0 is an FP16 channels-last 3x3 shape the graph API runs (the test above).
     if (mode == ConvMode::graph && dt == DType::f16 && last) CHECK(graph_api_passes() - graph_passes_before == 1);
   }
+}
+
+// --allow-tf32 (off by default, and off for every other case here): FP32
+// convolutions may take TF32 tensor-core algorithms (CUDNN_TENSOR_OP_MATH;
+// the graph API's engines with TF32 notes; cuBLAS's FAST_TF32 compute type
+// for pointwise ones). Whichever runs, the results stay within TF32's bound.
+// How far they came from the strict bound is printed: whether the libraries
+// took TF32 at all is theirs to choose, so it is reported, not required.
+TEST_CASE("conv2d and conv2d_grad in FP32 under --allow-tf32 stay within TF32's bounds", "[cuda][conv2d][tf32]") {
+  require_gpu();
+  const ConvMode mode = GENERATE(ConvMode::heuristic, ConvMode::graph, ConvMode::gemm);
+  const ScopedSwitch tf32(kAllowTf32, true);
+  const ScopedSwitch graph(kCudnnGraphConv, mode == ConvMode::graph);
+  const ScopedSwitch gemm(kCublas1x1Conv, mode == ConvMode::gemm);
+  // The largest |GPU - reference| / strict bound over all results: above 1,
+  // some pass ran in TF32 (or the strict bound is too tight for it).
+  double worst_strict = 0;
+  uint64_t seed = 300;
+  for (const char* name :
+       {"3x3 pad 1", "1x1", "1x1 stride 2", "7x7 stride 2 pad 3 (stem)", "3x3 64 channels (tensor-core sizes)"}) {
+    const ConvCfg* found = nullptr;
+    for (const ConvCfg& c : kConvCases)
+      if (std::string(c.name) == name) found = &c;
+    REQUIRE(found);
+    const ConvCfg& k = *found;
+    for (bool last : kLayouts) {
+      const std::string what = std::string("conv2d ") + k.name + " f32 TF32" + layout_name(last) + mode_name(mode);
+      INFO(what);
+      const ConvRun run = run_conv_case(k, DType::f32, last, seed);
+      const ConvRef& ref = run.ref;
+      const Both &fwd = run.fwd, &bwd = run.bwd;
+      const int64_t dw_all = static_cast<int64_t>(ref.dw.value.size());
+      const std::tuple<const Tensor*, const SumRef*, int64_t, const char*> results[] = {
+          {&fwd.gpu.at("y"), &ref.out, k.oh() * k.ow(), " forward"},
+          {&bwd.gpu.at("dx"), &ref.dx, k.h * k.w, " Input@GRAD"},
+          {&bwd.gpu.at("dw"), &ref.dw, dw_all, " Filter@GRAD"}};
+      for (const auto& [gpu, r, plane, pass] : results) {
+        expect_within(*gpu, r->value, tf32_conv_bound(*r, plane), what + pass + " (GPU)");
+        const std::vector<float> got = gpu->to_floats();
+        const auto strict = conv_bound(*r, plane, DType::f32);
+        for (size_t i = 0; i < got.size(); ++i)
+          worst_strict = std::max(worst_strict, std::fabs(got[i] - r->value[i]) / strict(static_cast<int64_t>(i)));
+      }
+      // The CPU has no TF32: its results stay within the strict FP32 bound.
+      expect_within(fwd.cpu.at("y"), ref.out.value, gemm_bound(ref.out, DType::f32), what + " forward (CPU)");
+    }
+  }
+  std::printf("conv2d f32 under --allow-tf32%s: largest error %.3g x the strict FP32 bound (above 1: TF32 ran)\n",
+              mode_name(mode), worst_strict);
 }
 
 // The bounds above would pass whichever library ran; this checks that
