@@ -60,6 +60,13 @@ bool cudnn_graph_conv();
 void set_cublas_1x1_conv(bool on);
 bool cublas_1x1_conv();
 
+/// For tests: the code paths meant for tensors past 32-bit limits run at every
+/// size (split's copies row by row, otherwise only for rows over 2 GiB;
+/// broadcasts with 64-bit indices, otherwise only past 2^32 elements), so
+/// [cuda] tests reach them without tensors of many GiB. Off by default.
+void set_large_tensor_paths(bool on);
+bool large_tensor_paths();
+
 /// Number of visible GPUs (0 when there is no driver or device).
 int device_count();
 

@@ -29,6 +29,26 @@ inline void require_gpu() {
 #endif
 }
 
+/// cuda::set_large_tensor_paths(on) for a scope, and off again after it (also
+/// when a check throws): the paths meant for tensors past 32-bit limits, at
+/// the sizes of a test.
+class LargeTensorPaths {
+ public:
+  explicit LargeTensorPaths(bool on) { set(on); }
+  ~LargeTensorPaths() { set(false); }
+  LargeTensorPaths(const LargeTensorPaths&) = delete;
+  LargeTensorPaths& operator=(const LargeTensorPaths&) = delete;
+
+ private:
+  static void set(bool on) {
+#ifdef MIX_HAVE_CUDA
+    mix::cuda::set_large_tensor_paths(on);
+#else
+    (void)on;
+#endif
+  }
+};
+
 #ifdef MIX_HAVE_CUDA
 /// Queued with cudaLaunchHostFunc, holds its stream for *seconds (a double that
 /// must outlive it): stand-in slow or stuck work, such as a collective waiting

@@ -362,6 +362,9 @@ TEST_CASE("top1_correct counts what the CPU counts", "[cuda][top1]") {
 
 TEST_CASE("elementwise_add/mul and their gradients match the CPU", "[cuda][elementwise]") {
   require_gpu();
+  // Once more with the 64-bit broadcast indices meant for X past 2^32 elements.
+  const bool wide = GENERATE(false, true);
+  const LargeTensorPaths large(wide);
   struct Case {
     Shape x, y;
     int axis;
@@ -387,7 +390,8 @@ TEST_CASE("elementwise_add/mul and their gradients match the CPU", "[cuda][eleme
       const Tensor y = random_tensor(k.y, dt, 32, -2.f, 2.f);
       const Tensor dout = random_tensor(k.x, dt, 33);
       const mix::BroadcastDims d = mix::broadcast_dims(k.x, k.y, k.axis, "test");
-      const std::string what = dname(dt) + " X" + mix::shape_str(k.x) + " Y" + mix::shape_str(k.y);
+      const std::string what =
+          dname(dt) + " X" + mix::shape_str(k.x) + " Y" + mix::shape_str(k.y) + (wide ? " (64-bit indices)" : "");
       const std::map<std::string, Attr> attrs{{"axis", int64_t{k.axis}}};
       for (std::string type : {"elementwise_add", "elementwise_mul"}) {
         const bool mul = type == "elementwise_mul";

@@ -499,6 +499,9 @@ TEST_CASE("gather_into and scatter_into are identical to their CPU twins", "[cud
 
 TEST_CASE("split and split_grad are identical to the CPU, any dtype", "[cuda][split]") {
   require_gpu();
+  // Once more with the row-by-row copies and memsets meant for rows over 2 GiB.
+  const bool wide = GENERATE(false, true);
+  const LargeTensorPaths large(wide);
   struct Case {
     Shape x;
     std::map<std::string, Attr> attrs;
@@ -512,7 +515,7 @@ TEST_CASE("split and split_grad are identical to the CPU, any dtype", "[cuda][sp
   const DType types[] = {DType::f32, DType::f16, DType::bf16, DType::i64, DType::i32};
   for (DType dt : types)
     for (const Case& k : cases) {
-      const std::string what = dname(dt) + " X" + mix::shape_str(k.x);
+      const std::string what = dname(dt) + " X" + mix::shape_str(k.x) + (wide ? " (row by row)" : "");
       std::vector<std::string> outs, douts;
       for (size_t i = 0; i < k.parts; ++i) {
         outs.push_back("p" + std::to_string(i));

@@ -168,7 +168,7 @@ void broadcast_binary(const OpContext& ctx, const Tensor& x, const Tensor& y, Te
     using T = decltype(tag);
     if (d.same_shape())  // a residual add: no index arithmetic at all
       launch_packed<kPackWidth<T>>(x.numel(), stream, BinaryMap<T, F>{x.data<T>(), y.data<T>(), out.data<T>(), f});
-    else if (x.numel() <= static_cast<int64_t>(UINT32_MAX))
+    else if (x.numel() <= static_cast<int64_t>(UINT32_MAX) && !large_tensor_paths())
       launch_broadcast_map<T, F, uint32_t>(x, y, out, d, f, stream);
     else
       launch_broadcast_map<T, F, int64_t>(x, y, out, d, f, stream);

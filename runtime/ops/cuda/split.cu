@@ -23,6 +23,12 @@ using split_rules::Strips;
 /// (cudaDevAttrMaxPitch: 2^31 - 1 bytes on every GPU to date).
 constexpr size_t kMaxPitch = (size_t{1} << 31) - 1;
 
+/// Whether a 2-D copy or memset takes these pitches (cuda::large_tensor_paths:
+/// tests run the row-by-row path at any size).
+bool fits_2d(size_t dpitch, size_t spitch) {
+  return dpitch <= kMaxPitch && spitch <= kMaxPitch && !large_tensor_paths();
+}
+
 /// `rows` rows of `width` bytes from `src` (rows `spitch` apart) to `dst`
 /// (rows `dpitch` apart), on `stream`: one 2-D copy, or one copy when there is
 /// a single row, or a copy per row when a pitch is too large for a 2-D copy.
@@ -30,7 +36,7 @@ void copy_rows(void* dst, size_t dpitch, const void* src, size_t spitch, size_t 
                cudaStream_t stream) {
   if (rows == 1) {
     MIX_CUDA_CHECK(cudaMemcpyAsync(dst, src, width, cudaMemcpyDeviceToDevice, stream));
-  } else if (dpitch <= kMaxPitch && spitch <= kMaxPitch) {
+  } else if (fits_2d(dpitch, spitch)) {
     MIX_CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDeviceToDevice, stream));
   } else {
     for (size_t r = 0; r < rows; ++r)
@@ -44,7 +50,7 @@ void copy_rows(void* dst, size_t dpitch, const void* src, size_t spitch, size_t 
 void zero_rows(void* dst, size_t pitch, size_t width, size_t rows, cudaStream_t stream) {
   if (rows == 1) {
     MIX_CUDA_CHECK(cudaMemsetAsync(dst, 0, width, stream));
-  } else if (pitch <= kMaxPitch) {
+  } else if (fits_2d(pitch, pitch)) {
     MIX_CUDA_CHECK(cudaMemset2DAsync(dst, pitch, 0, width, rows, stream));
   } else {
     for (size_t r = 0; r < rows; ++r)
