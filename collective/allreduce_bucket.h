@@ -92,6 +92,17 @@ inline Request take_started(OpContext& ctx) {
   return request;
 }
 
+/// Gives up every all-reduce started and not waited for in `env` (those a
+/// failed device recording started: StepGraph::run), so that the step can run
+/// again op by op.
+inline void forget_started(ExecEnv& env) {
+  for (const auto& [buffer, request] : env.in_flight) {
+    MIX_CHECK(env.comm, "forget_started: " << env.in_flight.size() << " all-reduce(s) in flight and no communicator");
+    env.comm->forget(request);
+  }
+  env.in_flight.clear();
+}
+
 /// Calls f(out, its name, byte offset in `buffer`, shares_storage) for output i of
 /// `slot` in turn, checking that each fits the buffer's dtype and size and that
 /// together they fill it exactly. An output that shares storage with the

@@ -69,6 +69,12 @@ class Communicator {
   /// wait (on the device) for the result, so work queued after it sees it.
   /// Throws naming the request when it is unknown or already waited for.
   virtual void wait(Request request);
+  /// Gives up a started all-reduce without its result: one started while a
+  /// device graph was being recorded (DeviceGraph::record) that then failed,
+  /// before the step's wait for it. Device backends queued it on no stream,
+  /// so there is nothing to wait for; this base version (and MPI's) waits,
+  /// since a host backend's started collectives are real.
+  virtual void forget(Request request) { wait(request); }
   /// Lets in-flight collectives advance; the executor calls it between ops.
   /// MPI moves non-blocking collectives only inside MPI calls, so without it a
   /// started all-reduce would mostly run in wait(). Cheap when nothing is in flight.

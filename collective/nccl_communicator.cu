@@ -238,6 +238,14 @@ class NcclCommunicator final : public Communicator {
     check_async_error(what);
   }
 
+  /// Only the recording holds the all-reduce, and its event was last recorded
+  /// while capturing (CUDA refuses to wait on such an event): both go.
+  void forget(Request request) override {
+    MIX_CHECK(pending_.erase(request) == 1, "NCCL: forget all-reduce request " << request << " on "
+                                                                               << process_identity()
+                                                                               << ": no such request in flight");
+  }
+
   /// A non-blocking look for failures NCCL has seen off the stream (a dead
   /// peer, a network error), so that they surface between ops rather than at
   /// the next blocking collective. Nothing when no collective is in flight.

@@ -16,6 +16,7 @@
 
 #include "amp/decorate.h"
 #include "amp/fuse_param_casts.h"
+#include "collective/allreduce_bucket.h"
 #include "collective/consistency.h"
 #include "collective/grad_allreduce_pass.h"
 #include "collective/overflow_mask.h"
@@ -685,6 +686,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
           throw Error(std::string(e.what()) + ". With several ranks a failed recording stops the job (one rank " +
                       "cannot fall back to op-by-op steps alone): run without --cuda-graph");
         spdlog::warn("--cuda-graph: {}; this step and every later one run op by op, as without --cuda-graph", e.what());
+        collective::forget_started(env);  // the all-reduces the recording started
         step_graph.reset();
         bytes_before = grad_comm.bytes().grad_allreduce_bytes;  // the recording counted the collectives it queued
         step_exec.run(scope, env);

@@ -65,6 +65,17 @@ class HostToDeviceQueue {
   virtual void drain() noexcept = 0;
 };
 
+/// A recording that failed (DeviceGraph::record): the device refused to
+/// record some call, or to instantiate what was recorded, or the work itself
+/// threw while being queued (its message then follows). Nothing was recorded
+/// and none of the device work ran, so the caller may queue the same work op
+/// by op instead; the host code that ran (caches it filled, collectives it
+/// started: collective::forget_started) is the caller's to account for.
+class RecordingError : public Error {
+ public:
+  using Error::Error;
+};
+
 /// A recording of the work queued on a device's compute stream (and the
 /// streams ordered onto it), replayed with one call: a CUDA graph. A training
 /// step of hundreds of kernels then costs the host one launch instead of one
@@ -76,22 +87,13 @@ class HostToDeviceQueue {
 /// while the recording lives, so no later allocation can take memory a replay
 /// writes; memory allocated before it must stay allocated (and in place) for
 /// as long as it is replayed.
-/// A recording that failed (DeviceGraph::record): the device refused to
-/// record some call, or to instantiate what was recorded. Nothing was
-/// recorded and none of the work ran, so the caller may queue the same work
-/// op by op instead.
-class RecordingError : public Error {
- public:
-  using Error::Error;
-};
-
 class DeviceGraph {
  public:
   virtual ~DeviceGraph() = default;
   /// Records what `queue_work` queues (nothing runs on the device), replacing
   /// any earlier recording. On failure (a call that recording forbids, such as
   /// a host wait for the device) throws RecordingError saying why; nothing was
-  /// recorded, none of the work ran, and the device is left as before.
+  /// recorded, none of the device work ran, and the device is left as before.
   virtual void record(const std::function<void()>& queue_work) = 0;
   /// Queues a copy of `bytes` (device or page-locked host memory to device
   /// memory), ordered before the next replay.

@@ -55,9 +55,11 @@ class StepGraph {
   /// step is recorded and replayed; later ones of its shapes replay, others
   /// run op by op. The result is the eager step's, bit for bit. A recording
   /// that fails throws RecordingError saying why. None of the step's device
-  /// work ran, and the scope is as the step found it, less its temporaries
-  /// (its feeds are the caller's again), so the caller may run the same step
-  /// op by op instead (mixtrain does with one rank).
+  /// work ran; the scope is as the step found it, less its temporaries (its
+  /// feeds are the caller's again). The all-reduces it started before failing
+  /// are still in env.in_flight: after collective::forget_started, the caller
+  /// may run the same step op by op (mixtrain does with one rank). Host-side
+  /// caches the recorded ops filled (algorithm choices, plans) stay.
   Ran run(Scope& scope, ExecEnv& env);
 
  private:

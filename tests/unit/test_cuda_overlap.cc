@@ -379,6 +379,14 @@ TEST_CASE("NCCL all_reduce_start / wait at world size 1: identity, counted, each
   CHECK_THROWS_WITH(comm.all_reduce_start(h.data(), h.size(), DType::f32, mc::ReduceOp::sum),
                     Catch::Contains("host memory"));
   CHECK(comm.in_flight() == 0);
+  // A start forgotten (a failed recording's: collective::forget_started) is
+  // gone without a wait, once; the communicator goes on as before.
+  const mc::Request rf = comm.all_reduce_start(a.raw(), 16, DType::f16, mc::ReduceOp::sum);
+  CHECK(comm.in_flight() == 1);
+  comm.forget(rf);
+  CHECK(comm.in_flight() == 0);
+  CHECK_THROWS_WITH(comm.forget(rf), Catch::Contains(std::to_string(rf)));
+  CHECK_THROWS_WITH(comm.wait(rf), Catch::Contains(std::to_string(rf)));
   // The communicator still works: a start left unwaited is dropped with it.
   comm.all_reduce_start(a.raw(), 16, DType::f16, mc::ReduceOp::sum);
   CHECK(comm.in_flight() == 1);

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "collective/allreduce_bucket.h"
 #include "models/model.h"
 #include "runtime/check.h"
 #include "runtime/step_graph.h"
@@ -41,6 +42,10 @@ struct RecordingLog {
   // does until a call is refused), puts the persistables' bytes back (a
   // capture ran none of the device work), then throws.
   bool refuse_after_host_code = false;
+  // With refuse_after_host_code: the host code stops with an error at the
+  // first op after an all-reduce was started (ExecEnv::progress), as a
+  // capture refused part-way through backward does.
+  ExecEnv* refuse_mid_pass = nullptr;
 };
 
 class StandInRecording final : public DeviceGraph {
@@ -63,9 +68,20 @@ class StandInRecording final : public DeviceGraph {
         Tensor buffer = scope_.get(f);
         std::memset(buffer.raw(), 0, buffer.bytes());
       }
-      work();
+      std::function<void()> progress;
+      if (log_.refuse_mid_pass) {
+        progress = log_.refuse_mid_pass->progress;
+        log_.refuse_mid_pass->progress = [] { throw mix::Error("an all-reduce is in flight"); };
+      }
+      std::string why = "the host code ran";
+      try {
+        work();
+      } catch (const std::exception& e) {
+        why = e.what();  // CUDA's recording turns whatever stopped the capture into a RecordingError too
+      }
+      if (log_.refuse_mid_pass) log_.refuse_mid_pass->progress = progress;
       for (auto& [t, bytes] : saved) std::memcpy(t.raw(), bytes.raw(), t.bytes());
-      throw RecordingError("stand-in recording refused after the host code ran");
+      throw RecordingError("stand-in recording refused: " + why);
     }
     ++log_.records;
     log_.leftovers.clear();
@@ -276,15 +292,27 @@ TEST_CASE("StepGraph: a refused recording leaves the caller's feeds in the scope
 // bits of a run that never tried to record.
 TEST_CASE("StepGraph: after a recording that failed part-way, the step runs op by op with the usual bits",
           "[step_graph]") {
+  // At the end of the host code (CUDA refused the capture as a whole, or to
+  // instantiate it), or at the first op after an all-reduce was started
+  // (a call refused part-way through backward).
+  const bool mid_pass = GENERATE(false, true);
+  INFO((mid_pass ? "refused part-way, an all-reduce in flight" : "refused at the end"));
   MlpRig rig, never_recorded;
   CHECK(rig.run_batch(4) == Ran::eager);
   never_recorded.feed(4);
   never_recorded.step->run(never_recorded.scope, never_recorded.env);
 
   rig.log.refuse_after_host_code = true;
+  if (mid_pass) rig.log.refuse_mid_pass = &rig.env;
   rig.feed(4);
   const void* input = rig.scope.get(rig.m.input).raw();
   CHECK_THROWS_AS(rig.graph->run(rig.scope, rig.env), RecordingError);
+  // Part-way, the started all-reduce is left for the caller to give up.
+  CHECK(rig.env.in_flight.size() == (mid_pass ? 1u : 0u));
+  CHECK(rig.comm->in_flight() == rig.env.in_flight.size());
+  collective::forget_started(rig.env);  // as mixtrain's fallback does
+  CHECK(rig.env.in_flight.empty());
+  CHECK(rig.comm->in_flight() == 0);
   CHECK(rig.scope.get(rig.m.input).raw() == input);
   for (const VarDesc& v : rig.m.program.vars())
     if (!v.persistable && v.name != rig.m.input && v.name != rig.m.label) {
