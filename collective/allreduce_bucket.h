@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "collective/communicator.h"
@@ -96,11 +97,12 @@ inline Request take_started(OpContext& ctx) {
 /// failed device recording started: StepGraph::run), so that the step can run
 /// again op by op.
 inline void forget_started(ExecEnv& env) {
-  for (const auto& [buffer, request] : env.in_flight) {
-    MIX_CHECK(env.comm, "forget_started: " << env.in_flight.size() << " all-reduce(s) in flight and no communicator");
+  const auto started = std::move(env.in_flight);  // empty after, whatever a forget throws
+  env.in_flight.clear();
+  for (const auto& [buffer, request] : started) {
+    MIX_CHECK(env.comm, "forget_started: " << started.size() << " all-reduce(s) in flight and no communicator");
     env.comm->forget(request);
   }
-  env.in_flight.clear();
 }
 
 /// Calls f(out, its name, byte offset in `buffer`, shares_storage) for output i of

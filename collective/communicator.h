@@ -71,9 +71,10 @@ class Communicator {
   virtual void wait(Request request);
   /// Gives up a started all-reduce without its result: one started while a
   /// device graph was being recorded (DeviceGraph::record) that then failed,
-  /// before the step's wait for it. Device backends queued it on no stream,
-  /// so there is nothing to wait for; this base version (and MPI's) waits,
-  /// since a host backend's started collectives are real.
+  /// before the step's wait for it (its buffer may be gone already). NCCL's
+  /// went into the recording and nowhere else. This base version's starts are
+  /// complete already; MPI refuses (only device steps are recorded, and its
+  /// started collectives are real).
   virtual void forget(Request request) { wait(request); }
   /// Lets in-flight collectives advance; the executor calls it between ops.
   /// MPI moves non-blocking collectives only inside MPI calls, so without it a

@@ -228,6 +228,11 @@ class MpiCommunicator final : public Communicator {
     return id;
   }
 
+  void forget(Request id) override {
+    MIX_FAIL("MPI communicator: all-reduce request " << id << " cannot be given up (MPI_Iallreduce may still write "
+                                                     << "its buffer); only device steps are recorded");
+  }
+
   void wait(Request id) override {
     auto it = pending_.find(id);
     MIX_CHECK(it != pending_.end(), "wait for all-reduce request " << id << " on the MPI communicator, which has no "

@@ -241,9 +241,12 @@ class NcclCommunicator final : public Communicator {
   /// Only the recording holds the all-reduce, and its event was last recorded
   /// while capturing (CUDA refuses to wait on such an event): both go.
   void forget(Request request) override {
-    MIX_CHECK(pending_.erase(request) == 1, "NCCL: forget all-reduce request " << request << " on "
-                                                                               << process_identity()
-                                                                               << ": no such request in flight");
+    const auto what = [&] { return MIX_STR_CAT("forget all-reduce request " << request); };
+    // After an abort (a failure seen while recording) the first failure is
+    // the news, not a request the abort already dropped.
+    check_alive(what);
+    MIX_CHECK(pending_.erase(request) == 1,
+              "NCCL " << what() << " on " << process_identity() << ": no such request in flight");
   }
 
   /// A non-blocking look for failures NCCL has seen off the stream (a dead

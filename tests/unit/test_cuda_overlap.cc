@@ -30,6 +30,7 @@
 
 #include "collective/communicator.h"
 #include "runtime/check.h"
+#include "runtime/device_backend.h"
 #include "runtime/executor.h"
 #include "runtime/kernels/multi_tensor_plan.h"
 #include "runtime/op_registry.h"
@@ -385,11 +386,49 @@ TEST_CASE("NCCL all_reduce_start / wait at world size 1: identity, counted, each
   CHECK(comm.in_flight() == 1);
   comm.forget(rf);
   CHECK(comm.in_flight() == 0);
-  CHECK_THROWS_WITH(comm.forget(rf), Catch::Contains(std::to_string(rf)));
-  CHECK_THROWS_WITH(comm.wait(rf), Catch::Contains(std::to_string(rf)));
+  CHECK_THROWS_WITH(comm.forget(rf), Catch::Contains("forget all-reduce request " + std::to_string(rf) + " "));
+  CHECK_THROWS_WITH(comm.wait(rf), Catch::Contains("wait for all-reduce request " + std::to_string(rf) + " "));
   // The communicator still works: a start left unwaited is dropped with it.
   comm.all_reduce_start(a.raw(), 16, DType::f16, mc::ReduceOp::sum);
   CHECK(comm.in_flight() == 1);
+}
+
+// --cuda-graph's fallback (launch/trainer.cc): a recording refused after an
+// all-reduce was started leaves it to collective::forget_started. The
+// communication stream, drawn into the capture by the start, must be out of
+// it again, and the communicator must go on as if nothing had been started.
+TEST_CASE("NCCL: an all-reduce started in a recording that failed is forgotten, and the communicator goes on",
+          "[cuda][overlap]") {
+  require_gpu();
+#ifdef MIX_HAVE_CUDA
+  const Tensor host = random_tensor({4099}, DType::f16, 21, -100.f, 100.f);
+  const Tensor a = host.to(kGpu);
+  Nccl1 nccl;
+  mc::Communicator& comm = *nccl.comm;
+  mix::cuda::DeviceContext& ctx = mix::cuda::use_device(0);
+  std::unique_ptr<mix::DeviceGraph> graph = mix::require_device_backend(mix::DeviceKind::cuda).make_graph(0);
+  REQUIRE(graph);
+  mc::Request started = 0;
+  // Refused part-way: a host wait for the stream being recorded, after the start.
+  CHECK_THROWS_AS(graph->record([&] {
+    started = comm.all_reduce_start(a.raw(), static_cast<size_t>(a.numel()), DType::f16, mc::ReduceOp::sum,
+                                    mc::Traffic::gradients);
+    ctx.compute.synchronize();
+  }),
+                  mix::RecordingError);
+  REQUIRE(started != 0);
+  CHECK(comm.in_flight() == 1);
+  comm.forget(started);
+  CHECK(comm.in_flight() == 0);
+  CHECK(cudaGetLastError() == cudaSuccess);
+  // Then as without the recording: a start, its wait, the whole queue awaited, the result on the host.
+  const mc::Request r = comm.all_reduce_start(a.raw(), static_cast<size_t>(a.numel()), DType::f16, mc::ReduceOp::sum,
+                                              mc::Traffic::gradients);
+  comm.wait(r);
+  comm.synchronize();
+  CHECK(comm.in_flight() == 0);
+  expect_identical(a.to(cpu_device()), host, "sum at world 1 after a forgotten start");
+#endif
 }
 
 // ---- c_allreduce_found_inf ---------------------------------------------------------------------
