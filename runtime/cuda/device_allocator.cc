@@ -134,7 +134,8 @@ void* CudaCachingAllocator::malloc_with_retry(size_t rounded, size_t requested) 
     if (active_pool_ != 0)
       info +=
           "; while recording a device graph, so the cache was kept (returning it waits for the device, which "
-          "recording forbids): run without --cuda-graph, or with a smaller batch";
+          "recording forbids); a single process goes on without the recording, several ranks stop: run without "
+          "--cuda-graph, or with a smaller batch";
     throw OutOfMemoryError(MIX_STR_CAT("CUDA out of memory on device "
                                        << device_ << " allocating " << bytes_str(requested) << " (rounded to "
                                        << rounded << " bytes; live " << bytes_str(live_bytes()) << ", cached "
