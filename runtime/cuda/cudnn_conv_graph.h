@@ -16,11 +16,12 @@
 // are dropped (inputs rounded to a narrower type, reduced-precision sums, and
 // for strict FP32 any tensor-core engine, which would be TF32); deterministic
 // engines come first (the forward pass may fall back to a nondeterministic
-// one, with a warning; a backward pass with none runs on the legacy API, which
-// prefers deterministic algorithms as well), and precompiled engines before runtime-compiled ones (whose
-// plans take long to build). The first whose plan cuDNN builds, with a workspace within the
-// limit that the device can give, is cached per shape. When none builds, or
-// none's workspace fits at that moment, the caller runs the legacy API.
+// one, with a warning; a backward pass with none runs on the legacy API,
+// which prefers deterministic algorithms as well), and precompiled engines
+// before runtime-compiled ones (whose plans take long to build). The first
+// whose plan cuDNN builds, with a workspace within the limit that the device
+// can give, is cached per shape. When none builds, or none's workspace fits
+// at that moment, the caller runs the legacy API.
 #include <cudnn.h>
 
 #include <cstddef>

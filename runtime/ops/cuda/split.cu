@@ -3,10 +3,11 @@
 // (split_rules::strips_of), so part k is a 2-D block of `outer` rows of
 // size_k·inner elements, at column offset start_k·inner of X's rows of
 // dim·inner elements: one cudaMemcpy2DAsync per part on the compute stream
-// (cudaMemset2DAsync for a missing gradient; a plain copy for one row), bytes copied as they are, so
-// every dtype works and the result is identical to the CPU's memcpy loops.
-// There is no kernel of our own: the copies are the CUDA runtime's. A pitch
-// beyond what the 2-D calls take (rows over 2 GiB) goes row by row instead.
+// (cudaMemset2DAsync for a missing gradient; a plain copy for one row), bytes
+// copied as they are, so every dtype works and the result is identical to the
+// CPU's memcpy loops. There is no kernel of our own: the copies are the CUDA
+// runtime's. A pitch beyond what the 2-D calls take (rows over 2 GiB) goes row
+// by row instead (cuda::set_large_tensor_paths makes tests take that way).
 #include <cstdint>
 #include <string>
 #include <vector>
