@@ -16,12 +16,12 @@
 
 #include "amp/decorate.h"
 #include "amp/fuse_param_casts.h"
-#include "collective/allreduce_bucket.h"
 #include "collective/consistency.h"
 #include "collective/grad_allreduce_pass.h"
 #include "collective/overflow_mask.h"
 #include "launch/cli_checks.h"
 #include "launch/metrics.h"
+#include "launch/step_runner.h"
 #include "launch/worker_main.h"
 #include "models/model.h"
 #include "runtime/check.h"
@@ -671,29 +671,12 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     write_f32(scope.get(optim::kLearningRate), static_cast<float>(rate));
     env.step = step + 1;
 
-    uint64_t bytes_before = grad_comm.bytes().grad_allreduce_bytes;
+    const uint64_t bytes_before = grad_comm.bytes().grad_allreduce_bytes;
     const auto t0 = Clock::now();
-    StepGraph::Ran ran = StepGraph::Ran::eager;
-    if (step_graph) {
-      try {
-        ran = step_graph->run(scope, env);
-      } catch (const RecordingError& e) {
-        // Nothing of the step ran, so one process can run it op by op, as
-        // without --cuda-graph. With several ranks the others may have
-        // recorded their collectives, and one rank alone queueing them op by
-        // op against their replays is untried: the job stops instead.
-        if (world > 1)
-          throw Error(std::string(e.what()) + ". With several ranks a failed recording stops the job (one rank " +
-                      "cannot fall back to op-by-op steps alone): run without --cuda-graph");
-        spdlog::warn("--cuda-graph: {}; this step and every later one run op by op, as without --cuda-graph", e.what());
-        collective::forget_started(env);  // the all-reduces the recording started
-        step_graph.reset();
-        bytes_before = grad_comm.bytes().grad_allreduce_bytes;  // the recording counted the collectives it queued
-        step_exec.run(scope, env);
-      }
-    } else {
-      step_exec.run(scope, env);
-    }
+    // A refused recording falls back to op-by-op steps with one rank and
+    // stops the job with several (launch/step_runner.h says why).
+    const StepRun run = run_training_step(step_graph, step_exec, scope, env, world);
+    const StepGraph::Ran ran = run.ran;
     const double queue_secs = seconds_since(t0);
     if (ran == StepGraph::Ran::recorded && rank == 0)
       spdlog::info("step {} recorded as a CUDA graph in {:.1f} ms; later steps replay it", step + 1, 1e3 * queue_secs);
@@ -719,7 +702,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     // The CUDA scaler op leaves its "stuck at the minimum" error to the host,
     // here; the CPU op has raised it already.
     if (use_amp) amp::check_loss_scale_not_stuck(program, scope);
-    uint64_t grad_bytes = grad_comm.bytes().grad_allreduce_bytes - bytes_before;
+    uint64_t grad_bytes = grad_comm.bytes().grad_allreduce_bytes - bytes_before - run.refused_recording_bytes;
     if (ran == StepGraph::Ran::recorded) recorded_grad_bytes = grad_bytes;
     if (ran == StepGraph::Ran::replayed) grad_bytes = recorded_grad_bytes;
 

@@ -393,7 +393,7 @@ TEST_CASE("NCCL all_reduce_start / wait at world size 1: identity, counted, each
   CHECK(comm.in_flight() == 1);
 }
 
-// --cuda-graph's fallback (launch/trainer.cc): a recording refused after an
+// --cuda-graph's fallback (launch/step_runner.cc): a recording refused after an
 // all-reduce was started leaves it to collective::forget_started. The
 // communication stream, drawn into the capture by the start, must be out of
 // it again, and the communicator must go on as if nothing had been started.

@@ -7,8 +7,9 @@
 // number its dropout masks and injected overflow depend on; that nothing
 // left from an earlier step is in the scope while recording; that each
 // replay's inputs are copied into the buffers the recording read; and when a
-// step cannot be recorded. The real recording runs in test_cuda_train_step's
-// [cuda] cases.
+// step cannot be recorded; and mixtrain's fallback when a recording is
+// refused (launch/step_runner.h). The real recording runs in
+// test_cuda_train_step's [cuda] cases.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "collective/allreduce_bucket.h"
+#include "launch/step_runner.h"
 #include "models/model.h"
 #include "runtime/check.h"
 #include "runtime/step_graph.h"
@@ -286,7 +288,28 @@ TEST_CASE("StepGraph: a refused recording leaves the caller's feeds in the scope
   CHECK(rig.scope.get(rig.m.label).raw() == label);
 }
 
-// mixtrain's fallback with one rank (launch/trainer.cc): a recording that
+namespace {
+
+/// The persistables of two rigs are the same bits.
+void expect_same_persistables(const MlpRig& a, const MlpRig& b) {
+  int compared = 0;
+  for (const VarDesc& v : a.m.program.vars())
+    if (v.persistable) {
+      INFO(v.name);
+      const Tensor& x = a.scope.get(v.name);
+      const Tensor& y = b.scope.get(v.name);
+      REQUIRE(x.bytes() == y.bytes());
+      CHECK(std::memcmp(x.raw(), y.raw(), x.bytes()) == 0);
+      ++compared;
+    }
+  CHECK(compared > 2);
+}
+
+uint64_t grad_bytes(const MlpRig& rig) { return rig.comm->bytes().grad_allreduce_bytes; }
+
+}  // namespace
+
+// mixtrain's fallback with one rank (launch/step_runner.h): a recording that
 // failed part-way is followed by the same step op by op. Nothing the failed
 // recording allocated may be left in the scope, and the result must be the
 // bits of a run that never tried to record.
@@ -322,18 +345,64 @@ TEST_CASE("StepGraph: after a recording that failed part-way, the step runs op b
   rig.step->run(rig.scope, rig.env);
   never_recorded.feed(4);
   never_recorded.step->run(never_recorded.scope, never_recorded.env);
-  int compared = 0;
-  for (const VarDesc& v : rig.m.program.vars())
-    if (v.persistable) {
-      INFO(v.name);
-      const Tensor& a = rig.scope.get(v.name);
-      const Tensor& b = never_recorded.scope.get(v.name);
-      REQUIRE(a.bytes() == b.bytes());
-      CHECK(std::memcmp(a.raw(), b.raw(), a.bytes()) == 0);
-      ++compared;
-    }
-  CHECK(compared > 2);
+  expect_same_persistables(rig, never_recorded);
   CHECK(rig.log.records == 0);
+}
+
+// launch::run_training_step, mixtrain's loop around StepGraph: what it does
+// when CUDA refuses the recording.
+TEST_CASE("run_training_step: a refused recording falls back to op-by-op steps with one rank", "[step_graph]") {
+  const bool mid_pass = GENERATE(false, true);
+  INFO((mid_pass ? "refused part-way, an all-reduce in flight" : "refused at the end"));
+  MlpRig rig, never_recorded;
+  never_recorded.graph.reset();  // op by op throughout
+  auto step = [](MlpRig& r) {
+    r.feed(4);
+    return launch::run_training_step(r.graph, *r.step, r.scope, r.env, /*world=*/1);
+  };
+  CHECK(step(rig).ran == Ran::eager);
+  step(never_recorded);
+
+  rig.log.refuse_after_host_code = true;
+  if (mid_pass) rig.log.refuse_mid_pass = &rig.env;
+  const uint64_t rig_before = grad_bytes(rig), before = grad_bytes(never_recorded);
+  const launch::StepRun fell_back = step(rig);
+  const launch::StepRun usual = step(never_recorded);
+  CHECK(fell_back.fell_back);
+  CHECK(fell_back.ran == Ran::eager);
+  CHECK_FALSE(usual.fell_back);
+  CHECK(usual.refused_recording_bytes == 0);
+  CHECK(rig.graph == nullptr);  // every later step runs op by op
+  CHECK(rig.env.in_flight.empty());
+  CHECK(rig.comm->in_flight() == 0);
+  // The step's own bytes are those of a step that never tried to record.
+  // The refused recording had started all-reduces, which the trainer must
+  // not count: this MLP's gradients are one bucket, so either refusal came
+  // after its one all-reduce had started.
+  const uint64_t one_step = grad_bytes(never_recorded) - before;
+  REQUIRE(one_step > 0);
+  CHECK(fell_back.refused_recording_bytes == one_step);
+  CHECK(grad_bytes(rig) - rig_before - fell_back.refused_recording_bytes == one_step);
+  expect_same_persistables(rig, never_recorded);
+
+  const launch::StepRun next = step(rig);
+  step(never_recorded);
+  CHECK(next.ran == Ran::eager);
+  CHECK_FALSE(next.fell_back);
+  CHECK(rig.log.records == 0);
+  expect_same_persistables(rig, never_recorded);
+}
+
+TEST_CASE("run_training_step: with several ranks a refused recording stops the job, saying why", "[step_graph]") {
+  MlpRig rig;
+  rig.feed(4);
+  CHECK(launch::run_training_step(rig.graph, *rig.step, rig.scope, rig.env, /*world=*/2).ran == Ran::eager);
+  rig.log.refuse = true;
+  rig.feed(4);
+  CHECK_THROWS_WITH(launch::run_training_step(rig.graph, *rig.step, rig.scope, rig.env, /*world=*/2),
+                    Catch::Contains("stand-in recording refused") && Catch::Contains("several ranks") &&
+                        Catch::Contains("run without --cuda-graph"));
+  CHECK(rig.graph != nullptr);
 }
 
 TEST_CASE("StepGraph::why_not names what keeps a step from being recorded", "[step_graph]") {
