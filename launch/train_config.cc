@@ -103,6 +103,7 @@ std::vector<std::pair<std::string, std::string>> TrainConfig::fingerprint_fields
           // printout instead of training): given to some ranks only, they
           // would leave the others waiting. Paths may differ between nodes.
           {"save", save.empty() ? "not given" : "given"},
+          {"save-every", num(save_every)},
           {"resume", resume.empty() ? "not given" : "given"},
           {"init-from", init_from.empty() ? "not given" : "given"},
           {"eval", eval ? "true" : "false"},
@@ -219,7 +220,9 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
       ->check(kNonNegativeInt);
   app.add_option("--epochs", c.epochs, "passes over the training set")->check(kPositiveInt);
   app.add_option("--lr", c.lr, "peak learning rate")->check(kPositive);
-  app.add_option("--lr-schedule", c.lr_schedule, "learning-rate schedule")
+  app.add_option("--lr-schedule", c.lr_schedule,
+                 "learning-rate schedule: constant, cosine (half a cosine to 0 after the warm-up) or onecycle "
+                 "(torch's OneCycleLR: cosine up from lr/25 over the warm-up or 30% of the steps, then down)")
       ->check(CLI::IsMember({"constant", "cosine", "onecycle"}));
   app.add_option("--warmup-steps", c.warmup_steps, "linear warm-up steps")->check(kNonNegativeInt);
   app.add_option("--optimizer", c.optimizer, "optimizer")->check(CLI::IsMember({"sgd", "momentum", "adamw"}));
@@ -256,7 +259,11 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_option("--seed", c.seed, "seed of initialisation, shuffles and synthetic data")->check(unsigned_check());
   app.add_option("--metrics", c.metrics, "JSON Lines metrics file (written by rank 0)");
-  app.add_option("--save", c.save, "checkpoint (safetensors) written at the end");
+  app.add_option("--save", c.save, "checkpoint (safetensors) written at the end, and every --save-every steps");
+  app.add_option("--save-every", c.save_every,
+                 "steps between checkpoints written to --save during training, each replacing the last "
+                 "(0: at the end only)")
+      ->check(kNonNegativeInt);
   app.add_option("--resume", c.resume, "checkpoint to resume from (parameters, optimizer, scaler, step)");
   app.add_option("--init-from", c.init_from, "safetensors parameters (e.g. a PyTorch state_dict) to start from");
   app.add_flag("--print-program", c.print_program, "print the final training program and exit");
@@ -340,6 +347,8 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
       return bad(m.str());
     }
   }
+  if (c.save_every > 0 && c.save.empty())
+    return bad("--save-every " + std::to_string(c.save_every) + " needs --save FILE to write the checkpoints to");
   if (c.steps == 0 && c.save.empty() && !c.print_program)
     return bad("--steps 0 trains nothing: add --save FILE to write the initial parameters");
   for (auto& w : c.amp_white_list)

@@ -93,6 +93,7 @@ struct TrainConfig {
   uint64_t seed = 1;
   std::string metrics;
   std::string save;
+  int64_t save_every = 0;  // steps between checkpoints to --save during training; 0: at the end only
   std::string resume;
   std::string init_from;
   bool print_program = false;

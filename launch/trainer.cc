@@ -33,6 +33,7 @@
 #include "runtime/fuse_bn_relu.h"
 #include "runtime/init.h"
 #include "runtime/io/checkpoint.h"
+#include "runtime/io/safetensors.h"
 #include "runtime/log.h"
 #include "runtime/optim/lr_schedule.h"
 #include "runtime/recompute_softmax.h"
@@ -192,6 +193,38 @@ float metadata_loss_scale(const std::string& path, const io::Metadata& meta) {
     return static_cast<float>(v);
   MIX_FAIL("--resume " << path << ": metadata field 'loss_scale' is '" << text
                        << "', not a finite number above 0; the checkpoint is corrupt or was not written by mixtrain");
+}
+
+/// --resume continues the run that wrote the checkpoint, from where it stopped
+/// in that run's data order. The order comes from the seed, and the position
+/// from the step, the batch size and the number of ranks; the optimizer state
+/// is that optimizer's. A run that differs in any of them would silently
+/// repeat and skip examples, or drop state, so it is refused, naming what
+/// differs. A checkpoint of step 0 (`--steps 0 --save`) has no position and
+/// no optimizer state yet; a field the checkpoint lacks (written before
+/// mixtrain saved it) is not compared.
+void check_resume_continues(const std::string& path, const io::Metadata& meta, int64_t step, const TrainConfig& c,
+                            int world) {
+  if (step == 0) return;
+  struct Field {
+    const char* key;
+    std::string here;
+    std::string (*setting)(const std::string& value);  // how a user gives it
+  };
+  const Field fields[] = {
+      {"seed", std::to_string(c.seed), [](const std::string& v) { return "--seed " + v; }},
+      {"batch_size", std::to_string(c.batch_size), [](const std::string& v) { return "--batch-size " + v; }},
+      {"world_size", std::to_string(world), [](const std::string& v) { return v + " rank(s)"; }},
+      {"optimizer", c.optimizer, [](const std::string& v) { return "--optimizer " + v; }}};
+  for (const Field& f : fields) {
+    const auto it = meta.find(f.key);
+    if (it == meta.end() || it->second == f.here) continue;
+    throw UsageError("--resume " + path + " was written at step " + std::to_string(step) + " by a run with " +
+                     f.setting(it->second) + ", and this run has " + f.setting(f.here) +
+                     ": it would not continue that run (the data order, the place in it, or the optimizer state "
+                     "would differ). Resume with " +
+                     f.setting(it->second) + ", or start a new run from its parameters with --init-from");
+  }
 }
 
 /// --inject-overflow's rank and parameter, which only the job and the model can check.
@@ -430,6 +463,8 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     if (rank == 0) std::cout << program.str() << collective::describe_grad_sync(program) << std::flush;
     return 0;
   }
+  // A checkpoint path that cannot be written is found now, not after training.
+  if (rank == 0 && !c.save.empty()) io::check_writable(c.save);
 
   // ---- state: initialise on every rank, then rank 0's values win --------------------
   Scope scope;
@@ -449,6 +484,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   if (!c.resume.empty()) {
     const io::Metadata meta = io::load_checkpoint(c.resume, program, scope);
     start_step = metadata_count(c.resume, meta, "step");
+    check_resume_continues(c.resume, meta, start_step, c, world);
     if (use_amp) {
       // A checkpoint without the scaler's state (--steps 0 --save, or FP32
       // training) starts the scaler afresh, as a new run would.
@@ -658,6 +694,30 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   int64_t sps_count = 0, skipped_total = 0, timed_samples = 0;
   EvalResult last_eval;
   bool have_eval = false;
+  // --save after `steps_done` steps (rank 0): the parameters, optimizer and
+  // scaler state, and what check_resume_continues compares.
+  auto save_checkpoint_after = [&](int64_t steps_done) {
+    io::Metadata meta = {{"step", std::to_string(steps_done)},
+                         {"model", c.model},
+                         {"seed", std::to_string(c.seed)},
+                         {"batch_size", std::to_string(batch)},
+                         {"world_size", std::to_string(world)},
+                         {"optimizer", c.optimizer},
+                         {"epoch", std::to_string(steps_done / steps_per_epoch)},
+                         {"batch_in_epoch", std::to_string(steps_done % steps_per_epoch)}};
+    if (use_amp) {
+      std::ostringstream s;
+      s.precision(9);
+      s << read_f32(scope, amp::ScalerVars::scale);
+      meta["loss_scale"] = s.str();
+      meta["scaler_good_steps"] = std::to_string(read_i64(scope, amp::ScalerVars::good_steps));
+      meta["scaler_bad_steps"] = std::to_string(read_i64(scope, amp::ScalerVars::bad_steps));
+      meta["scaler_skipped_steps"] = std::to_string(read_i64(scope, amp::ScalerVars::skipped));
+      meta["scaler_consecutive_skips_at_min"] = std::to_string(read_i64(scope, amp::ScalerVars::skips_at_min));
+    }
+    io::save_checkpoint(c.save, program, scope, meta);
+    spdlog::info("saved checkpoint {} at step {}", c.save, steps_done);
+  };
   auto t_start = Clock::now(), t_last_log = Clock::now();
   for (int64_t step = start_step; step < total_steps; ++step) {
     const int64_t epoch = step / steps_per_epoch, in_epoch = step % steps_per_epoch;
@@ -782,6 +842,9 @@ int run_training(const TrainConfig& c, Communicator& comm) {
                        {"val_loss", last_eval.loss}});
       }
     }
+    // Each replaces the last, whole or not at all (a temporary file renamed);
+    // the last step's is written after the summary, below.
+    if (rank == 0 && c.save_every > 0 && (step + 1) % c.save_every == 0 && !last) save_checkpoint_after(step + 1);
   }
 
   const int64_t steps_run = total_steps - start_step;
@@ -860,23 +923,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     if (!c.metrics.empty()) spdlog::info("metrics written to {}", c.metrics);
   }
   if (!c.save.empty()) {
-    if (rank == 0) {
-      io::Metadata meta = {{"step", std::to_string(total_steps)}, {"model", c.model}, {"seed", std::to_string(c.seed)},
-                           {"epoch", std::to_string(total_steps / steps_per_epoch)},
-                           {"batch_in_epoch", std::to_string(total_steps % steps_per_epoch)}};
-      if (use_amp) {
-        std::ostringstream s;
-        s.precision(9);
-        s << read_f32(scope, amp::ScalerVars::scale);
-        meta["loss_scale"] = s.str();
-        meta["scaler_good_steps"] = std::to_string(read_i64(scope, amp::ScalerVars::good_steps));
-        meta["scaler_bad_steps"] = std::to_string(read_i64(scope, amp::ScalerVars::bad_steps));
-        meta["scaler_skipped_steps"] = std::to_string(read_i64(scope, amp::ScalerVars::skipped));
-        meta["scaler_consecutive_skips_at_min"] = std::to_string(read_i64(scope, amp::ScalerVars::skips_at_min));
-      }
-      io::save_checkpoint(c.save, program, scope, meta);
-      spdlog::info("saved checkpoint {}", c.save);
-    }
+    if (rank == 0) save_checkpoint_after(total_steps);
     comm.barrier();
   }
   return 0;

@@ -277,4 +277,17 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
   }
 }
 
+void check_writable(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    MIX_FAIL("cannot write " << path << ": it is a folder; name a file in it");
+  const std::string tmp = path + ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  const bool created = fd >= 0;
+  if (!created && errno == EEXIST) fd = ::open(tmp.c_str(), O_WRONLY | O_CLOEXEC);  // an earlier run's leftover
+  if (fd < 0) MIX_FAIL("cannot write " << path << ": cannot create " << tmp << ": " << errno_text());
+  ::close(fd);
+  if (created) ::unlink(tmp.c_str());
+}
+
 }  // namespace mix::io

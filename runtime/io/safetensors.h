@@ -29,4 +29,10 @@ SafetensorsFile read_safetensors(const std::string& path);
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 
+/// Checks now, before the work whose result it will hold, that
+/// write_safetensors can write `path` later: it is not a folder and its
+/// temporary file can be created beside it. Throws mix::Error naming the
+/// path and the reason; creates nothing that stays.
+void check_writable(const std::string& path);
+
 }  // namespace mix::io

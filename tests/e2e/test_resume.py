@@ -1,8 +1,14 @@
 """Resume is exact: 10 steps in one run equal 6 steps, --save, then --resume to
 step 10, bit for bit (parameters, optimizer state and the scaler's metadata),
-for AMP with momentum and for AdamW, on 1 rank and on 2 ranks; and a checkpoint
-without the scaler's state starts the scaler at its initial scale."""
+for AMP with momentum and for AdamW, on 1 rank and on 2 ranks; a run killed
+after a --save-every checkpoint and resumed from it equals the run that was
+never killed; a checkpoint without the scaler's state starts the scaler at its
+initial scale; --resume refuses a run that would not continue the saved one
+(another seed, batch size, rank count or optimizer); and a --save path that
+cannot be written stops the run before training."""
 import os
+import signal
+import subprocess
 import sys
 
 import mixtest
@@ -11,9 +17,108 @@ SMALL = ["--data", "synthetic", "--synthetic-size", "1024", "--synthetic-feature
          "--batch-size", "32", "--eval", "false", "--lr", "0.05"]
 
 
+def differences(expected_path, got_path):
+    """What differs between two checkpoints: tensors (by their bytes) and the
+    scaler's and step's metadata; also the tensor count and the expected loss scale."""
+    a, meta_a = mixtest.load_checkpoint(expected_path)
+    b, meta_b = mixtest.load_checkpoint(got_path)
+    bad = [k for k in sorted(set(a) | set(b)) if k not in a or k not in b or a[k].tobytes() != b[k].tobytes()]
+    bad += [f"metadata {k}" for k in ("loss_scale", "scaler_good_steps", "scaler_bad_steps", "step")
+            if meta_a.get(k) != meta_b.get(k)]
+    return bad, len(a), meta_a.get("loss_scale")
+
+
+def run_until_killed(args, wanted):
+    """Starts one mixtrain and kills it with SIGKILL, as a crash would, as soon as
+    a line of its output contains `wanted`. Returns the output up to then and
+    whether the kill came before the run ended by itself."""
+    mixtest.require_mixtrain()
+    env = dict(os.environ)
+    env.update(mixtest.THREAD_ENV)
+    p = subprocess.Popen([str(mixtest.MIXTRAIN), *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, errors="replace", env=env, start_new_session=True)
+    seen = []
+    killed = False
+    try:
+        for line in p.stdout:
+            seen.append(line)
+            if wanted in line:
+                os.killpg(p.pid, signal.SIGKILL)
+                killed = True
+                break
+    finally:
+        if not killed and p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait(timeout=60)
+    return "".join(seen), killed and p.returncode == -signal.SIGKILL
+
+
+def check_save_every(checks, tmp):
+    """A crash after a --save-every checkpoint loses only the steps after it:
+    the run resumed from it ends bit for bit where the uncrashed run does."""
+    # Enough steps that the kill, sent the moment step 5's checkpoint is
+    # logged, lands long before the end (each save fsyncs a file).
+    common = SMALL + ["--precision", "amp", "--optimizer", "momentum", "--incr-every-n-steps", "4", "--steps", "300",
+                      "--save-every", "5"]
+    full, part, resumed = (os.path.join(tmp, n) for n in ("every_full.st", "every_part.st", "every_resumed.st"))
+    mixtest.mixtrain(common + ["--save", full]).expect_ok()
+    out, killed = run_until_killed(common + ["--save", part], "saved checkpoint " + part + " at step 5")
+    if not checks.check(killed, "--save-every 5: the run was killed part-way, after its step-5 checkpoint", out[-2000:]):
+        return
+    _, meta_part = mixtest.load_checkpoint(part)
+    step = int(meta_part["step"])
+    # Whole: load_checkpoint has read every tensor the header lists.
+    checks.check(step % 5 == 0 and 5 <= step < 300, f"the killed run's checkpoint is whole, at step {step}",
+                 f"metadata {meta_part}")
+    mixtest.mixtrain(common + ["--resume", part, "--save", resumed]).expect_ok()
+    bad, tensors, _ = differences(full, resumed)
+    checks.check(not bad, f"killed at step {step} and resumed == 300 steps uninterrupted, {tensors} tensors "
+                          "bit-identical", f"differing: {bad}")
+
+
+def check_refusals(checks, tmp):
+    """--resume of a run that would not continue the saved one, and --save paths
+    that cannot be written, stop before training with exit 2 / 1 and a message
+    that names the problem."""
+    saved = os.path.join(tmp, "refuse.st")
+    base = SMALL + ["--optimizer", "momentum"]
+    mixtest.mixtrain(base + ["--steps", "3", "--seed", "7", "--save", saved]).expect_ok()
+    for extra, ranks, want in ((["--seed", "8"], 1, "by a run with --seed 7, and this run has --seed 8"),
+                               (["--seed", "7", "--batch-size", "16"], 1,
+                                "by a run with --batch-size 32, and this run has --batch-size 16"),
+                               (["--seed", "7", "--optimizer", "sgd"], 1,
+                                "by a run with --optimizer momentum, and this run has --optimizer sgd"),
+                               (["--seed", "7"], 2, "by a run with 1 rank(s), and this run has 2 rank(s)")):
+        if ranks > 1 and not mixtest.have_mpirun():
+            continue
+        r = mixtest.mixtrain(base + ["--steps", "6", "--resume", saved] + extra, np=ranks)
+        checks.check(r.rc == 2 and want in r.out and "resumed from" not in r.out,
+                     f"--resume with {' '.join(extra)} on {ranks} rank(s): exit 2, '{want}'", r.describe())
+    r = mixtest.mixtrain(base + ["--steps", "6", "--seed", "7", "--resume", saved])
+    checks.check(r.rc == 0, "... and with the saved run's settings it resumes", r.describe())
+    # A step-0 checkpoint has no data position: any seed may start from it.
+    init = os.path.join(tmp, "refuse_init.st")
+    mixtest.mixtrain(base + ["--steps", "0", "--seed", "7", "--save", init]).expect_ok()
+    r = mixtest.mixtrain(base + ["--steps", "2", "--seed", "8", "--batch-size", "16", "--resume", init])
+    checks.check(r.rc == 0, "--resume of a step-0 checkpoint with another seed and batch size runs", r.describe())
+
+    folder = os.path.join(tmp, "a_folder")
+    os.makedirs(folder, exist_ok=True)
+    for path, want in ((os.path.join(tmp, "no_such_dir", "c.st"), "No such file or directory"),
+                       (folder, "it is a folder")):
+        r = mixtest.mixtrain(base + ["--steps", "3", "--log-every", "1", "--save", path])
+        checks.check(r.rc == 1 and want in r.out and "step 1/" not in r.out,
+                     f"--save {os.path.relpath(path, tmp)}: refused before the first step ('{want}')", r.describe())
+    r = mixtest.mixtrain(base + ["--steps", "3", "--save-every", "2"])
+    checks.check(r.rc == 2 and "--save-every 2 needs --save" in r.out, "--save-every without --save: exit 2",
+                 r.describe())
+
+
 def main():
     checks = mixtest.Checks("resume")
     tmp = mixtest.workdir("resume")
+    check_save_every(checks, tmp)
+    check_refusals(checks, tmp)
     for ranks in (1, 2):
         for opt in (["--optimizer", "momentum"], ["--optimizer", "adamw", "--lr", "0.002"]):
             # A small incr interval makes the scaler's counters move during the run.
@@ -22,13 +127,9 @@ def main():
             mixtest.mixtrain(common + ["--steps", "10", "--save", full], np=ranks).expect_ok()
             mixtest.mixtrain(common + ["--steps", "6", "--save", part], np=ranks).expect_ok()
             mixtest.mixtrain(common + ["--steps", "10", "--resume", part, "--save", resumed], np=ranks).expect_ok()
-            a, meta_a = mixtest.load_checkpoint(full)
-            b, meta_b = mixtest.load_checkpoint(resumed)
-            bad = [k for k in sorted(set(a) | set(b)) if k not in a or k not in b or a[k].tobytes() != b[k].tobytes()]
-            bad += [f"metadata {k}" for k in ("loss_scale", "scaler_good_steps", "scaler_bad_steps", "step")
-                    if meta_a.get(k) != meta_b.get(k)]
-            checks.check(not bad, f"{ranks} rank(s), {opt[1]}: 10 steps == 6 + resume 4, {len(a)} tensors "
-                                  f"bit-identical (scale {meta_a.get('loss_scale')})", f"differing: {bad}")
+            bad, tensors, scale = differences(full, resumed)
+            checks.check(not bad, f"{ranks} rank(s), {opt[1]}: 10 steps == 6 + resume 4, {tensors} tensors "
+                                  f"bit-identical (scale {scale})", f"differing: {bad}")
     # A checkpoint without the scaler's state (--steps 0 --save, or FP32 training) starts the
     # scaler afresh, at the initial scale the flags give, not at 1 (as it used to, silently:
     # FP16 gradients then underflow).
