@@ -6,6 +6,7 @@
 
 #include "launch/cli_checks.h"
 #include "models/model.h"
+#include "runtime/op_registry.h"
 
 namespace mix::launch {
 
@@ -355,6 +356,13 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
     for (auto& b : c.amp_black_list)
       if (w == b)
         return bad("op '" + w + "' is in both --amp-white-list and --amp-black-list; put it in one of them");
+  // A misspelt op would move nothing, silently.
+  for (const auto* list : {&c.amp_white_list, &c.amp_black_list})
+    for (const std::string& op : *list)
+      if (!OpRegistry::instance().has(op))
+        return bad(std::string(list == &c.amp_white_list ? "--amp-white-list" : "--amp-black-list") +
+                   ": mixtrain has no op '" + op +
+                   "'; --print-program lists the ops of a model (by type, e.g. softmax, matmul, relu)");
   return std::nullopt;
 }
 

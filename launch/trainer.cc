@@ -534,6 +534,11 @@ int run_training(const TrainConfig& c, Communicator& comm) {
                      "): --steps and --epochs count from the start of training, not from "
                      "the checkpoint; ask for more than " +
                      std::to_string(start_step) + " steps");
+  if (const std::optional<amp::InjectOverflow> inject = inject_from(c);
+      inject && (inject->step > total_steps || inject->step <= start_step))
+    throw UsageError("--inject-overflow " + c.inject_overflow + ": this run trains steps " +
+                     std::to_string(start_step + 1) + " to " + std::to_string(total_steps) + ", so step " +
+                     std::to_string(inject->step) + " would never overflow; give a step in that range");
   optim::LrSchedule lr{c.lr_schedule, c.lr, c.warmup_steps, total_steps};
   // Every rank must run the same number of steps from the same place, or one
   // would wait forever in a collective the others never reach.

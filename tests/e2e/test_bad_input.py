@@ -12,8 +12,9 @@ Cases: unknown flag, --precision fp8, --batch-size 0 (exit 2, and no 300-digit
 range in the message), --lr inf and 1e39 (inf in FP32), --momentum nan, a zero
 in --hidden, --seed -1, a --loss-scaling-preset with static scaling, --min-loss-scaling above the preset's initial scale, overlapping
 AMP lists (names the op), --grad-reduce fp16 in FP32, malformed
---inject-overflow, and (exit 2 too, though only the model or the job can tell)
-one naming an unknown parameter or a rank beyond the job; missing dataset dir,
+--inject-overflow, AMP lists naming an op mixtrain lacks, and (exit 2 too,
+though only the model or the job can tell) --inject-overflow naming an unknown
+parameter, a rank beyond the job or a step the run never trains; missing dataset dir,
 dir without the files, truncated .gz, truncated safetensors --data-file, NaN in
 --data-file (non-finite, example index), --data-file with another --data;
 missing --init-from; ResNet flags (--width, --data-format) on the MLP, an
@@ -102,6 +103,13 @@ def main():
            names=["--inject-overflow", "nope.weight"])
     expect([*small, "--inject-overflow", "2:1"], "--inject-overflow on rank 1 of a 1-rank job", rc=2,
            names=["--inject-overflow", "no rank 1"])
+    # Both would change nothing and say nothing: a test built on them would pass untested.
+    expect([*small, "--inject-overflow", "4"], "--inject-overflow past the run's last step", rc=2,
+           names=["--inject-overflow 4", "steps 1 to 3"])
+    expect([*small, "--amp-white-list", "softmx"], "--amp-white-list naming no op", rc=2,
+           names=["--amp-white-list", "'softmx'"])
+    expect([*small, "--amp-black-list", "relu,matmull"], "--amp-black-list naming no op", rc=2,
+           names=["--amp-black-list", "'matmull'"])
     # CLI11's checks let "inf" through (and, for ranges, "nan"); 1e39 is a double but inf as
     # the FP32 value the learning rate becomes on the device.
     expect([*small, "--lr", "inf"], "--lr inf", rc=2, names=["--lr", "'inf'"])
