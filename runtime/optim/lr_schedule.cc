@@ -15,11 +15,13 @@ double cosine_between(double from, double to, double frac) {
 double LrSchedule::at(int64_t step) const {
   const int64_t total = std::max<int64_t>(total_steps, 1);
   if (kind == "onecycle") {
-    const int64_t up = warmup_steps > 0 ? warmup_steps : std::max<int64_t>(1, static_cast<int64_t>(0.3 * total));
-    const double initial = peak / 25.0, final_lr = initial / 1e4;
-    if (step < up) return cosine_between(initial, peak, static_cast<double>(step) / static_cast<double>(up));
-    return cosine_between(peak, final_lr,
-                          static_cast<double>(step - up) / static_cast<double>(std::max<int64_t>(1, total - up - 1)));
+    // torch's phases: up to the peak at step pct_start * total - 1 (not
+    // rounded), then down to the last step, total - 1.
+    const double at_peak =
+        (warmup_steps > 0 ? static_cast<double>(warmup_steps) : 0.3 * static_cast<double>(total)) - 1.0;
+    const double initial = peak / 25.0, final_lr = initial / 1e4, s = static_cast<double>(step);
+    if (s <= at_peak) return at_peak > 0 ? cosine_between(initial, peak, s / at_peak) : peak;
+    return cosine_between(peak, final_lr, (s - at_peak) / std::max(static_cast<double>(total - 1) - at_peak, 1e-9));
   }
   if (step < warmup_steps) return peak * static_cast<double>(step + 1) / static_cast<double>(warmup_steps);
   if (kind == "cosine") {

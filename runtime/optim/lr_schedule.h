@@ -14,8 +14,9 @@ struct LrSchedule {
   /// The rate for 0-based step `step`:
   ///  - a linear warm-up from peak/warmup to peak over warmup_steps (constant, cosine);
   ///  - constant: peak;  cosine: half a cosine from peak to 0 over the remaining steps;
-  ///  - onecycle (torch OneCycleLR, pct_start 0.3 or the warm-up when given): cosine
-  ///    from peak/25 up to peak, then cosine down to peak/(25 * 1e4).
+  ///  - onecycle (torch OneCycleLR, pct_start 0.3 or warmup/total when a warm-up is
+  ///    given): cosine from peak/25 up to peak at step pct_start * total - 1, then
+  ///    cosine down to peak/(25 * 1e4) at the last step.
   double at(int64_t step) const;
 };
 

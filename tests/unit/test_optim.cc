@@ -232,12 +232,35 @@ TEST_CASE("learning-rate schedules", "[optim]") {
   CHECK(cos.at(0) == Approx(0.1));
   CHECK(cos.at(50) == Approx(0.05));
   CHECK(cos.at(100) == Approx(0.0).margin(1e-12));
+  // onecycle against torch.optim.lr_scheduler.OneCycleLR(max_lr=0.1, total_steps=100)
+  // (and pct_start=10/57 for the warm-up case), the optimizer's lr before
+  // each step, printed by torch 2.x under /usr/bin/python3.
   optim::LrSchedule one{"onecycle", 0.1, 0, 100};
-  CHECK(one.at(0) == Approx(0.004));
-  CHECK(one.at(30) == Approx(0.1));
-  CHECK(one.at(99) == Approx(0.1 / 25 / 1e4));
+  const std::pair<int64_t, double> torch_one[] = {{0, 0.0040000000000000036},
+                                                  {1, 0.004281378056590748},
+                                                  {15, 0.05459866761210004},
+                                                  {28, 0.09971862194340926},
+                                                  {29, 0.1},
+                                                  {30, 0.09994965352845243},
+                                                  {60, 0.05892800902855288},
+                                                  {98, 5.07464715475788e-05},
+                                                  {99, 4e-07}};
+  for (auto [step, want] : torch_one) {
+    INFO("step " << step);
+    CHECK(one.at(step) == Approx(want).epsilon(1e-12));
+  }
   for (int64_t s = 1; s < 30; ++s) CHECK(one.at(s) > one.at(s - 1));
-  for (int64_t s = 31; s < 100; ++s) CHECK(one.at(s) < one.at(s - 1));
+  for (int64_t s = 30; s < 100; ++s) CHECK(one.at(s) < one.at(s - 1));
+  optim::LrSchedule one_warm{"onecycle", 0.1, 10, 57};
+  const std::pair<int64_t, double> torch_warm[] = {{0, 0.0040000000000000036}, {5, 0.06033511252801266},  {9, 0.1},
+                                                   {10, 0.09988834437778195},  {30, 0.05831663446328559}, {56, 4e-07}};
+  for (auto [step, want] : torch_warm) {
+    INFO("warm-up 10 of 57, step " << step);
+    CHECK(one_warm.at(step) == Approx(want).epsilon(1e-12));
+  }
+  optim::LrSchedule one_short{"onecycle", 0.1, 1, 3};  // the peak at step 0: no rise to divide by
+  CHECK(one_short.at(0) == Approx(0.1));
+  CHECK(one_short.at(2) == Approx(4e-07));
 
   // Warm-up before a cosine decay: linear to the peak over 10 steps, then half a
   // cosine over the remaining 90 (its middle at step 10 + 45).
@@ -250,12 +273,11 @@ TEST_CASE("learning-rate schedules", "[optim]") {
   CHECK(wcos.at(100) == Approx(0.0).margin(1e-12));
   for (int64_t s = 1; s < 10; ++s) CHECK(wcos.at(s) > wcos.at(s - 1));
   for (int64_t s = 11; s <= 100; ++s) CHECK(wcos.at(s) < wcos.at(s - 1));
-  // One-cycle with a warm-up: the warm-up replaces pct_start (the peak at step 10, not 30).
+  // One-cycle with a warm-up: the warm-up replaces pct_start (the peak at step 9, not 29).
   optim::LrSchedule wone{"onecycle", 0.1, 10, 100};
   CHECK(wone.at(0) == Approx(0.004));
-  CHECK(wone.at(5) == Approx(0.052));  // halfway up the cosine: (0.004 + 0.1) / 2
-  CHECK(wone.at(10) == Approx(0.1));
+  CHECK(wone.at(9) == Approx(0.1));
   CHECK(wone.at(99) == Approx(0.1 / 25 / 1e4));
-  for (int64_t s = 1; s <= 10; ++s) CHECK(wone.at(s) > wone.at(s - 1));
-  for (int64_t s = 11; s < 100; ++s) CHECK(wone.at(s) < wone.at(s - 1));
+  for (int64_t s = 1; s <= 9; ++s) CHECK(wone.at(s) > wone.at(s - 1));
+  for (int64_t s = 10; s < 100; ++s) CHECK(wone.at(s) < wone.at(s - 1));
 }
