@@ -217,8 +217,10 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
                "all-reduce gradient buckets after backward, one at a time, instead of starting each as soon as "
                "backward has written it (for comparison)");
   app.add_option("--batch-size", c.batch_size, "examples per rank per step")->check(kPositiveInt);
-  app.add_option("--steps", c.steps, "optimizer steps to run (overrides --epochs; 0 with --save writes the initial model)")
-      ->check(kNonNegativeInt);
+  app.add_option("--steps", c.steps,
+                 "optimizer steps to run (overrides --epochs; 0 with --save writes the initial model)")
+      ->check(kNonNegativeInt)
+      ->default_str("");  // unset (-1 inside: --epochs decides), not a value to give
   app.add_option("--epochs", c.epochs, "passes over the training set")->check(kPositiveInt);
   app.add_option("--lr", c.lr, "peak learning rate")->check(kPositive);
   app.add_option("--lr-schedule", c.lr_schedule,
