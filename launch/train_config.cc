@@ -28,6 +28,22 @@ amp::LossScalerConfig TrainConfig::loss_scaler_config() const {
   return s;
 }
 
+std::string TrainConfig::ignored_scaler_flags() const {
+  const bool scaled = precision == "amp" && loss_scaling != "none";
+  const bool dynamic = scaled && loss_scaling == "dynamic";
+  std::string ignored;
+  auto note = [&](bool given, bool applies, const char* flag) {
+    if (given && !applies) ignored += (ignored.empty() ? "" : ", ") + std::string(flag);
+  };
+  note(init_loss_scaling.has_value(), scaled, "--init-loss-scaling");
+  note(incr_every_n_steps.has_value(), dynamic, "--incr-every-n-steps");
+  note(decr_every_n_nan_or_inf.has_value(), dynamic, "--decr-every-n-nan-or-inf");
+  note(incr_ratio.has_value(), dynamic, "--incr-ratio");
+  note(decr_ratio.has_value(), dynamic, "--decr-ratio");
+  note(min_loss_scaling.has_value(), dynamic, "--min-loss-scaling");
+  return ignored;
+}
+
 std::vector<std::pair<std::string, std::string>> TrainConfig::fingerprint_fields() const {
   auto num = [](auto v) {
     std::ostringstream o;
@@ -325,6 +341,22 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
   if (c.model == "mlp" && c.hidden.empty()) return bad("--hidden needs at least one size for --model mlp");
   if (!c.is_resnet() && (c.image_size || c.width || !c.blocks.empty()))
     return bad("--image-size, --width and --blocks are for the ResNet models (--model " + c.model + ")");
+  // Flags of another model, optimizer or data set would do nothing here,
+  // silently (a --dropout on the MLP, a --momentum under adamw).
+  const auto given = [&app](const char* flag) { return app.get_option(flag)->count() > 0; };
+  for (const char* flag : {"--layers", "--d-model", "--heads", "--context", "--vocab", "--tie-weights", "--dropout"})
+    if (!c.is_language_model() && given(flag))
+      return bad(std::string(flag) + " is for --model transformer; --model " + c.model + " has no such setting");
+  if (c.model != "mlp" && given("--hidden"))
+    return bad("--hidden sets the MLP's layers; --model " + c.model + " has none (drop it, or use --model mlp)");
+  if (c.optimizer != "momentum" && given("--momentum"))
+    return bad("--momentum is for --optimizer momentum; --optimizer " + c.optimizer +
+               (c.optimizer == "sgd" ? " is plain SGD (for SGD with momentum, as torch.optim.SGD(momentum=...), use "
+                                       "--optimizer momentum)"
+                                     : " has its own betas"));
+  for (const char* flag : {"--synthetic-size", "--synthetic-features", "--synthetic-classes"})
+    if (c.data != "synthetic" && given(flag))
+      return bad(std::string(flag) + " is for --data synthetic; the data here is " + c.data + "'s");
   if (!c.is_resnet() && c.data_format != "auto")
     return bad("--data-format is for the ResNet models (--model " + c.model + " has no image layout)");
   if (c.image_size && c.data != "synthetic")

@@ -111,6 +111,11 @@ struct TrainConfig {
   std::string effective_grad_reduce() const;
   /// The loss scaler the flags ask for: the preset (or --loss-scaling static/none) with the flags' overrides.
   amp::LossScalerConfig loss_scaler_config() const;
+  /// The loss-scaler flags given that do nothing here (any under fp32 or
+  /// --loss-scaling none; the dynamic scaler's under static), comma separated;
+  /// empty when none. A warning, not an error: scripts pass one set of flags
+  /// to an AMP and an FP32 run to compare them.
+  std::string ignored_scaler_flags() const;
 };
 
 /// Splits --inject-overflow STEP[:RANK[:PARAM]]; false when it does not parse.

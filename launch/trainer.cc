@@ -201,15 +201,14 @@ float metadata_loss_scale(const std::string& path, const io::Metadata& meta) {
 }
 
 /// --resume continues the run that wrote the checkpoint, from where it stopped
-/// in that run's data order. The order comes from the seed, and the position
-/// from the step, the batch size and the number of ranks; the optimizer state
-/// is that optimizer's. A run that differs in any of them would silently
-/// repeat and skip examples, or drop state, so it is refused, naming what
-/// differs. A checkpoint of step 0 (`--steps 0 --save`) has no position and
-/// no optimizer state yet; a field the checkpoint lacks (written before
+/// in that run's data order. The order comes from the seed, the shuffle flag
+/// and the training set's size, and the position from the step, the batch
+/// size and the number of ranks; the optimizer state is that optimizer's. A run that differs in any of them would
+/// silently repeat and skip examples, or drop state, so it is refused, naming what differs. A checkpoint of step 0
+/// (`--steps 0 --save`) has no position and no optimizer state yet; a field the checkpoint lacks (written before
 /// mixtrain saved it) is not compared.
 void check_resume_continues(const std::string& path, const io::Metadata& meta, int64_t step, const TrainConfig& c,
-                            int world) {
+                            int world, int64_t training_examples) {
   if (step == 0) return;
   struct Field {
     const char* key;
@@ -220,7 +219,10 @@ void check_resume_continues(const std::string& path, const io::Metadata& meta, i
       {"seed", std::to_string(c.seed), [](const std::string& v) { return "--seed " + v; }},
       {"batch_size", std::to_string(c.batch_size), [](const std::string& v) { return "--batch-size " + v; }},
       {"world_size", std::to_string(world), [](const std::string& v) { return v + " rank(s)"; }},
-      {"optimizer", c.optimizer, [](const std::string& v) { return "--optimizer " + v; }}};
+      {"optimizer", c.optimizer, [](const std::string& v) { return "--optimizer " + v; }},
+      {"shuffle", c.shuffle ? "true" : "false", [](const std::string& v) { return "--shuffle " + v; }},
+      {"training_examples", std::to_string(training_examples),
+       [](const std::string& v) { return "a training set of " + v + " examples"; }}};
   for (const Field& f : fields) {
     const auto it = meta.find(f.key);
     if (it == meta.end() || it->second == f.here) continue;
@@ -417,6 +419,11 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   // ---- the training program: the one-line AMP switch ------------------------------
   std::unique_ptr<optim::Optimizer> opt = make_optimizer(c);
   const bool use_amp = c.precision == "amp";
+  if (const std::string ignored = c.ignored_scaler_flags(); rank == 0 && !ignored.empty())
+    spdlog::warn("{}: {} has no {}, so {} nothing", ignored,
+                 use_amp ? "--loss-scaling " + c.loss_scaling : std::string("FP32 training"),
+                 use_amp && c.loss_scaling == "static" ? "dynamic scaler" : "loss scale",
+                 ignored.find(',') == std::string::npos ? "it does" : "they do");
   if (use_amp) {
     amp::AmpOptions ao;
     ao.lists = amp::AmpLists::defaults().with_custom(c.amp_white_list, c.amp_black_list);
@@ -487,9 +494,10 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     }
   }
   if (!c.resume.empty()) {
-    const io::Metadata meta = io::load_checkpoint(c.resume, program, scope);
+    const io::Metadata meta = io::load_checkpoint(c.resume, program, scope, [&](const io::Metadata& m) {
+      check_resume_continues(c.resume, m, metadata_count(c.resume, m, "step"), c, world, data.train.size());
+    });
     start_step = metadata_count(c.resume, meta, "step");
-    check_resume_continues(c.resume, meta, start_step, c, world);
     if (use_amp) {
       // A checkpoint without the scaler's state (--steps 0 --save, or FP32
       // training) starts the scaler afresh, as a new run would.
@@ -713,6 +721,8 @@ int run_training(const TrainConfig& c, Communicator& comm) {
                          {"batch_size", std::to_string(batch)},
                          {"world_size", std::to_string(world)},
                          {"optimizer", c.optimizer},
+                         {"shuffle", c.shuffle ? "true" : "false"},
+                         {"training_examples", std::to_string(data.train.size())},
                          {"epoch", std::to_string(steps_done / steps_per_epoch)},
                          {"batch_in_epoch", std::to_string(steps_done % steps_per_epoch)}};
     if (use_amp) {
@@ -864,7 +874,8 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   }
 
   const int64_t steps_run = total_steps - start_step;
-  const size_t peak = allocator_for(device).peak_bytes() - data_set_bytes;
+  const size_t peak_with_data = allocator_for(device).peak_bytes();
+  const size_t peak = peak_with_data > data_set_bytes ? peak_with_data - data_set_bytes : 0;
   const MemoryPlan plan = step_exec.plan(batch);
   const double mean_sps = sps_count ? sps_sum / static_cast<double>(sps_count) : 0;
   // Samples over the time inside the training step (batch gathering excluded).

@@ -57,7 +57,7 @@ for p in $precisions; do
   else
     echo "== resnet-small, $p, 2 ranks, $epochs epochs"
     "$build/mixrun" -n 2 -- "$build/mixtrain" --model resnet-small --data fashion-mnist --precision "$p" \
-      --epochs "$epochs" --batch-size 64 --optimizer momentum --momentum 0.9 --weight-decay 5e-4 \
+      --epochs "$epochs" --batch-size 64 --optimizer momentum --weight-decay 5e-4 \
       --lr 0.1 --lr-schedule onecycle --metrics "$out/$p.jsonl" --log-every 100 "$@"
   fi
   echo "$p wall time: $(( $(date +%s) - start )) s"

@@ -163,7 +163,7 @@ top_ops() {  # log, count: the op types that took the most device time (MIX_PROF
     sed -E 's/^\[rank [^]]*\] \[[a-z]+\] +/    /' || true
 }
 # With one process, a --cuda-graph run whose recording failed goes on op by op
-# (launch/trainer.cc): its figures are then not of replays, and say so.
+# (launch/step_runner.cc): its figures are then not of replays, and say so.
 not_recorded() {  # log
   if grep -q "could not \(record\|instantiate\)" "$1" 2>/dev/null; then echo " (NOT recorded: ran op by op)"; fi
 }

@@ -11,7 +11,7 @@ out="${MIX_RUN_DIR:-$root/runs/default}"
 mkdir -p "$out"
 metrics="$out/metrics.jsonl"
 "$build/mixrun" -n 2 -- "$build/mixtrain" --model mlp --data fashion-mnist --precision amp \
-  --epochs 2 --batch-size 64 --lr 0.05 --momentum 0.9 --lr-schedule cosine \
+  --epochs 2 --batch-size 64 --lr 0.05 --lr-schedule cosine \
   --metrics "$metrics" --save "$out/model.safetensors" "$@"
 echo
 /usr/bin/python3 - "$metrics" <<'PY'

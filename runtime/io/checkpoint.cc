@@ -95,8 +95,10 @@ int load_parameters(const std::string& path, const Program& p, Scope& scope, int
   return loaded;
 }
 
-Metadata load_checkpoint(const std::string& path, const Program& p, Scope& scope) {
+Metadata load_checkpoint(const std::string& path, const Program& p, Scope& scope,
+                         const std::function<void(const Metadata&)>& check_metadata) {
   SafetensorsFile f = read_safetensors(path);
+  if (check_metadata) check_metadata(f.metadata);
   for (const VarDesc& v : p.vars()) {
     if (!saved_as_tensor(v)) continue;
     const Tensor* src = f.find(v.name);

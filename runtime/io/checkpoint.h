@@ -3,6 +3,7 @@
 // PyTorch state_dict names and layouts, the optimizer state as
 // `optimizer.<slot>.<param>` (and `optimizer.step`), and whose header metadata
 // holds the loss scaler, the step, the seed and the data position.
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -27,7 +28,11 @@ void save_checkpoint(const std::string& path, const Program& p, const Scope& sco
 int load_parameters(const std::string& path, const Program& p, Scope& scope, int* ignored = nullptr,
                     std::vector<std::string>* missing_buffers = nullptr);
 
-/// --resume: loads every persistable variable saved by save_checkpoint and returns the metadata.
-Metadata load_checkpoint(const std::string& path, const Program& p, Scope& scope);
+/// --resume: loads every persistable variable saved by save_checkpoint and
+/// returns the metadata. `check_metadata`, when given, sees the metadata
+/// first and may throw: a run the checkpoint does not fit is then named by
+/// its settings rather than by the first tensor it lacks, and nothing is loaded.
+Metadata load_checkpoint(const std::string& path, const Program& p, Scope& scope,
+                         const std::function<void(const Metadata&)>& check_metadata = {});
 
 }  // namespace mix::io

@@ -12,7 +12,10 @@ Cases: unknown flag, --precision fp8, --batch-size 0 (exit 2, and no 300-digit
 range in the message), --lr inf and 1e39 (inf in FP32), --momentum nan, a zero
 in --hidden, --seed -1, a --loss-scaling-preset with static scaling, --min-loss-scaling above the preset's initial scale, overlapping
 AMP lists (names the op), --grad-reduce fp16 in FP32, malformed
---inject-overflow, AMP lists naming an op mixtrain lacks, and (exit 2 too,
+--inject-overflow, AMP lists naming an op mixtrain lacks, flags of another
+model, optimizer or data set (--dropout on the MLP, --hidden on a ResNet,
+--momentum with sgd, --synthetic-size with Fashion-MNIST; loss-scaler flags
+that do nothing only warn), and (exit 2 too,
 though only the model or the job can tell) --inject-overflow naming an unknown
 parameter, a rank beyond the job or a step the run never trains; missing dataset dir,
 dir without the files, truncated .gz, truncated safetensors --data-file, NaN in
@@ -106,6 +109,21 @@ def main():
     # Both would change nothing and say nothing: a test built on them would pass untested.
     expect([*small, "--inject-overflow", "4"], "--inject-overflow past the run's last step", rc=2,
            names=["--inject-overflow 4", "steps 1 to 3"])
+    # Flags of another model, optimizer or data set: silently ignored before.
+    expect([*small, "--dropout", "0.5"], "--dropout on the MLP", rc=2, names=["--dropout", "--model transformer"])
+    expect([*small, "--model", "resnet-small", "--data", "synthetic"], "--hidden on a ResNet", rc=2,
+           names=["--hidden", "--model resnet-small"])
+    expect([*small, "--optimizer", "sgd", "--momentum", "0.9"], "--momentum with --optimizer sgd", rc=2,
+           names=["--momentum", "--optimizer momentum"])
+    expect(["--hidden", 8, "--steps", 1, "--synthetic-size", 64], "--synthetic-size with Fashion-MNIST", rc=2,
+           names=["--synthetic-size", "--data synthetic"])
+    # Scaler flags under FP32 only warn: scripts give an AMP and an FP32 run the same flags.
+    expect([*small, "--precision", "fp32", "--init-loss-scaling", 8, "--incr-ratio", 3],
+               "loss-scaler flags in FP32 training", rc=0,
+               names=["--init-loss-scaling, --incr-ratio: FP32 training has no loss scale, so they do nothing"])
+    expect([*small, "--loss-scaling", "static", "--init-loss-scaling", 8, "--min-loss-scaling", 2],
+           "--min-loss-scaling with a static scale", rc=0,
+           names=["--min-loss-scaling: --loss-scaling static has no dynamic scaler, so it does nothing"])
     expect([*small, "--amp-white-list", "softmx"], "--amp-white-list naming no op", rc=2,
            names=["--amp-white-list", "'softmx'"])
     expect([*small, "--amp-black-list", "relu,matmull"], "--amp-black-list naming no op", rc=2,
@@ -260,9 +278,11 @@ def main():
         c.finish()
     # The fingerprint must be compared before the initial parameters are broadcast: a
     # broadcast between different models fails in MPI (or worse) instead of naming the field.
+    i = small.index("--hidden")
+    model_flags = {"mlp": small, "linear": small[:i] + small[i + 2:]}  # --hidden is refused without hidden layers
     for m0, m1 in (("mlp", "linear"), ("linear", "mlp")):
         expect(None, f"rank 0 runs --model {m0}, rank 1 --model {m1}", timeout=60,
-               mpmd=[(1, [*small, "--model", m0]), (1, [*small, "--model", m1])],
+               mpmd=[(1, [*model_flags[m0], "--model", m0]), (1, [*model_flags[m1], "--model", m1])],
                names=["startup fingerprint", "rank 1 differs", "model"])
     # --device is compared before anything else: GPU binding and NCCL start-up are
     # collectives that only the cuda ranks would call (a mismatch used to end in

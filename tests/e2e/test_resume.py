@@ -4,7 +4,8 @@ for AMP with momentum and for AdamW, on 1 rank and on 2 ranks; a run killed
 after a --save-every checkpoint and resumed from it equals the run that was
 never killed; a checkpoint without the scaler's state starts the scaler at its
 initial scale; --resume refuses a run that would not continue the saved one
-(another seed, batch size, rank count or optimizer); and a --save path that
+(another seed, shuffle flag, training set size, batch size, rank count or
+optimizer); and a --save path that
 cannot be written stops the run before training."""
 import os
 import signal
@@ -88,6 +89,14 @@ def check_refusals(checks, tmp):
                                 "by a run with --batch-size 32, and this run has --batch-size 16"),
                                (["--seed", "7", "--optimizer", "sgd"], 1,
                                 "by a run with --optimizer momentum, and this run has --optimizer sgd"),
+                               # adamw lacks momentum's tensors: the settings are named before any is missed
+                               (["--seed", "7", "--optimizer", "adamw"], 1,
+                                "by a run with --optimizer momentum, and this run has --optimizer adamw"),
+                               (["--seed", "7", "--shuffle", "false"], 1,
+                                "by a run with --shuffle true, and this run has --shuffle false"),
+                               (["--seed", "7", "--synthetic-size", "512"], 1,
+                                "by a run with a training set of 1024 examples, and this run has a training set "
+                                "of 512 examples"),
                                (["--seed", "7"], 2, "by a run with 1 rank(s), and this run has 2 rank(s)")):
         if ranks > 1 and not mixtest.have_mpirun():
             continue
