@@ -357,6 +357,13 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
   for (const char* flag : {"--synthetic-size", "--synthetic-features", "--synthetic-classes"})
     if (c.data != "synthetic" && given(flag))
       return bad(std::string(flag) + " is for --data synthetic; the data here is " + c.data + "'s");
+  if ((c.is_resnet() || c.is_language_model()) && given("--synthetic-features"))
+    return bad("--synthetic-features sets the MLP's flat examples; --model " + c.model + " takes " +
+               (c.is_resnet() ? "images (--image-size)" : "tokens (--context)"));
+  if (c.is_language_model() && given("--synthetic-classes"))
+    return bad("--synthetic-classes is for classifiers; --model transformer predicts tokens (--vocab)");
+  if (c.steps == 0 && !c.inject_overflow.empty())
+    return bad("--inject-overflow " + c.inject_overflow + ": --steps 0 trains nothing to overflow");
   if (!c.is_resnet() && c.data_format != "auto")
     return bad("--data-format is for the ResNet models (--model " + c.model + " has no image layout)");
   if (c.image_size && c.data != "synthetic")

@@ -109,6 +109,8 @@ def main():
     # Both would change nothing and say nothing: a test built on them would pass untested.
     expect([*small, "--inject-overflow", "4"], "--inject-overflow past the run's last step", rc=2,
            names=["--inject-overflow 4", "steps 1 to 3"])
+    expect([*small[:-4], "--steps", 0, "--save", d / "never.st", "--inject-overflow", "1"],
+           "--inject-overflow with --steps 0", rc=2, names=["--inject-overflow 1", "--steps 0"])
     # Flags of another model, optimizer or data set: silently ignored before.
     expect([*small, "--dropout", "0.5"], "--dropout on the MLP", rc=2, names=["--dropout", "--model transformer"])
     expect([*small, "--model", "resnet-small", "--data", "synthetic"], "--hidden on a ResNet", rc=2,
@@ -117,6 +119,8 @@ def main():
            names=["--momentum", "--optimizer momentum"])
     expect(["--hidden", 8, "--steps", 1, "--synthetic-size", 64], "--synthetic-size with Fashion-MNIST", rc=2,
            names=["--synthetic-size", "--data synthetic"])
+    expect(["--model", "resnet-small", "--data", "synthetic", "--synthetic-features", 99, "--steps", 1],
+           "--synthetic-features on a ResNet", rc=2, names=["--synthetic-features", "--image-size"])
     # Scaler flags under FP32 only warn: scripts give an AMP and an FP32 run the same flags.
     expect([*small, "--precision", "fp32", "--init-loss-scaling", 8, "--incr-ratio", 3],
                "loss-scaler flags in FP32 training", rc=0,
