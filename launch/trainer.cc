@@ -13,6 +13,8 @@
 #include <memory>
 #include <set>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "amp/decorate.h"
 #include "amp/fuse_param_casts.h"
@@ -200,37 +202,46 @@ float metadata_loss_scale(const std::string& path, const io::Metadata& meta) {
                        << "', not a finite number above 0; the checkpoint is corrupt or was not written by mixtrain");
 }
 
-/// --resume continues the run that wrote the checkpoint, from where it stopped
-/// in that run's data order. The order comes from the seed, the shuffle flag
-/// and the training set's size, and the position from the step, the batch
-/// size and the number of ranks; the optimizer state is that optimizer's. A run that differs in any of them would
-/// silently repeat and skip examples, or drop state, so it is refused, naming what differs. A checkpoint of step 0
-/// (`--steps 0 --save`) has no position and no optimizer state yet; a field the checkpoint lacks (written before
-/// mixtrain saved it) is not compared.
+/// What fixes a run's data order (seed, shuffle flag, training set size), its
+/// place in it after a step (batch size, rank count) and its optimizer state:
+/// saved in every checkpoint's metadata, compared by check_resume_continues.
+std::vector<std::pair<std::string, std::string>> resume_settings(const TrainConfig& c, int world,
+                                                                 int64_t training_examples) {
+  return {{"seed", std::to_string(c.seed)},
+          {"shuffle", c.shuffle ? "true" : "false"},
+          {"training_examples", std::to_string(training_examples)},
+          {"batch_size", std::to_string(c.batch_size)},
+          {"world_size", std::to_string(world)},
+          {"optimizer", c.optimizer}};
+}
+
+/// How a user gives resume setting `key` = `value`, for messages.
+std::string setting_text(const std::string& key, const std::string& value) {
+  if (key == "world_size") return value + " rank(s)";
+  if (key == "training_examples") return "a training set of " + value + " examples";
+  std::string flag = "--" + key;
+  std::replace(flag.begin(), flag.end(), '_', '-');
+  return flag + " " + value;
+}
+
+/// --resume continues the run that wrote the checkpoint from where it
+/// stopped: a run that differs in a resume setting would silently repeat and
+/// skip examples, or drop optimizer state, so it is refused, naming the
+/// setting. A checkpoint of step 0 (`--steps 0 --save`) has no place in the
+/// data yet (its optimizer slots, zeros, are checked by the load itself); a
+/// setting the checkpoint lacks (written before mixtrain saved it) is not
+/// compared.
 void check_resume_continues(const std::string& path, const io::Metadata& meta, int64_t step, const TrainConfig& c,
                             int world, int64_t training_examples) {
   if (step == 0) return;
-  struct Field {
-    const char* key;
-    std::string here;
-    std::string (*setting)(const std::string& value);  // how a user gives it
-  };
-  const Field fields[] = {
-      {"seed", std::to_string(c.seed), [](const std::string& v) { return "--seed " + v; }},
-      {"batch_size", std::to_string(c.batch_size), [](const std::string& v) { return "--batch-size " + v; }},
-      {"world_size", std::to_string(world), [](const std::string& v) { return v + " rank(s)"; }},
-      {"optimizer", c.optimizer, [](const std::string& v) { return "--optimizer " + v; }},
-      {"shuffle", c.shuffle ? "true" : "false", [](const std::string& v) { return "--shuffle " + v; }},
-      {"training_examples", std::to_string(training_examples),
-       [](const std::string& v) { return "a training set of " + v + " examples"; }}};
-  for (const Field& f : fields) {
-    const auto it = meta.find(f.key);
-    if (it == meta.end() || it->second == f.here) continue;
+  for (const auto& [key, here] : resume_settings(c, world, training_examples)) {
+    const auto it = meta.find(key);
+    if (it == meta.end() || it->second == here) continue;
     throw UsageError("--resume " + path + " was written at step " + std::to_string(step) + " by a run with " +
-                     f.setting(it->second) + ", and this run has " + f.setting(f.here) +
+                     setting_text(key, it->second) + ", and this run has " + setting_text(key, here) +
                      ": it would not continue that run (the data order, the place in it, or the optimizer state "
                      "would differ). Resume with " +
-                     f.setting(it->second) + ", or start a new run from its parameters with --init-from");
+                     setting_text(key, it->second) + ", or start a new run from its parameters with --init-from");
   }
 }
 
@@ -717,14 +728,9 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   auto save_checkpoint_after = [&](int64_t steps_done) {
     io::Metadata meta = {{"step", std::to_string(steps_done)},
                          {"model", c.model},
-                         {"seed", std::to_string(c.seed)},
-                         {"batch_size", std::to_string(batch)},
-                         {"world_size", std::to_string(world)},
-                         {"optimizer", c.optimizer},
-                         {"shuffle", c.shuffle ? "true" : "false"},
-                         {"training_examples", std::to_string(data.train.size())},
                          {"epoch", std::to_string(steps_done / steps_per_epoch)},
                          {"batch_in_epoch", std::to_string(steps_done % steps_per_epoch)}};
+    for (auto& [key, value] : resume_settings(c, world, data.train.size())) meta[key] = value;
     if (use_amp) {
       std::ostringstream s;
       s.precision(9);

@@ -2,7 +2,8 @@
 // Checkpoints: safetensors files whose tensors are the parameters under their
 // PyTorch state_dict names and layouts, the optimizer state as
 // `optimizer.<slot>.<param>` (and `optimizer.step`), and whose header metadata
-// holds the loss scaler, the step, the seed and the data position.
+// holds the loss scaler, the step, the data position and what fixes the data
+// order (launch/trainer.cc's resume settings).
 #include <functional>
 #include <map>
 #include <string>
