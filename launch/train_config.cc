@@ -35,12 +35,17 @@ std::string TrainConfig::ignored_scaler_flags() const {
   auto note = [&](bool given, bool applies, const char* flag) {
     if (given && !applies) ignored += (ignored.empty() ? "" : ", ") + std::string(flag);
   };
+  note(loss_scaling_given, precision == "amp", "--loss-scaling");
+  note(loss_scaling_preset_given, dynamic, "--loss-scaling-preset");
   note(init_loss_scaling.has_value(), scaled, "--init-loss-scaling");
   note(incr_every_n_steps.has_value(), dynamic, "--incr-every-n-steps");
   note(decr_every_n_nan_or_inf.has_value(), dynamic, "--decr-every-n-nan-or-inf");
   note(incr_ratio.has_value(), dynamic, "--incr-ratio");
   note(decr_ratio.has_value(), dynamic, "--decr-ratio");
   note(min_loss_scaling.has_value(), dynamic, "--min-loss-scaling");
+  // Under static and none an overflowing step at a scale at or below the
+  // minimum still counts towards "stuck", so only FP32 ignores this one.
+  note(on_min_scale_given, precision == "amp", "--on-min-scale");
   return ignored;
 }
 
@@ -375,7 +380,12 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
       return bad("--image-size " + std::to_string(*c.image_size) + " is too small for --model " + c.model +
                  ": it needs at least " + std::to_string(min_size));
   }
-  if (preset->count() > 0 && c.loss_scaling != "dynamic")
+  c.loss_scaling_given = given("--loss-scaling");
+  c.loss_scaling_preset_given = preset->count() > 0;
+  c.on_min_scale_given = given("--on-min-scale");
+  // In FP32 the preset is one more scaler flag that does nothing (a warning,
+  // as for the others); under AMP it would be read as the static scale's.
+  if (preset->count() > 0 && c.precision == "amp" && c.loss_scaling != "dynamic")
     return bad(
         "--loss-scaling-preset sets the defaults of the dynamic scaler; --loss-scaling " + c.loss_scaling +
         (c.loss_scaling == "static" ? " takes its fixed scale from --init-loss-scaling" : " has no scale to set"));

@@ -85,6 +85,9 @@ struct TrainConfig {
   std::optional<double> decr_ratio;
   std::optional<double> min_loss_scaling;
   std::string on_min_scale = "error";
+  // Whether these flags with defaults were given: a flag that does nothing is
+  // warned about only when the user wrote it (ignored_scaler_flags).
+  bool loss_scaling_given = false, loss_scaling_preset_given = false, on_min_scale_given = false;
   bool fold_casts = true;  // amp::fold_widening_casts and _grad_casts (amp/fold_casts.h; --no-fold-casts: off)
   bool fuse_param_casts = true;  // amp::fuse_param_casts (amp/fuse_param_casts.h; --no-fuse-param-casts: off)
   std::vector<std::string> amp_white_list;
@@ -111,8 +114,9 @@ struct TrainConfig {
   std::string effective_grad_reduce() const;
   /// The loss scaler the flags ask for: the preset (or --loss-scaling static/none) with the flags' overrides.
   amp::LossScalerConfig loss_scaler_config() const;
-  /// The loss-scaler flags given that do nothing here (any under fp32 or
-  /// --loss-scaling none; the dynamic scaler's under static), comma separated;
+  /// The loss-scaler flags given that do nothing here (any under fp32, the
+  /// scale's under --loss-scaling none, the dynamic scaler's under static),
+  /// comma separated;
   /// empty when none. A warning, not an error: scripts pass one set of flags
   /// to an AMP and an FP32 run to compare them.
   std::string ignored_scaler_flags() const;

@@ -259,6 +259,32 @@ void check_inject_overflow(const TrainConfig& c, const Program& program, int wor
                      "' (`mixtrain --steps 0 --save FILE` writes a file with every name)");
 }
 
+// Names in --amp-white-list and --amp-black-list that move nothing: all of
+// them in FP32 training, and under AMP those of ops this model's forward
+// program lacks. amp::rewrite classifies forward ops only, so a gradient op
+// (relu_grad follows relu) or one a later pass makes (fused_add_relu) is never
+// looked up. A warning, not an error: a script may give several models one list.
+void warn_unused_amp_lists(const TrainConfig& c, const Program& program) {
+  if (c.amp_white_list.empty() && c.amp_black_list.empty()) return;
+  if (c.precision != "amp") {
+    spdlog::warn("--amp-white-list, --amp-black-list: FP32 training has no AMP lists, so they do nothing");
+    return;
+  }
+  std::set<std::string> forward_types;
+  for (const OpDesc& op : program.ops())
+    if (op.role == OpRole::forward) forward_types.insert(op.type);
+  std::string unused;
+  for (const std::string& op : c.amp_white_list)
+    if (!forward_types.count(op)) unused += (unused.empty() ? "--amp-white-list " : ", --amp-white-list ") + op;
+  for (const std::string& op : c.amp_black_list)
+    if (!forward_types.count(op)) unused += (unused.empty() ? "--amp-black-list " : ", --amp-black-list ") + op;
+  if (!unused.empty())
+    spdlog::warn(
+        "{}: the forward program of --model {} has no such op, so {} nothing; the AMP lists classify "
+        "forward ops (--print-program lists them)",
+        unused, c.model, unused.find(',') == std::string::npos ? "it moves" : "they move");
+}
+
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c) {
   const double wd = c.effective_weight_decay();
   std::unique_ptr<optim::Optimizer> opt = c.optimizer == "sgd"     ? optim::make_sgd(wd)
@@ -425,6 +451,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   models::Model model = build_model(c, data.train);
   Program& program = model.program;
   check_inject_overflow(c, program, world);
+  if (rank == 0) warn_unused_amp_lists(c, program);
   const std::vector<std::string> buffers = buffer_names(program);
 
   // ---- the training program: the one-line AMP switch ------------------------------

@@ -12,7 +12,8 @@ Cases: unknown flag, --precision fp8, --batch-size 0 (exit 2, and no 300-digit
 range in the message), --lr inf and 1e39 (inf in FP32), --momentum nan, a zero
 in --hidden, --seed -1, a --loss-scaling-preset with static scaling, --min-loss-scaling above the preset's initial scale, overlapping
 AMP lists (names the op), --grad-reduce fp16 in FP32, malformed
---inject-overflow, AMP lists naming an op mixtrain lacks, flags of another
+--inject-overflow, AMP lists naming an op mixtrain lacks (and warnings for one the
+model's forward program lacks, or any in FP32), flags of another
 model, optimizer or data set (--dropout on the MLP, --hidden on a ResNet,
 --momentum with sgd, --synthetic-size with Fashion-MNIST; loss-scaler flags
 that do nothing only warn), and (exit 2 too,
@@ -128,6 +129,20 @@ def main():
     expect([*small, "--loss-scaling", "static", "--init-loss-scaling", 8, "--min-loss-scaling", 2],
            "--min-loss-scaling with a static scale", rc=0,
            names=["--min-loss-scaling: --loss-scaling static has no dynamic scaler, so it does nothing"])
+    # --loss-scaling, the preset and --on-min-scale have defaults: warned about when written.
+    # The preset under static scaling exits 2 in AMP (below); in FP32 it is one more no-op.
+    expect([*small, "--precision", "fp32", "--loss-scaling", "static", "--loss-scaling-preset", "pytorch",
+            "--on-min-scale", "continue"], "defaulted loss-scaler flags in FP32 training", rc=0,
+           names=["--loss-scaling, --loss-scaling-preset, --on-min-scale: FP32 training has no loss scale"])
+    # The AMP lists classify the model's forward ops: a gradient op, or an op the model
+    # lacks, moves nothing (a warning: a script may give several models one list).
+    expect([*small, "--amp-white-list", "relu_grad", "--amp-black-list", "relu"],
+           "an AMP list naming a gradient op", rc=0,
+           names=["--amp-white-list relu_grad: the forward program of --model mlp has no such op, so it moves"])
+    expect([*small, "--amp-black-list", "softmax,layer_norm"], "AMP lists naming ops the model lacks", rc=0,
+           names=["--amp-black-list softmax, --amp-black-list layer_norm", "they move nothing"])
+    expect([*small, "--precision", "fp32", "--amp-black-list", "matmul"], "an AMP list in FP32 training", rc=0,
+           names=["FP32 training has no AMP lists"])
     expect([*small, "--amp-white-list", "softmx"], "--amp-white-list naming no op", rc=2,
            names=["--amp-white-list", "'softmx'"])
     expect([*small, "--amp-black-list", "relu,matmull"], "--amp-black-list naming no op", rc=2,
