@@ -32,7 +32,7 @@
 namespace mix {
 namespace {
 
-/// out[i] = f(x[i]) for storage types In and Out; returns whether any x[i] was non-finite.
+// out[i] = f(x[i]) for storage types In and Out; returns whether any x[i] was non-finite.
 template <typename In, typename Out>
 bool unscale_check(const In* x, Out* out, int64_t n, fn::UnscaleCheck f) {
   bool found = false;

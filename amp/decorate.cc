@@ -62,7 +62,7 @@ class Decorated final : public optim::Optimizer {
   }
 
  private:
-  /// One group of gradients unscaled by one op: a bucket after its all-reduce.
+  // One group of gradients unscaled by one op: a bucket after its all-reduce.
   struct UnscaleGroup {
     size_t after = 0;                // the op the unscale follows (the bucket's wait)
     std::vector<std::string> x;      // what is read: the reduced gradients
@@ -70,10 +70,10 @@ class Decorated final : public optim::Optimizer {
     std::vector<size_t> casts;       // cast ops (to FP32) that the fused unscale replaces
   };
 
-  /// Step 5 and 6 of DESIGN.md's AMP step: check_finite_and_unscale per
-  /// gradient bucket, right after the bucket's wait (the sync pass put the
-  /// bucket's casts to FP32 there; they fuse into cast_check_finite_and_unscale),
-  /// then one c_allreduce_found_inf of every bucket's flags.
+  // Step 5 and 6 of DESIGN.md's AMP step: check_finite_and_unscale per
+  // gradient bucket, right after the bucket's wait (the sync pass put the
+  // bucket's casts to FP32 there; they fuse into cast_check_finite_and_unscale),
+  // then one c_allreduce_found_inf of every bucket's flags.
   void insert_unscale_and_found_inf(Program& p, const optim::ParamGrads& param_grads) const {
     std::map<std::string, std::string> param_of;  // FP32 gradient -> parameter
     for (auto& [param, grad] : param_grads) param_of[grad] = param;

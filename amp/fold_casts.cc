@@ -14,7 +14,7 @@ namespace {
 
 const std::string kF32(dtype_name(DType::f32));
 
-/// Whether `op` is a cast of `role` from an FP16/BF16 variable to FP32.
+// Whether `op` is a cast of `role` from an FP16/BF16 variable to FP32.
 bool is_widening_cast(const Program& p, const OpDesc& op, OpRole role) {
   if (op.type != "cast" || op.role != role) return false;
   if (op.attr<std::string>("out_dtype", "") != kF32) return false;
@@ -22,14 +22,14 @@ bool is_widening_cast(const Program& p, const OpDesc& op, OpRole role) {
   return in == DType::f16 || in == DType::bf16;
 }
 
-/// Removes each widening cast of `role` whose one reader `accepts(reader,
-/// slot)`, after `rewire(reader, slot, narrow)` has made that reader read the
-/// cast's FP16/BF16 input instead. Returns how many casts it removed.
-///
-/// Exactly one reader. Forward: with two, the unfolded program adds their
-/// FP32 gradients and rounds the sum to FP16 once (the cast's gradient),
-/// while folded readers would each round their own part before the sum.
-/// Backward: any other reader still needs the FP32 value.
+// Removes each widening cast of `role` whose one reader `accepts(reader,
+// slot)`, after `rewire(reader, slot, narrow)` has made that reader read the
+// cast's FP16/BF16 input instead. Returns how many casts it removed.
+//
+// Exactly one reader. Forward: with two, the unfolded program adds their
+// FP32 gradients and rounds the sum to FP16 once (the cast's gradient),
+// while folded readers would each round their own part before the sum.
+// Backward: any other reader still needs the FP32 value.
 template <typename Accepts, typename Rewire>
 int fold(Program& p, OpRole role, Accepts accepts, Rewire rewire) {
   std::set<size_t> removed;

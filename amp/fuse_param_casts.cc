@@ -13,7 +13,7 @@ namespace mix::amp {
 
 namespace {
 
-/// The forward casts of parameters that go into one fused_cast op.
+// The forward casts of parameters that go into one fused_cast op.
 struct Group {
   size_t first = 0;           // where the fused op goes: the first cast's place
   std::vector<size_t> casts;  // the casts, in program order

@@ -113,7 +113,7 @@ void update_loss_scaling_cpu(OpContext& ctx) {
 
 MIX_REGISTER_OP("update_loss_scaling", OpInfo{infer_update_loss_scaling, update_loss_scaling_cpu, {}, {}});
 
-/// One state variable, wherever it lives.
+// One state variable, wherever it lives.
 Tensor on_host(const Scope& scope, const OpDesc& op, const Slot& s) {
   const Tensor t = scope.get(op.out(s.out)).to(cpu_device());
   MIX_CHECK(t.numel() == 1 && t.dtype() == s.dtype,

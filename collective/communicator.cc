@@ -162,7 +162,7 @@ const char* env_or_null(const char* name) {
 }
 
 #ifndef MIX_HAVE_MPI
-/// The world size the launcher announced, or 0 when it did not say.
+// The world size the launcher announced, or 0 when it did not say.
 long launcher_world_size() {
   for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}) {
     if (const char* v = env_or_null(name)) return std::strtol(v, nullptr, 10);

@@ -51,7 +51,7 @@ std::string host_name() {
   return host;
 }
 
-/// "12.4" for cudaDriverGetVersion's 12040.
+// "12.4" for cudaDriverGetVersion's 12040.
 std::string cuda_version_text(int version) {
   return std::to_string(version / 1000) + "." + std::to_string(version % 1000 / 10);
 }

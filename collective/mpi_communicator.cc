@@ -370,7 +370,7 @@ class MpiCommunicator final : public Communicator {
     return {type, mpi_op};
   }
 
-  /// A started all-reduce: its MPI requests (one per chunk) and what wait() finishes.
+  // A started all-reduce: its MPI requests (one per chunk) and what wait() finishes.
   struct Pending {
     void* buf = nullptr;
     size_t count = 0;
@@ -380,7 +380,7 @@ class MpiCommunicator final : public Communicator {
   };
   std::map<Request, Pending> pending_;  // ordered: progress() tests the oldest first
 
-  /// Elements of `elem` bytes one MPI call may carry: within max_bytes_per_call_ and an int count.
+  // Elements of `elem` bytes one MPI call may carry: within max_bytes_per_call_ and an int count.
   size_t elements_per_call(size_t elem) const {
     return std::clamp<size_t>(max_bytes_per_call_ / elem, 1, static_cast<size_t>(INT_MAX));
   }

@@ -89,13 +89,13 @@ std::string format_seconds(double s) {
   return o.str();
 }
 
-/// Polling pauses: yield for the first 20 ms, then sleep, growing to 200 us,
-/// so that a long wait (a large all-reduce, a stuck peer) costs no CPU.
-/// The wait at the end of a training step is the common one: an AMP step on a
-/// fast GPU takes tens of milliseconds, and a sleep overshoots its end by a
-/// sleep plus the kernel's timer slack (0.1-0.3 ms), a percent of such a step,
-/// where yielding notices the end within microseconds. CUDA's own default
-/// (spin, then yield) spends a core on waiting the same way.
+// Polling pauses: yield for the first 20 ms, then sleep, growing to 200 us,
+// so that a long wait (a large all-reduce, a stuck peer) costs no CPU.
+// The wait at the end of a training step is the common one: an AMP step on a
+// fast GPU takes tens of milliseconds, and a sleep overshoots its end by a
+// sleep plus the kernel's timer slack (0.1-0.3 ms), a percent of such a step,
+// where yielding notices the end within microseconds. CUDA's own default
+// (spin, then yield) spends a core on waiting the same way.
 class Backoff {
  public:
   void pause(std::chrono::steady_clock::duration waited) {
@@ -238,8 +238,8 @@ class NcclCommunicator final : public Communicator {
     check_async_error(what);
   }
 
-  /// Only the recording holds the all-reduce, and its event was last recorded
-  /// while capturing (CUDA refuses to wait on such an event): both go.
+  // Only the recording holds the all-reduce, and its event was last recorded
+  // while capturing (CUDA refuses to wait on such an event): both go.
   void forget(Request request) override {
     const auto what = [&] { return MIX_STR_CAT("forget all-reduce request " << request); };
     // After an abort (a failure seen while recording) the first failure is
@@ -249,9 +249,9 @@ class NcclCommunicator final : public Communicator {
               "NCCL " << what() << " on " << process_identity() << ": no such request in flight");
   }
 
-  /// A non-blocking look for failures NCCL has seen off the stream (a dead
-  /// peer, a network error), so that they surface between ops rather than at
-  /// the next blocking collective. Nothing when no collective is in flight.
+  // A non-blocking look for failures NCCL has seen off the stream (a dead
+  // peer, a network error), so that they surface between ops rather than at
+  // the next blocking collective. Nothing when no collective is in flight.
   void progress() override {
     if (pending_.empty() || !comm_) return;
     const auto what = [&] { return MIX_STR_CAT(pending_.size() << " started all-reduce(s)"); };
@@ -260,8 +260,8 @@ class NcclCommunicator final : public Communicator {
 
   size_t in_flight() const override { return pending_.size(); }
 
-  /// The communication stream waits (on the device) for the compute stream's
-  /// work so far; awaiting that stream then awaits both, with the watchdog.
+  // The communication stream waits (on the device) for the compute stream's
+  // work so far; awaiting that stream then awaits both, with the watchdog.
   void synchronize() override {
     const auto what = [&] {
       return MIX_STR_CAT("synchronize (the compute stream's work and " << pending_.size()
@@ -283,7 +283,7 @@ class NcclCommunicator final : public Communicator {
     launch_and_wait(what, ncclBroadcast(buf, buf, bytes, ncclUint8, root, comm_, stream()));
   }
 
-  /// One NCCL group: every broadcast is launched, then the host waits once.
+  // One NCCL group: every broadcast is launched, then the host waits once.
   void broadcast_many(const std::vector<ByteSpan>& buffers, int root) override {
     size_t total = 0;
     for (const ByteSpan& b : buffers) total += b.bytes;
@@ -328,8 +328,8 @@ class NcclCommunicator final : public Communicator {
     launch_and_wait(what, ncclAllGather(send, recv, bytes_per_rank, ncclUint8, comm_, stream()));
   }
 
-  /// An all-reduce of one int on the device: it also proves the NCCL path works.
-  /// Not counted, like the MPI backend's barrier.
+  // An all-reduce of one int on the device: it also proves the NCCL path works.
+  // Not counted, like the MPI backend's barrier.
   void barrier() override {
     const auto what = [] { return std::string("barrier (all_reduce of one int32)"); };
     prepare(what);
@@ -367,7 +367,7 @@ class NcclCommunicator final : public Communicator {
     compute_done_->wait(stream());
   }
 
-  /// Device (or managed) memory of this rank's GPU, or a message that says what it is.
+  // Device (or managed) memory of this rank's GPU, or a message that says what it is.
   template <typename What>
   void check_device_buffer(const void* p, const char* which, const What& what) const {
     // On a thread that never chose a device, the query would start a context on GPU 0.
@@ -422,7 +422,7 @@ class NcclCommunicator final : public Communicator {
     await(what, /*stream_work=*/false, std::max(timeout_s_, kMinInitTimeoutS));
   }
 
-  /// One ncclCommGetAsyncError, without waiting: fail() on an error.
+  // One ncclCommGetAsyncError, without waiting: fail() on an error.
   template <typename What>
   void check_async_error(const What& what) {
     ncclResult_t state = ncclSuccess;
@@ -431,8 +431,8 @@ class NcclCommunicator final : public Communicator {
     if (state != ncclSuccess && state != ncclInProgress) fail(what(), nccl_error_text(state, comm_));
   }
 
-  /// An event for a started collective: a spare one when there is (buckets
-  /// start every step; creating events each time would cost driver calls).
+  // An event for a started collective: a spare one when there is (buckets
+  // start every step; creating events each time would cost driver calls).
   std::unique_ptr<cuda::Event> take_event() {
     if (spare_events_.empty()) return std::make_unique<cuda::Event>();
     std::unique_ptr<cuda::Event> e = std::move(spare_events_.back());
@@ -440,17 +440,17 @@ class NcclCommunicator final : public Communicator {
     return e;
   }
 
-  /// `rc` is what the launching call returned; then waits for the collective.
+  // `rc` is what the launching call returned; then waits for the collective.
   template <typename What>
   void launch_and_wait(const What& what, ncclResult_t rc) {
     if (rc != ncclSuccess && rc != ncclInProgress) fail(what(), nccl_error_text(rc, comm_));
     await(what, /*stream_work=*/true, timeout_s_);
   }
 
-  /// The watchdog: returns when the communicator's state is ncclSuccess and, with
-  /// stream_work, the communication stream is idle; aborts and throws on an
-  /// error or when the timeout passes.
-  /// `limit_s`: the timeout (ncclCommInitRank's is longer).
+  // The watchdog: returns when the communicator's state is ncclSuccess and, with
+  // stream_work, the communication stream is idle; aborts and throws on an
+  // error or when the timeout passes.
+  // `limit_s`: the timeout (ncclCommInitRank's is longer).
   template <typename What>
   void await(const What& what, bool stream_work, double limit_s) {
     using clock = std::chrono::steady_clock;
@@ -497,7 +497,7 @@ class NcclCommunicator final : public Communicator {
     }
   }
 
-  /// Aborts the NCCL communicator (ending its kernels), remembers why, throws.
+  // Aborts the NCCL communicator (ending its kernels), remembers why, throws.
   [[noreturn]] void fail(const std::string& what, const std::string& why) {
     std::string msg = "NCCL " + what + " failed on " + process_identity() + ", GPU " + std::to_string(device_) + ": " +
                       why + "; the NCCL communicator was aborted";
@@ -509,15 +509,15 @@ class NcclCommunicator final : public Communicator {
     throw Error(msg);
   }
 
-  /// ncclCommAbort, waited for at most the timeout; false if it had not
-  /// returned by then. It may itself wait for the device (NCCL's stream is
-  /// ordered after the compute stream, which may hold stuck non-NCCL work, the
-  /// very case the watchdog is for), and a rank must fail rather than hang, so
-  /// it runs on a helper thread that owns the communicator from then on: past
-  /// the deadline the thread is left behind and the process is expected to end
-  /// (the caller throws, or ends the job; run_worker then skips the exit-time
-  /// teardown the thread would race: note_thread_left_in_library). Afterwards
-  /// comm_ is null either way.
+  // ncclCommAbort, waited for at most the timeout; false if it had not
+  // returned by then. It may itself wait for the device (NCCL's stream is
+  // ordered after the compute stream, which may hold stuck non-NCCL work, the
+  // very case the watchdog is for), and a rank must fail rather than hang, so
+  // it runs on a helper thread that owns the communicator from then on: past
+  // the deadline the thread is left behind and the process is expected to end
+  // (the caller throws, or ends the job; run_worker then skips the exit-time
+  // teardown the thread would race: note_thread_left_in_library). Afterwards
+  // comm_ is null either way.
   bool abort_nccl() noexcept {
     if (!comm_) return true;
     if (failure_.empty()) failure_ = "abort() was called";
@@ -551,8 +551,8 @@ class NcclCommunicator final : public Communicator {
     }
   }
 
-  /// Frees everything; never throws. graceful: finalize (flushing outstanding
-  /// work, bounded by the timeout) and destroy; otherwise, or if that fails, abort.
+  // Frees everything; never throws. graceful: finalize (flushing outstanding
+  // work, bounded by the timeout) and destroy; otherwise, or if that fails, abort.
   void release(bool graceful) noexcept {
     if (comm_) {
       MIX_CUDA_CHECK_NOTHROW(cudaSetDevice(device_));
@@ -575,8 +575,8 @@ class NcclCommunicator final : public Communicator {
     compute_done_.reset();
   }
 
-  /// ncclCommFinalize, polled until the communicator is quiescent; false (with a
-  /// report on stderr) on an error or after the timeout.
+  // ncclCommFinalize, polled until the communicator is quiescent; false (with a
+  // report on stderr) on an error or after the timeout.
   bool finalize_nccl() noexcept {
     ncclResult_t rc = ncclCommFinalize(comm_);
     if (rc != ncclSuccess && rc != ncclInProgress) {
@@ -617,8 +617,8 @@ class NcclCommunicator final : public Communicator {
   const double timeout_s_;
   cuda::DeviceContext* ctx_ = nullptr;
   std::unique_ptr<cuda::Event> compute_done_;
-  /// Started all-reduces not yet waited for: the event recorded on the
-  /// communication stream after each (null for an empty one).
+  // Started all-reduces not yet waited for: the event recorded on the
+  // communication stream after each (null for an empty one).
   std::unordered_map<Request, std::unique_ptr<cuda::Event>> pending_;
   std::vector<std::unique_ptr<cuda::Event>> spare_events_;
   void* barrier_buf_ = nullptr;  // one int32 on the device, for barrier()

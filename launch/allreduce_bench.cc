@@ -24,7 +24,7 @@ DType dtype_of(const std::string& name) {
   MIX_FAIL("mixbench: unknown type '" << name << "' (use half, bfloat16 or float)");
 }
 
-/// nccl-tests' name of a dtype.
+// nccl-tests' name of a dtype.
 std::string type_name(DType t) { return t == DType::f16 ? "half" : t == DType::bf16 ? "bfloat16" : "float"; }
 
 ReduceOp op_of(const std::string& name) {
@@ -42,12 +42,12 @@ ReduceOp op_of(const std::string& name) {
 // ranks in bfloat16 and 170 in half; past that the check allows one rounding
 // per hop.
 
-/// Significand bits of a dtype (the integers up to 2^bits are all exact).
+// Significand bits of a dtype (the integers up to 2^bits are all exact).
 int significand_bits(DType t) { return t == DType::f16 ? 11 : t == DType::bf16 ? 8 : 24; }
 
-/// Allowed |got - expected| of element i: 0 where every partial sum is exact;
-/// an avg's scaling by 1/world rounds twice (the factor and the product), and
-/// sums beyond the exact-integer range round once per hop.
+// Allowed |got - expected| of element i: 0 where every partial sum is exact;
+// an avg's scaling by 1/world rounds twice (the factor and the product), and
+// sums beyond the exact-integer range round once per hop.
 double allowed_error(ReduceOp op, DType t, int world, double want) {
   const double ulp = std::ldexp(1.0, 1 - significand_bits(t));  // relative spacing
   const double max_sum = 3.0 * 4.0 * world;                      // bound on any partial sum
@@ -57,7 +57,7 @@ double allowed_error(ReduceOp op, DType t, int world, double want) {
   return err;
 }
 
-/// A host tensor of `count` elements of dtype t holding this rank's values.
+// A host tensor of `count` elements of dtype t holding this rank's values.
 Tensor pattern(DType t, uint64_t count, int rank) {
   Tensor h = Tensor::empty({static_cast<int64_t>(count)}, t);
   for (uint64_t i = 0; i < count; ++i)
@@ -93,8 +93,8 @@ int64_t count_wrong_elements(const Tensor& result, ReduceOp op, int world) {
 
 namespace {
 
-/// The slowest rank's mean microseconds per call of `iters` calls of `call`
-/// on `comm`; the figures travel over `host` (host memory).
+// The slowest rank's mean microseconds per call of `iters` calls of `call`
+// on `comm`; the figures travel over `host` (host memory).
 template <typename F>
 double time_calls(collective::Communicator& comm, collective::Communicator& host, int warmup, int iters, F&& call) {
   for (int i = 0; i < warmup; ++i) call();

@@ -18,7 +18,7 @@ namespace mix::launch {
 
 namespace {
 
-/// The model --model names, at its default size (ResNets at ImageNet's 1000 classes).
+// The model --model names, at its default size (ResNets at ImageNet's 1000 classes).
 models::Model build_named_model(const std::string& name) {
   if (name == "mlp") return models::build_mlp(models::MlpConfig{});
   if (name == "transformer") return models::build_transformer(models::TransformerConfig{});
@@ -27,7 +27,7 @@ models::Model build_named_model(const std::string& name) {
                                                  << "transformer)");
 }
 
-/// A bucket's all-reduce is a start and a wait; the bench runs both.
+// A bucket's all-reduce is a start and a wait; the bench runs both.
 bool is_gradient_allreduce(const OpDesc& op) {
   return (op.type == "c_allreduce_start" || op.type == "c_allreduce_wait") &&
          op.attr<std::string>("traffic", "") == "gradients";

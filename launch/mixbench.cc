@@ -23,7 +23,7 @@
 
 namespace {
 
-/// CLI11 transform: "1K" / "256M" / "4096" -> bytes, with a message naming the value.
+// CLI11 transform: "1K" / "256M" / "4096" -> bytes, with a message naming the value.
 CLI::Validator byte_size() {
   return CLI::Validator(
       [](std::string& text) -> std::string {

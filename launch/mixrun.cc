@@ -23,8 +23,8 @@ namespace {
 
 constexpr int kUsageError = 2;
 
-/// Sum of the slots in "h1:k,h2:k" (a host without ":k" has one slot), or an
-/// error message when an entry is malformed.
+// Sum of the slots in "h1:k,h2:k" (a host without ":k" has one slot), or an
+// error message when an entry is malformed.
 std::optional<long> parse_host_slots(const std::string& hosts, std::string* error) {
   long total = 0;
   size_t start = 0;
@@ -54,7 +54,7 @@ std::optional<long> parse_host_slots(const std::string& hosts, std::string* erro
   return total;
 }
 
-/// POSIX-shell quoting, only where needed, so the printed line can be pasted back.
+// POSIX-shell quoting, only where needed, so the printed line can be pasted back.
 std::string shell_quote(const std::string& arg) {
   if (!arg.empty() && arg.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_@%+=:,./-") ==
                           std::string::npos) {
@@ -73,7 +73,7 @@ std::string shell_quote(const std::string& arg) {
 
 bool starts_with(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
 
-/// Names of the variables the ranks need: mixtrain's, NCCL's, and the BLAS/OpenMP thread counts.
+// Names of the variables the ranks need: mixtrain's, NCCL's, and the BLAS/OpenMP thread counts.
 std::vector<std::string> forwarded_variables() {
   std::vector<std::string> names;
   for (char** e = environ; e && *e; ++e) {

@@ -76,9 +76,9 @@ data::TrainTest load_data(const TrainConfig& c) {
   return data::make_synthetic(n, std::max<int64_t>(n / 8, 1), c.synthetic_features, c.synthetic_classes, c.seed);
 }
 
-/// The model --model names, shaped for the data: the MLP takes flat features; a
-/// ResNet takes [C, H, W] images (flat square images such as Fashion-MNIST's 784
-/// pixels are read as one channel).
+// The model --model names, shaped for the data: the MLP takes flat features; a
+// ResNet takes [C, H, W] images (flat square images such as Fashion-MNIST's 784
+// pixels are read as one channel).
 models::Model build_model(const TrainConfig& c, const data::Dataset& train) {
   const Shape example = train.example_shape();
   const int64_t features = shape_numel(example);
@@ -123,15 +123,15 @@ models::Model build_model(const TrainConfig& c, const data::Dataset& train) {
   return models::build_resnet(rc, c.model);
 }
 
-/// [n, per_example...]: n examples' inputs (model.example_shape) or labels (model.label_shape).
+// [n, per_example...]: n examples' inputs (model.example_shape) or labels (model.label_shape).
 Shape batched(int64_t n, const Shape& per_example) {
   Shape s{n};
   s.insert(s.end(), per_example.begin(), per_example.end());
   return s;
 }
 
-/// Model buffers (batch_norm's running statistics): not trained, but every rank
-/// must hold the same values for evaluation, checkpoints and the consistency check.
+// Model buffers (batch_norm's running statistics): not trained, but every rank
+// must hold the same values for evaluation, checkpoints and the consistency check.
 std::vector<std::string> buffer_names(const Program& p) {
   std::vector<std::string> names;
   for (const VarDesc& v : p.vars())
@@ -139,7 +139,7 @@ std::vector<std::string> buffer_names(const Program& p) {
   return names;
 }
 
-/// NaN or inf in the inputs would look like an overflow every step; stop with the place instead.
+// NaN or inf in the inputs would look like an overflow every step; stop with the place instead.
 void check_finite_data(const data::Dataset& ds, const std::string& where) {
   if (ds.inputs.dtype() != DType::f32) return;  // tokens: nothing to check
   const float* x = ds.inputs.data<float>();
@@ -151,9 +151,9 @@ void check_finite_data(const data::Dataset& ds, const std::string& where) {
     }
 }
 
-/// The output layer has a row for every value up to the largest label, so one
-/// stray large label makes a huge layer that trains without complaint. Say so
-/// when most of those classes have no example.
+// The output layer has a row for every value up to the largest label, so one
+// stray large label makes a huge layer that trains without complaint. Say so
+// when most of those classes have no example.
 void warn_sparse_labels(const data::TrainTest& d, const std::string& path) {
   std::set<int64_t> seen;
   for (const data::Dataset* ds : {&d.train, &d.test}) {
@@ -174,13 +174,13 @@ std::optional<amp::InjectOverflow> inject_from(const TrainConfig& c) {
   return amp::InjectOverflow{spec.step, spec.rank, spec.param};
 }
 
-/// The bytes of a data set's tensors.
+// The bytes of a data set's tensors.
 size_t held_bytes(const data::Dataset& d) {
   return (d.inputs.defined() ? d.inputs.bytes() : 0) + (d.labels.defined() ? d.labels.bytes() : 0);
 }
 
-/// A whole count (the step, a scaler counter) from --resume's metadata; 0 when
-/// the checkpoint has none. A value that is not one names the file and the field.
+// A whole count (the step, a scaler counter) from --resume's metadata; 0 when
+// the checkpoint has none. A value that is not one names the file and the field.
 int64_t metadata_count(const std::string& path, const io::Metadata& meta, const char* key) {
   const auto it = meta.find(key);
   if (it == meta.end()) return 0;
@@ -190,7 +190,7 @@ int64_t metadata_count(const std::string& path, const io::Metadata& meta, const 
                        << "', not a whole number >= 0; the checkpoint is corrupt or was not written by mixtrain");
 }
 
-/// The loss scale from --resume's metadata: a finite FP32 value above 0.
+// The loss scale from --resume's metadata: a finite FP32 value above 0.
 float metadata_loss_scale(const std::string& path, const io::Metadata& meta) {
   const std::string& text = meta.at("loss_scale");
   double v = 0;
@@ -202,9 +202,9 @@ float metadata_loss_scale(const std::string& path, const io::Metadata& meta) {
                        << "', not a finite number above 0; the checkpoint is corrupt or was not written by mixtrain");
 }
 
-/// What fixes a run's data order (seed, shuffle flag, training set size), its
-/// place in it after a step (batch size, rank count) and its optimizer state:
-/// saved in every checkpoint's metadata, compared by check_resume_continues.
+// What fixes a run's data order (seed, shuffle flag, training set size), its
+// place in it after a step (batch size, rank count) and its optimizer state:
+// saved in every checkpoint's metadata, compared by check_resume_continues.
 std::vector<std::pair<std::string, std::string>> resume_settings(const TrainConfig& c, int world,
                                                                  int64_t training_examples) {
   return {{"seed", std::to_string(c.seed)},
@@ -215,7 +215,7 @@ std::vector<std::pair<std::string, std::string>> resume_settings(const TrainConf
           {"optimizer", c.optimizer}};
 }
 
-/// How a user gives resume setting `key` = `value`, for messages.
+// How a user gives resume setting `key` = `value`, for messages.
 std::string setting_text(const std::string& key, const std::string& value) {
   if (key == "world_size") return value + " rank(s)";
   if (key == "training_examples") return "a training set of " + value + " examples";
@@ -224,13 +224,13 @@ std::string setting_text(const std::string& key, const std::string& value) {
   return flag + " " + value;
 }
 
-/// --resume continues the run that wrote the checkpoint from where it
-/// stopped: a run that differs in a resume setting would silently repeat and
-/// skip examples, or drop optimizer state, so it is refused, naming the
-/// setting. A checkpoint of step 0 (`--steps 0 --save`) has no place in the
-/// data yet (its optimizer slots, zeros, are checked by the load itself); a
-/// setting the checkpoint lacks (written before mixtrain saved it) is not
-/// compared.
+// --resume continues the run that wrote the checkpoint from where it
+// stopped: a run that differs in a resume setting would silently repeat and
+// skip examples, or drop optimizer state, so it is refused, naming the
+// setting. A checkpoint of step 0 (`--steps 0 --save`) has no place in the
+// data yet (its optimizer slots, zeros, are checked by the load itself); a
+// setting the checkpoint lacks (written before mixtrain saved it) is not
+// compared.
 void check_resume_continues(const std::string& path, const io::Metadata& meta, int64_t step, const TrainConfig& c,
                             int world, int64_t training_examples) {
   if (step == 0) return;
@@ -245,7 +245,7 @@ void check_resume_continues(const std::string& path, const io::Metadata& meta, i
   }
 }
 
-/// --inject-overflow's rank and parameter, which only the job and the model can check.
+// --inject-overflow's rank and parameter, which only the job and the model can check.
 void check_inject_overflow(const TrainConfig& c, const Program& program, int world) {
   const std::optional<amp::InjectOverflow> inject = inject_from(c);
   if (!inject) return;
@@ -294,7 +294,7 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c) {
   return opt;
 }
 
-/// Hash of the parameters' names, shapes and dtypes: equal models, equal hash.
+// Hash of the parameters' names, shapes and dtypes: equal models, equal hash.
 std::string model_signature(const Program& p) {
   uint64_t h = fnv1a("model");
   for (auto& name : p.parameters()) {
@@ -306,7 +306,7 @@ std::string model_signature(const Program& p) {
   return o.str();
 }
 
-/// Hash of the bytes of every FP32 master and model buffer, for the periodic consistency check.
+// Hash of the bytes of every FP32 master and model buffer, for the periodic consistency check.
 std::string masters_hash(const Program& p, const Scope& scope) {
   uint64_t h = fnv1a("masters");
   std::vector<std::string> names = p.parameters();
@@ -326,7 +326,7 @@ int64_t read_i64(const Scope& s, const char* name) {
 
 float read_f32(const Scope& s, const char* name) { return s.get(name).item_float(0); }
 
-/// Writes a one-element FP32 variable wherever it lives (host or device).
+// Writes a one-element FP32 variable wherever it lives (host or device).
 void write_f32(Tensor& t, float value) {
   if (t.device().kind == DeviceKind::cpu) {
     t.data<float>()[0] = value;
@@ -335,7 +335,7 @@ void write_f32(Tensor& t, float value) {
   }
 }
 
-/// Rank 0 prints the rank -> host -> device table, one line a rank.
+// Rank 0 prints the rank -> host -> device table, one line a rank.
 void log_rank_table(Communicator& comm, const std::string& device) {
   char host[64] = {0};
   gethostname(host, sizeof(host) - 1);
@@ -349,14 +349,14 @@ void log_rank_table(Communicator& comm, const std::string& device) {
     spdlog::info("  rank {} -> {}", r, std::string(&all[static_cast<size_t>(r) * 96]).c_str());
 }
 
-/// Where a skipped step's overflow came from, decoded from the mask that
-/// c_allreduce_found_inf all-reduced (the same on every rank).
+// Where a skipped step's overflow came from, decoded from the mask that
+// c_allreduce_found_inf all-reduced (the same on every rank).
 struct OverflowReport {
   std::vector<std::string> params;                     // parameters whose gradients overflowed, bucket order
   std::vector<int> ranks;                              // ranks whose local flag was raised
   std::vector<std::vector<int>> ranks_of_param;        // per entry of params
 
-  /// " in fc1.weight (rank 1), fc2.bias (ranks 0, 1)", or "" when no parameter is named.
+  // " in fc1.weight (rank 1), fc2.bias (ranks 0, 1)", or "" when no parameter is named.
   std::string describe() const {
     if (params.empty()) return ranks.empty() ? "" : " on rank(s) " + join(ranks);
     constexpr size_t kShown = 8;
@@ -376,9 +376,9 @@ struct OverflowReport {
   }
 };
 
-/// The parameter of each row of the provenance mask (after row 0), in order:
-/// the `params` attribute of the program's c_allreduce_found_inf; empty when
-/// the program has none (FP32 training). Read once, before the first step.
+// The parameter of each row of the provenance mask (after row 0), in order:
+// the `params` attribute of the program's c_allreduce_found_inf; empty when
+// the program has none (FP32 training). Read once, before the first step.
 std::vector<std::string> overflow_mask_params(const Program& p) {
   for (const OpDesc& op : p.ops())
     if (op.type == "c_allreduce_found_inf") return op.attr<std::vector<std::string>>("params", {});
@@ -405,7 +405,7 @@ OverflowReport read_overflow_report(const std::vector<std::string>& params, cons
   return r;
 }
 
-/// top1_correct's output in evaluation: the batch's correct predictions.
+// top1_correct's output in evaluation: the batch's correct predictions.
 constexpr const char* kEvalCorrect = "eval.correct";
 
 struct EvalResult {

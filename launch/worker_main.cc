@@ -11,9 +11,9 @@
 namespace mix::launch {
 namespace {
 
-/// Returns `code`, unless a backend left a thread inside a library call
-/// (collective::thread_left_in_library): then the logs are flushed and the
-/// process ends here with `code`, skipping the teardown that thread would race.
+// Returns `code`, unless a backend left a thread inside a library call
+// (collective::thread_left_in_library): then the logs are flushed and the
+// process ends here with `code`, skipping the teardown that thread would race.
 int finish(int code) {
   if (!collective::thread_left_in_library()) return code;
   spdlog::error("a thread is still stuck in the communication library (see above); ending the process now");

@@ -22,7 +22,7 @@ namespace mix::models {
 
 namespace {
 
-/// Declares an untrained model buffer (batch_norm's running statistics).
+// Declares an untrained model buffer (batch_norm's running statistics).
 void add_buffer(Program& p, const std::string& name, const Shape& shape, DType dtype, VarInit init) {
   VarDesc v;
   v.name = name;
@@ -39,7 +39,7 @@ class ResNetBuilder {
  public:
   ResNetBuilder(Program& p, bool channels_last) : p_(p), format_(channels_last ? "NHWC" : "NCHW") {}
 
-  /// The layout attr of conv2d and pool2d (batch_norm's is data_layout).
+  // The layout attr of conv2d and pool2d (batch_norm's is data_layout).
   std::pair<std::string, Attr> data_format() const { return {"data_format", format_}; }
 
   std::string conv(const std::string& name, const std::string& x, int64_t in, int64_t out, int64_t k, int64_t stride,
@@ -61,7 +61,7 @@ class ResNetBuilder {
     return y;
   }
 
-  /// nn.BatchNorm2d(c) with PyTorch's defaults (momentum 0.1, eps 1e-5).
+  // nn.BatchNorm2d(c) with PyTorch's defaults (momentum 0.1, eps 1e-5).
   std::string batch_norm(const std::string& name, const std::string& x, int64_t c) {
     add_parameter(p_, name + ".weight", {c}, {VarInit::Kind::constant, 1.0});
     add_parameter(p_, name + ".bias", {c}, {VarInit::Kind::zeros, 0.0});
@@ -98,14 +98,14 @@ class ResNetBuilder {
     return y;
   }
 
-  /// torchvision BasicBlock: 3x3 (stride) -> bn -> relu -> 3x3 -> bn, plus the shortcut, -> relu.
+  // torchvision BasicBlock: 3x3 (stride) -> bn -> relu -> 3x3 -> bn, plus the shortcut, -> relu.
   std::string basic_block(const std::string& name, const std::string& x, int64_t in, int64_t width, int64_t stride) {
     std::string h = relu(batch_norm(name + ".bn1", conv(name + ".conv1", x, in, width, 3, stride, 1), width));
     h = batch_norm(name + ".bn2", conv(name + ".conv2", h, width, width, 3, 1, 1), width);
     return relu(add(h, shortcut(name, x, in, width, stride), name));
   }
 
-  /// torchvision Bottleneck: 1x1 -> 3x3 (stride) -> 1x1 (4 x width), each with bn; relu between.
+  // torchvision Bottleneck: 1x1 -> 3x3 (stride) -> 1x1 (4 x width), each with bn; relu between.
   std::string bottleneck(const std::string& name, const std::string& x, int64_t in, int64_t width, int64_t stride) {
     const int64_t out = width * 4;
     std::string h = relu(batch_norm(name + ".bn1", conv(name + ".conv1", x, in, width, 1, 1, 0), width));
@@ -115,7 +115,7 @@ class ResNetBuilder {
   }
 
  private:
-  /// Identity, or a strided 1x1 conv + bn (`downsample`) where the shape changes.
+  // Identity, or a strided 1x1 conv + bn (`downsample`) where the shape changes.
   std::string shortcut(const std::string& name, const std::string& x, int64_t in, int64_t out, int64_t stride) {
     if (stride == 1 && in == out) return x;
     return batch_norm(name + ".downsample.1", conv(name + ".downsample.0", x, in, out, 1, stride, 0), out);

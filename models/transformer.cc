@@ -40,7 +40,7 @@ class TransformerBuilder {
 
   void parameter(const std::string& name, const Shape& shape, VarInit init) { add_parameter(p_, name, shape, init); }
 
-  /// y = x W^T + b over the last dim of x [B, T, in]; W is nn.Linear's [out, in].
+  // y = x W^T + b over the last dim of x [B, T, in]; W is nn.Linear's [out, in].
   std::string linear(const std::string& prefix, const std::string& x, int64_t in, int64_t out, double std) {
     const std::string w = prefix + ".weight", b = prefix + ".bias";
     parameter(w, {out, in}, {VarInit::Kind::normal, std});
@@ -52,7 +52,7 @@ class TransformerBuilder {
     return y;
   }
 
-  /// nn.LayerNorm(d) over the last dim of x [B, T, d] (eps 1e-5, PyTorch's default).
+  // nn.LayerNorm(d) over the last dim of x [B, T, d] (eps 1e-5, PyTorch's default).
   std::string layer_norm(const std::string& prefix, const std::string& x) {
     parameter(prefix + ".weight", {c_.d_model}, {VarInit::Kind::constant, 1.0});
     parameter(prefix + ".bias", {c_.d_model}, {VarInit::Kind::zeros, 0.0});
@@ -88,7 +88,7 @@ class TransformerBuilder {
     return out;
   }
 
-  /// Causal multi-head self-attention of x [B, T, d] -> [B, T, d].
+  // Causal multi-head self-attention of x [B, T, d] -> [B, T, d].
   std::string attention(const std::string& prefix, const std::string& x, double proj_std) {
     const int64_t d = c_.d_model, heads = c_.heads, hd = d / heads;
     const std::string qkv = linear(prefix + ".c_attn", x, d, 3 * d, kStd);  // [B, T, 3d]

@@ -8,13 +8,13 @@ namespace mix {
 
 namespace {
 
-/// Whether `op` can move from `from` to `to` and still read the same values.
-/// Comparing names is not enough: a view (reshape2, an add's pass-through
-/// gradient) shares its storage with another variable, and an op may write
-/// a tensor in place. So only collective ops may lie between the two (the
-/// gradient-sync pass starts bucket all-reduces between backward ops; they
-/// pack and reduce parameter gradients, never activations or their views),
-/// and none of them may write one of `op`'s inputs by name either.
+// Whether `op` can move from `from` to `to` and still read the same values.
+// Comparing names is not enough: a view (reshape2, an add's pass-through
+// gradient) shares its storage with another variable, and an op may write
+// a tensor in place. So only collective ops may lie between the two (the
+// gradient-sync pass starts bucket all-reduces between backward ops; they
+// pack and reduce parameter gradients, never activations or their views),
+// and none of them may write one of `op`'s inputs by name either.
 bool can_move(const Program& p, const OpDesc& op, size_t from, size_t to) {
   const std::vector<std::string> inputs = op.all_inputs();
   for (size_t k = from + 1; k < to; ++k) {

@@ -44,7 +44,7 @@ using cuda::ScalarRef;
 
 // ---- check_finite_and_unscale ----------------------------------------------------------
 
-/// FoundInfinite = FoundInfiniteIn (when given) or an invalid scale.
+// FoundInfinite = FoundInfiniteIn (when given) or an invalid scale.
 struct InitFoundInf {
   int32_t* found;
   ScalarRef prev;
@@ -54,9 +54,9 @@ struct InitFoundInf {
   }
 };
 
-/// A block's chunk of Out = X / scale (slot pointers: X, Out), raising `found`
-/// and FoundInfiniteEach[X's index] (`each`, nullable) when it holds an inf or
-/// NaN: one atomic per block that saw one.
+// A block's chunk of Out = X / scale (slot pointers: X, Out), raising `found`
+// and FoundInfiniteEach[X's index] (`each`, nullable) when it holds an inf or
+// NaN: one atomic per block that saw one.
 template <typename In, typename Out>
 struct UnscaleCheckChunk {
   const float* scale;
@@ -180,7 +180,7 @@ struct LossScalingUpdate {
   }
 };
 
-/// A state input, by value (its output may replace the scope entry), checked.
+// A state input, by value (its output may replace the scope entry), checked.
 Tensor state_input(const OpContext& ctx, const char* slot, DType dtype) {
   const Tensor t = ctx.in(slot);
   MIX_CHECK(t.numel() == 1, "update_loss_scaling: " << slot << " '" << ctx.op.in(slot) << "' must hold one value, has "
@@ -224,7 +224,7 @@ void update_loss_scaling_cuda(OpContext& ctx) {
 
 // ---- inject_overflow -------------------------------------------------------------------
 
-/// g[0] = +inf, in step `step` only when `now` (ExecEnv::device_step) is given.
+// g[0] = +inf, in step `step` only when `now` (ExecEnv::device_step) is given.
 template <typename T>
 struct WriteInfFirst {
   T* g;

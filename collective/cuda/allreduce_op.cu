@@ -43,8 +43,8 @@
 namespace mix::collective {
 namespace {
 
-/// A block's chunk of dst = src (slot pointers: src, dst), in units of U, an
-/// unsigned type of the element's size: a copy of any dtype, bits unchanged.
+// A block's chunk of dst = src (slot pointers: src, dst), in units of U, an
+// unsigned type of the element's size: a copy of any dtype, bits unchanged.
 template <typename U>
 struct CopyChunk {
   __device__ void operator()(const cuda::TensorSlot<2>& s, int64_t begin, int64_t end) const {
@@ -54,8 +54,8 @@ struct CopyChunk {
   }
 };
 
-/// A block's chunk of dst = src * factor (fn::Scale), rounded to T on store as
-/// the CPU's copy_scaled does.
+// A block's chunk of dst = src * factor (fn::Scale), rounded to T on store as
+// the CPU's copy_scaled does.
 template <typename T>
 struct ScaledCopyChunk {
   fn::Scale op;
@@ -66,18 +66,18 @@ struct ScaledCopyChunk {
   }
 };
 
-/// The copies of one pass over a bucket (pointers: src, dst).
+// The copies of one pass over a bucket (pointers: src, dst).
 using Copies = cuda::TensorList<2>;
 
-/// Adds src -> dst; a tensor onto itself only when there is a factor to apply.
+// Adds src -> dst; a tensor onto itself only when there is a factor to apply.
 void add_copy(Copies& copies, const void* src, void* dst, int64_t n, float factor) {
   if (n == 0 || (src == dst && factor == 1.f)) return;
   copies.add({const_cast<void*>(src), dst}, n);
 }
 
-/// Runs the copies on `stream`, each multiplied by `factor`: a plain copy of
-/// any dtype when it is 1 (integer buckets of c_allreduce_sum / _max too), a
-/// floating dtype's scaling otherwise.
+// Runs the copies on `stream`, each multiplied by `factor`: a plain copy of
+// any dtype when it is 1 (integer buckets of c_allreduce_sum / _max too), a
+// floating dtype's scaling otherwise.
 void copy_scaled_on_device(const Copies& copies, DType dtype, float factor, cudaStream_t stream) {
   if (copies.numels.empty()) return;
   if (factor == 1.f) {
@@ -102,8 +102,8 @@ void copy_scaled_on_device(const Copies& copies, DType dtype, float factor, cuda
   });
 }
 
-/// Copies the bucket's X tensors back to back into `buffer`, times `factor`
-/// (a one-tensor bucket whose Buffer is its view: scaled where it lies).
+// Copies the bucket's X tensors back to back into `buffer`, times `factor`
+// (a one-tensor bucket whose Buffer is its view: scaled where it lies).
 void pack_scaled(const OpContext& ctx, void* buffer, DType dtype, float factor, cudaStream_t stream) {
   Copies copies;
   size_t offset = 0;
@@ -116,7 +116,7 @@ void pack_scaled(const OpContext& ctx, void* buffer, DType dtype, float factor, 
   copy_scaled_on_device(copies, dtype, factor, stream);
 }
 
-/// The reverse: each Out tensor gets its slice of `buffer` times `factor`.
+// The reverse: each Out tensor gets its slice of `buffer` times `factor`.
 void unpack_scaled(OpContext& ctx, const Tensor& buffer, const std::string& buffer_name, float factor,
                    cudaStream_t stream) {
   Copies copies;

@@ -28,9 +28,9 @@
 namespace mix::collective {
 namespace {
 
-/// Bucket k's flags into the mask: thread 0 marks row 0 when the bucket's
-/// FoundInfinite is raised, thread i (< n) marks row first_row + i when its
-/// gradient's FoundInfiniteEach entry is (each == nullptr: no per-parameter flags).
+// Bucket k's flags into the mask: thread 0 marks row 0 when the bucket's
+// FoundInfinite is raised, thread i (< n) marks row first_row + i when its
+// gradient's FoundInfiniteEach entry is (each == nullptr: no per-parameter flags).
 struct MarkBucket {
   const int32_t* flag;
   const int32_t* each;
@@ -45,7 +45,7 @@ struct MarkBucket {
   }
 };
 
-/// Out = whether any rank's bit is set in row 0 (the global found_inf).
+// Out = whether any rank's bit is set in row 0 (the global found_inf).
 struct AnyRank {
   const int32_t* mask;
   int words;

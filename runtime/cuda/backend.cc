@@ -18,9 +18,9 @@ namespace mix::cuda {
 
 namespace {
 
-/// MIX_PROFILE_OPS on a GPU: a timing event recorded on the compute stream
-/// per mark, the events reused run after run; collect() waits for the device
-/// (bounded by the hang timeout) and reads the elapsed times between them.
+// MIX_PROFILE_OPS on a GPU: a timing event recorded on the compute stream
+// per mark, the events reused run after run; collect() waits for the device
+// (bounded by the hang timeout) and reads the elapsed times between them.
 class CudaOpTimer final : public OpTimer {
  public:
   explicit CudaOpTimer(int device) : device_(device) {}
@@ -53,8 +53,8 @@ class CudaOpTimer final : public OpTimer {
   size_t used_ = 0;
 };
 
-/// Uploads of input batches: a stream of the device's own beside the compute
-/// stream (copy engines run while kernels do), and an event per fence.
+// Uploads of input batches: a stream of the device's own beside the compute
+// stream (copy engines run while kernels do), and an event per fence.
 class CudaHostToDeviceQueue final : public HostToDeviceQueue {
  public:
   CudaHostToDeviceQueue(int device, int fences) : device_(device), compute_(use_device(device).compute.get()) {

@@ -34,7 +34,7 @@ struct ScaledCastToHalf {
 };
 }  // namespace
 
-/// out[i] = half(scale * in[i]) on `stream`, device pointers.
+// out[i] = half(scale * in[i]) on `stream`, device pointers.
 void launch_scaled_cast_f32_to_f16(const float* in, uint16_t* out, size_t n, float scale, cudaStream_t stream) {
   launch_packed<kPackWidth<float, uint16_t>>(static_cast<int64_t>(n), stream,
                                               ScaledCastToHalf{in, out, fn::Scale{scale, 0.f, true}});

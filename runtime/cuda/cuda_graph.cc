@@ -12,13 +12,13 @@ namespace mix::cuda {
 
 namespace {
 
-/// Stream capture in relaxed mode: the caching allocator may cudaMalloc while
-/// recording (a new block of the graph's pool; cudaMalloc is not a stream
-/// operation, so the recorded work simply keeps using the address), and the
-/// batch prefetcher's thread may go on allocating page-locked memory. Calls
-/// that conflict with capture itself (a host wait for the compute stream, or
-/// a query of an event recorded while capturing) still fail, and so fail the
-/// recording.
+// Stream capture in relaxed mode: the caching allocator may cudaMalloc while
+// recording (a new block of the graph's pool; cudaMalloc is not a stream
+// operation, so the recorded work simply keeps using the address), and the
+// batch prefetcher's thread may go on allocating page-locked memory. Calls
+// that conflict with capture itself (a host wait for the compute stream, or
+// a query of an event recorded while capturing) still fail, and so fail the
+// recording.
 class CudaGraph final : public DeviceGraph {
  public:
   CudaGraph(int device, CudaCachingAllocator& allocator)

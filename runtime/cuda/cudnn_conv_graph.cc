@@ -27,7 +27,7 @@ constexpr cudnnBackendAttributeName_t kGraphHandle = CUDNN_ATTR_OPERATIONGRAPH_H
 constexpr cudnnBackendAttributeName_t kPlanHandle = CUDNN_ATTR_EXECUTION_PLAN_HANDLE;
 #pragma GCC diagnostic pop
 
-/// A backend descriptor, destroyed with its owner.
+// A backend descriptor, destroyed with its owner.
 class BackendDescriptor {
  public:
   BackendDescriptor() = default;
@@ -51,13 +51,13 @@ class BackendDescriptor {
   cudnnStatus_t status_ = CUDNN_STATUS_SUCCESS;
 };
 
-/// The first failing cuDNN call of a plan's construction: what, and its status.
+// The first failing cuDNN call of a plan's construction: what, and its status.
 struct Failure {
   const char* what;
   cudnnStatus_t status;
 };
 
-/// Evaluates a cuDNN call; on failure returns a Failure from the enclosing function.
+// Evaluates a cuDNN call; on failure returns a Failure from the enclosing function.
 #define MIX_GRAPH_TRY(what, stmt)                                       \
   do {                                                                  \
     const cudnnStatus_t mix_graph_status_ = (stmt);                     \
@@ -78,8 +78,8 @@ cudnnStatus_t set_desc(const BackendDescriptor& d, cudnnBackendAttributeName_t n
 // The tensors' unique ids in the graph and in every call's variant pack.
 constexpr int64_t kUidX = 1, kUidW = 2, kUidY = 3;
 
-/// Strides of a 4-d tensor whose dims are named [a, b, c, d] (NCHW order):
-/// row-major, or with b innermost (channels last).
+// Strides of a 4-d tensor whose dims are named [a, b, c, d] (NCHW order):
+// row-major, or with b innermost (channels last).
 std::array<int64_t, 4> strides_of(const std::array<int64_t, 4>& dims, bool channels_last) {
   const int64_t b = dims[1], h = dims[2], w = dims[3];
   if (channels_last) return {h * w * b, 1, w * b, b};
@@ -101,8 +101,8 @@ std::optional<Failure> make_tensor(BackendDescriptor& t, int64_t uid, cudnnDataT
   return std::nullopt;
 }
 
-/// A shape's plan and what it was built from (cuDNN's plan refers to the
-/// engine configuration; the rest is kept with it so nothing it may read goes away).
+// A shape's plan and what it was built from (cuDNN's plan refers to the
+// engine configuration; the rest is kept with it so nothing it may read goes away).
 struct Entry {
   std::vector<BackendDescriptor> keep;  // tensors, convolution, operation, graph, heuristics, configurations
   struct Ranked {
@@ -117,15 +117,15 @@ struct Entry {
   std::atomic<bool> usable{false};  // false: the legacy API runs this shape
 };
 
-/// What an engine configuration's notes say of it.
+// What an engine configuration's notes say of it.
 struct EngineNotes {
   bool allowed = false;           // its numerical notes keep to conv2d.cu's rules
   bool deterministic = true;      // no NONDETERMINISTIC note
   bool runtime_compiled = false;  // its kernel is compiled when the plan is built
 };
 
-/// Whether runtime compilation builds the engine's kernel (its behavior notes;
-/// none readable counts as precompiled).
+// Whether runtime compilation builds the engine's kernel (its behavior notes;
+// none readable counts as precompiled).
 bool runtime_compiled(const BackendDescriptor& engine) {
   std::array<cudnnBackendBehaviorNote_t, CUDNN_BEHAVIOR_NOTE_TYPE_COUNT> notes{};
   int64_t count = 0;
@@ -137,7 +137,7 @@ bool runtime_compiled(const BackendDescriptor& engine) {
   return false;
 }
 
-/// Reads the notes of `config`'s engine (not allowed when they cannot be read).
+// Reads the notes of `config`'s engine (not allowed when they cannot be read).
 EngineNotes engine_notes(const BackendDescriptor& config, const ConvGraphShape& s) {
   EngineNotes r;
   BackendDescriptor engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
@@ -171,7 +171,7 @@ EngineNotes engine_notes(const BackendDescriptor& config, const ConvGraphShape& 
   return r;
 }
 
-/// The graph of one convolution pass and cuDNN's ranked configurations for it.
+// The graph of one convolution pass and cuDNN's ranked configurations for it.
 std::optional<Failure> build_graph(cudnnHandle_t handle, const ConvGraphShape& s, int64_t alignment, Entry& e) {
   const cudnnDataType_t dtype = cudnn_dtype(s.dtype, "conv2d");
   e.keep.reserve(16);
@@ -306,7 +306,7 @@ std::optional<Failure> build_graph(cudnnHandle_t handle, const ConvGraphShape& s
   return std::nullopt;
 }
 
-/// The plan of configuration `config` and its workspace, or the failure.
+// The plan of configuration `config` and its workspace, or the failure.
 std::optional<Failure> build_plan(cudnnHandle_t handle, const BackendDescriptor& config, BackendDescriptor& plan,
                                   int64_t* workspace) {
   plan = BackendDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
@@ -320,7 +320,7 @@ std::optional<Failure> build_plan(cudnnHandle_t handle, const BackendDescriptor&
   return std::nullopt;
 }
 
-/// Runs `plan` with the three tensors and a workspace.
+// Runs `plan` with the three tensors and a workspace.
 cudnnStatus_t execute(cudnnHandle_t handle, const BackendDescriptor& plan, void* x, void* w, void* y, void* workspace) {
   BackendDescriptor pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
   if (pack.created() != CUDNN_STATUS_SUCCESS) return pack.created();
@@ -337,8 +337,8 @@ cudnnStatus_t execute(cudnnHandle_t handle, const BackendDescriptor& plan, void*
   return st;
 }
 
-/// The largest power of two (at most 16) that divides every address: cuDNN
-/// may pick vectorised engines for the alignment a plan was built with.
+// The largest power of two (at most 16) that divides every address: cuDNN
+// may pick vectorised engines for the alignment a plan was built with.
 int64_t alignment_of(std::initializer_list<const void*> pointers) {
   int64_t a = 16;
   for (const void* p : pointers)
@@ -367,10 +367,10 @@ std::string describe(const ConvGraphShape& s) {
   return std::string(conv_pass_name(s.pass)) + " pass of " + conv_shape_text(s.dtype, s.dims);
 }
 
-/// Chooses `e`'s plan: the first ranked configuration that builds, within
-/// the limit, whose workspace the device can give now (`ws` holds it).
-/// `*short_of_memory`: whether a configuration that built was skipped only
-/// because the device could not give its workspace at this moment.
+// Chooses `e`'s plan: the first ranked configuration that builds, within
+// the limit, whose workspace the device can give now (`ws` holds it).
+// `*short_of_memory`: whether a configuration that built was skipped only
+// because the device could not give its workspace at this moment.
 bool choose_plan(cudnnHandle_t handle, Device device, Entry& e, size_t limit, Tensor& ws, std::string& why,
                  bool* short_of_memory) {
   *short_of_memory = false;

@@ -43,7 +43,7 @@ int checked_int(int64_t v, const char* what, int64_t m, int64_t n, int64_t k, in
   return static_cast<int>(v);
 }
 
-/// C = 0 for every batch entry (an empty sum; k == 0 with beta == 0).
+// C = 0 for every batch entry (an empty sum; k == 0 with beta == 0).
 void zero_outputs(void* c, DType c_dtype, int64_t m, int64_t n, const GemmBatch& batch, cudaStream_t stream) {
   const size_t elem = dtype_size(c_dtype);
   const size_t matrix = static_cast<size_t>(m * n) * elem;

@@ -49,7 +49,7 @@ std::string gz_error_text(gzFile f, const std::string& path) {
   return m;
 }
 
-/// Reads exactly n bytes or throws naming the file and what was being read.
+// Reads exactly n bytes or throws naming the file and what was being read.
 void read_exact(gzFile f, const std::string& path, void* dst, size_t n, const char* what) {
   auto* out = static_cast<unsigned char*>(dst);
   size_t got = 0;
@@ -68,7 +68,7 @@ void read_exact(gzFile f, const std::string& path, void* dst, size_t n, const ch
   }
 }
 
-/// The path to read: `path` if it exists, else the same name without ".gz".
+// The path to read: `path` if it exists, else the same name without ".gz".
 std::string resolve(const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code ec;

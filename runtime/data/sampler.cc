@@ -43,16 +43,16 @@ std::vector<int64_t> DistributedSampler::indices(int64_t epoch) const {
 
 namespace {
 
-/// Where a gather writes a batch of `shape`: `last`'s memory (the tensor a
-/// previous gather wrote) viewed as `shape` when it holds that many `dtype`
-/// elements, else new memory from `memory`. An epoch's short last batch
-/// therefore reuses the full batches' memory, and the next full batch gets it
-/// back, instead of page-locked memory being freed and allocated again.
-/// Both synchronize with the device (CUDA's programming guide lists
-/// page-locked allocation among the implicit synchronizations; HIP documents
-/// its free as a device synchronize): on the prefetcher's thread that would
-/// stall the step running meanwhile, and break one being recorded as a CUDA
-/// graph (--cuda-graph).
+// Where a gather writes a batch of `shape`: `last`'s memory (the tensor a
+// previous gather wrote) viewed as `shape` when it holds that many `dtype`
+// elements, else new memory from `memory`. An epoch's short last batch
+// therefore reuses the full batches' memory, and the next full batch gets it
+// back, instead of page-locked memory being freed and allocated again.
+// Both synchronize with the device (CUDA's programming guide lists
+// page-locked allocation among the implicit synchronizations; HIP documents
+// its free as a device synchronize): on the prefetcher's thread that would
+// stall the step running meanwhile, and break one being recorded as a CUDA
+// graph (--cuda-graph).
 Tensor batch_target(const Tensor& last, const Shape& shape, DType dtype, Allocator& memory) {
   if (last.defined() && last.dtype() == dtype && last.device() == memory.device() && last.storage_holds(shape))
     return last.viewed_as(shape);

@@ -62,10 +62,10 @@ TrainTest make_synthetic(int64_t train_size, int64_t test_size, int64_t features
 
 namespace {
 
-/// Images of `classes` kinds: N(0, 1) noise plus 0.5 times a fixed +-1 pattern
-/// of the label's class. The patterns are hashed from (seed, class, pixel) on
-/// the fly, so no [classes, pixels] teacher is held (ImageNet-sized images with
-/// 1000 classes would need 600 MB for one).
+// Images of `classes` kinds: N(0, 1) noise plus 0.5 times a fixed +-1 pattern
+// of the label's class. The patterns are hashed from (seed, class, pixel) on
+// the fly, so no [classes, pixels] teacher is held (ImageNet-sized images with
+// 1000 classes would need 600 MB for one).
 Dataset make_image_split(int64_t n, int64_t channels, int64_t size, int64_t classes, uint64_t seed, Rng rng) {
   Dataset ds;
   ds.name = "synthetic-images";

@@ -18,8 +18,8 @@ namespace fs = std::filesystem;
 
 constexpr int64_t kValidationEvery = 20;  // every 20th entry (5 %) is held out
 
-/// Splits a fortune file into entries at lines that hold a single '%'. Each
-/// entry keeps its separator line, so the model also learns where entries end.
+// Splits a fortune file into entries at lines that hold a single '%'. Each
+// entry keeps its separator line, so the model also learns where entries end.
 std::vector<std::string> entries_of(const std::string& text) {
   std::vector<std::string> out;
   std::string current, line;
@@ -36,7 +36,7 @@ std::vector<std::string> entries_of(const std::string& text) {
   return out;
 }
 
-/// Windows of context + 1 bytes at stride `context` over the stream.
+// Windows of context + 1 bytes at stride `context` over the stream.
 Dataset windows(const std::string& name, const std::string& bytes, int64_t context) {
   const int64_t total = static_cast<int64_t>(bytes.size());
   const int64_t n = total > context ? (total - 1) / context : 0;

@@ -31,11 +31,11 @@ void copy_into(const std::string& path, const std::string& name, const Tensor& s
   cpu::store_f32(cpu::as_f32(src, 3), dst);
 }
 
-/// A NaN loaded into any tensor, or an inf into a parameter, would only show
-/// later, as every AMP step overflowing or an FP32 loss of NaN: stop here and
-/// name the tensor instead. Other state may hold inf in a healthy run (AdamW's
-/// exp_avg_sq past a gradient of ~1.8e19, whose update is then 0), so only
-/// parameters must be finite.
+// A NaN loaded into any tensor, or an inf into a parameter, would only show
+// later, as every AMP step overflowing or an FP32 loss of NaN: stop here and
+// name the tensor instead. Other state may hold inf in a healthy run (AdamW's
+// exp_avg_sq past a gradient of ~1.8e19, whose update is then 0), so only
+// parameters must be finite.
 void check_values(const std::string& path, const std::string& name, const Tensor& t, bool parameter) {
   const DType d = t.dtype();
   if ((d != DType::f32 && d != DType::f16 && d != DType::bf16) || t.numel() == 0) return;
@@ -49,7 +49,7 @@ void check_values(const std::string& path, const std::string& name, const Tensor
                              << (parameter ? "non-finite parameters" : "NaN") << ")");
 }
 
-/// Copies a tensor of the file into the model's variable `v`, then checks its values.
+// Copies a tensor of the file into the model's variable `v`, then checks its values.
 void load_into(const std::string& path, const VarDesc& v, const Tensor& src, Tensor& dst) {
   copy_into(path, v.name, src, dst);
   check_values(path, v.name, dst, v.is_parameter);

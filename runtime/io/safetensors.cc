@@ -27,7 +27,7 @@ const char* const kSupported = "F32, F16, BF16, I32, I64, U8";
 
 std::string errno_text() { return std::strerror(errno); }
 
-/// Closes a FILE* on every path out of a function.
+// Closes a FILE* on every path out of a function.
 struct FileCloser {
   std::FILE* f;
   ~FileCloser() {

@@ -65,7 +65,7 @@ void infer_batch_norm(Program& p, OpDesc& op) {
   if (!op.out_or_empty("NumBatchesTrackedOut").empty()) declare_var(p, op.out("NumBatchesTrackedOut"), {}, DType::i64);
 }
 
-/// Calls f(row, n, c, values) for every [n, c] row of X widened to FP32 (S values each).
+// Calls f(row, n, c, values) for every [n, c] row of X widened to FP32 (S values each).
 template <typename F>
 void for_each_row(const Tensor& x, const BatchNormDims& d, std::vector<float>& buf, F&& f) {
   buf.resize(static_cast<size_t>(d.spatial));
@@ -80,9 +80,9 @@ void for_each_row(const Tensor& x, const BatchNormDims& d, std::vector<float>& b
   });
 }
 
-/// Y[row] = normalize(X[row]) with one functor per channel, then relu if
-/// `relu`; with a residual z (channels first, X's shape and dtype), Y[row] =
-/// relu(round_T(normalize(X[row])) + Z[row]) (fn::BnAddRelu, in bulk).
+// Y[row] = normalize(X[row]) with one functor per channel, then relu if
+// `relu`; with a residual z (channels first, X's shape and dtype), Y[row] =
+// relu(round_T(normalize(X[row])) + Z[row]) (fn::BnAddRelu, in bulk).
 void normalize(const Tensor& x, const BatchNormDims& d, const std::vector<fn::BnNormalize>& per_channel, bool relu,
                const Tensor* z, Tensor& y) {
   std::vector<float> buf, zbuf(z ? static_cast<size_t>(d.spatial) : 0);
@@ -106,19 +106,19 @@ void normalize(const Tensor& x, const BatchNormDims& d, const std::vector<fn::Bn
   });
 }
 
-/// X as [n, c, spatial]: X itself, or a channels-first copy of a channels-last X.
+// X as [n, c, spatial]: X itself, or a channels-first copy of a channels-last X.
 Tensor as_channels_first(const Tensor& x, const BatchNormDims& d) {
   return d.channels_last ? layout::channels_first_copy(x) : x;
 }
 
-/// The output `slot`, shaped like a channels-last X, = `result` [n, c, spatial...] permuted back.
+// The output `slot`, shaped like a channels-last X, = `result` [n, c, spatial...] permuted back.
 void store_channels_last(OpContext& ctx, const std::string& slot, const Tensor& result) {
   const Tensor& x = ctx.in("X");
   layout::store_channels_last(result, ctx.out(slot, x.shape(), x.dtype()));
 }
 
-/// Y = normalize(X) with one functor per channel (then relu with
-/// fuse_with_relu, after adding Z where there is one), written in X's layout.
+// Y = normalize(X) with one functor per channel (then relu with
+// fuse_with_relu, after adding Z where there is one), written in X's layout.
 void write_y(OpContext& ctx, const Tensor& x_nchw, const BatchNormDims& d,
              const std::vector<fn::BnNormalize>& per_channel) {
   const Tensor& x = ctx.in("X");

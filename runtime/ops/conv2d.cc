@@ -25,8 +25,8 @@
 namespace mix {
 namespace {
 
-/// Floats of im2col matrix per chunk: large enough for efficient GEMMs, small
-/// enough that the workspace stays a fraction of the activations (16 MiB).
+// Floats of im2col matrix per chunk: large enough for efficient GEMMs, small
+// enough that the workspace stays a fraction of the activations (16 MiB).
 constexpr int64_t kColBudgetFloats = int64_t{4} << 20;
 
 void infer_conv2d(Program& p, OpDesc& op) {
@@ -38,7 +38,7 @@ void infer_conv2d(Program& p, OpDesc& op) {
   declare_var(p, op.out("Output"), conv_dims(op, x.shape, f.shape).out_shape(), x.dtype);
 }
 
-/// dst[0, count) = float(t's elements [offset, offset + count)).
+// dst[0, count) = float(t's elements [offset, offset + count)).
 void widen(const Tensor& t, int64_t offset, int64_t count, float* dst) {
   cpu::dispatch_floating(t.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -46,8 +46,8 @@ void widen(const Tensor& t, int64_t offset, int64_t count, float* dst) {
   });
 }
 
-/// The output columns ox whose input column ox * stride - pad + j * dil lies in
-/// [0, w): [lo, hi). Precomputing it keeps the bounds test out of the inner loops.
+// The output columns ox whose input column ox * stride - pad + j * dil lies in
+// [0, w): [lo, hi). Precomputing it keeps the bounds test out of the inner loops.
 struct ColumnRange {
   int64_t lo, hi;
 };
@@ -59,8 +59,8 @@ ColumnRange valid_columns(const ConvDims& d, int64_t j) {
   return {std::min(lo, d.ow), std::clamp<int64_t>(hi, std::min(lo, d.ow), d.ow)};
 }
 
-/// Unfolds channels [c0, c0 + c/groups) of `nb` images x[nb, c, h, w] into
-/// col[k, nb * oh * ow], row k = (ci kh + i) kw + j; padding reads as 0.
+// Unfolds channels [c0, c0 + c/groups) of `nb` images x[nb, c, h, w] into
+// col[k, nb * oh * ow], row k = (ci kh + i) kw + j; padding reads as 0.
 void im2col(const float* x, const ConvDims& d, int64_t nb, int64_t c0, float* col) {
   const int64_t ohw = d.oh * d.ow, cols = nb * ohw;
   for (int64_t ci = 0; ci < d.c_per_group(); ++ci)
@@ -92,7 +92,7 @@ void im2col(const float* x, const ConvDims& d, int64_t nb, int64_t c0, float* co
       }
 }
 
-/// The adjoint of im2col: adds col's entries back into dx[nb, c, h, w] (channels c0..).
+// The adjoint of im2col: adds col's entries back into dx[nb, c, h, w] (channels c0..).
 void col2im_add(const float* col, const ConvDims& d, int64_t nb, int64_t c0, float* dx) {
   const int64_t ohw = d.oh * d.ow, cols = nb * ohw;
   for (int64_t ci = 0; ci < d.c_per_group(); ++ci)
@@ -114,7 +114,7 @@ void col2im_add(const float* col, const ConvDims& d, int64_t nb, int64_t c0, flo
       }
 }
 
-/// Images per chunk so that the im2col matrix stays within kColBudgetFloats.
+// Images per chunk so that the im2col matrix stays within kColBudgetFloats.
 int64_t chunk_images(const ConvDims& d) {
   const int64_t per_image = std::max<int64_t>(1, d.k_per_group() * d.oh * d.ow);
   return std::clamp<int64_t>(kColBudgetFloats / per_image, 1, std::max<int64_t>(d.n, 1));
@@ -122,7 +122,7 @@ int64_t chunk_images(const ConvDims& d) {
 
 Tensor f32_workspace(int64_t floats) { return Tensor::empty({std::max<int64_t>(floats, 1)}, DType::f32); }
 
-/// The chunk's input as FP32: the tensor's own data for f32, else a widened copy in `buf`.
+// The chunk's input as FP32: the tensor's own data for f32, else a widened copy in `buf`.
 const float* chunk_input(const Tensor& x, const ConvDims& d, int64_t n0, int64_t nb, Tensor& buf) {
   const int64_t per_image = d.c * d.h * d.w;
   if (x.dtype() == DType::f32) return x.data<float>() + n0 * per_image;
@@ -131,7 +131,7 @@ const float* chunk_input(const Tensor& x, const ConvDims& d, int64_t n0, int64_t
   return buf.data<float>();
 }
 
-/// out[n, oc, oh, ow] = conv(x[n, c, h, w], filter): the channels-first forward.
+// out[n, oc, oh, ow] = conv(x[n, c, h, w], filter): the channels-first forward.
 void conv2d_nchw(const Tensor& x, const Tensor& filter, const ConvDims& d, Tensor& out) {
   if (d.n == 0) return;
   const int64_t ohw = d.oh * d.ow, K = d.k_per_group(), ocg = d.oc_per_group();
@@ -166,7 +166,7 @@ void conv2d_cpu(OpContext& ctx) {
   layout::store_channels_last(out, ctx.out("Output", d.out_shape(), x.dtype()));
 }
 
-/// The channels-first gradients: dx[n, c, h, w] and dw (either may be null) from dout[n, oc, oh, ow].
+// The channels-first gradients: dx[n, c, h, w] and dw (either may be null) from dout[n, oc, oh, ow].
 void conv2d_grad_nchw(const Tensor& x, const Tensor& filter, const Tensor& dout, const ConvDims& d, Tensor* dx,
                       Tensor* dw) {
   const bool want_dx = dx != nullptr, want_dw = dw != nullptr;

@@ -48,7 +48,7 @@ void infer_dropout(Program& p, OpDesc& op) {
   if (!op.out_or_empty("Mask").empty()) declare_var(p, op.out("Mask"), x.shape, DType::u8);
 }
 
-/// out[i] = f(in[i], mask[i]) in FP32 chunks, rounded to T on store.
+// out[i] = f(in[i], mask[i]) in FP32 chunks, rounded to T on store.
 template <typename T>
 void apply_mask(const T* in, const uint8_t* mask, T* out, int64_t n, fn::DropoutApply f) {
   float buf[cpu::kChunk];

@@ -8,7 +8,7 @@
 namespace mix {
 namespace {
 
-/// The 2-D shape; a -1 (batch) dim makes its side -1.
+// The 2-D shape; a -1 (batch) dim makes its side -1.
 Shape flatten_shape(const Shape& x, int64_t axis) {
   MIX_CHECK(axis >= 0 && axis <= static_cast<int64_t>(x.size()),
             "flatten: axis " << axis << " out of range for X " << shape_str(x));

@@ -36,7 +36,7 @@ int64_t id_at(const Tensor& ids, int64_t i) {
   return ids.dtype() == DType::i64 ? ids.data<int64_t>()[i] : ids.data<int32_t>()[i];
 }
 
-/// "[i, j, ...]": the position of flat element i in a tensor of shape s.
+// "[i, j, ...]": the position of flat element i in a tensor of shape s.
 std::string index_str(int64_t i, const Shape& s) {
   std::vector<int64_t> idx(s.size());
   for (size_t k = s.size(); k-- > 0;) {
@@ -58,7 +58,7 @@ void infer_lookup_table(Program& p, OpDesc& op) {
   declare_var(p, op.out("Out"), out_shape(ids.shape, w.shape[1]), w.dtype);
 }
 
-/// Every id in [0, V), before any row is read.
+// Every id in [0, V), before any row is read.
 void check_ids(const std::string& op, const Tensor& ids, int64_t rows) {
   lookup_rules::check_id_dtype(op, ids);
   for (int64_t i = 0; i < ids.numel(); ++i) {

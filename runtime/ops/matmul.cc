@@ -41,9 +41,9 @@ void infer_matmul(Program& p, OpDesc& op) {
   declare_var(p, op.out("Out"), matmul_dims(x.shape, y.shape, a.tx, a.ty).out(), x.dtype);
 }
 
-/// count GEMMs C_i = alpha op(A_i) op(B_i), operands `stride` floats apart.
-/// With `accumulate` every C_i is the same matrix (stride 0) and the products
-/// are summed into it, in FP32.
+// count GEMMs C_i = alpha op(A_i) op(B_i), operands `stride` floats apart.
+// With `accumulate` every C_i is the same matrix (stride 0) and the products
+// are summed into it, in FP32.
 void gemm_batched(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t sa,
                   const float* b, int64_t sb, float* c, int64_t sc, int64_t count, bool accumulate) {
   if (accumulate || k == 0) std::fill(c, c + (accumulate ? m * n : m * n * count), 0.f);
@@ -52,7 +52,7 @@ void gemm_batched(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha
     cpu::sgemm(ta, tb, m, n, k, alpha, a + i * sa, b + i * sb, accumulate ? 1.f : 0.f, c + i * sc);
 }
 
-/// FP32 destination for a tensor: its own data for f32, else `tmp` (stored by finish()).
+// FP32 destination for a tensor: its own data for f32, else `tmp` (stored by finish()).
 float* f32_dest(Tensor& t, std::vector<float>& tmp) {
   if (t.dtype() == DType::f32) return t.data<float>();
   tmp.resize(static_cast<size_t>(t.numel()));

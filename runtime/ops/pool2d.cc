@@ -26,7 +26,7 @@ void infer_pool2d(Program& p, OpDesc& op) {
   declare_var(p, op.out("Out"), pool_dims(op, x.shape).out_shape(), x.dtype);
 }
 
-/// The in-bounds part of the window of output (oy, ox): rows [y0, y1), columns [x0, x1).
+// The in-bounds part of the window of output (oy, ox): rows [y0, y1), columns [x0, x1).
 struct Window {
   int64_t y0, y1, x0, x1;
 };
@@ -35,7 +35,7 @@ Window window_at(const PoolDims& d, int64_t oy, int64_t ox) {
   return {std::max<int64_t>(ys, 0), std::min(ys + d.kh, d.h), std::max<int64_t>(xs, 0), std::min(xs + d.kw, d.w)};
 }
 
-/// Row-major index (in the plane) of the window's first maximum; a NaN wins, so it propagates.
+// Row-major index (in the plane) of the window's first maximum; a NaN wins, so it propagates.
 int64_t argmax_in(const float* plane, const PoolDims& d, const Window& w) {
   int64_t best = -1;
   float best_value = 0.f;
@@ -54,7 +54,7 @@ float avg_divisor(const PoolDims& d, const Window& w) {
   return d.exclusive ? static_cast<float>((w.y1 - w.y0) * (w.x1 - w.x0)) : static_cast<float>(d.kh * d.kw);
 }
 
-/// out[n, c, oh, ow] = pool(x[n, c, h, w]): the channels-first forward.
+// out[n, c, oh, ow] = pool(x[n, c, h, w]): the channels-first forward.
 void pool2d_nchw(const Tensor& x, const PoolDims& d, Tensor& out) {
   std::vector<float> plane(static_cast<size_t>(d.h * d.w)), res(static_cast<size_t>(d.oh * d.ow));
   cpu::dispatch_floating(x.dtype(), [&](auto tag) {
@@ -89,7 +89,7 @@ void pool2d_cpu(OpContext& ctx) {
   layout::store_channels_last(out, ctx.out("Out", d.out_shape(), x.dtype()));
 }
 
-/// dx[n, c, h, w] from dout[n, c, oh, ow]: the channels-first gradient.
+// dx[n, c, h, w] from dout[n, c, oh, ow]: the channels-first gradient.
 void pool2d_grad_nchw(const Tensor& x, const Tensor& dout, const PoolDims& d, Tensor& dx) {
   std::vector<float> plane(static_cast<size_t>(d.h * d.w)), dplane(plane.size()), dres(static_cast<size_t>(d.oh * d.ow));
   cpu::dispatch_floating(x.dtype(), [&](auto tag) {

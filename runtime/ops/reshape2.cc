@@ -17,7 +17,7 @@ std::vector<int64_t> shape_attr(const OpDesc& op) {
   return op.attr<std::vector<int64_t>>("shape", {});
 }
 
-/// Applies the 0 (copy) entries and checks the attr; returns the index of the -1 entry, or -1.
+// Applies the 0 (copy) entries and checks the attr; returns the index of the -1 entry, or -1.
 int apply_copies(const std::vector<int64_t>& attr, const Shape& x, Shape& out) {
   int infer_at = -1;
   out.assign(attr.begin(), attr.end());
@@ -37,7 +37,7 @@ int apply_copies(const std::vector<int64_t>& attr, const Shape& x, Shape& out) {
   return infer_at;
 }
 
-/// The output shape for a concrete input shape.
+// The output shape for a concrete input shape.
 Shape resolve_shape(const std::vector<int64_t>& attr, const Shape& x) {
   Shape out;
   const int infer_at = apply_copies(attr, x, out);

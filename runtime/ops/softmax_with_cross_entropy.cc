@@ -64,7 +64,7 @@ int64_t label_at(const Tensor& label, int64_t i) {
   return label.dtype() == DType::i64 ? label.data<int64_t>()[i] : label.data<int32_t>()[i];
 }
 
-/// The row's label, or -1 for an ignored row; throws for a label outside [0, C).
+// The row's label, or -1 for an ignored row; throws for a label outside [0, C).
 int64_t checked_label(const Tensor& label, int64_t row, int64_t classes, int64_t ignore_index) {
   const int64_t l = label_at(label, row);
   if (l == ignore_index) return -1;

@@ -39,9 +39,9 @@ void infer_transpose2(Program& p, OpDesc& op) {
     declare_var(p, op.out("XShape"), transpose_rules::xshape_of(x.shape), x.dtype);
 }
 
-/// n elements of E (an unsigned type of the element size) from `from` to
-/// `to`, spaced `stride` apart on the strided side: the source when gathering,
-/// the destination when scattering (the other side is dense).
+// n elements of E (an unsigned type of the element size) from `from` to
+// `to`, spaced `stride` apart on the strided side: the source when gathering,
+// the destination when scattering (the other side is dense).
 template <typename E, bool kScatter>
 void copy_strided(const unsigned char* from, unsigned char* to, int64_t n, int64_t stride) {
   const E* f = reinterpret_cast<const E*>(from);
@@ -54,9 +54,9 @@ void copy_strided(const unsigned char* from, unsigned char* to, int64_t n, int64
   }
 }
 
-/// gather_cpu (src strided, dst dense) or scatter_cpu (src dense, dst
-/// strided): walks the dense side in order with an odometer over the plan's
-/// outer dims; an innermost run contiguous on both sides is one memcpy.
+// gather_cpu (src strided, dst dense) or scatter_cpu (src dense, dst
+// strided): walks the dense side in order with an odometer over the plan's
+// outer dims; an innermost run contiguous on both sides is one memcpy.
 template <bool kScatter>
 void copy_runs(const unsigned char* src, unsigned char* dst, const fn::TransposePlan& plan, int64_t numel, size_t es) {
   if (numel == 0) return;

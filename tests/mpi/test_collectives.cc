@@ -51,7 +51,7 @@ const size_t kSizes[] = {1, 7, 1000, size_t{1} << 20};
 
 // ---- element access in any dtype ---------------------------------------------
 
-/// Stores v (exactly representable, or rounded as the dtype rounds) at element i.
+// Stores v (exactly representable, or rounded as the dtype rounds) at element i.
 void store(void* buf, size_t i, DType t, double v) {
   switch (t) {
     case DType::f32: static_cast<float*>(buf)[i] = static_cast<float>(v); return;
@@ -75,9 +75,9 @@ double load(const void* buf, size_t i, DType t) {
   return 0;
 }
 
-/// The value the backend must produce from an exact sum or max: avg is the
-/// (exact) sum stored in the dtype, then multiplied by 1/world in FP32 and
-/// rounded to the dtype; integers divide, truncating toward zero.
+// The value the backend must produce from an exact sum or max: avg is the
+// (exact) sum stored in the dtype, then multiplied by 1/world in FP32 and
+// rounded to the dtype; integers divide, truncating toward zero.
 void store_expected(void* buf, size_t i, DType t, ReduceOp op, double exact, int world) {
   if (op != ReduceOp::avg) return store(buf, i, t, exact);
   if (t == DType::i32) return store(buf, i, t, static_cast<double>(static_cast<int32_t>(exact) / world));
@@ -86,7 +86,7 @@ void store_expected(void* buf, size_t i, DType t, ReduceOp op, double exact, int
   store(buf, i, t, static_cast<double>(sum * (1.0f / static_cast<float>(world))));
 }
 
-/// Counts elements whose bytes differ; describes the first one.
+// Counts elements whose bytes differ; describes the first one.
 size_t count_mismatches(const std::vector<char>& got, const std::vector<char>& want, size_t n, DType t,
                         std::string* first) {
   const size_t es = mix::dtype_size(t);
@@ -103,7 +103,7 @@ size_t count_mismatches(const std::vector<char>& got, const std::vector<char>& w
   return bad;
 }
 
-/// FNV-1a of a buffer: ranks compare results without gathering them whole.
+// FNV-1a of a buffer: ranks compare results without gathering them whole.
 uint64_t fnv1a(const void* p, size_t bytes) {
   uint64_t h = 1469598103934665603ull;
   const auto* c = static_cast<const unsigned char*>(p);
@@ -111,7 +111,7 @@ uint64_t fnv1a(const void* p, size_t bytes) {
   return h;
 }
 
-/// True when every rank holds the same 64-bit value.
+// True when every rank holds the same 64-bit value.
 bool same_on_all_ranks(Communicator& c, uint64_t v) {
   std::vector<uint64_t> all(static_cast<size_t>(c.world_size()));
   c.all_gather(&v, all.data(), sizeof(v));
@@ -121,8 +121,8 @@ bool same_on_all_ranks(Communicator& c, uint64_t v) {
   return true;
 }
 
-/// Runs one all-reduce where rank r contributes value(r, i) at element i, and
-/// compares with the closed form from exact(i) (the exact sum or max).
+// Runs one all-reduce where rank r contributes value(r, i) at element i, and
+// compares with the closed form from exact(i) (the exact sum or max).
 template <typename ValueFn, typename ExactFn>
 void check_reduce(Communicator& c, DType t, ReduceOp op, size_t n, ValueFn value, ExactFn exact) {
   const int world = c.world_size();
@@ -157,7 +157,7 @@ float bf16_sum_hop(float a, float b) {
   return mix::bf16_bits_to_float(x);
 }
 
-/// Every result of combining vals with `hop` over any binary tree and any order.
+// Every result of combining vals with `hop` over any binary tree and any order.
 std::set<float> all_tree_results(const std::vector<float>& vals, HopFn hop) {
   if (vals.size() == 1) return {vals[0]};
   std::set<float> out;

@@ -33,7 +33,7 @@ static Communicator* g_comm = nullptr;
 
 namespace {
 
-/// The values of `mine` on every rank, in rank order (over the host communicator).
+// The values of `mine` on every rank, in rank order (over the host communicator).
 template <typename T>
 std::vector<T> gather(const T& mine) {
   std::vector<T> all(static_cast<size_t>(g_comm->world_size()));

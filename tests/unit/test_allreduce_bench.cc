@@ -24,7 +24,7 @@ Tensor rank_pattern(DType t, int64_t n, int rank) {
   return h;
 }
 
-/// What a correct all-reduce over `world` ranks returns.
+// What a correct all-reduce over `world` ranks returns.
 Tensor reduced(DType t, int64_t n, int world, ReduceOp op) {
   Tensor acc = rank_pattern(t, n, 0);
   for (int r = 1; r < world; ++r) {

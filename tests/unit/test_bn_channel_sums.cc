@@ -22,8 +22,8 @@ using kernels::BnSumGeometry;
 
 namespace {
 
-/// Terms (1, row of the value mod 1024): the chunk sums count the values and
-/// add their rows (mod 1024, so that a chunk's sum is exact in FP32).
+// Terms (1, row of the value mod 1024): the chunk sums count the values and
+// add their rows (mod 1024, so that a chunk's sum is exact in FP32).
 struct CountingTerms {
   int64_t c;
   template <int V>
@@ -42,8 +42,8 @@ struct CountingTerms {
   }
 };
 
-/// first and second [c, chunks]: what the kernel chunk_partials writes, computed
-/// block by block and thread by thread.
+// first and second [c, chunks]: what the kernel chunk_partials writes, computed
+// block by block and thread by thread.
 struct Partials {
   std::vector<float> first, second;
 };
@@ -117,7 +117,7 @@ std::vector<float> uniform(size_t n, uint64_t seed, float lo, float hi) {
   return v;
 }
 
-/// Each channel's total over the chunks, in double (the finalize's order does not matter here).
+// Each channel's total over the chunks, in double (the finalize's order does not matter here).
 std::vector<double> totals(const BnSumGeometry& g, const std::vector<float>& partial) {
   std::vector<double> t(static_cast<size_t>(g.c), 0.0);
   for (int64_t ch = 0; ch < g.c; ++ch)

@@ -35,7 +35,7 @@ float hf(uint16_t b) { return mix::half_bits_to_float(b); }
 uint16_t bf(float f) { return mix::float_to_bf16_bits(f); }
 float bff(uint16_t b) { return mix::bf16_bits_to_float(b); }
 
-/// One hop: a (inout) combined with b (in), in f16.
+// One hop: a (inout) combined with b (in), in f16.
 float f16_hop(float a, float b, ReduceOp op) {
   uint16_t x = h(a);
   const uint16_t y = h(b);
@@ -49,7 +49,7 @@ float bf16_hop(float a, float b, ReduceOp op) {
   return bff(x);
 }
 
-/// Sets or clears an environment variable for one scope, then restores it.
+// Sets or clears an environment variable for one scope, then restores it.
 class EnvGuard {
  public:
   EnvGuard(const char* name, const char* value) : name_(name) {

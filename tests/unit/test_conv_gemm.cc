@@ -37,7 +37,7 @@ struct PointwiseCase {
   int64_t stride_h = 1, stride_w = 1;
 };
 
-/// Odd extents everywhere, so that swapping any two of m, n and k changes a shape.
+// Odd extents everywhere, so that swapping any two of m, n and k changes a shape.
 const PointwiseCase kCases[] = {
     {"one image", 1, 3, 2, 5, 4, 1},
     {"a batch, more outputs than inputs", 3, 5, 7, 6, 11, 1},
@@ -49,7 +49,7 @@ const PointwiseCase kCases[] = {
     {"stride 2 and dilation 3", 1, 3, 5, 6, 7, 3, 2, 2},
 };
 
-/// Integers in [-range, range] as f32: exact products and sums.
+// Integers in [-range, range] as f32: exact products and sums.
 Tensor small_integers(const Shape& shape, uint64_t seed, int range) {
   Tensor t = Tensor::empty(shape, DType::f32);
   Rng rng(seed);
@@ -66,10 +66,10 @@ std::map<std::string, Attr> pointwise_attrs(const PointwiseCase& k, const std::s
           {"data_format", format}};
 }
 
-/// What `pass` writes (y forward, x backward data, w backward filter), from
-/// cpu::sgemm running conv_gemm's description over x, w and y, as the CUDA
-/// launcher (runtime/ops/cuda/conv2d.cu) runs it: with a stride, over the
-/// sampled pixels, gathered from x before or scattered into a zeroed x after.
+// What `pass` writes (y forward, x backward data, w backward filter), from
+// cpu::sgemm running conv_gemm's description over x, w and y, as the CUDA
+// launcher (runtime/ops/cuda/conv2d.cu) runs it: with a stride, over the
+// sampled pixels, gathered from x before or scattered into a zeroed x after.
 Tensor through_gemm(ConvPass pass, const ConvDims& d, Tensor x, Tensor w, Tensor y) {
   auto run = [&](void* pixels) {
     const ConvGemm g = conv_gemm(pass, d, pixels, w.raw(), y.raw());

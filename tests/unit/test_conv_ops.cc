@@ -34,7 +34,7 @@ std::map<std::string, Attr> conv_attrs(const ConvCfg& k) {
           {"groups", k.groups}};
 }
 
-/// Direct convolution in double: the definition, loop by loop.
+// Direct convolution in double: the definition, loop by loop.
 std::vector<double> conv_reference(const ConvCfg& k, const std::vector<float>& x, const std::vector<float>& f) {
   const int64_t oh = (k.h + 2 * k.pad - k.dil * (k.kh - 1) - 1) / k.stride + 1;
   const int64_t ow = (k.w + 2 * k.pad - k.dil * (k.kw - 1) - 1) / k.stride + 1;
@@ -79,8 +79,8 @@ OpCase conv_case(const ConvCfg& k, uint64_t seed) {
                 conv_attrs(k)};
 }
 
-/// Distinct values k/64 (exact in FP16) in random order, so that no window of a
-/// max pool holds a tie or a near-tie that a finite-difference step could flip.
+// Distinct values k/64 (exact in FP16) in random order, so that no window of a
+// max pool holds a tie or a near-tie that a finite-difference step could flip.
 Tensor distinct_tensor(const Shape& shape, uint64_t seed) {
   const int64_t n = shape_numel(shape);
   std::vector<float> v(static_cast<size_t>(n));
@@ -389,11 +389,11 @@ namespace {
 
 using layout::channels_last_copy;
 
-/// `nchw` with `layout_attr` NHWC and its image tensors (the slots in `image`,
-/// inputs and outputs) channels last must give the channels-first outputs and
-/// gradients exactly: image ones permuted, the others (filters, statistics,
-/// parameter gradients) unchanged. The loss's R is permuted with its output,
-/// so both runs differentiate the same function.
+// `nchw` with `layout_attr` NHWC and its image tensors (the slots in `image`,
+// inputs and outputs) channels last must give the channels-first outputs and
+// gradients exactly: image ones permuted, the others (filters, statistics,
+// parameter gradients) unchanged. The loss's R is permuted with its output,
+// so both runs differentiate the same function.
 void check_channels_last(const OpCase& nchw, const char* layout_attr, const std::set<std::string>& image, DType dtype) {
   INFO(nchw.describe() << " in " << dtype_name(dtype));
   OpCase nhwc = nchw;

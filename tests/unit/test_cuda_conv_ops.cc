@@ -85,9 +85,9 @@ namespace {
 // a gradient to another maximum (pool2d.cu).
 const DType kPoolTypes[] = {DType::f32, DType::f16};
 
-/// conv2d's and batch_norm's cases take every float dtype, BF16 included (AMP
-/// accepts it): one run of the test case per dtype (Catch2 GENERATE), so a
-/// dtype cuDNN turns down fails in its own run and leaves the others' results.
+// conv2d's and batch_norm's cases take every float dtype, BF16 included (AMP
+// accepts it): one run of the test case per dtype (Catch2 GENERATE), so a
+// dtype cuDNN turns down fails in its own run and leaves the others' results.
 #define EACH_FLOAT_TYPE() GENERATE(DType::f32, DType::f16, DType::bf16)
 
 void disable_tf32() {
@@ -96,9 +96,9 @@ void disable_tf32() {
 #endif
 }
 
-/// One of the CUDA backend's switches (cuda::set_batch_norm_persistent,
-/// cuda::set_cudnn_benchmark, cuda::set_cudnn_graph_conv,
-/// cuda::set_cublas_1x1_conv) set for the life of a test, then off again.
+// One of the CUDA backend's switches (cuda::set_batch_norm_persistent,
+// cuda::set_cudnn_benchmark, cuda::set_cudnn_graph_conv,
+// cuda::set_cublas_1x1_conv) set for the life of a test, then off again.
 using Switch = void (*)(bool);
 #ifdef MIX_HAVE_CUDA
 const Switch kBatchNormPersistent = mix::cuda::set_batch_norm_persistent;
@@ -111,7 +111,7 @@ const Switch kBatchNormPersistent = nullptr, kCudnnBenchmark = nullptr, kCudnnGr
              kCublas1x1Conv = nullptr, kAllowTf32 = nullptr;
 #endif
 
-/// Convolution passes run on cuDNN's graph API so far (cuda::conv_graph_runs).
+// Convolution passes run on cuDNN's graph API so far (cuda::conv_graph_runs).
 uint64_t graph_api_passes() {
 #ifdef MIX_HAVE_CUDA
   return mix::cuda::conv_graph_runs();
@@ -120,11 +120,11 @@ uint64_t graph_api_passes() {
 #endif
 }
 
-/// How conv2d picks and runs cuDNN's algorithms: the legacy calls with the
-/// heuristics' choice, the same timed (--cudnn-benchmark), or the graph API's
-/// cached plans (--cudnn-graph-conv); or the pointwise channels-last cases as
-/// cuBLAS GEMMs (--cublas-1x1-conv; the others on the legacy calls). The same
-/// bounds hold for any algorithm, a GEMM's included.
+// How conv2d picks and runs cuDNN's algorithms: the legacy calls with the
+// heuristics' choice, the same timed (--cudnn-benchmark), or the graph API's
+// cached plans (--cudnn-graph-conv); or the pointwise channels-last cases as
+// cuBLAS GEMMs (--cublas-1x1-conv; the others on the legacy calls). The same
+// bounds hold for any algorithm, a GEMM's included.
 enum class ConvMode { heuristic, benchmark, graph, gemm };
 const char* mode_name(ConvMode m) {
   switch (m) {
@@ -140,8 +140,8 @@ const char* mode_name(ConvMode m) {
   return "?";
 }
 
-/// While it lives, GPU 0's allocator holds no cache and may not take one byte
-/// more from the driver than it holds now (CudaCachingAllocator::set_limit).
+// While it lives, GPU 0's allocator holds no cache and may not take one byte
+// more from the driver than it holds now (CudaCachingAllocator::set_limit).
 class NoMoreDeviceMemory {
  public:
 #ifdef MIX_HAVE_CUDA
@@ -181,16 +181,16 @@ const bool kLayouts[] = {false, true};  // channels first, channels last
 
 std::string layout_name(bool channels_last) { return channels_last ? " NHWC" : " NCHW"; }
 
-/// t as the op reads it: itself, or a channels-last copy.
+// t as the op reads it: itself, or a channels-last copy.
 Tensor in_layout(const Tensor& t, bool channels_last) { return channels_last ? layout::channels_last_copy(t) : t; }
 
-/// The op's layout attr (`attr`: data_format, or batch_norm's data_layout) added to `attrs`.
+// The op's layout attr (`attr`: data_format, or batch_norm's data_layout) added to `attrs`.
 std::map<std::string, Attr> with_layout(std::map<std::string, Attr> attrs, const char* attr, bool channels_last) {
   attrs[attr] = std::string(channels_last ? "NHWC" : "NCHW");
   return attrs;
 }
 
-/// Both devices' image results `names` back to channels first, for the references.
+// Both devices' image results `names` back to channels first, for the references.
 void results_channels_first(Both& b, bool channels_last, const std::vector<std::string>& names) {
   if (!channels_last) return;
   for (auto* side : {&b.cpu, &b.gpu})
@@ -199,7 +199,7 @@ void results_channels_first(Both& b, bool channels_last, const std::vector<std::
 
 // ---- comparisons --------------------------------------------------------------------------
 
-/// Both devices' results against one reference, each within allowed(i).
+// Both devices' results against one reference, each within allowed(i).
 void expect_both_within(const Both& b, const std::string& name, const std::vector<double>& ref,
                         const std::function<double(int64_t)>& allowed, const std::string& what) {
   expect_within(b.cpu.at(name), ref, allowed, what + " (CPU)");
@@ -248,7 +248,7 @@ std::map<std::string, Attr> conv_attrs(const ConvCfg& k) {
           {"groups", k.groups}};
 }
 
-/// A sum computed in double: its value, sum|terms| and number of terms per element.
+// A sum computed in double: its value, sum|terms| and number of terms per element.
 struct SumRef {
   std::vector<double> value, abs_sum;
   std::vector<int64_t> terms;
@@ -260,12 +260,12 @@ struct SumRef {
     abs_sum[k] += std::fabs(term);
     ++terms[k];
   }
-  /// FP32 accumulation of the terms in any order, each product rounded once.
+  // FP32 accumulation of the terms in any order, each product rounded once.
   double acc_err(int64_t i) const {
     const size_t k = static_cast<size_t>(i);
     return static_cast<double>(terms[k] + 2) * kU * abs_sum[k];
   }
-  /// The largest sum|terms| of each group of `plane` consecutive elements.
+  // The largest sum|terms| of each group of `plane` consecutive elements.
   std::vector<double> plane_max(int64_t plane) const {
     std::vector<double> m(abs_sum.size() / static_cast<size_t>(plane), 0.0);
     for (size_t i = 0; i < abs_sum.size(); ++i)
@@ -274,7 +274,7 @@ struct SumRef {
   }
 };
 
-/// Output, Input@GRAD and Filter@GRAD of the convolution, from the definition.
+// Output, Input@GRAD and Filter@GRAD of the convolution, from the definition.
 struct ConvRef {
   SumRef out, dx, dw;
 };
@@ -304,8 +304,8 @@ ConvRef conv_reference(const ConvCfg& k, const std::vector<float>& x, const std:
   return r;
 }
 
-/// The bound of one convolution result (see the top of the file): accumulation,
-/// transformed algorithms (a fraction of the plane's largest sum|terms|), FP16 store.
+// The bound of one convolution result (see the top of the file): accumulation,
+// transformed algorithms (a fraction of the plane's largest sum|terms|), FP16 store.
 std::function<double(int64_t)> conv_bound(const SumRef& r, int64_t plane, DType t) {
   // FP32: Winograd/FFT transforms in FP32 (2^-14 of the plane's largest sum|terms|).
   // FP16: cuDNN may keep the transformed tiles (or split-K partial sums) in FP16: 2^-10.
@@ -318,14 +318,14 @@ std::function<double(int64_t)> conv_bound(const SumRef& r, int64_t plane, DType 
   };
 }
 
-/// An FP32 convolution under --allow-tf32: the tensor cores read each operand
-/// with TF32's 10 explicit mantissa bits, rounded or truncated (the libraries
-/// do either), so each is off by up to 2^-10 of itself and each product by
-/// up to 2^-9 (+2^-20) of |term|; sums are FP32 (acc_err). Winograd or FFT
-/// tiles multiplied in TF32 err by a like fraction of the transformed tiles:
-/// 2^-9 of the plane's largest sum|terms|, two of TF32's truncation units as
-/// the FP16 bound's 2^-10 is two of FP16's rounding units. Not calibrated on a
-/// GPU yet: MIX_CUDA_OPS_VERBOSE=1 prints how close each result came.
+// An FP32 convolution under --allow-tf32: the tensor cores read each operand
+// with TF32's 10 explicit mantissa bits, rounded or truncated (the libraries
+// do either), so each is off by up to 2^-10 of itself and each product by
+// up to 2^-9 (+2^-20) of |term|; sums are FP32 (acc_err). Winograd or FFT
+// tiles multiplied in TF32 err by a like fraction of the transformed tiles:
+// 2^-9 of the plane's largest sum|terms|, two of TF32's truncation units as
+// the FP16 bound's 2^-10 is two of FP16's rounding units. Not calibrated on a
+// GPU yet: MIX_CUDA_OPS_VERBOSE=1 prints how close each result came.
 std::function<double(int64_t)> tf32_conv_bound(const SumRef& r, int64_t plane) {
   auto maxima = std::make_shared<std::vector<double>>(r.plane_max(plane));
   return [&r, plane, maxima](int64_t i) {
@@ -334,14 +334,14 @@ std::function<double(int64_t)> tf32_conv_bound(const SumRef& r, int64_t plane) {
   };
 }
 
-/// The CPU (im2col + SGEMM, FP32 accumulation, one rounding on store): no transforms.
+// The CPU (im2col + SGEMM, FP32 accumulation, one rounding on store): no transforms.
 std::function<double(int64_t)> gemm_bound(const SumRef& r, DType t) {
   return [&r, t](int64_t i) { return r.acc_err(i) + store_err(t, r.value[static_cast<size_t>(i)]); };
 }
 
-/// One convolution case on both devices: inputs drawn from three seeds on
-/// from `seed`, the reference in double, the forward and both gradients (the
-/// results back in channels-first order).
+// One convolution case on both devices: inputs drawn from three seeds on
+// from `seed`, the reference in double, the forward and both gradients (the
+// results back in channels-first order).
 struct ConvRun {
   ConvRef ref;
   Both fwd, bwd;
@@ -637,7 +637,7 @@ BnInputs bn_inputs(const Shape& s, DType dt, uint64_t seed) {
           mix::testing::i64_tensor({}, {7})};
 }
 
-/// Per-channel statistics of X in double: mean, biased variance, E[x^2], mean |x|.
+// Per-channel statistics of X in double: mean, biased variance, E[x^2], mean |x|.
 struct BnStats {
   std::vector<double> mean, var, sq, abs_mean;
   int64_t m = 0, spatial = 0;
@@ -677,26 +677,26 @@ BnStats bn_stats(const Tensor& x) {
 
 int64_t channel_of(int64_t i, int64_t c, int64_t spatial) { return (i / spatial) % c; }
 
-/// X's shapes of the batch_norm cases. Channels last with fuse_with_relu
-/// (mixtrain's kernels; their split: runtime/kernels/bn_channel_sums.h):
-/// [8, 72, 9, 9] reads 16-byte packs (9 groups of 8 FP16 channels, 18 of 4
-/// FP32, in one partly idle tile) over 3 or 6 chunks of rows; [2, 512, 3, 3] packs
-/// over 2 or 4 full tiles of 32 groups; [8, 6, 11, 11] one channel a thread
-/// over 2 chunks; the first two shapes one channel a thread in one chunk.
+// X's shapes of the batch_norm cases. Channels last with fuse_with_relu
+// (mixtrain's kernels; their split: runtime/kernels/bn_channel_sums.h):
+// [8, 72, 9, 9] reads 16-byte packs (9 groups of 8 FP16 channels, 18 of 4
+// FP32, in one partly idle tile) over 3 or 6 chunks of rows; [2, 512, 3, 3] packs
+// over 2 or 4 full tiles of 32 groups; [8, 6, 11, 11] one channel a thread
+// over 2 chunks; the first two shapes one channel a thread in one chunk.
 const Shape kBnShapes[] = {{4, 6, 5, 7}, {16, 5}, {8, 72, 9, 9}, {2, 512, 3, 3}, {8, 6, 11, 11}};
 
-/// fuse_with_relu's cases (runtime/fuse_bn_relu.h): channels last they run
-/// mixtrain's own kernels (batch_norm_channels_last.cu), NCHW cuDNN and a
-/// separate relu; Fusion::none runs the own kernels too channels last. The bounds hold with relu applied to the
-/// reference, since |relu(a) - relu(b)| <= |a - b|. The forward's also take a residual Z added before the relu: Y =
-/// relu(round(batch_norm(X)) + Z), whose bound adds the second rounding's (the first is batch_norm's own store).
+// fuse_with_relu's cases (runtime/fuse_bn_relu.h): channels last they run
+// mixtrain's own kernels (batch_norm_channels_last.cu), NCHW cuDNN and a
+// separate relu; Fusion::none runs the own kernels too channels last. The bounds hold with relu applied to the
+// reference, since |relu(a) - relu(b)| <= |a - b|. The forward's also take a residual Z added before the relu: Y =
+// relu(round(batch_norm(X)) + Z), whose bound adds the second rounding's (the first is batch_norm's own store).
 enum class Fusion { none, relu, residual_relu };
 std::string fused_name(Fusion f) {
   return f == Fusion::none ? "" : f == Fusion::relu ? " fuse_with_relu" : " fuse_with_relu + Z";
 }
 std::string fused_name(bool fused) { return fused_name(fused ? Fusion::relu : Fusion::none); }
 double relu_if(bool fused, double v) { return fused && !(v > 0) ? 0.0 : v; }
-/// The forward op's fusion: attr and, for a residual, Z ("z": `z`, in the op's layout) among its feeds.
+// The forward op's fusion: attr and, for a residual, Z ("z": `z`, in the op's layout) among its feeds.
 void apply_fusion(OneOp& op, Fusion f, const Tensor& z, bool channels_last) {
   if (f == Fusion::none) return;
   op.op.attrs["fuse_with_relu"] = true;
@@ -704,9 +704,9 @@ void apply_fusion(OneOp& op, Fusion f, const Tensor& z, bool channels_last) {
   op.op.inputs["Z"] = {"z"};
   op.feeds.push_back({"z", in_layout(z, channels_last)});
 }
-/// Y's reference from the value before relu (and Z), and the error bound
-/// `pre_bound` of that value (its own store included) widened for the residual's
-/// add, rounded once more on store.
+// Y's reference from the value before relu (and Z), and the error bound
+// `pre_bound` of that value (its own store included) widened for the residual's
+// add, rounded once more on store.
 double fused_ref(Fusion f, double pre, double z) {
   return f == Fusion::residual_relu ? relu_if(true, pre + z) : relu_if(f == Fusion::relu, pre);
 }
@@ -735,7 +735,7 @@ OpDesc bn_op(const std::string& mean_out, const std::string& var_out, bool chann
                              "data_layout", channels_last));
 }
 
-/// The forward's feeds, X in the op's layout.
+// The forward's feeds, X in the op's layout.
 std::vector<std::pair<std::string, Tensor>> bn_feeds(const BnInputs& in, bool channels_last) {
   return {{"x", in_layout(in.x, channels_last)},
           {"scale", in.scale},
@@ -1038,7 +1038,7 @@ std::map<std::string, Attr> pool_attrs(const PoolCfg& p) {
   return a;
 }
 
-/// Distinct values k/64 (exact in FP16) in random order: no max-pool window holds a tie.
+// Distinct values k/64 (exact in FP16) in random order: no max-pool window holds a tie.
 Tensor distinct_tensor(const Shape& shape, uint64_t seed) {
   const int64_t n = mix::shape_numel(shape);
   std::vector<float> v(static_cast<size_t>(n));
@@ -1049,7 +1049,7 @@ Tensor distinct_tensor(const Shape& shape, uint64_t seed) {
   return Tensor::from_floats(shape, v);
 }
 
-/// Forward and backward of pooling from the definition.
+// Forward and backward of pooling from the definition.
 struct PoolRef {
   SumRef out, dx;
 };

@@ -65,7 +65,7 @@ bool tf32_allowed() {
 #endif
 }
 
-/// Turns --allow-tf32 on for a scope (and back off after, even when a check throws).
+// Turns --allow-tf32 on for a scope (and back off after, even when a check throws).
 struct AllowTf32 {
   AllowTf32() { set(true); }
   ~AllowTf32() { set(false); }
@@ -80,7 +80,7 @@ struct AllowTf32 {
   }
 };
 
-/// One op with its inputs (CPU tensors, already in the run's dtype) and the output slots it writes.
+// One op with its inputs (CPU tensors, already in the run's dtype) and the output slots it writes.
 struct OneOp {
   std::string type;
   std::map<std::string, Tensor> inputs;
@@ -88,7 +88,7 @@ struct OneOp {
   std::map<std::string, Attr> attrs = {};
 };
 
-/// Runs the op alone on `device` (inputs copied there) and returns its outputs, copied back to the host.
+// Runs the op alone on `device` (inputs copied there) and returns its outputs, copied back to the host.
 std::map<std::string, Tensor> run_on(const OneOp& o, Device device) {
   Program p;
   Scope scope;
@@ -120,7 +120,7 @@ std::map<std::string, Tensor> run_on(const OneOp& o, Device device) {
   return res;
 }
 
-/// The same op on |inputs| widened to f32 and |alpha|, on the CPU: sum |a_p b_p| per element.
+// The same op on |inputs| widened to f32 and |alpha|, on the CPU: sum |a_p b_p| per element.
 std::map<std::string, Tensor> magnitudes(const OneOp& o) {
   OneOp m = o;
   for (auto& [slot, t] : m.inputs) {
@@ -149,7 +149,7 @@ Precision precision_of(DType dt, bool tf32) {
   return {};
 }
 
-/// |got - ref| <= p.acc * terms * mag + p.rel * |ref| + p.abs (+ `extra_mag` * mag: TF32's input rounding).
+// |got - ref| <= p.acc * terms * mag + p.rel * |ref| + p.abs (+ `extra_mag` * mag: TF32's input rounding).
 void expect_gemm_close(const Tensor& got, const Tensor& ref, const Tensor& mag, int64_t terms, Precision p,
                        const std::string& what, double extra_mag = 0.0) {
   INFO(what);
@@ -181,7 +181,7 @@ Tensor random_input(const Shape& s, DType dt, uint64_t seed) { return to_dtype(u
 
 const DType kDtypes[] = {DType::f32, DType::f16, DType::bf16};
 
-/// Runs `o` on both devices and compares every output; `terms` gives each output's K.
+// Runs `o` on both devices and compares every output; `terms` gives each output's K.
 void compare_devices(const OneOp& o, const std::map<std::string, int64_t>& terms, const std::string& what,
                      double extra_mag = 0.0) {
   const DType dt = o.inputs.begin()->second.dtype();

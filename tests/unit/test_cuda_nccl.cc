@@ -37,14 +37,14 @@ using mix::collective::ReduceOp;
 using mix::collective::Traffic;
 namespace mc = mix::collective;
 
-/// Device memory for one test, freed at scope exit.
+// Device memory for one test, freed at scope exit.
 struct DeviceBuffer {
   explicit DeviceBuffer(size_t n) : bytes(n) { REQUIRE(cudaMalloc(&ptr, n) == cudaSuccess); }
   ~DeviceBuffer() { cudaFree(ptr); }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  /// A pageable cudaMemcpy to the device may return before its DMA lands, on the
-  /// legacy stream, which NCCL's non-blocking stream does not wait for: synchronize.
+  // A pageable cudaMemcpy to the device may return before its DMA lands, on the
+  // legacy stream, which NCCL's non-blocking stream does not wait for: synchronize.
   void upload(const void* src) {
     REQUIRE(cudaMemcpy(ptr, src, bytes, cudaMemcpyHostToDevice) == cudaSuccess);
     REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
@@ -58,10 +58,10 @@ struct DeviceBuffer {
   size_t bytes;
 };
 
-/// n values of `dtype` as raw bytes: random normal values of mixed magnitude,
-/// plus +-0 and +-inf. No NaN (a NaN's payload need not survive an avg's
-/// multiply by 1) and no subnormals (whether NCCL's kernels flush them is not
-/// this test's business): with those, the world-size-1 identity is bit-exact.
+// n values of `dtype` as raw bytes: random normal values of mixed magnitude,
+// plus +-0 and +-inf. No NaN (a NaN's payload need not survive an avg's
+// multiply by 1) and no subnormals (whether NCCL's kernels flush them is not
+// this test's business): with those, the world-size-1 identity is bit-exact.
 std::vector<unsigned char> make_values(DType dtype, size_t n, uint64_t seed) {
   mix::Rng rng(seed);
   std::vector<unsigned char> out(n * mix::dtype_size(dtype));

@@ -64,7 +64,7 @@ using namespace mix::testing;
 
 namespace {
 
-/// base + i ("x3"); appends rather than `"x" + std::to_string(i)`, on which GCC 12 warns falsely (-Wrestrict).
+// base + i ("x3"); appends rather than `"x" + std::to_string(i)`, on which GCC 12 warns falsely (-Wrestrict).
 std::string numbered(const char* base, size_t i) {
   std::string s = base;
   s += std::to_string(i);
@@ -75,7 +75,7 @@ std::string numbered(const char* base, size_t i) {
 
 Tensor i64s(const Shape& s, const std::vector<int64_t>& v) { return mix::testing::i64_tensor(s, v); }
 
-/// The value fed as `name`.
+// The value fed as `name`.
 const Tensor& feeds_value(const std::vector<std::pair<std::string, Tensor>>& feeds, const std::string& name) {
   for (auto& [n, t] : feeds)
     if (n == name) return t;
@@ -501,8 +501,8 @@ TEST_CASE("mean and mean_grad match the CPU", "[cuda][mean]") {
 
 namespace {
 
-/// Softmax rows and their log-sum-exp in double from float logits, with x - max
-/// rounded in float as the kernels round it (the kernels' defined input to exp).
+// Softmax rows and their log-sum-exp in double from float logits, with x - max
+// rounded in float as the kernels round it (the kernels' defined input to exp).
 struct SoftmaxRef {
   std::vector<double> y, max, lse;  // y per element; max, log(sum exp(x - max)) per row
 };
@@ -522,13 +522,13 @@ SoftmaxRef softmax_ref(const std::vector<float>& x, int64_t rows, int64_t cols) 
   return r;
 }
 
-/// Relative error bound of a softmax output whose row sum adds `terms` values in
-/// sequence: expf within 2 ulp (4u) in the term and in the output, the sum's
-/// terms·u plus its terms' 4u, 1/sum and the multiply u each (+ slack).
+// Relative error bound of a softmax output whose row sum adds `terms` values in
+// sequence: expf within 2 ulp (4u) in the term and in the output, the sum's
+// terms·u plus its terms' 4u, 1/sum and the multiply u each (+ slack).
 double softmax_rel(int64_t terms) { return static_cast<double>(terms + 20) * kU; }
 
-/// Softmax rows of both twins (output `out`) against `ref`, each within the bound
-/// of its own row sum: gpu_terms on the GPU, cols on the CPU.
+// Softmax rows of both twins (output `out`) against `ref`, each within the bound
+// of its own row sum: gpu_terms on the GPU, cols on the CPU.
 void expect_softmax_rows(const Both& r, const std::string& out, const SoftmaxRef& ref, int64_t cols, int64_t gpu_terms,
                          DType dt, const std::string& what) {
   const auto bound = [&](int64_t terms) {
@@ -736,8 +736,8 @@ TEST_CASE("reshape2 on CUDA is a view of the device tensor", "[cuda][reshape2]")
 
 namespace {
 
-/// Inputs every update op has: the FP32 master "p", its gradient "g", the
-/// learning rate "lr" and, when skip >= 0, an i32 SkipUpdate flag "skip".
+// Inputs every update op has: the FP32 master "p", its gradient "g", the
+// learning rate "lr" and, when skip >= 0, an i32 SkipUpdate flag "skip".
 std::map<std::string, std::vector<std::string>> update_ins(int skip) {
   std::map<std::string, std::vector<std::string>> in{{"Param", {"p"}}, {"Grad", {"g"}}, {"LearningRate", {"lr"}}};
   if (skip >= 0) in["SkipUpdate"] = {"skip"};
@@ -1024,7 +1024,7 @@ TEST_CASE("check_finite_and_unscale on CUDA: an invalid scale raises found_inf",
 
 namespace {
 
-/// The scaler's state variables and the update_loss_scaling op over them (in place).
+// The scaler's state variables and the update_loss_scaling op over them (in place).
 struct ScalerProgram {
   Program p;
   explicit ScalerProgram(const mix::amp::LossScalerConfig& config, DType flag_dtype) {
@@ -1062,7 +1062,7 @@ struct ScalerRun {
     scope.set("skipped", i64s({1}, {s.skipped_steps}).to(d));
     scope.set("at_min", i64s({1}, {s.consecutive_skips_at_min}).to(d));
   }
-  /// One step with the given flag value (stored in flag_dtype).
+  // One step with the given flag value (stored in flag_dtype).
   void step(float flag) {
     Tensor f;
     if (flag_dtype == DType::f32) f = Tensor::from_floats({1}, {flag});

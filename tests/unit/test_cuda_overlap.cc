@@ -51,7 +51,7 @@ namespace mc = mix::collective;
 
 namespace {
 
-/// base + i ("x3"); appends rather than `"x" + std::to_string(i)`, on which GCC 12 warns falsely (-Wrestrict).
+// base + i ("x3"); appends rather than `"x" + std::to_string(i)`, on which GCC 12 warns falsely (-Wrestrict).
 std::string numbered(const char* base, size_t i) {
   std::string s = base;
   s += std::to_string(i);
@@ -65,7 +65,7 @@ Tensor i32s(const Shape& s, const std::vector<int32_t>& v) {
   return t;
 }
 
-/// Integers from -100 to 99 in an i32 or i64 tensor.
+// Integers from -100 to 99 in an i32 or i64 tensor.
 Tensor integer_tensor(const Shape& s, DType dtype, uint64_t seed) {
   const std::vector<float> v = random_tensor(s, DType::f32, seed, -100.f, 100.f).to_floats();
   Tensor t = Tensor::empty(s, dtype);
@@ -86,9 +86,9 @@ std::vector<int32_t> ints(const Tensor& t) {
   return v;
 }
 
-/// Ops run in order on `device` over fresh copies of the feeds, with `comm` as
-/// ExecEnv::comm; returns `results` on the host. The executor itself fails when
-/// a start is left without its wait; the communicator must have none in flight either.
+// Ops run in order on `device` over fresh copies of the feeds, with `comm` as
+// ExecEnv::comm; returns `results` on the host. The executor itself fails when
+// a start is left without its wait; the communicator must have none in flight either.
 std::map<std::string, Tensor> run_ops(const std::vector<OpDesc>& ops,
                                       const std::vector<std::pair<std::string, Tensor>>& feeds, Device device,
                                       mc::Communicator& comm, const std::vector<std::string>& results) {
@@ -101,9 +101,9 @@ std::map<std::string, Tensor> run_ops(const std::vector<OpDesc>& ops,
   return out;
 }
 
-/// 140 gradient-like shapes up to 18000 elements (shared launches, more than
-/// one table of kMaxTensors), two of them empty and one of 16384 * 320 + 5
-/// elements (over kLargeTensor: launched alone).
+// 140 gradient-like shapes up to 18000 elements (shared launches, more than
+// one table of kMaxTensors), two of them empty and one of 16384 * 320 + 5
+// elements (over kLargeTensor: launched alone).
 std::vector<Shape> many_shapes() {
   std::vector<Shape> shapes;
   for (int64_t i = 0; i < 140; ++i) shapes.push_back(i == 40 || i == 41 ? Shape{0} : Shape{(i * 613) % 9000 + 1, 2});
@@ -113,17 +113,17 @@ std::vector<Shape> many_shapes() {
   return shapes;
 }
 
-/// The world-size-1 NCCL communicator on GPU 0 and its bootstrap.
+// The world-size-1 NCCL communicator on GPU 0 and its bootstrap.
 struct Nccl1 {
   std::unique_ptr<mc::Communicator> boot = mc::make_local_communicator();
   std::unique_ptr<mc::Communicator> comm = mc::make_nccl_communicator(*boot, 0);
 };
 
-/// check_finite_and_unscale, or with `fused` its cast twin, of the tensors fed
-/// as X (names g0, g1, ...; `feeds` holds them and "scale") with
-/// FoundInfiniteEach, on the GPU and the CPU: every output identical (flags are
-/// integers; the unscaled values the same multiply, one rounding on store).
-/// Returns the GPU's FoundInfiniteEach and FoundInfinite.
+// check_finite_and_unscale, or with `fused` its cast twin, of the tensors fed
+// as X (names g0, g1, ...; `feeds` holds them and "scale") with
+// FoundInfiniteEach, on the GPU and the CPU: every output identical (flags are
+// integers; the unscaled values the same multiply, one rounding on store).
+// Returns the GPU's FoundInfiniteEach and FoundInfinite.
 std::pair<std::vector<int32_t>, int32_t> unscale_on_both(bool fused, const std::vector<std::string>& xn,
                                                          const std::vector<std::pair<std::string, Tensor>>& feeds,
                                                          const std::string& what) {

@@ -42,8 +42,8 @@ using mix::testing::train_steps;
 using mix::testing::TrainedModel;
 using mix::testing::TrainOptions;
 
-/// `steps` momentum-SGD steps (tests/unit/train_steps.h) of `model` on
-/// `device`, in AMP or FP32, with `batch` examples a step.
+// `steps` momentum-SGD steps (tests/unit/train_steps.h) of `model` on
+// `device`, in AMP or FP32, with `batch` examples a step.
 [[maybe_unused]] TrainedModel train(models::Model model, bool use_amp, Device device, int steps, int64_t batch,
                                     uint64_t seed, bool fuse) {
   return train_steps(std::move(model), TrainOptions{.amp = use_amp,
@@ -55,17 +55,17 @@ using mix::testing::TrainOptions;
                                                     .seed = seed});
 }
 
-/// Every FP32 persistable within `tol` of its tensor's largest |value| (CPU run as
-/// the reference), integer persistables equal, and the losses within `loss_rel`.
-/// With `precision_gap` (AMP: the CPU's FP32 run of the same steps), a tensor
-/// may also differ by twice as much as the CPU's AMP result differs from its
-/// FP32 one. That difference is how far FP16 rounding alone moves the tensor
-/// (ReLU inputs that switch sides, batch norm's cancelling sums over few
-/// values: up to 4% of a momentum buffer's scale in the narrow ResNet); the
-/// GPU's AMP run rounds at the same points in another order, so it may land as
-/// far from FP32 on the other side. Seen on an H200 (2026-12-04): the GPU's
-/// AMP momentum buffer of layer2.0.conv1 was 1.004 times the CPU's own AMP -
-/// FP32 difference from the CPU's AMP one, beyond the fixed 2% of scale.
+// Every FP32 persistable within `tol` of its tensor's largest |value| (CPU run as
+// the reference), integer persistables equal, and the losses within `loss_rel`.
+// With `precision_gap` (AMP: the CPU's FP32 run of the same steps), a tensor
+// may also differ by twice as much as the CPU's AMP result differs from its
+// FP32 one. That difference is how far FP16 rounding alone moves the tensor
+// (ReLU inputs that switch sides, batch norm's cancelling sums over few
+// values: up to 4% of a momentum buffer's scale in the narrow ResNet); the
+// GPU's AMP run rounds at the same points in another order, so it may land as
+// far from FP32 on the other side. Seen on an H200 (2026-12-04): the GPU's
+// AMP momentum buffer of layer2.0.conv1 was 1.004 times the CPU's own AMP -
+// FP32 difference from the CPU's AMP one, beyond the fixed 2% of scale.
 [[maybe_unused]] void compare(const TrainedModel& cpu, const TrainedModel& dev, double tol, double loss_rel,
                               const TrainedModel* precision_gap = nullptr) {
   for (const VarDesc& v : cpu.model.program.vars()) {
@@ -97,14 +97,14 @@ using mix::testing::TrainOptions;
         Approx(dev.scope.get(dev.model.loss).item_float()).epsilon(loss_rel));
 }
 
-/// compare()'s bounds for one precision: `state` for the persistables, `loss` for the last loss.
+// compare()'s bounds for one precision: `state` for the persistables, `loss` for the last loss.
 struct Tolerance {
   double state, loss;
 };
 
-/// The model that `build` makes, trained for `steps` steps on the CPU and on
-/// cuda:0, in FP32 and in AMP, compared with compare() within `fp32` or `amp`;
-/// `fuse` picks whether the programs run fuse_add_relu and fuse_bn_relu.
+// The model that `build` makes, trained for `steps` steps on the CPU and on
+// cuda:0, in FP32 and in AMP, compared with compare() within `fp32` or `amp`;
+// `fuse` picks whether the programs run fuse_add_relu and fuse_bn_relu.
 [[maybe_unused]] void expect_gpu_matches_cpu(const std::function<models::Model()>& build, int steps, int64_t batch,
                                              uint64_t seed, Tolerance fp32, Tolerance amp, bool fuse = true) {
   const Device gpu{DeviceKind::cuda, 0};
@@ -123,7 +123,7 @@ struct Tolerance {
           all_applied ? &cpu_fp32 : nullptr);
 }
 
-/// A 2-layer GPT (d_model 32, 4 heads, 16 tokens) with `vocab` tokens.
+// A 2-layer GPT (d_model 32, 4 heads, 16 tokens) with `vocab` tokens.
 [[maybe_unused]] models::Model tiny_transformer(int64_t vocab, double dropout) {
   models::TransformerConfig cfg;
   cfg.layers = 2;

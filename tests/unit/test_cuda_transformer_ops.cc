@@ -69,7 +69,7 @@ namespace {
 
 // ---- tensors ----------------------------------------------------------------------------
 
-/// Random bytes as a tensor of any dtype (integers for the copy ops; every bit pattern is fine there).
+// Random bytes as a tensor of any dtype (integers for the copy ops; every bit pattern is fine there).
 Tensor random_bits(const Shape& s, DType t, uint64_t seed) {
   Tensor x = Tensor::empty(s, t);
   mix::Rng rng = mix::Rng::for_stream(seed, 3);
@@ -78,7 +78,7 @@ Tensor random_bits(const Shape& s, DType t, uint64_t seed) {
   return x;
 }
 
-/// A tensor of `dtype` for the copy ops: random values for float types, random bits otherwise.
+// A tensor of `dtype` for the copy ops: random values for float types, random bits otherwise.
 Tensor copy_input(const Shape& s, DType t, uint64_t seed) {
   return mix::is_floating(t) ? random_tensor(s, t, seed) : random_bits(s, t, seed);
 }
@@ -93,7 +93,7 @@ Tensor ids_tensor(const Shape& s, const std::vector<int64_t>& v, DType t) {
 
 // ---- comparisons --------------------------------------------------------------------------
 
-/// Every element of t at the listed flat positions is exactly +0 (bit pattern 0).
+// Every element of t at the listed flat positions is exactly +0 (bit pattern 0).
 void expect_exact_zeros(const Tensor& t, const std::vector<int64_t>& at, const std::string& what) {
   INFO(what);
   const size_t es = mix::dtype_size(t.dtype());
@@ -191,11 +191,11 @@ TEST_CASE("lookup_table on CUDA: an out-of-range id gives a NaN row and no gradi
 
 namespace {
 
-/// The longest chain of FP32 adds of a row sum in layer_norm.cu: all cols
-/// summed by the row's warp or block (gpu_row_terms).
+// The longest chain of FP32 adds of a row sum in layer_norm.cu: all cols
+// summed by the row's warp or block (gpu_row_terms).
 int64_t ln_gpu_terms(int64_t cols) { return gpu_row_terms(cols, cols); }
-/// The CPU sums in double: its statistics are the exact ones rounded once to
-/// float (the double error, n·2^-53 relative, is below one float rounding).
+// The CPU sums in double: its statistics are the exact ones rounded once to
+// float (the double error, n·2^-53 relative, is below one float rounding).
 constexpr int64_t kLnCpuTerms = 1;
 
 struct LnRef {

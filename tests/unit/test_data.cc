@@ -43,7 +43,7 @@ std::string be32(uint32_t v) {
                      static_cast<char>(v)};
 }
 
-/// An IDX file's bytes: magic, dims, data.
+// An IDX file's bytes: magic, dims, data.
 std::string idx_bytes(uint32_t magic, const std::vector<uint32_t>& dims, const std::vector<uint8_t>& data) {
   std::string s = be32(magic);
   for (uint32_t d : dims) s += be32(d);
@@ -58,8 +58,8 @@ void write_gz(const std::string& p, const std::string& bytes) {
   REQUIRE(gzclose(f) == Z_OK);
 }
 
-/// A tiny Fashion-MNIST-shaped directory: `train_n` and `test_n` examples.
-/// Pixel j of image i is (i * 7 + j) % 256; label i is i % 10.
+// A tiny Fashion-MNIST-shaped directory: `train_n` and `test_n` examples.
+// Pixel j of image i is (i * 7 + j) % 256; label i is i % 10.
 void write_tiny_fashion(const TempDir& dir, int train_n, int test_n, bool gz = true) {
   for (auto [prefix, n] : {std::pair<const char*, int>{"train", train_n}, {"t10k", test_n}}) {
     std::vector<uint8_t> px(static_cast<size_t>(n) * 784), lb(static_cast<size_t>(n));
@@ -475,7 +475,7 @@ TEST_CASE("synthetic data is deterministic and learnable-shaped", "[data][synthe
 
 namespace {
 
-/// Row i of an [N, context] i64 tensor as bytes.
+// Row i of an [N, context] i64 tensor as bytes.
 std::string row_bytes(const Tensor& t, int64_t i) {
   const int64_t w = t.dim(1);
   std::string s;
@@ -483,7 +483,7 @@ std::string row_bytes(const Tensor& t, int64_t i) {
   return s;
 }
 
-/// What load_byte_text must make of `stream`: windows of context + 1 bytes at stride context.
+// What load_byte_text must make of `stream`: windows of context + 1 bytes at stride context.
 void check_windows(const Dataset& ds, const std::string& stream, int64_t context) {
   const int64_t n = (static_cast<int64_t>(stream.size()) - 1) / context;
   REQUIRE(ds.inputs.shape() == Shape{n, context});
@@ -578,7 +578,7 @@ TEST_CASE("synthetic tokens: deterministic, labels the next token, within the vo
 
 namespace {
 
-/// The global order rebuilt from every rank's share: position p belongs to rank p % world.
+// The global order rebuilt from every rank's share: position p belongs to rank p % world.
 std::vector<int64_t> interleave(int64_t size, int world, bool shuffle, uint64_t seed, int64_t epoch, bool drop_last) {
   std::vector<std::vector<int64_t>> shares;
   for (int r = 0; r < world; ++r) {
@@ -763,8 +763,8 @@ TEST_CASE("gather_batch copies rows and reuses its buffers", "[data][batch]") {
 
 namespace {
 
-/// Host memory that counts what it hands out (page-locked memory stands in for
-/// this on a GPU machine), or claims to be another device's.
+// Host memory that counts what it hands out (page-locked memory stands in for
+// this on a GPU machine), or claims to be another device's.
 class CountingHostMemory final : public mix::Allocator {
  public:
   explicit CountingHostMemory(mix::Device device = mix::cpu_device()) : device_(device) {}
@@ -884,13 +884,13 @@ TEST_CASE("BatchPrefetcher reports a bad request when the batch is taken", "[dat
 
 namespace {
 
-/// A stand-in GPU for BatchFeeder's protocol, whose "device memory" is host
-/// memory. Its copy queue runs a copy only as late as a real asynchronous one
-/// may run: when the host waits for a fence after it, or when compute work
-/// (here, any synchronous copy: a test reading a batch) runs after a fence the
-/// compute stream was told to wait for. A batch handed out before its upload's
-/// fence, or a host batch regathered before its upload read it, then shows as
-/// wrong bytes.
+// A stand-in GPU for BatchFeeder's protocol, whose "device memory" is host
+// memory. Its copy queue runs a copy only as late as a real asynchronous one
+// may run: when the host waits for a fence after it, or when compute work
+// (here, any synchronous copy: a test reading a batch) runs after a fence the
+// compute stream was told to wait for. A batch handed out before its upload's
+// fence, or a host batch regathered before its upload read it, then shows as
+// wrong bytes.
 class LazyCopyQueue final : public mix::HostToDeviceQueue {
  public:
   void wait_for_compute() override { compute_ordered_ = true; }
@@ -906,7 +906,7 @@ class LazyCopyQueue final : public mix::HostToDeviceQueue {
   void host_waits(int k) override { run_to(fence_.at(static_cast<size_t>(k))); }
   void drain() noexcept override { run_to(copies_.size()); }
 
-  /// Compute work runs: the copies before the fences it waits for happen first.
+  // Compute work runs: the copies before the fences it waits for happen first.
   void run_compute() { run_to(compute_passes_); }
   size_t copies_queued() const { return copies_.size(); }
   size_t copies_not_run() const { return copies_.size() - done_; }
@@ -947,15 +947,15 @@ class LazyGpu final : public mix::DeviceBackend {
   LazyCopyQueue* queue = nullptr;
 };
 
-/// Stands a backend in for the CUDA one while in scope (a CUDA build's own comes back after).
+// Stands a backend in for the CUDA one while in scope (a CUDA build's own comes back after).
 struct BackendStandIn {
   explicit BackendStandIn(mix::DeviceBackend* b) { mix::register_device_backend(mix::DeviceKind::cuda, b); }
   ~BackendStandIn() { mix::register_device_backend(mix::DeviceKind::cuda, previous); }
   mix::DeviceBackend* previous = mix::device_backend(mix::DeviceKind::cuda);
 };
 
-/// 7 examples of 2 floats (example i holds 2i, 2i + 1) and label i, and the
-/// trainer's plan for two epochs of batches of 3 (the last of each epoch short).
+// 7 examples of 2 floats (example i holds 2i, 2i + 1) and label i, and the
+// trainer's plan for two epochs of batches of 3 (the last of each epoch short).
 struct FeederCase {
   Dataset ds;
   std::vector<std::shared_ptr<const std::vector<int64_t>>> orders = {
@@ -973,7 +973,7 @@ struct FeederCase {
     const int64_t begin = (step % kStepsPerEpoch) * 3;
     return {orders[static_cast<size_t>(step / kStepsPerEpoch)], begin, std::min<int64_t>(3, 7 - begin)};
   }
-  /// gather_batch's batch of `step`, as floats.
+  // gather_batch's batch of `step`, as floats.
   std::pair<std::vector<float>, std::vector<float>> expected(int64_t step) const {
     const BatchRequest r = batch_of(step);
     Tensor x, y;

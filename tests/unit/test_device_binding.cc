@@ -22,8 +22,8 @@ using mix::collective::check_gpu_bindings;
 using mix::collective::CollectiveError;
 using mix::collective::GpuBinding;
 
-/// `per_host` ranks on each of `hosts`, every host with `gpus` GPUs, every rank
-/// bound to the GPU of its local rank (bus ids 0000:<local>:00.0).
+// `per_host` ranks on each of `hosts`, every host with `gpus` GPUs, every rank
+// bound to the GPU of its local rank (bus ids 0000:<local>:00.0).
 std::vector<GpuBinding> table(int hosts, int per_host, int gpus) {
   std::vector<GpuBinding> t;
   for (int h = 0; h < hosts; ++h) {

@@ -75,7 +75,7 @@ TEST_CASE("temporaries are released after their last use; kept ones survive", "[
 }
 
 namespace {
-/// A device clock that says op k of a run took k + 1 ms (marks counted, not timed).
+// A device clock that says op k of a run took k + 1 ms (marks counted, not timed).
 class FakeOpTimer final : public OpTimer {
  public:
   int starts = 0;

@@ -33,7 +33,7 @@ using mix::testing::train_steps;
 using mix::testing::TrainedModel;
 using mix::testing::TrainOptions;
 
-/// The program's casts, by output name.
+// The program's casts, by output name.
 std::multiset<std::string> casts_of(const Program& p) {
   const std::vector<std::string> v = mix::testing::cast_outputs(p);
   return {v.begin(), v.end()};
@@ -195,12 +195,12 @@ TEST_CASE("softmax and cross-entropy with out_dtype f32 on the CPU: the values o
 
 namespace {
 
-/// 4 AMP momentum-SGD steps of the model that `build` makes (tests/unit/train_steps.h), with or without the passes.
+// 4 AMP momentum-SGD steps of the model that `build` makes (tests/unit/train_steps.h), with or without the passes.
 TrainedModel amp_steps(const std::function<models::Model()>& build, bool fold, DType low) {
   return train_steps(build(), TrainOptions{.amp = true, .low = low, .fold_casts = fold, .steps = 4, .batch = 3});
 }
 
-/// `removed`: the casts the two passes take out of the model's AMP program.
+// `removed`: the casts the two passes take out of the model's AMP program.
 void check_same_training(const std::function<models::Model()>& build, int removed, DType low = DType::f16) {
   const TrainedModel folded = amp_steps(build, true, low), plain = amp_steps(build, false, low);
   CHECK(casts_of(plain.model.program).size() - casts_of(folded.model.program).size() == static_cast<size_t>(removed));

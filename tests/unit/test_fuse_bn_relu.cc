@@ -34,18 +34,18 @@ size_t count_ops(const Program& p, const std::string& type, bool fused) {
   return n;
 }
 
-/// X [n, c, h, w] (or [n, h, w, c]) with channels that test the edges of
-/// relu's recomputed mask; see bn_feeds.
+// X [n, c, h, w] (or [n, h, w, c]) with channels that test the edges of
+// relu's recomputed mask; see bn_feeds.
 constexpr int64_t kN = 3, kC = 5, kH = 4, kW = 3;
 
 Shape x_shape(bool channels_last) { return channels_last ? Shape{kN, kH, kW, kC} : Shape{kN, kC, kH, kW}; }
 
-/// The feeds of a batch_norm on X of `dt`: random X, except that channel 4
-/// holds a NaN (its statistics and gradients are NaN: both paths must agree
-/// on them too). Channel 1 has Scale 0 and Bias 1e-8, so its normalised values
-/// are all 1e-8: FP16 stores them as 0, so relu's gradient must block them
-/// there, and pass them in FP32 and BF16. Channel 2 has Bias 0 and Scale 0:
-/// every value is exactly 0 and blocked.
+// The feeds of a batch_norm on X of `dt`: random X, except that channel 4
+// holds a NaN (its statistics and gradients are NaN: both paths must agree
+// on them too). Channel 1 has Scale 0 and Bias 1e-8, so its normalised values
+// are all 1e-8: FP16 stores them as 0, so relu's gradient must block them
+// there, and pass them in FP32 and BF16. Channel 2 has Bias 0 and Scale 0:
+// every value is exactly 0 and blocked.
 std::vector<std::pair<std::string, Tensor>> bn_feeds(DType dt, bool channels_last, uint64_t seed) {
   Tensor x = uniform_tensor(x_shape(channels_last), seed, -2.f, 2.f);
   const int64_t nan_at = channels_last ? 4 : 4 * kH * kW;  // (n 0, c 4, first pixel)
@@ -72,7 +72,7 @@ OpDesc batch_norm_op(bool channels_last, bool fuse, const std::string& y) {
 
 const std::vector<std::string> kForwardResults = {"y", "mean", "var", "saved_mean", "saved_var"};
 
-/// One forward case: X's dtype and layout, training or evaluation.
+// One forward case: X's dtype and layout, training or evaluation.
 struct ForwardCase {
   DType dt;
   bool channels_last;
@@ -81,7 +81,7 @@ struct ForwardCase {
   std::vector<std::string> results;  // what the forward writes (evaluation: Y alone)
 };
 
-/// f(case) for every dtype, layout and mode.
+// f(case) for every dtype, layout and mode.
 template <typename F>
 void for_each_forward_case(F&& f) {
   for (DType dt : kFloatTypes)
@@ -95,7 +95,7 @@ void for_each_forward_case(F&& f) {
       }
 }
 
-/// Not vacuous: relu zeroed some values of Y and passed others.
+// Not vacuous: relu zeroed some values of Y and passed others.
 void expect_some_zeroed(const Tensor& y_tensor) {
   const std::vector<float> y = y_tensor.to_floats();
   CHECK(std::count(y.begin(), y.end(), 0.f) > 0);
@@ -228,10 +228,10 @@ TEST_CASE("batch_norm_grad with fuse_with_relu gives the bits of relu_grad then 
 }
 
 namespace {
-/// fn::BnReluGradFromX<T> (the GPU kernels' mask) against relu_grad of the
-/// value the forward stored, on values at FP16's and BF16's flush to zero,
-/// signed zeros, infinities and NaN. The CPU kernel takes the same three
-/// steps in bulk (normalise, round through T, relu's gradient).
+// fn::BnReluGradFromX<T> (the GPU kernels' mask) against relu_grad of the
+// value the forward stored, on values at FP16's and BF16's flush to zero,
+// signed zeros, infinities and NaN. The CPU kernel takes the same three
+// steps in bulk (normalise, round through T, relu's gradient).
 template <typename T>
 void check_mask_from_x() {
   const float tiny[] = {1e-8f, -1e-8f, 3e-8f, 0x1p-24f, 0x1p-25f, 0x1p-133f, 0x1p-135f,

@@ -22,7 +22,7 @@ using namespace mix::testing;
 
 namespace {
 
-/// The forward casts of parameters in `p`, as (parameter, cast variable), in program order.
+// The forward casts of parameters in `p`, as (parameter, cast variable), in program order.
 std::vector<std::pair<std::string, std::string>> param_casts(const Program& p) {
   std::vector<std::pair<std::string, std::string>> r;
   for (const OpDesc& op : p.ops())

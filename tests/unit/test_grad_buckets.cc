@@ -60,7 +60,7 @@ bool touches(const OpDesc& op, const std::set<std::string>& vars) {
   return false;
 }
 
-/// Where the starts and waits sit: see the file comment.
+// Where the starts and waits sit: see the file comment.
 void check_placement(const Built& b, bool overlap) {
   const auto& ops = b.program.ops();
   size_t last_backward = 0;

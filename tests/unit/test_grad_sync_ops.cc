@@ -36,7 +36,7 @@ std::vector<int32_t> i32_values(const Tensor& t) {
   return std::vector<int32_t>(t.data<int32_t>(), t.data<int32_t>() + t.numel());
 }
 
-/// A bucket of FP16 gradients, started and waited for with pre/post scaling.
+// A bucket of FP16 gradients, started and waited for with pre/post scaling.
 struct Bucket {
   Program p;
   Scope scope;

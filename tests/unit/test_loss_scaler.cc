@@ -41,9 +41,9 @@ using Catch::Matchers::Contains;
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-/// `repeat` steps with the same flag; the state after the last one. A row with
-/// repeat > 1 must not cross a threshold before its last step (its scale stays
-/// that of the previous row until then, which is checked too).
+// `repeat` steps with the same flag; the state after the last one. A row with
+// repeat > 1 must not cross a threshold before its last step (its scale stays
+// that of the previous row until then, which is checked too).
 struct Row {
   int repeat;
   bool found_inf;
@@ -71,7 +71,7 @@ VarDesc persistable(const std::string& name, DType dtype) {
   return v;
 }
 
-/// The scaler state as persistable variables, updated in place by one op.
+// The scaler state as persistable variables, updated in place by one op.
 class ScalerProgram {
  public:
   explicit ScalerProgram(const LossScalerConfig& c, DType flag_dtype = DType::i32) : flag_dtype_(flag_dtype) {
@@ -150,7 +150,7 @@ void check_state(const LossScalerState& s, const Row& r) {
   CHECK(s.consecutive_skips_at_min == r.at_min);
 }
 
-/// Runs the table through `step` (one update) and `state` (the state now).
+// Runs the table through `step` (one update) and `state` (the state now).
 template <typename Step, typename State>
 void run_table_with(const std::vector<Row>& rows, float init, Step step, State state) {
   float prev_scale = init;
@@ -628,7 +628,7 @@ std::vector<int32_t> i32_values(const Tensor& t) {
   return std::vector<int32_t>(t.data<int32_t>(), t.data<int32_t>() + t.numel());
 }
 
-/// Three gradients unscaled in place by one check_finite_and_unscale.
+// Three gradients unscaled in place by one check_finite_and_unscale.
 struct UnscaleProgram {
   Program p;
   Scope scope;
@@ -661,7 +661,7 @@ struct UnscaleProgram {
     Executor(p, keep).run(scope, env);
   }
   int found_inf() const { return scope.get("found_inf").data<int32_t>()[0]; }
-  /// FoundInfiniteEach: which of the three gradients held a non-finite value.
+  // FoundInfiniteEach: which of the three gradients held a non-finite value.
   std::vector<int32_t> each() const { return i32_values(scope.get("found_inf.each")); }
   std::vector<float> out(size_t i) const { return scope.get(grads[i]).to_floats(); }
 };
@@ -781,7 +781,7 @@ TEST_CASE("check_finite_and_unscale on FP16 gradients rounds to FP16", "[amp][un
 
 namespace {
 
-/// FP16 gradients after the all-reduce, cast and unscaled into FP32 masters' grads.
+// FP16 gradients after the all-reduce, cast and unscaled into FP32 masters' grads.
 struct FusedProgram {
   Program p;
   Scope scope;
@@ -806,7 +806,7 @@ struct FusedProgram {
     Executor(p, keep).run(scope, env);
   }
   int found_inf() const { return scope.get("found_inf").data<int32_t>()[0]; }
-  /// FoundInfiniteEach: which of the three gradients held a non-finite value.
+  // FoundInfiniteEach: which of the three gradients held a non-finite value.
   std::vector<int32_t> each() const { return i32_values(scope.get("found_inf.each")); }
   const Tensor& out(size_t i) const { return scope.get(outs[i]); }
 };

@@ -72,7 +72,7 @@ struct Reference {
   }
 };
 
-/// Runs the reference script once per test process and reads its file.
+// Runs the reference script once per test process and reads its file.
 const Reference& reference() {
   static const Reference ref = [] {
     Reference r;
@@ -93,9 +93,9 @@ Tensor scalar(float v) { return Tensor::from_floats({1}, {v}); }
 
 enum class Precision { fp32, amp };
 
-/// One training setup: the model, its training program (minimize with the
-/// gradient all-reduce pass over the local communicator), the reference's
-/// initial parameters in the scope, the batch fed.
+// One training setup: the model, its training program (minimize with the
+// gradient all-reduce pass over the local communicator), the reference's
+// initial parameters in the scope, the batch fed.
 class Trainer {
  public:
   Trainer(const Reference& ref, std::unique_ptr<mix::optim::Optimizer> opt, double lr, Precision precision)
@@ -134,7 +134,7 @@ class Trainer {
     env_.comm = comm_.get();
   }
 
-  /// One training step on the reference batch; returns the loss it computed.
+  // One training step on the reference batch; returns the loss it computed.
   float step() {
     scope_.set(model_.input, ref_.get("x").clone());
     scope_.set(model_.label, ref_.get("label").clone());
@@ -241,9 +241,9 @@ std::unique_ptr<mix::optim::Optimizer> make(const Reference& ref, const std::str
                                 ref.num("adamw.weight_decay"));
 }
 
-/// AdamW comparison: kAdamTol, except for elements whose reference gradient is
-/// within the gradient tolerance of zero (no reliable sign), which may differ by
-/// a whole step per step taken.
+// AdamW comparison: kAdamTol, except for elements whose reference gradient is
+// within the gradient tolerance of zero (no reliable sign), which may differ by
+// a whole step per step taken.
 void check_adamw_params(const std::string& what, const Tensor& got, const Tensor& want, const Tensor& grad_ref,
                         double lr, int steps) {
   INFO(what);

@@ -19,8 +19,8 @@ using mix::multi_tensor::plan_launches;
 
 namespace {
 
-/// Checks the plan's invariants for these limits; returns, per tensor, the
-/// number of blocks that worked on each of its chunks.
+// Checks the plan's invariants for these limits; returns, per tensor, the
+// number of blocks that worked on each of its chunks.
 std::vector<std::map<int64_t, int>> check_plan(const std::vector<LaunchPlan>& plan, const std::vector<int64_t>& numels,
                                                int64_t chunk, int max_tensors, int max_blocks) {
   std::vector<std::map<int64_t, int>> seen(numels.size());
@@ -46,7 +46,7 @@ std::vector<std::map<int64_t, int>> check_plan(const std::vector<LaunchPlan>& pl
   return seen;
 }
 
-/// Every chunk of every tensor exactly once.
+// Every chunk of every tensor exactly once.
 void check_cover(const std::vector<std::map<int64_t, int>>& seen, const std::vector<int64_t>& numels, int64_t chunk) {
   for (size_t t = 0; t < numels.size(); ++t) {
     INFO("tensor " << t << " of " << numels[t] << " elements");

@@ -33,7 +33,7 @@ constexpr Tolerance kF32{1e-5, 1e-5};
 // one rounding on store, u = 2^-11 relative, plus FP32 arithmetic before it.
 constexpr Tolerance kF16Out{1e-4, 1e-3};
 
-/// Reference matmul in double on the logical (post-transpose) matrices.
+// Reference matmul in double on the logical (post-transpose) matrices.
 std::vector<double> ref_matmul(const std::vector<float>& x, const std::vector<float>& y, int64_t batch, bool y_shared,
                                int64_t m, int64_t k, int64_t n, bool tx, bool ty, double alpha) {
   std::vector<double> out(static_cast<size_t>(batch * m * n));

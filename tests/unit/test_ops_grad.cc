@@ -15,7 +15,7 @@ using namespace mix::testing;
 
 namespace {
 
-/// FD check in f32 plus the f16 (and optionally bf16) comparison.
+// FD check in f32 plus the f16 (and optionally bf16) comparison.
 void check_all(const OpCase& c, bool bf16 = false) {
   check_gradients_fd(c);
   check_low_precision(c, DType::f16, kF16Tolerance);

@@ -114,7 +114,7 @@ TEST_CASE("a skipped step leaves parameters and optimizer state bit-identical", 
 
 namespace {
 
-/// A matrix w [2, 2] and a bias b [4] after two steps of `opt` with fixed gradients.
+// A matrix w [2, 2] and a bias b [4] after two steps of `opt` with fixed gradients.
 std::pair<std::vector<float>, std::vector<float>> two_steps(optim::Optimizer& opt) {
   Program p;
   Scope s;

@@ -49,8 +49,8 @@ const Tensor& get(const io::SafetensorsFile& f, const std::string& name) {
   return mix::testing::reference_tensor(f, name);
 }
 
-/// Our ResNet with the reference's configuration and initial state, one SGD
-/// step's program (lr 0: only the loss, the gradients and the buffers change).
+// Our ResNet with the reference's configuration and initial state, one SGD
+// step's program (lr 0: only the loss, the gradients and the buffers change).
 struct Run {
   models::Model model;
   optim::TrainProgram train;

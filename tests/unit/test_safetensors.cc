@@ -30,7 +30,7 @@ std::string le64(uint64_t v) {
   return s;
 }
 
-/// A hand-made safetensors file: length, header text, data.
+// A hand-made safetensors file: length, header text, data.
 void write_raw(const std::string& p, const std::string& header, const std::string& data) {
   write_bytes(p, le64(header.size()) + header + data);
 }

@@ -32,7 +32,7 @@ using namespace mix::testing;
 
 namespace {
 
-/// What the stand-in saw.
+// What the stand-in saw.
 struct RecordingLog {
   int records = 0, replays = 0;
   std::vector<std::string> leftovers;    // non-persistable variables in the scope while recording, feeds aside
@@ -118,7 +118,7 @@ class StandInRecording final : public DeviceGraph {
 
 using Ran = StepGraph::Ran;
 
-/// TrainOptions::make_graph for the stand-in, logging to `log`.
+// TrainOptions::make_graph for the stand-in, logging to `log`.
 std::function<std::unique_ptr<DeviceGraph>(const TrainedModel&)> stand_in(RecordingLog& log) {
   return [&log](const TrainedModel& m) {
     return std::make_unique<StandInRecording>(log, m.model.program, m.scope,
@@ -126,7 +126,7 @@ std::function<std::unique_ptr<DeviceGraph>(const TrainedModel&)> stand_in(Record
   };
 }
 
-/// A one-layer Transformer small enough for a few CPU steps, with `dropout`.
+// A one-layer Transformer small enough for a few CPU steps, with `dropout`.
 models::Model tiny_lm(double dropout) {
   models::TransformerConfig tc;
   tc.vocab = 13;
@@ -197,8 +197,8 @@ TEST_CASE("StepGraph: ops that depend on the step read the step the runner write
 
 namespace {
 
-/// A small MLP's training step under a StepGraph with the stand-in recording,
-/// run on batches of any size.
+// A small MLP's training step under a StepGraph with the stand-in recording,
+// run on batches of any size.
 struct MlpRig {
   models::Model m = models::build_mlp({.in_features = 6, .hidden = {5}, .num_classes = 3});
   Scope scope;
@@ -219,7 +219,7 @@ struct MlpRig {
         std::make_unique<StandInRecording>(log, m.program, scope, std::vector<std::string>{m.input, m.label}));
   }
 
-  /// Sets a batch of n examples as the feeds.
+  // Sets a batch of n examples as the feeds.
   void feed(int64_t n) {
     std::vector<float> x(static_cast<size_t>(n * 6));
     for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 7) * 0.1f - 0.3f;
@@ -290,7 +290,7 @@ TEST_CASE("StepGraph: a refused recording leaves the caller's feeds in the scope
 
 namespace {
 
-/// The persistables of two rigs are the same bits.
+// The persistables of two rigs are the same bits.
 void expect_same_persistables(const MlpRig& a, const MlpRig& b) {
   int compared = 0;
   for (const VarDesc& v : a.m.program.vars())

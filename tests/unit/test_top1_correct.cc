@@ -31,7 +31,7 @@ int64_t count_correct(const Tensor& logits, const Tensor& label) {
   return c.data<int64_t>()[0];
 }
 
-/// One row of three logits against one label: 1 when it counts as correct.
+// One row of three logits against one label: 1 when it counts as correct.
 int64_t row_hit(std::vector<float> row, int64_t label) {
   return count_correct(Tensor::from_floats({1, 3}, row), labels({1}, {label}));
 }

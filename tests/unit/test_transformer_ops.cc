@@ -47,7 +47,7 @@ Tensor i32_tensor(const Shape& shape, const std::vector<int32_t>& values) {
   return t;
 }
 
-/// The row-major multi-index of flat element i of shape s.
+// The row-major multi-index of flat element i of shape s.
 std::vector<int64_t> unravel(int64_t i, const Shape& s) {
   std::vector<int64_t> idx(s.size());
   for (size_t k = s.size(); k-- > 0;) {
@@ -137,7 +137,7 @@ struct LnRef {
   std::vector<double> y, mean, var;
 };
 
-/// The definition in double: per row of `cols` values, biased variance.
+// The definition in double: per row of `cols` values, biased variance.
 LnRef ln_reference(const std::vector<float>& x, int64_t cols, const std::vector<float>* scale,
                    const std::vector<float>* bias, double eps) {
   LnRef r;
@@ -376,7 +376,7 @@ TEST_CASE("transpose2: the copy plan merges dims and keeps contiguous runs", "[o
 
 namespace {
 
-/// Distinct values of E, none equal to `kUnwritten`.
+// Distinct values of E, none equal to `kUnwritten`.
 template <typename E>
 std::vector<E> distinct_values(size_t n) {
   std::vector<E> v(n);
@@ -386,9 +386,9 @@ std::vector<E> distinct_values(size_t n) {
 template <typename E>
 constexpr E kUnwritten = static_cast<E>(1);
 
-/// gather_cpu and scatter_cpu with elements of E: a permutation's scatter
-/// undoes its gather, and a strided view's (conv2d's sampled pixels) reaches
-/// exactly the view's elements.
+// gather_cpu and scatter_cpu with elements of E: a permutation's scatter
+// undoes its gather, and a strided view's (conv2d's sampled pixels) reaches
+// exactly the view's elements.
 template <typename E>
 void check_strided_copies() {
   const size_t es = sizeof(E);
@@ -461,7 +461,7 @@ TEST_CASE("transpose2: a non-permutation axis names the problem", "[ops][transfo
 
 namespace {
 
-/// Part k of X along `axis` in double (the definition: a slice).
+// Part k of X along `axis` in double (the definition: a slice).
 std::vector<std::vector<float>> ref_split(const std::vector<float>& x, const Shape& xs, size_t axis,
                                           const std::vector<int64_t>& sizes) {
   std::vector<std::vector<float>> parts;
@@ -574,7 +574,7 @@ struct DropoutOut {
   Tensor out, mask;
 };
 
-/// One dropout op run with the given step, rank and mode.
+// One dropout op run with the given step, rank and mode.
 DropoutOut run_dropout(const Tensor& x, std::map<std::string, Attr> attrs, int64_t step = 1, int rank = 0,
                        bool training = true, const std::string& out_name = "drop_out", DType dt = DType::f32) {
   Program p;
@@ -718,7 +718,7 @@ TEST_CASE("dropout: bad probabilities and implementations name the problem", "[o
 
 namespace {
 
-/// Causal softmax in double over X [..., T, S]: query i sees keys j <= i + S - T.
+// Causal softmax in double over X [..., T, S]: query i sees keys j <= i + S - T.
 std::vector<double> ref_causal_softmax(const std::vector<float>& x, int64_t t, int64_t s) {
   std::vector<double> y(x.size(), 0.0);
   for (int64_t r = 0; r < static_cast<int64_t>(x.size()) / s; ++r) {

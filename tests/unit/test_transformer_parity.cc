@@ -55,8 +55,8 @@ int count_prefixed(const io::SafetensorsFile& f, const std::string& prefix) {
   return n;
 }
 
-/// Our Transformer with the reference's configuration and initial state, one SGD
-/// step's program (lr 0: only the loss, the logits and the gradients are computed).
+// Our Transformer with the reference's configuration and initial state, one SGD
+// step's program (lr 0: only the loss, the logits and the gradients are computed).
 struct Run {
   models::Model model;
   optim::TrainProgram train;

@@ -22,10 +22,10 @@ using namespace mix;
 
 namespace {
 
-/// Runs run_worker(body) in a child that then calls std::exit with its result,
-/// with an atexit handler that turns any normal exit into status 99. Returns
-/// the child's exit status: the code itself only when the process ended
-/// without exit-time teardown.
+// Runs run_worker(body) in a child that then calls std::exit with its result,
+// with an atexit handler that turns any normal exit into status 99. Returns
+// the child's exit status: the code itself only when the process ended
+// without exit-time teardown.
 int exit_status_of_child(bool thread_left, const std::function<int(collective::Communicator&)>& body) {
   const pid_t pid = fork();
   REQUIRE(pid >= 0);

@@ -51,7 +51,7 @@ namespace {
 
 // ---- kernels ---------------------------------------------------------------------------
 
-/// NumBatchesTrackedOut = NumBatchesTracked + 1 (one element; out may alias in).
+// NumBatchesTrackedOut = NumBatchesTracked + 1 (one element; out may alias in).
 struct IncrementCounter {
   const int64_t* in;
   int64_t* out;
@@ -60,20 +60,20 @@ struct IncrementCounter {
 
 // ---- launchers ---------------------------------------------------------------------------
 
-/// Whether a batch_norm (or its gradient) runs on mixtrain's channels-last
-/// kernels rather than cuDNN: channels last, unless --cudnn-bn-persistent
-/// asks for cuDNN's persistent kernels (for the batch norms without a fused
-/// relu: mixtrain calls none of cuDNN's relu fusions).
+// Whether a batch_norm (or its gradient) runs on mixtrain's channels-last
+// kernels rather than cuDNN: channels last, unless --cudnn-bn-persistent
+// asks for cuDNN's persistent kernels (for the batch norms without a fused
+// relu: mixtrain calls none of cuDNN's relu fusions).
 bool use_own_kernels(const BatchNormDims& d, bool relu) {
   return d.channels_last && (relu || !cuda::batch_norm_persistent());
 }
 
-/// The mode of a pass: training (forward and backward) may be persistent.
+// The mode of a pass: training (forward and backward) may be persistent.
 cudnnBatchNormMode_t mode_for(bool training) {
   return training && cuda::batch_norm_persistent() ? CUDNN_BATCHNORM_SPATIAL_PERSISTENT : CUDNN_BATCHNORM_SPATIAL;
 }
 
-/// X's descriptor ([n, c, spatial, 1]) and the FP32 [1, c, 1, 1] descriptor cuDNN derives from it.
+// X's descriptor ([n, c, spatial, 1]) and the FP32 [1, c, 1, 1] descriptor cuDNN derives from it.
 struct Descriptors {
   cuda::TensorDescriptor x;
   cuda::TensorDescriptor params;
@@ -85,7 +85,7 @@ Descriptors make_descriptors(const BatchNormDims& d, DType t, cudnnBatchNormMode
   return s;
 }
 
-/// An FP32 [c] input on the op's device (Scale, Bias, the statistics).
+// An FP32 [c] input on the op's device (Scale, Bias, the statistics).
 const Tensor& channel_input(const OpContext& ctx, const std::string& slot, int64_t c) {
   const Tensor& t = ctx.in(slot);
   MIX_CHECK(t.dtype() == DType::f32 && t.shape() == Shape{c}, ctx.op.type << ": " << slot << " must be f32[" << c
@@ -95,7 +95,7 @@ const Tensor& channel_input(const OpContext& ctx, const std::string& slot, int64
   return t;
 }
 
-/// An output the kernel writes through a raw pointer must live on the op's device.
+// An output the kernel writes through a raw pointer must live on the op's device.
 Tensor& device_output(OpContext& ctx, const std::string& slot, const Shape& shape, DType dtype) {
   Tensor& t = ctx.out(slot, shape, dtype);
   MIX_CHECK(t.numel() == 0 || t.device() == ctx.env.device,
@@ -104,7 +104,7 @@ Tensor& device_output(OpContext& ctx, const std::string& slot, const Shape& shap
   return t;
 }
 
-/// Training forward through cuDNN: Y, the saved and the running statistics.
+// Training forward through cuDNN: Y, the saved and the running statistics.
 void run_cudnn_train_forward(OpContext& ctx, const Tensor& x, const BatchNormDims& d, const Tensor& scale,
                              const Tensor& bias, const Tensor& rmean, const Tensor& rvar, float momentum, float eps,
                              Tensor& mean_out, Tensor& var_out, Tensor& saved_mean, Tensor& saved_inv_std,
@@ -123,7 +123,7 @@ void run_cudnn_train_forward(OpContext& ctx, const Tensor& x, const BatchNormDim
       static_cast<double>(eps), saved_mean.raw(), saved_inv_std.raw()));
 }
 
-/// NumBatchesTrackedOut = NumBatchesTracked + 1, when the op has them.
+// NumBatchesTrackedOut = NumBatchesTracked + 1, when the op has them.
 void count_batch(OpContext& ctx, cudaStream_t stream) {
   if (ctx.wants("NumBatchesTrackedOut")) {
     const Tensor seen = ctx.in("NumBatchesTracked");

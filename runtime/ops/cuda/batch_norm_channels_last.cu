@@ -22,30 +22,30 @@ namespace {
 
 using kernels::BnSumGeometry;
 
-/// A partial-sum launch: its split, and where the sums go ([c, chunks] each).
+// A partial-sum launch: its split, and where the sums go ([c, chunks] each).
 struct Partials {
   BnSumGeometry g;
   Tensor first, second;  // FP32 [c, chunks]
 };
 
-/// The split of X [m, c] for T: packs of kPackWidth<T> channels where C and
-/// the tensors allow (`packed`), else one channel a thread.
+// The split of X [m, c] for T: packs of kPackWidth<T> channels where C and
+// the tensors allow (`packed`), else one channel a thread.
 template <typename T>
 Partials make_partials(const BatchNormDims& d, bool packed, Device dev) {
   const BnSumGeometry g = kernels::bn_sum_geometry(d.n * d.spatial, d.c, packed ? kPackWidth<T> : 1);
   return {g, Tensor::empty({d.c, g.chunks}, DType::f32, dev), Tensor::empty({d.c, g.chunks}, DType::f32, dev)};
 }
 
-/// Whether the partial sums can read X (and dY) in packs of kPackWidth<T>.
+// Whether the partial sums can read X (and dY) in packs of kPackWidth<T>.
 template <typename T>
 bool packs_fit(const BatchNormDims& d, const Tensor& x, const Tensor* dy) {
   constexpr int V = kPackWidth<T>;
   return d.c % V == 0 && pack_aligned(x.data<T>(), V) && (!dy || pack_aligned(dy->data<T>(), V));
 }
 
-/// Pass 1 of both directions (Terms: kernels::BnStatsTerms, BnGradTerms):
-/// each thread's sums (kernels::bn_thread_sums), then each channel's over the
-/// block's row lanes in order, into first and second at [ch, chunk].
+// Pass 1 of both directions (Terms: kernels::BnStatsTerms, BnGradTerms):
+// each thread's sums (kernels::bn_thread_sums), then each channel's over the
+// block's row lanes in order, into first and second at [ch, chunk].
 template <int V, typename Terms>
 __global__ void __launch_bounds__(kernels::kBnSumThreads)
     chunk_partials(BnSumGeometry g, Terms terms, float* first, float* second) {
@@ -67,7 +67,7 @@ __global__ void __launch_bounds__(kernels::kBnSumThreads)
   }
 }
 
-/// Launches pass 1 over `part`'s split; T is X's storage type.
+// Launches pass 1 over `part`'s split; T is X's storage type.
 template <typename T, typename Terms>
 void launch_partials(Partials& part, const Terms& terms, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(part.g.tiles), static_cast<unsigned>(part.g.chunks));
@@ -80,8 +80,8 @@ void launch_partials(Partials& part, const Terms& terms, cudaStream_t stream) {
   MIX_CUDA_CHECK(cudaGetLastError());
 }
 
-/// The chunks' partial sums of channel blockIdx.x in double (fixed tree).
-/// All threads of the block call it and get the total.
+// The chunks' partial sums of channel blockIdx.x in double (fixed tree).
+// All threads of the block call it and get the total.
 __device__ double channel_total(const float* partial, int64_t chunks, double* shared) {
   const float* row = partial + static_cast<int64_t>(blockIdx.x) * chunks;
   double s = 0.0;
@@ -89,7 +89,7 @@ __device__ double channel_total(const float* partial, int64_t chunks, double* sh
   return block_reduce(s, shared, AddRnDouble{});
 }
 
-/// Forward pass 2 (one block of kBlock threads per channel): the statistics.
+// Forward pass 2 (one block of kBlock threads per channel): the statistics.
 template <typename T>
 __global__ void stats_finalize(const T* x, const float* sum, const float* sum_sq, int64_t chunks, int64_t m,
                                const float* running_mean, const float* running_var, float momentum, float eps,
@@ -107,7 +107,7 @@ __global__ void stats_finalize(const T* x, const float* sum, const float* sum_sq
   var_out[ch] = fn::bn_running_update(running_v, static_cast<float>(fn::bn_unbiased_var(st.var, m)), momentum);
 }
 
-/// Evaluation: inv_std[ch] = 1 / sqrt(running_var + eps), once per channel.
+// Evaluation: inv_std[ch] = 1 / sqrt(running_var + eps), once per channel.
 struct RunningInvStd {
   const float* running_var;
   float eps;
@@ -115,14 +115,14 @@ struct RunningInvStd {
   __device__ void operator()(int64_t ch) const { inv_std[ch] = fn::bn_inv_std(running_var[ch], eps); }
 };
 
-/// Blocks of the column-group maps: enough threads for every group of a row,
-/// at most kMaxColumnBlocks (each thread then loops over rows; the bound
-/// depends on nothing but this constant).
+// Blocks of the column-group maps: enough threads for every group of a row,
+// at most kMaxColumnBlocks (each thread then loops over rows; the bound
+// depends on nothing but this constant).
 constexpr int64_t kMaxColumnBlocks = 2048;
 
-/// Runs f.column_rows<V>(col, first_row, row_step) on every thread that has
-/// a column group: thread t takes group t % groups and rows t / groups,
-/// t / groups + row_step, ... (row_step = the threads' count / groups).
+// Runs f.column_rows<V>(col, first_row, row_step) on every thread that has
+// a column group: thread t takes group t % groups and rows t / groups,
+// t / groups + row_step, ... (row_step = the threads' count / groups).
 template <int V, typename F>
 __global__ void column_group_kernel(int64_t rows, int64_t c, F f) {
   const int64_t groups = c / V;
@@ -133,8 +133,8 @@ __global__ void column_group_kernel(int64_t rows, int64_t c, F f) {
   f.template column_rows<V>((t % groups) * V, t / groups, row_step, rows);
 }
 
-/// An elementwise pass over X [rows, c]: column groups of V when c allows
-/// and f.packable(V), else f(i) for each element.
+// An elementwise pass over X [rows, c]: column groups of V when c allows
+// and f.packable(V), else f(i) for each element.
 template <int V, typename F>
 void launch_channel_map(int64_t rows, int64_t c, cudaStream_t stream, F f) {
   if (rows * c == 0) return;
@@ -147,7 +147,7 @@ void launch_channel_map(int64_t rows, int64_t c, cudaStream_t stream, F f) {
   MIX_CUDA_CHECK(cudaGetLastError());
 }
 
-/// Forward pass 3: y = relu?((x - mean) * (inv_std * scale) + bias), the CPU's functor.
+// Forward pass 3: y = relu?((x - mean) * (inv_std * scale) + bias), the CPU's functor.
 template <typename T>
 struct NormalizeMap {
   const T* x;
@@ -181,8 +181,8 @@ struct NormalizeMap {
   bool packable(int v) const { return pack_aligned(x, v) && pack_aligned(y, v) && (!z || pack_aligned(z, v)); }
 };
 
-/// Backward pass 2 (one block per channel): the parameter gradients and the
-/// means of g and g xhat (mean_g, mean_g_xhat: [c] each).
+// Backward pass 2 (one block per channel): the parameter gradients and the
+// means of g and g xhat (mean_g, mean_g_xhat: [c] each).
 __global__ void grad_finalize(const float* sum_g, const float* sum_g_xhat, int64_t chunks, int64_t m, float* dscale,
                               float* dbias, float* mean_g, float* mean_g_xhat) {
   __shared__ double shared[kBlock / kWarp];
@@ -196,7 +196,7 @@ __global__ void grad_finalize(const float* sum_g, const float* sum_g_xhat, int64
   mean_g_xhat[ch] = static_cast<float>(sx / static_cast<double>(m));
 }
 
-/// Backward pass 3: dx = BnBackward(x, g), the CPU's functor.
+// Backward pass 3: dx = BnBackward(x, g), the CPU's functor.
 template <typename T>
 struct GradMap {
   const T* x;
@@ -205,7 +205,7 @@ struct GradMap {
   const float *mean, *inv_std, *scale, *bias, *mean_g, *mean_g_xhat;  // bias: read only with relu
   int64_t c;
   bool relu;
-  /// One channel's two functors: relu's gradient (mask from x) and batch_norm's.
+  // One channel's two functors: relu's gradient (mask from x) and batch_norm's.
   struct Channel {
     fn::BnReluGradFromX<T> mask;
     fn::BnBackward back;

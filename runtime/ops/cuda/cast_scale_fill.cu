@@ -42,7 +42,7 @@ struct Fill {
   __device__ void operator()(int64_t i) const { out[i] = from_float<T>(value); }
 };
 
-/// Out[i] = X[0]: the scalar is read on the device (no host round trip).
+// Out[i] = X[0]: the scalar is read on the device (no host round trip).
 template <typename T>
 struct FillLike {
   const T* x;

@@ -92,20 +92,20 @@
 namespace mix {
 namespace {
 
-/// Largest workspace an algorithm may ask for: a fixed limit (not a share of
-/// the free memory) so that, memory permitting, the choice does not depend on
-/// what else is allocated; algorithms wanting more (large FFT tilings) are skipped.
+// Largest workspace an algorithm may ask for: a fixed limit (not a share of
+// the free memory) so that, memory permitting, the choice does not depend on
+// what else is allocated; algorithms wanting more (large FFT tilings) are skipped.
 constexpr size_t kWorkspaceLimit = size_t{512} << 20;
 
 using Pass = ConvPass;  // one list of passes for the legacy calls, the graph API and cuBLAS
 
-/// The math type a convolution of `t` starts from: FMA for strict FP32.
+// The math type a convolution of `t` starts from: FMA for strict FP32.
 cudnnMathType_t base_math(DType t) {
   if (t != DType::f32) return CUDNN_TENSOR_OP_MATH;
   return cuda::allow_tf32() ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH;
 }
 
-/// May an algorithm that cuDNN reports with math type `m` run for data of `t`?
+// May an algorithm that cuDNN reports with math type `m` run for data of `t`?
 bool math_allowed(DType t, cudnnMathType_t m) {
   if (m == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) return false;  // rounds the inputs to FP16 first
   return t != DType::f32 || cuda::allow_tf32() || m == CUDNN_FMA_MATH;
@@ -157,10 +157,10 @@ AlgoKey algo_key(int device, Pass pass, DType t, const ConvDims& d) {
   // clang-format on
 }
 
-/// A pass's choice for one shape, and the descriptors it runs with: made
-/// once per shape (the convolution's math type set to the algorithm's), so
-/// that a legacy call costs the host no descriptor set-up and cuDNN sees the
-/// same descriptor objects every step. Never changed once cached.
+// A pass's choice for one shape, and the descriptors it runs with: made
+// once per shape (the convolution's math type set to the algorithm's), so
+// that a legacy call costs the host no descriptor set-up and cuDNN sees the
+// same descriptor objects every step. Never changed once cached.
 struct Choice {
   Algo algo;
   std::shared_ptr<const Descriptors> descriptors;
@@ -172,7 +172,7 @@ std::mutex g_algo_mu;
 // destructor, in an order against the libraries' own teardown that nothing fixes.
 std::map<AlgoKey, Choice>& g_choices = *new std::map<AlgoKey, Choice>;
 
-/// One row of cuDNN's ranking (its workspace is asked again under the math type we allow).
+// One row of cuDNN's ranking (its workspace is asked again under the math type we allow).
 struct Candidate {
   int algo;
   cudnnStatus_t status;
@@ -188,7 +188,7 @@ std::vector<Candidate> to_candidates(const Perf* perf, int count) {
   return c;
 }
 
-/// cuDNN's heuristic ranking for `pass`, fastest first (no kernel is run).
+// cuDNN's heuristic ranking for `pass`, fastest first (no kernel is run).
 std::vector<Candidate> ranked_candidates(cudnnHandle_t h, Pass pass, const Descriptors& s) {
   int count = 0;
   switch (pass) {
@@ -214,8 +214,8 @@ std::vector<Candidate> ranked_candidates(cudnnHandle_t h, Pass pass, const Descr
   return {};
 }
 
-/// cuDNN's workspace for `algo` with the descriptor's current math type; a
-/// status other than success means cuDNN cannot run that combination.
+// cuDNN's workspace for `algo` with the descriptor's current math type; a
+// status other than success means cuDNN cannot run that combination.
 cudnnStatus_t workspace_size(cudnnHandle_t h, Pass pass, const Descriptors& s, int algo, size_t* bytes) {
   switch (pass) {
     case Pass::forward:
@@ -231,9 +231,9 @@ cudnnStatus_t workspace_size(cudnnHandle_t h, Pass pass, const Descriptors& s, i
   return CUDNN_STATUS_BAD_PARAM;
 }
 
-/// cuDNN's ranked candidates for `pass` that may run here (an allowed math
-/// type, a workspace within the limit): for the backward passes the
-/// deterministic ones first, then the others.
+// cuDNN's ranked candidates for `pass` that may run here (an allowed math
+// type, a workspace within the limit): for the backward passes the
+// deterministic ones first, then the others.
 std::vector<Algo> viable_algos(cudnnHandle_t h, Pass pass, DType t, const Descriptors& s) {
   std::vector<Algo> viable, nondeterministic;
   for (const Candidate& c : ranked_candidates(h, pass, s)) {
@@ -252,12 +252,12 @@ std::vector<Algo> viable_algos(cudnnHandle_t h, Pass pass, DType t, const Descri
   return viable;
 }
 
-/// Why cuDNN would not run candidates of one pass, for the error if none runs:
-/// while choosing, any status but success only rules its algorithm out. The
-/// heuristics and the workspace query rule out most combinations beforehand,
-/// but cuDNN documents no promise that a candidate they let through runs, and
-/// one refusal (a NOT_SUPPORTED code, or a BAD_PARAM one for a layout a kernel
-/// lacks) must not end training while another candidate would do.
+// Why cuDNN would not run candidates of one pass, for the error if none runs:
+// while choosing, any status but success only rules its algorithm out. The
+// heuristics and the workspace query rule out most combinations beforehand,
+// but cuDNN documents no promise that a candidate they let through runs, and
+// one refusal (a NOT_SUPPORTED code, or a BAD_PARAM one for a layout a kernel
+// lacks) must not end training while another candidate would do.
 struct Refusals {
   std::string text;
   void add(int algo, cudnnStatus_t status) {
@@ -266,11 +266,11 @@ struct Refusals {
   }
 };
 
-/// --cudnn-benchmark: `algos` fastest first by one timed run each (after an
-/// untimed one, which pays for lazy kernel loading), deterministic ones still
-/// ahead of the others; algorithms cuDNN refuses when run (noted in
-/// `refusals`), or whose workspace does not fit (run returns no status), are
-/// dropped. Each run overwrites the pass's output (beta 0); the caller runs the winner last.
+// --cudnn-benchmark: `algos` fastest first by one timed run each (after an
+// untimed one, which pays for lazy kernel loading), deterministic ones still
+// ahead of the others; algorithms cuDNN refuses when run (noted in
+// `refusals`), or whose workspace does not fit (run returns no status), are
+// dropped. Each run overwrites the pass's output (beta 0); the caller runs the winner last.
 template <typename Run>
 std::vector<Algo> fastest_first(const std::vector<Algo>& algos, const Run& run, int device, cudaStream_t stream,
                                 const char* op, Refusals& refusals) {
@@ -307,11 +307,11 @@ std::vector<Algo> fastest_first(const std::vector<Algo>& algos, const Run& run, 
   return order;
 }
 
-/// Runs one convolution pass: `call(descriptors, algo, workspace, bytes)`
-/// with the choice cached for these shapes, or, the first time, with new
-/// descriptors and cuDNN's viable candidates in order until cuDNN runs one
-/// (any other status rules it out) and its workspace fits in the device's
-/// memory; that one is cached with the descriptors.
+// Runs one convolution pass: `call(descriptors, algo, workspace, bytes)`
+// with the choice cached for these shapes, or, the first time, with new
+// descriptors and cuDNN's viable candidates in order until cuDNN runs one
+// (any other status rules it out) and its workspace fits in the device's
+// memory; that one is cached with the descriptors.
 template <typename Call>
 void run_pass(cudnnHandle_t h, const OpContext& ctx, Pass pass, DType t, const ConvDims& d, Call call) {
   const char* op = ctx.op.type.c_str();
@@ -388,8 +388,8 @@ void run_pass(cudnnHandle_t h, const OpContext& ctx, Pass pass, DType t, const C
          << (refusals.text.empty() ? std::string() : "; refused when run: " + refusals.text));
 }
 
-/// Runs `pass` through cuDNN's graph API when --cudnn-graph-conv asks for it:
-/// false when not asked or when the graph API has no plan (run the legacy call).
+// Runs `pass` through cuDNN's graph API when --cudnn-graph-conv asks for it:
+// false when not asked or when the graph API has no plan (run the legacy call).
 bool ran_on_graph(cudnnHandle_t h, const OpContext& ctx, Pass pass, DType t, const ConvDims& d, void* x, void* w,
                   void* y) {
   if (!cuda::cudnn_graph_conv()) return false;
@@ -397,13 +397,13 @@ bool ran_on_graph(cudnnHandle_t h, const OpContext& ctx, Pass pass, DType t, con
   return cuda::run_conv_graph(h, ctx.env.device, s, x, w, y, kWorkspaceLimit);
 }
 
-/// Runs `pass` as one cuBLAS GEMM when --cublas-1x1-conv asks for it and the
-/// convolution is pointwise channels last (conv_gemm.h): false otherwise, and
-/// for extents past cuBLAS's int (cuDNN then takes the pass, or says why not).
-/// x, w and y as for ran_on_graph (Input or Input@GRAD itself); the filter's
-/// bytes are used as they are. A strided convolution's GEMM works on its
-/// sampled pixels in scratch: gathered from Input before, or scattered into
-/// Input@GRAD after (the pixels it does not sample zeroed).
+// Runs `pass` as one cuBLAS GEMM when --cublas-1x1-conv asks for it and the
+// convolution is pointwise channels last (conv_gemm.h): false otherwise, and
+// for extents past cuBLAS's int (cuDNN then takes the pass, or says why not).
+// x, w and y as for ran_on_graph (Input or Input@GRAD itself); the filter's
+// bytes are used as they are. A strided convolution's GEMM works on its
+// sampled pixels in scratch: gathered from Input before, or scattered into
+// Input@GRAD after (the pixels it does not sample zeroed).
 bool ran_as_gemm(cuda::DeviceContext& dc, const Device& device, Pass pass, DType t, const ConvDims& d, void* x, void* w,
                  void* y) {
   if (!cuda::cublas_1x1_conv() || !conv_runs_as_gemm(d)) return false;
@@ -440,13 +440,13 @@ void check_inputs(const OpContext& ctx, const Tensor& x, const Tensor& filter) {
   cuda::check_on_device(ctx, filter, "Filter");
 }
 
-/// Whether cuDNN reads the filter, and writes its gradient, in the parameter's
-/// own bytes: always channels first, and channels last when [oc, c/g, kh, kw]
-/// and [oc, kh, kw, c/g] are the same order (kh * kw == 1 or c/g == 1).
+// Whether cuDNN reads the filter, and writes its gradient, in the parameter's
+// own bytes: always channels first, and channels last when [oc, c/g, kh, kw]
+// and [oc, kh, kw, c/g] are the same order (kh * kw == 1 or c/g == 1).
 bool filter_bytes_as_is(const ConvDims& d) { return !d.channels_last || d.kh * d.kw == 1 || d.c_per_group() == 1; }
 
-/// The filter as cuDNN reads it: the parameter itself, or channels last a
-/// [oc, kh, kw, c/groups] copy in scratch (released in stream order).
+// The filter as cuDNN reads it: the parameter itself, or channels last a
+// [oc, kh, kw, c/groups] copy in scratch (released in stream order).
 Tensor cudnn_filter(const Tensor& filter, const ConvDims& d, cudaStream_t stream, const std::string& op) {
   if (filter_bytes_as_is(d)) return filter;
   Tensor t = Tensor::empty({d.oc, d.kh, d.kw, d.c_per_group()}, filter.dtype(), filter.device());

@@ -34,13 +34,13 @@ using xent::Dims;
 using xent::kOp;
 using xent::loss_shape_of;
 
-/// Host-side checks of shapes and attributes: the CPU kernel's, from the shared header.
+// Host-side checks of shapes and attributes: the CPU kernel's, from the shared header.
 Dims dims_of(const OpContext& ctx, const Tensor& logits, const Tensor& label) {
   xent::check_attrs(ctx.op, logits.shape().size());
   return xent::dims_of(logits, label);
 }
 
-/// What a row's label asks for.
+// What a row's label asks for.
 enum class LabelKind { valid, ignored, invalid };
 
 template <typename L>
@@ -53,7 +53,7 @@ __device__ __forceinline__ LabelKind label_kind(const L* labels, int64_t row, in
 
 // ---- kernels -------------------------------------------------------------------------
 
-/// y (the Softmax) and stats (RowStats: max, sum per row) may each be null.
+// y (the Softmax) and stats (RowStats: max, sum per row) may each be null.
 template <typename X, typename Y, typename L>
 __global__ void softmax_cross_entropy_rows(const X* x, const L* labels, Y* y, float* stats, Y* loss, int64_t rows,
                                            int64_t classes, int64_t ignore) {
@@ -84,9 +84,9 @@ __global__ void softmax_cross_entropy_rows(const X* x, const L* labels, Y* y, fl
   }
 }
 
-/// The softmax a grad row reads: the stored Softmax (Y), or, where the
-/// forward stored none, recomputed from Logits (X) and RowStats as the forward
-/// would have stored it (fn::softmax_as_stored): the same bits either way.
+// The softmax a grad row reads: the stored Softmax (Y), or, where the
+// forward stored none, recomputed from Logits (X) and RowStats as the forward
+// would have stored it (fn::softmax_as_stored): the same bits either way.
 template <typename Y, typename X>
 struct SoftmaxSource {
   const Y* softmax;    // null: recompute
@@ -106,9 +106,9 @@ struct SoftmaxSource {
   }
 };
 
-/// Logits@GRAD = (softmax - onehot) * Loss@GRAD[row], a row per
-/// RowGroup<kThreads>: the label and Loss@GRAD (`dloss`, any floating dtype)
-/// are read once per row, and no thread divides by the row length.
+// Logits@GRAD = (softmax - onehot) * Loss@GRAD[row], a row per
+// RowGroup<kThreads>: the label and Loss@GRAD (`dloss`, any floating dtype)
+// are read once per row, and no thread divides by the row length.
 template <typename Y, typename DX, typename L, int kThreads>
 __global__ void softmax_cross_entropy_grad_rows(SoftmaxSource<Y, DX> src, const L* labels, ScalarRef dloss, DX* dx,
                                                 int64_t rows, int64_t classes, int64_t ignore) {
@@ -136,7 +136,7 @@ __global__ void softmax_cross_entropy_grad_rows(SoftmaxSource<Y, DX> src, const 
 
 // ---- launchers -----------------------------------------------------------------------
 
-/// f(L{}) with L the C++ type of the label dtype.
+// f(L{}) with L the C++ type of the label dtype.
 template <typename F>
 void dispatch_label(DType t, F&& f) {
   if (t == DType::i64) return f(int64_t{});

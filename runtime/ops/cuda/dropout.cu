@@ -19,7 +19,7 @@ namespace {
 
 // ---- kernels (grid-stride maps) ---------------------------------------------------------
 
-/// The mask key from the step in device memory (ExecEnv::device_step), into `key`.
+// The mask key from the step in device memory (ExecEnv::device_step), into `key`.
 struct MaskKeyOnDevice {
   const int64_t* step;
   dropout_rules::MaskKeyParts parts;
@@ -29,8 +29,8 @@ struct MaskKeyOnDevice {
   }
 };
 
-/// mask[i] = keep(key, i); out[i] = x[i] * keep * scale. mask may be null (not
-/// wanted). The key is `key_on_device[0]` when that is given, else `key`.
+// mask[i] = keep(key, i); out[i] = x[i] * keep * scale. mask may be null (not
+// wanted). The key is `key_on_device[0]` when that is given, else `key`.
 template <typename T>
 struct DropoutForward {
   const T* x;
@@ -48,7 +48,7 @@ struct DropoutForward {
   }
 };
 
-/// dx[i] = dout[i] * mask[i] * scale.
+// dx[i] = dout[i] * mask[i] * scale.
 template <typename T>
 struct DropoutBackward {
   const T* dout;

@@ -23,32 +23,32 @@
 namespace mix::cuda {
 namespace {
 
-/// Longest column (pre * post terms) reduced by a single thread.
+// Longest column (pre * post terms) reduced by a single thread.
 constexpr int64_t kSequentialMax = 1024;
-/// post == 1 columns: rows per chunk (before the cap on the number of chunks).
+// post == 1 columns: rows per chunk (before the cap on the number of chunks).
 constexpr int64_t kRowsPerChunk = 64;
 constexpr int64_t kMaxChunks = 1024;
 
 // ---- kernels -------------------------------------------------------------------------
 
-/// Which Y element X's element i meets, j = (i / post) % n, computed with only
-/// the divisions the shape needs (a same-shape Y needs none: BinaryMap). An integer division is a sequence of
-/// instructions on the GPU, not one (a 64-bit one is several times longer than
-/// a 32-bit one), and at two per element an FP16 add spent more time on index
-/// arithmetic than on moving its bytes; hence the cases, and 32-bit indices
-/// wherever every index fits.
+// Which Y element X's element i meets, j = (i / post) % n, computed with only
+// the divisions the shape needs (a same-shape Y needs none: BinaryMap). An integer division is a sequence of
+// instructions on the GPU, not one (a 64-bit one is several times longer than
+// a 32-bit one), and at two per element an FP16 add spent more time on index
+// arithmetic than on moving its bytes; hence the cases, and 32-bit indices
+// wherever every index fits.
 enum class YIndex {
   rows,     // post == 1, a bias on rows: j = i % n
   blocks,   // pre == 1, Y on X's leading dims: j = i / post
   general,  // j = (i / post) % n
 };
 
-/// out[p, j, q] = f(x[p, j, q], y[j]); out may alias x. I: the index type
-/// (uint32_t where X's elements number at most 2^32 - 1, else int64_t).
-///
-/// In packs of V (launch_packed): a bias on rows whose length n is a multiple
-/// of V meets V consecutive Y elements, read as a pack too; otherwise, when
-/// post is a multiple of V, the V elements share one Y element.
+// out[p, j, q] = f(x[p, j, q], y[j]); out may alias x. I: the index type
+// (uint32_t where X's elements number at most 2^32 - 1, else int64_t).
+//
+// In packs of V (launch_packed): a bias on rows whose length n is a multiple
+// of V meets V consecutive Y elements, read as a pack too; otherwise, when
+// post is a multiple of V, the V elements share one Y element.
 template <typename T, typename F, typename I, YIndex kY>
 struct BroadcastMap {
   const T* x;
@@ -90,7 +90,7 @@ struct BroadcastMap {
   }
 };
 
-/// The term f(a, b) of column j at (p, q); b may be null (f(a, 0)), as broadcast_reduce.
+// The term f(a, b) of column j at (p, q); b may be null (f(a, 0)), as broadcast_reduce.
 template <typename T, typename F>
 __device__ __forceinline__ float column_term(const T* a, const T* b, const BroadcastDims& d, F f, int64_t j, int64_t p,
                                              int64_t q) {
@@ -98,7 +98,7 @@ __device__ __forceinline__ float column_term(const T* a, const T* b, const Broad
   return f(to_float(a[idx]), b ? to_float(b[idx]) : 0.f);
 }
 
-/// acc[j] = sum over p, q of f(a, b), one thread per column, in the CPU's order.
+// acc[j] = sum over p, q of f(a, b), one thread per column, in the CPU's order.
 template <typename T, typename TOut, typename F>
 struct ColumnSumSequential {
   const T* a;
@@ -114,7 +114,7 @@ struct ColumnSumSequential {
   }
 };
 
-/// The same sum, one block per column: thread-strided partial sums, then a tree.
+// The same sum, one block per column: thread-strided partial sums, then a tree.
 template <typename T, typename TOut, typename F>
 __global__ void column_sum_tree(const T* a, const T* b, TOut* out, BroadcastDims d, F f) {
   __shared__ float shared[kBlock];
@@ -128,9 +128,9 @@ __global__ void column_sum_tree(const T* a, const T* b, TOut* out, BroadcastDims
   }
 }
 
-/// post == 1, the first pass of a row-chunked column sum (device_ops.cuh):
-/// partial[c, j] = the sum of column j over chunk c's rows (blockIdx.y = c) in
-/// row order; one thread per column (blockIdx.x tiles them).
+// post == 1, the first pass of a row-chunked column sum (device_ops.cuh):
+// partial[c, j] = the sum of column j over chunk c's rows (blockIdx.y = c) in
+// row order; one thread per column (blockIdx.x tiles them).
 template <typename T, typename F>
 __global__ void column_chunk_partials(const T* a, const T* b, float* partial, BroadcastDims d, int64_t rows_per_chunk,
                                       F f) {
@@ -145,8 +145,8 @@ __global__ void column_chunk_partials(const T* a, const T* b, float* partial, Br
 
 // ---- launchers -----------------------------------------------------------------------
 
-/// out = f(x, y broadcast as `d` says, not the same shape), by the BroadcastMap
-/// that does the fewest divisions.
+// out = f(x, y broadcast as `d` says, not the same shape), by the BroadcastMap
+// that does the fewest divisions.
 template <typename T, typename F, typename I>
 void launch_broadcast_map(const Tensor& x, const Tensor& y, Tensor& out, const BroadcastDims& d, F f,
                           cudaStream_t stream) {
@@ -175,7 +175,7 @@ void broadcast_binary(const OpContext& ctx, const Tensor& x, const Tensor& y, Te
   });
 }
 
-/// dy[j] = sum of f(a, b) over column j (b may be null), rounded once to dy's dtype.
+// dy[j] = sum of f(a, b) over column j (b may be null), rounded once to dy's dtype.
 template <typename F>
 void broadcast_reduce(const OpContext& ctx, const Tensor& a, const Tensor* b, Tensor& dy, const BroadcastDims& d, F f) {
   MIX_CHECK(dy.numel() == d.n, ctx.op.type << ": gradient of " << d.n << " values has shape " << shape_str(dy.shape()));

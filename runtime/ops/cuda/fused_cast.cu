@@ -12,7 +12,7 @@
 namespace mix::cuda {
 namespace {
 
-/// A block's chunk of one tensor (slot pointers: X, Out).
+// A block's chunk of one tensor (slot pointers: X, Out).
 template <typename From, typename To>
 struct CastChunk {
   __device__ void operator()(const TensorSlot<2>& s, int64_t begin, int64_t end) const {

@@ -28,13 +28,13 @@
 namespace mix::cuda {
 namespace {
 
-/// Rows per chunk of the parameter-gradient column sums (before the cap on chunks).
+// Rows per chunk of the parameter-gradient column sums (before the cap on chunks).
 constexpr int64_t kRowsPerChunk = 32;
 constexpr int64_t kMaxChunks = 1024;
 
 // ---- kernels -------------------------------------------------------------------------
 
-/// Y, Mean and Variance (the latter two may be null) of each row.
+// Y, Mean and Variance (the latter two may be null) of each row.
 template <typename T, int kThreads>
 __global__ void layer_norm_rows(const T* x, T* y, float* mean_out, float* var_out, const float* scale,
                                 const float* bias, int64_t rows, int64_t cols, float eps) {
@@ -63,7 +63,7 @@ __global__ void layer_norm_rows(const T* x, T* y, float* mean_out, float* var_ou
   }
 }
 
-/// X@GRAD of each row from the saved statistics (fn::LayerNormBackward).
+// X@GRAD of each row from the saved statistics (fn::LayerNormBackward).
 template <typename T, int kThreads>
 __global__ void layer_norm_grad_rows(const T* x, const T* dy, T* dx, const float* scale, const float* mean_in,
                                      const float* var_in, int64_t rows, int64_t cols, float eps) {
@@ -89,9 +89,9 @@ __global__ void layer_norm_grad_rows(const T* x, const T* dy, T* dx, const float
   }
 }
 
-/// Column partial sums over one chunk of rows (blockIdx.y), in double: Bias@GRAD's
-/// dy and Scale@GRAD's dy·xhat (either output may be skipped: null).
-/// partial_* are [chunks, cols].
+// Column partial sums over one chunk of rows (blockIdx.y), in double: Bias@GRAD's
+// dy and Scale@GRAD's dy·xhat (either output may be skipped: null).
+// partial_* are [chunks, cols].
 template <typename T>
 __global__ void layer_norm_param_partials(const T* x, const T* dy, const float* mean_in, const float* var_in,
                                           int64_t rows, int64_t cols, int64_t rows_per_chunk, float eps,

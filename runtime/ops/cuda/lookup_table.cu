@@ -41,8 +41,8 @@ constexpr int kWarpsPerBlock = kBlock / kWarp;
 
 // ---- kernels -------------------------------------------------------------------------
 
-/// Out[i] = W[Ids[i]], one warp per id; V is the copy unit (sizeof(V) divides
-/// the row's bytes and both buffers are aligned to it).
+// Out[i] = W[Ids[i]], one warp per id; V is the copy unit (sizeof(V) divides
+// the row's bytes and both buffers are aligned to it).
 template <typename T, typename L, typename V>
 __global__ void lookup_rows(const T* w, const L* ids, T* out, int64_t n, int64_t rows, int64_t d, int64_t padding_idx) {
   const int lane = static_cast<int>(threadIdx.x) % kWarp;
@@ -64,7 +64,7 @@ __global__ void lookup_rows(const T* w, const L* ids, T* out, int64_t n, int64_t
   }
 }
 
-/// Sort input: the id as key (`none` when it takes no gradient), the position as value.
+// Sort input: the id as key (`none` when it takes no gradient), the position as value.
 template <typename L>
 struct GradKeys {
   const L* ids;
@@ -79,9 +79,9 @@ struct GradKeys {
   }
 };
 
-/// One block per run of equal sorted keys (the block whose index starts the
-/// run does the work), threads over the columns: dw[id, c] = sum over the
-/// run's positions p, ascending, of dout[p, c], in FP32.
+// One block per run of equal sorted keys (the block whose index starts the
+// run does the work), threads over the columns: dw[id, c] = sum over the
+// run's positions p, ascending, of dout[p, c], in FP32.
 template <typename T>
 __global__ void lookup_grad_runs(const uint32_t* keys, const int32_t* pos, const T* dout, T* dw, int64_t n,
                                  uint32_t none, int64_t d) {
@@ -99,14 +99,14 @@ __global__ void lookup_grad_runs(const uint32_t* keys, const int32_t* pos, const
 
 // ---- launchers -----------------------------------------------------------------------
 
-/// f(L{}) with L the C++ type of the id dtype (checked to be i64 or i32).
+// f(L{}) with L the C++ type of the id dtype (checked to be i64 or i32).
 template <typename F>
 void dispatch_ids(DType t, F&& f) {
   if (t == DType::i64) return f(int64_t{});
   return f(int32_t{});
 }
 
-/// The widest of 16, 8, 4, 2 bytes that divides `row_bytes` and aligns both pointers.
+// The widest of 16, 8, 4, 2 bytes that divides `row_bytes` and aligns both pointers.
 int copy_unit(size_t row_bytes, const void* a, const void* b) {
   for (int v : {16, 8, 4, 2}) {
     const auto u = static_cast<size_t>(v);
@@ -157,7 +157,7 @@ void lookup_table_cuda(OpContext& ctx) {
   });
 }
 
-/// Bits that hold every key 0..max (at least 1): the radix sort skips the rest.
+// Bits that hold every key 0..max (at least 1): the radix sort skips the rest.
 int key_bits(uint64_t max) {
   int bits = 1;
   while (bits < 32 && (uint64_t{1} << bits) <= max) ++bits;

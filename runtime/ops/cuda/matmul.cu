@@ -28,7 +28,7 @@ namespace {
 
 // ---- kernels -------------------------------------------------------------------------------
 
-/// dst[i] = round(src[i]) to f16 / bf16 (the one rounding of an FP32-accumulated gradient).
+// dst[i] = round(src[i]) to f16 / bf16 (the one rounding of an FP32-accumulated gradient).
 void store_f32_as(const float* src, void* dst, DType dtype, int64_t n, cudaStream_t stream) {
   uint16_t* out = static_cast<uint16_t*>(dst);
   switch (dtype) {
@@ -66,10 +66,10 @@ void check_runtime(const Tensor& x, const Tensor& y, const ExecEnv& env) {
   check_device(y, env, "matmul: Y");
 }
 
-/// Byte offset of batch entry i of an operand `stride` elements apart.
+// Byte offset of batch entry i of an operand `stride` elements apart.
 size_t offset(int64_t i, int64_t stride, size_t esize) { return static_cast<size_t>(i * stride) * esize; }
 
-/// The GEMM layout of a (possibly folded) batch: `count` products of `rows` rows each.
+// The GEMM layout of a (possibly folded) batch: `count` products of `rows` rows each.
 struct Layout {
   int64_t count, rows;
   int64_t sx, sy, sg;  // element strides of X, Y, Out (and their gradients) between batch entries

@@ -32,8 +32,8 @@ void sum_cuda(OpContext& ctx) {
 
 // ---- mean ----------------------------------------------------------------------------
 
-/// Blocks of mean's first pass: a function of numel only (never of the GPU), so
-/// the partition, hence the result, is the same on every device.
+// Blocks of mean's first pass: a function of numel only (never of the GPU), so
+// the partition, hence the result, is the same on every device.
 int mean_blocks(int64_t n) {
   constexpr int64_t kPerBlock = kBlock * 8;
   return static_cast<int>(std::clamp<int64_t>((n + kPerBlock - 1) / kPerBlock, 1, 1024));

@@ -32,8 +32,8 @@ __device__ __forceinline__ int64_t row_valid(int64_t r, int64_t t, int64_t cols)
   return t > 0 ? fn::causal_valid_cols(r, t, cols) : cols;
 }
 
-/// y = softmax of each row (its valid prefix; zeros after it), a row per
-/// RowGroup<kThreads>.
+// y = softmax of each row (its valid prefix; zeros after it), a row per
+// RowGroup<kThreads>.
 template <typename X, typename Y, int kThreads>
 __global__ void softmax_rows(const X* x, Y* y, int64_t rows, int64_t cols, int64_t t) {
   using G = RowGroup<kThreads>;
@@ -47,9 +47,9 @@ __global__ void softmax_rows(const X* x, Y* y, int64_t rows, int64_t cols, int64
   }
 }
 
-/// dx of each row: dot = sum(y * dy) over the valid prefix, then
-/// SoftmaxGradElem there and zeros after it; dy in DY (Y's storage type, or
-/// FP16/BF16 for an FP32 y), dx in DX (X's storage type).
+// dx of each row: dot = sum(y * dy) over the valid prefix, then
+// SoftmaxGradElem there and zeros after it; dy in DY (Y's storage type, or
+// FP16/BF16 for an FP32 y), dx in DX (X's storage type).
 template <typename Y, typename DY, typename DX, int kThreads>
 __global__ void softmax_grad_rows(const Y* y, const DY* dy, DX* dx, int64_t rows, int64_t cols, int64_t t) {
   using G = RowGroup<kThreads>;

@@ -20,19 +20,19 @@ namespace {
 
 using split_rules::Strips;
 
-/// The largest pitch cudaMemcpy2DAsync and cudaMemset2DAsync accept
-/// (cudaDevAttrMaxPitch: 2^31 - 1 bytes on every GPU to date).
+// The largest pitch cudaMemcpy2DAsync and cudaMemset2DAsync accept
+// (cudaDevAttrMaxPitch: 2^31 - 1 bytes on every GPU to date).
 constexpr size_t kMaxPitch = (size_t{1} << 31) - 1;
 
-/// Whether a 2-D copy or memset takes these pitches (cuda::large_tensor_paths:
-/// tests run the row-by-row path at any size).
+// Whether a 2-D copy or memset takes these pitches (cuda::large_tensor_paths:
+// tests run the row-by-row path at any size).
 bool fits_2d(size_t dpitch, size_t spitch) {
   return dpitch <= kMaxPitch && spitch <= kMaxPitch && !large_tensor_paths();
 }
 
-/// `rows` rows of `width` bytes from `src` (rows `spitch` apart) to `dst`
-/// (rows `dpitch` apart), on `stream`: one 2-D copy, or one copy when there is
-/// a single row, or a copy per row when a pitch is too large for a 2-D copy.
+// `rows` rows of `width` bytes from `src` (rows `spitch` apart) to `dst`
+// (rows `dpitch` apart), on `stream`: one 2-D copy, or one copy when there is
+// a single row, or a copy per row when a pitch is too large for a 2-D copy.
 void copy_rows(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows,
                cudaStream_t stream) {
   if (rows == 1) {
@@ -47,7 +47,7 @@ void copy_rows(void* dst, size_t dpitch, const void* src, size_t spitch, size_t 
   }
 }
 
-/// Zeroes `rows` rows of `width` bytes, `pitch` apart, from `dst`, as copy_rows copies.
+// Zeroes `rows` rows of `width` bytes, `pitch` apart, from `dst`, as copy_rows copies.
 void zero_rows(void* dst, size_t pitch, size_t width, size_t rows, cudaStream_t stream) {
   if (rows == 1) {
     MIX_CUDA_CHECK(cudaMemsetAsync(dst, 0, width, stream));

@@ -25,8 +25,8 @@ namespace {
 
 // ---- kernels -------------------------------------------------------------------------
 
-/// out[o] = x[plan.src_offset(o)] (a gather) or out[plan.src_offset(o)] =
-/// x[o] (a scatter), for o in [0, n), in units of E.
+// out[o] = x[plan.src_offset(o)] (a gather) or out[plan.src_offset(o)] =
+// x[o] (a scatter), for o in [0, n), in units of E.
 template <typename E, bool kScatter>
 struct PlannedCopy {
   const E* x;
@@ -40,7 +40,7 @@ struct PlannedCopy {
   }
 };
 
-/// Same-sized unsigned copy units (uint4 for 16 bytes).
+// Same-sized unsigned copy units (uint4 for 16 bytes).
 template <int kBytes>
 struct Unit;
 template <>
@@ -72,9 +72,9 @@ void launch_copy(const void* x, void* out, const fn::TransposePlan& plan, int64_
   launch_grid_stride(units, stream, PlannedCopy<E, kScatter>{static_cast<const E*>(x), static_cast<E*>(out), plan});
 }
 
-/// The copy of `numel` elements of `es` bytes between x and out that `plan`
-/// maps (gather or scatter: the plan's strides are on the strided side, x for
-/// a gather, out for a scatter), in the widest unit it allows.
+// The copy of `numel` elements of `es` bytes between x and out that `plan`
+// maps (gather or scatter: the plan's strides are on the strided side, x for
+// a gather, out for a scatter), in the widest unit it allows.
 template <bool kScatter>
 void planned_copy(const void* x, void* out, fn::TransposePlan plan, int64_t numel, size_t es, cudaStream_t stream,
                   const std::string& op) {

@@ -31,7 +31,7 @@ using cuda::ScalarRef;
 // share a launch, only very large ones get one each, so ~160 ResNet-50
 // parameters cost two launches instead of 160. Every thread of a block calls the body.
 
-/// Slots: param, grad.
+// Slots: param, grad.
 struct SgdChunk {
   const float* lr;
   ScalarRef skip;
@@ -45,7 +45,7 @@ struct SgdChunk {
   }
 };
 
-/// Slots: param, velocity, grad.
+// Slots: param, velocity, grad.
 struct MomentumChunk {
   const float* lr;
   ScalarRef skip;
@@ -61,7 +61,7 @@ struct MomentumChunk {
   }
 };
 
-/// Slots: param, m, v, grad.
+// Slots: param, m, v, grad.
 struct AdamWChunk {
   const float* lr;
   const int64_t* step;  // optimizer.step, already advanced by increment_step
@@ -97,7 +97,7 @@ struct IncrementStep {
 
 // ---- launchers -----------------------------------------------------------------------
 
-/// SkipUpdate (optional), checked to be on the device.
+// SkipUpdate (optional), checked to be on the device.
 ScalarRef skip_flag(const OpContext& ctx) {
   const Tensor* skip = ctx.in_opt("SkipUpdate");
   if (skip) {
@@ -107,7 +107,7 @@ ScalarRef skip_flag(const OpContext& ctx) {
   return cuda::scalar_ref(skip);
 }
 
-/// The learning rate, f32 [1] in device memory.
+// The learning rate, f32 [1] in device memory.
 const float* learning_rate_on_device(const OpContext& ctx) {
   const Tensor& lr = ctx.in("LearningRate");
   MIX_CHECK(lr.dtype() == DType::f32 && lr.numel() == 1,
@@ -116,9 +116,9 @@ const float* learning_rate_on_device(const OpContext& ctx) {
   return lr.data<float>();
 }
 
-/// The op's parameters, each with its state slots (outputs, in place) and its
-/// gradient, checked and on the device, as the pointer sets of a
-/// multi-tensor launch: {param, state slots..., grad}.
+// The op's parameters, each with its state slots (outputs, in place) and its
+// gradient, checked and on the device, as the pointer sets of a
+// multi-tensor launch: {param, state slots..., grad}.
 template <int kPointers>
 cuda::TensorList<kPointers> update_tensors(OpContext& ctx, const std::array<const char*, kPointers - 2>& state_slots) {
   cuda::TensorList<kPointers> u;
