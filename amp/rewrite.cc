@@ -63,7 +63,12 @@ RewriteResult rewrite(Program& p, const AmpLists& lists, DType low) {
     switch (cls) {
       case OpClass::white: run = low; out_side = Side::white; break;
       case OpClass::black: run = DType::f32; out_side = Side::black; break;
-      case OpClass::unlisted: run = DType::f32; break;
+      // An op in no list is numerically unknown: it runs in FP32 and, as in
+      // Paddle, counts as black for the gray ops it feeds, so they stay FP32.
+      case OpClass::unlisted:
+        run = DType::f32;
+        out_side = Side::black;
+        break;
       case OpClass::gray:
         if (input_side == Side::black) {
           run = DType::f32;

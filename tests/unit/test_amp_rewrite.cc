@@ -90,6 +90,67 @@ TEST_CASE("a gray op with a black producer runs in FP32 even next to a white one
   CHECK(producer_of(p, "c").in("X") == "a.cast_fp32");
 }
 
+TEST_CASE("a gray op fed by an unlisted op runs in FP32 even next to a white one", "[amp]") {
+  // Paddle puts an op in no list on the black side: what it feeds stays FP32.
+  Program p;
+  p.add_var(VarDesc{"x", {-1, 4}, DType::f32, false, false, true, {}});
+  p.add_var(VarDesc{"w", {4, 4}, DType::f32, true, true, false, {}});
+  p.append_op(make_op("mul", {{"X", {"x"}}, {"Y", {"w"}}}, {{"Out", {"a"}}}));              // white -> f16
+  p.append_op(make_op("relu", {{"X", {"x"}}}, {{"Out", {"b"}}}));                           // unlisted below -> f32
+  p.append_op(make_op("elementwise_add", {{"X", {"a"}}, {"Y", {"b"}}}, {{"Out", {"c"}}}));  // gray
+  amp::AmpLists lists = amp::AmpLists::defaults();
+  lists.gray.erase("relu");
+  amp::rewrite(p, lists);
+  CHECK(p.var("a").dtype == DType::f16);
+  CHECK(p.var("b").dtype == DType::f32);
+  CHECK(p.var("c").dtype == DType::f32);
+  CHECK(producer_of(p, "c").in("X") == "a.cast_fp32");
+  CHECK(producer_of(p, "c").in("Y") == "b");
+}
+
+TEST_CASE("a variable read by several FP16 ops is cast once", "[amp]") {
+  // Two white ops read the same input and weight: one cast of each, read by both
+  // (the FP16 weight made once per step, however many ops use it).
+  Program p;
+  p.add_var(VarDesc{"x", {-1, 4}, DType::f32, false, false, true, {}});
+  p.add_var(VarDesc{"w", {4, 4}, DType::f32, true, true, false, {}});
+  p.append_op(make_op("mul", {{"X", {"x"}}, {"Y", {"w"}}}, {{"Out", {"a"}}}));
+  p.append_op(make_op("mul", {{"X", {"x"}}, {"Y", {"w"}}}, {{"Out", {"b"}}}));
+  const amp::RewriteResult r = amp::rewrite(p, amp::AmpLists::defaults());
+  std::vector<std::string> casts = cast_outputs(p);
+  std::sort(casts.begin(), casts.end());
+  CHECK(casts == std::vector<std::string>{"w.cast_fp16", "x.cast_fp16"});
+  CHECK(r.casts_inserted == 2);
+  for (const char* out : {"a", "b"}) {
+    CHECK(producer_of(p, out).in("X") == "x.cast_fp16");
+    CHECK(producer_of(p, out).in("Y") == "w.cast_fp16");
+  }
+}
+
+TEST_CASE("layer_norm in FP16 keeps its scale, bias and statistics FP32", "[amp]") {
+  // The Transformer's layer_norms read the FP32 residual stream; here one reads
+  // a white op's FP16 output, so it runs in FP16 with FP32 parameters.
+  Program p;
+  p.add_var(VarDesc{"x", {-1, 4}, DType::f32, false, false, true, {}});
+  p.add_var(VarDesc{"w", {4, 4}, DType::f32, true, true, false, {}});
+  p.add_var(VarDesc{"ln.weight", {4}, DType::f32, true, true, false, {}});
+  p.add_var(VarDesc{"ln.bias", {4}, DType::f32, true, true, false, {}});
+  p.append_op(make_op("mul", {{"X", {"x"}}, {"Y", {"w"}}}, {{"Out", {"a"}}}));
+  p.append_op(make_op("layer_norm", {{"X", {"a"}}, {"Scale", {"ln.weight"}}, {"Bias", {"ln.bias"}}},
+                      {{"Y", {"y"}}, {"Mean", {"mean"}}, {"Variance", {"variance"}}},
+                      {{"begin_norm_axis", int64_t{1}}, {"epsilon", 1e-5}}));
+  amp::rewrite(p, amp::AmpLists::defaults());
+  const OpDesc& ln = producer_of(p, "y");
+  CHECK(p.var("y").dtype == DType::f16);
+  CHECK(ln.in("X") == "a");
+  CHECK(ln.in("Scale") == "ln.weight");
+  CHECK(ln.in("Bias") == "ln.bias");
+  CHECK(p.var("mean").dtype == DType::f32);
+  CHECK(p.var("variance").dtype == DType::f32);
+  CHECK_FALSE(p.has_var("ln.weight.cast_fp16"));
+  CHECK_FALSE(p.has_var("ln.bias.cast_fp16"));
+}
+
 TEST_CASE("unlisted ops run in FP32", "[amp]") {
   models::Model m = small_mlp();
   // Take relu out of the gray list: it becomes unlisted and must run in FP32.
