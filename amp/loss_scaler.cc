@@ -1,6 +1,7 @@
 #include "amp/loss_scaler.h"
 
 #include <cmath>
+#include <sstream>
 #include <variant>
 
 #include "runtime/check.h"
@@ -112,19 +113,28 @@ void update_loss_scaling(const LossScalerConfig& c, LossScalerState& s, bool fou
 
 void check_not_stuck(const LossScalerConfig& c, const LossScalerState& s) {
   if (!stuck_at_min(to_params(c), s) || c.on_min_scale != OnMinScale::error) return;
+  std::ostringstream what;  // what went wrong, then what to try, by mode
   if (c.mode == Mode::dynamic) {
-    MIX_FAIL("the loss scale is stuck at the minimum (min_loss_scaling " << c.min_loss_scaling << "): "
-             << s.consecutive_skips_at_min << " consecutive steps had inf/NaN gradients and were skipped "
-             << "(" << s.skipped_steps << " skipped in all). Training has diverged or the data has NaN/inf values. "
-             << "Try a lower --lr, check the data for NaN/inf, pass --on-min-scale continue to keep skipping, "
-             << "or train without FP16 overflow with --loss-scaling none or --precision fp32");
+    what << "the loss scale is stuck at the minimum (min_loss_scaling " << c.min_loss_scaling << "): ";
+  } else {
+    what << "the loss scale is stuck: ";
   }
-  MIX_FAIL("the loss scale is stuck at the minimum: " << s.consecutive_skips_at_min
-           << " consecutive steps had inf/NaN gradients at the " << mode_name(c.mode) << " loss scale " << s.scale
-           << " and were skipped (" << s.skipped_steps << " skipped in all); a " << mode_name(c.mode)
-           << " scale cannot go lower. Training has diverged or the data has NaN/inf values. Try a lower --lr, "
-           << "check the data for NaN/inf, pass --on-min-scale continue to keep skipping, or use "
-           << "--loss-scaling dynamic, --loss-scaling none or --precision fp32");
+  what << s.consecutive_skips_at_min << " consecutive steps had inf/NaN gradients";
+  if (c.mode == Mode::static_scale) what << " at the static loss scale " << s.scale;
+  what << " and were skipped (" << s.skipped_steps << " skipped in all)";
+  if (c.mode == Mode::static_scale) what << "; a static scale cannot go lower";
+  if (c.mode == Mode::none) what << "; without loss scaling the FP16 values overflow unscaled";
+  what << ". Training has diverged or the data has NaN/inf values. Try a lower --lr, check the data for NaN/inf, "
+       << "pass --on-min-scale continue to keep skipping, ";
+  // Only advice that can help: at a scale of 1 or less, --loss-scaling none
+  // (scale 1) overflows just the same.
+  if (c.mode == Mode::dynamic && c.min_loss_scaling > 1.f)
+    what << "lower --min-loss-scaling or use --loss-scaling none, ";
+  if (c.mode == Mode::static_scale)
+    what << (s.scale > 1.f ? "use a lower --init-loss-scaling or --loss-scaling dynamic, "
+                           : "use --loss-scaling dynamic, ");
+  what << "or train in FP32 with --precision fp32";
+  MIX_FAIL(what.str());
 }
 
 std::map<std::string, Attr> to_op_attrs(const LossScalerConfig& c) {

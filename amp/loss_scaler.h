@@ -27,7 +27,8 @@ struct LossScalerConfig {
   /// none: scale 1 (no scaling). In every mode an overflowed step is skipped.
   enum class Mode { dynamic, static_scale, none };
   /// What happens once max_skips_at_min consecutive steps overflowed with the
-  /// scale already at min_loss_scaling: stop with an error, or keep skipping.
+  /// scale already at min_loss_scaling (any scale under static and none, which
+  /// never goes lower): stop with an error, or keep skipping.
   enum class OnMinScale { error, continue_ };
 
   Mode mode = Mode::dynamic;

@@ -41,7 +41,8 @@ struct LossScalingParams {
 ///             scale = max(scale * decr_ratio, min_loss_scaling), and bad = 0.
 /// Static and none modes leave scale, good and bad alone. Every overflow step
 /// counts as skipped; one taken while the scale is already at (or below) the
-/// minimum also counts towards consecutive_skips_at_min.
+/// minimum also counts towards consecutive_skips_at_min, and so does every one
+/// under static and none, whose scale cannot go lower.
 /// Whether a state is stuck at the minimum: consecutive_skips_at_min has
 /// reached max_skips_at_min (never when that is <= 0).
 MIX_HD bool stuck_at_min(const LossScalingParams& p, const LossScalerState& s) {
@@ -69,7 +70,7 @@ MIX_HD bool loss_scaling_step(const LossScalingParams& p, LossScalerState& s, bo
   s.skipped_steps += 1;
   // "Already at the minimum" is judged before this step's decrease: the step
   // that lands on the minimum is not yet a step stuck there.
-  if (!(s.scale > p.min_loss_scaling)) s.consecutive_skips_at_min += 1;
+  if (!p.dynamic || !(s.scale > p.min_loss_scaling)) s.consecutive_skips_at_min += 1;
   if (p.dynamic) {
     s.good_steps = 0;
     s.bad_steps += 1;

@@ -32,7 +32,7 @@ ranks differ in --model (both orders), the scaler flags, --bucket-mb,
 --eval or --print-program on one rank only (each a collective the other rank
 would wait in forever), and a dead rank (a missing --data-file on rank 1, then
 on rank 0); an AMP run whose loss scale is stuck at the minimum (the checkpoint
-already at --save survives).
+already at --save survives), and one whose static scale overflows every step.
 """
 import json
 import os
@@ -290,6 +290,11 @@ def main():
             "--min-loss-scaling", "1e30", "--save", saved], "loss scale stuck at the minimum",
            names=["stuck at the minimum", "100 consecutive steps", "--on-min-scale continue"])
     c.check(saved.read_bytes() == good.read_bytes(), "loss scale stuck at the minimum: --save file left as it was")
+    # A static scale cannot go lower: it used to skip forever, never "at the minimum" of 1.
+    expect([*small[:-4], "--steps", 150, "--eval", "false", "--precision", "amp", "--loss-scaling", "static",
+            "--init-loss-scaling", "1e30"], "static loss scale that overflows every step", rc=1,
+           names=["loss scale is stuck", "100 consecutive steps", "static loss scale 1e+30", "cannot go lower",
+                  "lower --init-loss-scaling"])
 
     # ---- ranks that disagree, ranks that die --------------------------------------------------
     if not mt.have_mpirun():

@@ -318,18 +318,35 @@ TEST_CASE("pytorch preset: x2 after 2000 good steps, x0.5 on every overflow", "[
 }
 
 TEST_CASE("static preset never changes the scale but counts skipped steps", "[amp][loss_scaler]") {
+  // A static scale cannot go lower: each overflow is a skip at its minimum.
   run_table(mix::amp::preset("static"), {
                                             {1, F, 32768.f, 0, 0, 0, 0},
-                                            {3, T, 32768.f, 0, 0, 3, 0},
+                                            {3, T, 32768.f, 0, 0, 3, 3},
                                             {5000, F, 32768.f, 0, 0, 3, 0},
-                                            {1, T, 32768.f, 0, 0, 4, 0},
+                                            {1, T, 32768.f, 0, 0, 4, 1},
                                         });
   LossScalerConfig c = mix::amp::preset("static");
   c.init_loss_scaling = 128.f;  // --init-loss-scaling 128
   run_table(c, {
-                   {2, T, 128.f, 0, 0, 2, 0},
+                   {2, T, 128.f, 0, 0, 2, 2},
                    {2000, F, 128.f, 0, 0, 2, 0},
                });
+}
+
+TEST_CASE("a static scale that overflows every step stops with a message", "[amp][loss_scaler]") {
+  // A static scale above min_loss_scaling (1) used to skip forever: never "at the minimum".
+  LossScalerConfig c = mix::amp::preset("static");
+  c.init_loss_scaling = 1e30f;
+  c.max_skips_at_min = 5;
+  LossScaler s(c);
+  for (int i = 0; i < 4; ++i) s.update(T);
+  REQUIRE_THROWS_WITH(s.update(T), Contains("5 consecutive steps") && Contains("static loss scale 1e+30") &&
+                                       Contains("cannot go lower") && Contains("lower --init-loss-scaling") &&
+                                       Contains("--on-min-scale continue"));
+  c.on_min_scale = LossScalerConfig::OnMinScale::continue_;
+  LossScaler keeps_going(c);
+  for (int i = 0; i < 10; ++i) keeps_going.update(T);
+  CHECK(keeps_going.state().skipped_steps == 10);
 }
 
 TEST_CASE("none preset keeps scale 1 and still skips overflowed steps", "[amp][loss_scaler]") {
@@ -431,9 +448,15 @@ TEST_CASE("with the paddle defaults the 100th skip at the minimum stops training
     CHECK_THAT(msg, Contains("NaN"));
     CHECK_THAT(msg, Contains("--lr"));
     CHECK_THAT(msg, Contains("--on-min-scale continue"));
-    CHECK_THAT(msg, Contains("--loss-scaling none"));
+    // At the default minimum of 1, --loss-scaling none (scale 1) would overflow the same.
+    CHECK_THAT(msg, !Contains("--loss-scaling none"));
     CHECK_THAT(msg, Contains("fp32"));
   }
+  // Above a minimum of 1, unscaled FP16 may still fit: a lower minimum or no scaling can help.
+  LossScalerConfig c = paddle();
+  c.init_loss_scaling = c.min_loss_scaling = 64.f;
+  c.max_skips_at_min = 1;
+  REQUIRE_THROWS_WITH(LossScaler(c).update(T), Contains("lower --min-loss-scaling") && Contains("--loss-scaling none"));
 }
 
 TEST_CASE("on_min_scale continue keeps skipping without an error", "[amp][loss_scaler]") {
@@ -462,7 +485,9 @@ TEST_CASE("a none scaler that overflows every step stops with a message", "[amp]
   c.max_skips_at_min = 5;
   LossScaler s(c);
   for (int i = 0; i < 4; ++i) s.update(T);
-  REQUIRE_THROWS_WITH(s.update(T), Contains("5 consecutive steps") && Contains("--on-min-scale continue"));
+  // --loss-scaling none is what this run has: not offered as a way out.
+  REQUIRE_THROWS_WITH(s.update(T), Contains("5 consecutive steps") && Contains("--on-min-scale continue") &&
+                                       Contains("--precision fp32") && !Contains("--loss-scaling none"));
 }
 
 TEST_CASE("a scaler resumes from a saved state", "[amp][loss_scaler]") {
