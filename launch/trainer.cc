@@ -285,6 +285,20 @@ void warn_unused_amp_lists(const TrainConfig& c, const Program& program) {
         unused, c.model, unused.find(',') == std::string::npos ? "it moves" : "they move");
 }
 
+// DESIGN's AMP step computes the loss in FP32: its gradient is seeded with the
+// loss scale, which FP16 holds only up to 65504 (the pytorch preset starts at
+// 65536). A custom white list can still put the op that computes it in FP16.
+void check_loss_is_fp32(const TrainConfig& c, const Program& program, const std::string& loss) {
+  if (program.var(loss).dtype == DType::f32) return;
+  const std::optional<size_t> producer = program.producer(loss);
+  const std::string op = producer ? program.ops()[*producer].type : std::string("?");
+  const bool listed = std::find(c.amp_white_list.begin(), c.amp_white_list.end(), op) != c.amp_white_list.end();
+  throw UsageError((listed ? "--amp-white-list " + op : "op " + op) + " computes the loss '" + loss + "' in " +
+                   std::string(dtype_name(program.var(loss).dtype)) +
+                   "; AMP keeps the loss FP32 (its gradient starts at the loss scale): " +
+                   (listed ? "take " + op + " off --amp-white-list" : "put " + op + " in --amp-black-list"));
+}
+
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c) {
   const double wd = c.effective_weight_decay();
   std::unique_ptr<optim::Optimizer> opt = c.optimizer == "sgd"     ? optim::make_sgd(wd)
@@ -478,6 +492,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   sync.bucket_bytes = static_cast<size_t>(c.bucket_mb * 1024 * 1024);
   sync.overlap = c.overlap;
   optim::TrainProgram train = opt->minimize(program, model.loss, collective::grad_allreduce_pass(sync));
+  if (use_amp) check_loss_is_fp32(c, program, model.loss);
   // Variables the trainer reads after a step or an evaluation: never fused away.
   const std::set<std::string> read_back = {model.loss, model.logits, amp::ScalerVars::found_inf,
                                            amp::ScalerVars::overflow_ranks};

@@ -11,7 +11,7 @@ timeout; a case that hangs fails with "timed out" instead of hanging the test.
 Cases: unknown flag, --precision fp8, --batch-size 0 (exit 2, and no 300-digit
 range in the message), --lr inf and 1e39 (inf in FP32), --momentum nan, a zero
 in --hidden, --seed -1, a --loss-scaling-preset with static scaling, --min-loss-scaling above the preset's initial scale, overlapping
-AMP lists (names the op), --grad-reduce fp16 in FP32, malformed
+AMP lists (names the op), a white list that makes the loss FP16, --grad-reduce fp16 in FP32, malformed
 --inject-overflow, AMP lists naming an op mixtrain lacks (and warnings for one the
 model's forward program lacks, or any in FP32), flags of another
 model, optimizer or data set (--dropout on the MLP, --hidden on a ResNet,
@@ -143,6 +143,9 @@ def main():
            names=["--amp-black-list softmax, --amp-black-list layer_norm", "they move nothing"])
     expect([*small, "--precision", "fp32", "--amp-black-list", "matmul"], "an AMP list in FP32 training", rc=0,
            names=["FP32 training has no AMP lists"])
+    # DESIGN's step keeps the loss FP32; white-listing the op that computes it made it FP16.
+    expect([*small, "--amp-white-list", "mean"], "--amp-white-list putting the loss in FP16", rc=2,
+           names=["--amp-white-list mean computes the loss 'loss' in f16", "take mean off --amp-white-list"])
     expect([*small, "--amp-white-list", "softmx"], "--amp-white-list naming no op", rc=2,
            names=["--amp-white-list", "'softmx'"])
     expect([*small, "--amp-black-list", "relu,matmull"], "--amp-black-list naming no op", rc=2,
