@@ -1,6 +1,6 @@
 """--grad-predivide F multiplies gradients by 1/F before the all-reduce sum and by
-F/world after it. On 2 ranks F=1 (all the division after), F=2 (the default, all
-before) and F=4 only move powers of two, which FP16 and FP32 scale exactly, so the
+F/world after it. On 2 ranks F=1 (all the division after), F=2 (the default, the
+world size: all before) and F=4 only move powers of two, which FP16 and FP32 scale exactly, so the
 trained parameters must be bit-identical; F=3 is not a power of two and must
 still train to nearly the same place. --print-program shows the factors (prescale on the bucket's start, postscale on its wait)."""
 import re
@@ -15,14 +15,16 @@ SMALL = ["--data", "synthetic", "--synthetic-size", "512", "--synthetic-features
 def main():
     checks = mixtest.Checks("grad_predivide")
     tmp = mixtest.workdir("predivide")
-    for f, pre, post in (("1", 1.0, 0.5), ("2", 0.5, 1.0), ("3", 1 / 3, 1.5)):
-        r = mixtest.mixtrain([*SMALL, "--grad-predivide", f, "--print-program"], np=2).expect_ok()
+    # None: the default F is the world size (all the division before the sum, as DESIGN says).
+    for f, pre, post in ((None, 0.5, 1.0), ("1", 1.0, 0.5), ("2", 0.5, 1.0), ("3", 1 / 3, 1.5)):
+        flag = ["--grad-predivide", f] if f else []
+        r = mixtest.mixtrain([*SMALL, *flag, "--print-program"], np=2).expect_ok()
         # The bucket's start multiplies by prescale before the sum, its wait by postscale after.
         start = re.search(r"c_allreduce_start\(.*\{.*prescale=([0-9.e-]+)", r.out)
         wait = re.search(r"c_allreduce_wait\(.*\{.*postscale=([0-9.e-]+)", r.out)
         checks.check(bool(start and wait) and abs(float(start.group(1)) - pre) < 1e-6
                      and abs(float(wait.group(1)) - post) < 1e-6,
-                     f"F={f}: all-reduce has prescale {pre:.4g} and postscale {post:.4g}",
+                     f"F={f or 'default'}: all-reduce has prescale {pre:.4g} and postscale {post:.4g}",
                      f"{start.group(0) if start else '-'} / {wait.group(0) if wait else '-'}" if start or wait
                      else r.out[-400:])
     params = {}

@@ -1,6 +1,7 @@
 """Resume is exact: 10 steps in one run equal 6 steps, --save, then --resume to
 step 10, bit for bit (parameters, optimizer state and the scaler's metadata),
-for AMP with momentum and for AdamW, on 1 rank and on 2 ranks; a run killed
+for AMP with momentum and for AdamW, on 1 rank and on 2 ranks, with an overflow
+before the split, and with every step overflowing (the skip counts); a run killed
 after a --save-every checkpoint and resumed from it equals the run that was
 never killed; a checkpoint without the scaler's state starts the scaler at its
 initial scale; --resume refuses a run that would not continue the saved one
@@ -18,14 +19,18 @@ SMALL = ["--data", "synthetic", "--synthetic-size", "1024", "--synthetic-feature
          "--batch-size", "32", "--eval", "false", "--lr", "0.05"]
 
 
+# The scaler's full state (DESIGN: scale, good, bad, skipped count) and the step.
+SCALER_METADATA = ("loss_scale", "scaler_good_steps", "scaler_bad_steps", "scaler_skipped_steps",
+                   "scaler_consecutive_skips_at_min", "step")
+
+
 def differences(expected_path, got_path):
     """What differs between two checkpoints: tensors (by their bytes) and the
     scaler's and step's metadata; also the tensor count and the expected loss scale."""
     a, meta_a = mixtest.load_checkpoint(expected_path)
     b, meta_b = mixtest.load_checkpoint(got_path)
     bad = [k for k in sorted(set(a) | set(b)) if k not in a or k not in b or a[k].tobytes() != b[k].tobytes()]
-    bad += [f"metadata {k}" for k in ("loss_scale", "scaler_good_steps", "scaler_bad_steps", "step")
-            if meta_a.get(k) != meta_b.get(k)]
+    bad += [f"metadata {k}" for k in SCALER_METADATA if meta_a.get(k) != meta_b.get(k)]
     return bad, len(a), meta_a.get("loss_scale")
 
 
@@ -130,15 +135,32 @@ def main():
     check_refusals(checks, tmp)
     for ranks in (1, 2):
         for opt in (["--optimizer", "momentum"], ["--optimizer", "adamw", "--lr", "0.002"]):
-            # A small incr interval makes the scaler's counters move during the run.
+            # A small incr interval makes the scaler's counters move during the run, and an
+            # overflow at step 5, before the split, its bad and skipped counts (the resumed
+            # run starts at step 7 and is given none: it refuses a step it never trains).
             common = SMALL + opt + ["--precision", "amp", "--incr-every-n-steps", "4"]
+            overflow = ["--inject-overflow", "5"]
             full, part, resumed = (os.path.join(tmp, n) for n in ("full.st", "part.st", "resumed.st"))
-            mixtest.mixtrain(common + ["--steps", "10", "--save", full], np=ranks).expect_ok()
-            mixtest.mixtrain(common + ["--steps", "6", "--save", part], np=ranks).expect_ok()
+            mixtest.mixtrain(common + overflow + ["--steps", "10", "--save", full], np=ranks).expect_ok()
+            mixtest.mixtrain(common + overflow + ["--steps", "6", "--save", part], np=ranks).expect_ok()
             mixtest.mixtrain(common + ["--steps", "10", "--resume", part, "--save", resumed], np=ranks).expect_ok()
             bad, tensors, scale = differences(full, resumed)
             checks.check(not bad, f"{ranks} rank(s), {opt[1]}: 10 steps == 6 + resume 4, {tensors} tensors "
                                   f"bit-identical (scale {scale})", f"differing: {bad}")
+    # A scale pinned at 1e30 (its minimum) overflows every step: the skipped count, the run of
+    # skips at the minimum (10 each, not 5) and the bad count (1 at step 5, so 0 at step 10,
+    # not 1) carry across the resume.
+    stuck = SMALL + ["--precision", "amp", "--init-loss-scaling", "1e30", "--min-loss-scaling", "1e30"]
+    full, part, resumed = (os.path.join(tmp, n) for n in ("stuck_full.st", "stuck_part.st", "stuck_resumed.st"))
+    mixtest.mixtrain(stuck + ["--steps", "10", "--save", full]).expect_ok()
+    mixtest.mixtrain(stuck + ["--steps", "5", "--save", part]).expect_ok()
+    mixtest.mixtrain(stuck + ["--steps", "10", "--resume", part, "--save", resumed]).expect_ok()
+    bad, _, _ = differences(full, resumed)
+    meta = mixtest.load_checkpoint(resumed)[1]
+    checks.check(not bad and meta.get("scaler_skipped_steps") == "10"
+                 and meta.get("scaler_consecutive_skips_at_min") == "10" and meta.get("scaler_bad_steps") == "0",
+                 "every step overflowing: 10 steps == 5 + resume 5, 10 skipped, 10 in a row at the minimum",
+                 f"differing: {bad}; resumed metadata {meta}")
     # A checkpoint without the scaler's state (--steps 0 --save, or FP32 training) starts the
     # scaler afresh, at the initial scale the flags give, not at 1 (as it used to, silently:
     # FP16 gradients then underflow).
