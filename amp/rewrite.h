@@ -6,9 +6,9 @@
 // a gray op runs in FP32 if any input comes from a black op (or an unlisted op,
 // as Paddle treats one, or a gray op that went black), else in FP16 if any
 // input comes from a white op (or a gray op that went white), else in the
-// dtype of its inputs. batch_norm and
-// layer_norm keep scale, bias and statistics in FP32. Each variable is cast at
-// most once per dtype, so an FP32 master weight is cast to FP16 once per step.
+// dtype of its inputs. batch_norm and layer_norm keep scale, bias and
+// statistics in FP32. Each variable is cast at most once per dtype, so an FP32
+// master weight is cast to FP16 once per step.
 #include <map>
 #include <string>
 
