@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <set>
 #include <sstream>
@@ -645,6 +646,30 @@ TEST_CASE("DistributedSampler orders differ between epochs and seeds, and repeat
   CHECK(DistributedSampler(0, 0, 2, true, 0).indices(0).empty());
   CHECK_THROWS_AS(DistributedSampler(10, 2, 2, false, 0), mix::Error);
   CHECK_THROWS_AS(DistributedSampler(10, 0, 0, false, 0), mix::Error);
+}
+
+TEST_CASE("DistributedSampler shuffles uniformly: every order of a small set equally often", "[data][sampler]") {
+  // Fisher-Yates gives each of the n! orders probability 1/n!. Over many epochs
+  // the counts must pass a chi-square test; a skipped last swap, Sattolo's
+  // variant (j < i: no element stays put) or a 2-example set left unshuffled
+  // leaves some orders out entirely. Deterministic (fixed seed): the bound is
+  // the 0.1% critical value of chi-square with n! - 1 degrees of freedom.
+  const std::pair<int64_t, double> cases[] = {{2, 10.83}, {3, 20.52}, {4, 49.73}};
+  for (auto [n, critical] : cases) {
+    INFO("a set of " << n);
+    int64_t orders = 1;
+    for (int64_t k = 2; k <= n; ++k) orders *= k;
+    const int64_t epochs = 1000 * orders;
+    const DistributedSampler sampler(n, 0, 1, true, 17);
+    std::map<std::vector<int64_t>, int64_t> counts;
+    for (int64_t e = 0; e < epochs; ++e) ++counts[sampler.indices(e)];
+    CHECK(static_cast<int64_t>(counts.size()) == orders);
+    const double expected = static_cast<double>(epochs) / static_cast<double>(orders);
+    double chi2 = 0;
+    for (auto& [order, count] : counts) chi2 += (count - expected) * (count - expected) / expected;
+    chi2 += static_cast<double>(orders - static_cast<int64_t>(counts.size())) * expected;  // orders never seen
+    CHECK(chi2 < critical);
+  }
 }
 
 TEST_CASE("DistributedSampler pads and truncates exactly as PyTorch's", "[data][sampler][python]") {

@@ -229,3 +229,19 @@ TEST_CASE("gradient buckets: each gradient in exactly one bucket of one dtype, c
   CHECK(build(models::build_mlp(models::MlpConfig{}), false, collective::GradReduce::fp32, 25u << 20).buckets.size() == 1);
   CHECK(build(models::build_mlp(models::MlpConfig{}), false, collective::GradReduce::fp32, 100000).buckets.size() > 2);
 }
+
+TEST_CASE("a bucket fills up to its cap exactly", "[collective][buckets]") {
+  // The cap is a bound, not a limit to stay under: gradients that add up to
+  // exactly the cap share one bucket, and one byte less splits them.
+  const Built one = build(models::build_mlp(models::MlpConfig{}), false, collective::GradReduce::fp32, 25u << 20);
+  REQUIRE(one.buckets.size() == 1);
+  const std::vector<std::string>& order = one.buckets[0].vars;  // backward order
+  REQUIRE(order.size() >= 3);
+  const size_t two = bytes_of(one.program, order[0]) + bytes_of(one.program, order[1]);
+  const Built exact = build(models::build_mlp(models::MlpConfig{}), false, collective::GradReduce::fp32, two);
+  REQUIRE(exact.buckets.size() >= 2);
+  CHECK(exact.buckets[0].vars == std::vector<std::string>{order[0], order[1]});
+  CHECK(exact.buckets[0].bytes == two);
+  const Built less = build(models::build_mlp(models::MlpConfig{}), false, collective::GradReduce::fp32, two - 1);
+  CHECK(less.buckets[0].vars == std::vector<std::string>{order[0]});
+}

@@ -169,6 +169,20 @@ TEST_CASE("c_allreduce_sum / c_allreduce_max in one op (world 1): scaled floats,
   CHECK(sum == std::vector<std::vector<float>>{{3.f, -6.f, 0.75f}, {1.5f}});
   CHECK(run("c_allreduce_sum", {Tensor::from_floats({2}, {4.f, 6.f})}, {{"prescale", 0.5}}) ==
         std::vector<std::vector<float>>{{2.f, 3.f}});
+  CHECK(run("c_allreduce_sum", {Tensor::from_floats({2}, {4.f, 6.f})}, {{"prescale", 0.5}, {"postscale", 3.0}}) ==
+        std::vector<std::vector<float>>{{6.f, 9.f}});
+  // FP16, packed and in place: prescale first, rounded to FP16, then postscale. 3 * 2^-25
+  // rounds (ties to even) to 2^-23 and comes back as 4; the other order overflows to inf.
+  auto half = [](std::vector<float> values) {
+    Tensor t = Tensor::empty({static_cast<int64_t>(values.size())}, DType::f16);
+    for (size_t k = 0; k < values.size(); ++k) t.data<uint16_t>()[k] = float_to_half_bits(values[k]);
+    return t;
+  };
+  const std::map<std::string, Attr> tiny_then_back = {{"prescale", 0x1p-25}, {"postscale", 0x1p25}};
+  CHECK(run("c_allreduce_sum", {half({3.f, 1024.f}), half({3.f})}, tiny_then_back) ==
+        std::vector<std::vector<float>>{{4.f, 1024.f}, {4.f}});
+  CHECK(run("c_allreduce_sum", {half({3.f, 1024.f})}, tiny_then_back) ==
+        std::vector<std::vector<float>>{{4.f, 1024.f}});
   CHECK_THROWS_WITH(run("c_allreduce_max", {Tensor::from_floats({1}, {1.f})}, {{"prescale", 0.5}}),
                     Contains("only sums take pre/post scaling"));
 }
@@ -224,6 +238,10 @@ TEST_CASE("overflow mask: one bit per rank, rows OR by summing", "[collective][p
   }
   for (int r = 0; r < 64; ++r) CHECK(collective::has_rank(sum.data(), r) == (r == 0 || r == 31 || r == 63));
   CHECK(collective::any_rank(sum.data(), 2));
+  // Only a rank in the second word: any_rank reads every word.
+  std::vector<int32_t> high(2, 0);
+  collective::mark_rank(high.data(), 63);
+  CHECK(collective::any_rank(high.data(), 2));
   const int32_t zero[2] = {0, 0};
   CHECK_FALSE(collective::any_rank(zero, 2));
 }

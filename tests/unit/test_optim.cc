@@ -79,6 +79,20 @@ TEST_CASE("sgd, momentum and adamw single steps follow PyTorch's formulas", "[op
       CHECK(t.s.get("w").item_float(i) == Approx(w0[i] - 0.1f * g[i] - 0.1f * buf2));
     }
   }
+  SECTION("nesterov momentum with weight decay: p -= lr * (g' + mu * buf), g' = g + wd * p") {
+    // torch.optim.SGD(nesterov=True, dampening=0); not a mixtrain flag, but make_momentum's.
+    auto opt = optim::make_momentum(0.9, 0.01, /*nesterov=*/true);
+    Setup t = make(*opt, false);
+    step(t, g);
+    step(t, g);
+    for (int i = 0; i < 4; ++i) {
+      const double g1 = g[i] + 0.01 * w0[i], buf1 = g1;
+      const double w1 = w0[i] - 0.1 * (g1 + 0.9 * buf1);
+      const double g2 = g[i] + 0.01 * w1, buf2 = 0.9 * buf1 + g2;
+      CHECK(t.s.get("optimizer.momentum_buffer.w").item_float(i) == Approx(buf2).epsilon(1e-6));
+      CHECK(t.s.get("w").item_float(i) == Approx(w1 - 0.1 * (g2 + 0.9 * buf2)).epsilon(1e-6));
+    }
+  }
   SECTION("adamw: first step moves each weight by about lr against the gradient sign") {
     auto opt = optim::make_adamw(0.9, 0.999, 1e-8, 0.01);
     Setup t = make(*opt, false);
@@ -232,6 +246,7 @@ TEST_CASE("learning-rate schedules", "[optim]") {
   CHECK(cos.at(0) == Approx(0.1));
   CHECK(cos.at(50) == Approx(0.05));
   CHECK(cos.at(100) == Approx(0.0).margin(1e-12));
+  CHECK(cos.at(150) == Approx(0.0).margin(1e-12));  // past the end: the final value, not a second rise
   // onecycle against torch.optim.lr_scheduler.OneCycleLR(max_lr=0.1, total_steps=100)
   // (and pct_start=10/57 for the warm-up case), the optimizer's lr before
   // each step, printed by torch 2.x under /usr/bin/python3.
