@@ -15,7 +15,8 @@ Tolerance 1e-5 relative (max |a-b| / max |a| per tensor): the only difference is
 the order of the FP32 sums (per-rank partial sums, then the all-reduce), a few
 ulps (~1e-7) per step, compounding over 10 steps; a wrong shard, a missing
 division or a wrong scale is off by >= 1e-2. A negative control (ranks fed the
-wrong examples) shows the comparison can fail.
+wrong examples) shows the comparison can fail. With --shuffle true too (over two
+epochs), and the second epoch is a new order of the same examples.
 """
 import sys
 
@@ -86,7 +87,46 @@ def main():
         a, b = mt.load_checkpoint(d / "sgd_1.safetensors")[0], mt.load_checkpoint(ctrl)[0]
         diff = max(mt.rel_diff(a[k], b[k]) for k in mt.parameters_only(a))
         c.check(diff > 100 * TOL, "control: other examples give parameters outside the tolerance", f"{diff:.2e}")
+
+    check_shuffled(c, d)
     c.finish()
+
+
+def check_shuffled(c, d):
+    """With --shuffle true the permutation depends on (seed, epoch) only, so W ranks still
+    split the one-rank batch between them; a rank shuffling with a seed of its own would
+    not. Two epochs of 256 examples (16 steps of 32): the second epoch's order counts too,
+    and it is a new one (with a learning rate too small to move a parameter, the per-step
+    losses show the batches: the same examples each epoch, in another order)."""
+    shuffled = ["--precision", "fp32", *mt.synthetic(size=256, features=32, classes=5, hidden=(32, 16)),
+                "--shuffle", "true", "--eval", "false", "--seed", "3", "--optimizer", "sgd", "--steps", 16]
+    got = {}
+    for world in (1, 2):
+        ckpt = d / f"shuffled_{world}.safetensors"
+        r = mt.mixtrain([*shuffled, "--lr", "0.1", "--batch-size", BATCH // world, "--save", ckpt], np=world,
+                        timeout=120)
+        if c.ok_run(r, f"shuffled: {world} rank(s) x batch {BATCH // world}, 2 epochs"):
+            got[world] = mt.load_checkpoint(ckpt)[0]
+    if len(got) == 2:
+        worst = max(mt.rel_diff(got[1][k], got[2][k]) for k in mt.parameters_only(got[1]))
+        c.check(worst <= TOL, f"shuffled: 2 ranks x {BATCH // 2} == 1 rank x {BATCH} over 2 epochs, to {TOL:g}",
+                f"worst rel diff {worst:.2e}")
+    per_epoch = {}
+    for shuffle in ("true", "false"):
+        met = d / f"still_{shuffle}.jsonl"
+        args = [*shuffled, "--shuffle", shuffle, "--lr", "1e-30", "--batch-size", BATCH, "--metrics", met]
+        if c.ok_run(mt.mixtrain(args), f"--shuffle {shuffle}, lr 1e-30: per-step losses of 2 epochs"):
+            losses = np.array([s["loss"] for s in mt.Metrics(met).steps])
+            per_epoch[shuffle] = (losses[:8], losses[8:])
+    if "true" in per_epoch and "false" in per_epoch:
+        (a, b), (pa, pb) = per_epoch["true"], per_epoch["false"]
+        # Same examples, unchanged parameters: each epoch's mean batch loss is the data set's mean.
+        c.check(abs(a.mean() - b.mean()) <= 1e-5 * abs(a.mean()), "shuffled: both epochs see the same examples",
+                f"mean loss {a.mean():.7g} vs {b.mean():.7g}")
+        c.check(mt.rel_diff(a, b) > 1e-3, "shuffled: the second epoch's batches are not the first's (reshuffled)",
+                f"epoch 1 {a.round(5).tolist()}, epoch 2 {b.round(5).tolist()}")
+        c.check(mt.rel_diff(pa, pb) <= 1e-6, "control, --shuffle false: both epochs' batches are the same",
+                f"epoch 1 {pa.round(5).tolist()}, epoch 2 {pb.round(5).tolist()}")
 
 
 if __name__ == "__main__":
