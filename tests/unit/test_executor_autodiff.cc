@@ -192,6 +192,53 @@ TEST_CASE("a variable used twice gets the sum of both gradient contributions", "
   CHECK(g.item_float(2) == Approx(2.f * 0.5f / 3));
 }
 
+TEST_CASE("a variable used three times gets all three gradient contributions", "[autodiff]") {
+  // loss = mean(w * w + w): d loss / dw = (2 w + 1) / n, one sum of three parts.
+  Program p;
+  p.add_var(VarDesc{"w", {3}, DType::f32, true, true, false, {}});
+  p.append_op(make_op("elementwise_mul", {{"X", {"w"}}, {"Y", {"w"}}}, {{"Out", {"sq"}}}));
+  p.append_op(make_op("elementwise_add", {{"X", {"sq"}}, {"Y", {"w"}}}, {{"Out", {"sum"}}}));
+  p.append_op(make_op("mean", {{"X", {"sum"}}}, {{"Out", {"loss"}}}));
+  seed_loss_gradient(p, "loss");
+  append_backward(p, "loss");
+  std::vector<const OpDesc*> sums;
+  for (auto& op : p.ops())
+    if (op.type == "sum" && op.out("Out") == "w@GRAD") sums.push_back(&op);
+  REQUIRE(sums.size() == 1);
+  CHECK(sums[0]->ins("X").size() == 3);
+
+  Scope s;
+  s.set("w", Tensor::from_floats({3}, {1.f, -2.f, 0.5f}));
+  Executor ex(p, {"w@GRAD"});
+  ExecEnv env;
+  ex.run(s, env);
+  const Tensor& g = s.get("w@GRAD");
+  CHECK(g.item_float(0) == Approx((2.f * 1.f + 1.f) / 3));
+  CHECK(g.item_float(1) == Approx((2.f * -2.f + 1.f) / 3));
+  CHECK(g.item_float(2) == Approx((2.f * 0.5f + 1.f) / 3));
+}
+
+TEST_CASE("autodiff leaves out frozen parameters and what only data feeds", "[autodiff]") {
+  // y = relu(x) reads data only; loss = mean(y * w * frozen), frozen a parameter with
+  // stop_gradient: neither y nor frozen gets a gradient, w does.
+  Program p;
+  p.add_var(VarDesc{"x", {-1, 3}, DType::f32, false, false, true, {}});
+  p.add_var(VarDesc{"w", {3}, DType::f32, true, true, false, {}});
+  p.add_var(VarDesc{"frozen", {3}, DType::f32, true, true, true, {}});
+  p.append_op(make_op("relu", {{"X", {"x"}}}, {{"Out", {"y"}}}));
+  p.append_op(make_op("elementwise_mul", {{"X", {"y"}}, {"Y", {"w"}}}, {{"Out", {"yw"}}}));
+  p.append_op(make_op("elementwise_mul", {{"X", {"yw"}}, {"Y", {"frozen"}}}, {{"Out", {"ywf"}}}));
+  p.append_op(make_op("mean", {{"X", {"ywf"}}}, {{"Out", {"loss"}}}));
+  seed_loss_gradient(p, "loss");
+  const BackwardResult bw = append_backward(p, "loss");
+  REQUIRE(bw.param_grads.size() == 1);
+  CHECK(bw.param_grads[0].first == "w");
+  CHECK(p.producer("yw@GRAD").has_value());
+  CHECK_FALSE(p.producer("frozen@GRAD").has_value());
+  CHECK_FALSE(p.producer("y@GRAD").has_value());
+  CHECK_FALSE(p.producer("x@GRAD").has_value());
+}
+
 TEST_CASE("autodiff skips branches that no parameter feeds and names missing gradients", "[autodiff]") {
   models::MlpConfig c;
   c.in_features = 6;
