@@ -293,6 +293,8 @@ def main():
             "--min-loss-scaling", "1e30", "--save", saved], "loss scale stuck at the minimum",
            names=["stuck at the minimum", "100 consecutive steps", "--on-min-scale continue"])
     c.check(saved.read_bytes() == good.read_bytes(), "loss scale stuck at the minimum: --save file left as it was")
+    # The writability probe before step 1 removes the FILE.tmp it made.
+    c.check(not saved.with_name(saved.name + ".tmp").exists(), "loss scale stuck at the minimum: no FILE.tmp left")
     # A static scale cannot go lower: it used to skip forever, never "at the minimum" of 1.
     expect([*small[:-4], "--steps", 150, "--eval", "false", "--precision", "amp", "--loss-scaling", "static",
             "--init-loss-scaling", "1e30"], "static loss scale that overflows every step", rc=1,

@@ -3,8 +3,8 @@
 
 One AMP run of the MLP with 2 warm-up steps and 4 timed ones:
   1. the summary's step_ms is the mean step_ms of the 4 timed step lines (the
-     warm-up left out), and samples_per_s_overall is their examples over
-     their summed time;
+     warm-up left out), its samples_per_s the mean of their samples_per_s,
+     and samples_per_s_overall is their examples over their summed time;
   2. host_queue_ms, the host's time to queue a step, is positive and no more
      than the step time (on the CPU the kernels run as they are queued, so it
      is nearly all of it; on a GPU it tells a host-bound step from a GPU-bound
@@ -46,6 +46,12 @@ def main():
     c.check(abs(s["samples_per_s_overall"] - expected_sps) <= 1e-9 * expected_sps,
             "samples_per_s_overall is the timed steps' examples over their time",
             f"{s['samples_per_s_overall']} vs {expected_sps}")
+    # DESIGN's "mean samples_per_s": the mean of the timed step lines' rates.
+    rates = [m.step(n)["samples_per_s"] for n in range(WARMUP + 1, WARMUP + TIMED + 1)]
+    mean_rate = sum(rates) / len(rates)
+    c.check(abs(s["samples_per_s"] - mean_rate) <= 1e-9 * mean_rate,
+            "the summary's samples_per_s is the mean of the timed steps' samples_per_s",
+            f"{s['samples_per_s']} vs {mean_rate}")
     c.check(0 < s["host_queue_ms"] <= s["step_ms"], "0 < host_queue_ms <= step_ms",
             f"{s['host_queue_ms']} ms of {s['step_ms']} ms")
     line = re.search(r"benchmark: mlp amp batch 32 x 1 ranks: ([0-9.e+]+) samples/s over (\d+) timed steps", r.out)

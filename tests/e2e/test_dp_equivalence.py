@@ -116,8 +116,12 @@ def check_shuffled(c, d):
         met = d / f"still_{shuffle}.jsonl"
         args = [*shuffled, "--shuffle", shuffle, "--lr", "1e-30", "--batch-size", BATCH, "--metrics", met]
         if c.ok_run(mt.mixtrain(args), f"--shuffle {shuffle}, lr 1e-30: per-step losses of 2 epochs"):
-            losses = np.array([s["loss"] for s in mt.Metrics(met).steps])
+            steps = mt.Metrics(met).steps
+            losses = np.array([s["loss"] for s in steps])
             per_epoch[shuffle] = (losses[:8], losses[8:])
+            epochs = [s["epoch"] for s in steps]
+            c.check(epochs == [0] * 8 + [1] * 8, f"--shuffle {shuffle}: step lines name epochs 0 and 1, 8 steps each",
+                    f"{epochs}")
     if "true" in per_epoch and "false" in per_epoch:
         (a, b), (pa, pb) = per_epoch["true"], per_epoch["false"]
         # Same examples, unchanged parameters: each epoch's mean batch loss is the data set's mean.

@@ -4,7 +4,9 @@ for AMP with momentum and for AdamW, on 1 rank and on 2 ranks, with an overflow
 before the split, and with every step overflowing (the skip counts); a run killed
 after a --save-every checkpoint and resumed from it equals the run that was
 never killed; a checkpoint without the scaler's state starts the scaler at its
-initial scale; --resume refuses a run that would not continue the saved one
+initial scale; the checkpoint's data position (epoch, batch) and a resumed run's
+metrics; a checkpoint at the last step resumes into no step; the killed run's
+metrics lines are on disk; --resume refuses a run that would not continue the saved one
 (another seed, shuffle flag, training set size, batch size, rank count or
 optimizer); and a --save path that
 cannot be written stops the run before training."""
@@ -68,9 +70,16 @@ def check_save_every(checks, tmp):
                       "--save-every", "5"]
     full, part, resumed = (os.path.join(tmp, n) for n in ("every_full.st", "every_part.st", "every_resumed.st"))
     mixtest.mixtrain(common + ["--save", full]).expect_ok()
-    out, killed = run_until_killed(common + ["--save", part], "saved checkpoint " + part + " at step 5")
+    killed_metrics = os.path.join(tmp, "every_part.jsonl")
+    out, killed = run_until_killed(common + ["--save", part, "--metrics", killed_metrics],
+                                   "saved checkpoint " + part + " at step 5")
     if not checks.check(killed, "--save-every 5: the run was killed part-way, after its step-5 checkpoint", out[-2000:]):
         return
+    # Each metrics line is flushed as it is written (a step's line comes before its
+    # checkpoint): the killed run's first five are on disk, whole.
+    steps = [s["step"] for s in mixtest.Metrics(killed_metrics).steps]
+    checks.check(steps[:5] == [1, 2, 3, 4, 5], "the killed run's metrics file holds steps 1 to 5",
+                 f"steps {steps}")
     _, meta_part = mixtest.load_checkpoint(part)
     step = int(meta_part["step"])
     # Whole: load_checkpoint has read every tensor the header lists.
@@ -80,6 +89,38 @@ def check_save_every(checks, tmp):
     bad, tensors, _ = differences(full, resumed)
     checks.check(not bad, f"killed at step {step} and resumed == 300 steps uninterrupted, {tensors} tensors "
                           "bit-identical", f"differing: {bad}")
+
+
+def check_position(checks, tmp):
+    """The checkpoint records where in the data the run stopped, holds no tensor for what
+    the schedule or the metadata give (the learning rate, the scaler), and a resumed run's
+    metrics count only the steps it trained; a checkpoint at the run's last step resumes
+    into no steps at all (it is not past the end)."""
+    common = SMALL + ["--precision", "amp"]  # 1024 examples of batch 32: 32 steps an epoch
+    at40, again, part, resumed = (os.path.join(tmp, n) for n in ("at40.st", "again.st", "p6.st", "r10.st"))
+    mixtest.mixtrain(common + ["--steps", "40", "--save", at40]).expect_ok()
+    tensors, meta = mixtest.load_checkpoint(at40)
+    checks.check(meta.get("epoch") == "1" and meta.get("batch_in_epoch") == "8",
+                 "a checkpoint at step 40 is at epoch 1, batch 8 of it", f"metadata {meta}")
+    extra = [k for k in tensors if k == "learning_rate" or k.startswith("loss_scaling")]
+    checks.check(not extra, "no tensor for the learning rate or the scaler (they are metadata)", f"{extra}")
+    metrics = os.path.join(tmp, "at40_again.jsonl")
+    mixtest.mixtrain(common + ["--steps", "40", "--resume", at40, "--save", again, "--metrics", metrics]).expect_ok()
+    m = mixtest.Metrics(metrics)
+    bad, _, _ = differences(at40, again)
+    checks.check(not m.steps and m.summary["steps"] == 0 and not bad,
+                 "--resume of a checkpoint at the last step trains no step and saves the same state",
+                 f"{len(m.steps)} step lines, summary {m.summary}, differing {bad}")
+    mixtest.mixtrain(common + ["--steps", "6", "--save", part]).expect_ok()
+    meta = mixtest.load_checkpoint(part)[1]
+    checks.check(meta.get("epoch") == "0" and meta.get("batch_in_epoch") == "6",
+                 "a checkpoint at step 6 is at epoch 0, batch 6", f"metadata {meta}")
+    metrics = os.path.join(tmp, "r10.jsonl")
+    mixtest.mixtrain(common + ["--steps", "10", "--resume", part, "--save", resumed, "--metrics", metrics]).expect_ok()
+    m = mixtest.Metrics(metrics)
+    checks.check([s["step"] for s in m.steps] == [7, 8, 9, 10] and m.summary["steps"] == 4,
+                 "resumed at step 6 to 10: metrics lines for steps 7 to 10, and a summary of 4 steps",
+                 f"steps {[s['step'] for s in m.steps]}, summary steps {m.summary.get('steps')}")
 
 
 def check_refusals(checks, tmp):
@@ -132,6 +173,7 @@ def main():
     checks = mixtest.Checks("resume")
     tmp = mixtest.workdir("resume")
     check_save_every(checks, tmp)
+    check_position(checks, tmp)
     check_refusals(checks, tmp)
     for ranks in (1, 2):
         for opt in (["--optimizer", "momentum"], ["--optimizer", "adamw", "--lr", "0.002"]):

@@ -151,6 +151,14 @@ TEST_CASE("safetensors reader names the file and the problem for every corrupt f
     write_bytes(p, le64(~uint64_t{0}) + "{}");
     REQUIRE_THROWS_WITH(read_safetensors(p), fails_with("header length"));
   }
+  SECTION("a header past the size limit, in a file that holds it") {
+    // A sparse file of 200 MiB whose length field claims its whole body: refused
+    // before the reader allocates and reads a 200 MiB header.
+    const uint64_t huge = 200ull << 20;
+    write_bytes(p, le64(huge));
+    fs::resize_file(p, 8 + huge);
+    REQUIRE_THROWS_WITH(read_safetensors(p), fails_with("header of 209715200 bytes exceeds"));
+  }
   SECTION("bad JSON") {
     write_raw(p, R"({"a": {"dtype": "F32", )", "");
     REQUIRE_THROWS_WITH(read_safetensors(p), fails_with("not valid JSON"));
