@@ -136,6 +136,20 @@ TEST_CASE("fold_widening_casts keeps casts with another reader, or several widen
   CHECK(m.program.var("transformer.h.0.attn.att").dtype == DType::f16);
 }
 
+TEST_CASE("fold_widening_casts keeps a cast whose FP32 output is persistable", "[amp][fold]") {
+  // It lives past the step, for whoever reads it then: the cast must still write it.
+  Program p;
+  p.add_var(VarDesc{"a", {-1, 4}, DType::f16, false, false, true, {}});
+  p.append_op(make_op("cast", {{"X", {"a"}}}, {{"Out", {"a.cast_fp32"}}}, {{"out_dtype", std::string("f32")}}));
+  p.append_op(make_op("softmax", {{"X", {"a.cast_fp32"}}}, {{"Out", {"b"}}}));
+  Program persistable = p;
+  persistable.var("a.cast_fp32").persistable = true;
+  CHECK(amp::fold_widening_casts(p) == 1);  // not vacuous: folded otherwise
+  CHECK(amp::fold_widening_casts(persistable) == 0);
+  CHECK(producer_of(persistable, "b").in("X") == "a.cast_fp32");
+  CHECK(producer_of(persistable, "a.cast_fp32").type == "cast");
+}
+
 TEST_CASE("fold_widening_grad_casts: softmax_grad reads the FP16 gradient of attention's probabilities",
           "[amp][fold]") {
   for (double dropout : {0.0, 0.1}) {

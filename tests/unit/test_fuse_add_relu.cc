@@ -117,6 +117,13 @@ TEST_CASE("fuse_add_relu fuses every residual add and gradient sum of the ResNet
       CHECK(count_ops(fused, "fused_add_relu") == static_cast<size_t>(c.forward));
       CHECK(count_ops(fused, "fused_sum_relu_grad") == static_cast<size_t>(c.backward));
       CHECK(fused.ops().size() == plain.ops().size() - static_cast<size_t>(n.forward + n.backward));
+      // A fused op takes its second op's role: evaluation runs the forward
+      // ops alone, and a fused gradient marked forward would run there.
+      for (const OpDesc& op : fused.ops())
+        if (op.type == "fused_add_relu")
+          CHECK(op.role == OpRole::forward);
+        else if (op.type == "fused_sum_relu_grad")
+          CHECK(op.role == OpRole::backward);
 
       // Each relu of a same-shape add became one fused op with the add's
       // inputs and the relu's output; each relu_grad of a sum, one with the
@@ -194,6 +201,43 @@ TEST_CASE("fuse_add_relu leaves alone what it cannot fuse", "[fuse]") {
     p.append_op(make_op("elementwise_add", {{"X", {"a"}}, {"Y", {"b"}}}, {{"Out", {"t"}}}));
     p.append_op(make_op("relu", {{"X", {"t"}}}, {{"Out", {"r"}}}));
     CHECK(fuses(p, {"t"}) == 0);
+  }
+  SECTION("the add's output is persistable") {
+    // It lives past the step, for whoever reads it then.
+    Program p = base();
+    p.append_op(make_op("elementwise_add", {{"X", {"a"}}, {"Y", {"b"}}}, {{"Out", {"t"}}}));
+    p.append_op(make_op("relu", {{"X", {"t"}}}, {{"Out", {"r"}}}));
+    p.var("t").persistable = true;
+    CHECK(fuses(p) == 0);
+  }
+  SECTION("a collective op between them writes the add's output too") {
+    // relu reads that op's value, not the add's: fused, it would read a + b.
+    Program p = base();
+    p.append_op(make_op("elementwise_add", {{"X", {"a"}}, {"Y", {"b"}}}, {{"Out", {"t"}}}));
+    OpDesc second = make_op("scale", {{"X", {"c"}}}, {{"Out", {"t"}}}, {{"scale", 2.0}});
+    second.role = OpRole::collective;  // may lie between, and writes nothing the add reads
+    p.append_op(second);
+    p.append_op(make_op("relu", {{"X", {"t"}}}, {{"Out", {"r"}}}));
+    CHECK(fuses(p) == 0);
+  }
+  SECTION("the add's operands have one shape but two dtypes") {
+    // The fused kernel adds X and Y of one dtype.
+    Program p = base();
+    p.add_var(var("b16", {-1, 8}, DType::f16));
+    p.append_op(make_op("elementwise_add", {{"X", {"a"}}, {"Y", {"b"}}}, {{"Out", {"t"}}}));
+    p.append_op(make_op("relu", {{"X", {"t"}}}, {{"Out", {"r"}}}));
+    p.ops()[0].inputs["Y"] = {"b16"};  // as a program could hold it, never as amp::rewrite makes it
+    CHECK(fuses(p) == 0);
+  }
+  SECTION("the gradient sum's parts have another dtype than its output") {
+    // fused_sum_relu_grad stores the parts' dtype, where relu_grad read the sum's.
+    Program p = base();
+    for (const char* n : {"b16", "c16"}) p.add_var(var(n, {-1, 8}, DType::f16));
+    p.append_op(make_op("relu", {{"X", {"a"}}}, {{"Out", {"r"}}}));
+    p.append_op(make_op("sum", {{"X", {"b", "c"}}}, {{"Out", {"g"}}}));
+    p.append_op(make_op("relu_grad", {{"Out", {"r"}}, {"Out@GRAD", {"g"}}}, {{"X@GRAD", {"dx"}}}));
+    p.ops()[1].inputs["X"] = {"b16", "c16"};  // g stays f32, as r is
+    CHECK(fuses(p) == 0);
   }
   SECTION("the add broadcasts a bias") {
     Program p = base();
@@ -282,6 +326,51 @@ TEST_CASE("each fused add's gradient reads its own fused Out for Y's shape", "[f
     if (op.type == "elementwise_add_grad") y_of[op.in("Out@GRAD")] = op.in("Y");
   CHECK(y_of.at("t1@GRAD") == "o1");
   CHECK(y_of.at("t2@GRAD") == "o2");
+}
+
+TEST_CASE("a gradient that is not the fused add's keeps its Y", "[fuse]") {
+  // t = a + b fuses into o = fused_add_relu(a, b); relu's gradient then
+  // feeds an elementwise_add_grad that is not that add's.
+  auto program = [] {
+    Program p;
+    for (const char* n : {"a", "b", "g", "t@GRAD"}) p.add_var(var(n, {-1, 8}));
+    p.add_var(var("bias", {8}));
+    return p;
+  };
+  auto forward = [](Program& p) {
+    p.append_op(make_op("elementwise_add", {{"X", {"a"}}, {"Y", {"b"}}}, {{"Out", {"t"}}}));
+    p.append_op(make_op("relu", {{"X", {"t"}}}, {{"Out", {"o"}}}));
+  };
+  auto backward = [](Program& p, const std::string& y) {
+    p.append_op(make_op("relu_grad", {{"Out", {"o"}}, {"Out@GRAD", {"g"}}}, {{"X@GRAD", {"t@GRAD"}}}));
+    p.append_op(make_op("elementwise_add_grad", {{"Y", {y}}, {"Out@GRAD", {"t@GRAD"}}}, {{"X@GRAD", {"da"}}}));
+  };
+  auto y_of_grad = [](const Program& p) {
+    for (const OpDesc& op : p.ops())
+      if (op.type == "elementwise_add_grad") return op.in("Y");
+    return std::string();
+  };
+  SECTION("its Y is none of the fused op's inputs") {
+    // A bias: the fused Out has not its shape.
+    Program p = program();
+    forward(p);
+    backward(p, "bias");
+    const FusedAddRelu n = fuse_add_relu(p, {});
+    CHECK(n.forward == 1);
+    CHECK(n.grads_reading_out == 0);
+    CHECK(y_of_grad(p) == "bias");
+  }
+  SECTION("it runs before the fused op") {
+    // o is not yet the fused op's output there.
+    Program p = program();
+    p.add_var(var("o", {-1, 8}));
+    backward(p, "b");
+    forward(p);
+    const FusedAddRelu n = fuse_add_relu(p, {});
+    CHECK(n.forward == 1);
+    CHECK(n.grads_reading_out == 0);
+    CHECK(y_of_grad(p) == "b");
+  }
 }
 
 TEST_CASE("training with fused add + relu gives the bits of training without", "[fuse]") {

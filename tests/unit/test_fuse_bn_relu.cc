@@ -432,6 +432,60 @@ TEST_CASE("fuse_bn_relu leaves alone what it cannot fuse", "[fuse]") {
     p.ops()[1].inputs["Y"] = {"z16"};  // as a program could hold it, never as fuse_add_relu makes it
     CHECK(fused_add(p) == 0);
   }
+  SECTION("a block's end whose shortcut broadcasts") {
+    // The fused kernel adds Z element for element, of X's shape.
+    Program p = base();
+    p.add_var(var_desc("z_bcast", {-1, 4, 1, 1}, DType::f32));
+    block_end(p, "x2");
+    p.ops()[1].inputs["Y"] = {"z_bcast"};  // as a program could hold it, never as fuse_add_relu makes it
+    CHECK(fused_add(p) == 0);
+  }
+  SECTION("both operands of a block's add are batch norms: one fuses") {
+    // The second batch norm is marked collective, so the first may move past
+    // it; the fused op reads the second's output as Z, which the second
+    // must then still write.
+    Program p = base();
+    for (const char* n : {"mean2", "var2"}) p.add_var(var_desc(n, {4}, DType::f32));
+    p.add_var(var_desc("t2", {-1, 4, 3, 3}, DType::f32));
+    block_end(p, "t2");
+    OpDesc bn2 = batch_norm_op(false, false, "t2");
+    bn2.inputs["X"] = {"x2"};
+    bn2.inputs["Mean"] = bn2.outputs["MeanOut"] = {"mean2"};
+    bn2.inputs["Variance"] = bn2.outputs["VarianceOut"] = {"var2"};
+    bn2.outputs["SavedMean"] = {"sm2"};
+    bn2.outputs["SavedVariance"] = {"sv2"};
+    bn2.role = OpRole::collective;
+    p.insert_op(1, bn2);
+    Program after = p;
+    CHECK(fuse_bn_relu(after, {}).forward_add == 1);
+    REQUIRE(after.ops().size() == 2);
+    CHECK(after.ops()[0].out("Y") == "t2");
+    CHECK(after.ops()[1].in("Z") == "t2");
+    CHECK(after.ops()[1].out("Y") == "r");
+
+    // And the values are the pair's.
+    const std::vector<std::pair<std::string, Tensor>> feeds{{"x", uniform_tensor({2, 4, 3, 3}, 1, -2.f, 2.f)},
+                                                            {"x2", uniform_tensor({2, 4, 3, 3}, 2, -2.f, 2.f)},
+                                                            {"scale", uniform_tensor({4}, 3, 0.5f, 1.5f)},
+                                                            {"bias", uniform_tensor({4}, 4)},
+                                                            {"mean", uniform_tensor({4}, 5)},
+                                                            {"var", uniform_tensor({4}, 6, 0.5f, 2.f)},
+                                                            {"mean2", uniform_tensor({4}, 7)},
+                                                            {"var2", uniform_tensor({4}, 8, 0.5f, 2.f)}};
+    const std::vector<std::string> results{"r", "mean", "var", "mean2", "var2"};
+    auto run = [&](const Program& prog) {
+      Scope scope;
+      for (const auto& [name, t] : feeds) scope.set(name, t.clone());
+      ExecEnv env;
+      Executor(prog, {results.begin(), results.end()}).run(scope, env);
+      std::map<std::string, Tensor> out;
+      for (const std::string& r : results) out[r] = scope.get(r).clone();
+      return out;
+    };
+    const auto want = run(p), got = run(after);
+    for (const std::string& r : results) expect_identical(got.at(r), want.at(r), r);
+    expect_some_zeroed(got.at("r"));
+  }
   SECTION("a computing op between a block's batch norm and its add") {
     Program p = base();
     block_end(p, "x2");
@@ -489,6 +543,15 @@ TEST_CASE("fuse_bn_relu leaves alone what it cannot fuse", "[fuse]") {
     forward(p, "x", "");
     backward(p, "x", "r", "");
     insert_computing_op(p, 1);
+    CHECK(fused(p) == Pair{1, 0});
+  }
+  SECTION("batch_norm_grad reads another Scale than the forward") {
+    // The mask is recomputed with the forward's Scale.
+    Program p = base();
+    p.add_var(var_desc("scale2", {4}, DType::f32));
+    forward(p, "x", "");
+    backward(p, "x", "r", "");
+    p.ops()[3].inputs["Scale"] = {"scale2"};
     CHECK(fused(p) == Pair{1, 0});
   }
   SECTION("relu's output gradient has another dtype than X") {

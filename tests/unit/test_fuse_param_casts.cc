@@ -109,27 +109,34 @@ TEST_CASE("fuse_param_casts replaces every forward cast of a weight with one op 
 TEST_CASE("fuse_param_casts leaves casts it cannot move", "[fuse][amp]") {
   // w1, w2, w3 are parameters; an op between the casts of w1 and w2 writes
   // w2 (the fused op would read w2 too early), and b is no parameter.
-  Program p;
-  for (const char* w : {"w1", "w2", "w3"}) {
-    VarDesc v = var_desc(w, {4}, DType::f32);
-    v.persistable = v.is_parameter = true;
-    p.add_var(v);
-  }
-  p.add_var(var_desc("b", {4}, DType::f32));
-  auto cast = [](const std::string& x) {
-    OpDesc c = make_op("cast", {{"X", {x}}}, {{"Out", {x + ".h"}}}, {{"out_dtype", std::string("f16")}});
+  auto program = [] {
+    Program p;
+    for (const char* w : {"w1", "w2", "w3"}) {
+      VarDesc v = var_desc(w, {4}, DType::f32);
+      v.persistable = v.is_parameter = true;
+      p.add_var(v);
+    }
+    p.add_var(var_desc("b", {4}, DType::f32));
+    return p;
+  };
+  auto cast = [](const std::string& x, const std::string& to = "f16") {
+    OpDesc c = make_op("cast", {{"X", {x}}}, {{"Out", {x + ".h"}}}, {{"out_dtype", to}});
     c.role = OpRole::forward;
     return c;
   };
+  auto types_of = [](const Program& p) {
+    std::vector<std::string> types;
+    for (const OpDesc& op : p.ops()) types.push_back(op.type);
+    return types;
+  };
+  Program p = program();
   p.append_op(cast("w1"));
   p.append_op(make_op("scale", {{"X", {"b"}}}, {{"Out", {"w2"}}}, {{"scale", 2.0}}));
   p.append_op(cast("w2"));
   p.append_op(cast("b"));
   p.append_op(cast("w3"));
   CHECK(amp::fuse_param_casts(p) == 2);
-  std::vector<std::string> types;
-  for (const OpDesc& op : p.ops()) types.push_back(op.type);
-  CHECK(types == std::vector<std::string>{"fused_cast", "scale", "cast", "cast"});
+  CHECK(types_of(p) == std::vector<std::string>{"fused_cast", "scale", "cast", "cast"});
   CHECK(p.ops()[0].ins("X") == std::vector<std::string>{"w1", "w3"});
   CHECK(p.ops()[2].in("X") == "w2");
   CHECK(p.ops()[3].in("X") == "b");
@@ -141,6 +148,40 @@ TEST_CASE("fuse_param_casts leaves casts it cannot move", "[fuse][amp]") {
   one.append_op(cast("w"));
   CHECK(amp::fuse_param_casts(one) == 0);
   CHECK(one.ops()[0].type == "cast");
+
+  // A cast outside the forward pass belongs to another part of the step
+  // (evaluation runs the forward ops alone); the fused op is a forward one.
+  Program roles = program();
+  roles.append_op(cast("w1"));
+  roles.append_op(cast("w2"));
+  OpDesc late = cast("w3");
+  late.role = OpRole::optimize;
+  roles.append_op(late);
+  CHECK(amp::fuse_param_casts(roles) == 2);
+  REQUIRE(types_of(roles) == std::vector<std::string>{"fused_cast", "cast"});
+  CHECK(roles.ops()[0].ins("X") == std::vector<std::string>{"w1", "w2"});
+  CHECK(roles.ops()[1].role == OpRole::optimize);
+
+  // A cast to the parameter's own dtype is a copy, not the half copy the
+  // pass is for.
+  Program same = program();
+  same.append_op(cast("w1", "f32"));
+  same.append_op(cast("w2", "f32"));
+  CHECK(amp::fuse_param_casts(same) == 0);
+  CHECK(types_of(same) == std::vector<std::string>{"cast", "cast"});
+
+  // Another op writes w2's cast variable between the first cast and w2's:
+  // the fused op would write it before that op, whose value readers would
+  // then see instead of the cast's.
+  Program written = program();
+  written.append_op(cast("w1"));
+  written.append_op(make_op("cast", {{"X", {"b"}}}, {{"Out", {"w2.h"}}}, {{"out_dtype", std::string("f16")}}));
+  written.append_op(cast("w2"));
+  written.append_op(cast("w3"));
+  CHECK(amp::fuse_param_casts(written) == 2);
+  REQUIRE(types_of(written) == std::vector<std::string>{"fused_cast", "cast", "cast"});
+  CHECK(written.ops()[0].ins("X") == std::vector<std::string>{"w1", "w3"});
+  CHECK(written.ops()[2].in("X") == "w2");
 }
 
 TEST_CASE("AMP training with fused weight casts gives the bits of training without", "[fuse][amp]") {

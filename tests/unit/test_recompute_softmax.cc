@@ -3,7 +3,8 @@
 // RowStats, gives the bits of the grad that reads the stored Softmax, in every
 // dtype pairing the op has (FP32; FP16/BF16 alone; FP16/BF16 logits with FP32
 // outputs), ignored rows included; the pass rewrites the MLP's and the
-// Transformer's loss and leaves alone a Softmax someone else reads; whole
+// Transformer's loss and leaves alone a Softmax someone else reads or keeps,
+// and logits that may not hold the forward's values at the gradient; whole
 // training steps give the same bits; the Transformer's planned peak drops.
 #include <catch2/catch.hpp>
 
@@ -102,6 +103,73 @@ TEST_CASE("recompute_softmax rewrites the loss of the MLP and the Transformer, n
       read.append_op(make_op("scale", {{"X", {softmax}}}, {{"Out", {"probabilities"}}}, {{"scale", 1.0}}));
       CHECK(recompute_softmax(read, {}) == 0);
     }
+  }
+}
+
+TEST_CASE("recompute_softmax leaves alone what it cannot rewrite", "[recompute_softmax]") {
+  // One program per case: x = scale(a), the loss on logits x and its
+  // gradient, which would be rewritten but for one thing. The gradient
+  // recomputes the softmax from x, so x must still hold the forward's
+  // values when it runs.
+  auto base = [] {
+    Program p;
+    for (const char* n : {"a", "c"}) p.add_var(var_desc(n, {-1, 10}, DType::f32));
+    p.add_var(var_desc("label", {-1, 1}, DType::i64));
+    p.add_var(var_desc("dloss", {-1, 1}, DType::f32));
+    return p;
+  };
+  auto logits = [](Program& p) { p.append_op(make_op("scale", {{"X", {"a"}}}, {{"Out", {"x"}}}, {{"scale", 2.0}})); };
+  auto loss = [](Program& p) {
+    p.append_op(make_op("softmax_with_cross_entropy", {{"Logits", {"x"}}, {"Label", {"label"}}},
+                        {{"Softmax", {"y"}}, {"Loss", {"loss"}}}));
+  };
+  auto gradient = [](Program& p) {
+    OpDesc g = make_op("softmax_with_cross_entropy_grad",
+                       {{"Softmax", {"y"}}, {"Label", {"label"}}, {"Loss@GRAD", {"dloss"}}}, {{"Logits@GRAD", {"dx"}}});
+    g.role = OpRole::backward;
+    p.append_op(g);
+  };
+  // A program the pass refuses stays as it was.
+  auto rewrites = [](Program p) {
+    const std::string before = p.str();
+    const int n = recompute_softmax(p, {});
+    if (n == 0) CHECK(p.str() == before);
+    return n;
+  };
+
+  SECTION("the pair itself is rewritten") {
+    Program p = base();
+    logits(p);
+    loss(p);
+    gradient(p);
+    CHECK(rewrites(p) == 1);
+  }
+  SECTION("the Softmax is persistable") {
+    // It lives past the step, for whoever reads it then.
+    Program p = base();
+    logits(p);
+    loss(p);
+    gradient(p);
+    p.var("y").persistable = true;
+    CHECK(rewrites(p) == 0);
+  }
+  SECTION("another op writes the logits between the loss and its gradient") {
+    Program p = base();
+    logits(p);
+    loss(p);
+    p.append_op(make_op("scale", {{"X", {"c"}}}, {{"Out", {"x"}}}, {{"scale", 2.0}}));
+    gradient(p);
+    CHECK(rewrites(p) == 0);
+  }
+  SECTION("the logits are a view") {
+    // x shares a3's storage: writing a3 in place writes x, under another name.
+    Program p = base();
+    p.add_var(var_desc("a3", {-1, 2, 5}, DType::f32));
+    p.append_op(make_op("reshape2", {{"X", {"a3"}}}, {{"Out", {"x"}}}, {{"shape", std::vector<int64_t>{0, 10}}}));
+    loss(p);
+    p.append_op(make_op("scale", {{"X", {"a3"}}}, {{"Out", {"a3"}}}, {{"scale", 2.0}}));
+    gradient(p);
+    CHECK(rewrites(p) == 0);
   }
 }
 
