@@ -7,6 +7,7 @@
 
 #include "runtime/op_registry.h"
 #include "runtime/ops/widening.h"
+#include "runtime/storage_writes.h"
 
 namespace mix::amp {
 
@@ -44,6 +45,8 @@ int fold(Program& p, OpRole role, Accepts accepts, Rewire rewire) {
     OpDesc& reader = p.ops()[j];
     // The slot must hold only this variable, so that its dtype is the slot's.
     if (reader.ins(slot).size() != 1 || !accepts(reader, slot)) continue;
+    // The reader now reads `narrow` at j, not at i: it must hold the same values then.
+    if (storage_written_between(p, narrow, i, j)) continue;
     rewire(reader, slot, narrow);
     removed.insert(i);
   }

@@ -1,13 +1,13 @@
 #include "amp/fuse_param_casts.h"
 
 #include <map>
-#include <optional>
 #include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "runtime/op_registry.h"
+#include "runtime/storage_writes.h"
 
 namespace mix::amp {
 
@@ -34,8 +34,9 @@ int fuse_param_casts(Program& p) {
     Group& g = groups[{from, to}];
     if (g.casts.empty()) g.first = i;
     // The fused op reads X at the group's first cast: nothing in between may
-    // write it (for the first cast itself, every writer comes before).
-    if (const std::optional<size_t> w = p.producer(x, i); w && *w >= g.first) continue;
+    // write it, by its name or through a view of it (for the first cast
+    // itself, every writer comes before).
+    if (storage_written_between(p, x, g.first, i)) continue;
     g.casts.push_back(i);
   }
   std::map<size_t, OpDesc> fused_at;  // the fused ops, by the index they take

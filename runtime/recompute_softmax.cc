@@ -2,6 +2,7 @@
 
 #include "runtime/op_registry.h"
 #include "runtime/ops/cross_entropy_shapes.h"
+#include "runtime/storage_writes.h"
 
 namespace mix {
 
@@ -24,6 +25,8 @@ int recompute_softmax(Program& p, const std::set<std::string>& keep) {
       const ViewFn& view = OpRegistry::instance().get(p.ops()[*w].type).viewed_input;
       if (view && !view(p.ops()[*w], logits).empty()) continue;
     }
+    // Nor may a view of them be written in place before the grad reads them.
+    if (storage_written_between(p, logits, i, reads.front().first)) continue;
 
     const std::string stats = p.unique_name(softmax + ".row_stats");
     declare_var(p, stats, xent::row_stats_shape(p.var(logits).shape), DType::f32);

@@ -136,6 +136,26 @@ TEST_CASE("fold_widening_casts keeps casts with another reader, or several widen
   CHECK(m.program.var("transformer.h.0.attn.att").dtype == DType::f16);
 }
 
+TEST_CASE("fold_widening_casts keeps a cast whose input is written before its reader", "[amp][fold]") {
+  // Folded, softmax would read a at its own place, after a is scaled in place
+  // (by name, or through a view of it): the cast took a's values before that.
+  for (bool through_view : {false, true}) {
+    INFO((through_view ? "written through a view" : "written by name"));
+    Program p;
+    p.add_var(VarDesc{"a", {-1, 4}, DType::f16, false, false, true, {}});
+    p.append_op(make_op("cast", {{"X", {"a"}}}, {{"Out", {"a.cast_fp32"}}}, {{"out_dtype", std::string("f32")}}));
+    std::string written = "a";
+    if (through_view) {
+      p.append_op(make_op("reshape2", {{"X", {"a"}}}, {{"Out", {"av"}}}, {{"shape", std::vector<int64_t>{0, 2, 2}}}));
+      written = "av";
+    }
+    p.append_op(make_op("scale", {{"X", {written}}}, {{"Out", {written}}}, {{"scale", 2.0}}));
+    p.append_op(make_op("softmax", {{"X", {"a.cast_fp32"}}}, {{"Out", {"b"}}}));
+    CHECK(amp::fold_widening_casts(p) == 0);
+    CHECK(producer_of(p, "b").in("X") == "a.cast_fp32");
+  }
+}
+
 TEST_CASE("fold_widening_casts keeps a cast whose FP32 output is persistable", "[amp][fold]") {
   // It lives past the step, for whoever reads it then: the cast must still write it.
   Program p;

@@ -129,6 +129,16 @@ TEST_CASE("fuse_param_casts leaves casts it cannot move", "[fuse][amp]") {
     for (const OpDesc& op : p.ops()) types.push_back(op.type);
     return types;
   };
+  {
+    // A write through a view of w2 is a write of w2, which its name never shows.
+    Program v = program();
+    v.append_op(cast("w1"));
+    v.append_op(make_op("reshape2", {{"X", {"w2"}}}, {{"Out", {"w2v"}}}, {{"shape", std::vector<int64_t>{2, 2}}}));
+    v.append_op(make_op("scale", {{"X", {"w2v"}}}, {{"Out", {"w2v"}}}, {{"scale", 2.0}}));
+    v.append_op(cast("w2"));
+    CHECK(amp::fuse_param_casts(v) == 0);
+    CHECK(types_of(v) == std::vector<std::string>{"cast", "reshape2", "scale", "cast"});
+  }
   Program p = program();
   p.append_op(cast("w1"));
   p.append_op(make_op("scale", {{"X", {"b"}}}, {{"Out", {"w2"}}}, {{"scale", 2.0}}));

@@ -171,6 +171,20 @@ TEST_CASE("recompute_softmax leaves alone what it cannot rewrite", "[recompute_s
     gradient(p);
     CHECK(rewrites(p) == 0);
   }
+  SECTION("a view of the logits is made between the loss and its gradient") {
+    // v shares x's storage: scaling v in place scales x, which x's own name
+    // never shows. Only reading v writes nothing, and the pair is rewritten.
+    for (bool in_place : {true, false}) {
+      INFO((in_place ? "v scaled in place" : "v only read"));
+      Program p = base();
+      logits(p);
+      loss(p);
+      p.append_op(make_op("reshape2", {{"X", {"x"}}}, {{"Out", {"v"}}}, {{"shape", std::vector<int64_t>{0, 2, 5}}}));
+      p.append_op(make_op("scale", {{"X", {"v"}}}, {{"Out", {in_place ? "v" : "w"}}}, {{"scale", 2.0}}));
+      gradient(p);
+      CHECK(rewrites(p) == (in_place ? 0 : 1));
+    }
+  }
 }
 
 TEST_CASE("training with the softmax recomputed gives the bits of training with it stored", "[recompute_softmax]") {
