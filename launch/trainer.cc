@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <set>
@@ -347,6 +348,30 @@ void write_f32(Tensor& t, float value) {
   } else {
     t.copy_from(Tensor::from_floats({1}, {value}));
   }
+}
+
+// Testing aid, as --inject-overflow is one: MIX_TEST_DIVERGE=STEP:RANK makes
+// RANK's first parameter one float larger in its first element after STEP, as
+// a silent fault on one rank would (a bad kernel, a flipped bit). No flag can
+// make ranks diverge after the startup fingerprint, so without it nothing
+// could show --check-every catching a divergence
+// (tests/e2e/test_multirank_consistency.py).
+std::optional<InjectOverflowSpec> divergence_from_env() {
+  const char* env = std::getenv("MIX_TEST_DIVERGE");
+  if (!env || !*env) return std::nullopt;
+  InjectOverflowSpec at;
+  if (!parse_inject_overflow(env, at) || at.rank < 0 || !at.param.empty())
+    throw UsageError(std::string("MIX_TEST_DIVERGE='") + env + "': expected STEP:RANK, e.g. 3:1");
+  return at;
+}
+
+void nudge_first_parameter(const Program& program, Scope& scope) {
+  Tensor& t = scope.get(program.parameters().front());
+  const bool on_host = t.device().kind == DeviceKind::cpu;
+  Tensor host = on_host ? t : t.to(cpu_device());
+  float* first = host.data<float>();
+  *first = std::nextafter(*first, std::numeric_limits<float>::infinity());
+  if (!on_host) t.copy_from(host);
 }
 
 // Rank 0 prints the rank -> host -> device table, one line a rank.
@@ -730,6 +755,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     return r;
   };
 
+  const std::optional<InjectOverflowSpec> diverge = divergence_from_env();
   auto consistency_check = [&](int64_t step) {
     collective::Fields f = {{"step", std::to_string(step)}, {"fp32 masters and buffers", masters_hash(program, scope)}};
     if (use_amp) {
@@ -898,6 +924,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
         spdlog::info("step {}/{} loss {:.4f} scale {} {:.0f} samples/s ETA {}", step + 1, total_steps, loss_avg,
                      scale, samples_per_s, format_eta(eta));
     }
+    if (diverge && diverge->step == step + 1 && diverge->rank == rank) nudge_first_parameter(program, scope);
     if ((c.check_every > 0 && (step + 1) % c.check_every == 0) || last) consistency_check(step + 1);
 
     const bool eval_now = c.eval_every > 0 ? (step + 1) % c.eval_every == 0 || last

@@ -10,15 +10,12 @@ collective/consistency.cc check_same_on_all_ranks, which throws on every rank
 together). The test
   1. runs 20 AMP steps on 2 and on 4 ranks with --check-every 1: the runs must
      succeed (all ranks agreed after every step);
-  2. shows that a divergence WOULD be caught: a job whose rank 1 grows the loss
-     scale by another --incr-ratio must stop, within a timeout, with a message
-     naming rank 1 and the diverged field ("step 3 consistency check failed ...
-     fp32 masters" with --check-every 3, "step 2 ... loss scale" with 1). Since
-     --incr-ratio joined the startup fingerprint (commit b69ede5) the job stops
-     there instead, naming incr-ratio, which also passes; every flag is now
-     fingerprinted, so no flag can make ranks diverge later, and the per-step
-     failure path is covered here only by reading consistency.cc (it compares
-     every gathered field with rank 0's and throws CollectiveError on all ranks);
+  2. shows that a divergence is caught: with MIX_TEST_DIVERGE=STEP:RANK (a
+     testing aid in launch/trainer.cc that nudges one master of that rank after
+     that step, since every flag is fingerprinted at startup) the job stops at
+     the next check, naming that rank alone and "fp32 masters": a middle rank of
+     4 with --check-every 3, rank 1 of 2 with --check-every 1, and with
+     --check-every 0 at the last step's check;
   3. runs each job twice: rank 0's checkpoints must be bit-identical files and
      the logged losses and loss scales identical.
 """
@@ -67,28 +64,22 @@ def main():
                 f"final loss {metrics[0].steps[-1]['loss']:.6f}" if la else "")
 
     # ---- 2: a divergence is caught ------------------------------------------------------------
-    # Scale 1 growing every 2 finite steps, by 2 on rank 0 and by 4 on rank 1:
-    # after step 2 the scales differ (2 vs 4); at step 3 each rank unscales the
-    # same all-reduced gradient by its own scale, so the masters differ too.
+    # MIX_TEST_DIVERGE=STEP:RANK makes that rank's first master one float larger after STEP (a
+    # testing aid: every flag is in the startup fingerprint, so no flag can make ranks diverge
+    # later). The check after it, and only that one, must stop the whole job naming that rank
+    # alone; with --check-every 0 the check at the last step still runs.
     div = ["--precision", "amp", *mt.synthetic(size=512, features=32, classes=5, hidden=(32, 16)),
-           "--batch-size", 16, "--steps", 6, "--eval", "false", "--init-loss-scaling", 1,
-           "--incr-every-n-steps", 2]
-    for every, field, step in ((3, "fp32 masters", 3), (1, "loss scale", 2)):
-        r = mt.mixtrain_mpmd([(1, [*div, "--check-every", every, "--incr-ratio", 2]),
-                              (1, [*div, "--check-every", every, "--incr-ratio", 4])], timeout=60)
-        what = f"diverging ranks, --check-every {every}"
-        c.check(not r.timed_out, f"{what}: the job ends (no hang)", f"{r.seconds:.1f} s")
-        c.check(r.rc not in (0, None), f"{what}: the job fails", f"exit {r.rc}")
-        if "startup fingerprint" in r.out:
-            caught = "incr-ratio" in r.out and "rank 1 differs" in r.out
-            c.check(caught, f"{what}: caught at startup, naming incr-ratio and rank 1")
-            print("NOTE: the startup fingerprint now catches --incr-ratio, so this job no longer reaches the "
-                  "per-step check; the fp32-masters demonstration needs another way to make ranks diverge")
-        else:
-            ok = f"step {step} consistency check failed" in r.out and "rank 1 differs" in r.out and field in r.out
-            c.check(ok, f"{what}: 'step {step} consistency check failed' names rank 1 and '{field}'")
-        if c.failed and c.failed[-1].startswith(what):
-            print(r.describe())
+           "--batch-size", 16, "--steps", 6, "--eval", "false"]
+    for world, every, at, caught_at in ((4, 3, "4:2", 6), (2, 1, "2:1", 2), (2, 0, "2:1", 6)):
+        rank = int(at.split(":")[1])
+        r = mt.mixtrain([*div, "--check-every", every], np=world, timeout=60, env={"MIX_TEST_DIVERGE": at})
+        what = f"{world} ranks, rank {rank} diverging after step {at.split(':')[0]}, --check-every {every}"
+        c.check(not r.timed_out and r.rc not in (0, None), f"{what}: the job fails, no hang",
+                f"exit {r.rc}, {r.seconds:.1f} s")
+        others = [f"rank {k} differs" for k in range(1, world) if k != rank]
+        named = (f"step {caught_at} consistency check failed" in r.out and f"rank {rank} differs" in r.out
+                 and "fp32 masters" in r.out and not any(o in r.out for o in others))
+        c.check(named, f"{what}: 'step {caught_at} consistency check failed' names rank {rank} alone", r.out[-700:])
     c.finish()
 
 
