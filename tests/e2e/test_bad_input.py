@@ -155,6 +155,9 @@ def main():
     expect([*small, "--lr", "inf"], "--lr inf", rc=2, names=["--lr", "'inf'"])
     expect([*small, "--lr", "1e39"], "--lr 1e39", rc=2, names=["--lr", "FP32"])
     expect([*small, "--momentum", "nan"], "--momentum nan", rc=2, names=["--momentum", "'nan'"])
+    # A range's ends belong to it: momentum 1 and decr-ratio 1 are allowed, just past them is not.
+    c.ok_run(mt.mixtrain([*small, "--momentum", 1, "--decr-ratio", 1]), "--momentum 1 --decr-ratio 1 (range ends)")
+    expect([*small, "--momentum", "1.0001"], "--momentum past its range", rc=2, names=["--momentum", "1.0001"])
     expect([*small, "--hidden", "8,0"], "--hidden 8,0", rc=2, names=["--hidden", "'0'"])
     # CLI11 read "-1" into the unsigned seed as 2^64 - 1, silently.
     expect([*small, "--seed", "-1"], "--seed -1", rc=2, names=["--seed", "'-1'"])

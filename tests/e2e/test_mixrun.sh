@@ -128,6 +128,9 @@ expect_usage_error "--np" -n 0 -- prog
 expect_usage_error "--np" -n two -- prog
 expect_usage_error "--np" -- prog
 expect_usage_error "--hosts" -n 2 --hosts node1: -- prog
+expect_usage_error "--hosts" -n 2 --hosts node1:0 --oversubscribe -- prog
+expect_usage_error "--hosts" -n 2 --hosts node1:2x -- prog
+expect_usage_error "--np" -n 1000001 --oversubscribe -- prog
 expect_usage_error "PROGRAM" -n 2 --
 expect_usage_error "PROGRAM" -n 2
 rc=0

@@ -167,6 +167,31 @@ TEST_CASE("the allocator's live bytes return to where they were after a run", "[
   CHECK(a.peak_bytes() >= before + 2 * 16 * 8 * 4);
 }
 
+TEST_CASE("the CPU allocator reuses a freed block of the same size class, and caps its cache", "[allocator]") {
+  CpuAllocator a;
+  void* p = a.allocate(1000);  // rounded to 1024
+  a.deallocate(p, 1000);
+  CHECK(a.cached_bytes() == 1024);
+  CHECK(a.allocate(1020) == p);  // the same size class: the cached block
+  CHECK(a.cached_bytes() == 0);
+  CHECK(a.live_bytes() == 1020);
+  void* other = a.allocate(1030);  // 1088: another class, a new block
+  CHECK(other != p);
+  a.deallocate(p, 1020);
+  a.deallocate(other, 1030);
+  CHECK(a.cached_bytes() == 1024 + 1088);
+  CHECK(a.live_bytes() == 0);
+  a.release_cache();
+  CHECK(a.cached_bytes() == 0);
+  // A block that would take the cache past its cap goes back to the system
+  // (aligned_alloc reserves address space: the pages are never touched).
+  void* big = a.allocate(CpuAllocator::kMaxCachedBytes);
+  void* small = a.allocate(64);
+  a.deallocate(small, 64);
+  a.deallocate(big, CpuAllocator::kMaxCachedBytes);
+  CHECK(a.cached_bytes() == 64);
+}
+
 TEST_CASE("a variable used twice gets the sum of both gradient contributions", "[autodiff]") {
   // loss = mean(w * w) with w a parameter: d loss / dw = 2 w / n.
   Program p;
