@@ -190,6 +190,20 @@ TEST_CASE("elementwise_mul: broadcast values", "[ops][elementwise]") {
   CHECK(run_forward(r, DType::f16)["Out"].item_float(0) == round_to_half(h * h));
 }
 
+TEST_CASE("dtype names: ours, safetensors' and the common aliases parse; others are refused", "[dtype]") {
+  for (DType t : {DType::f32, DType::f16, DType::bf16, DType::i32, DType::i64, DType::u8}) {
+    CHECK(parse_dtype(dtype_name(t)) == t);
+    CHECK(parse_dtype(dtype_safetensors_name(t)) == t);
+  }
+  CHECK(parse_dtype("F16") == DType::f16);
+  CHECK(parse_dtype("half") == DType::f16);
+  CHECK(parse_dtype("float16") == DType::f16);
+  CHECK(parse_dtype("float") == DType::f32);
+  CHECK(parse_dtype("float32") == DType::f32);
+  CHECK(parse_dtype("bfloat16") == DType::bf16);
+  CHECK_THROWS_WITH(parse_dtype("fp8"), Catch::Contains("unknown dtype 'fp8'"));
+}
+
 TEST_CASE("elementwise ops: mismatched shapes and dtypes are errors", "[ops][elementwise][errors]") {
   OpCase bad{"elementwise_add", {{"X", t({2, 3}, std::vector<float>(6))}, {"Y", t({4}, std::vector<float>(4))}}, {"Out"}};
   CHECK_THROWS_AS(run_forward(bad), Error);
