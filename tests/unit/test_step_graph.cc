@@ -245,6 +245,25 @@ TEST_CASE("StepGraph: other feed shapes run op by op; a moved persistable is rec
   CHECK(rig.run_batch(2) == Ran::eager);  // a partial batch: the recording is of batch 4
   CHECK(rig.run_batch(4) == Ran::replayed);
   CHECK(rig.log.records == 1);
+  {
+    // The same shape in another dtype is another feed: a replay would copy its
+    // bytes into the recording's buffer as if they were the recorded dtype.
+    rig.feed(4);
+    const Tensor labels = rig.scope.get(rig.m.label);
+    Tensor narrow = Tensor::empty(labels.shape(), DType::i32);
+    for (int64_t i = 0; i < labels.numel(); ++i)
+      narrow.data<int32_t>()[i] = static_cast<int32_t>(labels.data<int64_t>()[i]);
+    rig.scope.set(rig.m.label, narrow);
+    const int replays = rig.log.replays;
+    Ran ran = Ran::replayed;
+    try {
+      ran = rig.graph->run(rig.scope, rig.env);
+    } catch (const mix::Error&) {
+      ran = Ran::eager;  // op by op, where the loss refuses i32 labels: not a replay either
+    }
+    CHECK(ran == Ran::eager);
+    CHECK(rig.log.replays == replays);
+  }
 
   // A persistable moved (a checkpoint loaded into the scope, say): the
   // recording would update the old memory, so the step is recorded again.
