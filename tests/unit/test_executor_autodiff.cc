@@ -50,6 +50,23 @@ TEST_CASE("the memory plan counts nothing for views: reshape2, a one-gradient bu
   CHECK(Executor(b, kept).plan(1).peak_temporary_bytes == 2 * 16 * 4);  // only the packed Buffer
 }
 
+TEST_CASE("the memory plan counts a temporary written in place once, and persistables apart", "[executor]") {
+  // z = relu(x), then scale writes z in place: still one z. w [8] and its
+  // momentum buffer [8] are persistable: counted in persistent_bytes only.
+  Program p;
+  p.add_var(VarDesc{"x", {-1, 8}, DType::f32, false, false, true, {}});
+  p.add_var(VarDesc{"w", {8}, DType::f32, true, true, false, {}});
+  p.add_var(VarDesc{"buf", {8}, DType::f32, true, false, false, {}});
+  p.append_op(make_op("relu", {{"X", {"x"}}}, {{"Out", {"z"}}}));
+  p.append_op(make_op("scale", {{"X", {"z"}}}, {{"Out", {"z"}}}, {{"scale", 2.0}}));
+  p.append_op(make_op("elementwise_mul", {{"X", {"z"}}, {"Y", {"w"}}}, {{"Out", {"zw"}}}));
+  p.append_op(make_op("mean", {{"X", {"zw"}}}, {{"Out", {"loss"}}}));
+  const MemoryPlan plan = Executor(p, {"loss"}).plan(4);
+  // The peak: z and zw while elementwise_mul runs (4 x 8 floats each).
+  CHECK(plan.peak_temporary_bytes == 2 * 4 * 8 * 4);
+  CHECK(plan.persistent_bytes == 2 * 8 * 4);
+}
+
 TEST_CASE("temporaries are released after their last use; kept ones survive", "[executor]") {
   Program p = chain();
   Executor ex(p, {"loss"});
