@@ -1,6 +1,5 @@
 #include "runtime/recompute_softmax.h"
 
-#include "runtime/op_registry.h"
 #include "runtime/ops/cross_entropy_shapes.h"
 #include "runtime/storage_writes.h"
 
@@ -17,15 +16,9 @@ int recompute_softmax(Program& p, const std::set<std::string>& keep) {
     OpDesc& grad = p.ops()[reads.front().first];
     if (grad.type != "softmax_with_cross_entropy_grad") continue;
     // The logits must still hold the forward's values when the grad runs:
-    // one writer, and storage of their own (a view, say a reshape2, shares
-    // its input's, which another name could write).
+    // nothing in between may write their storage, by their name or through a
+    // view (a reshape2 of them, or what they are a view of).
     const std::string logits = p.ops()[i].in("Logits");
-    if (p.writer_count(logits) > 1) continue;
-    if (const auto w = p.producer(logits)) {
-      const ViewFn& view = OpRegistry::instance().get(p.ops()[*w].type).viewed_input;
-      if (view && !view(p.ops()[*w], logits).empty()) continue;
-    }
-    // Nor may a view of them be written in place before the grad reads them.
     if (storage_written_between(p, logits, i, reads.front().first)) continue;
 
     const std::string stats = p.unique_name(softmax + ".row_stats");

@@ -425,20 +425,17 @@ TEST_CASE("fuse_bn_relu leaves alone what it cannot fuse", "[fuse]") {
     block_end(p, "x2");
     CHECK(fused_add(p, {"t"}) == 0);
   }
-  SECTION("a block's end whose shortcut has another dtype") {
-    Program p = base();
-    p.add_var(var_desc("z16", {-1, 4, 3, 3}, DType::f16));
-    block_end(p, "x2");
-    p.ops()[1].inputs["Y"] = {"z16"};  // as a program could hold it, never as fuse_add_relu makes it
-    CHECK(fused_add(p) == 0);
-  }
-  SECTION("a block's end whose shortcut broadcasts") {
-    // The fused kernel adds Z element for element, of X's shape.
-    Program p = base();
-    p.add_var(var_desc("z_bcast", {-1, 4, 1, 1}, DType::f32));
-    block_end(p, "x2");
-    p.ops()[1].inputs["Y"] = {"z_bcast"};  // as a program could hold it, never as fuse_add_relu makes it
-    CHECK(fused_add(p) == 0);
+  SECTION("a block's end whose shortcut has another dtype, or broadcasts") {
+    // The fused kernel adds Z element for element, of X's shape and dtype.
+    for (const VarDesc& z :
+         {var_desc("z16", {-1, 4, 3, 3}, DType::f16), var_desc("z_bcast", {-1, 4, 1, 1}, DType::f32)}) {
+      INFO("shortcut " << z.name);
+      Program p = base();
+      p.add_var(z);
+      block_end(p, "x2");
+      p.ops()[1].inputs["Y"] = {z.name};  // as a program could hold it, never as fuse_add_relu makes it
+      CHECK(fused_add(p) == 0);
+    }
   }
   SECTION("both operands of a block's add are batch norms: one fuses") {
     // The second batch norm is marked collective, so the first may move past
