@@ -1,5 +1,6 @@
 #include "launch/step_runner.h"
 
+#include <chrono>
 #include <string>
 
 #include "collective/allreduce_bucket.h"
@@ -22,6 +23,7 @@ StepRun run_training_step(std::unique_ptr<StepGraph>& graph, Executor& step, Sco
     return run;
   }
   const uint64_t bytes_before = grad_bytes_so_far(env);
+  const auto t0 = std::chrono::steady_clock::now();
   try {
     run.ran = graph->run(scope, env);
     return run;
@@ -35,6 +37,7 @@ StepRun run_training_step(std::unique_ptr<StepGraph>& graph, Executor& step, Sco
   graph.reset();
   run.fell_back = true;
   run.refused_recording_bytes = grad_bytes_so_far(env) - bytes_before;
+  run.refused_recording_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   step.run(scope, env);
   return run;
 }

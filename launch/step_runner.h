@@ -20,6 +20,10 @@ struct StepRun {
   /// collectives, which it started but never ran; the step's own bytes are
   /// the counter's growth less these.
   uint64_t refused_recording_bytes = 0;
+  /// Seconds the refused recording took (its host code runs in full before
+  /// CUDA says no); the step's own time is the call's time less these, so the
+  /// metrics' step_ms is that of the op-by-op step that did the work.
+  double refused_recording_seconds = 0;
 };
 
 /// Runs one training step through `graph` (it decides: op by op, recorded or

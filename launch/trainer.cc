@@ -837,7 +837,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     // stops the job with several (launch/step_runner.h says why).
     const StepRun run = run_training_step(step_graph, step_exec, scope, env, world);
     const StepGraph::Ran ran = run.ran;
-    const double queue_secs = seconds_since(t0);
+    const double queue_secs = seconds_since(t0) - run.refused_recording_seconds;
     if (ran == StepGraph::Ran::recorded && rank == 0)
       spdlog::info("step {} recorded as a CUDA graph in {:.1f} ms; later steps replay it", step + 1, 1e3 * queue_secs);
     // Each rank updated its running statistics from its own batch (per-rank
@@ -858,7 +858,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     // all-reduce a dead peer never joins. It also makes step_ms the step's real
     // time rather than the time to queue it. (No-op on the CPU.)
     grad_comm.synchronize();
-    const double secs = seconds_since(t0);
+    const double secs = seconds_since(t0) - run.refused_recording_seconds;
     // The CUDA scaler op leaves its "stuck at the minimum" error to the host,
     // here; the CPU op has raised it already.
     if (use_amp) amp::check_loss_scale_not_stuck(program, scope);

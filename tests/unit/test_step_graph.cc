@@ -13,11 +13,13 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "collective/allreduce_bucket.h"
@@ -48,6 +50,9 @@ struct RecordingLog {
   // first op after an all-reduce was started (ExecEnv::progress), as a
   // capture refused part-way through backward does.
   ExecEnv* refuse_mid_pass = nullptr;
+  // With refuse_after_host_code: the recording takes at least this long
+  // before it is refused (a real one runs the whole step's host code first).
+  std::chrono::milliseconds refuse_after = std::chrono::milliseconds(0);
 };
 
 class StandInRecording final : public DeviceGraph {
@@ -83,6 +88,7 @@ class StandInRecording final : public DeviceGraph {
       }
       if (log_.refuse_mid_pass) log_.refuse_mid_pass->progress = progress;
       for (auto& [t, bytes] : saved) std::memcpy(t.raw(), bytes.raw(), t.bytes());
+      std::this_thread::sleep_for(log_.refuse_after);
       throw RecordingError("stand-in recording refused: " + why);
     }
     ++log_.records;
@@ -383,6 +389,7 @@ TEST_CASE("run_training_step: a refused recording falls back to op-by-op steps w
   step(never_recorded);
 
   rig.log.refuse_after_host_code = true;
+  rig.log.refuse_after = std::chrono::milliseconds(50);
   if (mid_pass) rig.log.refuse_mid_pass = &rig.env;
   const uint64_t rig_before = grad_bytes(rig), before = grad_bytes(never_recorded);
   const launch::StepRun fell_back = step(rig);
@@ -391,6 +398,10 @@ TEST_CASE("run_training_step: a refused recording falls back to op-by-op steps w
   CHECK(fell_back.ran == Ran::eager);
   CHECK_FALSE(usual.fell_back);
   CHECK(usual.refused_recording_bytes == 0);
+  // The trainer takes these from the step's time: step_ms is the op-by-op
+  // step's. (A lower bound only: sleep_for waits at least as long as asked.)
+  CHECK(fell_back.refused_recording_seconds >= 0.05);
+  CHECK(usual.refused_recording_seconds == 0);
   CHECK(rig.graph == nullptr);  // every later step runs op by op
   CHECK(rig.env.in_flight.empty());
   CHECK(rig.comm->in_flight() == 0);
