@@ -201,4 +201,45 @@ std::unique_ptr<optim::Optimizer> decorate(std::unique_ptr<optim::Optimizer> inn
   return std::make_unique<Decorated>(std::move(inner), std::move(options));
 }
 
+namespace {
+
+// The one element of a scaler variable, on the host.
+Tensor scaler_value(const Scope& scope, const char* name, DType dtype) {
+  Tensor t = scope.get(name).to(cpu_device());
+  MIX_CHECK(t.numel() == 1 && t.dtype() == dtype,
+            "loss scaler variable '" << name << "' must be one " << dtype_name(dtype));
+  return t;
+}
+
+// Sets the one element of a scaler variable, on the host or a device.
+template <typename T>
+void set_scaler_value(Scope& scope, const char* name, DType dtype, T value) {
+  Tensor host = Tensor::empty({1}, dtype);
+  host.data<T>()[0] = value;
+  Tensor& t = scope.get(name);
+  MIX_CHECK(t.numel() == 1 && t.dtype() == dtype,
+            "loss scaler variable '" << name << "' must be one " << dtype_name(dtype));
+  t.copy_from(host);
+}
+
+}  // namespace
+
+LossScalerState read_scaler_state(const Scope& scope) {
+  LossScalerState s;
+  s.scale = scaler_value(scope, ScalerVars::scale, DType::f32).data<float>()[0];
+  s.good_steps = scaler_value(scope, ScalerVars::good_steps, DType::i64).data<int64_t>()[0];
+  s.bad_steps = scaler_value(scope, ScalerVars::bad_steps, DType::i64).data<int64_t>()[0];
+  s.skipped_steps = scaler_value(scope, ScalerVars::skipped, DType::i64).data<int64_t>()[0];
+  s.consecutive_skips_at_min = scaler_value(scope, ScalerVars::skips_at_min, DType::i64).data<int64_t>()[0];
+  return s;
+}
+
+void write_scaler_state(Scope& scope, const LossScalerState& state) {
+  set_scaler_value(scope, ScalerVars::scale, DType::f32, state.scale);
+  set_scaler_value(scope, ScalerVars::good_steps, DType::i64, state.good_steps);
+  set_scaler_value(scope, ScalerVars::bad_steps, DType::i64, state.bad_steps);
+  set_scaler_value(scope, ScalerVars::skipped, DType::i64, state.skipped_steps);
+  set_scaler_value(scope, ScalerVars::skips_at_min, DType::i64, state.consecutive_skips_at_min);
+}
+
 }  // namespace mix::amp

@@ -20,6 +20,7 @@
 
 #include "amp/lists.h"
 #include "amp/loss_scaler.h"
+#include "runtime/op_registry.h"
 #include "runtime/optim/optimizer.h"
 
 namespace mix::amp {
@@ -67,5 +68,13 @@ std::unique_ptr<optim::Optimizer> decorate(std::unique_ptr<optim::Optimizer> inn
 
 /// Declares the scaler's persistable state in `p`, initialised from `config`.
 void declare_scaler_state(Program& p, const LossScalerConfig& config);
+
+/// The scaler's state as its variables in `scope` hold it (on the host or a
+/// device): what a checkpoint saves and the ranks' consistency check compares.
+LossScalerState read_scaler_state(const Scope& scope);
+
+/// Sets the scaler's variables in `scope` (wherever they live) to `state`:
+/// a resumed run's scaler carries on where the saved one stopped.
+void write_scaler_state(Scope& scope, const LossScalerState& state);
 
 }  // namespace mix::amp

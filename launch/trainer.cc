@@ -22,6 +22,7 @@
 #include "collective/consistency.h"
 #include "collective/grad_allreduce_pass.h"
 #include "collective/overflow_mask.h"
+#include "launch/checkpoint_state.h"
 #include "launch/cli_checks.h"
 #include "launch/metrics.h"
 #include "launch/step_runner.h"
@@ -180,70 +181,101 @@ size_t held_bytes(const data::Dataset& d) {
   return (d.inputs.defined() ? d.inputs.bytes() : 0) + (d.labels.defined() ? d.labels.bytes() : 0);
 }
 
-// A whole count (the step, a scaler counter) from --resume's metadata; 0 when
-// the checkpoint has none. A value that is not one names the file and the field.
-int64_t metadata_count(const std::string& path, const io::Metadata& meta, const char* key) {
-  const auto it = meta.find(key);
-  if (it == meta.end()) return 0;
-  double v = 0;  // exact for any count below 2^53
-  if (parse_number(it->second, /*integer=*/true, v) && v >= 0) return static_cast<int64_t>(v);
-  MIX_FAIL("--resume " << path << ": metadata field '" << key << "' is '" << it->second
-                       << "', not a whole number >= 0; the checkpoint is corrupt or was not written by mixtrain");
-}
-
-// The loss scale from --resume's metadata: a finite FP32 value above 0.
-float metadata_loss_scale(const std::string& path, const io::Metadata& meta) {
-  const std::string& text = meta.at("loss_scale");
-  double v = 0;
-  // Compared as the float it becomes: the 9 digits save_checkpoint writes
-  // for FP32's largest value (3.40282347e+38) are a little above FLT_MAX as a double.
-  if (parse_number(text, /*integer=*/false, v) && v > 0 && std::isfinite(static_cast<float>(v)))
-    return static_cast<float>(v);
-  MIX_FAIL("--resume " << path << ": metadata field 'loss_scale' is '" << text
-                       << "', not a finite number above 0; the checkpoint is corrupt or was not written by mixtrain");
-}
-
-// What fixes a run's data order (seed, shuffle flag, training set size), its
-// place in it after a step (batch size, rank count) and its optimizer state:
-// saved in every checkpoint's metadata, compared by check_resume_continues.
-std::vector<std::pair<std::string, std::string>> resume_settings(const TrainConfig& c, int world,
-                                                                 int64_t training_examples) {
-  return {{"seed", std::to_string(c.seed)},
-          {"shuffle", c.shuffle ? "true" : "false"},
-          {"training_examples", std::to_string(training_examples)},
-          {"batch_size", std::to_string(c.batch_size)},
-          {"world_size", std::to_string(world)},
-          {"optimizer", c.optimizer}};
-}
-
-// How a user gives resume setting `key` = `value`, for messages.
-std::string setting_text(const std::string& key, const std::string& value) {
-  if (key == "world_size") return value + " rank(s)";
-  if (key == "training_examples") return "a training set of " + value + " examples";
-  std::string flag = "--" + key;
-  std::replace(flag.begin(), flag.end(), '_', '-');
-  return flag + " " + value;
-}
-
-// --resume continues the run that wrote the checkpoint from where it
-// stopped: a run that differs in a resume setting would silently repeat and
-// skip examples, or drop optimizer state, so it is refused, naming the
-// setting. A checkpoint of step 0 (`--steps 0 --save`) has no place in the
-// data yet (its optimizer slots, zeros, are checked by the load itself); a
-// setting the checkpoint lacks (written before mixtrain saved it) is not
-// compared.
-void check_resume_continues(const std::string& path, const io::Metadata& meta, int64_t step, const TrainConfig& c,
-                            int world, int64_t training_examples) {
-  if (step == 0) return;
-  for (const auto& [key, here] : resume_settings(c, world, training_examples)) {
-    const auto it = meta.find(key);
-    if (it == meta.end() || it->second == here) continue;
-    throw UsageError("--resume " + path + " was written at step " + std::to_string(step) + " by a run with " +
-                     setting_text(key, it->second) + ", and this run has " + setting_text(key, here) +
-                     ": it would not continue that run (the data order, the place in it, or the optimizer state "
-                     "would differ). Resume with " +
-                     setting_text(key, it->second) + ", or start a new run from its parameters with --init-from");
+// The passes after the training program is built (each on by default, each
+// with a --no-... flag): recompute softmax in backward, fuse add + relu, the
+// weights' FP16 casts and batch_norm + relu. Variables in `read_back` are
+// never fused away. `log`: say what each fused (rank 0).
+void apply_step_passes(const TrainConfig& c, Program& program, const std::set<std::string>& read_back, bool log) {
+  if (c.recompute_softmax) recompute_softmax(program, read_back);
+  if (c.fuse_add_relu) {
+    const FusedAddRelu fused = fuse_add_relu(program, read_back);
+    if (log && fused.forward + fused.backward > 0)
+      spdlog::info("fused {} elementwise_add + relu and {} sum + relu_grad pairs (--no-fuse-add-relu: keep them)",
+                   fused.forward, fused.backward);
   }
+  if (c.precision == "amp" && c.fuse_param_casts) {
+    const int fused = amp::fuse_param_casts(program);
+    if (log && fused > 0)
+      spdlog::info("fused the FP16 casts of {} weights into fused_cast (--no-fuse-param-casts: keep them)", fused);
+  }
+  if (c.fuse_bn_relu) {
+    const FusedBnRelu fused = fuse_bn_relu(program, read_back);
+    if (log && fused.forward + fused.backward + fused.forward_add > 0)
+      spdlog::info(
+          "fused {} batch_norm + relu, {} relu_grad + batch_norm_grad and {} batch_norm + fused_add_relu pairs "
+          "(--no-fuse-bn-relu: keep them)",
+          fused.forward, fused.backward, fused.forward_add);
+  }
+}
+
+// --init-from: the parameters (and buffers) `path` holds, by PyTorch
+// state_dict names; tensors the model lacks are counted and ignored, buffers
+// the file lacks keep their initial values. `log`: say so (rank 0).
+void load_init_from(const std::string& path, const Program& program, Scope& scope, bool log) {
+  int ignored = 0;
+  std::vector<std::string> missing_buffers;
+  const int n = io::load_parameters(path, program, scope, &ignored, &missing_buffers);
+  if (log) {
+    spdlog::info("loaded {} tensors from {} ({} other tensors ignored)", n, path, ignored);
+    if (!missing_buffers.empty())
+      spdlog::warn("{} has no {} (and {} more buffers): they keep their initial values", path, missing_buffers[0],
+                   missing_buffers.size() - 1);
+  }
+}
+
+// MIX_PROFILE_OPS: the time `op_seconds` holds for each op type over `steps`
+// timed steps, largest first, with each type's calls a step and time a call.
+// `what`: what the times measure.
+void log_op_profile(const std::map<std::string, double>& op_seconds, const Program& program, int64_t steps,
+                    const char* what) {
+  std::vector<std::pair<double, std::string>> by_time;
+  double total = 0;
+  for (auto& [type, secs] : op_seconds) {
+    by_time.emplace_back(secs, type);
+    total += secs;
+  }
+  std::sort(by_time.rbegin(), by_time.rend());
+  spdlog::info("op time by type over {} steps ({:.3f} s in ops, {}):", steps, total, what);
+  // Every op of the program runs once a step: its type's count, and the time per call.
+  std::map<std::string, int64_t> per_step;
+  for (const OpDesc& op : program.ops()) ++per_step[op.type];
+  for (auto& [secs, type] : by_time) {
+    const double ms = 1e3 * secs / static_cast<double>(std::max<int64_t>(steps, 1));
+    const int64_t calls = std::max<int64_t>(per_step[type], 1);
+    spdlog::info("  {:<36} {:8.3f} ms/step {:5.1f}%  {:4} a step, {:8.1f} us each", type, ms, 100 * secs / total, calls,
+                 1e3 * ms / static_cast<double>(calls));
+  }
+}
+
+// --cuda-graph: the step recorded once (the first to repeat the batch shape
+// of the step before it, normally the second) and replayed after. None, and
+// every step op by op, where the step or the device cannot be recorded
+// (StepGraph::why_not); `log`: say why (rank 0).
+std::unique_ptr<StepGraph> make_step_graph(const Program& program, const Executor& step_exec,
+                                           const models::Model& model, const ExecEnv& env, bool log) {
+  std::string why = StepGraph::why_not(program, env);
+  std::unique_ptr<DeviceGraph> recording;
+  if (why.empty()) recording = require_device_backend(env.device.kind).make_graph(env.device.index);
+  if (why.empty() && !recording) why = "this device's backend cannot record";
+  if (!why.empty()) {
+    if (log) spdlog::warn("--cuda-graph: {}; every step runs op by op", why);
+    return nullptr;
+  }
+  return std::make_unique<StepGraph>(
+      program, step_exec, std::vector<std::string>{model.input, model.label},
+      std::vector<std::string>{model.loss, amp::ScalerVars::found_inf, amp::ScalerVars::overflow_ranks},
+      std::move(recording));
+}
+
+// The GPU flags (TF32, cuDNN's choices, 1x1 convolutions on cuBLAS) as the backend takes them.
+DeviceOptions device_options(const TrainConfig& c) {
+  DeviceOptions options;
+  options.allow_tf32 = c.allow_tf32;
+  options.batch_norm_persistent = c.cudnn_bn_persistent;
+  options.cudnn_benchmark = c.cudnn_benchmark;
+  options.cudnn_graph_conv = c.cudnn_graph_conv;
+  options.cublas_1x1_conv = c.cublas_1x1_conv;
+  return options;
 }
 
 // --inject-overflow's rank and parameter, which only the job and the model can check.
@@ -467,13 +499,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   if (on_gpu) {
     const int gpu = collective::bind_device(comm);
     device = Device{DeviceKind::cuda, gpu};
-    DeviceOptions options;
-    options.allow_tf32 = c.allow_tf32;
-    options.batch_norm_persistent = c.cudnn_bn_persistent;
-    options.cudnn_benchmark = c.cudnn_benchmark;
-    options.cudnn_graph_conv = c.cudnn_graph_conv;
-    options.cublas_1x1_conv = c.cublas_1x1_conv;
-    require_device_backend(DeviceKind::cuda).set_options(options);
+    require_device_backend(DeviceKind::cuda).set_options(device_options(c));
     device_comm = collective::make_device_communicator(comm, gpu);
   }
   Communicator& grad_comm = device_comm ? *device_comm : comm;
@@ -521,26 +547,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   // Variables the trainer reads after a step or an evaluation: never fused away.
   const std::set<std::string> read_back = {model.loss, model.logits, amp::ScalerVars::found_inf,
                                            amp::ScalerVars::overflow_ranks};
-  if (c.recompute_softmax) recompute_softmax(program, read_back);
-  if (c.fuse_add_relu) {
-    const FusedAddRelu fused = fuse_add_relu(program, read_back);
-    if (rank == 0 && fused.forward + fused.backward > 0)
-      spdlog::info("fused {} elementwise_add + relu and {} sum + relu_grad pairs (--no-fuse-add-relu: keep them)",
-                   fused.forward, fused.backward);
-  }
-  if (use_amp && c.fuse_param_casts) {
-    const int fused = amp::fuse_param_casts(program);
-    if (rank == 0 && fused > 0)
-      spdlog::info("fused the FP16 casts of {} weights into fused_cast (--no-fuse-param-casts: keep them)", fused);
-  }
-  if (c.fuse_bn_relu) {
-    const FusedBnRelu fused = fuse_bn_relu(program, read_back);
-    if (rank == 0 && fused.forward + fused.backward + fused.forward_add > 0)
-      spdlog::info(
-          "fused {} batch_norm + relu, {} relu_grad + batch_norm_grad and {} batch_norm + fused_add_relu pairs "
-          "(--no-fuse-bn-relu: keep them)",
-          fused.forward, fused.backward, fused.forward_add);
-  }
+  apply_step_passes(c, program, read_back, /*log=*/rank == 0);
 
   // Before any collective whose sizes depend on the model (and before a
   // printout that ends this rank): every rank must agree.
@@ -560,41 +567,9 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   Scope scope;
   initialize_persistables(program, scope, c.seed);
   int64_t start_step = 0;
-  if (!c.init_from.empty()) {
-    int ignored = 0;
-    std::vector<std::string> missing_buffers;
-    const int n = io::load_parameters(c.init_from, program, scope, &ignored, &missing_buffers);
-    if (rank == 0) {
-      spdlog::info("loaded {} tensors from {} ({} other tensors ignored)", n, c.init_from, ignored);
-      if (!missing_buffers.empty())
-        spdlog::warn("{} has no {} (and {} more buffers): they keep their initial values", c.init_from,
-                     missing_buffers[0], missing_buffers.size() - 1);
-    }
-  }
-  if (!c.resume.empty()) {
-    const io::Metadata meta = io::load_checkpoint(c.resume, program, scope, [&](const io::Metadata& m) {
-      check_resume_continues(c.resume, m, metadata_count(c.resume, m, "step"), c, world, data.train.size());
-    });
-    start_step = metadata_count(c.resume, meta, "step");
-    if (use_amp) {
-      // A checkpoint without the scaler's state (--steps 0 --save, or FP32
-      // training) starts the scaler afresh, as a new run would.
-      const bool has_scaler = meta.count("loss_scale") > 0;
-      const float scale = has_scaler ? metadata_loss_scale(c.resume, meta) : c.loss_scaler_config().init_loss_scaling;
-      scope.get(amp::ScalerVars::scale).data<float>()[0] = scale;
-      scope.get(amp::ScalerVars::good_steps).data<int64_t>()[0] = metadata_count(c.resume, meta, "scaler_good_steps");
-      scope.get(amp::ScalerVars::bad_steps).data<int64_t>()[0] = metadata_count(c.resume, meta, "scaler_bad_steps");
-      scope.get(amp::ScalerVars::skipped).data<int64_t>()[0] = metadata_count(c.resume, meta, "scaler_skipped_steps");
-      scope.get(amp::ScalerVars::skips_at_min).data<int64_t>()[0] =
-          metadata_count(c.resume, meta, "scaler_consecutive_skips_at_min");
-      if (rank == 0 && !has_scaler)
-        spdlog::info(
-            "{} holds no loss-scaler state (saved before training or by FP32 training): the scaler "
-            "starts at {}",
-            c.resume, scale);
-    }
-    if (rank == 0) spdlog::info("resumed from {} at step {}", c.resume, start_step);
-  }
+  if (!c.init_from.empty()) load_init_from(c.init_from, program, scope, /*log=*/rank == 0);
+  if (!c.resume.empty())
+    start_step = resume_from_checkpoint(c, program, scope, world, data.train.size(), use_amp, /*log=*/rank == 0);
   for (const VarDesc& v : program.vars())
     if (v.persistable) {
       Tensor& t = scope.get(v.name);
@@ -676,23 +651,8 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     spdlog::warn("MIX_PROFILE_OPS={} is neither 1 (device time per op) nor host (host time per op): no op profile",
                  profile_env);
   }
-  // --cuda-graph: the step recorded once (the first to repeat the batch shape
-  // of the step before it, normally the second) and replayed after.
   std::unique_ptr<StepGraph> step_graph;
-  if (c.cuda_graph) {
-    std::string why = StepGraph::why_not(program, env);
-    std::unique_ptr<DeviceGraph> recording;
-    if (why.empty()) recording = require_device_backend(device.kind).make_graph(device.index);
-    if (why.empty() && !recording) why = "this device's backend cannot record";
-    if (why.empty()) {
-      step_graph = std::make_unique<StepGraph>(
-          program, step_exec, std::vector<std::string>{model.input, model.label},
-          std::vector<std::string>{model.loss, amp::ScalerVars::found_inf, amp::ScalerVars::overflow_ranks},
-          std::move(recording));
-    } else if (rank == 0) {
-      spdlog::warn("--cuda-graph: {}; every step runs op by op", why);
-    }
-  }
+  if (c.cuda_graph) step_graph = make_step_graph(program, step_exec, model, env, /*log=*/rank == 0);
   // The gradient bytes a replayed step sends: those counted while recording
   // it (a replay runs the recorded collectives without calling the communicator).
   uint64_t recorded_grad_bytes = 0;
@@ -759,12 +719,11 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   auto consistency_check = [&](int64_t step) {
     collective::Fields f = {{"step", std::to_string(step)}, {"fp32 masters and buffers", masters_hash(program, scope)}};
     if (use_amp) {
-      std::ostringstream s;
-      s << read_f32(scope, amp::ScalerVars::scale);
-      f.emplace_back("loss scale", s.str());
-      f.emplace_back("good steps", std::to_string(read_i64(scope, amp::ScalerVars::good_steps)));
-      f.emplace_back("bad steps", std::to_string(read_i64(scope, amp::ScalerVars::bad_steps)));
-      f.emplace_back("skipped steps", std::to_string(read_i64(scope, amp::ScalerVars::skipped)));
+      const amp::LossScalerState s = amp::read_scaler_state(scope);
+      f.emplace_back("loss scale", loss_scale_text(s.scale));
+      f.emplace_back("good steps", std::to_string(s.good_steps));
+      f.emplace_back("bad steps", std::to_string(s.bad_steps));
+      f.emplace_back("skipped steps", std::to_string(s.skipped_steps));
     }
     collective::check_same_on_all_ranks(comm, "step " + std::to_string(step) + " consistency check", f);
   };
@@ -794,22 +753,8 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   // --save after `steps_done` steps (rank 0): the parameters, optimizer and
   // scaler state, and what check_resume_continues compares.
   auto save_checkpoint_after = [&](int64_t steps_done) {
-    io::Metadata meta = {{"step", std::to_string(steps_done)},
-                         {"model", c.model},
-                         {"epoch", std::to_string(steps_done / steps_per_epoch)},
-                         {"batch_in_epoch", std::to_string(steps_done % steps_per_epoch)}};
-    for (auto& [key, value] : resume_settings(c, world, data.train.size())) meta[key] = value;
-    if (use_amp) {
-      std::ostringstream s;
-      s.precision(9);
-      s << read_f32(scope, amp::ScalerVars::scale);
-      meta["loss_scale"] = s.str();
-      meta["scaler_good_steps"] = std::to_string(read_i64(scope, amp::ScalerVars::good_steps));
-      meta["scaler_bad_steps"] = std::to_string(read_i64(scope, amp::ScalerVars::bad_steps));
-      meta["scaler_skipped_steps"] = std::to_string(read_i64(scope, amp::ScalerVars::skipped));
-      meta["scaler_consecutive_skips_at_min"] = std::to_string(read_i64(scope, amp::ScalerVars::skips_at_min));
-    }
-    io::save_checkpoint(c.save, program, scope, meta);
+    io::save_checkpoint(c.save, program, scope,
+                        checkpoint_metadata(c, world, data.train.size(), steps_done, steps_per_epoch, scope, use_amp));
     spdlog::info("saved checkpoint {} at step {}", c.save, steps_done);
   };
   // On the CPU the host allocator also holds the data set, all run, and
@@ -979,29 +924,12 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     summary["val_loss"] = last_eval.loss;
   }
   metrics.write(summary);
-  if (env.op_seconds && rank == 0) {
-    std::vector<std::pair<double, std::string>> by_time;
-    double total = 0;
-    for (auto& [type, secs] : op_seconds) {
-      by_time.emplace_back(secs, type);
-      total += secs;
-    }
-    std::sort(by_time.rbegin(), by_time.rend());
-    spdlog::info("op time by type over {} steps ({:.3f} s in ops, {}):", sps_count, total,
-                 op_timer ? "on the device: from the end of the op before to the end of this one, so an op the "
-                            "host was slow to queue counts the GPU's wait for it too"
-                 : device.kind == DeviceKind::cpu ? "wall time on the host"
-                                                  : "wall time on the host to queue each op");
-    // Every op of the program runs once a step: its type's count, and the time per call.
-    std::map<std::string, int64_t> per_step;
-    for (const OpDesc& op : program.ops()) ++per_step[op.type];
-    for (auto& [secs, type] : by_time) {
-      const double ms = 1e3 * secs / static_cast<double>(std::max<int64_t>(sps_count, 1));
-      const int64_t calls = std::max<int64_t>(per_step[type], 1);
-      spdlog::info("  {:<36} {:8.3f} ms/step {:5.1f}%  {:4} a step, {:8.1f} us each", type, ms, 100 * secs / total,
-                   calls, 1e3 * ms / static_cast<double>(calls));
-    }
-  }
+  if (env.op_seconds && rank == 0)
+    log_op_profile(op_seconds, program, sps_count,
+                   op_timer ? "on the device: from the end of the op before to the end of this one, so an op the "
+                              "host was slow to queue counts the GPU's wait for it too"
+                   : device.kind == DeviceKind::cpu ? "wall time on the host"
+                                                    : "wall time on the host to queue each op");
   if (rank == 0) {
     if (c.benchmark) {
       std::cout << "benchmark: " << c.model << " " << c.precision << " batch " << batch << " x " << world

@@ -1,0 +1,134 @@
+#include "launch/checkpoint_state.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "amp/decorate.h"
+#include "launch/cli_checks.h"
+#include "launch/worker_main.h"
+#include "runtime/check.h"
+#include "runtime/log.h"
+
+namespace mix::launch {
+
+namespace {
+
+// A whole count (the step, a scaler counter) from --resume's metadata; 0 when
+// the checkpoint has none. A value that is not one names the file and the field.
+int64_t metadata_count(const std::string& path, const io::Metadata& meta, const char* key) {
+  const auto it = meta.find(key);
+  if (it == meta.end()) return 0;
+  double v = 0;  // exact for any count below 2^53
+  if (parse_number(it->second, /*integer=*/true, v) && v >= 0) return static_cast<int64_t>(v);
+  MIX_FAIL("--resume " << path << ": metadata field '" << key << "' is '" << it->second
+                       << "', not a whole number >= 0; the checkpoint is corrupt or was not written by mixtrain");
+}
+
+// The loss scale from --resume's metadata: a finite FP32 value above 0.
+float metadata_loss_scale(const std::string& path, const io::Metadata& meta) {
+  const std::string& text = meta.at("loss_scale");
+  double v = 0;
+  // Compared as the float it becomes: the 9 digits save_checkpoint writes
+  // for FP32's largest value (3.40282347e+38) are a little above FLT_MAX as a double.
+  if (parse_number(text, /*integer=*/false, v) && v > 0 && std::isfinite(static_cast<float>(v)))
+    return static_cast<float>(v);
+  MIX_FAIL("--resume " << path << ": metadata field 'loss_scale' is '" << text
+                       << "', not a finite number above 0; the checkpoint is corrupt or was not written by mixtrain");
+}
+
+// How a user gives resume setting `key` = `value`, for messages.
+std::string setting_text(const std::string& key, const std::string& value) {
+  if (key == "world_size") return value + " rank(s)";
+  if (key == "training_examples") return "a training set of " + value + " examples";
+  std::string flag = "--" + key;
+  std::replace(flag.begin(), flag.end(), '_', '-');
+  return flag + " " + value;
+}
+
+// --resume continues the run that wrote the checkpoint from where it
+// stopped: a run that differs in a resume setting would silently repeat and
+// skip examples, or drop optimizer state, so it is refused, naming the
+// setting. A checkpoint of step 0 (`--steps 0 --save`) has no place in the
+// data yet (its optimizer slots, zeros, are checked by the load itself); a
+// setting the checkpoint lacks (written before mixtrain saved it) is not
+// compared.
+void check_resume_continues(const std::string& path, const io::Metadata& meta, int64_t step, const TrainConfig& c,
+                            int world, int64_t training_examples) {
+  if (step == 0) return;
+  for (const auto& [key, here] : resume_settings(c, world, training_examples)) {
+    const auto it = meta.find(key);
+    if (it == meta.end() || it->second == here) continue;
+    throw UsageError("--resume " + path + " was written at step " + std::to_string(step) + " by a run with " +
+                     setting_text(key, it->second) + ", and this run has " + setting_text(key, here) +
+                     ": it would not continue that run (the data order, the place in it, or the optimizer state "
+                     "would differ). Resume with " +
+                     setting_text(key, it->second) + ", or start a new run from its parameters with --init-from");
+  }
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> resume_settings(const TrainConfig& c, int world,
+                                                                 int64_t training_examples) {
+  return {{"seed", std::to_string(c.seed)},
+          {"shuffle", c.shuffle ? "true" : "false"},
+          {"training_examples", std::to_string(training_examples)},
+          {"batch_size", std::to_string(c.batch_size)},
+          {"world_size", std::to_string(world)},
+          {"optimizer", c.optimizer}};
+}
+
+std::string loss_scale_text(float scale) {
+  std::ostringstream s;
+  s.precision(9);
+  s << scale;
+  return s.str();
+}
+
+io::Metadata checkpoint_metadata(const TrainConfig& c, int world, int64_t training_examples, int64_t steps_done,
+                                 int64_t steps_per_epoch, const Scope& scope, bool amp) {
+  io::Metadata meta = {{"step", std::to_string(steps_done)},
+                       {"model", c.model},
+                       {"epoch", std::to_string(steps_done / steps_per_epoch)},
+                       {"batch_in_epoch", std::to_string(steps_done % steps_per_epoch)}};
+  for (auto& [key, value] : resume_settings(c, world, training_examples)) meta[key] = value;
+  if (amp) {
+    const amp::LossScalerState s = amp::read_scaler_state(scope);
+    meta["loss_scale"] = loss_scale_text(s.scale);
+    meta["scaler_good_steps"] = std::to_string(s.good_steps);
+    meta["scaler_bad_steps"] = std::to_string(s.bad_steps);
+    meta["scaler_skipped_steps"] = std::to_string(s.skipped_steps);
+    meta["scaler_consecutive_skips_at_min"] = std::to_string(s.consecutive_skips_at_min);
+  }
+  return meta;
+}
+
+int64_t resume_from_checkpoint(const TrainConfig& c, const Program& program, Scope& scope, int world,
+                               int64_t training_examples, bool amp, bool log) {
+  const io::Metadata meta = io::load_checkpoint(c.resume, program, scope, [&](const io::Metadata& m) {
+    check_resume_continues(c.resume, m, metadata_count(c.resume, m, "step"), c, world, training_examples);
+  });
+  const int64_t step = metadata_count(c.resume, meta, "step");
+  if (amp) {
+    // A checkpoint without the scaler's state (--steps 0 --save, or FP32
+    // training) starts the scaler afresh, as a new run would.
+    const bool has_scaler = meta.count("loss_scale") > 0;
+    amp::LossScalerState s;
+    s.scale = has_scaler ? metadata_loss_scale(c.resume, meta) : c.loss_scaler_config().init_loss_scaling;
+    s.good_steps = metadata_count(c.resume, meta, "scaler_good_steps");
+    s.bad_steps = metadata_count(c.resume, meta, "scaler_bad_steps");
+    s.skipped_steps = metadata_count(c.resume, meta, "scaler_skipped_steps");
+    s.consecutive_skips_at_min = metadata_count(c.resume, meta, "scaler_consecutive_skips_at_min");
+    amp::write_scaler_state(scope, s);
+    if (log && !has_scaler)
+      spdlog::info(
+          "{} holds no loss-scaler state (saved before training or by FP32 training): the scaler "
+          "starts at {}",
+          c.resume, s.scale);
+  }
+  if (log) spdlog::info("resumed from {} at step {}", c.resume, step);
+  return step;
+}
+
+}  // namespace mix::launch
