@@ -70,6 +70,11 @@ class CudaGraph final : public DeviceGraph {
       failure = e.what();
     }
     allocator_.use_pool(0);
+    // A step stopped part-way by an error (not by CUDA) may have forked the
+    // communication stream into the capture, an all-reduce started and its
+    // wait never queued. Joined back here, the capture ends whole, with both
+    // streams out of it, for the op-by-op steps that follow.
+    if (!failure.empty()) join_if_capturing(c.comm.get(), stream);
     cudaGraph_t graph = nullptr;
     const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
     capturing.reset();
@@ -113,6 +118,18 @@ class CudaGraph final : public DeviceGraph {
   }
 
  private:
+  // Orders the end of `forked`'s captured work before what `origin` captures
+  // next, when `forked` is still in an active capture. Errors are left to
+  // cudaStreamEndCapture, which reports the capture's state.
+  static void join_if_capturing(cudaStream_t forked, cudaStream_t origin) noexcept {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(forked, &status) != cudaSuccess || status != cudaStreamCaptureStatusActive) return;
+    cudaEvent_t joined = nullptr;
+    if (cudaEventCreateWithFlags(&joined, cudaEventDisableTiming) != cudaSuccess) return;
+    if (cudaEventRecord(joined, forked) == cudaSuccess) (void)cudaStreamWaitEvent(origin, joined, 0);
+    MIX_CUDA_CHECK_NOTHROW(cudaEventDestroy(joined));
+  }
+
   void drop() noexcept {
     if (exec_) MIX_CUDA_CHECK_NOTHROW(cudaGraphExecDestroy(exec_));
     if (graph_) MIX_CUDA_CHECK_NOTHROW(cudaGraphDestroy(graph_));

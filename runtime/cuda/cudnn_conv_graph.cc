@@ -414,6 +414,7 @@ bool run_conv_graph(cudnnHandle_t handle, Device device, const ConvGraphShape& s
   }
   Tensor ws;
   if (e && !e->usable) return false;  // no plan for this shape: the legacy API, warned when found
+  const bool cached = e != nullptr;
   if (e) {
     try {
       ws = device_workspace(static_cast<size_t>(e->workspace), device);
@@ -432,10 +433,11 @@ bool run_conv_graph(cudnnHandle_t handle, Device device, const ConvGraphShape& s
     else
       choose_plan(handle, device, *fresh, workspace_limit, ws, why, &short_of_memory);  // sets usable
     discard_cudnn_last_error();  // configurations ruled out are not errors for a later check to report
-    if (!fresh->usable && short_of_memory) {
+    if (!fresh->usable && (short_of_memory || cached)) {
       // A plan exists but its workspace does not fit at this moment: the
       // legacy API (which can choose an algorithm with less) runs this call,
-      // and the next call looks again. A cached plan stays cached.
+      // and the next call looks again. A cached plan stays cached, also when
+      // choosing again found nothing else.
       return false;
     }
     if (!fresh->usable)
@@ -455,10 +457,19 @@ bool run_conv_graph(cudnnHandle_t handle, Device device, const ConvGraphShape& s
     g_runs.fetch_add(1, std::memory_order_relaxed);
     return true;
   }
+  discard_cudnn_last_error();
+  // Refused while a CUDA graph records the step: an invalidated capture
+  // refuses every call, whatever spoiled it. The legacy call fails too, the
+  // recording is given up, and the op-by-op steps that follow may well run
+  // this plan: it stays.
+  cudaStream_t stream = nullptr;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudnnGetStream(handle, &stream) == CUDNN_STATUS_SUCCESS &&
+      cudaStreamIsCapturing(stream, &capture) == cudaSuccess && capture != cudaStreamCaptureStatusNone)
+    return false;
   // Refused when run: the legacy API from now on for this shape (its own
   // checks then report a real error). An engine of several kernels may have
   // written part of the output; the legacy call overwrites it all (beta 0).
-  discard_cudnn_last_error();
   log_warning("conv2d: cuDNN's graph API refused to run its plan for the " + describe(shape) + " (" +
               cudnn_status_text(st) + "); running the legacy API for it");
   e->usable = false;

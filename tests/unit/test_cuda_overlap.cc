@@ -409,13 +409,24 @@ TEST_CASE("NCCL: an all-reduce started in a recording that failed is forgotten, 
   std::unique_ptr<mix::DeviceGraph> graph = mix::require_device_backend(mix::DeviceKind::cuda).make_graph(0);
   REQUIRE(graph);
   mc::Request started = 0;
-  // Refused part-way: a host wait for the stream being recorded, after the start.
+  // Refused part-way, after the start: by CUDA (a host wait for the stream
+  // being recorded invalidates the capture), or by an error of mixtrain's own
+  // (an op's check), which leaves the communication stream forked into a
+  // capture that is still active.
+  const bool invalidated = GENERATE(true, false);
+  INFO((invalidated ? "a host wait invalidated the capture" : "an error stopped the step, the capture still active"));
   CHECK_THROWS_AS(graph->record([&] {
     started = comm.all_reduce_start(a.raw(), static_cast<size_t>(a.numel()), DType::f16, mc::ReduceOp::sum,
                                     mc::Traffic::gradients);
-    ctx.compute.synchronize();
+    if (invalidated) ctx.compute.synchronize();
+    MIX_FAIL("an op's check failed while recording");
   }),
                   mix::RecordingError);
+  for (cudaStream_t s : {ctx.compute.get(), ctx.comm.get()}) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusActive;
+    CHECK(cudaStreamIsCapturing(s, &status) == cudaSuccess);
+    CHECK(status == cudaStreamCaptureStatusNone);
+  }
   REQUIRE(started != 0);
   CHECK(comm.in_flight() == 1);
   comm.forget(started);
