@@ -4,6 +4,22 @@
 
 namespace mix::launch {
 
+void StepTotals::add_timed(double step_seconds, double step_queue_seconds, int64_t step_samples, double samples_per_s) {
+  ++steps;
+  samples += step_samples;
+  seconds += step_seconds;
+  queue_seconds += step_queue_seconds;
+  rate_sum += samples_per_s;
+}
+
+double StepTotals::mean_rate() const { return steps > 0 ? rate_sum / static_cast<double>(steps) : 0; }
+
+double StepTotals::overall_rate() const { return seconds > 0 ? static_cast<double>(samples) / seconds : 0; }
+
+double StepTotals::step_ms() const { return steps > 0 ? 1e3 * seconds / static_cast<double>(steps) : 0; }
+
+double StepTotals::host_queue_ms() const { return steps > 0 ? 1e3 * queue_seconds / static_cast<double>(steps) : 0; }
+
 std::string pace_verdict(double host_queue_ms, double step_ms) {
   if (!(step_ms > 0)) return {};
   // A host that queues for 90% of the step or more leaves the GPU idle for

@@ -24,6 +24,7 @@
 #include "collective/overflow_mask.h"
 #include "launch/checkpoint_state.h"
 #include "launch/cli_checks.h"
+#include "launch/evaluation.h"
 #include "launch/metrics.h"
 #include "launch/step_runner.h"
 #include "launch/worker_main.h"
@@ -123,13 +124,6 @@ models::Model build_model(const TrainConfig& c, const data::Dataset& train) {
   rc.num_classes = classes;
   rc.channels_last = c.resnet_channels_last();
   return models::build_resnet(rc, c.model);
-}
-
-// [n, per_example...]: n examples' inputs (model.example_shape) or labels (model.label_shape).
-Shape batched(int64_t n, const Shape& per_example) {
-  Shape s{n};
-  s.insert(s.end(), per_example.begin(), per_example.end());
-  return s;
 }
 
 // Model buffers (batch_norm's running statistics): not trained, but every rank
@@ -278,6 +272,53 @@ DeviceOptions device_options(const TrainConfig& c) {
   return options;
 }
 
+// The metrics' last line: "summary": true and the run's totals (with `amp`,
+// the final loss scale in `scope`).
+nlohmann::json summary_line(const TrainConfig& c, const models::Model& model, const StepTotals& t, int64_t steps_run,
+                            size_t peak, const MemoryPlan& plan, int world, const Scope& scope, bool amp,
+                            const std::optional<EvalResult>& eval) {
+  nlohmann::json summary = {{"summary", true},
+                            {"steps", steps_run},
+                            {"skipped_steps", t.skipped},
+                            {"samples_per_s", t.mean_rate()},
+                            {"samples_per_s_overall", t.overall_rate()},
+                            {"peak_bytes", peak},
+                            {"step_ms", t.step_ms()},
+                            {"host_queue_ms", t.host_queue_ms()},
+                            {"planned_peak_temporary_bytes", plan.peak_temporary_bytes},
+                            {"persistent_bytes", plan.persistent_bytes},
+                            {"world_size", world},
+                            {"precision", c.precision},
+                            {"grad_reduce", c.effective_grad_reduce()}};
+  if (model.tokens_per_example > 0) {
+    summary["tokens_per_s"] = t.mean_rate() * static_cast<double>(model.tokens_per_example);
+    summary["tokens_per_s_overall"] = t.overall_rate() * static_cast<double>(model.tokens_per_example);
+  }
+  if (amp) summary["final_loss_scale"] = amp::read_scaler_state(scope).scale;
+  if (eval) {
+    summary["eval_accuracy"] = eval->accuracy;
+    summary["val_loss"] = eval->loss;
+  }
+  return summary;
+}
+
+// --benchmark's result on standard output (rank 0). `show_queue`: also the
+// host's time to queue a step against the step's, and what sets the pace.
+void print_benchmark(const TrainConfig& c, const models::Model& model, const StepTotals& t, int world, size_t peak,
+                     bool show_queue) {
+  const bool tokens = model.tokens_per_example > 0;
+  std::cout << "benchmark: " << c.model << " " << c.precision << " batch " << c.batch_size << " x " << world
+            << " ranks: "
+            << (tokens ? t.overall_rate() * static_cast<double>(model.tokens_per_example) : t.overall_rate())
+            << (tokens          ? " tokens/s"
+                : c.is_resnet() ? " images/s"
+                                : " samples/s")
+            << " over " << t.steps << " timed steps (step time only), peak " << peak << " bytes" << std::endl;
+  if (show_queue && t.steps > 0)
+    std::cout << "benchmark: the host took " << t.host_queue_ms() << " ms to queue a " << t.step_ms()
+              << " ms step: " << pace_verdict(t.host_queue_ms(), t.step_ms()) << std::endl;
+}
+
 // --inject-overflow's rank and parameter, which only the job and the model can check.
 void check_inject_overflow(const TrainConfig& c, const Program& program, int world) {
   const std::optional<amp::InjectOverflow> inject = inject_from(c);
@@ -365,10 +406,6 @@ std::string masters_hash(const Program& p, const Scope& scope) {
   std::ostringstream o;
   o << std::hex << h;
   return o.str();
-}
-
-int64_t read_i64(const Scope& s, const char* name) {
-  return s.has(name) ? s.get(name).to(cpu_device()).data<int64_t>()[0] : 0;
 }
 
 float read_f32(const Scope& s, const char* name) { return s.get(name).item_float(0); }
@@ -475,14 +512,6 @@ OverflowReport read_overflow_report(const std::vector<std::string>& params, cons
   }
   return r;
 }
-
-// top1_correct's output in evaluation: the batch's correct predictions.
-constexpr const char* kEvalCorrect = "eval.correct";
-
-struct EvalResult {
-  double accuracy = 0, loss = 0;  // accuracy over every label (each token, for a language model)
-  int64_t examples = 0;
-};
 
 }  // namespace
 
@@ -618,16 +647,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
 
   Executor step_exec(program, {model.loss, amp::ScalerVars::found_inf, amp::ScalerVars::overflow_ranks});
   const std::vector<std::string> overflow_params = overflow_mask_params(program);
-  Executor eval_exec(program, {model.logits, model.loss, model.label}, forward_ops);
-  // Evaluation's accuracy is counted where the logits are (top1_correct):
-  // each batch hands back one integer, not its logits (a language model's are
-  // [batch, context, vocab], gigabytes on a GPU).
-  Program eval_metrics;
-  eval_metrics.add_var(program.var(model.logits));
-  eval_metrics.add_var(program.var(model.label));
-  eval_metrics.append_op(
-      make_op("top1_correct", {{"Logits", {model.logits}}, {"Label", {model.label}}}, {{"Correct", {kEvalCorrect}}}));
-  Executor eval_metrics_exec(eval_metrics, {kEvalCorrect, model.logits, model.label});
+  const TestSetEvaluation evaluation(program, model, data.test, comm, batch, c.eval_batches, batch_memory);
   ExecEnv env;
   env.comm = &grad_comm;
   env.device = device;
@@ -663,58 +683,6 @@ int run_training(const TrainConfig& c, Communicator& comm) {
                  c.is_resnet() ? (c.resnet_channels_last() ? ", NHWC activations" : ", NCHW activations") : "",
                  total_steps - start_step, world, batch, c.precision, c.effective_grad_reduce());
 
-  auto evaluate = [&]() {
-    EvalResult r;
-    // The op profile is of training steps: evaluation's ops stay out of it.
-    std::map<std::string, double>* const profile = env.op_seconds;
-    env.op_seconds = nullptr;
-    struct RestoreProfile {
-      ExecEnv& env;
-      std::map<std::string, double>* profile;
-      ~RestoreProfile() { env.op_seconds = profile; }
-    } restore{env, profile};
-    const data::Dataset& ds = data.test;
-    if (ds.size() == 0) return r;
-    std::vector<int64_t> idx;
-    for (int64_t i = rank; i < ds.size(); i += world) idx.push_back(i);
-    // A language model's logits are [batch, context, vocab]: evaluate in training-sized batches.
-    const int64_t eval_batch = model.tokens_per_example > 0 ? std::max<int64_t>(batch, 16) : 1000;
-    if (c.eval_batches > 0) idx.resize(std::min<size_t>(idx.size(), static_cast<size_t>(c.eval_batches * eval_batch)));
-    // Counts summed over ranks as integers (exact at any size), the loss as FP32.
-    int64_t counts[3] = {0, 0, 0};  // correct predictions, labels (rows of logits), examples
-    double loss_sum = 0;
-    // Batches gathered and uploaded ahead, as in training.
-    const int64_t examples = static_cast<int64_t>(idx.size());
-    const auto indices = std::make_shared<const std::vector<int64_t>>(std::move(idx));
-    const auto eval_batch_of = [&](int64_t b) {
-      const int64_t begin = b * eval_batch;
-      return data::BatchRequest{indices, begin, std::min(eval_batch, examples - begin)};
-    };
-    data::BatchFeeder feeder(ds, device, batch_memory, eval_batch_of, 0, (examples + eval_batch - 1) / eval_batch);
-    for (int64_t b = 0; b < examples; b += eval_batch) {
-      const data::Batch& batch_in = feeder.next();
-      const int64_t n = batch_in.inputs.dim(0);
-      scope.set(model.input, batch_in.inputs.reshaped(batched(n, model.example_shape)));
-      scope.set(model.label, batch_in.labels.reshaped(batched(n, model.label_shape)));
-      env.training = false;  // batch_norm: the running statistics, no updates
-      eval_exec.run(scope, env);
-      env.training = true;
-      eval_metrics_exec.run(scope, env);
-      const Tensor& logits = scope.get(model.logits);
-      counts[0] += read_i64(scope, kEvalCorrect);
-      counts[1] += logits.numel() / logits.dim(-1);  // one row per label
-      counts[2] += n;
-      loss_sum += static_cast<double>(read_f32(scope, model.loss.c_str())) * static_cast<double>(n);
-    }
-    comm.all_reduce(counts, 3, DType::i64, collective::ReduceOp::sum);
-    float loss_total = static_cast<float>(loss_sum);
-    comm.all_reduce(&loss_total, 1, DType::f32, collective::ReduceOp::sum);
-    r.examples = counts[2];
-    r.accuracy = counts[1] > 0 ? static_cast<double>(counts[0]) / static_cast<double>(counts[1]) : 0;
-    r.loss = counts[2] > 0 ? loss_total / static_cast<float>(counts[2]) : 0;
-    return r;
-  };
-
   const std::optional<InjectOverflowSpec> diverge = divergence_from_env();
   auto consistency_check = [&](int64_t step) {
     collective::Fields f = {{"step", std::to_string(step)}, {"fp32 masters and buffers", masters_hash(program, scope)}};
@@ -743,13 +711,8 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   };
   // The next step's batch is gathered (and, on a GPU, uploaded) while this one runs.
   data::BatchFeeder feeder(data.train, device, batch_memory, batch_of, start_step, total_steps);
-  // timed_queue_seconds: the host's time to queue the timed steps. On a GPU,
-  // a step whose queueing takes nearly its whole time is bound by the host
-  // (launch and dispatch costs, or a hidden wait for the GPU), not by the GPU.
-  double timed_seconds = 0, timed_queue_seconds = 0, sps_sum = 0;
-  int64_t sps_count = 0, skipped_total = 0, timed_samples = 0;
-  EvalResult last_eval;
-  bool have_eval = false;
+  StepTotals totals;
+  std::optional<EvalResult> last_eval;
   // --save after `steps_done` steps (rank 0): the parameters, optimizer and
   // scaler state, and what check_resume_continues compares.
   auto save_checkpoint_after = [&](int64_t steps_done) {
@@ -770,8 +733,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     // the scope shares it, which the feeder leaves alone until its next call.
     const data::Batch& examples = feeder.next();
     const int64_t n = examples.inputs.dim(0);
-    scope.set(model.input, examples.inputs.reshaped(batched(n, model.example_shape)));
-    scope.set(model.label, examples.labels.reshaped(batched(n, model.label_shape)));
+    feed_batch(scope, model, examples);
     const double rate = lr.at(step);
     write_f32(scope.get(optim::kLearningRate), static_cast<float>(rate));
     env.step = step + 1;
@@ -816,7 +778,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     float loss_avg = read_f32(scope, model.loss.c_str());
     comm.all_reduce(&loss_avg, 1, DType::f32, collective::ReduceOp::avg);
     const bool found_inf = use_amp && scope.get(amp::ScalerVars::found_inf).item_float() != 0.f;
-    skipped_total += found_inf;
+    totals.skipped += found_inf;
     const float scale = use_amp ? read_f32(scope, amp::ScalerVars::scale) : 1.f;
     const double samples_per_s = static_cast<double>(n * world) / std::max(secs, 1e-9);
     const double tokens_per_s = samples_per_s * static_cast<double>(model.tokens_per_example);
@@ -824,13 +786,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     // The op profile, like the speed, leaves out the warm-up (first-step
     // costs: cuDNN's choices, lazy module loading, allocator growth).
     if (!timed) op_seconds.clear();
-    if (timed) {
-      timed_seconds += secs;
-      timed_queue_seconds += queue_secs;
-      timed_samples += n * world;
-      sps_sum += samples_per_s;
-      ++sps_count;
-    }
+    if (timed) totals.add_timed(secs, queue_secs, n * world, samples_per_s);
     const OverflowReport overflow = found_inf ? read_overflow_report(overflow_params, scope) : OverflowReport{};
     if (found_inf && rank == 0)
       spdlog::warn("step {}: gradients overflowed (inf/NaN){}; step skipped, loss scale now {}", step + 1,
@@ -875,17 +831,18 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     const bool eval_now = c.eval_every > 0 ? (step + 1) % c.eval_every == 0 || last
                                            : in_epoch + 1 == steps_per_epoch || last;
     if (c.eval && !c.benchmark && eval_now && data.test.size() > 0) {
-      last_eval = evaluate();
-      have_eval = true;
+      last_eval = evaluation.run(scope, env);
       if (rank == 0) {
         if (model.tokens_per_example > 0)
           spdlog::info("step {} validation loss {:.4f} nats/token, next-token accuracy {:.2f}% ({} sequences)",
-                       step + 1, last_eval.loss, 100 * last_eval.accuracy, last_eval.examples);
+                       step + 1, last_eval->loss, 100 * last_eval->accuracy, last_eval->examples);
         else
           spdlog::info("epoch {} test accuracy {:.2f}% ({} examples), test loss {:.4f}", epoch,
-                       100 * last_eval.accuracy, last_eval.examples, last_eval.loss);
-        metrics.write({{"step", step + 1}, {"epoch", epoch}, {"eval_accuracy", last_eval.accuracy},
-                       {"val_loss", last_eval.loss}});
+                       100 * last_eval->accuracy, last_eval->examples, last_eval->loss);
+        metrics.write({{"step", step + 1},
+                       {"epoch", epoch},
+                       {"eval_accuracy", last_eval->accuracy},
+                       {"val_loss", last_eval->loss}});
       }
     }
     // Each replaces the last, whole or not at all (a temporary file renamed);
@@ -893,63 +850,24 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     if (rank == 0 && c.save_every > 0 && (step + 1) % c.save_every == 0 && !last) save_checkpoint_after(step + 1);
   }
 
-  const int64_t steps_run = total_steps - start_step;
   const size_t peak_with_data = allocator_for(device).peak_bytes();
   const size_t peak = peak_with_data > data_set_bytes ? peak_with_data - data_set_bytes : 0;
-  const MemoryPlan plan = step_exec.plan(batch);
-  const double mean_sps = sps_count ? sps_sum / static_cast<double>(sps_count) : 0;
-  // Samples over the time inside the training step (batch gathering excluded).
-  const double overall_sps = timed_seconds > 0 ? static_cast<double>(timed_samples) / timed_seconds : 0;
-  nlohmann::json summary = {
-      {"summary", true},
-      {"steps", steps_run},
-      {"skipped_steps", skipped_total},
-      {"samples_per_s", mean_sps},
-      {"samples_per_s_overall", overall_sps},
-      {"peak_bytes", peak},
-      {"step_ms", sps_count ? 1e3 * timed_seconds / static_cast<double>(sps_count) : 0.},
-      {"host_queue_ms", sps_count ? 1e3 * timed_queue_seconds / static_cast<double>(sps_count) : 0.},
-      {"planned_peak_temporary_bytes", plan.peak_temporary_bytes},
-      {"persistent_bytes", plan.persistent_bytes},
-      {"world_size", world},
-      {"precision", c.precision},
-      {"grad_reduce", c.effective_grad_reduce()}};
-  if (model.tokens_per_example > 0) {
-    summary["tokens_per_s"] = mean_sps * static_cast<double>(model.tokens_per_example);
-    summary["tokens_per_s_overall"] = overall_sps * static_cast<double>(model.tokens_per_example);
-  }
-  if (use_amp) summary["final_loss_scale"] = read_f32(scope, amp::ScalerVars::scale);
-  if (have_eval) {
-    summary["eval_accuracy"] = last_eval.accuracy;
-    summary["val_loss"] = last_eval.loss;
-  }
-  metrics.write(summary);
+  metrics.write(summary_line(c, model, totals, total_steps - start_step, peak, step_exec.plan(batch), world, scope,
+                             use_amp, last_eval));
   if (env.op_seconds && rank == 0)
-    log_op_profile(op_seconds, program, sps_count,
+    log_op_profile(op_seconds, program, totals.steps,
                    op_timer ? "on the device: from the end of the op before to the end of this one, so an op the "
                               "host was slow to queue counts the GPU's wait for it too"
                    : device.kind == DeviceKind::cpu ? "wall time on the host"
                                                     : "wall time on the host to queue each op");
   if (rank == 0) {
-    if (c.benchmark) {
-      std::cout << "benchmark: " << c.model << " " << c.precision << " batch " << batch << " x " << world
-                << " ranks: "
-                << (model.tokens_per_example > 0 ? overall_sps * static_cast<double>(model.tokens_per_example)
-                                                 : overall_sps)
-                << (model.tokens_per_example > 0 ? " tokens/s" : c.is_resnet() ? " images/s" : " samples/s")
-                << " over " << sps_count << " timed steps (step time only), peak " << peak << " bytes" << std::endl;
-      // On the CPU the kernels run as they are queued, so the two times are
-      // one; the op profiler's timer waits for the GPU inside the step.
-      if (device.kind != DeviceKind::cpu && !op_timer && sps_count > 0)
-        std::cout << "benchmark: the host took " << summary["host_queue_ms"].get<double>() << " ms to queue a "
-                  << summary["step_ms"].get<double>() << " ms step: "
-                  << pace_verdict(summary["host_queue_ms"].get<double>(), summary["step_ms"].get<double>())
-                  << std::endl;
-    }
-    if (have_eval && model.tokens_per_example > 0)
-      spdlog::info("final validation loss {:.4f} nats/token", last_eval.loss);
-    else if (have_eval)
-      spdlog::info("final test accuracy {:.2f}%", 100 * last_eval.accuracy);
+    // On the CPU the kernels run as they are queued, so the host's queue time
+    // is the step's; the op profiler's timer waits for the GPU inside the step.
+    if (c.benchmark) print_benchmark(c, model, totals, world, peak, device.kind != DeviceKind::cpu && !op_timer);
+    if (last_eval && model.tokens_per_example > 0)
+      spdlog::info("final validation loss {:.4f} nats/token", last_eval->loss);
+    else if (last_eval)
+      spdlog::info("final test accuracy {:.2f}%", 100 * last_eval->accuracy);
     if (!c.metrics.empty()) spdlog::info("metrics written to {}", c.metrics);
   }
   if (!c.save.empty()) {

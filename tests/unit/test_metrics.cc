@@ -1,5 +1,6 @@
 // launch/metrics.h: the benchmark's verdict on what sets a GPU step's pace,
-// which gpu_check readers take at its word, and the metrics file's lines.
+// which gpu_check readers take at its word, the summary's totals, and the
+// metrics file's lines.
 #include <catch2/catch.hpp>
 
 #include <fstream>
@@ -23,6 +24,25 @@ TEST_CASE("pace_verdict names the host only when it queues for most of the step"
   CHECK(pace_verdict(9.0, 10.0).rfind("the host", 0) == 0);
   CHECK(pace_verdict(8.9, 10.0).rfind("the GPU", 0) == 0);
   CHECK(pace_verdict(1.0, 0.0).empty());
+}
+
+TEST_CASE("StepTotals: the mean of the step rates, and the throughput, which differ", "[metrics]") {
+  StepTotals t;
+  CHECK(t.mean_rate() == 0);  // no timed step: zeros, not NaN
+  CHECK(t.overall_rate() == 0);
+  CHECK(t.step_ms() == 0);
+  CHECK(t.host_queue_ms() == 0);
+  // One slow step (a recording, a first cuDNN choice) and three fast ones of
+  // 64 examples: 64 / 1 s, then 64 / 0.01 s three times.
+  t.add_timed(1.0, 0.9, 64, 64.0);
+  for (int i = 0; i < 3; ++i) t.add_timed(0.01, 0.004, 64, 6400.0);
+  CHECK(t.steps == 4);
+  CHECK(t.samples == 256);
+  CHECK(t.mean_rate() == Approx((64.0 + 3 * 6400.0) / 4));  // 4816 samples/s
+  CHECK(t.overall_rate() == Approx(256 / 1.03));            // about 248.5: what the run delivered
+  CHECK(t.step_ms() == Approx(1e3 * 1.03 / 4));
+  CHECK(t.host_queue_ms() == Approx(1e3 * 0.912 / 4));
+  CHECK(t.skipped == 0);  // add_timed counts no overflow: the trainer counts those, timed or not
 }
 
 TEST_CASE("MetricsWriter writes one JSON object a line, and nothing for an empty path", "[metrics]") {
