@@ -124,6 +124,48 @@ TEST_CASE("conv2d: a batch split into im2col chunks equals the direct convolutio
   expect_close(run_forward(c)["Output"].to_floats(), ref, kF32Forward, "chunked conv2d output");
 }
 
+TEST_CASE("grad: conv2d over a batch split into im2col chunks equals the direct sums", "[grad][conv2d]") {
+  // The chunked batch above: conv2d_grad runs the same two chunks (28 and 12
+  // images), and Filter@GRAD must sum over both of them, Input@GRAD hold each
+  // image's own. With every value a multiple of 1/8 in [-1, 1], each product is
+  // a multiple of 2^-6 of magnitude <= 1, so a partial sum of Filter@GRAD's
+  // 40 * 32 * 32 < 2^16 terms needs at most 22 bits: exact in FP32 in any
+  // order, and the gradients must equal the double sums exactly.
+  const ConvCfg k{40, 16, 32, 32, 8, 3, 3, 1, 1, 1, 1};
+  auto eighths = [](const Shape& s, uint64_t seed) {
+    std::vector<float> v = uniform_tensor(s, seed, -8.f, 9.f).to_floats();
+    for (float& x : v) x = std::floor(x) / 8.f;
+    return Tensor::from_floats(s, v);
+  };
+  OpCase c{"conv2d",
+           {{"Input", eighths({k.n, k.c, k.h, k.w}, 81)}, {"Filter", eighths({k.oc, k.c, k.kh, k.kw}, 82)}},
+           {"Output"},
+           conv_attrs(k)};
+  const Tensor r = eighths({k.n, k.oc, k.h, k.w}, 83);  // 3x3, padding 1: Output is H x W
+  auto b = build_case(c, DType::f32);
+  const RunResult res = run_case(*b, c.inputs, {{"Output", r}}, true);
+  const std::vector<float> x = c.inputs[0].value.to_floats(), f = c.inputs[1].value.to_floats(), rv = r.to_floats();
+  std::vector<double> dx(x.size(), 0.0), dw(f.size(), 0.0);
+  for (int64_t n = 0; n < k.n; ++n)
+    for (int64_t o = 0; o < k.oc; ++o)
+      for (int64_t y = 0; y < k.h; ++y)
+        for (int64_t xx = 0; xx < k.w; ++xx) {
+          const double g = rv[static_cast<size_t>(((n * k.oc + o) * k.h + y) * k.w + xx)];
+          for (int64_t ci = 0; ci < k.c; ++ci)
+            for (int64_t i = 0; i < k.kh; ++i)
+              for (int64_t j = 0; j < k.kw; ++j) {
+                const int64_t iy = y - k.pad + i, ix = xx - k.pad + j;
+                if (iy < 0 || iy >= k.h || ix < 0 || ix >= k.w) continue;
+                const size_t xi = static_cast<size_t>(((n * k.c + ci) * k.h + iy) * k.w + ix);
+                const size_t fi = static_cast<size_t>(((o * k.c + ci) * k.kh + i) * k.kw + j);
+                dx[xi] += g * f[fi];
+                dw[fi] += g * x[xi];
+              }
+        }
+  expect_close(res.grads[0].to_floats(), dx, {0, 0}, "Input@GRAD of every image");
+  expect_close(res.grads[1].to_floats(), dw, {0, 0}, "Filter@GRAD summed over both chunks");
+}
+
 TEST_CASE("grad: conv2d, every configuration", "[grad][conv2d]") {
   uint64_t seed = 300;
   for (const ConvCfg& k : kConvCases) {
