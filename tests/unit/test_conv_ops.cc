@@ -25,19 +25,24 @@ constexpr Tolerance kF32Forward{1e-5, 1e-5};  // FP32 GEMM against double loops:
 
 struct ConvCfg {
   int64_t n, c, h, w, oc, kh, kw, stride, pad, dil, groups;
+  // Along w, where it differs from along h (the attrs are [h, w] pairs); -1: as along h.
+  int64_t stride_w = -1, pad_w = -1, dil_w = -1;
+  int64_t sw() const { return stride_w < 0 ? stride : stride_w; }
+  int64_t pw() const { return pad_w < 0 ? pad : pad_w; }
+  int64_t dw() const { return dil_w < 0 ? dil : dil_w; }
 };
 
 std::map<std::string, Attr> conv_attrs(const ConvCfg& k) {
-  return {{"strides", std::vector<int64_t>{k.stride, k.stride}},
-          {"paddings", std::vector<int64_t>{k.pad, k.pad}},
-          {"dilations", std::vector<int64_t>{k.dil, k.dil}},
+  return {{"strides", std::vector<int64_t>{k.stride, k.sw()}},
+          {"paddings", std::vector<int64_t>{k.pad, k.pw()}},
+          {"dilations", std::vector<int64_t>{k.dil, k.dw()}},
           {"groups", k.groups}};
 }
 
 // Direct convolution in double: the definition, loop by loop.
 std::vector<double> conv_reference(const ConvCfg& k, const std::vector<float>& x, const std::vector<float>& f) {
   const int64_t oh = (k.h + 2 * k.pad - k.dil * (k.kh - 1) - 1) / k.stride + 1;
-  const int64_t ow = (k.w + 2 * k.pad - k.dil * (k.kw - 1) - 1) / k.stride + 1;
+  const int64_t ow = (k.w + 2 * k.pw() - k.dw() * (k.kw - 1) - 1) / k.sw() + 1;
   const int64_t cg = k.c / k.groups, ocg = k.oc / k.groups;
   std::vector<double> out(static_cast<size_t>(k.n * k.oc * oh * ow), 0.0);
   for (int64_t n = 0; n < k.n; ++n)
@@ -49,7 +54,7 @@ std::vector<double> conv_reference(const ConvCfg& k, const std::vector<float>& x
           for (int64_t ci = 0; ci < cg; ++ci)
             for (int64_t i = 0; i < k.kh; ++i)
               for (int64_t j = 0; j < k.kw; ++j) {
-                const int64_t iy = y * k.stride - k.pad + i * k.dil, ix = xx * k.stride - k.pad + j * k.dil;
+                const int64_t iy = y * k.stride - k.pad + i * k.dil, ix = xx * k.sw() - k.pw() + j * k.dw();
                 if (iy < 0 || iy >= k.h || ix < 0 || ix >= k.w) continue;
                 s += static_cast<double>(x[static_cast<size_t>(((n * k.c + g * cg + ci) * k.h + iy) * k.w + ix)]) *
                      f[static_cast<size_t>(((o * cg + ci) * k.kh + i) * k.kw + j)];
@@ -69,6 +74,10 @@ const ConvCfg kConvCases[] = {
     {1, 4, 4, 4, 4, 3, 3, 1, 1, 1, 4},  // depthwise
     {1, 3, 9, 9, 2, 7, 7, 2, 3, 1, 1},  // ResNet's 7x7 stem
     {2, 1, 4, 5, 2, 2, 3, 1, 0, 1, 1},  // rectangular filter, rectangular input
+    // Strides, paddings and dilations that differ between h and w: each attr's
+    // pair must reach its own axis, in im2col and in col2im.
+    {2, 3, 7, 8, 4, 3, 2, 2, 1, 1, 1, 1, 0, 2},
+    {1, 2, 8, 7, 3, 2, 3, 1, 0, 2, 1, 2, 2, 1},
 };
 
 OpCase conv_case(const ConvCfg& k, uint64_t seed) {
@@ -166,6 +175,16 @@ TEST_CASE("grad: conv2d over a batch split into im2col chunks equals the direct 
   expect_close(res.grads[1].to_floats(), dw, {0, 0}, "Filter@GRAD summed over both chunks");
 }
 
+TEST_CASE("conv2d: one value of strides, paddings or dilations applies to both dims", "[conv2d]") {
+  const ConvCfg k{1, 2, 9, 8, 3, 3, 2, 2, 1, 2, 1};  // stride 2, padding 1, dilation 2
+  OpCase c = conv_case(k, 90);
+  c.attrs["strides"] = std::vector<int64_t>{2};
+  c.attrs["paddings"] = std::vector<int64_t>{1};
+  c.attrs["dilations"] = std::vector<int64_t>{2};
+  const auto ref = conv_reference(k, c.inputs[0].value.to_floats(), c.inputs[1].value.to_floats());
+  expect_close(run_forward(c)["Output"].to_floats(), ref, kF32Forward, "conv2d with [h] attrs");
+}
+
 TEST_CASE("grad: conv2d, every configuration", "[grad][conv2d]") {
   uint64_t seed = 300;
   for (const ConvCfg& k : kConvCases) {
@@ -218,22 +237,27 @@ struct PoolCfg {
   const char* type;
   int64_t k, stride, pad;
   bool exclusive, global;
+  // Along w, where it differs from along h (the attrs are [h, w] pairs); -1: as along h.
+  int64_t k_w = -1, stride_w = -1, pad_w = -1;
+  int64_t kw() const { return k_w < 0 ? k : k_w; }
+  int64_t sw() const { return stride_w < 0 ? stride : stride_w; }
+  int64_t pw() const { return pad_w < 0 ? pad : pad_w; }
 };
 
 std::map<std::string, Attr> pool_attrs(const PoolCfg& p) {
   return {{"pooling_type", std::string(p.type)},
-          {"ksize", std::vector<int64_t>{p.k, p.k}},
-          {"strides", std::vector<int64_t>{p.stride, p.stride}},
-          {"paddings", std::vector<int64_t>{p.pad, p.pad}},
+          {"ksize", std::vector<int64_t>{p.k, p.kw()}},
+          {"strides", std::vector<int64_t>{p.stride, p.sw()}},
+          {"paddings", std::vector<int64_t>{p.pad, p.pw()}},
           {"exclusive", p.exclusive},
           {"global_pooling", p.global}};
 }
 
 std::vector<double> pool_reference(const PoolCfg& p, const Shape& s, const std::vector<float>& x) {
   const int64_t n = s[0], c = s[1], h = s[2], w = s[3];
-  const int64_t kh = p.global ? h : p.k, kw = p.global ? w : p.k, st = p.global ? 1 : p.stride,
-                pd = p.global ? 0 : p.pad;
-  const int64_t oh = (h + 2 * pd - kh) / st + 1, ow = (w + 2 * pd - kw) / st + 1;
+  const int64_t kh = p.global ? h : p.k, kw = p.global ? w : p.kw(), sh = p.global ? 1 : p.stride,
+                sw = p.global ? 1 : p.sw(), ph = p.global ? 0 : p.pad, pw = p.global ? 0 : p.pw();
+  const int64_t oh = (h + 2 * ph - kh) / sh + 1, ow = (w + 2 * pw - kw) / sw + 1;
   std::vector<double> out;
   for (int64_t nc = 0; nc < n * c; ++nc)
     for (int64_t y = 0; y < oh; ++y)
@@ -242,7 +266,7 @@ std::vector<double> pool_reference(const PoolCfg& p, const Shape& s, const std::
         int64_t count = 0;
         for (int64_t i = 0; i < kh; ++i)
           for (int64_t j = 0; j < kw; ++j) {
-            const int64_t iy = y * st - pd + i, ix = xx * st - pd + j;
+            const int64_t iy = y * sh - ph + i, ix = xx * sw - pw + j;
             if (iy < 0 || iy >= h || ix < 0 || ix >= w) continue;
             const double v = x[static_cast<size_t>((nc * h + iy) * w + ix)];
             best = std::max(best, v);
@@ -263,6 +287,9 @@ const PoolCfg kPoolCases[] = {
     {"avg", 2, 1, 0, true, false},   // overlapping windows
     {"avg", 0, 1, 0, true, true},    // global average (ResNet's head)
     {"max", 0, 1, 0, true, true},    // global max
+    // Windows, strides and paddings that differ between h and w.
+    {"avg", 3, 2, 1, false, false, 2, 1, 0},  // count_include_pad divides by kh kw
+    {"max", 2, 1, 0, true, false, 3, 2, 1},
 };
 
 }  // namespace
