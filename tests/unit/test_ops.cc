@@ -247,11 +247,14 @@ TEST_CASE("mean: closed form, output dtype, accuracy over many elements", "[ops]
 // ---- softmax ---------------------------------------------------------------------------
 
 TEST_CASE("softmax: closed form, rows sum to 1, large logits", "[ops][softmax]") {
-  OpCase c{"softmax", {{"X", t({2, 3}, {1, 2, 3, 1000, 1001, 1002})}}, {"Out"}};
+  // The max subtraction: 1000.. gives the same row, and so does -1000.., whose
+  // exponentials exp(x) all underflow to 0 in FP32 (a maximum started at 0
+  // instead of -inf would give 0 / 0).
+  OpCase c{"softmax", {{"X", t({3, 3}, {1, 2, 3, 1000, 1001, 1002, -1000, -999, -998})}}, {"Out"}};
   const double e1 = std::exp(-2.0), e2 = std::exp(-1.0), s = e1 + e2 + 1.0;
   const std::vector<double> row = {e1 / s, e2 / s, 1.0 / s};
-  std::vector<double> expect = row;
-  expect.insert(expect.end(), row.begin(), row.end());  // max subtraction: 1000.. gives the same row
+  std::vector<double> expect;
+  for (int r = 0; r < 3; ++r) expect.insert(expect.end(), row.begin(), row.end());
   expect_close(run_forward(c)["Out"].to_floats(), expect, kF32, "softmax f32");
 
   const Tensor x = uniform_tensor({4, 3, 7}, 5, -4.f, 4.f);
