@@ -70,7 +70,8 @@ TEST_CASE("lookup_table: rows of W by id, zeros for padding_idx, i64 and i32 ids
   const Tensor w = uniform_tensor({6, 4}, 1);
   const std::vector<int64_t> ids = {3, 0, 5, 3, 2, 1};  // [2, 3], a duplicate
   const std::vector<float> wv = w.to_floats();
-  for (int64_t padding : {int64_t{-1}, int64_t{3}}) {
+  // padding_idx 0 (the usual choice, a padding token of id 0) is a row like any other.
+  for (int64_t padding : {int64_t{-1}, int64_t{0}, int64_t{3}}) {
     for (bool i32 : {false, true}) {
       const Tensor idt = i32 ? i32_tensor({2, 3}, {3, 0, 5, 3, 2, 1}) : i64_tensor({2, 3}, ids);
       OpCase c{"lookup_table", {{"W", w}, {"Ids", idt}}, {"Out"}, {{"padding_idx", padding}}};
