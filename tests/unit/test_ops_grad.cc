@@ -4,6 +4,7 @@
 // op in FP32. Tolerances and their reasons are in gradcheck.h.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -89,6 +90,43 @@ TEST_CASE("grad: the bias gradient is accumulated in FP32", "[grad][elementwise]
     CHECK(r.grads[1].dtype() == DType::f16);
     CHECK(r.grads[1].item_float(0) == 4096.f);
   }
+}
+
+TEST_CASE("grad: broadcast gradients over rows longer than one CPU chunk", "[grad][elementwise]") {
+  // dY sums dOut (add) or dOut * X (mul) over the broadcast dims, in chunks of
+  // cpu::kChunk = 512 values of a [pre, n, post] row; each chunk must land on
+  // its own entries of Y. Rows of 1100 (a bias wider than a chunk, post = 1)
+  // and of 3 x 400 (a channel bias, post = 400) cross chunk boundaries. Values
+  // on a 1/8 grid in [-1, 1] make every product a multiple of 2^-6 and every
+  // partial sum (at most 800 terms) exact in FP32: the sums must equal the
+  // double ones exactly.
+  auto eighths = [](const Shape& s, uint64_t seed) {
+    std::vector<float> v = uniform_tensor(s, seed, -8.f, 9.f).to_floats();
+    for (float& x : v) x = std::floor(x) / 8.f;
+    return Tensor::from_floats(s, v);
+  };
+  struct Bc {
+    Shape x, y;
+    int64_t axis, pre, n, post;
+  };
+  for (const Bc& k : {Bc{{3, 1100}, {1100}, -1, 3, 1100, 1}, Bc{{2, 3, 400}, {3}, 1, 2, 3, 400}})
+    for (const char* type : {"elementwise_add", "elementwise_mul"}) {
+      const bool mul = std::string(type) == "elementwise_mul";
+      OpCase c{type, {{"X", eighths(k.x, 31)}, {"Y", eighths(k.y, 32)}}, {"Out"}, {{"axis", k.axis}}};
+      INFO(c.describe());
+      const Tensor r = eighths(k.x, 33);
+      auto b = build_case(c, DType::f32);
+      const RunResult res = run_case(*b, c.inputs, {{"Out", r}}, true);
+      const std::vector<float> x = c.inputs[0].value.to_floats(), rv = r.to_floats();
+      std::vector<double> dy(static_cast<size_t>(k.n), 0.0);
+      for (int64_t p = 0; p < k.pre; ++p)
+        for (int64_t j = 0; j < k.n; ++j)
+          for (int64_t q = 0; q < k.post; ++q) {
+            const size_t i = static_cast<size_t>((p * k.n + j) * k.post + q);
+            dy[static_cast<size_t>(j)] += static_cast<double>(rv[i]) * (mul ? x[i] : 1.0);
+          }
+      expect_close(res.grads[1].to_floats(), dy, {0, 0}, "Y@GRAD");
+    }
 }
 
 TEST_CASE("grad: mean", "[grad][mean]") {
