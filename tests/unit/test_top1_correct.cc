@@ -88,6 +88,24 @@ TEST_CASE("top1_correct: random rows with ties and specials count as a plain loo
     }
 }
 
+TEST_CASE("top1_correct: a maximum past the first CPU chunk counts at its own index", "[ops][top1]") {
+  // The CPU kernel scans a row in chunks of cpu::kChunk = 512 logits; the
+  // random rows above hold their maximum in the first chunk almost always. Here
+  // each row of 1500 holds a single 1 among zeros, at 513, 777, 1024 and 1499
+  // (a language model's vocabulary is usually far wider than 512), and a row
+  // whose 1 is at 700 also holds a 1 at 600: the first index wins.
+  const int64_t classes = 1500;
+  const std::vector<int64_t> at = {513, 777, 1024, 1499, 600};
+  std::vector<float> v(at.size() * classes, 0.f);
+  for (size_t r = 0; r < at.size(); ++r) v[r * classes + static_cast<size_t>(at[r])] = 1.f;
+  v[4 * classes + 700] = 1.f;
+  for (DType dt : kFloatTypes) {
+    INFO(dname(dt));
+    const Tensor logits = to_dtype(Tensor::from_floats({5, classes}, v), dt);
+    CHECK(count_correct(logits, labels({5}, at)) == 5);
+  }
+}
+
 TEST_CASE("top1_correct: mismatched inputs are named", "[ops][top1]") {
   const Tensor logits = Tensor::from_floats({2, 3}, {1, 2, 3, 4, 5, 6});
   CHECK_THROWS_WITH(count_correct(logits, labels({3}, {0, 1, 2})),
