@@ -282,3 +282,45 @@ TEST_CASE("ResNet: torchvision's state_dict names and shapes", "[resnet]") {
   CHECK(r34.program.var("layer3.5.conv2.weight").shape == Shape{256, 256, 3, 3});  // blocks 3, 4, 6, 3
   CHECK_FALSE(r34.program.has_var("layer3.6.conv1.weight"));
 }
+
+TEST_CASE("ResNet: torchvision's initialisation (kaiming-normal convs with fan_out)", "[resnet]") {
+  // torchvision's ResNet.__init__: nn.init.kaiming_normal_(mode="fan_out",
+  // nonlinearity="relu") for every conv, std = sqrt(2 / (out_channels kh kw));
+  // batch norm weight 1, bias 0; fc as nn.Linear's default, U(+-1/sqrt(in)).
+  // The parity tests load torch's initial state, so only this test sees ours.
+  models::Model m = models::build_resnet(models::resnet_preset("resnet50"), "resnet50");
+  int64_t convs = 0;
+  for (const std::string& name : m.program.parameters()) {
+    INFO(name);
+    const VarDesc& v = m.program.var(name);
+    if (v.shape.size() == 4) {
+      ++convs;
+      CHECK(v.init.kind == VarInit::Kind::normal);
+      CHECK(v.init.a == Approx(std::sqrt(2.0 / static_cast<double>(v.shape[0] * v.shape[2] * v.shape[3]))));
+    } else if (name.rfind("fc.", 0) == 0) {
+      CHECK(v.init.kind == VarInit::Kind::uniform);
+      CHECK(v.init.a == Approx(1.0 / std::sqrt(2048.0)));
+    } else if (name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0) {  // batch norm
+      CHECK((v.init.kind == VarInit::Kind::constant && v.init.a == 1.0));
+    } else {
+      CHECK(v.init.kind == VarInit::Kind::zeros);
+    }
+  }
+  CHECK(convs == 53);
+  // And the values drawn: layer3.0.conv1 of the small-input net, 64 x 32 x 3 x 3
+  // = 18432 draws, std sqrt(2 / 576). The sample std of n normal draws has a
+  // relative sd of 1/sqrt(2n) = 0.5%; 3% allows 6 of them (fan_in would give
+  // sqrt(2 / 288), 41% more).
+  models::Model small = models::build_resnet(models::resnet_preset("resnet-small"), "resnet-small");
+  Scope scope;
+  initialize_persistables(small.program, scope, 1);
+  const std::vector<float> w = scope.get("layer3.0.conv1.weight").to_floats();
+  REQUIRE(w.size() == 18432);
+  double s = 0, s2 = 0;
+  for (float x : w) {
+    s += x;
+    s2 += static_cast<double>(x) * x;
+  }
+  const double n = static_cast<double>(w.size()), mean = s / n;
+  CHECK(std::sqrt(s2 / n - mean * mean) == Approx(std::sqrt(2.0 / 576.0)).epsilon(0.03));
+}
