@@ -256,3 +256,29 @@ TEST_CASE("Transformer: nanoGPT's state_dict names and shapes", "[transformer]")
   CHECK(names.size() == 52);
   CHECK(tied_params == 875264 - 32768);  // 842,496: the output layer reuses wte
 }
+
+TEST_CASE("Transformer: nanoGPT's initialisation", "[transformer]") {
+  // nanoGPT's GPT._init_weights: every Linear and Embedding weight N(0, 0.02),
+  // then the two residual projections (attn.c_proj, mlp.c_proj) N(0, 0.02 /
+  // sqrt(2 n_layer)); biases 0, layer norm weights 1. The parity tests load
+  // torch's initial state, so only this test sees ours.
+  for (int64_t layers : {1, 4}) {
+    models::TransformerConfig c;
+    c.layers = layers;
+    const models::Model m = models::build_transformer(c);
+    for (const std::string& name : m.program.parameters()) {
+      INFO(name << " with " << layers << " layers");
+      const VarDesc& v = m.program.var(name);
+      const bool bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
+      if (bias) {
+        CHECK(v.init.kind == VarInit::Kind::zeros);
+      } else if (name.find(".ln_") != std::string::npos) {
+        CHECK((v.init.kind == VarInit::Kind::constant && v.init.a == 1.0));
+      } else {
+        CHECK(v.init.kind == VarInit::Kind::normal);
+        const bool residual = name.find("c_proj") != std::string::npos;
+        CHECK(v.init.a == Approx(residual ? 0.02 / std::sqrt(2.0 * static_cast<double>(layers)) : 0.02));
+      }
+    }
+  }
+}
