@@ -71,7 +71,10 @@ CASES = [
      lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9), {"momentum_buffer": "momentum_buffer"}),
     ("momentum+wd", ["--optimizer", "momentum", "--lr", "0.05", "--momentum", "0.8", "--weight-decay", "5e-4"],
      lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.8, weight_decay=5e-4), {"momentum_buffer": "momentum_buffer"}),
-    ("adamw", ["--optimizer", "adamw", "--lr", "0.001", "--weight-decay", "0.01"],
+    # No --weight-decay: adamw's default is torch.optim.AdamW's, 0.01 (it shrinks a
+    # parameter by lr * 0.01 = 1e-5 of itself a step, 5e-5 over the 5 steps, outside
+    # PARAM_TOL for the init's |p| ~ 0.1, so a default of 0 would fail).
+    ("adamw", ["--optimizer", "adamw", "--lr", "0.001"],
      lambda ps: torch.optim.AdamW(ps, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01),
      {"exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq"}),
     # The decay shrinks a parameter by lr * wd of itself a step: 1e-4 (AdamW) and
