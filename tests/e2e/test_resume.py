@@ -4,13 +4,16 @@ for AMP with momentum and for AdamW, on 1 rank and on 2 ranks, with an overflow
 before the split, and with every step overflowing (the skip counts); a run killed
 after a --save-every checkpoint and resumed from it equals the run that was
 never killed; a checkpoint without the scaler's state starts the scaler at its
-initial scale; the checkpoint's data position (epoch, batch) and a resumed run's
-metrics; a checkpoint at the last step resumes into no step; the killed run's
+initial scale; each of the scaler's five fields comes back as saved; the
+checkpoint's data position (epoch, batch, also at an epoch's end) and a resumed
+run's metrics; --save-every writes every Nth step's checkpoint, the last step's
+once; a checkpoint at the last step resumes into no step; the killed run's
 metrics lines are on disk; --resume refuses a run that would not continue the saved one
 (another seed, shuffle flag, training set size, batch size, rank count or
-optimizer); and a --save path that
+optimizer) or that also gives --init-from; and a --save path that
 cannot be written stops the run before training."""
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -69,7 +72,11 @@ def check_save_every(checks, tmp):
     common = SMALL + ["--precision", "amp", "--optimizer", "momentum", "--incr-every-n-steps", "4", "--steps", "300",
                       "--save-every", "5"]
     full, part, resumed = (os.path.join(tmp, n) for n in ("every_full.st", "every_part.st", "every_resumed.st"))
-    mixtest.mixtrain(common + ["--save", full]).expect_ok()
+    out = mixtest.mixtrain(common + ["--save", full]).expect_ok().out
+    # Every 5th step but the last, whose checkpoint is written once, after the summary.
+    saves = [int(n) for n in re.findall(r"saved checkpoint " + re.escape(full) + r" at step (\d+)", out)]
+    checks.check(saves == list(range(5, 301, 5)), "--save-every 5 over 300 steps: one checkpoint every 5 steps, "
+                                                  "the last step's once", f"steps {saves[:3]}...{saves[-3:]}")
     killed_metrics = os.path.join(tmp, "every_part.jsonl")
     out, killed = run_until_killed(common + ["--save", part, "--metrics", killed_metrics],
                                    "saved checkpoint " + part + " at step 5")
@@ -115,12 +122,38 @@ def check_position(checks, tmp):
     meta = mixtest.load_checkpoint(part)[1]
     checks.check(meta.get("epoch") == "0" and meta.get("batch_in_epoch") == "6",
                  "a checkpoint at step 6 is at epoch 0, batch 6", f"metadata {meta}")
+    # The epoch's last step ends it: step 32 of 32 an epoch is epoch 1's start.
+    at32 = os.path.join(tmp, "at32.st")
+    mixtest.mixtrain(common + ["--steps", "32", "--save", at32]).expect_ok()
+    meta = mixtest.load_checkpoint(at32)[1]
+    checks.check(meta.get("epoch") == "1" and meta.get("batch_in_epoch") == "0",
+                 "a checkpoint at step 32 (an epoch's end) is at epoch 1, batch 0", f"metadata {meta}")
     metrics = os.path.join(tmp, "r10.jsonl")
     mixtest.mixtrain(common + ["--steps", "10", "--resume", part, "--save", resumed, "--metrics", metrics]).expect_ok()
     m = mixtest.Metrics(metrics)
     checks.check([s["step"] for s in m.steps] == [7, 8, 9, 10] and m.summary["steps"] == 4,
                  "resumed at step 6 to 10: metrics lines for steps 7 to 10, and a summary of 4 steps",
                  f"steps {[s['step'] for s in m.steps]}, summary steps {m.summary.get('steps')}")
+
+
+def check_scaler_round_trip(checks, tmp):
+    """Each of the scaler's five fields comes back as saved: a checkpoint resumed at its
+    last step (no step trained) saves the same metadata. Its counters must differ from
+    one another for this to show a field read or written as another: at the minimum scale
+    of 1, an overflow at step 2 is skipped at the minimum, and the good steps 3 and 4 end
+    that run of skips (1 skipped, 0 in a row at the minimum, 2 good, 0 bad)."""
+    at_min = SMALL + ["--precision", "amp", "--init-loss-scaling", "1", "--min-loss-scaling", "1", "--steps", "4"]
+    saved, again = os.path.join(tmp, "round_trip.st"), os.path.join(tmp, "round_trip_again.st")
+    mixtest.mixtrain(at_min + ["--inject-overflow", "2", "--save", saved]).expect_ok()
+    meta = mixtest.load_checkpoint(saved)[1]
+    counters = {k: meta.get(k) for k in SCALER_METADATA}
+    checks.check(counters == {"loss_scale": "1", "scaler_good_steps": "2", "scaler_bad_steps": "0",
+                              "scaler_skipped_steps": "1", "scaler_consecutive_skips_at_min": "0", "step": "4"},
+                 "an overflow at the minimum scale, then 2 good steps: 1 skipped, 0 in a row, 2 good", f"{counters}")
+    mixtest.mixtrain(at_min + ["--resume", saved, "--save", again]).expect_ok()
+    bad, _, _ = differences(saved, again)
+    checks.check(not bad, "resumed at its last step, the checkpoint saves the same scaler state and tensors",
+                 f"differing: {bad}; resumed metadata {mixtest.load_checkpoint(again)[1]}")
 
 
 def check_refusals(checks, tmp):
@@ -151,6 +184,10 @@ def check_refusals(checks, tmp):
                      f"--resume with {' '.join(extra)} on {ranks} rank(s): exit 2, '{want}'", r.describe())
     r = mixtest.mixtrain(base + ["--steps", "6", "--seed", "7", "--resume", saved])
     checks.check(r.rc == 0, "... and with the saved run's settings it resumes", r.describe())
+    # --init-from would load its parameters over the resumed ones, or the resume over them.
+    r = mixtest.mixtrain(base + ["--steps", "6", "--seed", "7", "--resume", saved, "--init-from", saved])
+    checks.check(r.rc == 2 and "--resume and --init-from are exclusive" in r.out and "resumed from" not in r.out,
+                 "--resume with --init-from: exit 2, 'exclusive'", r.describe())
     # A step-0 checkpoint has no data position: any seed may start from it.
     init = os.path.join(tmp, "refuse_init.st")
     mixtest.mixtrain(base + ["--steps", "0", "--seed", "7", "--save", init]).expect_ok()
@@ -174,6 +211,7 @@ def main():
     tmp = mixtest.workdir("resume")
     check_save_every(checks, tmp)
     check_position(checks, tmp)
+    check_scaler_round_trip(checks, tmp)
     check_refusals(checks, tmp)
     for ranks in (1, 2):
         for opt in (["--optimizer", "momentum"], ["--optimizer", "adamw", "--lr", "0.002"]):
