@@ -9,13 +9,16 @@ whole job (main() calls Communicator::abort). Each case is one short run with a
 timeout; a case that hangs fails with "timed out" instead of hanging the test.
 
 Cases: unknown flag, --precision fp8, --batch-size 0 (exit 2, and no 300-digit
-range in the message), --lr inf and 1e39 (inf in FP32), --momentum nan, a zero
+range in the message), --lr inf and 1e39 (inf in FP32), --momentum nan, range
+ends (--momentum, --decr-ratio, --incr-ratio, --dropout, --vocab), a zero
 in --hidden, --seed -1, a --loss-scaling-preset with static scaling, --min-loss-scaling above the preset's initial scale, overlapping
 AMP lists (names the op), a white list that makes the loss FP16, --grad-reduce fp16 in FP32, malformed
 --inject-overflow, AMP lists naming an op mixtrain lacks (and warnings for one the
 model's forward program lacks, or any in FP32), flags of another
-model, optimizer or data set (--dropout on the MLP, --hidden on a ResNet,
---momentum with sgd, --synthetic-size with Fashion-MNIST; loss-scaler flags
+model, optimizer or data set (each Transformer flag on the MLP, --hidden on a
+ResNet, on --model linear and on the Transformer, --momentum with sgd and adamw,
+each --synthetic-* flag with Fashion-MNIST, --synthetic-features and
+--synthetic-classes on the Transformer; loss-scaler flags
 that do nothing only warn), and (exit 2 too,
 though only the model or the job can tell) --inject-overflow naming an unknown
 parameter, a rank beyond the job or a step the run never trains; missing dataset dir,
@@ -25,13 +28,13 @@ missing --init-from; ResNet flags (--width, --data-format) on the MLP, an
 unknown --data-format, --image-size with a data set, --blocks 2,0, a ResNet on
 non-square data or on images too small for it, batch_norm over a single value
 per channel; damaged checkpoints (a NaN or inf parameter for --init-from and --resume,
-NaN in AdamW's state, while inf there, which a healthy run can reach, loads; a non-numeric step and a negative loss scale in the metadata, overlapping
+NaN in AdamW's state, while inf there, which a healthy run can reach, loads; a non-numeric step ("abc", "6x") and a negative loss scale in the metadata, overlapping
 tensor data) and --resume of a checkpoint already past --steps; MPMD jobs whose
 ranks differ in --model (both orders), the scaler flags, --bucket-mb,
 --synthetic-size, the size of their --data-file, --resume, --benchmark, --save,
 --eval or --print-program on one rank only (each a collective the other rank
 would wait in forever), and a dead rank (a missing --data-file on rank 1, then
-on rank 0); an AMP run whose loss scale is stuck at the minimum (the checkpoint
+on rank 0); an FP32 run whose loss is inf; an AMP run whose loss scale is stuck at the minimum (the checkpoint
 already at --save survives), and one whose static scale overflows every step.
 """
 import json
@@ -63,6 +66,8 @@ def main():
     d = mt.workdir("bad_input")
     small = [*mt.synthetic(size=256, features=16, classes=4, hidden=(8,)), "--batch-size", 8, "--steps", 3,
              "--eval", "false"]
+    lm = ["--model", "transformer", "--layers", 1, "--d-model", 16, "--heads", 2, "--context", 8, "--vocab", 32,
+          "--data", "synthetic", "--batch-size", 4, "--steps", 1, "--eval", "false"]
 
     def expect(args, what, rc=None, names=(), np=1, timeout=30, mpmd=None, absent=()):
         """Runs one case; checks the status (rc; None: any non-zero; "ends": no hang) and that
@@ -113,15 +118,28 @@ def main():
     expect([*small[:-4], "--steps", 0, "--save", d / "never.st", "--inject-overflow", "1"],
            "--inject-overflow with --steps 0", rc=2, names=["--inject-overflow 1", "--steps 0"])
     # Flags of another model, optimizer or data set: silently ignored before.
-    expect([*small, "--dropout", "0.5"], "--dropout on the MLP", rc=2, names=["--dropout", "--model transformer"])
+    # Each of the Transformer's flags, not only --dropout.
+    for flag, value in (("--layers", 2), ("--d-model", 32), ("--heads", 2), ("--context", 16), ("--vocab", 300),
+                        ("--tie-weights", None), ("--dropout", "0.5")):
+        expect([*small, flag, *([] if value is None else [value])], f"{flag} on the MLP", rc=2,
+               names=[flag, "--model transformer"])
     expect([*small, "--model", "resnet-small", "--data", "synthetic"], "--hidden on a ResNet", rc=2,
            names=["--hidden", "--model resnet-small"])
+    expect([*small, "--model", "linear"], "--hidden on --model linear", rc=2, names=["--hidden", "--model linear"])
+    expect([*lm, "--hidden", 8], "--hidden on the Transformer", rc=2, names=["--hidden", "--model transformer"])
     expect([*small, "--optimizer", "sgd", "--momentum", "0.9"], "--momentum with --optimizer sgd", rc=2,
            names=["--momentum", "--optimizer momentum"])
-    expect(["--hidden", 8, "--steps", 1, "--synthetic-size", 64], "--synthetic-size with Fashion-MNIST", rc=2,
-           names=["--synthetic-size", "--data synthetic"])
+    expect([*small, "--optimizer", "adamw", "--momentum", "0.9"], "--momentum with --optimizer adamw", rc=2,
+           names=["--momentum", "--optimizer adamw", "betas"])
+    for flag in ("--synthetic-size", "--synthetic-features", "--synthetic-classes"):
+        expect(["--hidden", 8, "--steps", 1, flag, 64], f"{flag} with Fashion-MNIST", rc=2,
+               names=[flag, "--data synthetic"])
     expect(["--model", "resnet-small", "--data", "synthetic", "--synthetic-features", 99, "--steps", 1],
            "--synthetic-features on a ResNet", rc=2, names=["--synthetic-features", "--image-size"])
+    expect([*lm, "--synthetic-features", 8], "--synthetic-features on the Transformer", rc=2,
+           names=["--synthetic-features", "tokens (--context)"])
+    expect([*lm, "--synthetic-classes", 8], "--synthetic-classes on the Transformer", rc=2,
+           names=["--synthetic-classes", "--vocab"])
     # Scaler flags under FP32 only warn: scripts give an AMP and an FP32 run the same flags.
     expect([*small, "--precision", "fp32", "--init-loss-scaling", 8, "--incr-ratio", 3],
                "loss-scaler flags in FP32 training", rc=0,
@@ -156,8 +174,15 @@ def main():
     expect([*small, "--lr", "1e39"], "--lr 1e39", rc=2, names=["--lr", "FP32"])
     expect([*small, "--momentum", "nan"], "--momentum nan", rc=2, names=["--momentum", "'nan'"])
     # A range's ends belong to it: momentum 1 and decr-ratio 1 are allowed, just past them is not.
-    c.ok_run(mt.mixtrain([*small, "--momentum", 1, "--decr-ratio", 1]), "--momentum 1 --decr-ratio 1 (range ends)")
+    c.ok_run(mt.mixtrain([*small, "--momentum", 1, "--decr-ratio", 1, "--incr-ratio", 1]),
+             "--momentum 1 --decr-ratio 1 --incr-ratio 1 (range ends)")
     expect([*small, "--momentum", "1.0001"], "--momentum past its range", rc=2, names=["--momentum", "1.0001"])
+    # An --incr-ratio below 1 would shrink the scale after good steps; a --dropout of 1 drops
+    # everything (and scales by 1/0); a vocabulary of one token predicts nothing.
+    expect([*small, "--incr-ratio", "0.99"], "--incr-ratio below 1", rc=2, names=["--incr-ratio", "0.99"])
+    c.ok_run(mt.mixtrain([*lm, "--dropout", "0.99", "--vocab", 2]), "--dropout 0.99 --vocab 2 (range ends)")
+    expect([*lm, "--dropout", "1"], "--dropout 1", rc=2, names=["--dropout", "0.99"])
+    expect([*lm, "--vocab", "1"], "--vocab 1", rc=2, names=["--vocab"])
     expect([*small, "--hidden", "8,0"], "--hidden 8,0", rc=2, names=["--hidden", "'0'"])
     # CLI11 read "-1" into the unsigned seed as 2^64 - 1, silently.
     expect([*small, "--seed", "-1"], "--seed -1", rc=2, names=["--seed", "'-1'"])
@@ -251,8 +276,9 @@ def main():
             for flag in ("--init-from", "--resume"):
                 expect([*small[:-4], "--steps", 12, "--eval", "false", flag, bad_param], f"{text} parameter, {flag}",
                        names=[str(bad_param), "parameter 'fc1.weight'", text, "element 5"])
-        for key, value in (("step", "abc"), ("loss_scale", "-5")):
-            bad_meta = d / f"bad_{key}.safetensors"
+        # "6x" too: a number with something after it is not one (std::stoll alone reads 6).
+        for i, (key, value) in enumerate((("step", "abc"), ("step", "6x"), ("loss_scale", "-5"))):
+            bad_meta = d / f"bad_{key}_{i}.safetensors"
             mt.safetensors_io.save(bad_meta, tensors, metadata={**meta, key: value})
             expect([*small[:-4], "--steps", 12, "--eval", "false", "--resume", bad_meta], f"--resume with {key} '{value}'",
                    names=[str(bad_meta), f"'{key}'", f"'{value}'"])
@@ -288,6 +314,15 @@ def main():
                 c.ok_run(mt.mixtrain([*adamw, "--steps", 12, "--resume", path]), f"inf in {state}: resumes")
 
     # ---- training that cannot go on ---------------------------------------------------------------
+    # FP32 has no scaler to skip a step: a non-finite loss stops the run, inf as well as NaN (logits
+    # 3e38 and -3e38 give a loss of inf with finite gradients, softmax minus one-hot, which would
+    # train on silently).
+    inf_init = d / "inf_logits.safetensors"
+    mt.safetensors_io.save(inf_init, {"fc1.weight": np.zeros((4, 16), np.float32),
+                                      "fc1.bias": np.array([3e38, -3e38, -3e38, -3e38], np.float32)})
+    expect(["--model", "linear", "--data-file", good, "--precision", "fp32", "--batch-size", 8, "--steps", 3,
+            "--eval", "false", "--init-from", inf_init], "FP32 loss of inf", rc=1,
+           names=["step 1: the loss is inf in FP32 training", "lower --lr"])
     # A loss scale pinned at 1e30 overflows every FP16 gradient: after 100 skipped steps at the
     # minimum the run stops with the scaler's advice, and the checkpoint already at --save survives.
     saved = d / "saved.safetensors"
