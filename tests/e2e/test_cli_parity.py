@@ -14,7 +14,9 @@ the examples in order 0..N-1 in batches of 32, and N = 150 makes the 5th batch a
 partial one of 22 (its loss is the mean over 22). The test compares the saved
 parameters, the optimizer state mixtrain saves (`optimizer.momentum_buffer.<p>`,
 `optimizer.exp_avg.<p>`, `optimizer.exp_avg_sq.<p>`, `optimizer.step`) with torch's
-optimizer state, and the per-step losses of the metrics file with torch's.
+optimizer state, and the per-step losses of the metrics file with torch's. One
+case adds --warmup-steps 3, torch's LambdaLR with the same factors: the rate each
+step trains at, and the `lr` each metrics line reports, must be torch's.
 
 Tolerances (FP32 on both sides, different summation orders; see
 tests/unit/test_mlp_parity.cc for the derivation, measured errors are ~1e-8):
@@ -85,6 +87,13 @@ CASES = [
      {"exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq"}),
     ("momentum+no-decay-1d", ["--optimizer", "momentum", "--lr", "0.05", "--weight-decay", "0.05", "--no-decay-1d"],
      lambda ps: torch.optim.SGD(decay_groups(ps, 0.05), lr=0.05, momentum=0.9), {"momentum_buffer": "momentum_buffer"}),
+    # An optional fifth entry: torch's LambdaLR factor of step k (0-based). DESIGN's warm-up
+    # goes linearly from lr/W to lr over W steps: step k trains at lr * (k + 1) / W, so the
+    # steps' rates here are lr/3, 2lr/3, lr, lr, lr; a rate one step ahead or behind moves
+    # every parameter by a third of an update or more.
+    ("momentum+warmup", ["--optimizer", "momentum", "--lr", "0.05", "--warmup-steps", "3"],
+     lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9), {"momentum_buffer": "momentum_buffer"},
+     lambda k: min(1.0, (k + 1) / 3)),
 ]
 
 PARAM_TOL = (1e-6, 0.0, 1e-5)  # (abs, times max|want|, rel)
@@ -104,11 +113,14 @@ def batches():
         yield np.arange(begin, min(begin + BATCH, N))
 
 
-def torch_run(init, x, y, make_opt):
-    """STEPS steps in torch; returns (state_dict, optimizer state by param name, losses, ambiguous-sign masks)."""
+def torch_run(init, x, y, make_opt, lr_lambda=None):
+    """STEPS steps in torch; returns (state_dict, optimizer state by param name, losses, ambiguous-sign masks,
+    each step's learning rate)."""
     model = Mlp((FEATURES, *HIDDEN, CLASSES))
     model.load_state_dict({k: torch.from_numpy(v) for k, v in init.items()})
     opt = make_opt(model.parameters())
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda) if lr_lambda else None
+    lrs = []
     names = {id(p): n for n, p in model.named_parameters()}
     losses = []
     ambiguous = {n: np.zeros(p.shape, bool) for n, p in model.named_parameters()}
@@ -120,12 +132,15 @@ def torch_run(init, x, y, make_opt):
         for n, p in model.named_parameters():
             g = p.grad.detach().numpy()
             ambiguous[n] |= (g != 0) & (np.abs(g) <= GRAD_SIGN_TOL * np.abs(g).max())
+        lrs.append(opt.param_groups[0]["lr"])
         opt.step()
+        if sched:
+            sched.step()
     state = {}
     for p, s in opt.state.items():
         state[names[id(p)]] = {k: (v.detach().numpy().copy() if torch.is_tensor(v) else v) for k, v in s.items()}
     params = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
-    return params, state, losses, ambiguous
+    return params, state, losses, ambiguous, lrs
 
 
 def compare(what, got, want, tol, failures, allow=None, allow_diff=0.0, report=None):
@@ -183,7 +198,7 @@ def main():
         data_file, init_file = os.path.join(d, "data.safetensors"), os.path.join(d, "init.safetensors")
         safetensors_io.save(data_file, {"inputs": x, "labels": y})
         safetensors_io.save(init_file, init)
-        for name, flags, make_opt, slots in CASES:
+        for name, flags, make_opt, slots, *lr_lambda in CASES:
             out, metrics = os.path.join(d, f"{name}.safetensors"), os.path.join(d, f"{name}.jsonl")
             cmd = [str(mixtrain), "--precision", "fp32", "--data", "safetensors", "--data-file", data_file,
                    "--init-from", init_file, "--shuffle", "false", "--steps", str(STEPS), "--batch-size", str(BATCH),
@@ -199,9 +214,13 @@ def main():
             with open(metrics) as f:
                 lines = [json.loads(l) for l in f if l.strip()]
             our_losses = [l["loss"] for l in lines if "loss" in l and not l.get("summary")]
+            our_lrs = [l["lr"] for l in lines if "loss" in l and not l.get("summary")]
 
-            want_params, want_state, want_losses, ambiguous = torch_run(init, x, y, make_opt)
+            want_params, want_state, want_losses, ambiguous, want_lrs = torch_run(init, x, y, make_opt, *lr_lambda)
             failures, report = [], []
+            # Both in double: (k + 1) / 3 * lr here, lr * (k + 1) / 3 there, an ulp apart at most.
+            if len(our_lrs) != STEPS or any(abs(a - b) > 1e-12 * b for a, b in zip(our_lrs, want_lrs)):
+                failures.append(f"the metrics' learning rates {our_lrs} are not torch's {want_lrs}")
             for p, want in want_params.items():
                 if p not in saved:
                     failures.append(f"the checkpoint has no parameter '{p}' (it has {sorted(saved)})")
