@@ -4,7 +4,8 @@
 One AMP run of the MLP with 2 warm-up steps and 4 timed ones:
   1. the summary's step_ms is the mean step_ms of the 4 timed step lines (the
      warm-up left out), its samples_per_s the mean of their samples_per_s,
-     and samples_per_s_overall is their examples over their summed time;
+     and samples_per_s_overall is their examples over their summed time; an
+     overflow injected in the warm-up still counts in skipped_steps;
   2. host_queue_ms, the host's time to queue a step, is positive and no more
      than the step time (on the CPU the kernels run as they are queued, so it
      is nearly all of it; on a GPU it tells a host-bound step from a GPU-bound
@@ -12,7 +13,8 @@ One AMP run of the MLP with 2 warm-up steps and 4 timed ones:
   3. the printed benchmark line carries the same samples/s, names the 4 timed
      steps, and the GPU-only host-queue line is absent on the CPU;
   4. a ResNet prints images/s, and a Transformer tokens/s: its summary's
-     tokens_per_s_overall is samples_per_s_overall times the context;
+     tokens_per_s_overall is samples_per_s_overall times the context, and
+     tokens_per_s samples_per_s times the context;
   5. peak_bytes on the CPU is training's: the same model and batch give the
      same peak on Fashion-MNIST (60,000 + 10,000 images held all run, 220 MB)
      as on 64 synthetic examples of its shape.
@@ -29,15 +31,18 @@ def main():
     c = mt.Checks("benchmark_summary")
     d = mt.workdir("benchmark_summary")
     met = d / "bench.jsonl"
+    # An overflow in the warm-up: untimed, but skipped all the same.
     r = mt.mixtrain(["--data", "synthetic", "--synthetic-size", 512, "--synthetic-features", 32, "--hidden", 16,
                      "--precision", "amp", "--batch-size", BATCH, "--benchmark", "--benchmark-warmup", WARMUP,
-                     "--steps", TIMED, "--metrics", met])
+                     "--steps", TIMED, "--inject-overflow", 1, "--metrics", met])
     if not c.ok_run(r, "an AMP MLP run with --benchmark"):
         return c.finish()
     m = mt.Metrics(met)
     s = m.summary
     c.check(len(m.steps) == WARMUP + TIMED and s["steps"] == WARMUP + TIMED,
             "the run has the warm-up steps and then the timed ones", f"{len(m.steps)} step lines")
+    c.check(m.step(1)["skipped"] and s["skipped_steps"] == 1,
+            "the warm-up's skipped step counts in skipped_steps (timed or not)", f"{s['skipped_steps']}")
     timed = [m.step(n)["step_ms"] for n in range(WARMUP + 1, WARMUP + TIMED + 1)]
     mean_ms = sum(timed) / len(timed)
     c.check(abs(s["step_ms"] - mean_ms) <= 1e-9 * mean_ms,
@@ -79,6 +84,9 @@ def main():
         c.check(abs(s["tokens_per_s_overall"] - context * s["samples_per_s_overall"])
                 <= 1e-9 * s["tokens_per_s_overall"], "tokens_per_s_overall = context x samples_per_s_overall",
                 f"{s['tokens_per_s_overall']} vs {context} x {s['samples_per_s_overall']}")
+        # The mean of the steps' rates, as samples_per_s is (not the throughput, which differs).
+        c.check(abs(s["tokens_per_s"] - context * s["samples_per_s"]) <= 1e-9 * s["tokens_per_s"],
+                "tokens_per_s = context x samples_per_s", f"{s['tokens_per_s']} vs {context} x {s['samples_per_s']}")
         c.check(bool(line) and abs(float(line.group(1)) - s["tokens_per_s_overall"])
                 <= 1e-4 * s["tokens_per_s_overall"], "the Transformer's benchmark line prints its tokens/s",
                 line.group(0) if line else r.out[-300:])
