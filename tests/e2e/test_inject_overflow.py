@@ -19,7 +19,8 @@ bad == decr_every_n_nan_or_inf (Paddle's default 2), then bad=0. So:
 For 2 ranks (inject on rank 1) and 4 ranks (inject on rank 3), checks:
   1. step 5's metrics line has found_inf and skipped true, no other step does,
      the summary counts 1 skipped step, and the job ends within its timeout;
-  2. the scale and the checkpointed counters follow the semantics above;
+  2. the scale, the summary's final_loss_scale and the checkpointed counters
+     follow the semantics above;
   3. --steps 5 with the injection at 5 and --steps 4 without it save
      bit-identical parameters AND optimizer state (momentum buffers, step):
      the skipped step touched nothing; the same with STEP:RANK:fc1.weight.
@@ -88,6 +89,10 @@ def main():
             want = [INIT_SCALE] * 4 + [INIT_SCALE * DECR] * 4
             c.check(scales == want, f"{tag}: scale 32768 for steps 1-4, 32768*0.8 = {INIT_SCALE * DECR} from step 5",
                     f"{[float(x) for x in scales]}")
+            final = m.summary and m.summary.get("final_loss_scale")
+            c.check(final is not None and np.float32(final) == INIT_SCALE * DECR,
+                    f"{tag}: the summary's final_loss_scale is the scale after the drop, {INIT_SCALE * DECR}",
+                    f"{final}")
             flags = [s["step"] for s in m.steps if s["found_inf"] or s["skipped"]]
             c.check(flags == [5], f"{tag}: only step 5 skipped in 8 steps", f"{flags}")
             c.check("step 5: gradients overflowed" in r.out, f"{tag}: rank 0 warns about step 5")
