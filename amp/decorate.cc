@@ -203,12 +203,18 @@ std::unique_ptr<optim::Optimizer> decorate(std::unique_ptr<optim::Optimizer> inn
 
 namespace {
 
-// The one element of a scaler variable, on the host.
-Tensor scaler_value(const Scope& scope, const char* name, DType dtype) {
-  Tensor t = scope.get(name).to(cpu_device());
+// A scaler variable, checked to be the one element of `dtype` declare_scaler_state made.
+template <typename ScopeT>
+auto& scaler_var(ScopeT& scope, const char* name, DType dtype) {
+  auto& t = scope.get(name);
   MIX_CHECK(t.numel() == 1 && t.dtype() == dtype,
             "loss scaler variable '" << name << "' must be one " << dtype_name(dtype));
   return t;
+}
+
+// The one element of a scaler variable, on the host.
+Tensor scaler_value(const Scope& scope, const char* name, DType dtype) {
+  return scaler_var(scope, name, dtype).to(cpu_device());
 }
 
 // Sets the one element of a scaler variable, on the host or a device.
@@ -216,10 +222,7 @@ template <typename T>
 void set_scaler_value(Scope& scope, const char* name, DType dtype, T value) {
   Tensor host = Tensor::empty({1}, dtype);
   host.data<T>()[0] = value;
-  Tensor& t = scope.get(name);
-  MIX_CHECK(t.numel() == 1 && t.dtype() == dtype,
-            "loss scaler variable '" << name << "' must be one " << dtype_name(dtype));
-  t.copy_from(host);
+  scaler_var(scope, name, dtype).copy_from(host);
 }
 
 }  // namespace

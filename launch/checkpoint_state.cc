@@ -37,6 +37,13 @@ float metadata_loss_scale(const std::string& path, const io::Metadata& meta) {
                        << "', not a finite number above 0; the checkpoint is corrupt or was not written by mixtrain");
 }
 
+// The scaler's counters in a checkpoint's metadata: written and read back by one table.
+constexpr std::pair<const char*, int64_t amp::LossScalerState::*> kScalerCounts[] = {
+    {"scaler_good_steps", &amp::LossScalerState::good_steps},
+    {"scaler_bad_steps", &amp::LossScalerState::bad_steps},
+    {"scaler_skipped_steps", &amp::LossScalerState::skipped_steps},
+    {"scaler_consecutive_skips_at_min", &amp::LossScalerState::consecutive_skips_at_min}};
+
 // How a user gives resume setting `key` = `value`, for messages.
 std::string setting_text(const std::string& key, const std::string& value) {
   if (key == "world_size") return value + " rank(s)";
@@ -96,10 +103,7 @@ io::Metadata checkpoint_metadata(const TrainConfig& c, int world, int64_t traini
   if (amp) {
     const amp::LossScalerState s = amp::read_scaler_state(scope);
     meta["loss_scale"] = loss_scale_text(s.scale);
-    meta["scaler_good_steps"] = std::to_string(s.good_steps);
-    meta["scaler_bad_steps"] = std::to_string(s.bad_steps);
-    meta["scaler_skipped_steps"] = std::to_string(s.skipped_steps);
-    meta["scaler_consecutive_skips_at_min"] = std::to_string(s.consecutive_skips_at_min);
+    for (const auto& [key, count] : kScalerCounts) meta[key] = std::to_string(s.*count);
   }
   return meta;
 }
@@ -116,10 +120,7 @@ int64_t resume_from_checkpoint(const TrainConfig& c, const Program& program, Sco
     const bool has_scaler = meta.count("loss_scale") > 0;
     amp::LossScalerState s;
     s.scale = has_scaler ? metadata_loss_scale(c.resume, meta) : c.loss_scaler_config().init_loss_scaling;
-    s.good_steps = metadata_count(c.resume, meta, "scaler_good_steps");
-    s.bad_steps = metadata_count(c.resume, meta, "scaler_bad_steps");
-    s.skipped_steps = metadata_count(c.resume, meta, "scaler_skipped_steps");
-    s.consecutive_skips_at_min = metadata_count(c.resume, meta, "scaler_consecutive_skips_at_min");
+    for (const auto& [key, count] : kScalerCounts) s.*count = metadata_count(c.resume, meta, key);
     amp::write_scaler_state(scope, s);
     if (log && !has_scaler)
       spdlog::info(
