@@ -54,7 +54,7 @@ struct TrainConfig {
   bool allow_tf32 = false;
   bool cudnn_bn_persistent = false;  // training batch_norm on cuDNN's persistent kernels
   bool cudnn_benchmark = false;      // time cuDNN's convolution algorithms once per shape
-  bool cudnn_graph_conv = false;     // convolutions on cuDNN's graph API with cached plans
+  bool cudnn_graph_conv = true;  // convolutions on cuDNN's graph API with cached plans (off under --cudnn-benchmark)
   bool cublas_1x1_conv = false;      // pointwise channels-last convolutions as cuBLAS GEMMs (runtime/ops/conv_gemm.h)
   bool cuda_graph = false;           // GPU training steps recorded once and replayed (runtime/step_graph.h)
   std::string precision = "amp";

@@ -19,7 +19,8 @@ struct DeviceOptions {
   bool allow_tf32 = false;             // FP32 GEMMs and convolutions may use TF32 tensor cores (--allow-tf32)
   bool batch_norm_persistent = false;  // training batch_norm on cuDNN's persistent kernels (--cudnn-bn-persistent)
   bool cudnn_benchmark = false;        // time cuDNN's convolution algorithms once per shape (--cudnn-benchmark)
-  bool cudnn_graph_conv = false;       // convolutions on cuDNN's graph API, plans cached (--cudnn-graph-conv)
+  bool cudnn_graph_conv = false;       // convolutions on cuDNN's graph API, plans cached (mixtrain: on unless
+                                       // --no-cudnn-graph-conv or --cudnn-benchmark)
   bool cublas_1x1_conv = false;        // pointwise channels-last convolutions as cuBLAS GEMMs (--cublas-1x1-conv)
 };
 

@@ -3,8 +3,9 @@
 # runs every [cuda] test (each CUDA kernel against its CPU twin, the 1-GPU NCCL
 # communicator), trains the MLP for a few hundred steps, ResNet-50 (cuDNN) and
 # a Transformer-base-sized language model for a few dozen in FP32 and in AMP on
-# the GPU (TF32 off), ResNet-50 again with each of the flags that cut the
-# host's time a step (--cudnn-graph-conv, --cuda-graph and its end-to-end
+# the GPU (TF32 off; convolutions on cuDNN's graph API, the default), ResNet-50
+# again on the legacy cuDNN calls (--no-cudnn-graph-conv) and with each flag
+# that cuts the host's time a step further (--cuda-graph and its end-to-end
 # test, --cublas-1x1-conv), times resnet-small AMP steps with and without
 # overlapped gradient all-reduces, checks that an AMP run with a stuck loss scale stops,
 # runs the kernel tests under compute-sanitizer's memcheck in the time left,
@@ -183,9 +184,9 @@ print(s[-1].get(sys.argv[2], 'n/a') if s else 'n/a')" "$1" "$2" 2>/dev/null || e
 # runtime/fuse_bn_relu.h, the defaults) is worth; then every batch norm on
 # cuDNN's persistent kernels instead of mixtrain's (--cudnn-bn-persistent
 # --no-fuse-bn-relu, against the row before), and timed convolution
-# algorithms (--cudnn-benchmark), both off by default. Batch 256 in both
-# precisions shows the GPU's pace where batch 64 leaves the host setting it,
-# and AMP once more with --cudnn-graph-conv there.
+# algorithms (--cudnn-benchmark, on the legacy calls), both off by default.
+# Batch 256 in both precisions shows the GPU's pace where batch 64 leaves the
+# host setting it, and AMP once more on the legacy calls there.
 train_resnet50() {  # precision, log name, extra flags...
   local precision="$1" name="$2"; shift 2
   limit 180 "$build/mixtrain" --device cuda --precision "$precision" --model resnet50 --data synthetic \
@@ -253,11 +254,12 @@ echo "gpu_check: ResNet-50 and the Transformer first, FP32 and AMP in their defa
 echo "gpu_check: then the variants (other layouts, cuDNN options), the op profiles and the overlap (logs: $out/*.log)"
 train_resnet50 fp32 resnet50_fp32 --data-format nchw; r50_fp32_rc=$?
 train_resnet50 amp resnet50_amp --data-format nhwc; r50_amp_rc=$?
-# The same two ResNet-50 runs with each convolution on cuDNN's graph API, its
-# plan built once per shape (--cudnn-graph-conv): the legacy calls cost the
-# host about 270 us each on an H200, which set the pace at batch 64.
-train_resnet50 fp32 resnet50_fp32_graph --data-format nchw --cudnn-graph-conv; r50_fp32_graph_rc=$?
-train_resnet50 amp resnet50_amp_graph --data-format nhwc --cudnn-graph-conv; r50_amp_graph_rc=$?
+# The same two ResNet-50 runs with each convolution on the legacy cuDNN calls
+# (--no-cudnn-graph-conv) instead of the graph API's plans, built once per
+# shape: the legacy calls cost the host about 270 us each on an H200, which
+# set the pace at batch 64 (1616 AMP images/s against 4708, 2026-12-05).
+train_resnet50 fp32 resnet50_fp32_legacy --data-format nchw --no-cudnn-graph-conv; r50_fp32_legacy_rc=$?
+train_resnet50 amp resnet50_amp_legacy --data-format nhwc --no-cudnn-graph-conv; r50_amp_legacy_rc=$?
 # And with each step recorded once as a CUDA graph and replayed (--cuda-graph,
 # runtime/step_graph.h): one launch a step instead of one call per kernel,
 # cuDNN's included. Then the flag's end-to-end check on the GPU: a resnet-small
@@ -265,17 +267,19 @@ train_resnet50 amp resnet50_amp_graph --data-format nhwc --cudnn-graph-conv; r50
 # run's losses, loss scales and evaluations exactly.
 train_resnet50 fp32 resnet50_fp32_cudagraph --data-format nchw --cuda-graph; r50_fp32_cg_rc=$?
 train_resnet50 amp resnet50_amp_cudagraph --data-format nhwc --cuda-graph; r50_amp_cg_rc=$?
-# Both: should cuDNN's legacy calls refuse to be recorded, its graph API may not.
-train_resnet50 amp resnet50_amp_cudagraph_gc --data-format nhwc --cuda-graph --cudnn-graph-conv; r50_amp_cg_gc_rc=$?
+# And recording the legacy cuDNN calls instead of the graph API's plans.
+train_resnet50 amp resnet50_amp_cudagraph_legacy --data-format nhwc --cuda-graph --no-cudnn-graph-conv
+r50_amp_cg_legacy_rc=$?
 # And each pointwise convolution (1x1: 36 of ResNet-50's 53, 3 of them strided
 # shortcuts) as one cuBLAS GEMM a pass (plus a copy of the pixels a strided
 # one samples) instead of a cuDNN call (--cublas-1x1-conv, channels last
-# only, so in NHWC in both precisions); AMP once more with the other 17 on
-# cuDNN's graph API. No recording: the host still queues every kernel.
+# only, so in NHWC in both precisions; the other 17 on the graph API); AMP once
+# more with the other 17 on the legacy calls. No recording: the host still
+# queues every kernel.
 train_resnet50 fp32 resnet50_fp32_gemm1x1 --data-format nhwc --cublas-1x1-conv; r50_fp32_g11_rc=$?
 train_resnet50 amp resnet50_amp_gemm1x1 --data-format nhwc --cublas-1x1-conv; r50_amp_g11_rc=$?
-train_resnet50 amp resnet50_amp_gemm1x1_gc --data-format nhwc --cublas-1x1-conv --cudnn-graph-conv
-r50_amp_g11_gc_rc=$?
+train_resnet50 amp resnet50_amp_gemm1x1_legacy --data-format nhwc --cublas-1x1-conv --no-cudnn-graph-conv
+r50_amp_g11_legacy_rc=$?
 echo "gpu_check: [cuda] test_cuda_conv_ops, every case in each mode (log: $out/cuda_tests.log)"
 (cd "$build" && limit 300 ctest -L cuda -R test_cuda_conv_ops --no-tests=error --output-on-failure \
   --timeout 300) >>"$out/cuda_tests.log" 2>&1
@@ -321,15 +325,15 @@ train_resnet50 amp resnet50_amp_nchw --data-format nchw; r50_nchw_rc=$?
 train_resnet50 amp resnet50_amp_nofuse --data-format nhwc --no-fuse-add-relu; r50_nofuse_rc=$?
 train_resnet50 amp resnet50_amp_nobnfuse --data-format nhwc --no-fuse-bn-relu; r50_nobnfuse_rc=$?
 train_resnet50 amp resnet50_amp_bnp --data-format nhwc --cudnn-bn-persistent --no-fuse-bn-relu; r50_bnp_rc=$?
-train_resnet50 amp resnet50_amp_bench --data-format nhwc --cudnn-benchmark; r50_bench_rc=$?
+train_resnet50 amp resnet50_amp_bench --data-format nhwc --cudnn-benchmark --no-cudnn-graph-conv; r50_bench_rc=$?
 train_resnet50 amp resnet50_amp_b256 --data-format nhwc --batch-size 256 --benchmark-warmup 5 --steps 15
 r50_b256_rc=$?
 train_resnet50 fp32 resnet50_fp32_b256 --data-format nchw --batch-size 256 --benchmark-warmup 3 --steps 8
 r50_fp32_b256_rc=$?
 # Where the GPU sets the pace: are the graph API's engines as fast as the legacy calls' algorithms?
-train_resnet50 amp resnet50_amp_b256_graph --data-format nhwc --batch-size 256 --benchmark-warmup 5 --steps 15 \
-  --cudnn-graph-conv
-r50_b256_graph_rc=$?
+train_resnet50 amp resnet50_amp_b256_legacy --data-format nhwc --batch-size 256 --benchmark-warmup 5 --steps 15 \
+  --no-cudnn-graph-conv
+r50_b256_legacy_rc=$?
 # And are cuBLAS's GEMMs as fast as cuDNN's 1x1 kernels?
 train_resnet50 amp resnet50_amp_b256_gemm1x1 --data-format nhwc --batch-size 256 --benchmark-warmup 5 --steps 15 \
   --cublas-1x1-conv
@@ -354,9 +358,9 @@ r50_prof_rc=$?
 # host sets the pace ("host queue / step ms" close to each other).
 MIX_PROFILE_OPS=host train_resnet50 amp resnet50_amp_host_profile --data-format nhwc --benchmark-warmup 5 --steps 10
 r50_host_prof_rc=$?
-MIX_PROFILE_OPS=host train_resnet50 amp resnet50_amp_graph_host_profile --data-format nhwc --cudnn-graph-conv \
+MIX_PROFILE_OPS=host train_resnet50 amp resnet50_amp_legacy_host_profile --data-format nhwc --no-cudnn-graph-conv \
   --benchmark-warmup 5 --steps 10
-r50_graph_host_prof_rc=$?
+r50_legacy_host_prof_rc=$?
 MIX_PROFILE_OPS=host train_resnet50 amp resnet50_amp_gemm1x1_host_profile --data-format nhwc --cublas-1x1-conv \
   --benchmark-warmup 5 --steps 10
 r50_g11_host_prof_rc=$?
@@ -390,40 +394,40 @@ r50_amp_ips=$(summary_field "$out/resnet50_amp.jsonl" samples_per_s_overall)
 r50_nchw_ips=$(summary_field "$out/resnet50_amp_nchw.jsonl" samples_per_s_overall)
 r50_bnp_ips=$(summary_field "$out/resnet50_amp_bnp.jsonl" samples_per_s_overall)
 r50_b256_ips=$(summary_field "$out/resnet50_amp_b256.jsonl" samples_per_s_overall)
-r50_fp32_graph_ips=$(summary_field "$out/resnet50_fp32_graph.jsonl" samples_per_s_overall)
-r50_amp_graph_ips=$(summary_field "$out/resnet50_amp_graph.jsonl" samples_per_s_overall)
-r50_graph_ratio=$(ratio_of "$r50_fp32_graph_ips" "$r50_amp_graph_ips")
-r50_amp_graph_queue=$(queue_and_step_ms "$out/resnet50_amp_graph.jsonl")
-r50_first_steps="$(first_step_s "$out/resnet50_amp.jsonl") / $(first_step_s "$out/resnet50_amp_graph.jsonl")"
+r50_fp32_legacy_ips=$(summary_field "$out/resnet50_fp32_legacy.jsonl" samples_per_s_overall)
+r50_amp_legacy_ips=$(summary_field "$out/resnet50_amp_legacy.jsonl" samples_per_s_overall)
+r50_legacy_ratio=$(ratio_of "$r50_fp32_legacy_ips" "$r50_amp_legacy_ips")
+r50_amp_legacy_queue=$(queue_and_step_ms "$out/resnet50_amp_legacy.jsonl")
+r50_first_steps="$(first_step_s "$out/resnet50_amp_legacy.jsonl") / $(first_step_s "$out/resnet50_amp.jsonl")"
 r50_fp32_cg_ips=$(summary_field "$out/resnet50_fp32_cudagraph.jsonl" samples_per_s_overall)
 r50_amp_cg_ips=$(summary_field "$out/resnet50_amp_cudagraph.jsonl" samples_per_s_overall)
 r50_amp_cg_queue=$(queue_and_step_ms "$out/resnet50_amp_cudagraph.jsonl")
-r50_amp_cg_gc_ips=$(summary_field "$out/resnet50_amp_cudagraph_gc.jsonl" samples_per_s_overall)
+r50_amp_cg_legacy_ips=$(summary_field "$out/resnet50_amp_cudagraph_legacy.jsonl" samples_per_s_overall)
 r50_fp32_cg_note=$(not_recorded "$out/resnet50_fp32_cudagraph.log")
 r50_amp_cg_note=$(not_recorded "$out/resnet50_amp_cudagraph.log")
-r50_amp_cg_gc_note=$(not_recorded "$out/resnet50_amp_cudagraph_gc.log")
+r50_amp_cg_legacy_note=$(not_recorded "$out/resnet50_amp_cudagraph_legacy.log")
 tf_amp_cg_note=$(not_recorded "$out/transformer_amp_cudagraph.log")
 r50_fp32_g11_ips=$(summary_field "$out/resnet50_fp32_gemm1x1.jsonl" samples_per_s_overall)
 r50_amp_g11_ips=$(summary_field "$out/resnet50_amp_gemm1x1.jsonl" samples_per_s_overall)
 r50_amp_g11_queue=$(queue_and_step_ms "$out/resnet50_amp_gemm1x1.jsonl")
-r50_amp_g11_gc_ips=$(summary_field "$out/resnet50_amp_gemm1x1_gc.jsonl" samples_per_s_overall)
+r50_amp_g11_legacy_ips=$(summary_field "$out/resnet50_amp_gemm1x1_legacy.jsonl" samples_per_s_overall)
 r50_b256_g11_ips=$(summary_field "$out/resnet50_amp_b256_gemm1x1.jsonl" samples_per_s_overall)
 # A recording that failed names the call CUDA refused: the first such line, in the summary itself.
 cg_error=$(grep -h -o "could not \(record\|instantiate\).*" "$out"/resnet50_*cudagraph*.log \
   "$out"/transformer_amp_cudagraph.log 2>/dev/null | head -1 | cut -c1-200)
-r50_graph_fallbacks="FP32: $(graph_fallbacks "$out/resnet50_fp32_graph.log"); AMP: $(graph_fallbacks "$out/resnet50_amp_graph.log")"
+r50_graph_fallbacks="FP32: $(graph_fallbacks "$out/resnet50_fp32.log"); AMP: $(graph_fallbacks "$out/resnet50_amp.log")"
 r50_fp32_b256_ips=$(summary_field "$out/resnet50_fp32_b256.jsonl" samples_per_s_overall)
 r50_b256_ratio=$(ratio_of "$r50_fp32_b256_ips" "$r50_b256_ips")
 r50_b256_queue=$(queue_and_step_ms "$out/resnet50_amp_b256.jsonl")
-r50_b256_graph_ips=$(summary_field "$out/resnet50_amp_b256_graph.jsonl" samples_per_s_overall)
+r50_b256_legacy_ips=$(summary_field "$out/resnet50_amp_b256_legacy.jsonl" samples_per_s_overall)
 r50_bench_ips=$(summary_field "$out/resnet50_amp_bench.jsonl" samples_per_s_overall)
 r50_nofuse_ips=$(summary_field "$out/resnet50_amp_nofuse.jsonl" samples_per_s_overall)
 r50_nobnfuse_ips=$(summary_field "$out/resnet50_amp_nobnfuse.jsonl" samples_per_s_overall)
 # The target compares AMP with FP32 at its best: the fastest FP32 batch-64 run
-# of any layout and mode (legacy calls, graph API, CUDA graph, cuBLAS 1x1).
+# of any layout and mode (graph API, legacy calls, CUDA graph, cuBLAS 1x1).
 r50_fp32_best=$(/usr/bin/env python3 -c "import sys
 v=[float(a) for a in sys.argv[1:] if a.replace('.', '', 1).isdigit()]
-print(max(v) if v else 'n/a')" "$r50_fp32_ips" "$r50_fp32_nhwc_ips" "$r50_fp32_graph_ips" "$r50_fp32_cg_ips" \
+print(max(v) if v else 'n/a')" "$r50_fp32_ips" "$r50_fp32_nhwc_ips" "$r50_fp32_legacy_ips" "$r50_fp32_cg_ips" \
   "$r50_fp32_g11_ips" 2>/dev/null || echo n/a)
 r50_cg_ratio=$(ratio_of "$r50_fp32_best" "$r50_amp_cg_ips")
 r50_g11_ratio=$(ratio_of "$r50_fp32_best" "$r50_amp_g11_ips")
@@ -458,22 +462,22 @@ secs=$(( $(date +%s) - t0 ))
   printf "  %-36s %s\n" "ResNet-50 b64 FP32 images/s NHWC" "$r50_fp32_nhwc_ips (exit $r50_fp32_nhwc_rc)"
   printf "  %-36s %s\n" "ResNet-50 b64 AMP images/s NHWC" "$r50_amp_ips (exit $r50_amp_rc)"
   printf "  %-36s %s\n" "ResNet-50 b64 AMP images/s NCHW" "$r50_nchw_ips (exit $r50_nchw_rc)"
-  printf "  %-36s %s\n" "ResNet-50 FP32 NCHW, cudnn graph conv" "$r50_fp32_graph_ips (exit $r50_fp32_graph_rc)"
-  printf "  %-36s %s\n" "ResNet-50 AMP NHWC, cudnn graph conv" "$r50_amp_graph_ips (exit $r50_amp_graph_rc)"
-  printf "  %-36s %s\n" "  graph conv AMP / FP32; AMP queue/step" "$r50_graph_ratio; $r50_amp_graph_queue"
-  printf "  %-36s %s\n" "  AMP first step s, legacy / graph" "$r50_first_steps"
   printf "  %-36s %s\n" "  graph conv shapes on legacy calls" "$r50_graph_fallbacks"
+  printf "  %-36s %s\n" "ResNet-50 FP32 NCHW, legacy cuDNN" "$r50_fp32_legacy_ips (exit $r50_fp32_legacy_rc)"
+  printf "  %-36s %s\n" "ResNet-50 AMP NHWC, legacy cuDNN" "$r50_amp_legacy_ips (exit $r50_amp_legacy_rc)"
+  printf "  %-36s %s\n" "  legacy AMP / FP32; AMP queue/step" "$r50_legacy_ratio; $r50_amp_legacy_queue"
+  printf "  %-36s %s\n" "  AMP first step s, legacy / graph" "$r50_first_steps"
   printf "  %-36s %s\n" "ResNet-50 FP32 NCHW, cuda graph" "$r50_fp32_cg_ips (exit $r50_fp32_cg_rc)$r50_fp32_cg_note"
   printf "  %-36s %s\n" "ResNet-50 AMP NHWC, cuda graph" "$r50_amp_cg_ips (exit $r50_amp_cg_rc)$r50_amp_cg_note"
-  printf "  %-36s %s\n" "  AMP, cuda graph + cudnn graph conv" \
-    "$r50_amp_cg_gc_ips (exit $r50_amp_cg_gc_rc)$r50_amp_cg_gc_note"
+  printf "  %-36s %s\n" "  AMP, cuda graph, legacy cuDNN" \
+    "$r50_amp_cg_legacy_ips (exit $r50_amp_cg_legacy_rc)$r50_amp_cg_legacy_note"
   printf "  %-36s %s\n" "  first recording error" "${cg_error:-none}"
   printf "  %-36s %s\n" "  cuda graph AMP / best FP32 (>= 3)" "$r50_cg_ratio$r50_amp_cg_note"
   printf "  %-36s %s\n" "  cuda graph AMP queue / step ms" "$r50_amp_cg_queue"
   printf "  %-36s %s\n" "  --cuda-graph = op by op (e2e)" "${cg_flag:-no verdict} (exit $cg_flag_rc)"
   printf "  %-36s %s\n" "ResNet-50 FP32 NHWC, cuBLAS 1x1 conv" "$r50_fp32_g11_ips (exit $r50_fp32_g11_rc)"
   printf "  %-36s %s\n" "ResNet-50 AMP NHWC, cuBLAS 1x1 conv" "$r50_amp_g11_ips (exit $r50_amp_g11_rc)"
-  printf "  %-36s %s\n" "  AMP, cuBLAS 1x1 + cudnn graph conv" "$r50_amp_g11_gc_ips (exit $r50_amp_g11_gc_rc)"
+  printf "  %-36s %s\n" "  AMP, cuBLAS 1x1, legacy cuDNN" "$r50_amp_g11_legacy_ips (exit $r50_amp_g11_legacy_rc)"
   printf "  %-36s %s\n" "  cuBLAS 1x1 AMP / best FP32 (>= 3)" "$r50_g11_ratio"
   printf "  %-36s %s\n" "  cuBLAS 1x1 AMP queue / step ms" "$r50_amp_g11_queue"
   printf "  %-36s %s\n" "ResNet-50 AMP NHWC, no-fuse-add-relu" "$r50_nofuse_ips (exit $r50_nofuse_rc)"
@@ -484,7 +488,7 @@ secs=$(( $(date +%s) - t0 ))
   printf "  %-36s %s\n" "ResNet-50 b256 FP32 NCHW images/s" "$r50_fp32_b256_ips (exit $r50_fp32_b256_rc)"
   printf "  %-36s %s\n" "ResNet-50 b256 AMP / FP32" "$r50_b256_ratio"
   printf "  %-36s %s\n" "ResNet-50 b256 AMP host queue / step" "$r50_b256_queue"
-  printf "  %-36s %s\n" "ResNet-50 b256 AMP, cudnn graph conv" "$r50_b256_graph_ips (exit $r50_b256_graph_rc)"
+  printf "  %-36s %s\n" "ResNet-50 b256 AMP, legacy cuDNN" "$r50_b256_legacy_ips (exit $r50_b256_legacy_rc)"
   printf "  %-36s %s\n" "ResNet-50 b256 AMP, cuBLAS 1x1 conv" "$r50_b256_g11_ips (exit $r50_b256_g11_rc)"
   printf "  %-36s %s\n" "ResNet-50 AMP / best FP32 (>= 3)" "$r50_ratio"
   printf "  %-36s %s / %s\n" "ResNet-50 peak bytes FP32 / AMP" "$r50_fp32_peak" "$r50_amp_peak"
@@ -511,8 +515,8 @@ secs=$(( $(date +%s) - t0 ))
   top_ops "$out/resnet50_amp_profile.log" 10
   echo "  ResNet-50 AMP NHWC, host time to queue by op type, top 10 (exit $r50_host_prof_rc):"
   top_ops "$out/resnet50_amp_host_profile.log" 10
-  echo "  same with --cudnn-graph-conv, top 5 (exit $r50_graph_host_prof_rc):"
-  top_ops "$out/resnet50_amp_graph_host_profile.log" 5
+  echo "  same with --no-cudnn-graph-conv (legacy calls), top 5 (exit $r50_legacy_host_prof_rc):"
+  top_ops "$out/resnet50_amp_legacy_host_profile.log" 5
   echo "  same with --cublas-1x1-conv, top 5 (exit $r50_g11_host_prof_rc):"
   top_ops "$out/resnet50_amp_gemm1x1_host_profile.log" 5
   echo "  Transformer-base AMP, GPU time by op type, top 10 (exit $tf_prof_rc):"
@@ -520,9 +524,9 @@ secs=$(( $(date +%s) - t0 ))
 } | tee "$out/summary.txt"
 [ $tests_rc -eq 0 ] && [ $fp32_rc -eq 0 ] && [ $amp_rc -eq 0 ] && [ $r50_fp32_rc -eq 0 ] && [ $r50_amp_rc -eq 0 ] &&
   [ $r50_nchw_rc -eq 0 ] && [ $r50_fp32_nhwc_rc -eq 0 ] && [ $r50_bnp_rc -eq 0 ] && [ $r50_bench_rc -eq 0 ] && [ $r50_nofuse_rc -eq 0 ] && [ $r50_nobnfuse_rc -eq 0 ] &&
-  [ $r50_b256_rc -eq 0 ] && [ $r50_fp32_b256_rc -eq 0 ] && [ $r50_fp32_graph_rc -eq 0 ] && [ $r50_amp_graph_rc -eq 0 ] &&
-  [ $r50_b256_graph_rc -eq 0 ] && [ $r50_fp32_cg_rc -eq 0 ] && [ $r50_amp_cg_rc -eq 0 ] && [ $r50_amp_cg_gc_rc -eq 0 ] &&
-  [ $r50_fp32_g11_rc -eq 0 ] && [ $r50_amp_g11_rc -eq 0 ] && [ $r50_amp_g11_gc_rc -eq 0 ] && [ $r50_b256_g11_rc -eq 0 ] &&
+  [ $r50_b256_rc -eq 0 ] && [ $r50_fp32_b256_rc -eq 0 ] && [ $r50_fp32_legacy_rc -eq 0 ] && [ $r50_amp_legacy_rc -eq 0 ] &&
+  [ $r50_b256_legacy_rc -eq 0 ] && [ $r50_fp32_cg_rc -eq 0 ] && [ $r50_amp_cg_rc -eq 0 ] && [ $r50_amp_cg_legacy_rc -eq 0 ] &&
+  [ $r50_fp32_g11_rc -eq 0 ] && [ $r50_amp_g11_rc -eq 0 ] && [ $r50_amp_g11_legacy_rc -eq 0 ] && [ $r50_b256_g11_rc -eq 0 ] &&
   [ $cg_flag_rc -eq 0 ] &&
   [ $tf_fp32_rc -eq 0 ] && [ $tf_amp_rc -eq 0 ] && [ $tf_amp_cg_rc -eq 0 ] && [ $tf_nofold_rc -eq 0 ] && [ $tf_stored_rc -eq 0 ] && [ $rs_ov_rc -eq 0 ] && [ $rs_no_rc -eq 0 ] && [ $bench_rc -eq 0 ] &&
   [ $stuck_ok -eq 0 ] && [ $mc_ops_ok -eq 0 ] && [ $mc_tf_ok -eq 0 ]
