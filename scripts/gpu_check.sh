@@ -185,8 +185,8 @@ print(s[-1].get(sys.argv[2], 'n/a') if s else 'n/a')" "$1" "$2" 2>/dev/null || e
 # cuDNN's persistent kernels instead of mixtrain's (--cudnn-bn-persistent
 # --no-fuse-bn-relu, against the row before), and timed convolution
 # algorithms (--cudnn-benchmark, on the legacy calls), both off by default.
-# Batch 256 in both precisions shows the GPU's pace where batch 64 leaves the
-# host setting it, and AMP once more on the legacy calls there.
+# Batch 256 in both precisions shows the GPU's pace where batch 64 on the
+# legacy calls leaves the host setting it, and AMP once more on them there.
 train_resnet50() {  # precision, log name, extra flags...
   local precision="$1" name="$2"; shift 2
   limit 180 "$build/mixtrain" --device cuda --precision "$precision" --model resnet50 --data synthetic \
