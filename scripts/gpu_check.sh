@@ -316,6 +316,8 @@ limit 60 "$build/mixtrain" --device cuda --precision amp --data synthetic --synt
 stuck_rc=$?
 if [ $stuck_rc -ne 0 ] && [ $stuck_rc -ne 124 ] && grep -q "stuck at the minimum" "$out/stuck.log"; then
   stuck="stopped with the error (exit $stuck_rc)"; stuck_ok=0
+elif [ $stuck_rc -eq 125 ]; then
+  stuck="not run, past --deadline (exit 125)"; stuck_ok=1
 else
   stuck="FAIL: exit $stuck_rc without the error"; stuck_ok=1
 fi
