@@ -24,10 +24,10 @@
 // overflowed step, so nobody reads it then).
 #include <cstdint>
 
-#include "runtime/check.h"
+#include "runtime/core/check.h"
+#include "runtime/ir/op_registry.h"
 #include "runtime/kernels/cpu_loops.h"
 #include "runtime/kernels/functors.h"
-#include "runtime/op_registry.h"
 
 namespace mix {
 namespace {

@@ -6,9 +6,9 @@
 
 #include "amp/fold_casts.h"
 #include "amp/rewrite.h"
-#include "runtime/autodiff.h"
-#include "runtime/check.h"
-#include "runtime/op_registry.h"
+#include "runtime/core/check.h"
+#include "runtime/ir/autodiff.h"
+#include "runtime/ir/op_registry.h"
 
 namespace mix::amp {
 

@@ -20,7 +20,7 @@
 
 #include "amp/lists.h"
 #include "amp/loss_scaler.h"
-#include "runtime/op_registry.h"
+#include "runtime/ir/op_registry.h"
 #include "runtime/optim/optimizer.h"
 
 namespace mix::amp {

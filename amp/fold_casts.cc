@@ -5,9 +5,9 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/op_registry.h"
+#include "runtime/ir/op_registry.h"
+#include "runtime/ir/storage_writes.h"
 #include "runtime/ops/widening.h"
-#include "runtime/storage_writes.h"
 
 namespace mix::amp {
 

@@ -31,7 +31,7 @@
 //
 // `--no-fold-casts` turns both off, keeping amp::rewrite's program as Paddle
 // makes it.
-#include "runtime/program.h"
+#include "runtime/ir/program.h"
 
 namespace mix::amp {
 

@@ -6,8 +6,8 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/op_registry.h"
-#include "runtime/storage_writes.h"
+#include "runtime/ir/op_registry.h"
+#include "runtime/ir/storage_writes.h"
 
 namespace mix::amp {
 

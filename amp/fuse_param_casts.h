@@ -15,7 +15,7 @@
 //
 // Only casts that can move: of a parameter no earlier forward op writes, to
 // a variable nothing else writes. `--no-fuse-param-casts` keeps them apart.
-#include "runtime/program.h"
+#include "runtime/ir/program.h"
 
 namespace mix::amp {
 

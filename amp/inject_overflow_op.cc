@@ -4,7 +4,7 @@
 #include <limits>
 
 #include "collective/communicator.h"
-#include "runtime/op_registry.h"
+#include "runtime/ir/op_registry.h"
 #include "runtime/ops/gemm.h"
 
 namespace mix::amp {

@@ -1,6 +1,6 @@
 #include "amp/lists.h"
 
-#include "runtime/check.h"
+#include "runtime/core/check.h"
 
 namespace mix::amp {
 
@@ -42,16 +42,6 @@ OpClass AmpLists::classify(const std::string& op_type) const {
   if (black.count(op_type)) return OpClass::black;
   if (gray.count(op_type)) return OpClass::gray;
   return OpClass::unlisted;
-}
-
-std::string_view op_class_name(OpClass c) {
-  switch (c) {
-    case OpClass::white: return "white";
-    case OpClass::black: return "black";
-    case OpClass::gray: return "gray";
-    case OpClass::unlisted: return "unlisted";
-  }
-  return "?";
 }
 
 }  // namespace mix::amp

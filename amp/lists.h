@@ -24,6 +24,4 @@ struct AmpLists {
   OpClass classify(const std::string& op_type) const;
 };
 
-std::string_view op_class_name(OpClass c);
-
 }  // namespace mix::amp

@@ -4,7 +4,7 @@
 #include <sstream>
 #include <variant>
 
-#include "runtime/check.h"
+#include "runtime/core/check.h"
 
 namespace mix::amp {
 

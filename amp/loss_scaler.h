@@ -14,7 +14,7 @@
 #include <string_view>
 
 #include "amp/loss_scaling_math.h"
-#include "runtime/program.h"
+#include "runtime/ir/program.h"
 
 namespace mix {
 class Scope;

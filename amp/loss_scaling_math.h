@@ -9,7 +9,7 @@
 // "stuck at the minimum" flag (the host throws or carries on, see loss_scaler.h).
 #include <cstdint>
 
-#include "runtime/half.h"
+#include "runtime/core/half.h"
 #include "runtime/kernels/functors.h"
 
 namespace mix::amp {

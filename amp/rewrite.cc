@@ -2,8 +2,8 @@
 
 #include <set>
 
-#include "runtime/check.h"
-#include "runtime/op_registry.h"
+#include "runtime/core/check.h"
+#include "runtime/ir/op_registry.h"
 
 namespace mix::amp {
 

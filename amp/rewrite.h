@@ -13,8 +13,8 @@
 #include <string>
 
 #include "amp/lists.h"
-#include "runtime/dtype.h"
-#include "runtime/program.h"
+#include "runtime/core/dtype.h"
+#include "runtime/ir/program.h"
 
 namespace mix::amp {
 

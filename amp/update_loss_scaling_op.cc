@@ -21,9 +21,9 @@
 #include <cstdint>
 
 #include "amp/loss_scaler.h"
-#include "runtime/check.h"
-#include "runtime/executor.h"
-#include "runtime/op_registry.h"
+#include "runtime/core/check.h"
+#include "runtime/exec/executor.h"
+#include "runtime/ir/op_registry.h"
 
 namespace mix {
 namespace {

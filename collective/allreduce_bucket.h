@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "collective/communicator.h"
-#include "runtime/check.h"
-#include "runtime/op_registry.h"
+#include "runtime/core/check.h"
+#include "runtime/ir/op_registry.h"
 
 namespace mix::collective {
 

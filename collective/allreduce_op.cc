@@ -23,11 +23,11 @@
 
 #include "collective/allreduce_bucket.h"
 #include "collective/communicator.h"
-#include "runtime/check.h"
-#include "runtime/half.h"
+#include "runtime/core/check.h"
+#include "runtime/core/half.h"
+#include "runtime/ir/op_registry.h"
 #include "runtime/kernels/cpu_loops.h"
 #include "runtime/kernels/functors.h"
-#include "runtime/op_registry.h"
 
 namespace mix::collective {
 namespace {

@@ -7,8 +7,8 @@
 #include <string>
 #include <type_traits>
 
-#include "runtime/check.h"
-#include "runtime/half.h"
+#include "runtime/core/check.h"
+#include "runtime/core/half.h"
 
 namespace mix::collective {
 

@@ -10,7 +10,7 @@
 #include <unordered_set>
 #include <vector>
 
-#include "runtime/dtype.h"
+#include "runtime/core/dtype.h"
 
 namespace mix::collective {
 

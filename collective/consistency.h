@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "collective/communicator.h"
-#include "runtime/check.h"
+#include "runtime/core/check.h"
 
 namespace mix::collective {
 

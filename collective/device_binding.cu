@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "collective/consistency.h"
-#include "runtime/check.h"
+#include "runtime/core/check.h"
 #include "runtime/cuda/cuda_check.h"
 
 namespace mix::collective {

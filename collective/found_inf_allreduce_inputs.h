@@ -9,8 +9,8 @@
 
 #include "collective/communicator.h"
 #include "collective/overflow_mask.h"
-#include "runtime/check.h"
-#include "runtime/op_registry.h"
+#include "runtime/core/check.h"
+#include "runtime/ir/op_registry.h"
 
 namespace mix::collective {
 

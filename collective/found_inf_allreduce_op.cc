@@ -22,8 +22,8 @@
 #include "collective/communicator.h"
 #include "collective/found_inf_allreduce_inputs.h"
 #include "collective/overflow_mask.h"
-#include "runtime/check.h"
-#include "runtime/op_registry.h"
+#include "runtime/core/check.h"
+#include "runtime/ir/op_registry.h"
 
 namespace mix::collective {
 namespace {

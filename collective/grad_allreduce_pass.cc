@@ -6,8 +6,8 @@
 #include <sstream>
 #include <string>
 
-#include "runtime/check.h"
-#include "runtime/op_registry.h"
+#include "runtime/core/check.h"
+#include "runtime/ir/op_registry.h"
 
 namespace mix::collective {
 

@@ -19,8 +19,8 @@
 #include <cstddef>
 #include <string>
 
+#include "runtime/ir/program.h"
 #include "runtime/optim/optimizer.h"
-#include "runtime/program.h"
 
 namespace mix::collective {
 

@@ -6,7 +6,7 @@
 #include <cstring>
 
 #include "collective/communicator.h"
-#include "runtime/check.h"
+#include "runtime/core/check.h"
 
 namespace mix::collective {
 

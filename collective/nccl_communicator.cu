@@ -39,7 +39,7 @@
 #include <vector>
 
 #include "collective/nccl_check.h"
-#include "runtime/check.h"
+#include "runtime/core/check.h"
 #include "runtime/cuda/context.h"
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/stream.h"

@@ -13,7 +13,7 @@
 // the global flag and the provenance together.
 #include <cstdint>
 
-#include "runtime/half.h"
+#include "runtime/core/half.h"
 
 namespace mix::collective {
 

@@ -6,9 +6,9 @@
 #include <cstdio>
 #include <fstream>
 
-#include "runtime/check.h"
-#include "runtime/half.h"
-#include "runtime/tensor.h"
+#include "runtime/core/check.h"
+#include "runtime/core/half.h"
+#include "runtime/core/tensor.h"
 
 namespace mix::launch {
 

@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "collective/communicator.h"
-#include "runtime/device.h"
-#include "runtime/tensor.h"
+#include "runtime/core/device.h"
+#include "runtime/core/tensor.h"
 
 namespace mix::launch {
 

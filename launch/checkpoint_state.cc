@@ -7,8 +7,8 @@
 #include "amp/decorate.h"
 #include "launch/cli_checks.h"
 #include "launch/worker_main.h"
-#include "runtime/check.h"
-#include "runtime/log.h"
+#include "runtime/core/check.h"
+#include "runtime/core/log.h"
 
 namespace mix::launch {
 

@@ -11,8 +11,8 @@
 
 #include "launch/train_config.h"
 #include "runtime/io/checkpoint.h"
-#include "runtime/op_registry.h"
-#include "runtime/program.h"
+#include "runtime/ir/op_registry.h"
+#include "runtime/ir/program.h"
 
 namespace mix::launch {
 

@@ -7,11 +7,11 @@
 
 #include "collective/communicator.h"
 #include "models/model.h"
-#include "runtime/allocator.h"
+#include "runtime/core/allocator.h"
 #include "runtime/data/batch_prefetcher.h"
 #include "runtime/data/dataset.h"
-#include "runtime/executor.h"
-#include "runtime/program.h"
+#include "runtime/exec/executor.h"
+#include "runtime/ir/program.h"
 
 namespace mix::launch {
 

@@ -10,8 +10,8 @@
 #include "collective/grad_allreduce_pass.h"
 #include "launch/allreduce_bench.h"
 #include "models/model.h"
-#include "runtime/check.h"
-#include "runtime/executor.h"
+#include "runtime/core/check.h"
+#include "runtime/exec/executor.h"
 #include "runtime/optim/optimizer.h"
 
 namespace mix::launch {

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "collective/communicator.h"
-#include "runtime/device.h"
+#include "runtime/core/device.h"
 
 namespace mix::launch {
 

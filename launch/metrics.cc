@@ -1,6 +1,6 @@
 #include "launch/metrics.h"
 
-#include "runtime/check.h"
+#include "runtime/core/check.h"
 
 namespace mix::launch {
 

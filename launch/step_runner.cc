@@ -5,8 +5,8 @@
 
 #include "collective/allreduce_bucket.h"
 #include "collective/communicator.h"
-#include "runtime/check.h"
-#include "runtime/log.h"
+#include "runtime/core/check.h"
+#include "runtime/core/log.h"
 
 namespace mix::launch {
 

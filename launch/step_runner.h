@@ -1,13 +1,13 @@
 #pragma once
 // One step of mixtrain's training loop: through --cuda-graph's recording
-// when there is one (runtime/step_graph.h), else op by op; and what happens
+// when there is one (runtime/exec/step_graph.h), else op by op; and what happens
 // when CUDA refuses to record it. Kept out of trainer.cc so that the fallback
 // can be tested on the CPU with a stand-in recording (test_step_graph).
 #include <cstdint>
 #include <memory>
 
-#include "runtime/executor.h"
-#include "runtime/step_graph.h"
+#include "runtime/exec/executor.h"
+#include "runtime/exec/step_graph.h"
 
 namespace mix::launch {
 

@@ -6,7 +6,7 @@
 
 #include "launch/cli_checks.h"
 #include "models/model.h"
-#include "runtime/op_registry.h"
+#include "runtime/ir/op_registry.h"
 
 namespace mix::launch {
 

@@ -25,11 +25,11 @@ struct TrainConfig {
     return data_format == "nhwc" || (data_format == "auto" && device == "cuda" && precision == "amp");
   }
   bool is_resnet() const { return model.rfind("resnet", 0) == 0; }
-  /// Fuse residual adds with their relu, forward and backward (runtime/fuse_add_relu.h; --no-fuse-add-relu: off).
+  /// Fuse residual adds with their relu, forward and backward (runtime/passes/fuse_add_relu.h; --no-fuse-add-relu: off).
   bool fuse_add_relu = true;
-  /// Fuse batch norms with the relu after them, forward and backward (runtime/fuse_bn_relu.h; --no-fuse-bn-relu: off).
+  /// Fuse batch norms with the relu after them, forward and backward (runtime/passes/fuse_bn_relu.h; --no-fuse-bn-relu: off).
   bool fuse_bn_relu = true;
-  /// softmax_with_cross_entropy's grad recomputes the softmax (runtime/recompute_softmax.h; --store-softmax: off).
+  /// softmax_with_cross_entropy's grad recomputes the softmax (runtime/passes/recompute_softmax.h; --store-softmax: off).
   bool recompute_softmax = true;
   // the Transformer language model (models::TransformerConfig)
   int64_t layers = 4;
@@ -56,7 +56,7 @@ struct TrainConfig {
   bool cudnn_benchmark = false;      // time cuDNN's convolution algorithms once per shape
   bool cudnn_graph_conv = true;  // convolutions on cuDNN's graph API with cached plans (off under --cudnn-benchmark)
   bool cublas_1x1_conv = false;      // pointwise channels-last convolutions as cuBLAS GEMMs (runtime/ops/conv_gemm.h)
-  bool cuda_graph = false;           // GPU training steps recorded once and replayed (runtime/step_graph.h)
+  bool cuda_graph = false;           // GPU training steps recorded once and replayed (runtime/exec/step_graph.h)
   std::string precision = "amp";
   std::string grad_reduce;  // empty: fp16 under AMP, fp32 otherwise
   double grad_predivide = 0;

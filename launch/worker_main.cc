@@ -6,7 +6,7 @@
 #include <memory>
 
 #include "collective/consistency.h"
-#include "runtime/log.h"
+#include "runtime/core/log.h"
 
 namespace mix::launch {
 namespace {

@@ -1,7 +1,7 @@
 #include <cmath>
 
 #include "models/model.h"
-#include "runtime/op_registry.h"
+#include "runtime/ir/op_registry.h"
 
 namespace mix::models {
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/program.h"
+#include "runtime/ir/program.h"
 
 namespace mix::models {
 

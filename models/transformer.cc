@@ -27,8 +27,8 @@
 #include <cmath>
 
 #include "models/model.h"
-#include "runtime/check.h"
-#include "runtime/op_registry.h"
+#include "runtime/core/check.h"
+#include "runtime/ir/op_registry.h"
 
 namespace mix::models {
 

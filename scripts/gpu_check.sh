@@ -180,8 +180,8 @@ print(s[-1].get(sys.argv[2], 'n/a') if s else 'n/a')" "$1" "$2" 2>/dev/null || e
 # each residual add and its relu as two ops (--no-fuse-add-relu, which also
 # leaves no fused add for a batch norm to join), and each batch norm and its
 # relu or residual add + relu (--no-fuse-bn-relu: mixtrain's channels-last
-# batch norm without them), to show what fusing them (runtime/fuse_add_relu.h,
-# runtime/fuse_bn_relu.h, the defaults) is worth; then every batch norm on
+# batch norm without them), to show what fusing them (runtime/passes/fuse_add_relu.h,
+# runtime/passes/fuse_bn_relu.h, the defaults) is worth; then every batch norm on
 # cuDNN's persistent kernels instead of mixtrain's (--cudnn-bn-persistent
 # --no-fuse-bn-relu, against the row before), and timed convolution
 # algorithms (--cudnn-benchmark, on the legacy calls), both off by default.
@@ -261,7 +261,7 @@ train_resnet50 amp resnet50_amp --data-format nhwc; r50_amp_rc=$?
 train_resnet50 fp32 resnet50_fp32_legacy --data-format nchw --no-cudnn-graph-conv; r50_fp32_legacy_rc=$?
 train_resnet50 amp resnet50_amp_legacy --data-format nhwc --no-cudnn-graph-conv; r50_amp_legacy_rc=$?
 # And with each step recorded once as a CUDA graph and replayed (--cuda-graph,
-# runtime/step_graph.h): one launch a step instead of one call per kernel,
+# runtime/exec/step_graph.h): one launch a step instead of one call per kernel,
 # cuDNN's included. Then the flag's end-to-end check on the GPU: a resnet-small
 # run with evaluations and partial batches between replays gives the op-by-op
 # run's losses, loss scales and evaluations exactly.

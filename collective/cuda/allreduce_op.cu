@@ -32,12 +32,12 @@
 
 #include "collective/allreduce_bucket.h"
 #include "collective/communicator.h"
-#include "runtime/check.h"
+#include "runtime/core/check.h"
+#include "runtime/core/half.h"
 #include "runtime/cuda/context.h"
 #include "runtime/cuda/multi_tensor.cuh"
-#include "runtime/half.h"
+#include "runtime/ir/op_registry.h"
 #include "runtime/kernels/functors.h"
-#include "runtime/op_registry.h"
 #include "runtime/ops/cuda/device_ops.cuh"
 
 namespace mix::collective {

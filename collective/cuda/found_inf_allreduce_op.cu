@@ -22,7 +22,7 @@
 #include "collective/communicator.h"
 #include "collective/found_inf_allreduce_inputs.h"
 #include "collective/overflow_mask.h"
-#include "runtime/check.h"
+#include "runtime/core/check.h"
 #include "runtime/ops/cuda/device_ops.cuh"
 
 namespace mix::collective {

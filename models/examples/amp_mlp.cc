@@ -12,8 +12,8 @@
 #include "collective/grad_allreduce_pass.h"
 #include "models/model.h"
 #include "runtime/data/dataset.h"
-#include "runtime/executor.h"
-#include "runtime/init.h"
+#include "runtime/exec/executor.h"
+#include "runtime/exec/init.h"
 
 using namespace mix;
 

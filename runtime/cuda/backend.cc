@@ -6,13 +6,13 @@
 #include <string>
 #include <vector>
 
-#include "runtime/check.h"
+#include "runtime/core/check.h"
+#include "runtime/core/device_backend.h"
 #include "runtime/cuda/context.h"
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/cuda_graph.h"
 #include "runtime/cuda/device_allocator.h"
 #include "runtime/cuda/stream.h"
-#include "runtime/device_backend.h"
 
 namespace mix::cuda {
 

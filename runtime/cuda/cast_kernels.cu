@@ -9,9 +9,9 @@
 // tests/unit/test_cuda_cast.cc runs each against the CPU twin.
 #include <cuda_runtime.h>
 
+#include "runtime/core/half.h"
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/launch.cuh"
-#include "runtime/half.h"
 #include "runtime/kernels/functors.h"
 
 namespace mix::cuda {

@@ -8,7 +8,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "runtime/check.h"
+#include "runtime/core/check.h"
 
 namespace mix::cuda {
 

@@ -8,7 +8,7 @@
 #include <cstdio>
 #include <string>
 
-#include "runtime/check.h"
+#include "runtime/core/check.h"
 
 namespace mix::cuda {
 

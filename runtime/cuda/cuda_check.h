@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <string>
 
-#include "runtime/check.h"
+#include "runtime/core/check.h"
 
 #define MIX_CUDA_CHECK(stmt)                                                                           \
   do {                                                                                                 \

@@ -4,7 +4,7 @@
 #include <string>
 #include <utility>
 
-#include "runtime/check.h"
+#include "runtime/core/check.h"
 #include "runtime/cuda/context.h"
 #include "runtime/cuda/cuda_check.h"
 

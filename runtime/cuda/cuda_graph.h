@@ -1,11 +1,11 @@
 #pragma once
-// The CUDA DeviceGraph (runtime/device_backend.h): stream capture of a
+// The CUDA DeviceGraph (runtime/core/device_backend.h): stream capture of a
 // device's compute stream into a CUDA graph, its memory from a pool of the
 // caching allocator's that belongs to the graph alone.
 #include <memory>
 
+#include "runtime/core/device_backend.h"
 #include "runtime/cuda/device_allocator.h"
-#include "runtime/device_backend.h"
 
 namespace mix::cuda {
 

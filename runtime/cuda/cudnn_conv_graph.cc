@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/check.h"
+#include "runtime/core/check.h"
 #include "runtime/cuda/context.h"
 #include "runtime/cuda/cudnn_util.h"
 

@@ -29,12 +29,12 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "runtime/ops/conv_shapes.h"
-#include "runtime/tensor.h"
+#include "runtime/core/tensor.h"
+#include "runtime/kernels/conv_dims.h"
 
 namespace mix::cuda {
 
-/// One pass of a convolution with the shapes `dims` (runtime/ops/conv_shapes.h:
+/// One pass of a convolution with the shapes `dims` (runtime/kernels/conv_dims.h:
 /// channels last stores the data NHWC and the filter [oc, kh, kw, c / groups]).
 struct ConvGraphShape {
   ConvPass pass = ConvPass::forward;

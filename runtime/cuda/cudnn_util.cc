@@ -3,7 +3,7 @@
 #include <climits>
 #include <mutex>
 
-#include "runtime/check.h"
+#include "runtime/core/check.h"
 #include "runtime/cuda/device_allocator.h"  // DeviceGuard
 
 namespace mix::cuda {

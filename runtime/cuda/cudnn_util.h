@@ -16,11 +16,11 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "runtime/core/device.h"
+#include "runtime/core/dtype.h"
+#include "runtime/core/tensor.h"
 #include "runtime/cuda/context.h"
 #include "runtime/cuda/cudnn_check.h"
-#include "runtime/device.h"
-#include "runtime/dtype.h"
-#include "runtime/tensor.h"
 
 namespace mix::cuda {
 

@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/check.h"
+#include "runtime/core/check.h"
 #include "runtime/cuda/context.h"
 #include "runtime/cuda/cuda_check.h"
 

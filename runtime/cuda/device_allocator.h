@@ -8,7 +8,7 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "runtime/allocator.h"
+#include "runtime/core/allocator.h"
 
 namespace mix::cuda {
 

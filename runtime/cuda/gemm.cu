@@ -12,7 +12,7 @@
 #include <climits>
 #include <mutex>
 
-#include "runtime/check.h"
+#include "runtime/core/check.h"
 #include "runtime/cuda/cublas_check.h"
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/device_allocator.h"  // DeviceGuard
@@ -85,15 +85,6 @@ cublasHandle_t cublas_handle(DeviceContext& ctx) {
   }
   ctx.cublas = h;
   return h;
-}
-
-void destroy_cublas(DeviceContext& ctx) noexcept {
-  std::lock_guard<std::mutex> lock(handle_mutex());
-  if (ctx.cublas) MIX_CUBLAS_CHECK_NOTHROW(cublasDestroy(ctx.cublas));
-  ctx.cublas = nullptr;
-  if (ctx.cublas_workspace) MIX_CUDA_CHECK_NOTHROW(cudaFree(ctx.cublas_workspace));
-  ctx.cublas_workspace = nullptr;
-  ctx.cublas_workspace_bytes = 0;
 }
 
 cublasComputeType_t gemm_compute_type(DType dtype) {

@@ -13,8 +13,8 @@
 
 #include <cstdint>
 
+#include "runtime/core/dtype.h"
 #include "runtime/cuda/context.h"
-#include "runtime/dtype.h"
 
 namespace mix::cuda {
 
@@ -34,9 +34,6 @@ inline constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 /// math mode that keeps every reduction in the FP32 accumulator. TF32 is never
 /// enabled through the math mode: gemm() picks it per call with the compute type.
 cublasHandle_t cublas_handle(DeviceContext& ctx);
-
-/// Destroys ctx's handle and frees its workspace (for the context's teardown; never throws).
-void destroy_cublas(DeviceContext& ctx) noexcept;
 
 /// The cuBLAS compute type gemm() uses for inputs of `dtype` at this moment.
 cublasComputeType_t gemm_compute_type(DType dtype);

@@ -15,7 +15,7 @@
 #include <limits>
 #include <vector>
 
-#include "runtime/check.h"
+#include "runtime/core/check.h"
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/kernels/multi_tensor_plan.h"
 

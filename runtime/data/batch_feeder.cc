@@ -3,7 +3,7 @@
 
 #include <utility>
 
-#include "runtime/check.h"
+#include "runtime/core/check.h"
 
 namespace mix::data {
 

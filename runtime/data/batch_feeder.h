@@ -14,8 +14,8 @@
 #include <functional>
 #include <memory>
 
+#include "runtime/core/device_backend.h"
 #include "runtime/data/batch_prefetcher.h"
-#include "runtime/device_backend.h"
 
 namespace mix::data {
 

@@ -1,7 +1,7 @@
 // The background batch gatherer (see batch_prefetcher.h).
 #include "runtime/data/batch_prefetcher.h"
 
-#include "runtime/check.h"
+#include "runtime/core/check.h"
 
 namespace mix::data {
 

@@ -10,7 +10,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "runtime/check.h"
+#include "runtime/core/check.h"
 #include "runtime/data/dataset.h"
 
 namespace mix::data {

@@ -1,7 +1,7 @@
 // A user's own data set from a safetensors file (--data-file).
 #include <algorithm>
 
-#include "runtime/check.h"
+#include "runtime/core/check.h"
 #include "runtime/data/dataset.h"
 #include "runtime/io/safetensors.h"
 

@@ -3,9 +3,10 @@
 #include <cstring>
 #include <numeric>
 
-#include "runtime/check.h"
+#include "runtime/core/check.h"
+#include "runtime/core/device_backend.h"
+#include "runtime/core/random.h"
 #include "runtime/data/dataset.h"
-#include "runtime/random.h"
 
 namespace mix::data {
 

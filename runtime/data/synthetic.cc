@@ -1,8 +1,8 @@
 // Synthetic classification data: Gaussian inputs labelled by a fixed random
 // linear teacher (argmax of W x), so a model can learn it to high accuracy.
-#include "runtime/check.h"
+#include "runtime/core/check.h"
+#include "runtime/core/random.h"
 #include "runtime/data/dataset.h"
-#include "runtime/random.h"
 
 namespace mix::data {
 

@@ -6,9 +6,9 @@
 #include <iterator>
 #include <sstream>
 
-#include "runtime/check.h"
+#include "runtime/core/check.h"
+#include "runtime/core/random.h"
 #include "runtime/data/dataset.h"
-#include "runtime/random.h"
 
 namespace mix::data {
 

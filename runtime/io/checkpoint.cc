@@ -3,9 +3,9 @@
 #include <cmath>
 #include <cstring>
 
-#include "runtime/check.h"
+#include "runtime/core/check.h"
+#include "runtime/core/float_convert.h"
 #include "runtime/io/safetensors.h"
-#include "runtime/ops/gemm.h"
 
 namespace mix::io {
 

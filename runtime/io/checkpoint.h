@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/op_registry.h"
-#include "runtime/program.h"
+#include "runtime/ir/op_registry.h"
+#include "runtime/ir/program.h"
 
 namespace mix::io {
 

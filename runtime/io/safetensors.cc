@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "runtime/check.h"
+#include "runtime/core/check.h"
 
 namespace mix::io {
 

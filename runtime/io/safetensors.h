@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/tensor.h"
+#include "runtime/core/tensor.h"
 
 namespace mix::io {
 

@@ -15,7 +15,7 @@
 // prediction: its answer is undefined, not a lucky guess.
 #include <cstdint>
 
-#include "runtime/half.h"
+#include "runtime/core/half.h"
 
 namespace mix::fn {
 

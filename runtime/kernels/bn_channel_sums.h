@@ -17,7 +17,7 @@
 // then the row lanes' sums of each channel are added in row-lane order.
 #include <cstdint>
 
-#include "runtime/half.h"
+#include "runtime/core/half.h"
 #include "runtime/kernels/functors.h"
 
 namespace mix::kernels {

@@ -10,8 +10,8 @@
 #include <cstring>
 #include <vector>
 
-#include "runtime/check.h"
-#include "runtime/tensor.h"
+#include "runtime/core/check.h"
+#include "runtime/core/tensor.h"
 
 namespace mix::cpu {
 

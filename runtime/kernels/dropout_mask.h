@@ -10,7 +10,7 @@
 // of the same step (a finite-difference check, a resumed run) draws the same.
 #include <cstdint>
 
-#include "runtime/half.h"
+#include "runtime/core/half.h"
 
 namespace mix::fn {
 

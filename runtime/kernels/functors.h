@@ -8,7 +8,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "runtime/half.h"
+#include "runtime/core/half.h"
 
 namespace mix::fn {
 

@@ -13,7 +13,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "runtime/half.h"
+#include "runtime/core/half.h"
 
 namespace mix::fn {
 

@@ -6,7 +6,7 @@
 // and sends it no gradient. Rows are D contiguous values of W's storage type T.
 #include <cstdint>
 
-#include "runtime/half.h"
+#include "runtime/core/half.h"
 
 namespace mix::fn {
 

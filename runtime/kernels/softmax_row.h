@@ -16,7 +16,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "runtime/half.h"
+#include "runtime/core/half.h"
 
 namespace mix::fn {
 
@@ -34,7 +34,7 @@ MIX_HD float exp_shifted(float x, float max) { return expf(x - max); }
 /// multiply is rounded on its own (__fmul_rn): nvcc would otherwise contract it
 /// with whatever follows into an FMA, and a softmax recomputed in
 /// softmax_with_cross_entropy_grad (y - onehot) would then differ from the one
-/// the forward stored (runtime/recompute_softmax.h). A lone multiply rounds the
+/// the forward stored (runtime/passes/recompute_softmax.h). A lone multiply rounds the
 /// same either way, so stored values do not change.
 struct SoftmaxNormalize {
   float max, inv_sum;

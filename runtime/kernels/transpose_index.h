@@ -11,7 +11,7 @@
 // scatters their gradient back (runtime/ops/conv_gemm.h).
 #include <cstdint>
 
-#include "runtime/half.h"
+#include "runtime/core/half.h"
 
 namespace mix::fn {
 

@@ -4,8 +4,8 @@
 // forward output (relu, tanh) or the forward input (gelu).
 #include <string>
 
+#include "runtime/ir/op_registry.h"
 #include "runtime/kernels/cpu_loops.h"
-#include "runtime/op_registry.h"
 
 namespace mix {
 

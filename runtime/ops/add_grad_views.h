@@ -15,8 +15,8 @@
 #include <cstdint>
 #include <string>
 
-#include "runtime/check.h"
-#include "runtime/op_registry.h"
+#include "runtime/core/check.h"
+#include "runtime/ir/op_registry.h"
 
 namespace mix {
 

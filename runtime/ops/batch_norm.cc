@@ -10,7 +10,7 @@
 //           epsilon (1e-5), is_test (false), data_layout (NCHW, or NHWC: X is
 //           [N, ..., C]; computed by permuting to NCHW and back, runtime/ops/data_format.h),
 //           fuse_with_relu (false; Paddle's attr): Y = relu(batch_norm(X)), the
-//           bits of batch_norm then relu. runtime/fuse_bn_relu.h sets it on
+//           bits of batch_norm then relu. runtime/passes/fuse_bn_relu.h sets it on
 //           the pairs of a training program, with its gradient: batch_norm_grad
 //           with fuse_with_relu reads Bias and relu's output gradient as Y@GRAD
 //           and applies relu's gradient first, its mask recomputed from X
@@ -28,10 +28,10 @@
 #include <cmath>
 #include <vector>
 
-#include "runtime/check.h"
+#include "runtime/core/check.h"
+#include "runtime/ir/op_registry.h"
 #include "runtime/kernels/cpu_loops.h"
 #include "runtime/kernels/functors.h"
-#include "runtime/op_registry.h"
 #include "runtime/ops/batch_norm_shapes.h"
 
 namespace mix {
@@ -51,7 +51,7 @@ void infer_batch_norm(Program& p, OpDesc& op) {
     const VarDesc& z = p.var(op.in("Z"));
     MIX_CHECK(op.attr<bool>("fuse_with_relu", false) && z.shape == x.shape && z.dtype == x.dtype,
               "batch_norm: a residual Z (" << z.name << ") must match X " << x.name
-                                           << " and needs fuse_with_relu (runtime/fuse_bn_relu.h)");
+                                           << " and needs fuse_with_relu (runtime/passes/fuse_bn_relu.h)");
   }
   declare_var(p, op.out("Y"), x.shape, x.dtype);
   // Training writes the running statistics and what the grad reads; only a
@@ -125,7 +125,7 @@ void write_y(OpContext& ctx, const Tensor& x_nchw, const BatchNormDims& d,
   const bool relu = ctx.attr<bool>("fuse_with_relu", false);
   const Tensor* z = ctx.in_opt("Z");
   if (z) {
-    MIX_CHECK(relu, "batch_norm: a residual Z needs fuse_with_relu (runtime/fuse_bn_relu.h)");
+    MIX_CHECK(relu, "batch_norm: a residual Z needs fuse_with_relu (runtime/passes/fuse_bn_relu.h)");
     MIX_CHECK(z->shape() == x.shape() && z->dtype() == x.dtype(),
               "batch_norm: Z " << dtype_name(z->dtype()) << shape_str(z->shape()) << " must match X "
                                << dtype_name(x.dtype()) << shape_str(x.shape()));
@@ -280,7 +280,7 @@ std::vector<OpDesc> batch_norm_grad_maker(const OpDesc& fwd, GradContext& g) {
   const std::string dy = g.grad_of_output(fwd.out("Y"));
   if (dy.empty()) return {};
   MIX_CHECK(fwd.in_or_empty("Z").empty(),
-            "batch_norm with a residual Z has no gradient maker: runtime/fuse_bn_relu.h makes it after autodiff");
+            "batch_norm with a residual Z has no gradient maker: runtime/passes/fuse_bn_relu.h makes it after autodiff");
   OpDesc grad = make_op("batch_norm_grad",
                         {{"X", {fwd.in("X")}},
                          {"Scale", {fwd.in("Scale")}},

@@ -5,10 +5,10 @@
 // runtime/ops/data_format.h). A 2-D X [N, C] is the same in both.
 #include <cstdint>
 
-#include "runtime/check.h"
+#include "runtime/core/check.h"
+#include "runtime/core/tensor.h"
+#include "runtime/ir/program.h"
 #include "runtime/ops/data_format.h"
-#include "runtime/program.h"
-#include "runtime/tensor.h"
 
 namespace mix {
 

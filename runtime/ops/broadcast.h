@@ -15,10 +15,10 @@
 #include <algorithm>
 #include <vector>
 
-#include "runtime/check.h"
+#include "runtime/core/check.h"
+#include "runtime/core/tensor.h"
+#include "runtime/ir/op_registry.h"
 #include "runtime/kernels/cpu_loops.h"
-#include "runtime/op_registry.h"
-#include "runtime/tensor.h"
 
 namespace mix {
 

@@ -2,8 +2,8 @@
 // inserts these; the gradient of a cast is the cast back.
 #include <cstring>
 
-#include "runtime/check.h"
-#include "runtime/op_registry.h"
+#include "runtime/core/check.h"
+#include "runtime/ir/op_registry.h"
 #include "runtime/ops/gemm.h"
 
 namespace mix {

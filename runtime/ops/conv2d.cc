@@ -16,9 +16,9 @@
 #include <algorithm>
 #include <cstring>
 
-#include "runtime/check.h"
+#include "runtime/core/check.h"
+#include "runtime/ir/op_registry.h"
 #include "runtime/kernels/cpu_loops.h"
-#include "runtime/op_registry.h"
 #include "runtime/ops/conv_shapes.h"
 #include "runtime/ops/gemm.h"
 

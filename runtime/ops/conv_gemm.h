@@ -30,7 +30,7 @@
 // scatter_into, whose CPU twins the tests run).
 #include <cstdint>
 
-#include "runtime/check.h"
+#include "runtime/core/check.h"
 #include "runtime/kernels/transpose_index.h"
 #include "runtime/ops/conv_shapes.h"
 

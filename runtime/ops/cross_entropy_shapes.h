@@ -4,11 +4,11 @@
 // where its grad reads the softmax from.
 #include <cstdint>
 
-#include "runtime/check.h"
-#include "runtime/op_registry.h"
+#include "runtime/core/check.h"
+#include "runtime/core/tensor.h"
+#include "runtime/ir/op_registry.h"
+#include "runtime/ir/program.h"
 #include "runtime/ops/widening.h"
-#include "runtime/program.h"
-#include "runtime/tensor.h"
 
 namespace mix::xent {
 
@@ -67,7 +67,7 @@ inline Shape loss_shape_of(const Shape& logits) { return per_row_shape(logits, 1
 inline Shape row_stats_shape(const Shape& logits) { return per_row_shape(logits, 2); }
 
 /// Where softmax_with_cross_entropy_grad takes the softmax from: the stored
-/// Softmax, or Logits and RowStats (runtime/recompute_softmax.h).
+/// Softmax, or Logits and RowStats (runtime/passes/recompute_softmax.h).
 struct GradSource {
   Tensor values;     // Softmax, or Logits when recomputing
   Tensor row_stats;  // RowStats; empty when Softmax is stored

@@ -15,10 +15,10 @@
 #include <cstddef>
 #include <string>
 
-#include "runtime/check.h"
+#include "runtime/core/check.h"
+#include "runtime/core/tensor.h"
+#include "runtime/ir/program.h"
 #include "runtime/ops/transpose2_shapes.h"
-#include "runtime/program.h"
-#include "runtime/tensor.h"
 
 namespace mix {
 

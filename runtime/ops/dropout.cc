@@ -25,10 +25,10 @@
 #include <string>
 #include <vector>
 
-#include "runtime/check.h"
+#include "runtime/core/check.h"
+#include "runtime/ir/op_registry.h"
 #include "runtime/kernels/cpu_loops.h"
 #include "runtime/kernels/dropout_mask.h"
-#include "runtime/op_registry.h"
 #include "runtime/ops/dropout_attrs.h"
 
 namespace mix {

@@ -7,11 +7,11 @@
 #include <cstdint>
 #include <string>
 
-#include "runtime/check.h"
-#include "runtime/init.h"
+#include "runtime/core/check.h"
+#include "runtime/core/hash.h"
+#include "runtime/ir/op_registry.h"
+#include "runtime/ir/program.h"
 #include "runtime/kernels/dropout_mask.h"
-#include "runtime/op_registry.h"
-#include "runtime/program.h"
 
 namespace mix::dropout_rules {
 

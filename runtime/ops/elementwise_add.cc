@@ -7,9 +7,9 @@
 #include <cstring>
 #include <vector>
 
+#include "runtime/ir/op_registry.h"
 #include "runtime/kernels/cpu_loops.h"
 #include "runtime/kernels/functors.h"
-#include "runtime/op_registry.h"
 #include "runtime/ops/add_grad_views.h"
 #include "runtime/ops/broadcast.h"
 #include "runtime/ops/gemm.h"

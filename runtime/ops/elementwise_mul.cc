@@ -3,9 +3,9 @@
 // the broadcast dims, accumulated in FP32 and rounded once on store.
 #include <vector>
 
+#include "runtime/ir/op_registry.h"
 #include "runtime/kernels/cpu_loops.h"
 #include "runtime/kernels/functors.h"
-#include "runtime/op_registry.h"
 #include "runtime/ops/broadcast.h"
 #include "runtime/ops/gemm.h"
 

@@ -1,7 +1,7 @@
 // fill_constant: Out = value (seeds loss@GRAD with 1 in FP32 training).
 // fill_like_scalar: Out[shape] = X[0] (seeds loss@GRAD with the loss scale).
-#include "runtime/check.h"
-#include "runtime/op_registry.h"
+#include "runtime/core/check.h"
+#include "runtime/ir/op_registry.h"
 #include "runtime/ops/gemm.h"
 
 namespace mix {

@@ -2,8 +2,8 @@
 // (Paddle's flatten; axis 1 by default), e.g. ResNet's pooled [N, C, 1, 1] to
 // the [N, C] its fc layer takes. A view of X's storage, like reshape2; its
 // gradient is reshape2_grad (Out@GRAD viewed with X's runtime shape).
-#include "runtime/check.h"
-#include "runtime/op_registry.h"
+#include "runtime/core/check.h"
+#include "runtime/ir/op_registry.h"
 
 namespace mix {
 namespace {

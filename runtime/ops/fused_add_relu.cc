@@ -1,4 +1,4 @@
-// Two fused ops that runtime/fuse_add_relu.h puts where a ResNet's residual
+// Two fused ops that runtime/passes/fuse_add_relu.h puts where a ResNet's residual
 // adds meet their relu, forward and backward:
 //
 //   fused_add_relu        Out = relu(X + Y), X and Y of one shape and dtype:
@@ -16,10 +16,10 @@
 // neither has a gradient of its own.
 #include <vector>
 
-#include "runtime/check.h"
+#include "runtime/core/check.h"
+#include "runtime/ir/op_registry.h"
 #include "runtime/kernels/cpu_loops.h"
 #include "runtime/kernels/functors.h"
-#include "runtime/op_registry.h"
 #include "runtime/ops/gemm.h"
 #include "runtime/ops/sum.h"
 

@@ -5,8 +5,8 @@
 // element widened exactly and rounded once, as cast's), one multi-tensor
 // launch on a GPU instead of one per weight. It exists only after autodiff,
 // so it has no gradient of its own.
-#include "runtime/check.h"
-#include "runtime/op_registry.h"
+#include "runtime/core/check.h"
+#include "runtime/ir/op_registry.h"
 #include "runtime/ops/gemm.h"
 
 namespace mix {

@@ -3,8 +3,8 @@
 // shapes may hold -1 (the batch dimension), which matches anything.
 #include <cstdint>
 
-#include "runtime/check.h"
-#include "runtime/tensor.h"
+#include "runtime/core/check.h"
+#include "runtime/core/tensor.h"
 
 namespace mix {
 

@@ -20,10 +20,10 @@
 #include <string>
 #include <vector>
 
-#include "runtime/check.h"
+#include "runtime/core/check.h"
+#include "runtime/ir/op_registry.h"
 #include "runtime/kernels/cpu_loops.h"
 #include "runtime/kernels/layer_norm_row.h"
-#include "runtime/op_registry.h"
 #include "runtime/ops/layer_norm_shapes.h"
 
 namespace mix {

@@ -5,10 +5,10 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "runtime/check.h"
-#include "runtime/op_registry.h"
-#include "runtime/program.h"
-#include "runtime/tensor.h"
+#include "runtime/core/check.h"
+#include "runtime/core/tensor.h"
+#include "runtime/ir/op_registry.h"
+#include "runtime/ir/program.h"
 
 namespace mix::layer_norm_rules {
 

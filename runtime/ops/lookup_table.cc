@@ -17,10 +17,10 @@
 #include <string>
 #include <vector>
 
-#include "runtime/check.h"
+#include "runtime/core/check.h"
+#include "runtime/ir/op_registry.h"
 #include "runtime/kernels/cpu_loops.h"
 #include "runtime/kernels/lookup_row.h"
-#include "runtime/op_registry.h"
 #include "runtime/ops/gemm.h"
 #include "runtime/ops/lookup_table_shapes.h"
 

@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <string>
 
-#include "runtime/check.h"
-#include "runtime/tensor.h"
+#include "runtime/core/check.h"
+#include "runtime/core/tensor.h"
 
 namespace mix::lookup_rules {
 

@@ -14,8 +14,8 @@
 #include <algorithm>
 #include <vector>
 
-#include "runtime/check.h"
-#include "runtime/op_registry.h"
+#include "runtime/core/check.h"
+#include "runtime/ir/op_registry.h"
 #include "runtime/ops/gemm.h"
 #include "runtime/ops/gemm_shapes.h"
 

@@ -5,10 +5,10 @@
 // Grad (mean_grad): dX[i] = dOut[0] / numel(X), in X's shape and dtype.
 #include <vector>
 
-#include "runtime/check.h"
+#include "runtime/core/check.h"
+#include "runtime/ir/op_registry.h"
 #include "runtime/kernels/cpu_loops.h"
 #include "runtime/kernels/functors.h"
-#include "runtime/op_registry.h"
 #include "runtime/ops/gemm.h"
 
 namespace mix {

@@ -2,8 +2,8 @@
 // Y is in PyTorch's nn.Linear layout ([out_features, in_features]) so that
 // checkpoints interchange with PyTorch state_dicts without transposes.
 // X with more than two dims is flattened after x_num_col_dims (Paddle's rule).
-#include "runtime/check.h"
-#include "runtime/op_registry.h"
+#include "runtime/core/check.h"
+#include "runtime/ir/op_registry.h"
 #include "runtime/ops/gemm.h"
 #include "runtime/ops/gemm_shapes.h"
 

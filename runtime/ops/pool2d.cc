@@ -12,9 +12,9 @@
 #include <cmath>
 #include <vector>
 
-#include "runtime/check.h"
+#include "runtime/core/check.h"
+#include "runtime/ir/op_registry.h"
 #include "runtime/kernels/cpu_loops.h"
-#include "runtime/op_registry.h"
 #include "runtime/ops/conv_shapes.h"
 
 namespace mix {

@@ -6,8 +6,8 @@
 // output, since both are views).
 #include <string>
 
-#include "runtime/check.h"
-#include "runtime/op_registry.h"
+#include "runtime/core/check.h"
+#include "runtime/ir/op_registry.h"
 
 namespace mix {
 namespace {

@@ -1,7 +1,7 @@
 // scale: Out = scale * X + bias (Paddle's bias_after_scale=true default).
+#include "runtime/ir/op_registry.h"
 #include "runtime/kernels/cpu_loops.h"
 #include "runtime/kernels/functors.h"
-#include "runtime/op_registry.h"
 
 namespace mix {
 namespace {

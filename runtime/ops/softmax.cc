@@ -19,10 +19,10 @@
 // (amp::fold_widening_grad_casts).
 #include <vector>
 
-#include "runtime/check.h"
+#include "runtime/core/check.h"
+#include "runtime/ir/op_registry.h"
 #include "runtime/kernels/cpu_loops.h"
 #include "runtime/kernels/softmax_row.h"
-#include "runtime/op_registry.h"
 #include "runtime/ops/softmax_shapes.h"
 #include "runtime/ops/widening.h"
 

@@ -7,10 +7,10 @@
 #include <cstdint>
 #include <string>
 
-#include "runtime/check.h"
+#include "runtime/core/check.h"
+#include "runtime/core/tensor.h"
+#include "runtime/ir/program.h"
 #include "runtime/kernels/softmax_row.h"
-#include "runtime/program.h"
-#include "runtime/tensor.h"
 
 namespace mix::softmax_rules {
 

@@ -11,7 +11,7 @@
 // output is ignored, as in Paddle: Softmax is a by-product for the grad and
 // for metrics, not a differentiable output.
 //
-// Without a stored Softmax (runtime/recompute_softmax.h): the forward op may
+// Without a stored Softmax (runtime/passes/recompute_softmax.h): the forward op may
 // have no Softmax output and write RowStats instead, f32 [rows, 2], each row's
 // max and sum(exp(x - max)); the grad op then reads Logits and RowStats in
 // place of Softmax and recomputes each softmax value as the forward would have
@@ -25,10 +25,10 @@
 #include <cstdint>
 #include <vector>
 
-#include "runtime/check.h"
+#include "runtime/core/check.h"
+#include "runtime/ir/op_registry.h"
 #include "runtime/kernels/cpu_loops.h"
 #include "runtime/kernels/softmax_row.h"
-#include "runtime/op_registry.h"
 #include "runtime/ops/cross_entropy_shapes.h"
 #include "runtime/ops/widening.h"
 

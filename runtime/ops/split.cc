@@ -20,8 +20,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/check.h"
-#include "runtime/op_registry.h"
+#include "runtime/core/check.h"
+#include "runtime/ir/op_registry.h"
 #include "runtime/ops/split_shapes.h"
 
 namespace mix {

@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "runtime/check.h"
-#include "runtime/op_registry.h"
-#include "runtime/program.h"
-#include "runtime/tensor.h"
+#include "runtime/core/check.h"
+#include "runtime/core/tensor.h"
+#include "runtime/ir/op_registry.h"
+#include "runtime/ir/program.h"
 
 namespace mix::split_rules {
 

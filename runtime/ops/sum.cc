@@ -2,8 +2,8 @@
 // Adds in FP32 and rounds once on store, so FP16 gradients lose no extra bits.
 #include <vector>
 
-#include "runtime/check.h"
-#include "runtime/op_registry.h"
+#include "runtime/core/check.h"
+#include "runtime/ir/op_registry.h"
 #include "runtime/ops/gemm.h"
 #include "runtime/ops/sum.h"
 

@@ -10,10 +10,10 @@
 #include <algorithm>
 #include <string>
 
-#include "runtime/check.h"
+#include "runtime/core/check.h"
+#include "runtime/ir/op_registry.h"
 #include "runtime/kernels/argmax_key.h"
 #include "runtime/kernels/cpu_loops.h"
-#include "runtime/op_registry.h"
 #include "runtime/ops/top1_correct.h"
 
 namespace mix {

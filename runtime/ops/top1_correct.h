@@ -3,7 +3,7 @@
 // (runtime/ops/top1_correct.cc, runtime/ops/cuda/top1_correct.cu).
 #include <cstdint>
 
-#include "runtime/tensor.h"
+#include "runtime/core/tensor.h"
 
 namespace mix {
 

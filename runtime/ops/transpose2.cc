@@ -18,9 +18,9 @@
 #include <string>
 #include <vector>
 
-#include "runtime/check.h"
+#include "runtime/core/check.h"
+#include "runtime/ir/op_registry.h"
 #include "runtime/kernels/transpose_index.h"
-#include "runtime/op_registry.h"
 #include "runtime/ops/transpose2_shapes.h"
 
 namespace mix {

@@ -22,11 +22,11 @@
 #include <string>
 #include <type_traits>
 
-#include "runtime/check.h"
-#include "runtime/dtype.h"
-#include "runtime/half.h"
+#include "runtime/core/check.h"
+#include "runtime/core/dtype.h"
+#include "runtime/core/half.h"
+#include "runtime/ir/program.h"
 #include "runtime/kernels/cpu_loops.h"
-#include "runtime/program.h"
 
 namespace mix::widening {
 

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "runtime/autodiff.h"
-#include "runtime/op_registry.h"
+#include "runtime/ir/autodiff.h"
+#include "runtime/ir/op_registry.h"
 
 namespace mix::optim {
 

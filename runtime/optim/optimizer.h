@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/program.h"
+#include "runtime/ir/program.h"
 
 namespace mix::optim {
 

@@ -5,8 +5,8 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/check.h"
-#include "runtime/op_registry.h"
+#include "runtime/core/check.h"
+#include "runtime/ir/op_registry.h"
 
 namespace mix::optim {
 

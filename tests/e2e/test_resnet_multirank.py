@@ -17,7 +17,7 @@
   4. ResNet-50's structure at ImageNet size trains a step (synthetic 3x224x224,
      batch 2, --width 8 to stay quick) and reports its peak memory;
   5. the residual adds and the batch norms fused with their relu
-     (runtime/fuse_add_relu.h, runtime/fuse_bn_relu.h, the defaults):
+     (runtime/passes/fuse_add_relu.h, runtime/passes/fuse_bn_relu.h, the defaults):
      --print-program shows the fused ops, and 4 AMP steps write the same
      checkpoint, byte for byte, as with --no-fuse-add-relu, --no-fuse-bn-relu or
      --no-fuse-param-casts.

@@ -17,7 +17,7 @@
      lm_head.weight;
   5. the precision lists: by default the causal softmax is FP32 (black list) between
      FP16 matmuls; --amp-white-list softmax runs it in FP16 with no casts around it;
-     the loss stores no softmax by default (RowStats; runtime/recompute_softmax.h)
+     the loss stores no softmax by default (RowStats; runtime/passes/recompute_softmax.h)
      and does with --store-softmax, and the two write the same checkpoint;
   6. a --data-dir of the user's own text trains and evaluates; bad input: a
      --data-dir without text, --heads that do not divide --d-model, a --vocab

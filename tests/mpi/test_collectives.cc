@@ -31,12 +31,14 @@
 
 #include "collective/communicator.h"
 #include "collective/mpi_communicator.h"
-#include "runtime/check.h"
-#include "runtime/half.h"
+#include "runtime/core/check.h"
+#include "runtime/core/half.h"
+#include "runtime/core/hash.h"
 
 namespace {
 
 using mix::DType;
+using mix::fnv1a;
 using mix::collective::Communicator;
 using mix::collective::ReduceOp;
 using mix::collective::Traffic;
@@ -101,14 +103,6 @@ size_t count_mismatches(const std::vector<char>& got, const std::vector<char>& w
     }
   }
   return bad;
-}
-
-// FNV-1a of a buffer: ranks compare results without gathering them whole.
-uint64_t fnv1a(const void* p, size_t bytes) {
-  uint64_t h = 1469598103934665603ull;
-  const auto* c = static_cast<const unsigned char*>(p);
-  for (size_t i = 0; i < bytes; ++i) h = (h ^ c[i]) * 1099511628211ull;
-  return h;
 }
 
 // True when every rank holds the same 64-bit value.
@@ -314,7 +308,7 @@ TEST_CASE("f16/bf16 sums round per hop, in some tree order, identically on every
       INFO(mix::dtype_name(k.dtype) << " " << size << " elements, rank " << c.rank() << ": " << outside
                                     << " results outside " << describe(plausible) << ", first " << first_outside);
       CHECK(outside == 0);
-      CHECK(same_on_all_ranks(c, fnv1a(buf.data(), size * 2)));
+      CHECK(same_on_all_ranks(c, fnv1a(buf.data(), size * 2)));  // ranks compare hashes, not whole buffers
     }
   }
 }

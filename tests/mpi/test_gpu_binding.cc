@@ -18,7 +18,7 @@
 
 #include "collective/communicator.h"
 #include "collective/consistency.h"
-#include "runtime/check.h"
+#include "runtime/core/check.h"
 
 #ifdef MIX_HAVE_CUDA
 #include <cuda_runtime.h>

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "models/model.h"
-#include "runtime/program.h"
+#include "runtime/ir/program.h"
 
 namespace mix::testing {
 

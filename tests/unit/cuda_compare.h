@@ -42,10 +42,10 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/executor.h"
-#include "runtime/op_registry.h"
-#include "runtime/program.h"
-#include "runtime/tensor.h"
+#include "runtime/core/tensor.h"
+#include "runtime/exec/executor.h"
+#include "runtime/ir/op_registry.h"
+#include "runtime/ir/program.h"
 #include "tests/unit/gradcheck.h"
 
 namespace mix::testing {

@@ -34,13 +34,13 @@
 #include <string>
 #include <vector>
 
-#include "runtime/autodiff.h"
-#include "runtime/executor.h"
-#include "runtime/op_registry.h"
+#include "runtime/core/random.h"
+#include "runtime/core/tensor.h"
+#include "runtime/exec/executor.h"
+#include "runtime/ir/autodiff.h"
+#include "runtime/ir/op_registry.h"
+#include "runtime/ir/program.h"
 #include "runtime/ops/gemm.h"
-#include "runtime/program.h"
-#include "runtime/random.h"
-#include "runtime/tensor.h"
 
 namespace mix::testing {
 

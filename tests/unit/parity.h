@@ -24,10 +24,10 @@
 
 #include "collective/communicator.h"
 #include "models/model.h"
-#include "runtime/executor.h"
+#include "runtime/core/tensor.h"
+#include "runtime/exec/executor.h"
 #include "runtime/io/safetensors.h"
 #include "runtime/optim/optimizer.h"
-#include "runtime/tensor.h"
 
 namespace mix::testing {
 

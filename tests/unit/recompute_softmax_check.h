@@ -1,6 +1,6 @@
 #pragma once
 // What the tests of softmax_with_cross_entropy without a stored softmax
-// (runtime/recompute_softmax.h) share: its gradient computed both ways on one
+// (runtime/passes/recompute_softmax.h) share: its gradient computed both ways on one
 // device. test_recompute_softmax.cc runs it on the CPU, test_cuda_ops.cc on
 // the GPU; on each, the two must be the same bits.
 #include <map>
@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/op_registry.h"
+#include "runtime/ir/op_registry.h"
 #include "tests/unit/cuda_compare.h"
 #include "tests/unit/gradcheck.h"
 

@@ -9,8 +9,8 @@
 
 #include "collective/communicator.h"
 #include "launch/allreduce_bench.h"
-#include "runtime/half.h"
-#include "runtime/tensor.h"
+#include "runtime/core/half.h"
+#include "runtime/core/tensor.h"
 
 using namespace mix;
 using collective::ReduceOp;

@@ -7,8 +7,8 @@
 #include "amp/rewrite.h"
 #include "collective/grad_allreduce_pass.h"
 #include "models/model.h"
-#include "runtime/check.h"
-#include "runtime/op_registry.h"
+#include "runtime/core/check.h"
+#include "runtime/ir/op_registry.h"
 #include "tests/unit/amp_test_programs.h"
 
 using namespace mix;

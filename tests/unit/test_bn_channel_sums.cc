@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
-#include "runtime/half.h"
+#include "runtime/core/half.h"
+#include "runtime/core/random.h"
 #include "runtime/kernels/bn_channel_sums.h"
 #include "runtime/kernels/functors.h"
-#include "runtime/random.h"
 
 using namespace mix;
 using kernels::BnSumGeometry;

@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "collective/communicator.h"
-#include "runtime/check.h"
-#include "runtime/half.h"
+#include "runtime/core/check.h"
+#include "runtime/core/half.h"
 
 namespace {
 

@@ -20,10 +20,10 @@
 #include <vector>
 
 #include "models/model.h"
+#include "runtime/core/random.h"
 #include "runtime/ops/conv_gemm.h"
 #include "runtime/ops/gemm.h"
 #include "runtime/ops/transpose2_shapes.h"
-#include "runtime/random.h"
 #include "tests/unit/cuda_compare.h"
 
 using namespace mix;

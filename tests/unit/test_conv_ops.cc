@@ -12,7 +12,7 @@
 #include <numeric>
 #include <vector>
 
-#include "runtime/check.h"
+#include "runtime/core/check.h"
 #include "runtime/ops/data_format.h"
 #include "tests/unit/gradcheck.h"
 

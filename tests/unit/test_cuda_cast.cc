@@ -10,9 +10,9 @@
 #include <cstdlib>
 #include <vector>
 
-#include "runtime/half.h"
+#include "runtime/core/half.h"
+#include "runtime/core/random.h"
 #include "runtime/kernels/functors.h"
-#include "runtime/random.h"
 
 #ifdef MIX_HAVE_CUDA
 #include <cuda_runtime.h>

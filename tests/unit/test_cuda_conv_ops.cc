@@ -24,7 +24,7 @@
 // data_layout NHWC, ResNet's default on CUDA): NHWC inputs are permuted copies
 // of the NCHW ones and NHWC results are permuted back before the comparisons,
 // so one reference and one set of bounds serve both layouts.
-// batch_norm also runs with fuse_with_relu (runtime/fuse_bn_relu.h). Channels
+// batch_norm also runs with fuse_with_relu (runtime/passes/fuse_bn_relu.h). Channels
 // last, batch_norm runs mixtrain's own kernels (batch_norm_channels_last.cu),
 // except without a fused relu under the persistent switch (cuDNN's
 // persistent kernels); NCHW runs cuDNN.
@@ -55,16 +55,17 @@
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
 
-#include "runtime/allocator.h"
-#include "runtime/executor.h"
+#include "runtime/core/allocator.h"
+#include "runtime/core/device_backend.h"
+#include "runtime/core/random.h"
+#include "runtime/core/tensor.h"
+#include "runtime/exec/executor.h"
+#include "runtime/ir/op_registry.h"
+#include "runtime/ir/program.h"
 #include "runtime/kernels/functors.h"
 #include "runtime/kernels/transpose_index.h"
-#include "runtime/op_registry.h"
 #include "runtime/ops/data_format.h"
 #include "runtime/ops/transpose2_shapes.h"
-#include "runtime/program.h"
-#include "runtime/random.h"
-#include "runtime/tensor.h"
 #include "tests/unit/cuda_compare.h"
 #include "tests/unit/gradcheck.h"
 
@@ -685,7 +686,7 @@ int64_t channel_of(int64_t i, int64_t c, int64_t spatial) { return (i / spatial)
 // over 2 chunks; the first two shapes one channel a thread in one chunk.
 const Shape kBnShapes[] = {{4, 6, 5, 7}, {16, 5}, {8, 72, 9, 9}, {2, 512, 3, 3}, {8, 6, 11, 11}};
 
-// fuse_with_relu's cases (runtime/fuse_bn_relu.h): channels last they run
+// fuse_with_relu's cases (runtime/passes/fuse_bn_relu.h): channels last they run
 // mixtrain's own kernels (batch_norm_channels_last.cu), NCHW cuDNN and a
 // separate relu; Fusion::none runs the own kernels too channels last. The bounds hold with relu applied to the
 // reference, since |relu(a) - relu(b)| <= |a - b|. The forward's also take a residual Z added before the relu: Y =

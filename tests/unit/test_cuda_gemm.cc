@@ -37,10 +37,10 @@
 #include <string>
 #include <vector>
 
-#include "runtime/check.h"
-#include "runtime/executor.h"
-#include "runtime/op_registry.h"
-#include "runtime/program.h"
+#include "runtime/core/check.h"
+#include "runtime/exec/executor.h"
+#include "runtime/ir/op_registry.h"
+#include "runtime/ir/program.h"
 #include "tests/unit/gradcheck.h"
 
 #ifdef MIX_HAVE_CUDA

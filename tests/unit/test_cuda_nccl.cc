@@ -19,10 +19,10 @@
 #include <vector>
 
 #include "collective/communicator.h"
-#include "runtime/check.h"
-#include "runtime/dtype.h"
-#include "runtime/half.h"
-#include "runtime/random.h"
+#include "runtime/core/check.h"
+#include "runtime/core/dtype.h"
+#include "runtime/core/half.h"
+#include "runtime/core/random.h"
 
 #ifdef MIX_HAVE_CUDA
 #include <cuda_runtime.h>

@@ -29,13 +29,13 @@
 #include <vector>
 
 #include "collective/communicator.h"
-#include "runtime/check.h"
-#include "runtime/device_backend.h"
-#include "runtime/executor.h"
+#include "runtime/core/check.h"
+#include "runtime/core/device_backend.h"
+#include "runtime/core/tensor.h"
+#include "runtime/exec/executor.h"
+#include "runtime/ir/op_registry.h"
+#include "runtime/ir/program.h"
 #include "runtime/kernels/multi_tensor_plan.h"
-#include "runtime/op_registry.h"
-#include "runtime/program.h"
-#include "runtime/tensor.h"
 #include "tests/unit/cuda_compare.h"
 #include "tests/unit/gradcheck.h"
 

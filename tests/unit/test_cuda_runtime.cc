@@ -15,12 +15,12 @@
 #include <vector>
 #include "tests/unit/require_gpu.h"
 
-#include "runtime/check.h"
+#include "runtime/core/check.h"
+#include "runtime/core/device_backend.h"
+#include "runtime/core/random.h"
+#include "runtime/core/tensor.h"
 #include "runtime/data/batch_feeder.h"
 #include "runtime/data/dataset.h"
-#include "runtime/device_backend.h"
-#include "runtime/random.h"
-#include "runtime/tensor.h"
 
 #ifdef MIX_HAVE_CUDA
 #include <cuda_runtime.h>

@@ -12,7 +12,7 @@
 // batch-norm kernels, NCHW cuDNN's.
 // Last, the Transformer's steps on the GPU with and without
 // amp::fold_widening_casts, and with the loss's softmax recomputed or stored
-// (runtime/recompute_softmax.h), which must agree bit for bit; and the MLP's
+// (runtime/passes/recompute_softmax.h), which must agree bit for bit; and the MLP's
 // and the ResNet's steps recorded once as a CUDA graph and replayed
 // (--cuda-graph), which must give the op-by-op steps' bits, dropout's masks
 // and an injected overflow included.
@@ -275,7 +275,7 @@ TEST_CASE("Training steps recorded as a CUDA graph and replayed give the bits of
 #ifdef MIX_HAVE_CUDA
   cuda::set_allow_tf32(false);
   // A replay runs the recorded kernels with the recorded arguments on the
-  // recorded memory (runtime/step_graph.h): the same GPU work as the op-by-op
+  // recorded memory (runtime/exec/step_graph.h): the same GPU work as the op-by-op
   // step, so the same bits, provided the kernels add in fixed orders. They do
   // for the MLP and the Transformer (cuBLAS gives the same bits for the same
   // call; the hand-written kernels add in fixed orders) and for the ResNet as

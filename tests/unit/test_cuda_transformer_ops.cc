@@ -45,12 +45,12 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/executor.h"
-#include "runtime/half.h"
-#include "runtime/op_registry.h"
-#include "runtime/program.h"
-#include "runtime/random.h"
-#include "runtime/tensor.h"
+#include "runtime/core/half.h"
+#include "runtime/core/random.h"
+#include "runtime/core/tensor.h"
+#include "runtime/exec/executor.h"
+#include "runtime/ir/op_registry.h"
+#include "runtime/ir/program.h"
 #include "tests/unit/cuda_compare.h"
 #include "tests/unit/gradcheck.h"
 #include "tests/unit/widening_check.h"

@@ -19,12 +19,12 @@
 #include <sstream>
 #include <utility>
 
-#include "runtime/check.h"
+#include "runtime/core/check.h"
+#include "runtime/core/random.h"
 #include "runtime/data/batch_feeder.h"
 #include "runtime/data/batch_prefetcher.h"
 #include "runtime/data/dataset.h"
 #include "runtime/io/safetensors.h"
-#include "runtime/random.h"
 #include "tests/unit/temp_files.h"
 
 namespace fs = std::filesystem;

@@ -8,13 +8,13 @@
 #include <vector>
 
 #include "models/model.h"
-#include "runtime/allocator.h"
-#include "runtime/autodiff.h"
-#include "runtime/check.h"
-#include "runtime/device_backend.h"
-#include "runtime/executor.h"
-#include "runtime/init.h"
-#include "runtime/op_registry.h"
+#include "runtime/core/allocator.h"
+#include "runtime/core/check.h"
+#include "runtime/core/device_backend.h"
+#include "runtime/exec/executor.h"
+#include "runtime/exec/init.h"
+#include "runtime/ir/autodiff.h"
+#include "runtime/ir/op_registry.h"
 
 using namespace mix;
 

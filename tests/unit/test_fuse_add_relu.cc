@@ -1,4 +1,4 @@
-// fuse_add_relu (runtime/fuse_add_relu.h) and its two fused ops
+// fuse_add_relu (runtime/passes/fuse_add_relu.h) and its two fused ops
 // (runtime/ops/fused_add_relu.cc): each fused op gives the bits of the pair it
 // replaces; the pass fuses every residual add and gradient sum of the ResNets
 // and leaves alone what it must; and whole training steps, FP32 and AMP, give
@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "models/model.h"
-#include "runtime/executor.h"
-#include "runtime/fuse_add_relu.h"
-#include "runtime/op_registry.h"
+#include "runtime/exec/executor.h"
+#include "runtime/ir/op_registry.h"
+#include "runtime/passes/fuse_add_relu.h"
 #include "tests/unit/cuda_compare.h"
 #include "tests/unit/gradcheck.h"
 #include "tests/unit/train_steps.h"

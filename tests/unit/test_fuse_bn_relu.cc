@@ -1,4 +1,4 @@
-// fuse_bn_relu (runtime/fuse_bn_relu.h) and batch_norm's fuse_with_relu
+// fuse_bn_relu (runtime/passes/fuse_bn_relu.h) and batch_norm's fuse_with_relu
 // (runtime/ops/batch_norm.cc): the fused forward and gradient give the bits of
 // the pairs they replace, relu's mask recomputed from X included; the pass
 // fuses every batch norm + relu of the ResNets and leaves alone what it must;
@@ -13,12 +13,12 @@
 #include <vector>
 
 #include "models/model.h"
-#include "runtime/executor.h"
-#include "runtime/fuse_add_relu.h"
-#include "runtime/fuse_bn_relu.h"
-#include "runtime/half.h"
+#include "runtime/core/half.h"
+#include "runtime/exec/executor.h"
 #include "runtime/kernels/cpu_loops.h"
 #include "runtime/kernels/functors.h"
+#include "runtime/passes/fuse_add_relu.h"
+#include "runtime/passes/fuse_bn_relu.h"
 #include "tests/unit/cuda_compare.h"
 #include "tests/unit/gradcheck.h"
 #include "tests/unit/train_steps.h"

@@ -12,7 +12,7 @@
 
 #include "amp/fuse_param_casts.h"
 #include "models/model.h"
-#include "runtime/op_registry.h"
+#include "runtime/ir/op_registry.h"
 #include "tests/unit/cuda_compare.h"
 #include "tests/unit/gradcheck.h"
 #include "tests/unit/train_steps.h"

@@ -19,7 +19,7 @@
 #include "amp/decorate.h"
 #include "collective/grad_allreduce_pass.h"
 #include "models/model.h"
-#include "runtime/op_registry.h"
+#include "runtime/ir/op_registry.h"
 #include "runtime/optim/optimizer.h"
 
 using namespace mix;

@@ -14,10 +14,10 @@
 
 #include "collective/communicator.h"
 #include "collective/overflow_mask.h"
-#include "runtime/check.h"
-#include "runtime/executor.h"
-#include "runtime/half.h"
-#include "runtime/op_registry.h"
+#include "runtime/core/check.h"
+#include "runtime/core/half.h"
+#include "runtime/exec/executor.h"
+#include "runtime/ir/op_registry.h"
 
 using namespace mix;
 using Catch::Contains;

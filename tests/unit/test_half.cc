@@ -1,4 +1,4 @@
-// Tests of runtime/half.h: binary16 / bfloat16 conversions, scalar and bulk.
+// Tests of runtime/core/half.h: binary16 / bfloat16 conversions, scalar and bulk.
 //
 // The oracles, from strongest to weakest independence:
 //   - NumPy (float16) and PyTorch (bfloat16) on a table of boundary cases written by
@@ -28,10 +28,10 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/half.h"
+#include "runtime/core/half.h"
+#include "runtime/core/tensor.h"
 #include "runtime/kernels/cpu_loops.h"
 #include "runtime/kernels/functors.h"
-#include "runtime/tensor.h"
 
 namespace {
 

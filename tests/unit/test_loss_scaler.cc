@@ -18,11 +18,11 @@
 #include <vector>
 
 #include "amp/loss_scaler.h"
-#include "runtime/check.h"
-#include "runtime/executor.h"
-#include "runtime/half.h"
-#include "runtime/op_registry.h"
-#include "runtime/program.h"
+#include "runtime/core/check.h"
+#include "runtime/core/half.h"
+#include "runtime/exec/executor.h"
+#include "runtime/ir/op_registry.h"
+#include "runtime/ir/program.h"
 
 namespace {
 

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/check.h"
-#include "runtime/half.h"
+#include "runtime/core/check.h"
+#include "runtime/core/half.h"
 #include "tests/unit/cuda_compare.h"
 #include "tests/unit/gradcheck.h"
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/half.h"
+#include "runtime/core/half.h"
 #include "tests/unit/gradcheck.h"
 
 using namespace mix;

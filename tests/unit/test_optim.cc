@@ -6,9 +6,9 @@
 #include <functional>
 
 #include "amp/decorate.h"
-#include "runtime/executor.h"
-#include "runtime/init.h"
-#include "runtime/op_registry.h"
+#include "runtime/exec/executor.h"
+#include "runtime/exec/init.h"
+#include "runtime/ir/op_registry.h"
 #include "runtime/optim/lr_schedule.h"
 #include "runtime/optim/optimizer.h"
 

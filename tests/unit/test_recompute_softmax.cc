@@ -1,4 +1,4 @@
-// recompute_softmax (runtime/recompute_softmax.h): softmax_with_cross_entropy
+// recompute_softmax (runtime/passes/recompute_softmax.h): softmax_with_cross_entropy
 // without a stored Softmax. Its grad, recomputing the softmax from Logits and
 // RowStats, gives the bits of the grad that reads the stored Softmax, in every
 // dtype pairing the op has (FP32; FP16/BF16 alone; FP16/BF16 logits with FP32
@@ -18,9 +18,9 @@
 
 #include "amp/decorate.h"
 #include "models/model.h"
-#include "runtime/executor.h"
-#include "runtime/op_registry.h"
-#include "runtime/recompute_softmax.h"
+#include "runtime/exec/executor.h"
+#include "runtime/ir/op_registry.h"
+#include "runtime/passes/recompute_softmax.h"
 #include "tests/unit/amp_test_programs.h"
 #include "tests/unit/cuda_compare.h"
 #include "tests/unit/gradcheck.h"

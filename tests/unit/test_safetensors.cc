@@ -12,7 +12,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "runtime/check.h"
+#include "runtime/core/check.h"
 #include "runtime/io/safetensors.h"
 #include "tests/unit/temp_files.h"
 

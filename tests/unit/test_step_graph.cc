@@ -1,4 +1,4 @@
-// StepGraph (runtime/step_graph.h, --cuda-graph) on the CPU, through a
+// StepGraph (runtime/exec/step_graph.h, --cuda-graph) on the CPU, through a
 // stand-in recording that behaves as CUDA's stream capture does where
 // StepGraph relies on it: record() runs none of the work, replay() runs it
 // once, copy_in copies at once. These tests check the runner's side: which
@@ -25,8 +25,8 @@
 #include "collective/allreduce_bucket.h"
 #include "launch/step_runner.h"
 #include "models/model.h"
-#include "runtime/check.h"
-#include "runtime/step_graph.h"
+#include "runtime/core/check.h"
+#include "runtime/exec/step_graph.h"
 #include "tests/unit/train_steps.h"
 
 using namespace mix;

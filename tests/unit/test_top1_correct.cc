@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/op_registry.h"
+#include "runtime/ir/op_registry.h"
 #include "tests/unit/cuda_compare.h"
 #include "tests/unit/top1_check.h"
 

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/check.h"
+#include "runtime/core/check.h"
 #include "runtime/kernels/dropout_mask.h"
 #include "runtime/kernels/transpose_index.h"
 #include "runtime/ops/transpose2_shapes.h"

@@ -23,8 +23,8 @@
 #include "collective/communicator.h"
 #include "collective/grad_allreduce_pass.h"
 #include "models/model.h"
-#include "runtime/executor.h"
-#include "runtime/init.h"
+#include "runtime/exec/executor.h"
+#include "runtime/exec/init.h"
 #include "runtime/optim/optimizer.h"
 #include "tests/unit/parity.h"
 

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "runtime/tensor.h"
+#include "runtime/core/tensor.h"
 #include "tests/unit/cuda_compare.h"
 
 namespace mix::testing {

@@ -21,14 +21,14 @@
 #include "collective/communicator.h"
 #include "collective/grad_allreduce_pass.h"
 #include "models/model.h"
-#include "runtime/executor.h"
-#include "runtime/fuse_add_relu.h"
-#include "runtime/fuse_bn_relu.h"
-#include "runtime/init.h"
+#include "runtime/core/random.h"
+#include "runtime/exec/executor.h"
+#include "runtime/exec/init.h"
+#include "runtime/exec/step_graph.h"
 #include "runtime/optim/optimizer.h"
-#include "runtime/random.h"
-#include "runtime/recompute_softmax.h"
-#include "runtime/step_graph.h"
+#include "runtime/passes/fuse_add_relu.h"
+#include "runtime/passes/fuse_bn_relu.h"
+#include "runtime/passes/recompute_softmax.h"
 
 namespace mix::testing {
 

@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/random.h"
+#include "runtime/core/random.h"
 #include "tests/unit/cuda_compare.h"
 
 namespace mix::testing {

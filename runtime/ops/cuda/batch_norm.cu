@@ -29,7 +29,7 @@
 // without fuse_with_relu, to compare. NCHW (FP32 runs by default) stays on
 // cuDNN's SPATIAL kernels.
 //
-// fuse_with_relu (runtime/fuse_bn_relu.h), with or without a residual Z
+// fuse_with_relu (runtime/passes/fuse_bn_relu.h), with or without a residual Z
 // added before the relu: channels last, the own kernels apply relu as they
 // write Y, and the gradient recomputes relu's mask from X, as the CPU kernel
 // does, so neither relu's input nor its gradient is ever stored. NCHW applies
@@ -37,11 +37,11 @@
 // traffic as the unfused ops.
 #include <string>
 
-#include "runtime/check.h"
+#include "runtime/core/check.h"
 #include "runtime/cuda/context.h"
 #include "runtime/cuda/cudnn_util.h"
+#include "runtime/ir/op_registry.h"
 #include "runtime/kernels/functors.h"
-#include "runtime/op_registry.h"
 #include "runtime/ops/batch_norm_shapes.h"
 #include "runtime/ops/cuda/batch_norm_channels_last.cuh"
 #include "runtime/ops/cuda/device_ops.cuh"
@@ -154,7 +154,7 @@ void batch_norm_cuda(OpContext& ctx) {
   const Tensor* z = ctx.in_opt("Z");  // the residual added before relu
   if (z) {
     MIX_CHECK(relu && z->shape() == x.shape() && z->dtype() == x.dtype(),
-              "batch_norm: a residual Z must match X and needs fuse_with_relu (runtime/fuse_bn_relu.h)");
+              "batch_norm: a residual Z must match X and needs fuse_with_relu (runtime/passes/fuse_bn_relu.h)");
     cuda::check_on_device(ctx, *z, "Z");
   }
   // After cuDNN (NCHW): relu, or the residual add and relu, as separate kernels.

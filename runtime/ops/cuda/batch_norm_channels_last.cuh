@@ -2,7 +2,7 @@
 // mixtrain's own batch_norm kernels for channels-last X ([M, C], M = N x
 // spatial values per channel, channels adjacent in memory), with relu fused
 // or not. runtime/ops/cuda/batch_norm.cu runs them for batch_norm with
-// fuse_with_relu in NHWC (runtime/fuse_bn_relu.h); cuDNN has no relu fusion
+// fuse_with_relu in NHWC (runtime/passes/fuse_bn_relu.h); cuDNN has no relu fusion
 // outside its persistent mode. The math is the CPU kernel's
 // (runtime/ops/batch_norm.cc) through the same functors: fn::bn_batch_stats,
 // fn::BnNormalizeAct, fn::BnReluGradFromX, fn::BnBackward.
@@ -21,8 +21,8 @@
 // never on the GPU or on timing.
 #include <cuda_runtime.h>
 
+#include "runtime/core/tensor.h"
 #include "runtime/ops/batch_norm_shapes.h"
-#include "runtime/tensor.h"
 
 namespace mix::cuda {
 

@@ -79,12 +79,12 @@
 #include <string>
 #include <vector>
 
-#include "runtime/check.h"
+#include "runtime/core/check.h"
 #include "runtime/cuda/context.h"
 #include "runtime/cuda/cudnn_conv_graph.h"
 #include "runtime/cuda/cudnn_util.h"
 #include "runtime/cuda/gemm.h"
-#include "runtime/op_registry.h"
+#include "runtime/ir/op_registry.h"
 #include "runtime/ops/conv_gemm.h"
 #include "runtime/ops/conv_shapes.h"
 #include "runtime/ops/cuda/device_ops.cuh"

@@ -8,7 +8,7 @@
 // widening.h): FP16/BF16 Logits, FP32 Softmax and Loss, and Logits@GRAD in
 // Logits' dtype, as in the CPU kernels.
 //
-// Without a stored Softmax (runtime/recompute_softmax.h) the forward writes
+// Without a stored Softmax (runtime/passes/recompute_softmax.h) the forward writes
 // RowStats and the grad recomputes each softmax value from Logits and its
 // row's stats (SoftmaxSource), as the CPU kernels do.
 //

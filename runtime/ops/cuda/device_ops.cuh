@@ -29,15 +29,15 @@
 #include <type_traits>
 #include <vector>
 
-#include "runtime/check.h"
+#include "runtime/core/check.h"
+#include "runtime/core/dtype.h"
+#include "runtime/core/half.h"
 #include "runtime/cuda/context.h"
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/launch.cuh"
-#include "runtime/dtype.h"
-#include "runtime/half.h"
+#include "runtime/ir/op_registry.h"
 #include "runtime/kernels/cpu_loops.h"
 #include "runtime/kernels/softmax_row.h"
-#include "runtime/op_registry.h"
 #include "runtime/ops/cuda/strided_copy.h"
 
 namespace mix::cuda {

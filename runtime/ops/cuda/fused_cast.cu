@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "runtime/cuda/multi_tensor.cuh"
-#include "runtime/op_registry.h"
+#include "runtime/ir/op_registry.h"
 #include "runtime/ops/cuda/device_ops.cuh"
 
 namespace mix::cuda {

@@ -14,13 +14,13 @@
 
 #include <cstdint>
 
-#include "runtime/check.h"
+#include "runtime/core/check.h"
+#include "runtime/core/half.h"
 #include "runtime/cuda/context.h"
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/gemm.h"
 #include "runtime/cuda/launch.cuh"
-#include "runtime/half.h"
-#include "runtime/op_registry.h"
+#include "runtime/ir/op_registry.h"
 #include "runtime/ops/gemm_shapes.h"
 
 namespace mix {

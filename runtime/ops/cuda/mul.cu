@@ -3,10 +3,10 @@
 // after x_num_col_dims), each product one cuBLAS GEMM (runtime/cuda/gemm.h)
 // with FP32 accumulation and one rounding on store, as the CPU kernel does.
 // No kernels of its own: this file is only the launcher part.
-#include "runtime/check.h"
+#include "runtime/core/check.h"
 #include "runtime/cuda/context.h"
 #include "runtime/cuda/gemm.h"
-#include "runtime/op_registry.h"
+#include "runtime/ir/op_registry.h"
 #include "runtime/ops/gemm_shapes.h"
 
 namespace mix {

@@ -18,10 +18,10 @@
 // but cuDNN's backward reads Out: it is recomputed into scratch first.
 //
 // No kernels of its own: this file is only the launcher part.
-#include "runtime/check.h"
+#include "runtime/core/check.h"
 #include "runtime/cuda/context.h"
 #include "runtime/cuda/cudnn_util.h"
-#include "runtime/op_registry.h"
+#include "runtime/ir/op_registry.h"
 #include "runtime/ops/conv_shapes.h"
 #include "runtime/ops/cuda/device_ops.cuh"
 

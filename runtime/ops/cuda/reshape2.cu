@@ -3,7 +3,7 @@
 // data, so the CUDA kernel is the CPU kernel itself, looked up when the op runs.
 #include <string>
 
-#include "runtime/op_registry.h"
+#include "runtime/ir/op_registry.h"
 
 namespace mix::cuda {
 namespace {
