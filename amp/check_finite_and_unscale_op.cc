@@ -1,5 +1,5 @@
 // check_finite_and_unscale (Paddle's op) and its fused twin
-// cast_check_finite_and_unscale: step 5 of the AMP step (DESIGN.md).
+// cast_check_finite_and_unscale: the unscale of the AMP step (amp/unscale_pass.h).
 //
 // check_finite_and_unscale
 //   inputs   X              gradients, any floating dtype (FP32 master gradients in our step)

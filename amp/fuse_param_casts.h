@@ -6,9 +6,10 @@
 // (runtime/ops/fused_cast.cc), where the first of them was.
 //
 // Why: the same bits (fused_cast converts each element as cast does), but a
-// ResNet-50 step casts 54 weights, a Transformer's about as many: one
-// multi-tensor launch on a GPU instead of one launch each (on the H200 a cast
-// cost the host ~10 us to queue, MIX_PROFILE_OPS=host). Memory: a weight's
+// ResNet-50 step casts 55 parameters (its weights and the classifier's bias),
+// a Transformer's about as many: one multi-tensor launch on a GPU instead of
+// one each, each of which the host must queue (MIX_PROFILE_OPS=host shows the
+// cost). Memory: a weight's
 // half copy now exists from the start of the forward pass instead of from its
 // layer's turn; it lived until its layer's gradient anyway, so the step's
 // peak, at the end of the forward pass, holds every copy either way.

@@ -15,7 +15,7 @@ enum class OpClass { white, black, gray, unlisted };
 struct AmpLists {
   std::set<std::string> white, black, gray;
 
-  /// The default lists of DESIGN.md.
+  /// The default lists (docs/design.md, "Precision rules").
   static AmpLists defaults();
   /// Moves `custom_white` ops to the white list and `custom_black` ops to the
   /// black list (out of whichever list held them). A name in both throws

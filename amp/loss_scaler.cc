@@ -5,16 +5,20 @@
 #include <variant>
 
 #include "runtime/core/check.h"
+#include "runtime/ir/op_registry.h"
+#include "runtime/ir/scope.h"
 
 namespace mix::amp {
 
 using Mode = LossScalerConfig::Mode;
 using OnMinScale = LossScalerConfig::OnMinScale;
 
-LossScalerConfig preset(std::string_view name) {
+LossScalerConfig scaler_config(Mode mode, ScalerPreset dynamic_preset) {
   LossScalerConfig c;  // the defaults are Paddle's
-  if (name == "paddle") return c;
-  if (name == "pytorch") {
+  c.mode = mode;
+  if (mode == Mode::none) {
+    c.init_loss_scaling = 1.f;
+  } else if (mode == Mode::dynamic && dynamic_preset == ScalerPreset::pytorch) {
     // torch.cuda.amp.GradScaler: init_scale=2**16, growth_factor=2,
     // backoff_factor=0.5, growth_interval=2000; it backs off on every overflow.
     c.init_loss_scaling = 65536.f;
@@ -22,42 +26,28 @@ LossScalerConfig preset(std::string_view name) {
     c.incr_ratio = 2.f;
     c.decr_every_n_nan_or_inf = 1;
     c.decr_ratio = 0.5f;
-    return c;
   }
-  if (name == "static") {
-    c.mode = Mode::static_scale;
-    return c;
-  }
-  if (name == "none") {
-    c.mode = Mode::none;
-    c.init_loss_scaling = 1.f;
-    return c;
-  }
+  return c;
+}
+
+LossScalerConfig preset(std::string_view name) {
+  if (const auto p = value_named(name, kScalerPresetNames)) return scaler_config(Mode::dynamic, *p);
+  if (name == "static" || name == "none") return scaler_config(parse_mode(name));
   MIX_FAIL("unknown loss-scaling preset '" << name << "': expected one of paddle, pytorch, static, none");
 }
 
-std::string_view mode_name(Mode m) {
-  switch (m) {
-    case Mode::dynamic: return "dynamic";
-    case Mode::static_scale: return "static";
-    case Mode::none: return "none";
-  }
-  return "?";
-}
+std::string_view mode_name(Mode m) { return name_of(m, kLossScalingNames); }
 
 Mode parse_mode(std::string_view name) {
-  if (name == "dynamic") return Mode::dynamic;
-  if (name == "static") return Mode::static_scale;
-  if (name == "none") return Mode::none;
-  MIX_FAIL("unknown loss-scaling mode '" << name << "': expected dynamic, static or none");
+  if (const auto m = value_named(name, kLossScalingNames)) return *m;
+  MIX_FAIL("unknown loss-scaling mode '" << name << "': expected " << names_of(kLossScalingNames));
 }
 
-std::string_view on_min_scale_name(OnMinScale o) { return o == OnMinScale::error ? "error" : "continue"; }
+std::string_view on_min_scale_name(OnMinScale o) { return name_of(o, kOnMinScaleNames); }
 
 OnMinScale parse_on_min_scale(std::string_view name) {
-  if (name == "error") return OnMinScale::error;
-  if (name == "continue") return OnMinScale::continue_;
-  MIX_FAIL("unknown on-min-scale policy '" << name << "': expected error or continue");
+  if (const auto o = value_named(name, kOnMinScaleNames)) return *o;
+  MIX_FAIL("unknown on-min-scale policy '" << name << "': expected " << names_of(kOnMinScaleNames));
 }
 
 namespace {
@@ -178,6 +168,87 @@ LossScaler::LossScaler(LossScalerConfig config) : LossScaler(config, initial_sta
 
 LossScaler::LossScaler(LossScalerConfig config, LossScalerState state) : config_(config), state_(state) {
   validate(config_);
+}
+
+void declare_scaler_state(Program& p, const LossScalerConfig& config) {
+  const float init = config.mode == LossScalerConfig::Mode::none ? 1.f : config.init_loss_scaling;
+  auto add = [&](const char* name, DType dt, double value) {
+    VarDesc v{name, {1}, dt, true, false, true, {VarInit::Kind::constant, value}};
+    p.add_var(v);
+  };
+  add(ScalerVars::scale, DType::f32, init);
+  add(ScalerVars::good_steps, DType::i64, 0);
+  add(ScalerVars::bad_steps, DType::i64, 0);
+  add(ScalerVars::skipped, DType::i64, 0);
+  add(ScalerVars::skips_at_min, DType::i64, 0);
+  if (!p.has_var(ScalerVars::found_inf)) {
+    VarDesc f{ScalerVars::found_inf, {1}, DType::i32, false, false, true, {}};
+    p.add_var(f);
+  }
+}
+
+void append_update_loss_scaling(Program& p, const LossScalerConfig& c) {
+  validate(c);
+  OpDesc update = make_op(
+      "update_loss_scaling",
+      {{"FoundInfinite", {ScalerVars::found_inf}},
+       {"PrevLossScaling", {ScalerVars::scale}},
+       {"InGoodSteps", {ScalerVars::good_steps}},
+       {"InBadSteps", {ScalerVars::bad_steps}},
+       {"Skipped", {ScalerVars::skipped}},
+       {"ConsecutiveSkipsAtMin", {ScalerVars::skips_at_min}}},
+      {{"LossScaling", {ScalerVars::scale}},
+       {"OutGoodSteps", {ScalerVars::good_steps}},
+       {"OutBadSteps", {ScalerVars::bad_steps}},
+       {"OutSkipped", {ScalerVars::skipped}},
+       {"OutConsecutiveSkipsAtMin", {ScalerVars::skips_at_min}}},
+      to_op_attrs(c));
+  update.role = OpRole::optimize;
+  p.append_op(std::move(update));
+}
+
+namespace {
+
+// A scaler variable, checked to be the one element of `dtype` declare_scaler_state made.
+template <typename ScopeT>
+auto& scaler_var(ScopeT& scope, const char* name, DType dtype) {
+  auto& t = scope.get(name);
+  MIX_CHECK(t.numel() == 1 && t.dtype() == dtype,
+            "loss scaler variable '" << name << "' must be one " << dtype_name(dtype));
+  return t;
+}
+
+// The one element of a scaler variable, on the host.
+Tensor scaler_value(const Scope& scope, const char* name, DType dtype) {
+  return scaler_var(scope, name, dtype).to(cpu_device());
+}
+
+// Sets the one element of a scaler variable, on the host or a device.
+template <typename T>
+void set_scaler_value(Scope& scope, const char* name, DType dtype, T value) {
+  Tensor host = Tensor::empty({1}, dtype);
+  host.data<T>()[0] = value;
+  scaler_var(scope, name, dtype).copy_from(host);
+}
+
+}  // namespace
+
+LossScalerState read_scaler_state(const Scope& scope) {
+  LossScalerState s;
+  s.scale = scaler_value(scope, ScalerVars::scale, DType::f32).data<float>()[0];
+  s.good_steps = scaler_value(scope, ScalerVars::good_steps, DType::i64).data<int64_t>()[0];
+  s.bad_steps = scaler_value(scope, ScalerVars::bad_steps, DType::i64).data<int64_t>()[0];
+  s.skipped_steps = scaler_value(scope, ScalerVars::skipped, DType::i64).data<int64_t>()[0];
+  s.consecutive_skips_at_min = scaler_value(scope, ScalerVars::skips_at_min, DType::i64).data<int64_t>()[0];
+  return s;
+}
+
+void write_scaler_state(Scope& scope, const LossScalerState& state) {
+  set_scaler_value(scope, ScalerVars::scale, DType::f32, state.scale);
+  set_scaler_value(scope, ScalerVars::good_steps, DType::i64, state.good_steps);
+  set_scaler_value(scope, ScalerVars::bad_steps, DType::i64, state.bad_steps);
+  set_scaler_value(scope, ScalerVars::skipped, DType::i64, state.skipped_steps);
+  set_scaler_value(scope, ScalerVars::skips_at_min, DType::i64, state.consecutive_skips_at_min);
 }
 
 }  // namespace mix::amp

@@ -1,5 +1,5 @@
 #pragma once
-// The dynamic loss scaler (DESIGN.md, "Loss scaler"): Paddle's parameters and
+// The dynamic loss scaler (docs/design.md, "The loss scaler"): Paddle's parameters and
 // semantics, with PyTorch GradScaler's as a preset.
 //
 // The scale multiplies the loss gradient so that small FP16 gradients do not
@@ -14,6 +14,7 @@
 #include <string_view>
 
 #include "amp/loss_scaling_math.h"
+#include "runtime/core/enum_names.h"
 #include "runtime/ir/program.h"
 
 namespace mix {
@@ -21,6 +22,18 @@ class Scope;
 }
 
 namespace mix::amp {
+
+/// Names of the loss-scaler state variables (persistable; saved in checkpoints).
+struct ScalerVars {
+  static constexpr const char* scale = "loss_scaling";
+  static constexpr const char* good_steps = "loss_scaling.good_steps";
+  static constexpr const char* bad_steps = "loss_scaling.bad_steps";
+  static constexpr const char* skipped = "loss_scaling.skipped_steps";
+  static constexpr const char* skips_at_min = "loss_scaling.consecutive_skips_at_min";
+  static constexpr const char* found_inf = "found_inf";
+  /// Which ranks overflowed, overall and per parameter (collective/overflow_mask.h).
+  static constexpr const char* overflow_ranks = "found_inf.ranks";
+};
 
 struct LossScalerConfig {
   /// dynamic: Paddle's update; static_scale: a fixed scale (init_loss_scaling);
@@ -42,16 +55,35 @@ struct LossScalerConfig {
   int max_skips_at_min = 100;  // consecutive skipped steps at the minimum before on_min_scale applies
 };
 
-/// "paddle" (the defaults above), "pytorch" (init 65536, x2 every 2000 good
-/// steps, x0.5 on every overflow), "static" (the scale stays init_loss_scaling),
-/// "none" (scale 1; an overflowed step is still skipped). Any other name throws
-/// mix::Error listing these.
+/// The --loss-scaling values and the op's "mode" attr.
+inline constexpr NamedValue<LossScalerConfig::Mode> kLossScalingNames[] = {
+    {LossScalerConfig::Mode::dynamic, "dynamic"},
+    {LossScalerConfig::Mode::static_scale, "static"},
+    {LossScalerConfig::Mode::none, "none"}};
+/// The --on-min-scale values and the op's "on_min_scale" attr.
+inline constexpr NamedValue<LossScalerConfig::OnMinScale> kOnMinScaleNames[] = {
+    {LossScalerConfig::OnMinScale::error, "error"}, {LossScalerConfig::OnMinScale::continue_, "continue"}};
+
+/// The dynamic scaler's defaults (--loss-scaling-preset): paddle (the
+/// defaults above) or pytorch (init 65536, x2 every 2000 good steps, x0.5 on
+/// every overflow: torch.cuda.amp.GradScaler's).
+enum class ScalerPreset { paddle, pytorch };
+inline constexpr NamedValue<ScalerPreset> kScalerPresetNames[] = {{ScalerPreset::paddle, "paddle"},
+                                                                   {ScalerPreset::pytorch, "pytorch"}};
+
+/// The scaler of `mode`: dynamic with `dynamic_preset`'s defaults; static
+/// (the scale stays init_loss_scaling); none (scale 1; an overflowed step is
+/// still skipped).
+LossScalerConfig scaler_config(LossScalerConfig::Mode mode, ScalerPreset dynamic_preset = ScalerPreset::paddle);
+
+/// scaler_config by one name: "paddle", "pytorch" (dynamic with that preset),
+/// "static" or "none". Any other name throws mix::Error listing these.
 LossScalerConfig preset(std::string_view name);
 
-/// "dynamic" | "static" | "none" (the --loss-scaling values and the op's "mode" attr).
+/// "dynamic" | "static" | "none", and back (throws mix::Error on another name).
 std::string_view mode_name(LossScalerConfig::Mode m);
 LossScalerConfig::Mode parse_mode(std::string_view name);
-/// "error" | "continue" (the --on-min-scale values and the op's "on_min_scale" attr).
+/// "error" | "continue", and back (throws mix::Error on another name).
 std::string_view on_min_scale_name(LossScalerConfig::OnMinScale o);
 LossScalerConfig::OnMinScale parse_on_min_scale(std::string_view name);
 
@@ -66,7 +98,7 @@ LossScalerState initial_state(const LossScalerConfig& c);
 /// The plain-field parameters the MIX_HD update takes.
 LossScalingParams to_params(const LossScalerConfig& c);
 
-/// One step of the scaler (DESIGN.md, "Loss scaler"), updating `s` in place.
+/// One step of the scaler (docs/design.md, "The loss scaler"), updating `s` in place.
 /// When max_skips_at_min consecutive overflow steps have been taken at the
 /// minimum scale and on_min_scale is error, throws mix::Error (after updating
 /// `s`) that says what to try.
@@ -89,6 +121,22 @@ LossScalerConfig from_op_attrs(const OpDesc& op);
 /// flag mid-step would stall the GPU (amp/cuda/amp_ops.cu). Reads one scalar
 /// per op unless the scale is stuck.
 void check_loss_scale_not_stuck(const Program& program, const Scope& scope);
+
+/// Declares the scaler's persistable state in `p`, initialised from `config`.
+void declare_scaler_state(Program& p, const LossScalerConfig& config);
+
+/// Step 7 of the AMP step: appends the update_loss_scaling op, which reads the
+/// global found_inf and updates the scale and its counters (the same on every
+/// rank, since the flag is). Checks the config first (validate()).
+void append_update_loss_scaling(Program& p, const LossScalerConfig& config);
+
+/// The scaler's state as its variables in `scope` hold it (on the host or a
+/// device): what a checkpoint saves and the ranks' consistency check compares.
+LossScalerState read_scaler_state(const Scope& scope);
+
+/// Sets the scaler's variables in `scope` (wherever they live) to `state`:
+/// a resumed run's scaler carries on where the saved one stopped.
+void write_scaler_state(Scope& scope, const LossScalerState& state);
 
 /// A config and the state it drives (the host-side scaler of the trainer and tests).
 class LossScaler {

@@ -1,9 +1,9 @@
 #pragma once
 // The arithmetic of one dynamic loss-scaling update, written once for host and
 // device (MIX_HD): LossScaler::update, the CPU kernel of the update_loss_scaling
-// op and a future CUDA kernel (one thread reading the flag and the counters from
-// device memory) all run loss_scaling_step, so every backend and every rank takes
-// bit-identical decisions.
+// op and its CUDA kernel (amp/cuda/amp_ops.cu: one thread reading the flag and
+// the counters from device memory) all run loss_scaling_step, so every backend
+// and every rank takes bit-identical decisions.
 //
 // Only plain fields and no exceptions here: the caller acts on the returned
 // "stuck at the minimum" flag (the host throws or carries on, see loss_scaler.h).
@@ -34,7 +34,7 @@ struct LossScalingParams {
   int64_t max_skips_at_min = 100;  // <= 0: never report "stuck"
 };
 
-/// One step of Paddle's update_loss_scaling (DESIGN.md, "Loss scaler"):
+/// One step of Paddle's update_loss_scaling (docs/design.md, "The loss scaler"):
 ///   finite:   bad = 0, good += 1; at incr_every_n_steps good steps the scale
 ///             grows by incr_ratio if the result is finite, and good = 0;
 ///   overflow: good = 0, bad += 1; at decr_every_n_nan_or_inf bad steps

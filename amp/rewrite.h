@@ -2,7 +2,7 @@
 // amp::rewrite: decides each forward op's precision from the lists and inserts
 // `cast` ops so that every op reads inputs of the dtype it runs in.
 //
-// Rules (DESIGN.md): white ops run in FP16; black ops and unlisted ops in FP32;
+// Rules (docs/design.md, "Precision rules"): white ops run in FP16; black ops and unlisted ops in FP32;
 // a gray op runs in FP32 if any input comes from a black op (or an unlisted op,
 // as Paddle treats one, or a gray op that went black), else in FP16 if any
 // input comes from a white op (or a gray op that went white), else in the

@@ -1,7 +1,7 @@
 #pragma once
 // The one communicator interface. Callers never ask which backend they hold:
-// MPI (host buffers, multi-process), local (one process, world size 1), and
-// later NCCL (device buffers) all implement it.
+// MPI (host buffers, multi-process), local (one process, world size 1) and
+// NCCL (device buffers; collective/nccl_communicator.cu) all implement it.
 #include <cstddef>
 #include <cstdint>
 #include <memory>

@@ -1,6 +1,6 @@
 #pragma once
 // Device binding: every rank drives the GPU whose index is its local rank
-// (DESIGN.md, "Data parallelism"), or, when it sees exactly one GPU, that one:
+// (docs/design.md, "Data parallelism"), or, when it sees exactly one GPU, that one:
 // schedulers that give each rank a GPU of its own (Slurm --gpus-per-task=1,
 // Kubernetes) set a different CUDA_VISIBLE_DEVICES per rank, and two ranks
 // handed the same GPU are caught by the bus-id check below. Built with CUDA only (device_binding.cu, in

@@ -1,4 +1,4 @@
-// c_allreduce_found_inf: step 6 of the AMP step (DESIGN.md). Every rank gets
+// c_allreduce_found_inf: the found_inf all-reduce of the AMP step (launch/train_program.cc). Every rank gets
 // the same overflow decision, and learns where the overflow came from.
 //
 //   inputs   FoundInfinite      i32 [1] each: the local flags of the

@@ -24,8 +24,8 @@ size_t var_bytes(const Program& p, const std::string& name) {
 
 }  // namespace
 
-optim::ParamGrads insert_grad_allreduce(Program& p, const optim::ParamGrads& grads, const GradSyncOptions& o,
-                                        std::vector<GradBucket>* buckets_out) {
+optim::ParamGrads insert_grad_allreduce(Program& p, const optim::ParamGrads& grads, GradReduce mode,
+                                        const GradSyncOptions& o, std::vector<GradBucket>* buckets_out) {
   MIX_CHECK(o.world_size >= 1, "world size " << o.world_size);
   const double factor = o.predivide > 0 ? o.predivide : static_cast<double>(o.world_size);
 
@@ -34,7 +34,7 @@ optim::ParamGrads insert_grad_allreduce(Program& p, const optim::ParamGrads& gra
   std::vector<size_t> moved_casts;  // op indices
   for (auto& [param, grad] : grads) {
     std::string reduce = grad;
-    if (o.mode == GradReduce::fp16) {
+    if (mode == GradReduce::fp16) {
       if (auto prod = p.producer(grad)) {
         const OpDesc& op = p.ops()[*prod];
         if (op.type == "cast" && p.var(op.in("X")).dtype != DType::f32 && ends_with(op.in("X"), kGradSuffix)) {
@@ -181,10 +181,6 @@ std::string describe_grad_sync(const Program& p) {
       << "; " << overlapped << " backward op(s) run while it travels\n";
   }
   return "gradient all-reduces (" + std::to_string(buckets) + " bucket(s)):\n" + o.str();
-}
-
-optim::GradSyncPass grad_allreduce_pass(GradSyncOptions o) {
-  return [o](Program& p, const optim::ParamGrads& g) { return insert_grad_allreduce(p, g, o); };
 }
 
 }  // namespace mix::collective

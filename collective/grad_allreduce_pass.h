@@ -1,12 +1,13 @@
 #pragma once
-// The data-parallel pass: inserts the gradient all-reduces, bucketed.
+// The data-parallel pass, step 4 of the AMP step (launch/train_program.cc):
+// inserts the gradient all-reduces, bucketed.
 //
 // Gradients are packed into buckets of at most `bucket_bytes`, one dtype per
 // bucket, in the order backward finishes them. With overlap (the default) each
 // bucket's c_allreduce_start sits right after the op that writes its last
 // gradient, so its bytes travel while backward goes on, and its
-// c_allreduce_wait comes after backward, in start order; the loss-scaling pass
-// then puts the bucket's unscale right after its wait. Without overlap every
+// c_allreduce_wait comes after backward, in start order; the unscale pass
+// (amp/unscale_pass.h) then puts the bucket's unscale right after its wait. Without overlap every
 // start comes after backward, each right before its wait (the order before
 // overlap existed, through the same collective calls, so results are equal).
 //
@@ -19,6 +20,7 @@
 #include <cstddef>
 #include <string>
 
+#include "runtime/core/enum_names.h"
 #include "runtime/ir/program.h"
 #include "runtime/optim/optimizer.h"
 
@@ -26,8 +28,13 @@ namespace mix::collective {
 
 enum class GradReduce { fp16, fp32 };
 
+inline constexpr NamedValue<GradReduce> kGradReduceNames[] = {{GradReduce::fp16, "fp16"}, {GradReduce::fp32, "fp32"}};
+
+inline std::string_view to_string(GradReduce r) { return name_of(r, kGradReduceNames); }
+
+/// How the gradients travel; what dtype they travel in is a precision
+/// decision (GradReduce), given beside these.
 struct GradSyncOptions {
-  GradReduce mode = GradReduce::fp16;
   int world_size = 1;
   /// Multiply by 1/F before the sum and F/world after it; 0 means F = world
   /// (all the division before the sum).
@@ -46,16 +53,15 @@ struct GradBucket {
   std::string buffer;  ///< the packed bucket (c_allreduce_start's Buffer)
 };
 
-/// Inserts the all-reduces; `buckets_out` gets the buckets in start order. Returns the (parameter, FP32 gradient) pairs the update reads.
-optim::ParamGrads insert_grad_allreduce(Program& p, const optim::ParamGrads& grads, const GradSyncOptions& o,
-                                        std::vector<GradBucket>* buckets_out = nullptr);
+/// Inserts the all-reduces of `grads` in `mode`'s dtype; `buckets_out` gets
+/// the buckets in start order. Returns the (parameter, FP32 gradient) pairs
+/// the update reads.
+optim::ParamGrads insert_grad_allreduce(Program& p, const optim::ParamGrads& grads, GradReduce mode,
+                                        const GradSyncOptions& o, std::vector<GradBucket>* buckets_out = nullptr);
 
 /// A summary of a program's gradient sync for --print-program: per bucket, its
 /// dtype, size and gradients, the op after which its all-reduce starts, the op
 /// that waits for it, and the ops of backward still to run while it travels.
 std::string describe_grad_sync(const Program& p);
-
-/// The pass as Optimizer::minimize takes it.
-optim::GradSyncPass grad_allreduce_pass(GradSyncOptions o);
 
 }  // namespace mix::collective

@@ -24,6 +24,7 @@
 #include "collective/communicator.h"
 #include "runtime/core/check.h"
 #include "runtime/core/half.h"
+#include "runtime/core/library_versions.h"
 
 namespace mix::collective {
 
@@ -108,10 +109,10 @@ void scale_by_inverse_world(void* buf, size_t n, DType dtype, int world) {
 // (reduce to one rank, then broadcast) for every in-place call and for fewer
 // than 4 ranks; our gradient buckets are both. The tree moves each byte
 // log2(p) times through one rank and reduces the whole bucket there; the ring
-// splits the reduction across ranks and is what NCCL uses. On 2 ranks over
-// shared memory it made the sync of ResNet-50's gradients 1.3-1.5x faster in
-// both dtypes (mixbench grad-sync --model resnet50; see scripts/bandwidth.sh). Read at MPI_Init, so it is set
-// just before; a value the user gave (mpirun --mca, or the environment) wins.
+// splits the reduction across ranks and is what NCCL uses; over shared memory
+// it syncs ResNet-50's gradients faster in both dtypes (mixbench grad-sync
+// --model resnet50; docs/bandwidth.md). Read at MPI_Init, so it is set just
+// before; a value the user gave (mpirun --mca, or the environment) wins.
 // Other MPI libraries ignore OMPI_MCA_ variables.
 void prefer_ring_for_started_allreduces() {
   setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1", /*overwrite=*/0);
@@ -412,6 +413,18 @@ class MpiCommunicator final : public Communicator {
   MPI_Op f32_max_ = MPI_OP_NULL;
 };
 
+}  // namespace
+
+namespace {
+// Open MPI says its own release; another MPI, the standard it implements.
+#ifdef OMPI_MAJOR_VERSION
+[[maybe_unused]] const bool registered = register_library_version(
+    "Open MPI", std::to_string(OMPI_MAJOR_VERSION) + "." + std::to_string(OMPI_MINOR_VERSION) + "." +
+                    std::to_string(OMPI_RELEASE_VERSION));
+#else
+[[maybe_unused]] const bool registered =
+    register_library_version("MPI", std::to_string(MPI_VERSION) + "." + std::to_string(MPI_SUBVERSION));
+#endif
 }  // namespace
 
 std::unique_ptr<Communicator> make_mpi_communicator(size_t max_bytes_per_call) {

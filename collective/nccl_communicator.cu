@@ -40,6 +40,7 @@
 
 #include "collective/nccl_check.h"
 #include "runtime/core/check.h"
+#include "runtime/core/library_versions.h"
 #include "runtime/cuda/context.h"
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/stream.h"
@@ -629,7 +630,11 @@ class NcclCommunicator final : public Communicator {
 // The CUDA backend provides the device communicator: callers reach it through
 // make_device_communicator() without an #ifdef.
 struct RegisterNccl {
-  RegisterNccl() { register_device_communicator_factory(&make_nccl_communicator); }
+  RegisterNccl() {
+    register_device_communicator_factory(&make_nccl_communicator);
+    register_library_version("NCCL", std::to_string(NCCL_MAJOR) + "." + std::to_string(NCCL_MINOR) + "." +
+                                         std::to_string(NCCL_PATCH));
+  }
 };
 [[maybe_unused]] const RegisterNccl g_register_nccl;
 

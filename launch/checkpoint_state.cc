@@ -4,7 +4,7 @@
 #include <cmath>
 #include <sstream>
 
-#include "amp/decorate.h"
+#include "amp/loss_scaler.h"
 #include "launch/cli_checks.h"
 #include "launch/worker_main.h"
 #include "runtime/core/check.h"
@@ -83,7 +83,7 @@ std::vector<std::pair<std::string, std::string>> resume_settings(const TrainConf
           {"training_examples", std::to_string(training_examples)},
           {"batch_size", std::to_string(c.batch_size)},
           {"world_size", std::to_string(world)},
-          {"optimizer", c.optimizer}};
+          {"optimizer", std::string(optim::to_string(c.optimizer.kind))}};
 }
 
 std::string loss_scale_text(float scale) {

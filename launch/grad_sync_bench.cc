@@ -6,13 +6,12 @@
 #include <map>
 #include <set>
 
-#include "amp/decorate.h"
 #include "collective/grad_allreduce_pass.h"
 #include "launch/allreduce_bench.h"
+#include "launch/train_program.h"
 #include "models/model.h"
 #include "runtime/core/check.h"
 #include "runtime/exec/executor.h"
-#include "runtime/optim/optimizer.h"
 
 namespace mix::launch {
 
@@ -37,21 +36,21 @@ bool is_gradient_allreduce(const OpDesc& op) {
 
 GradSyncResult run_grad_sync_bench(const GradSyncBenchConfig& c, collective::Communicator& comm,
                                    collective::Communicator& host_comm, Device device) {
-  MIX_CHECK(c.precision == "amp" || c.grad_reduce == "fp32",
-            "mixbench grad-sync: --grad-reduce fp16 needs --precision amp (FP32 training has no FP16 gradients)");
   models::Model model = build_named_model(c.model);
   Program& program = model.program;
-  // The program mixtrain builds: the optimizer does not matter to the buckets.
-  std::unique_ptr<optim::Optimizer> opt = optim::make_sgd(0);
-  if (c.precision == "amp") opt = amp::decorate(std::move(opt));
+  // The program mixtrain builds (the optimizer does not matter to the buckets).
+  TrainProgramOptions options;
+  options.precision = c.precision;
+  options.grad_reduce = c.grad_reduce;
+  options.optimizer.kind = optim::OptimizerKind::sgd;
   collective::GradSyncOptions sync;
-  sync.mode = c.grad_reduce == "fp16" ? collective::GradReduce::fp16 : collective::GradReduce::fp32;
   sync.world_size = comm.world_size();
   sync.bucket_bytes = static_cast<size_t>(c.bucket_mb * 1024 * 1024);
   // One bucket at a time (each start right before its wait): the time of the
   // bytes alone, with no backward to hide them behind.
   sync.overlap = false;
-  opt->minimize(program, model.loss, collective::grad_allreduce_pass(sync));
+  options.grad_sync = sync;
+  build_train_program(program, model.loss, options);
 
   // The gradients the all-reduces read, zero-filled (values do not change the time).
   Scope scope;
@@ -89,9 +88,11 @@ GradSyncResult run_grad_sync_bench(const GradSyncBenchConfig& c, collective::Com
   r.algbw = static_cast<double>(r.bytes) / 1e9 / (r.time_us * 1e-6);
   r.busbw = r.algbw * allreduce_bus_factor(comm.world_size());
 
+  const std::string precision(amp::to_string(c.precision));
+  const std::string reduce(collective::to_string(c.grad_reduce.value_or(default_grad_reduce(c.precision))));
   if (comm.rank() == 0) {
     std::printf("# mixbench grad-sync: %s, precision %s, gradient all-reduce in %s, %d rank(s) (%s), buckets of <= %g MB\n",
-                c.model.c_str(), c.precision.c_str(), c.grad_reduce.c_str(), comm.world_size(),
+                c.model.c_str(), precision.c_str(), reduce.c_str(), comm.world_size(),
                 comm.backend_name().c_str(), c.bucket_mb);
     std::printf("#   %d bucket(s) of %lld gradients:", r.buckets, static_cast<long long>(r.tensors));
     for (auto& [dt, nb] : by_dtype)
@@ -107,7 +108,7 @@ GradSyncResult run_grad_sync_bench(const GradSyncBenchConfig& c, collective::Com
       std::ofstream f(c.csv, std::ios::app);
       MIX_CHECK(f, "mixbench: cannot append to " << c.csv);
       if (header) f << "model,precision,grad_reduce,world,backend,bucket_mb,buckets,tensors,bytes,time_us,algbw,busbw\n";
-      f << c.model << ',' << c.precision << ',' << c.grad_reduce << ',' << comm.world_size() << ','
+      f << c.model << ',' << precision << ',' << reduce << ',' << comm.world_size() << ','
         << comm.backend_name() << ',' << c.bucket_mb << ',' << r.buckets << ',' << r.tensors << ',' << r.bytes << ','
         << r.time_us << ',' << r.algbw << ',' << r.busbw << '\n';
     }

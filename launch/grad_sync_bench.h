@@ -5,19 +5,23 @@
 #include <cstdint>
 #include <string>
 
+#include <optional>
+
+#include "amp/precision.h"
 #include "collective/communicator.h"
+#include "collective/grad_allreduce_pass.h"
 #include "runtime/core/device.h"
 
 namespace mix::launch {
 
 struct GradSyncBenchConfig {
   std::string model = "resnet50";  // mlp, resnet18/34/50, resnet-small, transformer (default sizes)
-  std::string precision = "amp";   // amp or fp32
-  std::string grad_reduce = "fp16";  // fp16 (before the cast; amp only) or fp32
+  amp::Precision precision = amp::Precision::amp;
+  std::optional<collective::GradReduce> grad_reduce;  // unset: the precision's (launch/train_program.h)
   double bucket_mb = 25;
   int iters = 20, warmup = 5;
   std::string csv;  // append one row (rank 0)
-  std::string device = "cpu";
+  DeviceKind device = DeviceKind::cpu;
 };
 
 struct GradSyncResult {

@@ -30,7 +30,7 @@ struct StepTotals {
   int64_t skipped = 0;  // steps skipped for an overflow
 
   void add_timed(double step_seconds, double step_queue_seconds, int64_t step_samples, double samples_per_s);
-  /// DESIGN's "mean samples_per_s": the mean of the steps' rates.
+  /// The summary's samples_per_s: the mean of the steps' rates.
   double mean_rate() const;
   /// The throughput: samples over the time inside the timed steps.
   double overall_rate() const;

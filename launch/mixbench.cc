@@ -18,7 +18,9 @@
 #include "collective/consistency.h"
 #include "launch/allreduce_bench.h"
 #include "launch/cli_checks.h"
+#include "launch/cli_help.h"
 #include "launch/grad_sync_bench.h"
+#include "launch/train_program.h"
 #include "launch/worker_main.h"
 
 namespace {
@@ -37,67 +39,75 @@ CLI::Validator byte_size() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"mixbench: collective bandwidth through mixtrain's communicators (run one process per device)"};
+  CLI::App app{"mixbench: collective bandwidth through mixtrain's communicators (run one process per device)",
+               "mixbench"};
+  app.formatter(mix::launch::help_formatter());
+  app.set_version_flag("--version", [] { return mix::launch::version_text("mixbench"); },
+                       "print the version, the commit and the libraries of this build, and exit");
+  app.footer("Run one process per device: mixrun -n 2 -- mixbench allreduce ...\ndocs/bandwidth.md explains the "
+             "tables, algbw and busbw.\n");
   app.require_subcommand(1);
   mix::launch::AllreduceBenchConfig ar;
   std::string min_text = "1K", max_text = "32M";
   CLI::App* allreduce = app.add_subcommand("allreduce", "all-reduce time and bandwidth by size (nccl-tests' table)");
-  allreduce->add_option("-b,--minbytes", min_text, "smallest size (1K)")->check(byte_size());
-  allreduce->add_option("-e,--maxbytes", max_text, "largest size (32M)")->check(byte_size());
-  allreduce->add_option("-f,--stepfactor", ar.factor, "each size is the last times this (2)")
+  allreduce->option_defaults()->always_capture_default();
+  allreduce->add_option("-b,--minbytes", min_text, "smallest size")->check(byte_size())->type_name("SIZE");
+  allreduce->add_option("-e,--maxbytes", max_text, "largest size")->check(byte_size())->type_name("SIZE");
+  allreduce->add_option("-f,--stepfactor", ar.factor, "each size is the last times this")
       ->check(mix::launch::number_in(1.0, 1024.0));
-  allreduce->add_option("-d,--datatype", ar.types, "comma-separated: half, bfloat16, float (float)")
+  allreduce->add_option("-d,--datatype", ar.types, "comma-separated dtypes (f16, float16, bf16, f32, float32 too)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"half", "f16", "float16", "bfloat16", "bf16", "float", "f32", "float32"}));
-  allreduce->add_option("-o,--op", ar.ops, "comma-separated: sum, max, avg (sum)")
+      ->check(mix::launch::one_of({"half", "f16", "float16", "bfloat16", "bf16", "float", "f32", "float32"}))
+      ->type_name("half|bfloat16|float");
+  allreduce->add_option("-o,--op", ar.ops, "comma-separated reductions")
       ->delimiter(',')
-      ->check(CLI::IsMember({"sum", "max", "avg"}));
-  allreduce->add_option("-n,--iters", ar.iters, "timed calls per size (20)")->check(CLI::Range(1, 1000000));
-  allreduce->add_option("-w,--warmup_iters", ar.warmup, "untimed calls per size first (5)")
+      ->check(mix::launch::one_of({"sum", "max", "avg"}))
+      ->type_name("sum|max|avg");
+  allreduce->add_option("-n,--iters", ar.iters, "timed calls per size")->check(CLI::Range(1, 1000000));
+  allreduce->add_option("-w,--warmup_iters", ar.warmup, "untimed calls per size first")
       ->check(CLI::Range(0, 1000000));
   allreduce->add_flag("-c,--check", ar.check, "verify every result against exact expected values (#wrong)");
   allreduce->add_option("--csv", ar.csv, "also write the rows to this CSV file (rank 0)");
-  allreduce->add_option("--device", ar.device, "cpu: MPI on host buffers; cuda: NCCL on device buffers (cpu)")
-      ->check(CLI::IsMember({"cpu", "cuda"}));
+  allreduce->formatter(app.get_formatter());
+  allreduce->add_option("--device", ar.device, "cpu: MPI on host buffers; cuda: NCCL on device buffers")
+      ->check(mix::launch::one_of({"cpu", "cuda"}))
+      ->type_name("cpu|cuda");
 
   mix::launch::GradSyncBenchConfig gs;
   CLI::App* grad_sync = app.add_subcommand("grad-sync", "one training step's gradient all-reduces of a model");
-  grad_sync->add_option("--model", gs.model, "mlp, resnet18, resnet34, resnet50, resnet-small, transformer (resnet50)")
-      ->check(CLI::IsMember({"mlp", "resnet18", "resnet34", "resnet50", "resnet-small", "transformer"}));
-  grad_sync->add_option("--precision", gs.precision, "amp or fp32 (amp)")->check(CLI::IsMember({"amp", "fp32"}));
-  CLI::Option* grad_reduce =
-      grad_sync
-          ->add_option("--grad-reduce", gs.grad_reduce,
-                       "fp16 (before the cast) or fp32 (fp16 under --precision amp, fp32 under fp32, as mixtrain)")
-          ->check(CLI::IsMember({"fp16", "fp32"}));
-  grad_sync->add_option("--bucket-mb", gs.bucket_mb, "largest gradient bucket in MB (25)")
+  grad_sync->formatter(app.get_formatter());
+  grad_sync->option_defaults()->always_capture_default();
+  grad_sync->add_option("--model", gs.model, "the model whose gradients to all-reduce, at its default size")
+      ->check(mix::launch::one_of({"mlp", "resnet18", "resnet34", "resnet50", "resnet-small", "transformer"}))
+      ->type_name("mlp|resnet18|resnet34|resnet50|resnet-small|transformer");
+  mix::launch::add_choice(*grad_sync, "--precision", gs.precision, mix::amp::kPrecisionNames,
+                          "the training program's precision, as mixtrain's");
+  mix::launch::add_choice(*grad_sync, "--grad-reduce", gs.grad_reduce, mix::collective::kGradReduceNames,
+                          "dtype of the all-reduce: fp16 (the FP16 gradients, before their cast; amp only) or fp32",
+                          "fp16 under amp, fp32 under fp32, as mixtrain");
+  grad_sync->add_option("--bucket-mb", gs.bucket_mb, "largest gradient bucket in MB")
       ->check(mix::launch::number_in(1e-6, 1e6));
-  grad_sync->add_option("-n,--iters", gs.iters, "timed syncs (20)")->check(CLI::Range(1, 1000000));
-  grad_sync->add_option("-w,--warmup_iters", gs.warmup, "untimed syncs first (5)")->check(CLI::Range(0, 1000000));
+  grad_sync->add_option("-n,--iters", gs.iters, "timed syncs")->check(CLI::Range(1, 1000000));
+  grad_sync->add_option("-w,--warmup_iters", gs.warmup, "untimed syncs first")->check(CLI::Range(0, 1000000));
   grad_sync->add_option("--csv", gs.csv, "append a row to this CSV file (rank 0)");
-  grad_sync->add_option("--device", gs.device, "cpu: MPI on host buffers; cuda: NCCL on device buffers (cpu)")
-      ->check(CLI::IsMember({"cpu", "cuda"}));
-  try {
-    app.parse(argc, argv);
-    mix::launch::parse_byte_size(min_text, ar.min_bytes);  // both checked by byte_size() above
-    mix::launch::parse_byte_size(max_text, ar.max_bytes);
-    if (ar.min_bytes > ar.max_bytes) throw CLI::ValidationError("-b", min_text + " is larger than -e " + max_text);
-    if (ar.factor <= 1 && ar.min_bytes != ar.max_bytes)
-      throw CLI::ValidationError("-f", "must be above 1 to go from -b " + min_text + " to -e " + max_text +
-                                           " (or give -b and -e the same size)");
-    if (grad_sync->parsed() && gs.precision == "fp32") {
-      if (grad_reduce->count() > 0 && gs.grad_reduce == "fp16")
-        throw CLI::ValidationError("--grad-reduce", "fp16 needs --precision amp (FP32 training has no FP16 gradients)");
-      gs.grad_reduce = "fp32";  // the only all-reduce an FP32 program has
-    }
-  } catch (const CLI::CallForHelp&) {
-    std::cout << app.help();
-    return 0;
-  } catch (const CLI::ParseError& e) {
-    std::cerr << "mixbench: " << e.what()
-              << "\n(run mixbench allreduce --help or mixbench grad-sync --help for the flags)\n";
+  mix::launch::add_choice(*grad_sync, "--device", gs.device, mix::kDeviceKindNames,
+                          "cpu: MPI on host buffers; cuda: NCCL on device buffers");
+  if (auto stop = mix::launch::parse_command_line(app, argc, argv)) return *stop;
+  auto bad = [](const std::string& msg) {
+    std::cerr << "mixbench: " << msg << "\n";
     return 2;
-  }
+  };
+  mix::launch::parse_byte_size(min_text, ar.min_bytes);  // both checked by byte_size() above
+  mix::launch::parse_byte_size(max_text, ar.max_bytes);
+  if (ar.min_bytes > ar.max_bytes) return bad("-b " + min_text + " is larger than -e " + max_text);
+  if (ar.factor <= 1 && ar.min_bytes != ar.max_bytes)
+    return bad("-f must be above 1 to go from -b " + min_text + " to -e " + max_text +
+               " (or give -b and -e the same size)");
+  if (grad_sync->parsed())
+    if (const std::string why = mix::launch::grad_reduce_conflict(
+            gs.precision, gs.grad_reduce.value_or(mix::launch::default_grad_reduce(gs.precision)));
+        !why.empty())
+      return bad(why);
 
   const bool is_allreduce = allreduce->parsed();
   return mix::launch::run_worker("mixbench", [&](mix::collective::Communicator& comm) {
@@ -120,15 +130,15 @@ int main(int argc, char** argv) {
     else
       fields = {{"benchmark", "grad-sync"},
                 {"model", gs.model},
-                {"precision", gs.precision},
-                {"grad-reduce", gs.grad_reduce},
+                {"precision", std::string(mix::amp::to_string(gs.precision))},
+                {"grad-reduce", gs.grad_reduce ? std::string(mix::collective::to_string(*gs.grad_reduce)) : "default"},
                 {"bucket-mb", std::to_string(gs.bucket_mb)},
                 {"iterations", std::to_string(gs.warmup) + "+" + std::to_string(gs.iters)},
-                {"device", gs.device}};
+                {"device", std::string(mix::to_string(gs.device))}};
     mix::collective::check_same_on_all_ranks(comm, "mixbench configuration", fields);
     mix::Device device = mix::cpu_device();
     std::unique_ptr<mix::collective::Communicator> device_comm;
-    if ((is_allreduce ? ar.device : gs.device) == "cuda") {
+    if (is_allreduce ? ar.device == "cuda" : gs.device == mix::DeviceKind::cuda) {
       const int gpu = mix::collective::bind_device(comm);
       device = mix::Device{mix::DeviceKind::cuda, gpu};
       device_comm = mix::collective::make_device_communicator(comm, gpu);

@@ -1,13 +1,34 @@
 #pragma once
-// mixtrain's command line, parsed with CLI11 into a TrainConfig.
+// mixtrain's command line, parsed with CLI11 into a TrainConfig: typed once,
+// where the flags are read (enums, not strings), with every rule between
+// flags checked there.
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "amp/loss_scaler.h"
+#include "amp/precision.h"
+#include "collective/grad_allreduce_pass.h"
+#include "runtime/core/device.h"
+#include "runtime/core/enum_names.h"
+#include "runtime/optim/lr_schedule.h"
+#include "runtime/optim/optimizer.h"
 
 namespace mix::launch {
+
+/// Activation layout of the ResNets (--data-format).
+enum class DataFormat { auto_, nchw, nhwc };
+inline constexpr NamedValue<DataFormat> kDataFormatNames[] = {
+    {DataFormat::auto_, "auto"}, {DataFormat::nchw, "nchw"}, {DataFormat::nhwc, "nhwc"}};
+
+/// The data sets mixtrain reads (--data).
+enum class DataSet { fashion_mnist, fortunes, synthetic, safetensors };
+inline constexpr NamedValue<DataSet> kDataSetNames[] = {{DataSet::fashion_mnist, "fashion-mnist"},
+                                                        {DataSet::fortunes, "fortunes"},
+                                                        {DataSet::synthetic, "synthetic"},
+                                                        {DataSet::safetensors, "safetensors"}};
+inline std::string_view to_string(DataSet d) { return name_of(d, kDataSetNames); }
 
 struct TrainConfig {
   // model
@@ -20,9 +41,10 @@ struct TrainConfig {
   /// Activation layout of the ResNets: nchw, nhwc (channels last), or auto:
   /// nhwc for AMP on CUDA, where cuDNN's FP16 tensor cores read it directly;
   /// nchw otherwise (the CPU, and FP32, which has no tensor cores without TF32).
-  std::string data_format = "auto";
+  DataFormat data_format = DataFormat::auto_;
   bool resnet_channels_last() const {
-    return data_format == "nhwc" || (data_format == "auto" && device == "cuda" && precision == "amp");
+    return data_format == DataFormat::nhwc ||
+           (data_format == DataFormat::auto_ && device == DeviceKind::cuda && precision == amp::Precision::amp);
   }
   bool is_resnet() const { return model.rfind("resnet", 0) == 0; }
   /// Fuse residual adds with their relu, forward and backward (runtime/passes/fuse_add_relu.h; --no-fuse-add-relu: off).
@@ -40,9 +62,9 @@ struct TrainConfig {
   bool tie_weights = false;
   double dropout = 0.0;
   bool is_language_model() const { return model == "transformer"; }
-  // data; empty data and data_dir take the model's default (fortunes text for
-  // the Transformer, Fashion-MNIST otherwise), filled in by parse_train_config
-  std::string data;
+  // data; parse_train_config fills in the model's default data set (fortunes
+  // text for the Transformer, Fashion-MNIST otherwise) and its directory
+  DataSet data = DataSet::fashion_mnist;
   std::string data_dir;
   std::string data_file;
   bool shuffle = true;
@@ -50,15 +72,15 @@ struct TrainConfig {
   int64_t synthetic_features = 784;
   int64_t synthetic_classes = 10;
   // device and precision
-  std::string device = "cpu";
+  DeviceKind device = DeviceKind::cpu;
   bool allow_tf32 = false;
   bool cudnn_bn_persistent = false;  // training batch_norm on cuDNN's persistent kernels
   bool cudnn_benchmark = false;      // time cuDNN's convolution algorithms once per shape
   bool cudnn_graph_conv = true;  // convolutions on cuDNN's graph API with cached plans (off under --cudnn-benchmark)
   bool cublas_1x1_conv = false;      // pointwise channels-last convolutions as cuBLAS GEMMs (runtime/ops/conv_gemm.h)
   bool cuda_graph = false;           // GPU training steps recorded once and replayed (runtime/exec/step_graph.h)
-  std::string precision = "amp";
-  std::string grad_reduce;  // empty: fp16 under AMP, fp32 otherwise
+  amp::Precision precision = amp::Precision::amp;
+  std::optional<collective::GradReduce> grad_reduce;  // unset: fp16 under AMP, fp32 otherwise
   double grad_predivide = 0;
   double bucket_mb = 25;
   /// Start each gradient bucket's all-reduce during backward (--no-overlap: after it, one at a time).
@@ -68,23 +90,22 @@ struct TrainConfig {
   int64_t steps = -1;  // -1: run --epochs
   int64_t epochs = 1;
   double lr = 0.05;
-  std::string lr_schedule = "constant";
+  optim::Schedule lr_schedule = optim::Schedule::constant;
   int64_t warmup_steps = 0;
-  std::string optimizer = "momentum";
-  double momentum = 0.9;
-  bool no_decay_1d = false;            // no weight decay on biases and norm scales/shifts
-  std::optional<double> weight_decay;  // default 0, and 0.01 for adamw (torch.optim.AdamW's)
-  double effective_weight_decay() const { return weight_decay ? *weight_decay : optimizer == "adamw" ? 0.01 : 0.0; }
+  /// --optimizer, --momentum, --weight-decay (unset: 0, and 0.01 for adamw,
+  /// torch.optim.AdamW's), --no-decay-1d (no weight decay on biases and norm
+  /// scales and shifts).
+  optim::OptimizerOptions optimizer;
   // loss scaling
-  std::string loss_scaling = "dynamic";
-  std::string loss_scaling_preset = "paddle";
+  amp::LossScalerConfig::Mode loss_scaling = amp::LossScalerConfig::Mode::dynamic;
+  amp::ScalerPreset loss_scaling_preset = amp::ScalerPreset::paddle;
   std::optional<double> init_loss_scaling;
   std::optional<int64_t> incr_every_n_steps;
   std::optional<int64_t> decr_every_n_nan_or_inf;
   std::optional<double> incr_ratio;
   std::optional<double> decr_ratio;
   std::optional<double> min_loss_scaling;
-  std::string on_min_scale = "error";
+  amp::LossScalerConfig::OnMinScale on_min_scale = amp::LossScalerConfig::OnMinScale::error;
   // Whether these flags with defaults were given: a flag that does nothing is
   // warned about only when the user wrote it (ignored_scaler_flags).
   bool loss_scaling_given = false, loss_scaling_preset_given = false, on_min_scale_given = false;
@@ -111,7 +132,8 @@ struct TrainConfig {
 
   /// The fields every rank must agree on, as (name, value) text, for the startup fingerprint.
   std::vector<std::pair<std::string, std::string>> fingerprint_fields() const;
-  std::string effective_grad_reduce() const;
+  /// --grad-reduce, or the precision's default (launch/train_program.h).
+  collective::GradReduce effective_grad_reduce() const;
   /// The loss scaler the flags ask for: the preset (or --loss-scaling static/none) with the flags' overrides.
   amp::LossScalerConfig loss_scaler_config() const;
   /// The loss-scaler flags given that do nothing here (any under fp32, the

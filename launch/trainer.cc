@@ -17,8 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "amp/decorate.h"
-#include "amp/fuse_param_casts.h"
+#include "amp/loss_scaler.h"
 #include "collective/consistency.h"
 #include "collective/grad_allreduce_pass.h"
 #include "collective/overflow_mask.h"
@@ -27,6 +26,7 @@
 #include "launch/evaluation.h"
 #include "launch/metrics.h"
 #include "launch/step_runner.h"
+#include "launch/train_program.h"
 #include "launch/worker_main.h"
 #include "models/model.h"
 #include "runtime/core/check.h"
@@ -41,9 +41,6 @@
 #include "runtime/io/checkpoint.h"
 #include "runtime/io/safetensors.h"
 #include "runtime/optim/lr_schedule.h"
-#include "runtime/passes/fuse_add_relu.h"
-#include "runtime/passes/fuse_bn_relu.h"
-#include "runtime/passes/recompute_softmax.h"
 
 namespace mix::launch {
 
@@ -63,9 +60,9 @@ std::string format_eta(double s) {
 }
 
 data::TrainTest load_data(const TrainConfig& c) {
-  if (c.data == "fashion-mnist") return data::load_fashion_mnist(c.data_dir);
-  if (c.data == "safetensors") return data::load_safetensors_dataset(c.data_file);
-  if (c.data == "fortunes") return data::load_byte_text(c.data_dir, c.context);
+  if (c.data == DataSet::fashion_mnist) return data::load_fashion_mnist(c.data_dir);
+  if (c.data == DataSet::safetensors) return data::load_safetensors_dataset(c.data_file);
+  if (c.data == DataSet::fortunes) return data::load_byte_text(c.data_dir, c.context);
   if (c.is_language_model()) {
     const int64_t n = c.synthetic_size.value_or(1024);
     return data::make_synthetic_tokens(n, std::max<int64_t>(n / 8, 1), c.context, c.vocab, c.seed);
@@ -176,31 +173,38 @@ size_t held_bytes(const data::Dataset& d) {
   return (d.inputs.defined() ? d.inputs.bytes() : 0) + (d.labels.defined() ? d.labels.bytes() : 0);
 }
 
-// The passes after the training program is built (each on by default, each
-// with a --no-... flag): recompute softmax in backward, fuse add + relu, the
-// weights' FP16 casts and batch_norm + relu. Variables in `read_back` are
-// never fused away. `log`: say what each fused (rank 0).
-void apply_step_passes(const TrainConfig& c, Program& program, const std::set<std::string>& read_back, bool log) {
-  if (c.recompute_softmax) recompute_softmax(program, read_back);
-  if (c.fuse_add_relu) {
-    const FusedAddRelu fused = fuse_add_relu(program, read_back);
-    if (log && fused.forward + fused.backward > 0)
-      spdlog::info("fused {} elementwise_add + relu and {} sum + relu_grad pairs (--no-fuse-add-relu: keep them)",
-                   fused.forward, fused.backward);
-  }
-  if (c.precision == "amp" && c.fuse_param_casts) {
-    const int fused = amp::fuse_param_casts(program);
-    if (log && fused > 0)
-      spdlog::info("fused the FP16 casts of {} weights into fused_cast (--no-fuse-param-casts: keep them)", fused);
-  }
-  if (c.fuse_bn_relu) {
-    const FusedBnRelu fused = fuse_bn_relu(program, read_back);
-    if (log && fused.forward + fused.backward + fused.forward_add > 0)
-      spdlog::info(
-          "fused {} batch_norm + relu, {} relu_grad + batch_norm_grad and {} batch_norm + fused_add_relu pairs "
-          "(--no-fuse-bn-relu: keep them)",
-          fused.forward, fused.backward, fused.forward_add);
-  }
+// The training program the flags describe, for `world` ranks.
+TrainProgramOptions train_program_options(const TrainConfig& c, const models::Model& model, int world) {
+  TrainProgramOptions o;
+  o.precision = c.precision;
+  o.amp.custom_white = c.amp_white_list;
+  o.amp.custom_black = c.amp_black_list;
+  o.amp.scaler = c.loss_scaler_config();
+  o.amp.fold_casts = c.fold_casts;
+  o.amp.inject = inject_from(c);
+  o.grad_reduce = c.grad_reduce;
+  collective::GradSyncOptions sync;
+  sync.world_size = world;
+  sync.predivide = c.grad_predivide;
+  sync.bucket_bytes = static_cast<size_t>(c.bucket_mb * 1024 * 1024);
+  sync.overlap = c.overlap;
+  o.grad_sync = sync;
+  o.optimizer = c.optimizer;
+  o.passes.recompute_softmax = c.recompute_softmax;
+  o.passes.fuse_add_relu = c.fuse_add_relu;
+  o.passes.fuse_param_casts = c.fuse_param_casts;
+  o.passes.fuse_bn_relu = c.fuse_bn_relu;
+  // Evaluation reads the logits after a step's forward pass.
+  o.read_back = {model.logits};
+  return o;
+}
+
+// What the whole-step rewrites did (rank 0): they change how the step runs,
+// not its values, and each has a flag that turns it off.
+void log_step_rewrites(const TrainProgram& train) {
+  for (const PassRun& pass : train.passes)
+    if (!pass.whole_step_flag.empty() && pass.changed)
+      spdlog::info("{}: {} ({} turns it off)", pass.name, pass.result, pass.whole_step_flag);
 }
 
 // --init-from: the parameters (and buffers) `path` holds, by PyTorch
@@ -289,8 +293,8 @@ nlohmann::json summary_line(const TrainConfig& c, const models::Model& model, co
                             {"planned_peak_temporary_bytes", plan.peak_temporary_bytes},
                             {"persistent_bytes", plan.persistent_bytes},
                             {"world_size", world},
-                            {"precision", c.precision},
-                            {"grad_reduce", c.effective_grad_reduce()}};
+                            {"precision", amp::to_string(c.precision)},
+                            {"grad_reduce", collective::to_string(c.effective_grad_reduce())}};
   if (model.tokens_per_example > 0) {
     summary["tokens_per_s"] = t.mean_rate() * static_cast<double>(model.tokens_per_example);
     summary["tokens_per_s_overall"] = t.overall_rate() * static_cast<double>(model.tokens_per_example);
@@ -308,7 +312,7 @@ nlohmann::json summary_line(const TrainConfig& c, const models::Model& model, co
 void print_benchmark(const TrainConfig& c, const models::Model& model, const StepTotals& t, int world, size_t peak,
                      bool show_queue) {
   const bool tokens = model.tokens_per_example > 0;
-  std::cout << "benchmark: " << c.model << " " << c.precision << " batch " << c.batch_size << " x " << world
+  std::cout << "benchmark: " << c.model << " " << amp::to_string(c.precision) << " batch " << c.batch_size << " x " << world
             << " ranks: "
             << (tokens ? t.overall_rate() * static_cast<double>(model.tokens_per_example) : t.overall_rate())
             << (tokens          ? " tokens/s"
@@ -341,7 +345,7 @@ void check_inject_overflow(const TrainConfig& c, const Program& program, int wor
 // looked up. A warning, not an error: a script may give several models one list.
 void warn_unused_amp_lists(const TrainConfig& c, const Program& program) {
   if (c.amp_white_list.empty() && c.amp_black_list.empty()) return;
-  if (c.precision != "amp") {
+  if (c.precision != amp::Precision::amp) {
     spdlog::warn("--amp-white-list, --amp-black-list: FP32 training has no AMP lists, so they do nothing");
     return;
   }
@@ -358,29 +362,6 @@ void warn_unused_amp_lists(const TrainConfig& c, const Program& program) {
         "{}: the forward program of --model {} has no such op, so {} nothing; the AMP lists classify "
         "forward ops (--print-program lists them)",
         unused, c.model, unused.find(',') == std::string::npos ? "it moves" : "they move");
-}
-
-// DESIGN's AMP step computes the loss in FP32: its gradient is seeded with the
-// loss scale, which FP16 holds only up to 65504 (the pytorch preset starts at
-// 65536). A custom white list can still put the op that computes it in FP16.
-void check_loss_is_fp32(const TrainConfig& c, const Program& program, const std::string& loss) {
-  if (program.var(loss).dtype == DType::f32) return;
-  const std::optional<size_t> producer = program.producer(loss);
-  const std::string op = producer ? program.ops()[*producer].type : std::string("?");
-  const bool listed = std::find(c.amp_white_list.begin(), c.amp_white_list.end(), op) != c.amp_white_list.end();
-  throw UsageError((listed ? "--amp-white-list " + op : "op " + op) + " computes the loss '" + loss + "' in " +
-                   std::string(dtype_name(program.var(loss).dtype)) +
-                   "; AMP keeps the loss FP32 (its gradient starts at the loss scale): " +
-                   (listed ? "take " + op + " off --amp-white-list" : "put " + op + " in --amp-black-list"));
-}
-
-std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c) {
-  const double wd = c.effective_weight_decay();
-  std::unique_ptr<optim::Optimizer> opt = c.optimizer == "sgd"     ? optim::make_sgd(wd)
-                                          : c.optimizer == "adamw" ? optim::make_adamw(0.9, 0.999, 1e-8, wd)
-                                                                   : optim::make_momentum(c.momentum, wd);
-  opt->set_no_decay_1d(c.no_decay_1d);
-  return opt;
 }
 
 // Hash of the parameters' names, shapes and dtypes: equal models, equal hash.
@@ -520,12 +501,12 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   const int rank = comm.rank(), world = comm.world_size();
   // On GPUs every rank drives the GPU of its local rank; gradients travel over
   // the device communicator (NCCL), everything else over the host one.
-  const bool on_gpu = c.device == "cuda";
+  const bool on_gpu = c.device == DeviceKind::cuda;
   Device device = cpu_device();
   std::unique_ptr<Communicator> device_comm;
   // Ranks that disagree on --device would call different collectives below (GPU
   // binding, NCCL init) and hang or crash there: compare that field first.
-  collective::check_same_on_all_ranks(comm, "startup fingerprint", {{"device", c.device}});
+  collective::check_same_on_all_ranks(comm, "startup fingerprint", {{"device", std::string(to_string(c.device))}});
   if (on_gpu) {
     const int gpu = collective::bind_device(comm);
     device = Device{DeviceKind::cuda, gpu};
@@ -540,44 +521,26 @@ int run_training(const TrainConfig& c, Communicator& comm) {
 
   // ---- data and model ------------------------------------------------------------
   data::TrainTest data = load_data(c);
-  check_finite_data(data.train, c.data == "safetensors" ? c.data_file : c.data + " training set");
-  if (data.test.size() > 0) check_finite_data(data.test, c.data == "safetensors" ? c.data_file : c.data + " test set");
-  if (rank == 0 && c.data == "safetensors") warn_sparse_labels(data, c.data_file);
+  const std::string data_name = c.data == DataSet::safetensors ? c.data_file : std::string(to_string(c.data));
+  check_finite_data(data.train, data_name + (c.data == DataSet::safetensors ? "" : " training set"));
+  if (data.test.size() > 0) check_finite_data(data.test, data_name + (c.data == DataSet::safetensors ? "" : " test set"));
+  if (rank == 0 && c.data == DataSet::safetensors) warn_sparse_labels(data, c.data_file);
   models::Model model = build_model(c, data.train);
   Program& program = model.program;
   check_inject_overflow(c, program, world);
   if (rank == 0) warn_unused_amp_lists(c, program);
   const std::vector<std::string> buffers = buffer_names(program);
 
-  // ---- the training program: the one-line AMP switch ------------------------------
-  std::unique_ptr<optim::Optimizer> opt = make_optimizer(c);
-  const bool use_amp = c.precision == "amp";
+  // ---- the training program (launch/train_program.cc) ----------------------------------
+  const bool use_amp = c.precision == amp::Precision::amp;
   if (const std::string ignored = c.ignored_scaler_flags(); rank == 0 && !ignored.empty())
     spdlog::warn("{}: {} has no {}, so {} nothing", ignored,
-                 use_amp ? "--loss-scaling " + c.loss_scaling : std::string("FP32 training"),
-                 use_amp && c.loss_scaling == "static" ? "dynamic scaler" : "loss scale",
+                 use_amp ? "--loss-scaling " + std::string(amp::mode_name(c.loss_scaling)) : "FP32 training",
+                 use_amp && c.loss_scaling == amp::LossScalerConfig::Mode::static_scale ? "dynamic scaler"
+                                                                                        : "loss scale",
                  ignored.find(',') == std::string::npos ? "it does" : "they do");
-  if (use_amp) {
-    amp::AmpOptions ao;
-    ao.lists = amp::AmpLists::defaults().with_custom(c.amp_white_list, c.amp_black_list);
-    ao.fold_casts = c.fold_casts;
-    ao.scaler = c.loss_scaler_config();
-    ao.inject = inject_from(c);
-    ao.world_size = world;
-    opt = amp::decorate(std::move(opt), ao);
-  }
-  collective::GradSyncOptions sync;
-  sync.mode = c.effective_grad_reduce() == "fp16" ? collective::GradReduce::fp16 : collective::GradReduce::fp32;
-  sync.world_size = world;
-  sync.predivide = c.grad_predivide;
-  sync.bucket_bytes = static_cast<size_t>(c.bucket_mb * 1024 * 1024);
-  sync.overlap = c.overlap;
-  optim::TrainProgram train = opt->minimize(program, model.loss, collective::grad_allreduce_pass(sync));
-  if (use_amp) check_loss_is_fp32(c, program, model.loss);
-  // Variables the trainer reads after a step or an evaluation: never fused away.
-  const std::set<std::string> read_back = {model.loss, model.logits, amp::ScalerVars::found_inf,
-                                           amp::ScalerVars::overflow_ranks};
-  apply_step_passes(c, program, read_back, /*log=*/rank == 0);
+  const TrainProgram train = build_train_program(program, model.loss, train_program_options(c, model, world));
+  if (rank == 0) log_step_rewrites(train);
 
   // Before any collective whose sizes depend on the model (and before a
   // printout that ends this rank): every rank must agree.
@@ -587,7 +550,8 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   collective::check_same_on_all_ranks(comm, "startup fingerprint", fields);
 
   if (c.print_program) {
-    if (rank == 0) std::cout << program.str() << collective::describe_grad_sync(program) << std::flush;
+    if (rank == 0)
+      std::cout << train.describe_passes() << program.str() << collective::describe_grad_sync(program) << std::flush;
     return 0;
   }
   // A checkpoint path that cannot be written is found now, not after training.
@@ -682,7 +646,8 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     spdlog::info("training {} ({}{}), {} steps of {} x {} examples, precision {}, gradient all-reduce in {}", c.model,
                  model_signature(program),
                  c.is_resnet() ? (c.resnet_channels_last() ? ", NHWC activations" : ", NCHW activations") : "",
-                 total_steps - start_step, world, batch, c.precision, c.effective_grad_reduce());
+                 total_steps - start_step, world, batch, amp::to_string(c.precision),
+                 collective::to_string(c.effective_grad_reduce()));
 
   const std::optional<InjectOverflowSpec> diverge = divergence_from_env();
   auto consistency_check = [&](int64_t step) {

@@ -1,6 +1,6 @@
 // A GPT-style decoder-only Transformer language model with nanoGPT's structure,
 // parameter names and initialisation, so its state_dict round-trips through
-// safetensors with a nanoGPT-style PyTorch model (docs: README, "Transformer"):
+// safetensors with a nanoGPT-style PyTorch model (docs/models.md, "Transformer"):
 //
 //   transformer.wte.weight            [vocab, d]      token embedding (lookup_table)
 //   transformer.wpe.weight            [context, d]    position embedding
@@ -16,7 +16,7 @@
 // Pre-norm blocks: h += attn(ln_1(h)); h += mlp(ln_2(h)). Attention is built
 // from ops the AMP lists know: the q.k^T and att.v products are `matmul`
 // (white: FP16 on tensor cores), the causal softmax is `softmax` with attr
-// causal (black: FP32, or FP16 with --amp-white-list softmax), so `decorate`
+// causal (black: FP32, or FP16 with --amp-white-list softmax), so the AMP pass
 // needs no attention-specific rule.
 //
 // Init as nanoGPT: every weight N(0, 0.02), the two residual projections

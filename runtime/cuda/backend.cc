@@ -8,6 +8,7 @@
 
 #include "runtime/core/check.h"
 #include "runtime/core/device_backend.h"
+#include "runtime/core/library_versions.h"
 #include "runtime/cuda/context.h"
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/cuda/cuda_graph.h"
@@ -220,6 +221,8 @@ CudaBackend& instance() {
 // Registration touches no CUDA API: a process without a GPU or driver loads fine.
 [[maybe_unused]] const bool registered = [] {
   register_device_backend(DeviceKind::cuda, &instance());
+  register_library_version("CUDA", std::to_string(CUDART_VERSION / 1000) + "." +
+                                       std::to_string(CUDART_VERSION % 1000 / 10));
   return true;
 }();
 

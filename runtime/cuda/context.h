@@ -48,7 +48,7 @@ bool cudnn_benchmark();
 
 /// conv2d runs cuDNN's graph API with an execution plan cached per shape
 /// (runtime/cuda/cudnn_conv_graph.h) instead of the legacy calls, whose host
-/// cost set the pace of ResNet-50 on an H200. Off here, so that a program or
+/// cost set the pace of ResNet-50 on the GPU check. Off here, so that a program or
 /// test gets the legacy calls unless it asks; mixtrain asks unless told
 /// --no-cudnn-graph-conv or --cudnn-benchmark (whose timings are the legacy
 /// calls'; under the graph API it would have no effect).
@@ -58,9 +58,9 @@ bool cudnn_graph_conv();
 /// conv2d runs its pointwise channels-last convolutions (1x1, no padding, one
 /// group, any stride: runtime/ops/conv_gemm.h) as one cuBLAS GEMM per pass
 /// instead of cuDNN, which the host queues far faster (--cublas-1x1-conv; off
-/// by default: on an H200, 2026-12-05, it added nothing to the graph API for
-/// ResNet-50 AMP at batch 64, 4723 against 4708 images/s, though FP32 NHWC
-/// went from 664 to 984). Ahead of --cudnn-graph-conv.
+/// by default: beside the graph API it added nothing to ResNet-50 AMP on the
+/// GPU check, though it sped up FP32 channels last; docs/gpu.md). Ahead of
+/// --cudnn-graph-conv.
 void set_cublas_1x1_conv(bool on);
 bool cublas_1x1_conv();
 

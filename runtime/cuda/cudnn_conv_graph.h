@@ -1,17 +1,15 @@
 #pragma once
 // Convolutions through cuDNN's graph (backend) API, each pass's execution
-// plan built once per shape and reused (mixtrain's default since an H200 ran
-// it on 2026-12-05: ResNet-50 AMP at batch 64 went from 1616 to 4708
-// images/s, every shape with a deterministic plan; --no-cudnn-graph-conv
-// gives the legacy calls back).
+// plan built once per shape and reused: mixtrain's default
+// (--no-cudnn-graph-conv gives the legacy calls back).
 //
-// Why: on an H200 (gpu_check, 2026-12-04) the host took about 270 us to queue
-// each legacy cudnnConvolution{Forward,BackwardData,BackwardFilter} call, with
-// the algorithm already chosen and cached by runtime/ops/cuda/conv2d.cu:
-// about 41 of the 40 ms a ResNet-50 AMP step at batch 64 took (MIX_PROFILE_OPS=host),
-// so the GPU, which needs about 10 ms for that step, waited for the host.
-// cuDNN 9 runs the legacy calls on its graph API; a plan made once and run
-// with a fresh variant pack each call leaves only the launch to pay.
+// Why: the host's time to queue each legacy
+// cudnnConvolution{Forward,BackwardData,BackwardFilter} call, with the
+// algorithm already chosen and cached by runtime/ops/cuda/conv2d.cu, set the
+// pace of a ResNet-50 AMP step: the GPU waited for the host (the host
+// profile, MIX_PROFILE_OPS=host, and the figures are in docs/gpu.md). cuDNN 9
+// runs the legacy calls on its graph API; a plan made once and run with a
+// fresh variant pack each call leaves only the launch to pay.
 //
 // The choice: cuDNN's heuristics (mode A, then the fallback list) rank the
 // engine configurations; those whose numerical notes break conv2d.cu's rules

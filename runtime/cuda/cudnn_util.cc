@@ -4,11 +4,15 @@
 #include <mutex>
 
 #include "runtime/core/check.h"
+#include "runtime/core/library_versions.h"
 #include "runtime/cuda/device_allocator.h"  // DeviceGuard
 
 namespace mix::cuda {
 
 namespace {
+
+[[maybe_unused]] const bool registered = register_library_version(
+    "cuDNN", std::to_string(CUDNN_MAJOR) + "." + std::to_string(CUDNN_MINOR) + "." + std::to_string(CUDNN_PATCHLEVEL));
 
 std::mutex& handle_mutex() {
   static std::mutex m;

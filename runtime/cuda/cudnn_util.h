@@ -9,8 +9,11 @@
 // With NCHW FP16 data cuDNN transposes internally to NHWC for its tensor-core
 // kernels; channels-last models hand it NHWC and skip those transposes.
 //
-// The launchers use cuDNN's legacy (descriptor) API: cuDNN 9 marks it
-// deprecated in favour of the graph API but still ships and supports it.
+// These descriptors serve cuDNN's legacy (descriptor) API, which cuDNN 9
+// marks deprecated in favour of the graph API but still ships and supports:
+// pool2d and batch_norm run on it, and conv2d when the graph API has no plan
+// for a shape or is turned off (--no-cudnn-graph-conv, --cudnn-benchmark).
+// Convolutions run on the graph API by default (runtime/cuda/cudnn_conv_graph.h).
 #include <cudnn.h>
 
 #include <cstddef>

@@ -1,9 +1,10 @@
 #pragma once
 // --cuda-graph: a training step queued on the device as one recorded graph
-// (DeviceGraph, runtime/core/device_backend.h) instead of op by op. On an H200 the
-// host took ~40 ms to queue a ResNet-50 AMP step at batch 64 that the GPU ran
-// in ~10 ms: one call per kernel, cuDNN's most of all. A replay queues the
-// whole step with one call.
+// (DeviceGraph, runtime/core/device_backend.h) instead of op by op. Op by op,
+// the host makes one call per kernel (cuDNN's cost the most), and for a
+// ResNet-50 AMP step it can take longer to queue the step than the GPU takes
+// to run it (docs/gpu.md has the measurements). A replay queues the whole step
+// with one call.
 //
 // What a recording freezes, and how this class keeps it right:
 // - Addresses. Inputs (the feeds) are copied into buffers of the recording's

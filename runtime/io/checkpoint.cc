@@ -12,7 +12,7 @@ namespace mix::io {
 namespace {
 
 bool saved_as_tensor(const VarDesc& v) {
-  // The loss scaler's state goes into the metadata, as DESIGN.md puts it; the
+  // The loss scaler's state goes into the metadata, as docs/design.md ("Checkpoints") says; the
   // learning rate is recomputed from the schedule.
   return v.persistable && v.name.rfind("loss_scaling", 0) != 0 && v.name != "learning_rate";
 }

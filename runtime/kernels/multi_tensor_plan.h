@@ -21,8 +21,8 @@
 // 32,764 bytes of kernel parameters (Volta and newer), and the largest table,
 // four pointers per tensor, stays near 16 KiB. With the 4 KiB of older CUDA
 // versions (48 tensors and 320 blocks a launch) the host queued ~40 launches
-// for each of a ResNet-50 step's passes over its gradients, 0.3-0.5 ms of host
-// time per pass on an H200 (MIX_PROFILE_OPS=host, 2026-12-04).
+// for each of a ResNet-50 step's passes over its gradients, a cost the host
+// profile (MIX_PROFILE_OPS=host) showed on the GPU check.
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -34,7 +34,7 @@ namespace mix::multi_tensor {
 /// of its own.
 inline constexpr int64_t kChunk = 16384;
 inline constexpr int kMaxTensors = 128;
-/// 2048 blocks of 256 threads: two waves on a 132-SM H200, 32M elements a launch.
+/// 2048 blocks of 256 threads: about two waves on a GPU of 132 SMs (H100, H200), 32M elements a launch.
 inline constexpr int kMaxBlocks = 2048;
 /// Past this many elements (an eighth of a launch) a tensor is launched alone,
 /// in blocks of kAloneChunk (4 elements per thread: every SM kept full).

@@ -20,7 +20,7 @@
 //           makes Y = relu(round(batch_norm(X)) + Z): the bits of batch_norm
 //           then fused_add_relu, which fuse_bn_relu also fuses (a residual
 //           block's last batch norm). Its gradient stays the unfused ops'.
-// Scale, Bias and all statistics are FP32 even when X is FP16 (DESIGN.md); the
+// Scale, Bias and all statistics are FP32 even when X is FP16 (docs/design.md, "Precision rules"); the
 // sums run in double and Y is rounded once on store. The running variance takes
 // the unbiased batch variance, as PyTorch does, so its checkpoints interchange.
 // Evaluation (is_test, or an executor run with ExecEnv::training false) normalises

@@ -2,11 +2,24 @@
 
 #include <cblas.h>
 
+#include <string>
 #include <vector>
 
 #include "runtime/core/check.h"
+#include "runtime/core/library_versions.h"
 
 namespace mix::cpu {
+
+#ifdef OPENBLAS_VERSION
+namespace {
+// OPENBLAS_VERSION reads " OpenBLAS 0.3.21 ": the number is its last word.
+[[maybe_unused]] const bool registered = [] {
+  std::string v = OPENBLAS_VERSION;
+  while (!v.empty() && v.back() == ' ') v.pop_back();
+  return register_library_version("OpenBLAS", v.substr(v.rfind(' ') + 1));
+}();
+}  // namespace
+#endif
 
 void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, const float* b,
            float beta, float* c) {

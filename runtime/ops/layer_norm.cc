@@ -7,7 +7,7 @@
 //           rows = the product of the leading dims; epsilon (default 1e-5)
 // y = (x - mean) / sqrt(var + eps) * scale + bias per row, var biased (divided
 // by D) and stored as such, as Paddle does (PyTorch stores 1/std instead).
-// Scale, Bias and the statistics stay FP32 when X is FP16 (DESIGN.md): the row
+// Scale, Bias and the statistics stay FP32 when X is FP16 (docs/design.md, "Precision rules"): the row
 // sums run in double and Y is rounded once on store. Row math in
 // runtime/kernels/layer_norm_row.h.
 //

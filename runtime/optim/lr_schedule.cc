@@ -14,7 +14,7 @@ double cosine_between(double from, double to, double frac) {
 
 double LrSchedule::at(int64_t step) const {
   const int64_t total = std::max<int64_t>(total_steps, 1);
-  if (kind == "onecycle") {
+  if (kind == Schedule::onecycle) {
     // torch's phases: up to the peak at step pct_start * total - 1 (not
     // rounded), then down to the last step, total - 1.
     const double at_peak =
@@ -24,7 +24,7 @@ double LrSchedule::at(int64_t step) const {
     return cosine_between(peak, final_lr, (s - at_peak) / std::max(static_cast<double>(total - 1) - at_peak, 1e-9));
   }
   if (step < warmup_steps) return peak * static_cast<double>(step + 1) / static_cast<double>(warmup_steps);
-  if (kind == "cosine") {
+  if (kind == Schedule::cosine) {
     const int64_t rest = std::max<int64_t>(1, total - warmup_steps);
     return cosine_between(peak, 0.0, static_cast<double>(step - warmup_steps) / static_cast<double>(rest));
   }

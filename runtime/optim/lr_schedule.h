@@ -3,10 +3,19 @@
 #include <cstdint>
 #include <string>
 
+#include "runtime/core/enum_names.h"
+
 namespace mix::optim {
 
+enum class Schedule { constant, cosine, onecycle };
+
+inline constexpr NamedValue<Schedule> kScheduleNames[] = {
+    {Schedule::constant, "constant"}, {Schedule::cosine, "cosine"}, {Schedule::onecycle, "onecycle"}};
+
+inline std::string_view to_string(Schedule s) { return name_of(s, kScheduleNames); }
+
 struct LrSchedule {
-  std::string kind = "constant";  // constant | cosine | onecycle
+  Schedule kind = Schedule::constant;
   double peak = 0.1;
   int64_t warmup_steps = 0;
   int64_t total_steps = 1;

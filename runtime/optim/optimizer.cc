@@ -2,20 +2,9 @@
 
 #include <algorithm>
 
-#include "runtime/ir/autodiff.h"
 #include "runtime/ir/op_registry.h"
 
 namespace mix::optim {
-
-TrainProgram Optimizer::minimize(Program& p, const std::string& loss, const GradSyncPass& sync) {
-  seed_loss_gradient(p, loss);
-  BackwardResult bw = append_backward(p, loss);
-  TrainProgram t;
-  t.loss = loss;
-  t.param_grads = sync ? sync(p, bw.param_grads) : bw.param_grads;
-  append_update_ops(p, t.param_grads, "");
-  return t;
-}
 
 void Optimizer::declare_common(Program& p, const std::string& skip) {
   if (!p.has_var(kLearningRate)) {
@@ -55,6 +44,18 @@ std::string Optimizer::declare_slot(Program& p, const std::string& slot, const s
   VarDesc v{name, p.var(param).shape, DType::f32, true, false, true, {}};
   p.add_var(v);
   return name;
+}
+
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& o) {
+  const double wd = o.effective_weight_decay();
+  std::unique_ptr<Optimizer> opt;
+  switch (o.kind) {
+    case OptimizerKind::sgd: opt = make_sgd(wd); break;
+    case OptimizerKind::adamw: opt = make_adamw(o.beta1, o.beta2, o.eps, wd); break;
+    case OptimizerKind::momentum: opt = make_momentum(o.momentum, wd); break;
+  }
+  opt->set_no_decay_1d(o.no_decay_1d);
+  return opt;
 }
 
 }  // namespace mix::optim

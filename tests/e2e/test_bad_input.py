@@ -2,7 +2,7 @@
 """Bad input stops mixtrain with a non-zero status and a message that names the
 problem, and a multi-rank job with a bad rank ends instead of hanging.
 
-DESIGN.md: bad flags or values exit 2 naming the flag; the startup fingerprint
+docs/design.md: bad flags or values exit 2 naming the flag; the startup fingerprint
 (model signature and training config, all-gathered) stops all ranks with a
 message naming the differing ranks and fields; a failure on one rank ends the
 whole job (main() calls Communicator::abort). Each case is one short run with a
@@ -161,7 +161,7 @@ def main():
            names=["--amp-black-list softmax, --amp-black-list layer_norm", "they move nothing"])
     expect([*small, "--precision", "fp32", "--amp-black-list", "matmul"], "an AMP list in FP32 training", rc=0,
            names=["FP32 training has no AMP lists"])
-    # DESIGN's step keeps the loss FP32; white-listing the op that computes it made it FP16.
+    # The AMP step keeps the loss FP32; white-listing the op that computes it made it FP16.
     expect([*small, "--amp-white-list", "mean"], "--amp-white-list putting the loss in FP16", rc=2,
            names=["--amp-white-list mean computes the loss 'loss' in f16", "take mean off --amp-white-list"])
     expect([*small, "--amp-white-list", "softmx"], "--amp-white-list naming no op", rc=2,

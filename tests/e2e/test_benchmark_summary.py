@@ -51,7 +51,7 @@ def main():
     c.check(abs(s["samples_per_s_overall"] - expected_sps) <= 1e-9 * expected_sps,
             "samples_per_s_overall is the timed steps' examples over their time",
             f"{s['samples_per_s_overall']} vs {expected_sps}")
-    # DESIGN's "mean samples_per_s": the mean of the timed step lines' rates.
+    # The summary's samples_per_s: the mean of the timed step lines' rates.
     rates = [m.step(n)["samples_per_s"] for n in range(WARMUP + 1, WARMUP + TIMED + 1)]
     mean_rate = sum(rates) / len(rates)
     c.check(abs(s["samples_per_s"] - mean_rate) <= 1e-9 * mean_rate,

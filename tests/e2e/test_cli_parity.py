@@ -87,7 +87,7 @@ CASES = [
      {"exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq"}),
     ("momentum+no-decay-1d", ["--optimizer", "momentum", "--lr", "0.05", "--weight-decay", "0.05", "--no-decay-1d"],
      lambda ps: torch.optim.SGD(decay_groups(ps, 0.05), lr=0.05, momentum=0.9), {"momentum_buffer": "momentum_buffer"}),
-    # An optional fifth entry: torch's LambdaLR factor of step k (0-based). DESIGN's warm-up
+    # An optional fifth entry: torch's LambdaLR factor of step k (0-based). mixtrain's warm-up
     # goes linearly from lr/W to lr over W steps: step k trains at lr * (k + 1) / W, so the
     # steps' rates here are lr/3, 2lr/3, lr, lr, lr; a rate one step ahead or behind moves
     # every parameter by a third of an update or more.

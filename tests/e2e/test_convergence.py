@@ -11,8 +11,8 @@ Figures measured when the test was written (seeds 1-3; 1 rank runs 1876 steps,
 2 ranks 938 steps of 2 x 64):
     FP32 1 rank  87.67-87.75%    AMP 1 rank  87.59-87.84%
     FP32 2 ranks 87.23-87.33%    AMP 2 ranks 87.16-87.43%
-(lr 0.01-0.05, constant or cosine, all gave 85.3-87.7% on 1 rank; mixtrain's
-default lr 0.1 constant gives ~80.7%, hence the recipe.) So the 84% bar has a
+(lr 0.01-0.05, constant or cosine, all gave 85.3-87.7% on 1 rank; lr 0.1
+constant gives ~80.7%, hence the recipe.) So the 84% bar has a
 3-point margin, and the AMP-FP32 gap was <= 0.1 point of the 1 point allowed.
 Wall time on the 2-core machine: 3-4 s per 1-rank run and 6-8 s per 2-rank run
 when it is otherwise idle (about 20 s for all four), up to ~50 s per 2-rank run

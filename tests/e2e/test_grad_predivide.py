@@ -15,7 +15,7 @@ SMALL = ["--data", "synthetic", "--synthetic-size", "512", "--synthetic-features
 def main():
     checks = mixtest.Checks("grad_predivide")
     tmp = mixtest.workdir("predivide")
-    # None: the default F is the world size (all the division before the sum, as DESIGN says).
+    # None: the default F is the world size (all the division before the sum, docs/design.md).
     for f, pre, post in ((None, 0.5, 1.0), ("1", 1.0, 0.5), ("2", 0.5, 1.0), ("3", 1 / 3, 1.5)):
         flag = ["--grad-predivide", f] if f else []
         r = mixtest.mixtrain([*SMALL, *flag, "--print-program"], np=2).expect_ok()

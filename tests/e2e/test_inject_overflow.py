@@ -2,7 +2,7 @@
 """--inject-overflow STEP[:RANK[:PARAM]]: an overflow on one rank makes every rank
 skip that step, the loss scaler counts it, and the skipped step touches nothing.
 
-amp/decorate.h: the inject_overflow op runs after each gradient bucket's
+amp/unscale_pass.h: the inject_overflow op runs after each gradient bucket's
 all-reduce completes, before the bucket's unscale, and writes +inf into the
 first element of that rank's reduced gradients (all of them, or PARAM's only)
 at optimizer step STEP (1-based, as the metrics count). Only that rank sees it
@@ -10,7 +10,7 @@ locally, so rank 0 skipping proves the found_inf all-reduce
 (c_allreduce_found_inf) carried it. (Which parameter and rank the log names:
 e2e.test_overlap.)
 
-Scaler semantics (DESIGN.md "Loss scaler", amp/loss_scaling_math.h): an overflow
+Scaler semantics (docs/design.md "The loss scaler", amp/loss_scaling_math.h): an overflow
 sets good=0, bad+=1, and the scale shrinks by decr_ratio (0.8) only when
 bad == decr_every_n_nan_or_inf (Paddle's default 2), then bad=0. So:
   - defaults: one injected overflow leaves the scale alone and bad_steps = 1;

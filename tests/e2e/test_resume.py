@@ -24,7 +24,7 @@ SMALL = ["--data", "synthetic", "--synthetic-size", "1024", "--synthetic-feature
          "--batch-size", "32", "--eval", "false", "--lr", "0.05"]
 
 
-# The scaler's full state (DESIGN: scale, good, bad, skipped count) and the step.
+# The scaler's full state (scale, good, bad, skipped count) and the step.
 SCALER_METADATA = ("loss_scale", "scaler_good_steps", "scaler_bad_steps", "scaler_skipped_steps",
                    "scaler_consecutive_skips_at_min", "step")
 

@@ -23,6 +23,7 @@
 #include <set>
 
 #include "collective/communicator.h"
+#include "launch/train_program.h"
 #include "models/model.h"
 #include "runtime/core/tensor.h"
 #include "runtime/exec/executor.h"
@@ -155,7 +156,7 @@ inline void load_reference_state(const io::SafetensorsFile& ref, const Program& 
 /// batch `x`, `label` with a single-process communicator. Keeps the loss, the
 /// gradients, found_inf and `extra`; returns the loss.
 inline float run_reference_step(const io::SafetensorsFile& ref, const models::Model& model,
-                                const optim::TrainProgram& train, Scope& scope, std::set<std::string> extra = {}) {
+                                const launch::TrainProgram& train, Scope& scope, std::set<std::string> extra = {}) {
   auto comm = collective::make_local_communicator();
   ExecEnv env;
   env.comm = comm.get();

@@ -1,11 +1,10 @@
-// amp::rewrite and amp::decorate: casts exactly where the precision rules put
-// them, custom lists move ops, overlaps are errors, and the decorated program
-// has the AMP step in DESIGN.md's order.
+// amp::rewrite and the AMP training program: casts exactly where the precision
+// rules put them, custom lists move ops, overlaps are errors, and the program
+// has the AMP step in order (docs/design.md, "The training step").
 #include <catch2/catch.hpp>
 
-#include "amp/decorate.h"
 #include "amp/rewrite.h"
-#include "collective/grad_allreduce_pass.h"
+#include "launch/train_program.h"
 #include "models/model.h"
 #include "runtime/core/check.h"
 #include "runtime/ir/op_registry.h"
@@ -220,14 +219,15 @@ TEST_CASE("custom lists move ops; a name in both is an error naming it", "[amp]"
   }
 }
 
-TEST_CASE("decorate builds the AMP step in DESIGN.md's order", "[amp]") {
+TEST_CASE("build_train_program builds the AMP step in order (docs/design.md)", "[amp]") {
   for (auto mode : {collective::GradReduce::fp16, collective::GradReduce::fp32}) {
     models::Model m = small_mlp();
-    auto opt = amp::decorate(optim::make_sgd());
-    collective::GradSyncOptions sync;
-    sync.mode = mode;
-    sync.world_size = 2;
-    opt->minimize(m.program, m.loss, collective::grad_allreduce_pass(sync));
+    launch::TrainProgramOptions o;
+    o.optimizer.kind = optim::OptimizerKind::sgd;
+    o.grad_reduce = mode;
+    o.grad_sync->world_size = 2;
+    o.passes = launch::StepPasses::none();
+    launch::build_train_program(m.program, m.loss, o);
     const Program& p = m.program;
     INFO(p.str());
 
@@ -263,10 +263,11 @@ TEST_CASE("decorate builds the AMP step in DESIGN.md's order", "[amp]") {
 
 TEST_CASE("FP32 training has no casts and reduces FP32 gradients", "[amp]") {
   models::Model m = small_mlp();
-  auto opt = optim::make_sgd();
-  collective::GradSyncOptions sync;
-  sync.mode = collective::GradReduce::fp32;
-  opt->minimize(m.program, m.loss, collective::grad_allreduce_pass(sync));
+  launch::TrainProgramOptions o;
+  o.precision = amp::Precision::fp32;
+  o.optimizer.kind = optim::OptimizerKind::sgd;
+  o.passes = launch::StepPasses::none();
+  launch::build_train_program(m.program, m.loss, o);
   CHECK(cast_outputs(m.program).empty());
   for (auto& op : m.program.ops())
     if (op.type == "c_allreduce_start")

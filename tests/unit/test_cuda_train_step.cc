@@ -63,9 +63,9 @@ using mix::testing::TrainOptions;
 // (ReLU inputs that switch sides, batch norm's cancelling sums over few
 // values: up to 4% of a momentum buffer's scale in the narrow ResNet); the
 // GPU's AMP run rounds at the same points in another order, so it may land as
-// far from FP32 on the other side. Seen on an H200 (2026-12-04): the GPU's
-// AMP momentum buffer of layer2.0.conv1 was 1.004 times the CPU's own AMP -
-// FP32 difference from the CPU's AMP one, beyond the fixed 2% of scale.
+// far from FP32 on the other side. Seen on a GPU (docs/gpu.md): the GPU's AMP
+// momentum buffer of layer2.0.conv1 was 1.004 times the CPU's own AMP - FP32
+// difference from the CPU's AMP one, beyond the fixed 2% of scale.
 [[maybe_unused]] void compare(const TrainedModel& cpu, const TrainedModel& dev, double tol, double loss_rel,
                               const TrainedModel* precision_gap = nullptr) {
   for (const VarDesc& v : cpu.model.program.vars()) {

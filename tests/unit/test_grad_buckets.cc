@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "amp/decorate.h"
 #include "collective/grad_allreduce_pass.h"
+#include "launch/train_program.h"
 #include "models/model.h"
 #include "runtime/ir/op_registry.h"
 #include "runtime/optim/optimizer.h"
@@ -35,17 +35,17 @@ struct Built {
 Built build(models::Model m, bool amp, collective::GradReduce mode, size_t bucket_bytes, bool overlap = true) {
   Built b;
   b.program = std::move(m.program);
-  std::unique_ptr<optim::Optimizer> opt = optim::make_sgd(0);
-  if (amp) opt = amp::decorate(std::move(opt));
-  collective::GradSyncOptions o;
-  o.mode = mode;
-  o.world_size = 2;
-  o.bucket_bytes = bucket_bytes;
-  o.overlap = overlap;
-  opt->minimize(b.program, m.loss, [&](Program& p, const optim::ParamGrads& g) {
-    b.grads = g;
-    return collective::insert_grad_allreduce(p, g, o, &b.buckets);
-  });
+  launch::TrainProgramOptions o;
+  o.precision = amp ? mix::amp::Precision::amp : mix::amp::Precision::fp32;
+  o.grad_reduce = mode;
+  o.optimizer.kind = optim::OptimizerKind::sgd;
+  o.grad_sync->world_size = 2;
+  o.grad_sync->bucket_bytes = bucket_bytes;
+  o.grad_sync->overlap = overlap;
+  o.passes = launch::StepPasses::none();
+  const launch::TrainProgram t = launch::build_train_program(b.program, m.loss, o);
+  b.grads = t.backward_grads;
+  b.buckets = t.buckets;
   return b;
 }
 

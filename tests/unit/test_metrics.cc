@@ -12,8 +12,9 @@
 using namespace mix::launch;
 
 TEST_CASE("pace_verdict names the host only when it queues for most of the step", "[metrics]") {
-  // The H200 figures of 2026-12-04: ResNet-50 AMP at batch 64 (host-bound)
-  // and FP32 (the GPU's backlog: the host was done after 46% of the step).
+  // Figures of the kind the GPU check measured (docs/gpu.md): ResNet-50 AMP at
+  // batch 64 (host-bound) and FP32 (the GPU's backlog: the host was done after
+  // 46% of the step).
   const std::string amp = pace_verdict(39.70, 39.82);
   CHECK(amp.rfind("the host sets the pace", 0) == 0);
   CHECK(amp.find("100%") != std::string::npos);

@@ -31,9 +31,8 @@
 #include <string>
 #include <vector>
 
-#include "amp/decorate.h"
 #include "collective/communicator.h"
-#include "collective/grad_allreduce_pass.h"
+#include "launch/train_program.h"
 #include "models/model.h"
 #include "runtime/core/check.h"
 #include "runtime/exec/executor.h"
@@ -93,26 +92,23 @@ Tensor scalar(float v) { return Tensor::from_floats({1}, {v}); }
 
 enum class Precision { fp32, amp };
 
-// One training setup: the model, its training program (minimize with the
+// One training setup: the model, its training program (launch::build_train_program with the
 // gradient all-reduce pass over the local communicator), the reference's
 // initial parameters in the scope, the batch fed.
 class Trainer {
  public:
-  Trainer(const Reference& ref, std::unique_ptr<mix::optim::Optimizer> opt, double lr, Precision precision)
+  Trainer(const Reference& ref, const mix::optim::OptimizerOptions& opt, double lr, Precision precision)
       : ref_(ref), comm_(mix::collective::make_local_communicator()) {
     mix::models::MlpConfig mc;
     mc.in_features = ref.sizes.front();
     mc.hidden.assign(ref.sizes.begin() + 1, ref.sizes.end() - 1);
     mc.num_classes = ref.sizes.back();
     model_ = mix::models::build_mlp(mc);
-    mix::collective::GradSyncOptions sync;
-    sync.world_size = 1;
-    sync.mode = mix::collective::GradReduce::fp32;
-    if (precision == Precision::amp) {
-      opt = mix::amp::decorate(std::move(opt));  // defaults: Paddle lists, dynamic scale 32768, FP16
-      sync.mode = mix::collective::GradReduce::fp16;  // AMP's default: all-reduce the FP16 gradients, then cast
-    }
-    train_ = opt->minimize(model_.program, model_.loss, mix::collective::grad_allreduce_pass(sync));
+    mix::launch::TrainProgramOptions o;  // AMP's defaults: Paddle lists, dynamic scale 32768, FP16 all-reduce
+    o.precision = precision == Precision::amp ? mix::amp::Precision::amp : mix::amp::Precision::fp32;
+    o.optimizer = opt;
+    o.passes = mix::launch::StepPasses::none();
+    train_ = mix::launch::build_train_program(model_.program, model_.loss, o);
 
     std::set<std::string> keep{model_.loss};
     for (auto& [param, grad] : train_.param_grads) keep.insert(grad);
@@ -153,7 +149,7 @@ class Trainer {
   const Reference& ref_;
   std::unique_ptr<mix::collective::Communicator> comm_;
   mix::models::Model model_;
-  mix::optim::TrainProgram train_;
+  mix::launch::TrainProgram train_;
   std::unique_ptr<Executor> exec_;
   Scope scope_;
   ExecEnv env_;
@@ -234,11 +230,22 @@ constexpr Tol kAmpGradTol{1e-9, 5e-3, 5e-3};
 // does (~1e-7 of max|grad|, see kGradTol), here at least 1e-5 of max|grad|.
 constexpr double kAmpMinDeviation = 1e-5;
 
-std::unique_ptr<mix::optim::Optimizer> make(const Reference& ref, const std::string& opt) {
-  if (opt == "sgd") return mix::optim::make_sgd(0);
-  if (opt == "momentum") return mix::optim::make_momentum(ref.num("momentum.momentum"), 0);
-  return mix::optim::make_adamw(ref.num("adamw.beta1"), ref.num("adamw.beta2"), ref.num("adamw.eps"),
-                                ref.num("adamw.weight_decay"));
+mix::optim::OptimizerOptions make(const Reference& ref, const std::string& opt) {
+  mix::optim::OptimizerOptions o;
+  o.weight_decay = 0;
+  if (opt == "sgd") {
+    o.kind = mix::optim::OptimizerKind::sgd;
+  } else if (opt == "momentum") {
+    o.kind = mix::optim::OptimizerKind::momentum;
+    o.momentum = ref.num("momentum.momentum");
+  } else {
+    o.kind = mix::optim::OptimizerKind::adamw;
+    o.beta1 = ref.num("adamw.beta1");
+    o.beta2 = ref.num("adamw.beta2");
+    o.eps = ref.num("adamw.eps");
+    o.weight_decay = ref.num("adamw.weight_decay");
+  }
+  return o;
 }
 
 // AdamW comparison: kAdamTol, except for elements whose reference gradient is
@@ -284,7 +291,7 @@ void check_adamw_params(const std::string& what, const Tensor& got, const Tensor
 
 TEST_CASE("MLP loss and gradients match PyTorch in FP32", "[parity][torch]") {
   const Reference& ref = reference();
-  Trainer t(ref, mix::optim::make_sgd(0), ref.num("sgd.lr"), Precision::fp32);
+  Trainer t(ref, make(ref, "sgd"), ref.num("sgd.lr"), Precision::fp32);
   const float loss = t.step();
   check_close("loss vs torch", scalar(loss), ref.get("loss"), kLossTol);
   check_close("loss vs float64", scalar(loss), ref.get("loss64"), kLossTol);
@@ -331,7 +338,7 @@ TEST_CASE("MLP parameters after 1 and 4 optimizer steps match PyTorch", "[parity
 TEST_CASE("AMP MLP loss and unscaled gradients are within FP16 tolerance of PyTorch FP32", "[parity][torch][amp]") {
   const Reference& ref = reference();
   const double lr = ref.num("sgd.lr");
-  Trainer t(ref, mix::optim::make_sgd(0), lr, Precision::amp);
+  Trainer t(ref, make(ref, "sgd"), lr, Precision::amp);
   const float loss = t.step();
   check_close("AMP loss vs torch FP32", scalar(loss), ref.get("loss"), kAmpLossTol);
   // The loss scale stays at its initial 2^15 after one finite step.

@@ -5,7 +5,6 @@
 #include <cstring>
 #include <functional>
 
-#include "amp/decorate.h"
 #include "runtime/exec/executor.h"
 #include "runtime/exec/init.h"
 #include "runtime/ir/op_registry.h"
@@ -168,12 +167,16 @@ TEST_CASE("set_no_decay_1d leaves 1-D parameters out of weight decay", "[optim]"
     CHECK(mixed.second == none.second);  // b: as with no decay at all
     CHECK(all.second != none.second);    // (the decay does move the bias when it applies)
   }
-  // Set on the AMP wrapper, it reaches the optimizer inside.
-  auto amp_opt = mix::amp::decorate(optim::make_adamw(0.9, 0.999, 1e-8, 0.1));
-  amp_opt->set_no_decay_1d(true);
+  // Given as an option (--no-decay-1d), it reaches the optimizer make_optimizer makes.
+  optim::OptimizerOptions options;
+  options.kind = optim::OptimizerKind::adamw;
+  options.weight_decay = 0.1;
+  options.no_decay_1d = true;
   auto plain = optim::make_adamw(0.9, 0.999, 1e-8, 0.1);
   plain->set_no_decay_1d(true);
-  CHECK(two_steps(*amp_opt) == two_steps(*plain));
+  auto decay_all = optim::make_adamw(0.9, 0.999, 1e-8, 0.1);
+  CHECK(two_steps(*optim::make_optimizer(options)) == two_steps(*plain));
+  CHECK(two_steps(*optim::make_optimizer(options)) != two_steps(*decay_all));
 }
 
 // One update op per weight-decay group (the GPU updates a group in a few
@@ -236,13 +239,13 @@ TEST_CASE("update ops: one per weight-decay group, each parameter as if alone", 
 }
 
 TEST_CASE("learning-rate schedules", "[optim]") {
-  optim::LrSchedule c{"constant", 0.1, 0, 100};
+  optim::LrSchedule c{optim::Schedule::constant, 0.1, 0, 100};
   CHECK(c.at(0) == 0.1);
   CHECK(c.at(99) == 0.1);
-  optim::LrSchedule w{"constant", 0.1, 10, 100};
+  optim::LrSchedule w{optim::Schedule::constant, 0.1, 10, 100};
   CHECK(w.at(0) == Approx(0.01));
   CHECK(w.at(9) == Approx(0.1));
-  optim::LrSchedule cos{"cosine", 0.1, 0, 100};
+  optim::LrSchedule cos{optim::Schedule::cosine, 0.1, 0, 100};
   CHECK(cos.at(0) == Approx(0.1));
   CHECK(cos.at(50) == Approx(0.05));
   CHECK(cos.at(100) == Approx(0.0).margin(1e-12));
@@ -250,7 +253,7 @@ TEST_CASE("learning-rate schedules", "[optim]") {
   // onecycle against torch.optim.lr_scheduler.OneCycleLR(max_lr=0.1, total_steps=100)
   // (and pct_start=10/57 for the warm-up case), the optimizer's lr before
   // each step, printed by torch 2.x under /usr/bin/python3.
-  optim::LrSchedule one{"onecycle", 0.1, 0, 100};
+  optim::LrSchedule one{optim::Schedule::onecycle, 0.1, 0, 100};
   const std::pair<int64_t, double> torch_one[] = {{0, 0.0040000000000000036},
                                                   {1, 0.004281378056590748},
                                                   {15, 0.05459866761210004},
@@ -266,20 +269,20 @@ TEST_CASE("learning-rate schedules", "[optim]") {
   }
   for (int64_t s = 1; s < 30; ++s) CHECK(one.at(s) > one.at(s - 1));
   for (int64_t s = 30; s < 100; ++s) CHECK(one.at(s) < one.at(s - 1));
-  optim::LrSchedule one_warm{"onecycle", 0.1, 10, 57};
+  optim::LrSchedule one_warm{optim::Schedule::onecycle, 0.1, 10, 57};
   const std::pair<int64_t, double> torch_warm[] = {{0, 0.0040000000000000036}, {5, 0.06033511252801266},  {9, 0.1},
                                                    {10, 0.09988834437778195},  {30, 0.05831663446328559}, {56, 4e-07}};
   for (auto [step, want] : torch_warm) {
     INFO("warm-up 10 of 57, step " << step);
     CHECK(one_warm.at(step) == Approx(want).epsilon(1e-12));
   }
-  optim::LrSchedule one_short{"onecycle", 0.1, 1, 3};  // the peak at step 0: no rise to divide by
+  optim::LrSchedule one_short{optim::Schedule::onecycle, 0.1, 1, 3};  // the peak at step 0: no rise to divide by
   CHECK(one_short.at(0) == Approx(0.1));
   CHECK(one_short.at(2) == Approx(4e-07));
 
   // Warm-up before a cosine decay: linear to the peak over 10 steps, then half a
   // cosine over the remaining 90 (its middle at step 10 + 45).
-  optim::LrSchedule wcos{"cosine", 0.1, 10, 100};
+  optim::LrSchedule wcos{optim::Schedule::cosine, 0.1, 10, 100};
   CHECK(wcos.at(0) == Approx(0.01));
   CHECK(wcos.at(4) == Approx(0.05));
   CHECK(wcos.at(9) == Approx(0.1));
@@ -289,7 +292,7 @@ TEST_CASE("learning-rate schedules", "[optim]") {
   for (int64_t s = 1; s < 10; ++s) CHECK(wcos.at(s) > wcos.at(s - 1));
   for (int64_t s = 11; s <= 100; ++s) CHECK(wcos.at(s) < wcos.at(s - 1));
   // One-cycle with a warm-up: the warm-up replaces pct_start (the peak at step 9, not 29).
-  optim::LrSchedule wone{"onecycle", 0.1, 10, 100};
+  optim::LrSchedule wone{optim::Schedule::onecycle, 0.1, 10, 100};
   CHECK(wone.at(0) == Approx(0.004));
   CHECK(wone.at(9) == Approx(0.1));
   CHECK(wone.at(99) == Approx(0.1 / 25 / 1e4));

@@ -16,7 +16,6 @@
 #include <string>
 #include <vector>
 
-#include "amp/decorate.h"
 #include "models/model.h"
 #include "runtime/exec/executor.h"
 #include "runtime/ir/op_registry.h"
@@ -70,9 +69,9 @@ TEST_CASE("recompute_softmax rewrites the loss of the MLP and the Transformer, n
     for (auto build : {std::function<models::Model()>(small_mlp),
                        std::function<models::Model()>([] { return models::build_transformer(kTiny); })}) {
       models::Model m = build();
-      std::unique_ptr<optim::Optimizer> opt = optim::make_momentum(0.9);
-      if (use_amp) opt = amp::decorate(std::move(opt), amp::AmpOptions{});
-      opt->minimize(m.program, m.loss, {});
+      launch::TrainProgramOptions o = program_options(use_amp);
+      o.grad_sync.reset();  // no data-parallel pass
+      launch::build_train_program(m.program, m.loss, o);
       Program before = m.program;
       REQUIRE(recompute_softmax(m.program, {m.loss}) == 1);
       std::string logits;  // what the forward op reads, which the grad now reads too
@@ -210,7 +209,9 @@ TEST_CASE("without the stored softmax the Transformer's planned peak drops under
   models::TransformerConfig tc = kTiny;
   tc.vocab = 4096;
   models::Model m = models::build_transformer(tc);
-  amp::decorate(optim::make_momentum(0.9), amp::AmpOptions{})->minimize(m.program, m.loss, {});
+  launch::TrainProgramOptions o = program_options(/*use_amp=*/true);
+  o.grad_sync.reset();  // no data-parallel pass
+  launch::build_train_program(m.program, m.loss, o);
   Program stored = m.program;
   REQUIRE(recompute_softmax(m.program, {m.loss}) == 1);
   const int64_t batch = 8;

@@ -20,9 +20,8 @@
 #include <string>
 #include <vector>
 
-#include "amp/decorate.h"
 #include "collective/communicator.h"
-#include "collective/grad_allreduce_pass.h"
+#include "launch/train_program.h"
 #include "models/model.h"
 #include "runtime/exec/executor.h"
 #include "runtime/exec/init.h"
@@ -53,7 +52,7 @@ const Tensor& get(const io::SafetensorsFile& f, const std::string& name) {
 // step's program (lr 0: only the loss, the gradients and the buffers change).
 struct Run {
   models::Model model;
-  optim::TrainProgram train;
+  launch::TrainProgram train;
   Scope scope;
 
   Run(const io::SafetensorsFile& ref, bool amp, bool channels_last = false) {
@@ -68,20 +67,16 @@ struct Run {
     c.num_classes = std::stoll(meta("classes"));
     c.channels_last = channels_last;
     model = models::build_resnet(c, "resnet");
-    std::unique_ptr<optim::Optimizer> opt = optim::make_sgd(0);
-    collective::GradSyncOptions sync;
-    sync.mode = collective::GradReduce::fp32;
-    if (amp) {
-      // These narrow nets with 4-image batches have weight gradients up to ~1.5,
-      // which overflow FP16 (65504) at the default scale 2^15 (a real AMP
-      // overflow: the step would be skipped); 2^10 keeps them finite, and the
-      // test asserts that no overflow happened.
-      amp::AmpOptions ao;
-      ao.scaler.init_loss_scaling = 1024;
-      opt = amp::decorate(std::move(opt), ao);
-      sync.mode = collective::GradReduce::fp16;
-    }
-    train = opt->minimize(model.program, model.loss, collective::grad_allreduce_pass(sync));
+    launch::TrainProgramOptions o;
+    o.precision = amp ? mix::amp::Precision::amp : mix::amp::Precision::fp32;
+    o.optimizer.kind = optim::OptimizerKind::sgd;
+    o.passes = launch::StepPasses::none();
+    // These narrow nets with 4-image batches have weight gradients up to ~1.5,
+    // which overflow FP16 (65504) at the default scale 2^15 (a real AMP
+    // overflow: the step would be skipped); 2^10 keeps them finite, and the
+    // test asserts that no overflow happened.
+    o.amp.scaler.init_loss_scaling = 1024;
+    train = launch::build_train_program(model.program, model.loss, o);
     initialize_persistables(model.program, scope, 1);
     mix::testing::load_reference_state(ref, model.program, scope);
     scope.get(optim::kLearningRate).data<float>()[0] = 0.f;

@@ -1,22 +1,31 @@
-// launch/train_config.cc's flags that pick how a GPU runs convolutions: the
-// graph API by default, its negation, and --cudnn-benchmark, which times the
-// legacy calls' algorithms and so turns the graph API off (or is refused
-// beside an explicit --cudnn-graph-conv, where one of the two would do nothing).
+// launch/train_config.cc, mixtrain's command line: flags parse into typed
+// settings (enums), a value outside a flag's choices or a misspelt flag is
+// refused with what to type instead, --help shows every flag with its values
+// and default and none of CLI11's own notation, and --version says what the
+// build is. Then the flags that pick how a GPU runs convolutions: the graph API
+// by default, its negation, and --cudnn-benchmark, which times the legacy
+// calls' algorithms and so turns the graph API off (or is refused beside an
+// explicit --cudnn-graph-conv, where one of the two would do nothing).
 #include <catch2/catch.hpp>
 
+#include <iostream>
 #include <optional>
+#include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "launch/train_config.h"
 
 using namespace mix::launch;
+using Catch::Matchers::Contains;
 
 namespace {
 
 struct Parsed {
   std::optional<int> stop;  // the exit code when parsing says stop
   TrainConfig config;
+  std::string out, err;     // what parsing printed
 };
 
 Parsed parse(std::vector<std::string> flags) {
@@ -24,11 +33,119 @@ Parsed parse(std::vector<std::string> flags) {
   std::vector<char*> argv;
   for (auto& f : flags) argv.push_back(f.data());
   Parsed p;
+  std::ostringstream out, err;
+  std::streambuf* old_out = std::cout.rdbuf(out.rdbuf());
+  std::streambuf* old_err = std::cerr.rdbuf(err.rdbuf());
   p.stop = parse_train_config(static_cast<int>(argv.size()), argv.data(), p.config);
+  std::cout.rdbuf(old_out);
+  std::cerr.rdbuf(old_err);
+  p.out = out.str();
+  p.err = err.str();
   return p;
 }
 
 }  // namespace
+
+TEST_CASE("choice flags parse into their enums, and the defaults are the documented ones", "[train_config]") {
+  const Parsed d = parse({});
+  REQUIRE_FALSE(d.stop);
+  CHECK(d.config.precision == mix::amp::Precision::amp);
+  CHECK(d.config.effective_grad_reduce() == mix::collective::GradReduce::fp16);
+  CHECK(d.config.optimizer.kind == mix::optim::OptimizerKind::momentum);
+  CHECK(d.config.optimizer.effective_weight_decay() == 0.0);
+  CHECK(d.config.lr_schedule == mix::optim::Schedule::constant);
+  CHECK(d.config.device == mix::DeviceKind::cpu);
+  CHECK(d.config.data == DataSet::fashion_mnist);
+  CHECK(d.config.loss_scaler_config().init_loss_scaling == 32768.f);
+
+  const Parsed p = parse({"--precision", "fp32", "--optimizer", "adamw", "--lr-schedule", "onecycle", "--device",
+                          "cuda", "--data", "synthetic", "--on-min-scale", "continue"});
+  REQUIRE_FALSE(p.stop);
+  CHECK(p.config.precision == mix::amp::Precision::fp32);
+  CHECK(p.config.effective_grad_reduce() == mix::collective::GradReduce::fp32);  // FP32's default
+  CHECK(p.config.optimizer.kind == mix::optim::OptimizerKind::adamw);
+  CHECK(p.config.optimizer.effective_weight_decay() == 0.01);  // torch.optim.AdamW's default
+  CHECK(p.config.lr_schedule == mix::optim::Schedule::onecycle);
+  CHECK(p.config.device == mix::DeviceKind::cuda);
+  CHECK(p.config.data == DataSet::synthetic);
+  CHECK(p.config.on_min_scale == mix::amp::LossScalerConfig::OnMinScale::continue_);
+
+  const Parsed torch = parse({"--loss-scaling-preset", "pytorch"});
+  REQUIRE_FALSE(torch.stop);
+  CHECK(torch.config.loss_scaler_config().init_loss_scaling == 65536.f);
+  const Parsed fixed = parse({"--loss-scaling", "static", "--init-loss-scaling", "128"});
+  REQUIRE_FALSE(fixed.stop);
+  CHECK(fixed.config.loss_scaler_config().mode == mix::amp::LossScalerConfig::Mode::static_scale);
+  CHECK(fixed.config.loss_scaler_config().init_loss_scaling == 128.f);
+
+  const Parsed lm = parse({"--model", "transformer"});  // the model's own data set
+  REQUIRE_FALSE(lm.stop);
+  CHECK(lm.config.data == DataSet::fortunes);
+  const Parsed nhwc = parse({"--model", "resnet-small", "--data-format", "nhwc"});
+  REQUIRE_FALSE(nhwc.stop);
+  CHECK(nhwc.config.data_format == DataFormat::nhwc);
+  CHECK(nhwc.config.resnet_channels_last());
+}
+
+TEST_CASE("a value outside a flag's choices is refused, naming the flag and its values", "[train_config]") {
+  const Parsed p = parse({"--precision", "fp16"});
+  REQUIRE(p.stop);
+  CHECK(*p.stop == 2);
+  CHECK_THAT(p.err, Contains("--precision") && Contains("fp32 or amp") && Contains("'fp16'"));
+  const Parsed o = parse({"--optimizer", "adam"});
+  REQUIRE(o.stop);
+  CHECK_THAT(o.err, Contains("sgd, momentum or adamw"));
+  // The rule between two flags, written once (launch/train_program.h).
+  const Parsed r = parse({"--precision", "fp32", "--grad-reduce", "fp16"});
+  REQUIRE(r.stop);
+  CHECK(*r.stop == 2);
+  CHECK_THAT(r.err, Contains("--grad-reduce fp16 needs --precision amp"));
+}
+
+TEST_CASE("a misspelt flag is answered with the nearest one", "[train_config]") {
+  const Parsed typo = parse({"--grad-reduc", "fp16"});
+  REQUIRE(typo.stop);
+  CHECK(*typo.stop == 2);
+  CHECK_THAT(typo.err, Contains("unknown flag --grad-reduc (did you mean --grad-reduce?)"));
+  CHECK_THAT(typo.err, !Contains("'fp16'"));  // the value belongs to the misspelt flag: no second complaint
+  const Parsed swapped = parse({"--precison", "amp"});
+  CHECK_THAT(swapped.err, Contains("did you mean --precision?"));
+  const Parsed cut = parse({"--benchmark-warm", "3"});
+  CHECK_THAT(cut.err, Contains("did you mean --benchmark-warmup?"));
+  // Nothing near: no guess, and where to look.
+  const Parsed far = parse({"--frobnicate"});
+  REQUIRE(far.stop);
+  CHECK_THAT(far.err, Contains("unknown flag --frobnicate") && !Contains("did you mean") &&
+                          Contains("mixtrain --help"));
+  const Parsed stray = parse({"5"});
+  REQUIRE(stray.stop);
+  CHECK_THAT(stray.err, Contains("unexpected value '5'"));
+}
+
+TEST_CASE("--help lists every flag by topic with its values and default, in plain words", "[train_config]") {
+  const Parsed h = parse({"--help"});
+  REQUIRE(h.stop);
+  CHECK(*h.stop == 0);
+  // None of CLI11's own notation: a negated flag's captured value, a type with its choices and default.
+  CHECK_THAT(h.out, !Contains("{false}") && !Contains("{true}") && !Contains("TEXT:{") && !Contains(":POSITIVE"));
+  for (const char* group : {"Model:", "Data:", "Precision and AMP:", "Loss scaling (amp):", "Data parallelism:",
+                            "Optimizer and schedule:", "Checkpoints, metrics and evaluation:", "Devices:",
+                            "Whole-step passes", "Testing aids:", "Environment:"})
+    CHECK_THAT(h.out, Contains(group));
+  CHECK_THAT(h.out, Contains("--precision fp32|amp") && Contains("[default: amp]"));
+  CHECK_THAT(h.out, Contains("--steps INT") && Contains("[default: all the steps of --epochs]"));
+  CHECK_THAT(h.out, Contains("--weight-decay FLOAT") && Contains("[default: 0; 0.01 for adamw"));
+  CHECK_THAT(h.out, Contains("--hidden INT,...") && Contains("[default: 256,128]"));
+  CHECK_THAT(h.out, Contains("--no-fuse-add-relu ") && Contains("MIX_PROFILE_OPS") && Contains("MIX_NCCL_TIMEOUT_S"));
+}
+
+TEST_CASE("--version says the version, the commit and the libraries of the build", "[train_config]") {
+  const Parsed v = parse({"--version"});
+  REQUIRE(v.stop);
+  CHECK(*v.stop == 0);
+  CHECK(std::regex_search(v.out, std::regex(R"(^mixtrain \d+\.\d+\.\d+ \(commit [0-9a-z+]+\))")));
+  CHECK_THAT(v.out, Contains("built with: ") && Contains("OpenBLAS"));
+}
 
 TEST_CASE("convolutions run on cuDNN's graph API unless asked otherwise", "[train_config]") {
   const Parsed defaults = parse({});

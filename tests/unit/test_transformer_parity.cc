@@ -19,9 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "amp/decorate.h"
 #include "collective/communicator.h"
-#include "collective/grad_allreduce_pass.h"
+#include "launch/train_program.h"
 #include "models/model.h"
 #include "runtime/exec/executor.h"
 #include "runtime/exec/init.h"
@@ -59,7 +58,7 @@ int count_prefixed(const io::SafetensorsFile& f, const std::string& prefix) {
 // step's program (lr 0: only the loss, the logits and the gradients are computed).
 struct Run {
   models::Model model;
-  optim::TrainProgram train;
+  launch::TrainProgram train;
   Scope scope;
 
   Run(const io::SafetensorsFile& ref, bool amp) {
@@ -73,14 +72,11 @@ struct Run {
     c.tie_weights = meta("tie_weights") == "1";
     c.dropout = 0;
     model = models::build_transformer(c, "transformer");
-    std::unique_ptr<optim::Optimizer> opt = optim::make_sgd(0);
-    collective::GradSyncOptions sync;
-    sync.mode = collective::GradReduce::fp32;
-    if (amp) {
-      opt = amp::decorate(std::move(opt));  // defaults: Paddle lists, dynamic scale 32768, FP16
-      sync.mode = collective::GradReduce::fp16;
-    }
-    train = opt->minimize(model.program, model.loss, collective::grad_allreduce_pass(sync));
+    launch::TrainProgramOptions o;  // AMP's defaults: Paddle lists, dynamic scale 32768, FP16
+    o.precision = amp ? mix::amp::Precision::amp : mix::amp::Precision::fp32;
+    o.optimizer.kind = optim::OptimizerKind::sgd;
+    o.passes = launch::StepPasses::none();
+    train = launch::build_train_program(model.program, model.loss, o);
     initialize_persistables(model.program, scope, 1);
     mix::testing::load_reference_state(ref, model.program, scope);
     scope.get(optim::kLearningRate).data<float>()[0] = 0.f;

@@ -16,32 +16,27 @@
 #include <string>
 #include <vector>
 
-#include "amp/decorate.h"
-#include "amp/fuse_param_casts.h"
 #include "collective/communicator.h"
-#include "collective/grad_allreduce_pass.h"
+#include "launch/train_program.h"
 #include "models/model.h"
 #include "runtime/core/random.h"
 #include "runtime/exec/executor.h"
 #include "runtime/exec/init.h"
 #include "runtime/exec/step_graph.h"
 #include "runtime/optim/optimizer.h"
-#include "runtime/passes/fuse_add_relu.h"
-#include "runtime/passes/fuse_bn_relu.h"
-#include "runtime/passes/recompute_softmax.h"
 
 namespace mix::testing {
 
 struct TrainedModel;
 
 struct TrainOptions {
-  bool amp = false;           // decorate the optimizer with amp::decorate
+  bool amp = false;           // --precision amp (else fp32)
   DType low = DType::f16;     // AMP's low precision
-  bool fold_casts = true;     // AmpOptions::fold_casts
-  bool fuse_add_relu = true;  // run fuse_add_relu on the training program, as mixtrain does
-  bool fuse_bn_relu = true;   // run fuse_bn_relu on it, as mixtrain does
-  bool recompute_softmax = true;  // run recompute_softmax on it, as mixtrain does
-  bool fuse_param_casts = true;   // AMP: run amp::fuse_param_casts on it, as mixtrain does
+  bool fold_casts = true;     // AmpSettings::fold_casts
+  bool fuse_add_relu = true;  // the whole-step passes (StepPasses), each on as in mixtrain
+  bool fuse_bn_relu = true;
+  bool recompute_softmax = true;
+  bool fuse_param_casts = true;   // AMP only
   Device device = cpu_device();
   int steps = 2;
   int64_t batch = 3;
@@ -56,7 +51,7 @@ struct TrainOptions {
 
 struct TrainedModel {
   models::Model model;
-  optim::TrainProgram train;
+  launch::TrainProgram train;
   Scope scope;
   std::vector<float> losses;     // each step's loss
   std::vector<float> found_inf;  // AMP: each step's overflow flag (0: the step was applied)
@@ -70,23 +65,14 @@ struct TrainedModel {
 inline TrainedModel train_steps(models::Model model, const TrainOptions& o) {
   TrainedModel r;
   r.model = std::move(model);
-  std::unique_ptr<optim::Optimizer> opt = optim::make_momentum(0.9);
-  if (o.amp) {
-    amp::AmpOptions ao;
-    ao.low_dtype = o.low;
-    ao.fold_casts = o.fold_casts;
-    ao.inject = o.inject;
-    opt = amp::decorate(std::move(opt), ao);
-  }
-  collective::GradSyncOptions sync;
-  sync.mode = o.amp ? collective::GradReduce::fp16 : collective::GradReduce::fp32;
-  r.train = opt->minimize(r.model.program, r.model.loss, collective::grad_allreduce_pass(sync));
-  std::set<std::string> keep = {r.model.loss};
-  if (!r.train.found_inf.empty()) keep.insert(r.train.found_inf);
-  if (o.recompute_softmax) recompute_softmax(r.model.program, keep);
-  if (o.fuse_add_relu) fuse_add_relu(r.model.program, keep);
-  if (o.amp && o.fuse_param_casts) amp::fuse_param_casts(r.model.program);
-  if (o.fuse_bn_relu) fuse_bn_relu(r.model.program, keep);
+  launch::TrainProgramOptions po;  // momentum 0.9, the gradient all-reduce of one rank
+  po.precision = o.amp ? amp::Precision::amp : amp::Precision::fp32;
+  po.amp.low_dtype = o.low;
+  po.amp.fold_casts = o.fold_casts;
+  po.amp.inject = o.inject;
+  po.passes = {o.recompute_softmax, o.fuse_add_relu, o.fuse_param_casts, o.fuse_bn_relu};
+  r.train = launch::build_train_program(r.model.program, r.model.loss, po);
+  const std::set<std::string>& keep = r.train.read_back;
 
   initialize_persistables(r.model.program, r.scope, o.seed);
   r.scope.get(optim::kLearningRate).data<float>()[0] = 0.05f;
@@ -134,14 +120,18 @@ inline TrainedModel train_steps(models::Model model, const TrainOptions& o) {
   return r;
 }
 
-/// `m`'s training program (momentum SGD, AMP-decorated or not, gradient sync
-/// for world 1) as mixtrain makes it before its fusion passes, untrained.
+/// The options of `m`'s training program as mixtrain makes it for one rank
+/// (momentum SGD, AMP or FP32) before its whole-step passes.
+inline launch::TrainProgramOptions program_options(bool use_amp) {
+  launch::TrainProgramOptions o;
+  o.precision = use_amp ? amp::Precision::amp : amp::Precision::fp32;
+  o.passes = launch::StepPasses::none();
+  return o;
+}
+
+/// `m`'s training program as program_options(use_amp) describes it, untrained.
 inline Program training_program(models::Model m, bool use_amp) {
-  std::unique_ptr<optim::Optimizer> opt = optim::make_momentum(0.9);
-  if (use_amp) opt = amp::decorate(std::move(opt), amp::AmpOptions{});
-  collective::GradSyncOptions sync;
-  sync.mode = use_amp ? collective::GradReduce::fp16 : collective::GradReduce::fp32;
-  opt->minimize(m.program, m.loss, collective::grad_allreduce_pass(sync));
+  launch::build_train_program(m.program, m.loss, program_options(use_amp));
   return m.program;
 }
 

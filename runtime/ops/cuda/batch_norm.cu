@@ -23,8 +23,8 @@
 // running statistics and writes nothing but Y, as the CPU kernel.
 //
 // Channels last runs on mixtrain's own kernels (batch_norm_channels_last.cuh):
-// on an H200, cuDNN 9's non-persistent NHWC batch norm took 75% of a
-// ResNet-50 AMP step (batch_norm_grad 67 ms of 89; gpu_check, 2026-12-04).
+// cuDNN 9's non-persistent NHWC batch norm took most of a ResNet-50 AMP step
+// on the GPU check (docs/gpu.md), batch_norm_grad most of all.
 // --cudnn-bn-persistent keeps cuDNN's persistent kernels for the batch norms
 // without fuse_with_relu, to compare. NCHW (FP32 runs by default) stays on
 // cuDNN's SPATIAL kernels.

@@ -3,6 +3,16 @@
 // product one cuDNN call (or one cuBLAS GEMM, below); groups and dilation go
 // through the convolution descriptor.
 //
+// Each pass takes the first of three paths that applies:
+//   1. --cublas-1x1-conv (off by default): a pointwise channels-last
+//      convolution as one cuBLAS GEMM (below);
+//   2. cuDNN's graph API with a plan cached per shape
+//      (runtime/cuda/cudnn_conv_graph.h): mixtrain's default, unless
+//      --no-cudnn-graph-conv or --cudnn-benchmark;
+//   3. the legacy cudnnConvolution* calls, whose algorithm choice the rest of
+//      this comment describes: where the graph API has no plan for a shape, or
+//      is off.
+//
 // Layout: Input and Output are described in the op's data_format. Channels
 // last (NHWC), the layout cuDNN's FP16 tensor-core kernels read directly,
 // cuDNN also wants the filter channels last ([oc, kh, kw, c/groups]), while
@@ -53,10 +63,9 @@
 // ranks and runs, and a backward pass may even fall back to a nondeterministic
 // algorithm (the warning says why); ranks still agree, as above.
 //
-// --cudnn-graph-conv (cuda::cudnn_graph_conv) runs each pass through cuDNN's
-// graph API instead, a plan cached per shape (runtime/cuda/cudnn_conv_graph.h,
-// which keeps the numerics rules above), and falls back to the legacy calls
-// below for a shape it has no plan for.
+// The graph API (cuda::cudnn_graph_conv, path 2) keeps the numerics rules
+// above in the plans it accepts, and falls back to the legacy calls below
+// for a shape it has no plan for.
 //
 // --cublas-1x1-conv (cuda::cublas_1x1_conv) runs each pass of a pointwise
 // channels-last convolution (1x1, no padding, one group, any stride) as one

@@ -1,15 +1,15 @@
 // The one-line AMP switch, on a whole (if small) training loop.
 //
 // This program trains an MLP on synthetic data twice: once in FP32 and once
-// with the optimizer wrapped by amp::decorate — the only line that differs.
+// in mixed precision. The training program's options differ in one line,
+// the precision (mixtrain's --precision); launch/train_program.cc builds both.
 // It prints both losses and the AMP program's casts.
 //   build/example_amp_mlp
 #include <cstdio>
 #include <string>
 
-#include "amp/decorate.h"
 #include "collective/communicator.h"
-#include "collective/grad_allreduce_pass.h"
+#include "launch/train_program.h"
 #include "models/model.h"
 #include "runtime/data/dataset.h"
 #include "runtime/exec/executor.h"
@@ -22,17 +22,14 @@ static float train(bool use_amp) {
   data::TrainTest data = data::make_synthetic(4096, 512, 32, 4, /*seed=*/7);
   models::Model model = models::build_mlp({/*in_features=*/32, /*hidden=*/{64}, /*num_classes=*/4});
 
-  std::unique_ptr<optim::Optimizer> opt = optim::make_momentum(0.9);
-  if (use_amp) opt = amp::decorate(std::move(opt));  // <- the one line
-
-  collective::GradSyncOptions sync;
-  sync.mode = use_amp ? collective::GradReduce::fp16 : collective::GradReduce::fp32;
-  opt->minimize(model.program, model.loss, collective::grad_allreduce_pass(sync));
+  launch::TrainProgramOptions options;  // momentum 0.9, the gradient all-reduce for one rank
+  options.precision = use_amp ? amp::Precision::amp : amp::Precision::fp32;  // <- the one line
+  const launch::TrainProgram train = launch::build_train_program(model.program, model.loss, options);
 
   Scope scope;
   initialize_persistables(model.program, scope, /*seed=*/1);
   scope.get(optim::kLearningRate).data<float>()[0] = 0.05f;
-  Executor step(model.program, {model.loss});
+  Executor step(model.program, train.read_back);
   ExecEnv env;
   env.comm = comm.get();
 

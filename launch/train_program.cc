@@ -1,0 +1,215 @@
+#include "launch/train_program.h"
+
+#include <algorithm>
+#include <functional>
+#include <sstream>
+
+#include "amp/fold_casts.h"
+#include "amp/fuse_param_casts.h"
+#include "amp/lists.h"
+#include "amp/rewrite.h"
+#include "launch/worker_main.h"
+#include "runtime/core/check.h"
+#include "runtime/ir/autodiff.h"
+#include "runtime/passes/fuse_add_relu.h"
+#include "runtime/passes/fuse_bn_relu.h"
+#include "runtime/passes/recompute_softmax.h"
+
+namespace mix::launch {
+
+using amp::Precision;
+
+collective::GradReduce default_grad_reduce(Precision precision) {
+  return precision == Precision::amp ? collective::GradReduce::fp16 : collective::GradReduce::fp32;
+}
+
+std::string grad_reduce_conflict(Precision precision, collective::GradReduce reduce) {
+  if (precision == Precision::fp32 && reduce == collective::GradReduce::fp16)
+    return "--grad-reduce fp16 needs --precision amp (FP32 training has no FP16 gradients to reduce)";
+  return "";
+}
+
+std::string TrainProgram::describe_passes() const {
+  std::ostringstream o;
+  o << "passes, in order (launch/train_program.cc):\n";
+  int n = 0;
+  for (const PassRun& p : passes) {
+    o << "  " << ++n << ". " << p.name << " (" << p.file << ")";
+    if (!p.ran)
+      o << ": off, " << p.off_by;
+    else if (!p.result.empty())
+      o << ": " << p.result;
+    o << "\n";
+  }
+  return o.str();
+}
+
+namespace {
+
+// The AMP step computes the loss in FP32: its gradient is seeded with the
+// loss scale, which FP16 holds only up to 65504 (the pytorch preset starts at
+// 65536). A custom white list can still put the op that computes it in FP16.
+void check_loss_is_fp32(const Program& p, const std::string& loss, const AmpSettings& a) {
+  if (p.var(loss).dtype == DType::f32) return;
+  const std::optional<size_t> producer = p.producer(loss);
+  const std::string op = producer ? p.ops()[*producer].type : std::string("?");
+  const bool listed = std::find(a.custom_white.begin(), a.custom_white.end(), op) != a.custom_white.end();
+  throw UsageError((listed ? "--amp-white-list " + op : "op " + op) + " computes the loss '" + loss + "' in " +
+                   std::string(dtype_name(p.var(loss).dtype)) +
+                   "; AMP keeps the loss FP32 (its gradient starts at the loss scale): " +
+                   (listed ? "take " + op + " off --amp-white-list" : "put " + op + " in --amp-black-list"));
+}
+
+// What a pass did: a few words for --print-program, and whether it changed anything.
+struct Did {
+  std::string what;
+  bool changed = true;
+};
+
+// One step of the pipeline: `run` rewrites the program and says what it did.
+// `off_by` non-empty: it does not run, and says why. A whole-step rewrite
+// names the flag that turns it off.
+struct Pass {
+  std::string name, file, off_by;
+  std::function<Did()> run;
+  std::string whole_step_flag = "";
+};
+
+// "3 casts folded" ("1 cast folded"), changed when n > 0.
+Did count(int n, const std::string& one, const std::string& many) {
+  return {std::to_string(n) + " " + (n == 1 ? one : many), n > 0};
+}
+// "2 forward and 3 backward pairs".
+Did pairs(int forward, int backward) {
+  return {std::to_string(forward) + " forward and " + std::to_string(backward) + " backward pairs",
+          forward + backward > 0};
+}
+
+}  // namespace
+
+TrainProgram build_train_program(Program& p, const std::string& loss, const TrainProgramOptions& o) {
+  const bool amp = o.precision == Precision::amp;
+  const collective::GradReduce reduce = o.grad_reduce.value_or(default_grad_reduce(o.precision));
+  if (const std::string why = grad_reduce_conflict(o.precision, reduce); !why.empty()) throw UsageError(why);
+  MIX_CHECK(p.has_var(loss), "the forward program has no loss variable '" << loss << "'");
+
+  TrainProgram t;
+  t.loss = loss;
+  t.read_back = o.read_back;
+  t.read_back.insert(loss);
+  if (amp) {
+    t.found_inf = amp::ScalerVars::found_inf;
+    t.read_back.insert({amp::ScalerVars::found_inf, amp::ScalerVars::overflow_ranks});
+  }
+  const amp::AmpLists lists = amp::AmpLists::defaults().with_custom(o.amp.custom_white, o.amp.custom_black);
+  std::unique_ptr<optim::Optimizer> optimizer = optim::make_optimizer(o.optimizer);
+  amp::LocalFoundInf local_found_inf;
+  const std::string fp32 = "--precision " + std::string(amp::to_string(o.precision));
+  auto amp_only = [&](const char* flag_off, bool on) { return !amp ? fp32 : on ? std::string() : flag_off; };
+  const std::string no_sync = "no data-parallel pass";
+
+  // The AMP step, in order. Under --precision fp32 the AMP passes are off and
+  // the rest is the FP32 step: forward, backward, all-reduce, optimizer.
+  const std::vector<Pass> pipeline = {
+      // 1. forward: the model's program, built by models/.
+      // 2. precision: white ops in FP16, black in FP32, gray follow their inputs; casts inserted.
+      {"amp::rewrite: casts by the AMP lists", "amp/rewrite.cc", amp_only("", true),
+       [&] {
+         const amp::RewriteResult r = amp::rewrite(p, lists, o.amp.low_dtype);
+         return count(r.casts_inserted, "cast", "casts");
+       }},
+      {"amp::fold_widening_casts: softmax and cross-entropy read FP16 directly", "amp/fold_casts.cc",
+       amp_only("--no-fold-casts", o.amp.fold_casts),
+       [&] { return count(amp::fold_widening_casts(p), "cast folded", "casts folded"); }},
+      // 3. the loss gradient: the loss scale under AMP (the scaler's state is declared here), 1 in FP32.
+      {amp ? "seed_loss_gradient: loss@GRAD = the loss scale" : "seed_loss_gradient: loss@GRAD = 1",
+       amp ? "runtime/ir/autodiff.cc, amp/loss_scaler.cc" : "runtime/ir/autodiff.cc", "",
+       [&] {
+         if (!amp) {
+           seed_loss_gradient(p, loss);
+           return Did();
+         }
+         check_loss_is_fp32(p, loss, o.amp);
+         amp::declare_scaler_state(p, o.amp.scaler);
+         seed_loss_gradient(p, loss, amp::ScalerVars::scale);
+         std::ostringstream s;
+         s << amp::mode_name(o.amp.scaler.mode) << " scaler, initial scale " << amp::initial_state(o.amp.scaler).scale;
+         return Did{s.str()};
+       }},
+      // 4. backward: each op's gradient ops, registered beside it.
+      {"append_backward: autodiff", "runtime/ir/autodiff.cc", "",
+       [&] {
+         t.backward_grads = append_backward(p, loss).param_grads;
+         t.param_grads = t.backward_grads;
+         return count(static_cast<int>(t.backward_grads.size()), "parameter gradient", "parameter gradients");
+       }},
+      {"amp::fold_widening_grad_casts: softmax_grad reads FP16 directly", "amp/fold_casts.cc",
+       amp_only("--no-fold-casts", o.amp.fold_casts),
+       [&] { return count(amp::fold_widening_grad_casts(p), "cast folded", "casts folded"); }},
+      // 5. the gradient all-reduce: bucketed, overlapping backward; under AMP
+      //    the FP16 gradients travel, cast to FP32 after (--grad-reduce fp16).
+      {"insert_grad_allreduce: gradient all-reduce in " + std::string(collective::to_string(reduce)),
+       "collective/grad_allreduce_pass.cc", o.grad_sync ? "" : no_sync,
+       [&] {
+         t.param_grads = collective::insert_grad_allreduce(p, t.backward_grads, reduce, *o.grad_sync, &t.buckets);
+         return count(static_cast<int>(t.buckets.size()), "bucket", "buckets");
+       }},
+      // 6. unscale by 1/scale into the FP32 gradients, and the local finite check.
+      {"amp::insert_unscale: check_finite_and_unscale per bucket", "amp/unscale_pass.cc", amp_only("", true),
+       [&] {
+         local_found_inf = amp::insert_unscale(p, t.param_grads, o.amp.inject);
+         return count(static_cast<int>(local_found_inf.flags.size()), "unscale op", "unscale ops");
+       }},
+      // 7. every rank takes the same decision.
+      {"amp::append_found_inf_allreduce: found_inf all-reduced (max)", "amp/unscale_pass.cc", amp_only("", true),
+       [&] {
+         amp::append_found_inf_allreduce(p, local_found_inf, o.grad_sync ? o.grad_sync->world_size : 1);
+         return Did();
+       }},
+      // 8. the scaler's update, from the global flag.
+      {"amp::append_update_loss_scaling: the loss scale's update", "amp/loss_scaler.cc", amp_only("", true),
+       [&] {
+         amp::append_update_loss_scaling(p, o.amp.scaler);
+         return Did();
+       }},
+      // 9. the optimizer updates the FP32 masters, or nothing on an overflow step.
+      {"optimizer: " + std::string(optim::to_string(o.optimizer.kind)) + " updates", "runtime/optim/optimizer.cc", "",
+       [&] {
+         optimizer->append_update_ops(p, t.param_grads, t.found_inf);
+         return Did{amp ? "skipped when found_inf" : ""};
+       }},
+      // 10. whole-step rewrites: the same values, less memory traffic.
+      {"recompute_softmax: cross-entropy's gradient recomputes the softmax", "runtime/passes/recompute_softmax.cc",
+       o.passes.recompute_softmax ? "" : "--store-softmax",
+       [&] { return count(recompute_softmax(p, t.read_back), "loss", "losses"); }, "--store-softmax"},
+      {"fuse_add_relu: elementwise_add + relu as one op", "runtime/passes/fuse_add_relu.cc",
+       o.passes.fuse_add_relu ? "" : "--no-fuse-add-relu",
+       [&] {
+         const FusedAddRelu f = fuse_add_relu(p, t.read_back);
+         return pairs(f.forward, f.backward);
+       },
+       "--no-fuse-add-relu"},
+      {"amp::fuse_param_casts: the weights' FP16 casts as one op", "amp/fuse_param_casts.cc",
+       amp_only("--no-fuse-param-casts", o.passes.fuse_param_casts),
+       [&] { return count(amp::fuse_param_casts(p), "cast fused", "casts fused"); }, "--no-fuse-param-casts"},
+      {"fuse_bn_relu: batch_norm + relu as one op", "runtime/passes/fuse_bn_relu.cc",
+       o.passes.fuse_bn_relu ? "" : "--no-fuse-bn-relu",
+       [&] {
+         const FusedBnRelu f = fuse_bn_relu(p, t.read_back);
+         return pairs(f.forward + f.forward_add, f.backward);
+       },
+       "--no-fuse-bn-relu"},
+  };
+  for (const Pass& pass : pipeline) {
+    PassRun r{pass.name, pass.file, pass.off_by.empty(), pass.off_by, "", pass.whole_step_flag, false};
+    if (r.ran) {
+      const Did did = pass.run();
+      r.result = did.what;
+      r.changed = did.changed;
+    }
+    t.passes.push_back(std::move(r));
+  }
+  return t;
+}
+
+}  // namespace mix::launch
