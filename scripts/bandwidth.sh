@@ -20,7 +20,23 @@ max_bytes=256M
 models="mlp resnet50 transformer"
 iters=20
 prog=bandwidth.sh
-source "$root/scripts/lib/args.sh"  # die, need_value, positive
+source "$root/scripts/lib/args.sh"  # die, need_value, positive, usage_if_help
+usage_if_help "$@" <<'EOF'
+usage: scripts/bandwidth.sh [-n RANKS] [--device cpu|cuda] [--hosts h1:k,h2:k] [--out DIR]
+                            [--max-bytes 256M] [--models "mlp resnet50 transformer"] [--iters N]
+FP16 against FP32 gradient sync, through mixrun: mixbench allreduce (half, float) into DIR/allreduce.csv
+and mixbench grad-sync per model (FP16, FP32 all-reduce) into DIR/grad_sync.csv; then
+scripts/plot_bandwidth.py prints the FP16/FP32 ratios and renders DIR/allreduce_busbw.png, DIR/grad_sync.png.
+  -n RANKS              ranks (default 2)
+  --device cpu|cuda     (default cpu)
+  --hosts h1:k,h2:k     mixrun's --hosts (default: none, this machine)
+  --out DIR             (default: runs/bandwidth of this checkout)
+  --max-bytes SIZE      the largest all-reduce; the sweep goes from 1K by 2 (default 256M)
+  --models "LIST"       the grad-sync models (default "mlp resnet50 transformer")
+  --iters N             timed iterations of each size and model (default 20)
+  MIX_BUILD_DIR         mixrun and mixbench (default: build/ of this checkout; scripts/build.sh when missing)
+  OPENBLAS_NUM_THREADS  BLAS threads per rank (default 1)
+EOF
 while [ $# -gt 0 ]; do
   case "$1" in
     -n) need_value "$@"; positive "$1" "$2"; ranks="$2"; shift 2 ;;
@@ -30,7 +46,8 @@ while [ $# -gt 0 ]; do
     --max-bytes) need_value "$@"; max_bytes="$2"; shift 2 ;;
     --models) need_value "$@"; models="$2"; shift 2 ;;
     --iters) need_value "$@"; positive "$1" "$2"; iters="$2"; shift 2 ;;
-    *) die "unknown argument '$1' (see the header of this script)" ;;
+    -h | --help) usage ;;
+    *) die "unknown argument '$1' (see --help)" ;;
   esac
 done
 # Checked before the sweep, which runs for minutes: the sweep starts at 1K,

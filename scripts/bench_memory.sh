@@ -13,13 +13,23 @@ model=resnet50
 batch=8
 size=224
 prog=bench_memory.sh
-source "$root/scripts/lib/args.sh"  # die, need_value, positive
+source "$root/scripts/lib/args.sh"  # die, need_value, positive, usage_if_help
+usage_if_help "$@" <<'EOF'
+usage: scripts/bench_memory.sh [--model resnet18|resnet34|resnet50|resnet-small] [--batch 8] [--image-size 224]
+Peak memory of one training step on the CPU, FP32 against AMP at equal batch: the executor's planned
+temporaries and the allocator's peak minus the persistent state, one line per precision, and the AMP / FP32 ratios.
+  --model NAME       a ResNet: resnet18, resnet34, resnet50 or resnet-small (default resnet50)
+  --batch N          batch size, also the number of synthetic images (default 8)
+  --image-size N     side of the synthetic images (default 224)
+  MIX_BUILD_DIR      mixtrain (default: build/ of this checkout; scripts/build.sh when missing)
+EOF
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) need_value "$@"; model="$2"; shift 2 ;;
     --batch) need_value "$@"; positive "$1" "$2"; batch="$2"; shift 2 ;;
     --image-size) need_value "$@"; positive "$1" "$2"; size="$2"; shift 2 ;;
-    *) die "unknown argument '$1' (see the header of this script)" ;;
+    -h | --help) usage ;;
+    *) die "unknown argument '$1' (see --help)" ;;
   esac
 done
 # Synthetic images of --image-size: the comparison is the ResNets' (the MLP and

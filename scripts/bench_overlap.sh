@@ -26,7 +26,23 @@ bucket_mb=0.1
 steps=20
 repeats=3
 prog=bench_overlap.sh
-source "$root/scripts/lib/args.sh"  # die, need_value, positive
+source "$root/scripts/lib/args.sh"  # die, need_value, positive, usage_if_help
+usage_if_help "$@" <<'EOF'
+usage: scripts/bench_overlap.sh [-n RANKS] [--device cpu|cuda] [--model resnet-small]
+                                [--batch-size 16] [--bucket-mb 0.1] [--steps 20] [--repeats 3]
+Overlapped gradient sync against --no-overlap: the same AMP training step timed both ways, alternating.
+Prints the speed of each run, the medians and their ratio (overlap / no-overlap; >= 1: overlap is no
+slower), and the ms per step blocked in c_allreduce_wait (one more run of each under MIX_PROFILE_OPS).
+  -n RANKS              ranks (default 2)
+  --device cpu|cuda     (default cpu)
+  --model NAME          (default resnet-small)
+  --batch-size N        per rank (default 16)
+  --bucket-mb MB        gradient bucket size (default 0.1: resnet-small's gradients are 0.35 MB in all)
+  --steps N             timed steps of each run (default 20)
+  --repeats N           runs of each mode (default 3)
+  MIX_BUILD_DIR         mixrun and mixtrain (default: build/ of this checkout; scripts/build.sh when missing)
+  OPENBLAS_NUM_THREADS  BLAS threads per rank (default 1)
+EOF
 while [ $# -gt 0 ]; do
   case "$1" in
     -n) need_value "$@"; positive "$1" "$2"; ranks="$2"; shift 2 ;;
@@ -36,7 +52,8 @@ while [ $# -gt 0 ]; do
     --bucket-mb) need_value "$@"; bucket_mb="$2"; shift 2 ;;
     --steps) need_value "$@"; positive "$1" "$2"; steps="$2"; shift 2 ;;
     --repeats) need_value "$@"; positive "$1" "$2"; repeats="$2"; shift 2 ;;
-    *) die "unknown argument '$1' (see the header of this script)" ;;
+    -h | --help) usage ;;
+    *) die "unknown argument '$1' (see --help)" ;;
   esac
 done
 [ -x "$build/mixtrain" ] || "$root/scripts/build.sh"

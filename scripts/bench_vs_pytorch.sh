@@ -38,9 +38,22 @@ BUILD="$ROOT/build"
 PYTHON=/usr/bin/python3
 WARMUP=10
 
-usage() { sed -n '2,28p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 prog=bench_vs_pytorch
-source "$ROOT/scripts/lib/args.sh"  # die, need_value, positive
+source "$ROOT/scripts/lib/args.sh"  # die, need_value, positive, usage_if_help
+usage_if_help "$@" <<'EOF'
+usage: scripts/bench_vs_pytorch.sh [--batch-size 64] [--steps 500] [--repeats 3] [--threads 2]
+                                   [--hidden 256,128] [--build DIR]
+Throughput of mixtrain (FP32 and AMP) against PyTorch on the same MLP 784-HIDDEN-10, momentum SGD, on the
+CPU; the best of REPEATS interleaved runs of each. Prints samples/s, mixtrain FP32 / PyTorch (target >= 0.8)
+and AMP / FP32. Exit status: 0 when all runs worked (whatever the ratio), 1 when one failed, 2 on a bad flag.
+  --batch-size N     at most 8192, the synthetic data set (default 64)
+  --steps N          timed steps of each run, after 10 warm-up steps (default 500)
+  --repeats N        (default 3)
+  --threads N        PyTorch's and OpenBLAS's threads (default 2)
+  --hidden SIZES     hidden layer widths (default 256,128)
+  --build DIR        the build folder with mixtrain (default: build/ of this checkout; not built here)
+  OMP_WAIT_POLICY    PyTorch's OpenMP wait policy (default PASSIVE; ACTIVE shows the other figure)
+EOF
 while [[ $# -gt 0 ]]; do
   case $1 in
     --batch-size) need_value "$@"; positive "$1" "$2"; BATCH=$2; shift 2
@@ -51,7 +64,7 @@ while [[ $# -gt 0 ]]; do
     --threads) need_value "$@"; positive "$1" "$2"; THREADS=$2; shift 2 ;;
     --hidden) need_value "$@"; [[ $2 =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] || die "--hidden takes sizes like 256,128, got '$2'"; HIDDEN=$2; shift 2 ;;
     --build) need_value "$@"; BUILD=$2; shift 2 ;;
-    -h|--help) usage; exit 0 ;;
+    -h | --help) usage ;;
     *) die "unknown flag '$1' (see --help)" ;;
   esac
 done

@@ -17,6 +17,10 @@ import sys
 LAYERS = ["runtime", "collective", "amp", "models", "launch"]
 RUNTIME_ROOMS = ["core", "kernels", "ir", "cuda", "ops", "optim", "passes", "exec", "io", "data"]
 SOURCES = (".h", ".cc", ".cu", ".cuh")
+USAGE = """usage: scripts/check_layers.py [ROOT]
+Checks that no #include runs against mixtrain's layers (runtime -> collective -> amp -> models -> launch, and
+runtime's rooms in order); prints every include that breaks a rule and exits 1, or exits 0 when there is none.
+  ROOT   the repository to check (default: the checkout this script is in)"""
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 
 
@@ -77,7 +81,7 @@ def check(root):
 def main():
     root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
     if len(sys.argv) > 1 and sys.argv[1] in ("-h", "--help"):
-        print(__doc__.strip())
+        print(USAGE)
         return 0
     problems = check(root)
     for p in problems:

@@ -27,6 +27,22 @@ epochs=3
 steps=1500
 precisions="amp fp32"
 report_only=0
+prog=convergence.sh
+source "$root/scripts/lib/args.sh"  # die, usage_if_help
+usage_if_help "$@" <<'EOF'
+usage: scripts/convergence.sh [--model resnet-small|transformer] [--out DIR] [--epochs N] [--steps N]
+                              [--precisions "amp fp32"] [--report] [-- extra mixtrain flags]
+Full convergence runs, AMP (FP16 all-reduce) against FP32, on 2 ranks: resnet-small on Fashion-MNIST
+(test accuracy, AMP - FP32 gap) or a 4-layer Transformer on fortunes (validation loss, AMP's relative gap).
+  --model NAME        resnet-small or transformer (default resnet-small)
+  --out DIR           (default: runs/convergence, or runs/convergence_transformer, of this checkout)
+  --epochs N          resnet-small's epochs (default 3)
+  --steps N           the Transformer's steps (default 1500)
+  --precisions "..."  the runs, in order (default "amp fp32")
+  --report            print the figures of the runs already in DIR, without training
+  -- FLAGS            the rest go to every mixtrain run (build/mixtrain --help lists them)
+  MIX_BUILD_DIR       mixrun and mixtrain (default: build/ of this checkout; scripts/build.sh when missing)
+EOF
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) model="$2"; shift 2 ;;
@@ -36,7 +52,8 @@ while [ $# -gt 0 ]; do
     --precisions) precisions="$2"; shift 2 ;;
     --report) report_only=1; shift ;;
     --) shift; break ;;
-    *) echo "convergence.sh: unknown argument '$1' (see the header of this script)" >&2; exit 2 ;;
+    -h | --help) usage ;;
+    *) die "unknown argument '$1' (see --help)" ;;
   esac
 done
 case "$model" in

@@ -15,6 +15,15 @@
 # Fails when the result is not under 60 MB (60,000,000 bytes).
 set -euo pipefail
 
+prog=gpu_bundle
+source "$(dirname "${BASH_SOURCE[0]}")/lib/args.sh"  # usage_if_help
+usage_if_help "$@" <<'EOF'
+usage: scripts/gpu_bundle.sh DIR
+Writes a self-contained folder for building mixtrain on an air-gapped GPU node (NVIDIA driver, CUDA toolkit,
+CMake, a C++ compiler; no network): DIR/src (the sources), DIR/deps (headers, OpenBLAS, zlib), DIR/README.txt.
+Run it where scripts/setup.sh installed the packages; fails when the result is not under 60 MB.
+  DIR   new, empty, or written by an earlier run; outside the checkout or in a git-ignored folder (e.g. runs/)
+EOF
 die() { echo "gpu_bundle: $*" >&2; exit 1; }
 [ $# -eq 1 ] || { echo "usage: scripts/gpu_bundle.sh DIR" >&2; exit 2; }
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -56,6 +65,10 @@ tar -C "$root" --null --no-recursion -T "$dir/.srclist" -cf - | tar -C "$dir/src
 n_src=$(tr -cd '\0' <"$dir/.srclist" | wc -c)
 rm -f "$dir/.srclist"
 [ -f "$dir/src/CMakeLists.txt" ] || die "copying the sources failed (no CMakeLists.txt in $dir/src)"
+# The commit, for `mixtrain --version` on the GPU node (the copy has no .git).
+commit=$(git -C "$root" rev-parse --short=12 HEAD)
+git -C "$root" diff --quiet HEAD || commit="$commit+changes"
+echo "$commit" >"$dir/src/.mix_commit"
 
 # ---- (b) header-only libraries from their Debian packages -----------------------
 versions="$dir/deps/VERSIONS.txt"

@@ -42,14 +42,31 @@ out="$root/runs/gpu_check"
 bundle=""
 deadline=""
 started=$(date +%s)
+prog=gpu_check
+source "$root/scripts/lib/args.sh"  # usage_if_help
+usage_if_help "$@" <<'EOF'
+usage: scripts/gpu_check.sh [--out DIR] [--bundle DIR] [--deadline SECONDS]
+The GPU check: builds with CUDA, runs every [cuda] test, trains the MLP, ResNet-50 and a Transformer-base
+in FP32 and AMP on the GPU, times overlapped gradient all-reduces, runs memcheck in the time left and prints
+a summary table. Logs and summary.txt go to --out DIR. Budget: under 8 minutes on one H200.
+  --out DIR              (default: runs/gpu_check of this checkout)
+  --bundle DIR           build from a folder written by scripts/gpu_bundle.sh (default: this checkout)
+  --deadline SECONDS     finish, summary written, within SECONDS of the start (default: none)
+  MIX_BUILD_DIR          the build folder (default: build/ in the --out DIR)
+  MIX_CUDA_ARCHS         CUDA architectures to build for (default: GPU 0's compute capability, e.g. 90)
+  MIX_CMAKE_ARGS         more cmake configure arguments (default: none)
+  MIX_NCCL_TIMEOUT_S     NCCL watchdog, seconds (default 60)
+  NCCL_ROOT, CUDNN_ROOT  NCCL and cuDNN 9 outside the toolkit (default: the toolkit's, else Python's nvidia-* wheels)
+EOF
 while [ $# -gt 0 ]; do
   case "$1" in
+    -h | --help) usage ;;
     --out) out="$2"; shift 2 ;;
     --bundle) bundle="$(cd "$2" && pwd)" || exit 2; shift 2 ;;
     --deadline)
       deadline="$2"; shift 2
       [[ "$deadline" =~ ^[0-9]+$ ]] || { echo "gpu_check: --deadline takes whole seconds, got '$deadline'" >&2; exit 2; } ;;
-    *) echo "gpu_check: unknown argument $1 (use --out DIR, --bundle DIR, --deadline SECONDS)" >&2; exit 2 ;;
+    *) echo "gpu_check: unknown argument '$1' (use --out DIR, --bundle DIR, --deadline SECONDS; see --help)" >&2; exit 2 ;;
   esac
 done
 mkdir -p "$out"

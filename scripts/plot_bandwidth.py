@@ -18,6 +18,11 @@ import csv
 import sys
 from pathlib import Path
 
+USAGE = """usage: scripts/plot_bandwidth.py DIR
+Tables and plots of scripts/bandwidth.sh's CSV files: reads DIR/allreduce.csv and DIR/grad_sync.csv, prints the
+FP16 / FP32 time ratios and, with python3-matplotlib, writes DIR/allreduce_busbw.png and DIR/grad_sync.png.
+  DIR   the --out DIR of scripts/bandwidth.sh (there by default runs/bandwidth of this checkout)"""
+
 
 def read(path):
     return list(csv.DictReader(open(path))) if path.exists() else []
@@ -31,6 +36,9 @@ def human(n):
 
 
 def main():
+    if sys.argv[1:] in (["-h"], ["--help"]):
+        print(USAGE)
+        return 0
     if len(sys.argv) != 2:
         print(__doc__)
         return 2

@@ -4,6 +4,20 @@
 # loss-scaling decision shared by both ranks. Extra arguments go to mixtrain.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+prog=run.sh
+source "$root/scripts/lib/args.sh"  # usage_if_help
+usage_if_help "$@" <<'EOF'
+usage: scripts/run.sh [MIXTRAIN FLAGS...]
+The main job, after scripts/setup.sh and scripts/build.sh: two ranks train an MLP on Fashion-MNIST in mixed
+precision, all-reducing FP16 gradients before the cast to FP32, with one loss-scaling decision shared by both
+ranks; prints the test accuracy and writes metrics.jsonl and model.safetensors.
+  MIXTRAIN FLAGS   go to mixtrain after its defaults here, which they override (--model mlp --data fashion-mnist
+                   --precision amp --epochs 2 --batch-size 64 --lr 0.05 --lr-schedule cosine), e.g. --epochs 5
+  MIX_BUILD_DIR    the build folder (default: build/ of this checkout)
+  MIX_RUN_DIR      where the metrics and checkpoint go (default: runs/default of this checkout)
+  MIX_CMAKE_ARGS   as in scripts/build.sh --help
+Only a first argument -h or --help is this script's; mixtrain's own help: build/mixtrain --help.
+EOF
 "$root/scripts/setup.sh"
 "$root/scripts/build.sh"
 build="${MIX_BUILD_DIR:-$root/build}"

@@ -8,6 +8,18 @@
 # OpenBLAS keep memory to the end on purpose.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+prog=sanitize.sh
+source "$root/scripts/lib/args.sh"  # usage_if_help
+usage_if_help "$@" <<'EOF'
+usage: scripts/sanitize.sh [CTEST ARGS...]
+After scripts/setup.sh, builds the CPU code with AddressSanitizer and UndefinedBehaviorSanitizer and runs the
+tests there; any sanitizer report fails its test (leak checking is off). About 15 minutes on 2 cores.
+  CTEST ARGS       go to ctest (default: -L unit, the unit tests; -LE unit runs the end-to-end and multi-rank ones)
+  MIX_BUILD_DIR    the build folder (default: build-sanitize/ of this checkout)
+  ASAN_OPTIONS     appended to detect_leaks=0:abort_on_error=1 (default: nothing more)
+  UBSAN_OPTIONS    appended to print_stacktrace=1:halt_on_error=1 (default: nothing more)
+Only a first argument -h or --help is this script's; ctest's own help: ctest --help.
+EOF
 "$root/scripts/setup.sh"
 build="${MIX_BUILD_DIR:-$root/build-sanitize}"
 flags="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"

@@ -2,6 +2,13 @@
 # Installs, idempotently, every Debian package the build, the tests and the
 # default run need. Safe to run again: it installs only what is missing.
 set -euo pipefail
+prog=setup.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/args.sh"  # usage_if_help
+usage_if_help "$@" <<'EOF'
+usage: scripts/setup.sh
+Installs, idempotently, every Debian package the build, the tests and the default run need: only what
+is missing, with apt-get (through sudo when not root). Safe to run again.
+EOF
 
 packages=(
   build-essential cmake pkg-config

@@ -1,0 +1,90 @@
+#!/usr/bin/python3
+"""Every script in scripts/ (each .sh and .py file; scripts/lib/ is not listed)
+answers --help and -h with exit 0 and a usage text on stdout whose first line
+is `usage: scripts/NAME ...`, and does nothing else: no set-up (apt-get), no
+build, no file written.
+
+Each call runs, with a 20 s limit, in a fresh working directory, with
+MIX_BUILD_DIR, MIX_RUN_DIR and TMPDIR inside a fresh folder and with stand-ins
+for cmake, ctest, apt-get, sudo, dpkg-query, mpirun, ... first on PATH that
+write down any call into that folder; afterwards both folders must still be
+empty. The scripts are found by listing the folder, so a new script without
+--help fails here. The scripts that parse their own flags must also refuse an
+unknown one with exit 2, naming it and pointing to --help.
+"""
+import os
+import sys
+
+import mixtest as mt
+
+SCRIPTS = mt.SOURCE_DIR.resolve() / "scripts"
+# A call of any of these would mean the script did more than print its usage.
+WATCHED = ("cmake", "ctest", "make", "ninja", "apt-get", "sudo", "dpkg", "dpkg-query", "mpirun", "nvidia-smi",
+           "nvcc", "git")
+# The scripts that parse all their arguments themselves (no pass-through), refusing unknown flags.
+PARSERS = ("bandwidth.sh", "bench_memory.sh", "bench_overlap.sh", "bench_vs_pytorch.sh", "convergence.sh",
+           "gpu_check.sh")
+
+
+def stand_ins(base):
+    """A folder of commands that note their call in $MIX_HELP_CALLS and fail."""
+    d = base / "stand_ins"
+    d.mkdir()
+    for name in WATCHED:
+        f = d / name
+        f.write_text('#!/bin/sh\necho "$(basename "$0") $*" >>"$MIX_HELP_CALLS"\nexit 1\n')
+        f.chmod(0o755)
+    return d
+
+
+def run(base, bin_dir, label, args):
+    """Runs scripts/ARGS[0] ARGS[1:] in fresh folders: (result, what the folders hold afterwards)."""
+    d = base / label
+    work, scratch = d / "work", d / "scratch"
+    work.mkdir(parents=True)
+    scratch.mkdir()
+    env = {"MIX_BUILD_DIR": str(scratch / "build"), "MIX_RUN_DIR": str(scratch / "run"), "TMPDIR": str(scratch),
+           "MIX_HELP_CALLS": str(scratch / "calls.log"), "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    here = os.getcwd()
+    os.chdir(work)
+    try:
+        r = mt.launch([SCRIPTS / args[0], *args[1:]], timeout=20, env=env)
+    finally:
+        os.chdir(here)
+    left = sorted(str(p.relative_to(d)) for p in d.rglob("*") if p not in (work, scratch))
+    calls = (scratch / "calls.log").read_text().strip() if (scratch / "calls.log").exists() else ""
+    return r, left, calls
+
+
+def main():
+    c = mt.Checks("script_help")
+    base = mt.workdir("script_help")
+    bin_dir = stand_ins(base)
+    names = sorted(p.name for p in SCRIPTS.iterdir() if p.is_file() and p.suffix in (".sh", ".py"))
+    c.check({"run.sh", "test.sh", "build.sh"} <= set(names), "scripts/ lists the scripts", " ".join(names))
+    for name in names:
+        if not c.check(os.access(SCRIPTS / name, os.X_OK), f"scripts/{name} is executable"):
+            continue
+        for flag in ("--help", "-h"):
+            r, left, calls = run(base, bin_dir, f"{name}{flag}", [name, flag])
+            first = r.stdout.splitlines()[0] if r.stdout else ""
+            ok = (not r.timed_out and r.rc == 0 and first.split()[:2] == ["usage:", f"scripts/{name}"]
+                  and len(r.stdout.splitlines()) >= 2)
+            c.check(ok, f"scripts/{name} {flag}: exit 0, usage: scripts/{name} and what it does on stdout",
+                    "" if ok else r.describe(800))
+            c.check(not left and not calls, f"scripts/{name} {flag}: nothing built, written or called",
+                    "; ".join(left[:5] + ([calls[:300]] if calls else [])))
+    for name in PARSERS:
+        r, left, calls = run(base, bin_dir, f"{name}-bad", [name, "--no-such-flag"])
+        ok = r.rc == 2 and "--no-such-flag" in r.stderr and "--help" in r.stderr and not left and not calls
+        c.check(ok, f"scripts/{name} --no-such-flag: exit 2 naming it and --help, nothing done",
+                r.stderr.strip() if ok else r.describe(400))
+    # A parser answers --help after other flags too.
+    r, left, calls = run(base, bin_dir, "bandwidth.sh-late-help", ["bandwidth.sh", "-n", "2", "--help"])
+    ok = r.rc == 0 and r.stdout.startswith("usage: scripts/bandwidth.sh") and not left and not calls
+    c.check(ok, "scripts/bandwidth.sh -n 2 --help: the usage, nothing done", "" if ok else r.describe(400))
+    c.finish()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
