@@ -273,8 +273,7 @@ train_resnet50 fp32 resnet50_fp32 --data-format nchw; r50_fp32_rc=$?
 train_resnet50 amp resnet50_amp --data-format nhwc; r50_amp_rc=$?
 # The same two ResNet-50 runs with each convolution on the legacy cuDNN calls
 # (--no-cudnn-graph-conv) instead of the graph API's plans, built once per
-# shape: the legacy calls cost the host about 270 us each on an H200, which
-# set the pace at batch 64 (1616 AMP images/s against 4708, 2026-12-05).
+# shape: the legacy calls' host cost set the pace at batch 64 (docs/gpu.md).
 train_resnet50 fp32 resnet50_fp32_legacy --data-format nchw --no-cudnn-graph-conv; r50_fp32_legacy_rc=$?
 train_resnet50 amp resnet50_amp_legacy --data-format nhwc --no-cudnn-graph-conv; r50_amp_legacy_rc=$?
 # And with each step recorded once as a CUDA graph and replayed (--cuda-graph,
