@@ -22,7 +22,7 @@ struct AllreduceBenchConfig {
   int warmup = 5;                               // -w: untimed iterations per size
   bool check = false;                           // verify every result against exact expected values
   std::string csv;                              // write the rows as CSV too
-  std::string device = "cpu";                   // cpu (MPI, host buffers) or cuda (NCCL, device buffers)
+  DeviceKind device = DeviceKind::cpu;          // cpu (MPI, host buffers) or cuda (NCCL, device buffers)
 };
 
 /// One row of the table: one size, dtype and reduction.

@@ -69,9 +69,8 @@ int main(int argc, char** argv) {
   allreduce->add_flag("-c,--check", ar.check, "verify every result against exact expected values (#wrong)");
   allreduce->add_option("--csv", ar.csv, "also write the rows to this CSV file (rank 0)");
   allreduce->formatter(app.get_formatter());
-  allreduce->add_option("--device", ar.device, "cpu: MPI on host buffers; cuda: NCCL on device buffers")
-      ->check(mix::launch::one_of({"cpu", "cuda"}))
-      ->type_name("cpu|cuda");
+  mix::launch::add_choice(*allreduce, "--device", ar.device, mix::kDeviceKindNames,
+                          "cpu: MPI on host buffers; cuda: NCCL on device buffers");
 
   mix::launch::GradSyncBenchConfig gs;
   CLI::App* grad_sync = app.add_subcommand("grad-sync", "one training step's gradient all-reduces of a model");
@@ -126,7 +125,7 @@ int main(int argc, char** argv) {
                 {"ops", list(ar.ops)},
                 {"iterations", std::to_string(ar.warmup) + "+" + std::to_string(ar.iters)},
                 {"check", ar.check ? "on" : "off"},
-                {"device", ar.device}};
+                {"device", std::string(mix::to_string(ar.device))}};
     else
       fields = {{"benchmark", "grad-sync"},
                 {"model", gs.model},
@@ -138,7 +137,7 @@ int main(int argc, char** argv) {
     mix::collective::check_same_on_all_ranks(comm, "mixbench configuration", fields);
     mix::Device device = mix::cpu_device();
     std::unique_ptr<mix::collective::Communicator> device_comm;
-    if (is_allreduce ? ar.device == "cuda" : gs.device == mix::DeviceKind::cuda) {
+    if ((is_allreduce ? ar.device : gs.device) == mix::DeviceKind::cuda) {
       const int gpu = mix::collective::bind_device(comm);
       device = mix::Device{mix::DeviceKind::cuda, gpu};
       device_comm = mix::collective::make_device_communicator(comm, gpu);

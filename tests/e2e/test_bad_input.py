@@ -358,7 +358,7 @@ def main():
            mpmd=[(1, [*small, "--device", "cpu"]), (1, [*small, "--device", "cuda"])],
            names=["startup fingerprint", "rank 1 differs", "device"])
     # Flags that change what a rank computes or how it talks must be in the fingerprint too.
-    # Before b69ede5 the scaler flags differed unnoticed (the run succeeded; the scales would
+    # Without them the scaler flags differed unnoticed (the run succeeded; the scales would
     # diverge on the first growth or overflow) and different buckets corrupted the heap in
     # MPI_Allreduce ("free(): invalid next size", exit 134).
     differing = {"--incr-ratio": ("2", "3"), "--decr-ratio": ("0.8", "0.5"), "--min-loss-scaling": ("1", "2"),
