@@ -17,6 +17,8 @@
 #include <thread>
 #include <vector>
 
+#include "launch/cli_help.h"
+
 extern char** environ;
 
 namespace {
@@ -103,17 +105,21 @@ int main(int argc, char** argv) {
     }
   }
 
-  CLI::App app{"Starts N ranks of PROGRAM with mpirun (Open MPI).", "mixrun"};
+  CLI::App app{"mixrun: starts N ranks of PROGRAM with mpirun (Open MPI)", "mixrun"};
+  app.formatter(mix::launch::help_formatter());
+  app.set_version_flag("--version", [] { return mix::launch::version_text("mixrun"); },
+                       "print the version, the commit and the libraries of this build, and exit");
   app.footer(
       "Usage: mixrun -n N [--hosts h1:k,h2:k] [--oversubscribe] [--dry-run] [--mpirun PATH] -- PROGRAM ARGS...\n"
-      "Forwards MIX_*, NCCL_*, OPENBLAS_NUM_THREADS and OMP_NUM_THREADS to every rank.");
+      "Forwards MIX_*, NCCL_*, OPENBLAS_NUM_THREADS and OMP_NUM_THREADS to every rank.\n");
   int ranks = 0;
   std::string hosts;
   bool oversubscribe = false;
   bool dry_run = false;
   std::string mpirun_flag;
-  app.add_option("-n,--np", ranks, "number of ranks to start")
+  app.add_option("-n,--np", ranks, "number of ranks to start (required)")
       ->required()
+      ->type_name("N")
       ->check(CLI::Validator(
           [](std::string& value) {
             char* end = nullptr;
@@ -122,27 +128,23 @@ int main(int argc, char** argv) {
             const bool ok = !value.empty() && *end == '\0' && errno == 0 && v >= 1 && v <= 1000000;
             return ok ? std::string() : "'" + value + "' is not a number of ranks (a positive integer)";
           },
-          "N"));
+          ""));
   app.add_option("--hosts", hosts, "hosts and their slots, h1:k,h2:k (default: this machine)")
+      ->type_name("HOSTS")
       ->check(CLI::Validator(
           [](std::string& value) {
             std::string error;
             return parse_host_slots(value, &error) ? std::string() : error;
           },
-          "HOST:SLOTS,..."));
+          ""));
   app.add_flag("--oversubscribe", oversubscribe,
                "allow more ranks than cores (implied when -n exceeds this machine's cores and no --hosts are given)");
   app.add_flag("--dry-run", dry_run, "print the mpirun command line and exit");
-  app.add_option("--mpirun", mpirun_flag, "mpirun to run (default: $MIX_MPIRUN, else mpirun on PATH)");
+  app.add_option("--mpirun", mpirun_flag, "mpirun to run (default: $MIX_MPIRUN, else mpirun on PATH)")->type_name("PATH");
   if (split < 0) app.prefix_command();  // no "--": the first word that is not ours starts the program
 
   std::vector<std::string> program;
-  try {
-    app.parse(split < 0 ? argc : split, argv);
-  } catch (const CLI::ParseError& e) {
-    const int rc = app.exit(e);
-    return rc == 0 ? 0 : kUsageError;
-  }
+  if (auto stop = mix::launch::parse_command_line(app, split < 0 ? argc : split, argv)) return *stop;
   if (split >= 0) {
     program.assign(argv + split + 1, argv + argc);
   } else {
