@@ -1,6 +1,9 @@
 // inject_overflow: the --inject-overflow testing aid. At optimizer step `step`
-// on rank `rank` (-1: all), writes +inf into the first element of every input
-// gradient, so a test can watch every rank skip that step together.
+// on rank `rank` (-1: all), and with `micro_batch` set in that micro-batch of
+// the step only (0-based, --grad-accum-steps), writes +inf into the first
+// element of every input, so a test can watch every rank skip that step
+// together. After each bucket's all-reduce it hits the reduced gradients of
+// one rank; on loss@GRAD, one micro-batch's whole backward.
 #include <limits>
 
 #include "collective/communicator.h"
@@ -17,6 +20,8 @@ void inject_overflow_cpu(OpContext& ctx) {
   // The step from ExecEnv::device_step when set (host memory, on the CPU).
   const int64_t now = ctx.env.device_step ? *ctx.env.device_step : ctx.env.step;
   if (now != step || (rank >= 0 && rank != my_rank)) return;
+  const int64_t micro_batch = ctx.attr<int64_t>("micro_batch", -1);
+  if (micro_batch >= 0 && micro_batch != ctx.env.micro_batch) return;
   for (size_t i = 0; i < ctx.op.outs("Out").size(); ++i) {
     Tensor& g = ctx.out_existing("Out", i);
     if (g.numel() == 0) continue;

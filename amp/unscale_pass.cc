@@ -124,6 +124,19 @@ LocalFoundInf insert_unscale(Program& p, const optim::ParamGrads& param_grads,
   return local;
 }
 
+void inject_loss_gradient_overflow(Program& p, const std::string& loss_grad, const InjectOverflow& inject) {
+  MIX_CHECK(inject.micro_batch >= 0 && inject.param.empty(),
+            "a micro-batch's overflow is injected into its loss gradient, every parameter's at once");
+  const std::optional<size_t> seed = p.producer(loss_grad);
+  MIX_CHECK(seed, "inject the overflow after " << loss_grad << " is seeded");
+  OpDesc inj = make_op("inject_overflow", {{"X", {loss_grad}}}, {{"Out", {loss_grad}}},
+                       {{"step", inject.step},
+                        {"rank", static_cast<int64_t>(inject.rank)},
+                        {"micro_batch", inject.micro_batch}});
+  inj.role = OpRole::loss;
+  p.insert_op(*seed + 1, std::move(inj));
+}
+
 void append_found_inf_allreduce(Program& p, const LocalFoundInf& local, int world_size) {
   // The global flag is the OR of the local ones, carried with the mask of
   // which ranks overflowed where.

@@ -21,16 +21,24 @@
 
 namespace mix::amp {
 
-/// Testing aid (--inject-overflow STEP[:RANK[:PARAM]]): at optimizer step
-/// `step`, make the gradients of rank `rank` (-1: every rank) non-finite,
-/// all of them or only `param`'s. Injected after each bucket's all-reduce
-/// (before its unscale), so only that rank sees it locally and the found_inf
-/// all-reduce must carry it, with the parameter's name and the rank.
+/// Testing aid (--inject-overflow STEP[.MICRO][:RANK[:PARAM]]): at optimizer
+/// step `step`, make the gradients of rank `rank` (-1: every rank)
+/// non-finite, all of them or only `param`'s. Injected after each bucket's
+/// all-reduce (before its unscale), so only that rank sees it locally and the
+/// found_inf all-reduce must carry it, with the parameter's name and the rank.
+/// With `micro_batch` (0-based) instead into that micro-batch's loss gradient,
+/// before the accumulation and the all-reduce (inject_loss_gradient_overflow).
 struct InjectOverflow {
   int64_t step = 0;
   int rank = -1;
   std::string param;
+  int64_t micro_batch = -1;
 };
+
+/// Appends, right after the op that seeds loss@GRAD, the inject_overflow of
+/// `inject` (whose micro_batch is set) on loss@GRAD: every gradient of that
+/// micro-batch on that rank becomes non-finite.
+void inject_loss_gradient_overflow(Program& p, const std::string& loss_grad, const InjectOverflow& inject);
 
 /// The local overflow flags insert_unscale made, for the found_inf all-reduce.
 struct LocalFoundInf {

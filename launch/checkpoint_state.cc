@@ -65,12 +65,14 @@ void check_resume_continues(const std::string& path, const io::Metadata& meta, i
   if (step == 0) return;
   for (const auto& [key, here] : resume_settings(c, world, training_examples)) {
     const auto it = meta.find(key);
-    if (it == meta.end() || it->second == here) continue;
+    // Checkpoints from before accumulation existed were written with one micro-batch a step.
+    const std::string there = it != meta.end() ? it->second : key == "grad_accum_steps" ? "1" : here;
+    if (there == here) continue;
     throw UsageError("--resume " + path + " was written at step " + std::to_string(step) + " by a run with " +
-                     setting_text(key, it->second) + ", and this run has " + setting_text(key, here) +
+                     setting_text(key, there) + ", and this run has " + setting_text(key, here) +
                      ": it would not continue that run (the data order, the place in it, or the optimizer state "
                      "would differ). Resume with " +
-                     setting_text(key, it->second) + ", or start a new run from its parameters with --init-from");
+                     setting_text(key, there) + ", or start a new run from its parameters with --init-from");
   }
 }
 
@@ -82,6 +84,7 @@ std::vector<std::pair<std::string, std::string>> resume_settings(const TrainConf
           {"shuffle", c.shuffle ? "true" : "false"},
           {"training_examples", std::to_string(training_examples)},
           {"batch_size", std::to_string(c.batch_size)},
+          {"grad_accum_steps", std::to_string(c.grad_accum_steps)},
           {"world_size", std::to_string(world)},
           {"optimizer", std::string(optim::to_string(c.optimizer.kind))}};
 }
@@ -98,7 +101,7 @@ io::Metadata checkpoint_metadata(const TrainConfig& c, int world, int64_t traini
   io::Metadata meta = {{"step", std::to_string(steps_done)},
                        {"model", c.model},
                        {"epoch", std::to_string(steps_done / steps_per_epoch)},
-                       {"batch_in_epoch", std::to_string(steps_done % steps_per_epoch)}};
+                       {"batch_in_epoch", std::to_string(steps_done % steps_per_epoch * c.grad_accum_steps)}};
   for (auto& [key, value] : resume_settings(c, world, training_examples)) meta[key] = value;
   if (amp) {
     const amp::LossScalerState s = amp::read_scaler_state(scope);

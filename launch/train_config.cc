@@ -93,6 +93,7 @@ std::vector<std::pair<std::string, std::string>> TrainConfig::fingerprint_fields
           {"grad-reduce", name(effective_grad_reduce(), collective::kGradReduceNames)},
           {"grad-predivide", num(grad_predivide)},
           {"batch-size", num(batch_size)},
+          {"grad-accum-steps", num(grad_accum_steps)},
           {"steps", num(steps)},
           {"epochs", num(epochs)},
           {"lr", num(lr)},
@@ -148,8 +149,15 @@ bool parse_inject_overflow(const std::string& text, InjectOverflowSpec& out) {
   if (parts.empty() || parts.size() > 3) return false;
   try {
     size_t used = 0;
-    out.step = std::stoll(parts[0], &used);
-    if (used != parts[0].size() || out.step < 1) return false;
+    const size_t dot = parts[0].find('.');
+    const std::string step = parts[0].substr(0, dot);
+    out.step = std::stoll(step, &used);
+    if (used != step.size() || out.step < 1) return false;
+    if (dot != std::string::npos) {
+      const std::string micro = parts[0].substr(dot + 1);
+      out.micro = std::stoll(micro, &used);
+      if (used != micro.size() || out.micro < 1) return false;
+    }
     if (parts.size() > 1 && !parts[1].empty()) {
       out.rank = std::stoi(parts[1], &used);
       if (used != parts[1].size() || out.rank < 0) return false;
@@ -291,7 +299,12 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
       ->check(kNonNegativeInt);
 
   app.option_defaults()->group("Optimizer and schedule");
-  app.add_option("--batch-size", c.batch_size, "examples per rank per step")->check(kPositiveInt);
+  app.add_option("--batch-size", c.batch_size, "examples per rank per micro-batch (per step without accumulation)")
+      ->check(kPositiveInt);
+  app.add_option("--grad-accum-steps", c.grad_accum_steps,
+                 "micro-batches per optimizer step: each loss counts 1/K, the gradients are summed in FP32 and "
+                 "all-reduced once, during the last micro-batch's backward (global batch: batch-size x K x ranks)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   app.add_option("--steps", c.steps, "optimizer steps to run, overriding --epochs (0 with --save: write the initial "
                                      "model and stop)")
       ->check(kNonNegativeInt)
@@ -369,7 +382,8 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
 
   app.option_defaults()->group("Testing aids");
   app.add_option("--inject-overflow", c.inject_overflow,
-                 "STEP[:RANK[:PARAM]]: make that rank's gradients (or PARAM's) non-finite at that step");
+                 "STEP[:RANK[:PARAM]]: make that rank's gradients (or PARAM's) non-finite after the all-reduce at "
+                 "that step; STEP.MICRO[:RANK]: that micro-batch's (1 to --grad-accum-steps), before it");
 
   if (auto stop = parse_command_line(app, argc, argv)) return stop;
   auto bad = [](const std::string& msg) {
@@ -403,7 +417,16 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
   InjectOverflowSpec inject;
   if (!c.inject_overflow.empty() && !parse_inject_overflow(c.inject_overflow, inject))
     return bad("--inject-overflow '" + c.inject_overflow +
-               "': expected STEP[:RANK[:PARAM]] with STEP >= 1, e.g. 5, 5:1 or 5:1:fc1.weight");
+               "': expected STEP[:RANK[:PARAM]] or STEP.MICRO[:RANK] with STEP >= 1, e.g. 5, 5:1, 5:1:fc1.weight or "
+               "5.2:1 (micro-batch 2 of step 5, with --grad-accum-steps)");
+  if (inject.micro > c.grad_accum_steps)
+    return bad("--inject-overflow " + c.inject_overflow + ": step " + std::to_string(inject.step) + " has " +
+               std::to_string(c.grad_accum_steps) + " micro-batch(es) (--grad-accum-steps), so there is no micro-batch " +
+               std::to_string(inject.micro));
+  if (inject.micro > 0 && !inject.param.empty())
+    return bad("--inject-overflow " + c.inject_overflow +
+               ": an overflow in a micro-batch reaches every parameter (it goes into the loss gradient): drop :" +
+               inject.param);
   if (!c.resume.empty() && !c.init_from.empty()) return bad("--resume and --init-from are exclusive: use one");
   if (c.model == "mlp" && c.hidden.empty()) return bad("--hidden needs at least one size for --model mlp");
   if (!c.is_resnet() && (c.image_size || c.width || !c.blocks.empty()))
@@ -442,6 +465,10 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
       return bad("--image-size " + std::to_string(*c.image_size) + " is too small for --model " + c.model +
                  ": it needs at least " + std::to_string(min_size));
   }
+  if (c.cuda_graph && c.grad_accum_steps > 1)
+    return bad("--cuda-graph records one program a step, and --grad-accum-steps " +
+               std::to_string(c.grad_accum_steps) +
+               " runs two (the micro-batches', then the step's): use one of them (recording both is not built yet)");
   // --cudnn-benchmark times the legacy calls' algorithms; the graph API's
   // plans come from cuDNN's heuristics and would make the flag do nothing.
   if (c.cudnn_benchmark) {

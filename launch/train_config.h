@@ -87,6 +87,7 @@ struct TrainConfig {
   bool overlap = true;
   // schedule
   int64_t batch_size = 64;
+  int64_t grad_accum_steps = 1;  // micro-batches of batch_size per optimizer step
   int64_t steps = -1;  // -1: run --epochs
   int64_t epochs = 1;
   double lr = 0.05;
@@ -122,7 +123,7 @@ struct TrainConfig {
   std::string init_from;
   bool print_program = false;
   int64_t check_every = 100;
-  std::string inject_overflow;  // STEP[:RANK[:PARAM]], checked by parse_inject_overflow
+  std::string inject_overflow;  // STEP[.MICRO][:RANK[:PARAM]], checked by parse_inject_overflow
   bool benchmark = false;
   int64_t benchmark_warmup = 10;
   int64_t log_every = 0;  // 0: a progress line about every 2 s
@@ -144,9 +145,10 @@ struct TrainConfig {
   std::string ignored_scaler_flags() const;
 };
 
-/// Splits --inject-overflow STEP[:RANK[:PARAM]]; false when it does not parse.
+/// Splits --inject-overflow STEP[.MICRO][:RANK[:PARAM]]; false when it does not parse.
 struct InjectOverflowSpec {
   int64_t step = 0;
+  int64_t micro = 0;  // 1-based micro-batch of the step (--grad-accum-steps); 0: after the all-reduce
   int rank = -1;
   std::string param;
 };

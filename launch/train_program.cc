@@ -8,6 +8,7 @@
 #include "amp/fuse_param_casts.h"
 #include "amp/lists.h"
 #include "amp/rewrite.h"
+#include "collective/grad_accumulation_pass.h"
 #include "launch/worker_main.h"
 #include "runtime/core/check.h"
 #include "runtime/ir/autodiff.h"
@@ -92,9 +93,14 @@ TrainProgram build_train_program(Program& p, const std::string& loss, const Trai
   const collective::GradReduce reduce = o.grad_reduce.value_or(default_grad_reduce(o.precision));
   if (const std::string why = grad_reduce_conflict(o.precision, reduce); !why.empty()) throw UsageError(why);
   MIX_CHECK(p.has_var(loss), "the forward program has no loss variable '" << loss << "'");
+  const int64_t K = o.grad_accum_steps;
+  MIX_CHECK(K >= 1, "grad_accum_steps must be at least 1, got " << K);
+  MIX_CHECK(K == 1 || o.grad_sync, "gradient accumulation needs the data-parallel pass (the accumulators sit "
+                                   "before each bucket's all-reduce)");
 
   TrainProgram t;
   t.loss = loss;
+  t.grad_accum_steps = K;
   t.read_back = o.read_back;
   t.read_back.insert(loss);
   if (amp) {
@@ -111,8 +117,8 @@ TrainProgram build_train_program(Program& p, const std::string& loss, const Trai
   // The AMP step, in order. Under --precision fp32 the AMP passes are off and
   // the rest is the FP32 step: forward, backward, all-reduce, optimizer.
   const std::vector<Pass> pipeline = {
-      // 1. forward: the model's program, built by models/.
-      // 2. precision: white ops in FP16, black in FP32, gray follow their inputs; casts inserted.
+      // Forward: the model's program, built by models/.
+      // Precision: white ops in FP16, black in FP32, gray follow their inputs; casts inserted.
       {"amp::rewrite: casts by the AMP lists", "amp/rewrite.cc", amp_only("", true),
        [&] {
          const amp::RewriteResult r = amp::rewrite(p, lists, o.amp.low_dtype);
@@ -121,22 +127,28 @@ TrainProgram build_train_program(Program& p, const std::string& loss, const Trai
       {"amp::fold_widening_casts: softmax and cross-entropy read FP16 directly", "amp/fold_casts.cc",
        amp_only("--no-fold-casts", o.amp.fold_casts),
        [&] { return count(amp::fold_widening_casts(p), "cast folded", "casts folded"); }},
-      // 3. the loss gradient: the loss scale under AMP (the scaler's state is declared here), 1 in FP32.
+      // The loss gradient: the loss scale under AMP (the scaler's state is declared here), 1 in FP32.
       {amp ? "seed_loss_gradient: loss@GRAD = the loss scale" : "seed_loss_gradient: loss@GRAD = 1",
        amp ? "runtime/ir/autodiff.cc, amp/loss_scaler.cc" : "runtime/ir/autodiff.cc", "",
        [&] {
+         // K micro-batches: each loss counts 1/K, so their summed gradients are a K-fold batch's.
+         const double per_micro_batch = 1.0 / static_cast<double>(K);
+         const std::string times_1_over_k = K > 1 ? ", times 1/" + std::to_string(K) : "";
          if (!amp) {
-           seed_loss_gradient(p, loss);
-           return Did();
+           seed_loss_gradient(p, loss, "", per_micro_batch);
+           return Did{times_1_over_k.empty() ? "" : times_1_over_k.substr(2)};
          }
          check_loss_is_fp32(p, loss, o.amp);
          amp::declare_scaler_state(p, o.amp.scaler);
-         seed_loss_gradient(p, loss, amp::ScalerVars::scale);
+         seed_loss_gradient(p, loss, amp::ScalerVars::scale, per_micro_batch);
+         if (o.amp.inject && o.amp.inject->micro_batch >= 0)
+           amp::inject_loss_gradient_overflow(p, loss + "@GRAD", *o.amp.inject);
          std::ostringstream s;
-         s << amp::mode_name(o.amp.scaler.mode) << " scaler, initial scale " << amp::initial_state(o.amp.scaler).scale;
+         s << amp::mode_name(o.amp.scaler.mode) << " scaler, initial scale " << amp::initial_state(o.amp.scaler).scale
+           << times_1_over_k;
          return Did{s.str()};
        }},
-      // 4. backward: each op's gradient ops, registered beside it.
+      // Backward: each op's gradient ops, registered beside it.
       {"append_backward: autodiff", "runtime/ir/autodiff.cc", "",
        [&] {
          t.backward_grads = append_backward(p, loss).param_grads;
@@ -146,39 +158,47 @@ TrainProgram build_train_program(Program& p, const std::string& loss, const Trai
       {"amp::fold_widening_grad_casts: softmax_grad reads FP16 directly", "amp/fold_casts.cc",
        amp_only("--no-fold-casts", o.amp.fold_casts),
        [&] { return count(amp::fold_widening_grad_casts(p), "cast folded", "casts folded"); }},
-      // 5. the gradient all-reduce: bucketed, overlapping backward; under AMP
-      //    the FP16 gradients travel, cast to FP32 after (--grad-reduce fp16).
+      // The gradient all-reduce: bucketed, overlapping backward; under AMP
+      // the FP16 gradients travel, cast to FP32 after (--grad-reduce fp16).
       {"insert_grad_allreduce: gradient all-reduce in " + std::string(collective::to_string(reduce)),
        "collective/grad_allreduce_pass.cc", o.grad_sync ? "" : no_sync,
        [&] {
          t.param_grads = collective::insert_grad_allreduce(p, t.backward_grads, reduce, *o.grad_sync, &t.buckets);
          return count(static_cast<int>(t.buckets.size()), "bucket", "buckets");
        }},
-      // 6. unscale by 1/scale into the FP32 gradients, and the local finite check.
+      // K micro-batches: the gradients of the K - 1 before the last summed in
+      // FP32, added in right before each bucket's all-reduce, which runs once.
+      {"insert_grad_accumulation: gradients summed over " + (K > 1 ? std::to_string(K) : std::string("several")) +
+           " micro-batches, all-reduced once",
+       "collective/grad_accumulation_pass.cc", K > 1 ? "" : "--grad-accum-steps 1",
+       [&] { return count(collective::insert_grad_accumulation(p), "gradient", "gradients"); }},
+      // Unscale by 1/scale into the FP32 gradients, and the local finite check.
       {"amp::insert_unscale: check_finite_and_unscale per bucket", "amp/unscale_pass.cc", amp_only("", true),
        [&] {
-         local_found_inf = amp::insert_unscale(p, t.param_grads, o.amp.inject);
+         // A micro-batch's overflow went into its loss gradient (above), not here.
+         const bool after_allreduce = o.amp.inject && o.amp.inject->micro_batch < 0;
+         local_found_inf = amp::insert_unscale(p, t.param_grads, after_allreduce ? o.amp.inject : std::nullopt);
          return count(static_cast<int>(local_found_inf.flags.size()), "unscale op", "unscale ops");
        }},
-      // 7. every rank takes the same decision.
+      // Every rank takes the same decision.
       {"amp::append_found_inf_allreduce: found_inf all-reduced (max)", "amp/unscale_pass.cc", amp_only("", true),
        [&] {
          amp::append_found_inf_allreduce(p, local_found_inf, o.grad_sync ? o.grad_sync->world_size : 1);
          return Did();
        }},
-      // 8. the scaler's update, from the global flag.
+      // The scaler's update, from the global flag.
       {"amp::append_update_loss_scaling: the loss scale's update", "amp/loss_scaler.cc", amp_only("", true),
        [&] {
          amp::append_update_loss_scaling(p, o.amp.scaler);
          return Did();
        }},
-      // 9. the optimizer updates the FP32 masters, or nothing on an overflow step.
+      // The optimizer updates the FP32 masters, or nothing on an overflow step.
       {"optimizer: " + std::string(optim::to_string(o.optimizer.kind)) + " updates", "runtime/optim/optimizer.cc", "",
        [&] {
          optimizer->append_update_ops(p, t.param_grads, t.found_inf);
          return Did{amp ? "skipped when found_inf" : ""};
        }},
-      // 10. whole-step rewrites: the same values, less memory traffic.
+      // Whole-step rewrites: the same values, less memory traffic.
       {"recompute_softmax: cross-entropy's gradient recomputes the softmax", "runtime/passes/recompute_softmax.cc",
        o.passes.recompute_softmax ? "" : "--store-softmax",
        [&] { return count(recompute_softmax(p, t.read_back), "loss", "losses"); }, "--store-softmax"},
@@ -209,6 +229,8 @@ TrainProgram build_train_program(Program& p, const std::string& loss, const Trai
     }
     t.passes.push_back(std::move(r));
   }
+  // After every pass, so that the micro-batches run the step's forward and backward ops.
+  if (K > 1) t.micro_batch_program = collective::micro_batch_program(p);
   return t;
 }
 

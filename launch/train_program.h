@@ -56,6 +56,10 @@ struct TrainProgramOptions {
   /// The gradient all-reduce's world, buckets and overlap; unset: no
   /// data-parallel pass (the unscale then runs once, after backward).
   std::optional<collective::GradSyncOptions> grad_sync = collective::GradSyncOptions{};
+  /// Micro-batches per optimizer step (--grad-accum-steps): each loss counts
+  /// 1/K, the gradients are summed in FP32 and all-reduced once, during the
+  /// last micro-batch's backward (collective/grad_accumulation_pass.h).
+  int64_t grad_accum_steps = 1;
   optim::OptimizerOptions optimizer;
   StepPasses passes;
   /// Variables the caller reads after a step besides the loss and the
@@ -92,6 +96,11 @@ struct TrainProgram {
   std::set<std::string> read_back;
   /// Every pass of the pipeline, in order, run or not.
   std::vector<PassRun> passes;
+  /// With grad_accum_steps K > 1: the program of the K - 1 micro-batches
+  /// before the last of each step (forward, backward, gradients added to
+  /// their accumulators); the step's own program runs the last.
+  std::optional<Program> micro_batch_program;
+  int64_t grad_accum_steps = 1;
 
   /// "passes, in order:" and one line a pass, for --print-program.
   std::string describe_passes() const;

@@ -165,7 +165,7 @@ void warn_sparse_labels(const data::TrainTest& d, const std::string& path) {
 std::optional<amp::InjectOverflow> inject_from(const TrainConfig& c) {
   InjectOverflowSpec spec;
   if (c.inject_overflow.empty() || !parse_inject_overflow(c.inject_overflow, spec)) return std::nullopt;
-  return amp::InjectOverflow{spec.step, spec.rank, spec.param};
+  return amp::InjectOverflow{spec.step, spec.rank, spec.param, spec.micro - 1};
 }
 
 // The bytes of a data set's tensors.
@@ -195,6 +195,7 @@ TrainProgramOptions train_program_options(const TrainConfig& c, const models::Mo
   o.passes.fuse_param_casts = c.fuse_param_casts;
   o.passes.fuse_bn_relu = c.fuse_bn_relu;
   // Evaluation reads the logits after a step's forward pass.
+  o.grad_accum_steps = c.grad_accum_steps;
   o.read_back = {model.logits};
   return o;
 }
@@ -284,6 +285,7 @@ nlohmann::json summary_line(const TrainConfig& c, const models::Model& model, co
                             const std::optional<EvalResult>& eval) {
   nlohmann::json summary = {{"summary", true},
                             {"steps", steps_run},
+                            {"micro_batches", steps_run * c.grad_accum_steps},
                             {"skipped_steps", t.skipped},
                             {"samples_per_s", t.mean_rate()},
                             {"samples_per_s_overall", t.overall_rate()},
@@ -411,7 +413,7 @@ std::optional<InjectOverflowSpec> divergence_from_env() {
   const char* env = std::getenv("MIX_TEST_DIVERGE");
   if (!env || !*env) return std::nullopt;
   InjectOverflowSpec at;
-  if (!parse_inject_overflow(env, at) || at.rank < 0 || !at.param.empty())
+  if (!parse_inject_overflow(env, at) || at.rank < 0 || !at.param.empty() || at.micro != 0)
     throw UsageError(std::string("MIX_TEST_DIVERGE='") + env + "': expected STEP:RANK, e.g. 3:1");
   return at;
 }
@@ -582,9 +584,22 @@ int run_training(const TrainConfig& c, Communicator& comm) {
 
   // ---- schedule -------------------------------------------------------------------
   const int64_t batch = c.batch_size;
+  // K micro-batches of `batch` make an optimizer step; steps count optimizer
+  // steps. An epoch's micro-batches that do not fill a last window of K are
+  // left out of it (as a loader with drop_last leaves a short batch out).
+  const int64_t K = c.grad_accum_steps;
   data::DistributedSampler sampler(data.train.size(), rank, world, c.shuffle, c.seed);
-  const int64_t steps_per_epoch = (sampler.per_rank() + batch - 1) / batch;
-  MIX_CHECK(steps_per_epoch > 0, "the training set is empty");
+  const int64_t micro_batches_per_epoch = (sampler.per_rank() + batch - 1) / batch;
+  MIX_CHECK(micro_batches_per_epoch > 0, "the training set is empty");
+  const int64_t steps_per_epoch = micro_batches_per_epoch / K;
+  if (steps_per_epoch == 0)
+    throw UsageError("--grad-accum-steps " + std::to_string(K) + " asks for more micro-batches than an epoch has (" +
+                     std::to_string(micro_batches_per_epoch) + " of " + std::to_string(batch) +
+                     " examples a rank): lower it, or --batch-size");
+  if (rank == 0 && micro_batches_per_epoch % K != 0)
+    spdlog::warn("an epoch has {} micro-batches a rank, not a multiple of --grad-accum-steps {}: the last {} of each "
+                 "epoch are left out",
+                 micro_batches_per_epoch, K, micro_batches_per_epoch % K);
   const int64_t timed_steps = c.benchmark ? (c.steps > 0 ? c.steps : 50) : 0;
   const int64_t total_steps = c.benchmark ? c.benchmark_warmup + timed_steps
                                           : (c.steps > 0 ? c.steps : c.epochs * steps_per_epoch);
@@ -611,6 +626,10 @@ int run_training(const TrainConfig& c, Communicator& comm) {
                                        {"benchmark", c.benchmark ? "on" : "off"}});
 
   Executor step_exec(program, {model.loss, amp::ScalerVars::found_inf, amp::ScalerVars::overflow_ranks});
+  // The K - 1 micro-batches before a step's last: forward, backward, gradients accumulated.
+  std::unique_ptr<Executor> micro_exec;
+  if (train.micro_batch_program)
+    micro_exec = std::make_unique<Executor>(*train.micro_batch_program, std::set<std::string>{model.loss});
   const std::vector<std::string> overflow_params = overflow_mask_params(program);
   const TestSetEvaluation evaluation(program, model, data.test, comm, batch, c.eval_batches, batch_memory);
   ExecEnv env;
@@ -643,10 +662,11 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   uint64_t recorded_grad_bytes = 0;
   MetricsWriter metrics(rank == 0 ? c.metrics : "");
   if (rank == 0)
-    spdlog::info("training {} ({}{}), {} steps of {} x {} examples, precision {}, gradient all-reduce in {}", c.model,
-                 model_signature(program),
+    spdlog::info("training {} ({}{}), {} steps of {} examples ({} ranks x {}{}), precision {}, gradient all-reduce in {}",
+                 c.model, model_signature(program),
                  c.is_resnet() ? (c.resnet_channels_last() ? ", NHWC activations" : ", NCHW activations") : "",
-                 total_steps - start_step, world, batch, amp::to_string(c.precision),
+                 total_steps - start_step, world * batch * K, world, batch,
+                 K > 1 ? " x " + std::to_string(K) + " micro-batches" : std::string(), amp::to_string(c.precision),
                  collective::to_string(c.effective_grad_reduce()));
 
   const std::optional<InjectOverflowSpec> diverge = divergence_from_env();
@@ -663,20 +683,22 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   };
 
   // ---- the loop -----------------------------------------------------------------------
-  // The batch of a step: this rank's share of its epoch's order, from the step's place in the epoch.
+  // Micro-batch g of the run (step g / K, its micro-batch g % K): this rank's
+  // share of its epoch's order, from the micro-batch's place in the epoch.
   std::shared_ptr<const std::vector<int64_t>> order;
   int64_t order_epoch = -1;
-  auto batch_of = [&](int64_t step) {
+  auto batch_of = [&](int64_t g) {
+    const int64_t step = g / K;
     const int64_t epoch = step / steps_per_epoch;
     if (epoch != order_epoch) {
       order = std::make_shared<const std::vector<int64_t>>(sampler.indices(epoch));
       order_epoch = epoch;
     }
-    const int64_t begin = (step % steps_per_epoch) * batch;
+    const int64_t begin = ((step % steps_per_epoch) * K + g % K) * batch;
     return data::BatchRequest{order, begin, std::min<int64_t>(batch, static_cast<int64_t>(order->size()) - begin)};
   };
-  // The next step's batch is gathered (and, on a GPU, uploaded) while this one runs.
-  data::BatchFeeder feeder(data.train, device, batch_memory, batch_of, start_step, total_steps);
+  // The next micro-batch is gathered (and, on a GPU, uploaded) while this one runs.
+  data::BatchFeeder feeder(data.train, device, batch_memory, batch_of, start_step * K, total_steps * K);
   StepTotals totals;
   std::optional<EvalResult> last_eval;
   // --save after `steps_done` steps (rank 0): the parameters, optimizer and
@@ -695,17 +717,31 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   auto t_start = Clock::now(), t_last_log = Clock::now();
   for (int64_t step = start_step; step < total_steps; ++step) {
     const int64_t epoch = step / steps_per_epoch, in_epoch = step % steps_per_epoch;
-    // Already on the device (the GPU waits for its upload, the host does not);
-    // the scope shares it, which the feeder leaves alone until its next call.
-    const data::Batch& examples = feeder.next();
-    const int64_t n = examples.inputs.dim(0);
-    feed_batch(scope, model, examples);
     const double rate = lr.at(step);
     write_f32(scope.get(optim::kLearningRate), static_cast<float>(rate));
     env.step = step + 1;
+    // Each micro-batch is already on the device when next() returns it (the
+    // GPU waits for its upload, the host does not); the scope shares it,
+    // which the feeder leaves alone until its next call.
+    int64_t n = 0;
+    auto feed_next = [&](int64_t micro_batch) {
+      const data::Batch& examples = feeder.next();
+      n += examples.inputs.dim(0);
+      feed_batch(scope, model, examples);
+      env.micro_batch = micro_batch;
+    };
+    feed_next(0);
 
     const uint64_t bytes_before = grad_comm.bytes().grad_allreduce_bytes;
     const auto t0 = Clock::now();
+    // The micro-batches before the last (--grad-accum-steps): forward and
+    // backward, their gradients added to the accumulators; their losses summed.
+    float earlier_losses = 0;
+    for (int64_t m = 0; m + 1 < K; ++m) {
+      micro_exec->run(scope, env);
+      earlier_losses += read_f32(scope, model.loss.c_str());
+      feed_next(m + 1);
+    }
     // A refused recording falls back to op-by-op steps with one rank and
     // stops the job with several (launch/step_runner.h says why).
     const StepRun run = run_training_step(step_graph, step_exec, scope, env, world);
@@ -741,7 +777,9 @@ int run_training(const TrainConfig& c, Communicator& comm) {
 
     // The step's device-to-host copies, all after it: the loss, the flag, the
     // scale and (above) the scaler's count of skips at the minimum.
-    float loss_avg = read_f32(scope, model.loss.c_str());
+    // The step's loss: the mean of its micro-batches', then of the ranks'.
+    float loss_avg = (earlier_losses + read_f32(scope, model.loss.c_str())) / static_cast<float>(K);
+    env.micro_batch = 0;
     comm.all_reduce(&loss_avg, 1, DType::f32, collective::ReduceOp::avg);
     const bool found_inf = use_amp && scope.get(amp::ScalerVars::found_inf).item_float() != 0.f;
     totals.skipped += found_inf;

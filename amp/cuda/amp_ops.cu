@@ -240,6 +240,9 @@ void inject_overflow_cuda(OpContext& ctx) {
   const int rank = ctx.attr<int>("rank", -1);
   const int my_rank = ctx.env.comm ? ctx.env.comm->rank() : 0;
   if (rank >= 0 && rank != my_rank) return;
+  // A micro-batch of the step (--grad-accum-steps), when the attr names one.
+  const int64_t micro_batch = ctx.attr<int64_t>("micro_batch", -1);
+  if (micro_batch >= 0 && micro_batch != ctx.env.micro_batch) return;
   // With the step in device memory the kernel decides (a recorded step
   // replays for every step); otherwise the host does, and launches nothing.
   const int64_t* now = ctx.env.device_step;

@@ -6,6 +6,7 @@
 #include "runtime/core/check.h"
 #include "runtime/core/float_convert.h"
 #include "runtime/io/safetensors.h"
+#include "runtime/ops/grad_accumulate.h"
 
 namespace mix::io {
 
@@ -13,8 +14,10 @@ namespace {
 
 bool saved_as_tensor(const VarDesc& v) {
   // The loss scaler's state goes into the metadata, as docs/design.md ("Checkpoints") says; the
-  // learning rate is recomputed from the schedule.
-  return v.persistable && v.name.rfind("loss_scaling", 0) != 0 && v.name != "learning_rate";
+  // learning rate is recomputed from the schedule; gradient accumulators are
+  // zero between optimizer steps, where checkpoints are written.
+  return v.persistable && v.name.rfind("loss_scaling", 0) != 0 && v.name != "learning_rate" &&
+         v.name.rfind(kGradAccumPrefix, 0) != 0;
 }
 
 void copy_into(const std::string& path, const std::string& name, const Tensor& src, Tensor& dst) {

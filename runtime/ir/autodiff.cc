@@ -8,16 +8,17 @@
 
 namespace mix {
 
-void seed_loss_gradient(Program& p, const std::string& loss, const std::string& scale_var) {
+void seed_loss_gradient(Program& p, const std::string& loss, const std::string& scale_var, double multiplier) {
   const VarDesc& l = p.var(loss);
   MIX_CHECK(shape_numel(l.shape) == 1, "the loss '" << loss << "' must be a scalar, has shape " << shape_str(l.shape));
   OpDesc op;
   if (scale_var.empty()) {
     op = make_op("fill_constant", {}, {{"Out", {grad_name(loss)}}},
-                 {{"value", 1.0}, {"shape", l.shape}, {"dtype", std::string(dtype_name(l.dtype))}});
+                 {{"value", multiplier}, {"shape", l.shape}, {"dtype", std::string(dtype_name(l.dtype))}});
   } else {
     // loss@GRAD = loss_scale: the whole backward pass then carries scaled gradients.
     op = make_op("fill_like_scalar", {{"X", {scale_var}}}, {{"Out", {grad_name(loss)}}}, {{"shape", l.shape}});
+    if (multiplier != 1.0) op.attrs["multiplier"] = multiplier;
   }
   op.role = OpRole::loss;
   p.append_op(std::move(op));

@@ -23,7 +23,9 @@ struct BackwardResult {
 BackwardResult append_backward(Program& p, const std::string& loss);
 
 /// Appends the op that seeds loss@GRAD: a constant 1, or the value of the
-/// variable `scale_var` (the loss scale) when given.
-void seed_loss_gradient(Program& p, const std::string& loss, const std::string& scale_var = "");
+/// variable `scale_var` (the loss scale) when given; either times
+/// `multiplier` (1/K when K micro-batches make one step: each loss counts 1/K).
+void seed_loss_gradient(Program& p, const std::string& loss, const std::string& scale_var = "",
+                        double multiplier = 1.0);
 
 }  // namespace mix

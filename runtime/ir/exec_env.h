@@ -21,6 +21,7 @@ struct ExecEnv {
   Device device = cpu_device();
   collective::Communicator* comm = nullptr;  // collective ops need it
   int64_t step = 0;                          // the optimizer step being run (1-based)
+  int64_t micro_batch = 0;                   // its micro-batch, 0 to K - 1 (--grad-accum-steps K)
   /// When set: `step`, in the memory of `device` (i64 [1]). Ops whose work
   /// depends on the step (OpInfo::varies_by_step) then read it there (a GPU's
   /// kernels read it on the device), so that a step recorded once replays

@@ -36,9 +36,13 @@ inline bool active(const OpContext& ctx, float p) {
 struct MaskKeyParts {
   uint64_t seed, rank, name_hash;
 };
+/// The micro-batch of the step (--grad-accum-steps) is folded into the seed,
+/// so each micro-batch draws its own mask; micro-batch 0's keys are those of
+/// a step without accumulation.
 inline MaskKeyParts mask_key_parts(const OpContext& ctx) {
-  return {static_cast<uint64_t>(ctx.attr<int64_t>("seed", 0)), static_cast<uint64_t>(ctx.env.rank),
-          fnv1a(ctx.op.out("Out"))};
+  const uint64_t seed = static_cast<uint64_t>(ctx.attr<int64_t>("seed", 0)) ^
+                        static_cast<uint64_t>(ctx.env.micro_batch) * 0x9E3779B97F4A7C15ull;
+  return {seed, static_cast<uint64_t>(ctx.env.rank), fnv1a(ctx.op.out("Out"))};
 }
 
 /// The mask key of this dropout op in step `step` on this rank:

@@ -1,5 +1,6 @@
 // fill_constant: Out = value (seeds loss@GRAD with 1 in FP32 training).
-// fill_like_scalar: Out[shape] = X[0] (seeds loss@GRAD with the loss scale).
+// fill_like_scalar: Out[shape] = X[0] * multiplier (seeds loss@GRAD with the
+// loss scale; multiplier 1/K under gradient accumulation, computed in FP32).
 #include "runtime/core/check.h"
 #include "runtime/ir/op_registry.h"
 #include "runtime/ops/gemm.h"
@@ -30,7 +31,7 @@ void infer_fill_like_scalar(Program& p, OpDesc& op) {
 void fill_like_scalar_cpu(OpContext& ctx) {
   const Tensor& x = ctx.in("X");
   Tensor& out = ctx.out("Out", ctx.attr<std::vector<int64_t>>("shape", {1}), x.dtype());
-  fill_tensor(out, x.item_float(0));
+  fill_tensor(out, x.item_float(0) * ctx.attr<float>("multiplier", 1.f));
 }
 
 MIX_REGISTER_OP("fill_constant", OpInfo{infer_fill_constant, fill_constant_cpu, {}, {}});

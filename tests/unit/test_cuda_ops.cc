@@ -47,6 +47,7 @@
 #include "runtime/core/tensor.h"
 #include "runtime/exec/executor.h"
 #include "runtime/ir/op_registry.h"
+#include "runtime/ops/grad_accumulate.h"
 #include "runtime/ir/program.h"
 #include "runtime/kernels/multi_tensor_plan.h"
 #include "runtime/ops/broadcast.h"
@@ -228,6 +229,51 @@ TEST_CASE("fused_cast over many tensors is identical to the CPU", "[cuda][cast]"
       for (const std::string& y : outs)
         expect_identical(gpu.at(y), cpu.at(y), "fused_cast " + dname(from) + " -> " + dname(to) + " " + y);
     }
+}
+
+TEST_CASE("grad_accumulate over many tensors is identical to the CPU, add and finish", "[cuda][grad_accum]") {
+  require_gpu();
+  // As fused_cast's case: 131 gradients (more than one launch's table), an
+  // empty one and one past kLargeTensor, with overflow, NaN and signed zeros;
+  // accumulators start from FP32 values of their own.
+  const int kTensors = 131;
+  std::vector<std::string> xa, xb, xc, accs;
+  std::vector<std::pair<std::string, Tensor>> f32_feeds, acc_feeds;
+  for (int i = 0; i < kTensors; ++i) {
+    const int64_t n = i == 7 ? 0 : i == 100 ? (int64_t{1} << 22) + 5 : 1 + (i * 397) % 5000;
+    const auto k = static_cast<size_t>(i);
+    for (auto* names : {&xa, &xb, &xc}) {
+      names->push_back(numbered(names == &xa ? "xa" : names == &xb ? "xb" : "xc", k));
+      f32_feeds.push_back({names->back(), uniform_tensor({n}, 300 + f32_feeds.size(), -7e4f, 7e4f)});
+    }
+    accs.push_back(grad_accumulator_name(xc.back()));
+    acc_feeds.push_back({accs.back(), uniform_tensor({n}, 900 + k, -1e3f, 1e3f)});
+  }
+  auto accumulate = [&](const std::vector<std::string>& xs, const char* mode) {
+    std::map<std::string, std::vector<std::string>> outs{{"AccumOut", accs}};
+    if (std::string(mode) == "finish") outs["Out"] = xs;
+    return make_op("grad_accumulate", {{"X", xs}, {"Accum", accs}}, outs, {{"mode", std::string(mode)}});
+  };
+  for (DType dt : kFloatTypes) {
+    std::vector<std::pair<std::string, Tensor>> feeds = acc_feeds;
+    for (auto& [name, t] : f32_feeds) feeds.push_back({name, with_specials(t, dt)});
+    // Two micro-batches added, then the last one's finish.
+    const std::vector<OpDesc> adds = {accumulate(xa, "add"), accumulate(xb, "add")};
+    std::vector<OpDesc> all = adds;
+    all.push_back(accumulate(xc, "finish"));
+    std::vector<std::string> after_finish = xc;
+    after_finish.insert(after_finish.end(), accs.begin(), accs.end());
+    const auto cpu_adds = run_ops_on(adds, feeds, cpu_device(), ExecEnv{}, accs);
+    const auto gpu_adds = run_ops_on(adds, feeds, kGpu, ExecEnv{}, accs);
+    const auto cpu_all = run_ops_on(all, feeds, cpu_device(), ExecEnv{}, after_finish);
+    const auto gpu_all = run_ops_on(all, feeds, kGpu, ExecEnv{}, after_finish);
+    for (const std::string& a : accs) {
+      expect_identical(gpu_adds.at(a), cpu_adds.at(a), "grad_accumulate add " + dname(dt) + " " + a);
+      expect_identical(gpu_all.at(a), cpu_all.at(a), "grad_accumulate finish zeroes " + dname(dt) + " " + a);
+    }
+    for (const std::string& x : xc)
+      expect_identical(gpu_all.at(x), cpu_all.at(x), "grad_accumulate finish " + dname(dt) + " " + x);
+  }
 }
 
 TEST_CASE("scale matches the CPU", "[cuda][scale]") {

@@ -47,7 +47,8 @@ template <typename T>
 struct FillLike {
   const T* x;
   T* out;
-  __device__ void operator()(int64_t i) const { out[i] = from_float<T>(to_float(x[0])); }
+  float multiplier;
+  __device__ void operator()(int64_t i) const { out[i] = from_float<T>(to_float(x[0]) * multiplier); }
 };
 
 // ---- launchers -----------------------------------------------------------------------
@@ -108,7 +109,7 @@ void fill_like_scalar_cuda(OpContext& ctx) {
   const cudaStream_t stream = compute_stream(ctx);
   dispatch_floating(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    launch_grid_stride(out.numel(), stream, FillLike<T>{x.data<T>(), out.data<T>()});
+    launch_grid_stride(out.numel(), stream, FillLike<T>{x.data<T>(), out.data<T>(), ctx.attr<float>("multiplier", 1.f)});
   });
 }
 

@@ -1,0 +1,68 @@
+// CUDA kernel of grad_accumulate (runtime/ops/grad_accumulate.h: slots,
+// modes, semantics): every (X[i], Accum[i]) in one multi-tensor launch
+// (runtime/cuda/multi_tensor.cuh). Each element is widened with to_float
+// (exact), added in FP32 with fn::Add as the CPU kernel adds it, and, in
+// "finish", rounded once with from_float<T>: the CPU's bits.
+#include <string>
+#include <vector>
+
+#include "runtime/cuda/multi_tensor.cuh"
+#include "runtime/ir/op_registry.h"
+#include "runtime/kernels/functors.h"
+#include "runtime/ops/cuda/device_ops.cuh"
+
+namespace mix::cuda {
+namespace {
+
+// A block's chunk of one tensor (slot pointers: X, Accum). kFinish: X = Accum + X, Accum = 0; else Accum += X.
+template <typename T, bool kFinish>
+struct AccumulateChunk {
+  __device__ void operator()(const TensorSlot<2>& s, int64_t begin, int64_t end) const {
+    T* x = static_cast<T*>(s.ptr[0]);
+    float* acc = static_cast<float*>(s.ptr[1]);
+    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+      const float sum = fn::Add{}(acc[i], to_float(x[i]));
+      if constexpr (kFinish) {
+        x[i] = from_float<T>(sum);
+        acc[i] = 0.f;
+      } else {
+        acc[i] = sum;
+      }
+    }
+  }
+};
+
+void grad_accumulate_cuda(OpContext& ctx) {
+  const bool finish = ctx.attr<std::string>("mode", "") == "finish";
+  const std::vector<const Tensor*> xs = ctx.ins("X");
+  if (xs.empty()) return;
+  const DType dtype = xs[0]->dtype();
+  TensorList<2> list;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const Tensor& x = *xs[i];
+    Tensor& acc = ctx.out_existing("AccumOut", i);
+    check_on_device(ctx, x, ctx.op.ins("X")[i]);
+    check_on_device(ctx, acc, ctx.op.ins("Accum")[i]);
+    MIX_CHECK(x.dtype() == dtype, "grad_accumulate: X " << ctx.op.ins("X")[i] << " is " << dtype_name(x.dtype())
+                                                         << ", the first X " << dtype_name(dtype)
+                                                         << " (one dtype per op, as a bucket has)");
+    MIX_CHECK(acc.dtype() == DType::f32 && acc.numel() == x.numel(),
+              "grad_accumulate: " << ctx.op.ins("Accum")[i] << " does not match " << ctx.op.ins("X")[i]);
+    // "finish" writes X in place (Out is X); "add" only reads it.
+    void* x_ptr = finish ? ctx.out_existing("Out", i).raw() : x.raw();
+    list.add({x_ptr, acc.raw()}, x.numel());
+  }
+  const cudaStream_t stream = compute_stream(ctx);
+  dispatch_floating(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if (finish)
+      launch_multi_tensor<2>(list, stream, AccumulateChunk<T, true>{});
+    else
+      launch_multi_tensor<2>(list, stream, AccumulateChunk<T, false>{});
+  });
+}
+
+const bool registered = OpRegistry::instance().add_cuda_kernel("grad_accumulate", grad_accumulate_cuda);
+
+}  // namespace
+}  // namespace mix::cuda
