@@ -103,6 +103,8 @@ std::vector<std::pair<std::string, std::string>> TrainConfig::fingerprint_fields
           {"momentum", num(optimizer.momentum)},
           {"weight-decay", num(optimizer.effective_weight_decay())},
           {"no-decay-1d", optimizer.no_decay_1d ? "on" : "off"},
+          {"clip-grad-norm", opt(clip_grad_norm)},
+          {"clip-grad-value", opt(clip_grad_value)},
           {"loss-scaling", name(loss_scaling, amp::kLossScalingNames)},
           {"loss-scaling-preset", name(loss_scaling_preset, amp::kScalerPresetNames)},
           {"init-loss-scaling", opt(init_loss_scaling)},
@@ -321,6 +323,15 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
   app.add_option("--weight-decay", c.optimizer.weight_decay, "weight decay, decoupled for adamw")
       ->check(kNonNegative)
       ->default_str("0; 0.01 for adamw, as torch.optim.AdamW");
+  app.add_option("--clip-grad-norm", c.clip_grad_norm,
+                 "scale the gradients so that their global L2 norm is at most C, after the all-reduce and the "
+                 "unscale, as torch.nn.utils.clip_grad_norm_; a non-finite norm skips the step")
+      ->check(kPositive)
+      ->default_str("off");
+  app.add_option("--clip-grad-value", c.clip_grad_value,
+                 "clamp every gradient element to [-V, V], after the unscale, as torch.nn.utils.clip_grad_value_")
+      ->check(kPositive)
+      ->default_str("off");
   app.add_flag("--no-decay-1d", c.optimizer.no_decay_1d,
                "no weight decay on 1-D parameters (biases, norm scales and shifts), as timm and nanoGPT do");
   app.add_option("--seed", c.seed, "seed of initialisation, shuffles, dropout and synthetic data")
@@ -465,6 +476,8 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
       return bad("--image-size " + std::to_string(*c.image_size) + " is too small for --model " + c.model +
                  ": it needs at least " + std::to_string(min_size));
   }
+  if (c.clip_grad_norm && c.clip_grad_value)
+    return bad("--clip-grad-norm and --clip-grad-value are two ways to clip the gradients: use one");
   if (c.cuda_graph && c.grad_accum_steps > 1)
     return bad("--cuda-graph records one program a step, and --grad-accum-steps " +
                std::to_string(c.grad_accum_steps) +

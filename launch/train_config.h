@@ -97,6 +97,8 @@ struct TrainConfig {
   /// torch.optim.AdamW's), --no-decay-1d (no weight decay on biases and norm
   /// scales and shifts).
   optim::OptimizerOptions optimizer;
+  std::optional<double> clip_grad_norm;   // torch.nn.utils.clip_grad_norm_'s max_norm
+  std::optional<double> clip_grad_value;  // torch.nn.utils.clip_grad_value_'s clip_value
   // loss scaling
   amp::LossScalerConfig::Mode loss_scaling = amp::LossScalerConfig::Mode::dynamic;
   amp::ScalerPreset loss_scaling_preset = amp::ScalerPreset::paddle;

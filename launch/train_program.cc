@@ -12,6 +12,7 @@
 #include "launch/worker_main.h"
 #include "runtime/core/check.h"
 #include "runtime/ir/autodiff.h"
+#include "runtime/optim/clip_grad.h"
 #include "runtime/passes/fuse_add_relu.h"
 #include "runtime/passes/fuse_bn_relu.h"
 #include "runtime/passes/recompute_softmax.h"
@@ -76,6 +77,13 @@ struct Pass {
   std::string whole_step_flag = "";
 };
 
+// The gradient variables of (parameter, gradient) pairs.
+std::vector<std::string> grad_vars(const optim::ParamGrads& pgs) {
+  std::vector<std::string> v;
+  for (const auto& [param, grad] : pgs) v.push_back(grad);
+  return v;
+}
+
 // "3 casts folded" ("1 cast folded"), changed when n > 0.
 Did count(int n, const std::string& one, const std::string& many) {
   return {std::to_string(n) + " " + (n == 1 ? one : many), n > 0};
@@ -97,6 +105,10 @@ TrainProgram build_train_program(Program& p, const std::string& loss, const Trai
   MIX_CHECK(K >= 1, "grad_accum_steps must be at least 1, got " << K);
   MIX_CHECK(K == 1 || o.grad_sync, "gradient accumulation needs the data-parallel pass (the accumulators sit "
                                    "before each bucket's all-reduce)");
+  if (o.clip_grad_norm && o.clip_grad_value)
+    throw UsageError("--clip-grad-norm and --clip-grad-value are two ways to clip: use one");
+  if ((o.clip_grad_norm && !(*o.clip_grad_norm > 0)) || (o.clip_grad_value && !(*o.clip_grad_value > 0)))
+    throw UsageError("--clip-grad-norm and --clip-grad-value take a positive bound");
 
   TrainProgram t;
   t.loss = loss;
@@ -185,6 +197,32 @@ TrainProgram build_train_program(Program& p, const std::string& loss, const Trai
        [&] {
          amp::append_found_inf_allreduce(p, local_found_inf, o.grad_sync ? o.grad_sync->world_size : 1);
          return Did();
+       }},
+      // The gradients' L2 norm (the metrics' grad_norm), and the clips that use
+      // it or bound each value: the same on every rank, as the gradients are.
+      {"grad_global_norm: grad_norm, the L2 norm of the FP32 gradients", "runtime/optim/clip_grad.cc", "",
+       [&] {
+         optim::append_grad_norm(p, grad_vars(t.param_grads));
+         t.read_back.insert(optim::kGradNorm);
+         return Did{};
+       }},
+      {"clip_by_global_norm: gradients times min(1, C / (grad_norm + 1e-6))", "runtime/optim/clip_grad.cc",
+       o.clip_grad_norm ? "" : "no --clip-grad-norm",
+       [&] {
+         if (t.found_inf.empty()) t.found_inf = amp::ScalerVars::found_inf;  // FP32: the clip's own flag
+         t.read_back.insert(t.found_inf);
+         optim::append_clip_by_global_norm(p, grad_vars(t.param_grads), *o.clip_grad_norm, t.found_inf);
+         std::ostringstream s;
+         s << "C = " << *o.clip_grad_norm << "; a non-finite norm skips the step";
+         return Did{s.str()};
+       }},
+      {"clip_by_value: gradients clamped to [-V, V]", "runtime/optim/clip_grad.cc",
+       o.clip_grad_value ? "" : "no --clip-grad-value",
+       [&] {
+         optim::append_clip_by_value(p, grad_vars(t.param_grads), *o.clip_grad_value);
+         std::ostringstream s;
+         s << "V = " << *o.clip_grad_value;
+         return Did{s.str()};
        }},
       // The scaler's update, from the global flag.
       {"amp::append_update_loss_scaling: the loss scale's update", "amp/loss_scaler.cc", amp_only("", true),

@@ -60,6 +60,10 @@ struct TrainProgramOptions {
   /// 1/K, the gradients are summed in FP32 and all-reduced once, during the
   /// last micro-batch's backward (collective/grad_accumulation_pass.h).
   int64_t grad_accum_steps = 1;
+  /// torch.nn.utils.clip_grad_norm_ (--clip-grad-norm C) and clip_grad_value_
+  /// (--clip-grad-value V) on the FP32 gradients, after the unscale; unset: off.
+  /// The norm (grad_norm) is computed either way.
+  std::optional<double> clip_grad_norm, clip_grad_value;
   optim::OptimizerOptions optimizer;
   StepPasses passes;
   /// Variables the caller reads after a step besides the loss and the

@@ -40,6 +40,7 @@
 #include "runtime/exec/step_graph.h"
 #include "runtime/io/checkpoint.h"
 #include "runtime/io/safetensors.h"
+#include "runtime/optim/clip_grad.h"
 #include "runtime/optim/lr_schedule.h"
 
 namespace mix::launch {
@@ -196,6 +197,8 @@ TrainProgramOptions train_program_options(const TrainConfig& c, const models::Mo
   o.passes.fuse_bn_relu = c.fuse_bn_relu;
   // Evaluation reads the logits after a step's forward pass.
   o.grad_accum_steps = c.grad_accum_steps;
+  o.clip_grad_norm = c.clip_grad_norm;
+  o.clip_grad_value = c.clip_grad_value;
   o.read_back = {model.logits};
   return o;
 }
@@ -263,7 +266,8 @@ std::unique_ptr<StepGraph> make_step_graph(const Program& program, const Executo
   }
   return std::make_unique<StepGraph>(
       program, step_exec, std::vector<std::string>{model.input, model.label},
-      std::vector<std::string>{model.loss, amp::ScalerVars::found_inf, amp::ScalerVars::overflow_ranks},
+      std::vector<std::string>{model.loss, amp::ScalerVars::found_inf, amp::ScalerVars::overflow_ranks,
+                               optim::kGradNorm},
       std::move(recording));
 }
 
@@ -625,7 +629,8 @@ int run_training(const TrainConfig& c, Communicator& comm) {
                                        {"start step", std::to_string(start_step)},
                                        {"benchmark", c.benchmark ? "on" : "off"}});
 
-  Executor step_exec(program, {model.loss, amp::ScalerVars::found_inf, amp::ScalerVars::overflow_ranks});
+  Executor step_exec(program,
+                     {model.loss, amp::ScalerVars::found_inf, amp::ScalerVars::overflow_ranks, optim::kGradNorm});
   // The K - 1 micro-batches before a step's last: forward, backward, gradients accumulated.
   std::unique_ptr<Executor> micro_exec;
   if (train.micro_batch_program)
@@ -781,7 +786,10 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     float loss_avg = (earlier_losses + read_f32(scope, model.loss.c_str())) / static_cast<float>(K);
     env.micro_batch = 0;
     comm.all_reduce(&loss_avg, 1, DType::f32, collective::ReduceOp::avg);
-    const bool found_inf = use_amp && scope.get(amp::ScalerVars::found_inf).item_float() != 0.f;
+    // An overflow (AMP), or a non-finite gradient norm under --clip-grad-norm: the step was skipped.
+    const bool found_inf = !train.found_inf.empty() && scope.get(train.found_inf).item_float() != 0.f;
+    // The gradients' L2 norm before any clipping (the same on every rank); null in JSON when not finite.
+    const float grad_norm = read_f32(scope, optim::kGradNorm);
     totals.skipped += found_inf;
     const float scale = use_amp ? read_f32(scope, amp::ScalerVars::scale) : 1.f;
     const double samples_per_s = static_cast<double>(n * world) / std::max(secs, 1e-9);
@@ -793,8 +801,8 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     if (timed) totals.add_timed(secs, queue_secs, n * world, samples_per_s);
     const OverflowReport overflow = found_inf ? read_overflow_report(overflow_params, scope) : OverflowReport{};
     if (found_inf && rank == 0)
-      spdlog::warn("step {}: gradients overflowed (inf/NaN){}; step skipped, loss scale now {}", step + 1,
-                   overflow.describe(), scale);
+      spdlog::warn("step {}: gradients overflowed (inf/NaN){}; step skipped{}", step + 1, overflow.describe(),
+                   use_amp ? fmt::format(", loss scale now {}", scale) : std::string(" (--clip-grad-norm)"));
     if (!std::isfinite(loss_avg) && !use_amp)
       MIX_FAIL("step " << step + 1 << ": the loss is " << loss_avg
                        << " in FP32 training; lower --lr or check the data");
@@ -806,6 +814,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
                            {"found_inf", found_inf},
                            {"skipped", found_inf},
                            {"lr", rate},
+                           {"grad_norm", grad_norm},
                            {"grad_bytes", grad_bytes},
                            {"step_ms", secs * 1e3},
                            {"samples_per_s", samples_per_s}};

@@ -164,6 +164,19 @@ MIX_HD float bn_running_update(float running, float batch, float momentum) {
   return momentum * running + (1.f - momentum) * batch;
 }
 
+// ---- gradient clipping (runtime/optim/clip_grad.h) ----------------------------
+/// torch.nn.utils.clip_grad_norm_'s coefficient, in FP32 as torch computes it:
+/// min(1, max_norm / (norm + 1e-6)).
+MIX_HD float clip_coefficient(float norm, float max_norm) {
+  const float c = max_norm / (norm + 1e-6f);
+  return c < 1.f ? c : 1.f;
+}
+/// clamp(x, -v, v), as torch.nn.utils.clip_grad_value_; a NaN stays NaN.
+struct ClipByValue {
+  float v;
+  MIX_HD float operator()(float x) const { return x > v ? v : x < -v ? -v : x; }
+};
+
 // ---- AMP ------------------------------------------------------------------------
 /// check_finite_and_unscale: out = g / scale (as g * (1/scale)); `found` is set
 /// for any non-finite input. The loop ORs the flags.

@@ -94,6 +94,15 @@ CASES = [
     ("momentum+warmup", ["--optimizer", "momentum", "--lr", "0.05", "--warmup-steps", "3"],
      lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9), {"momentum_buffer": "momentum_buffer"},
      lambda k: min(1.0, (k + 1) / 3)),
+    # An optional sixth entry: the clip, as torch.nn.utils applies it after backward.
+    # lr 0.5 and C = 0.05: the gradients' norm (~1 here) is above C at every step, so
+    # the clip bites every step (the test checks torch's norms), and an unclipped or
+    # wrongly clipped step moves the parameters by far more than PARAM_TOL.
+    ("momentum+clip-grad-norm", ["--optimizer", "momentum", "--lr", "0.5", "--clip-grad-norm", "0.05"],
+     lambda ps: torch.optim.SGD(ps, lr=0.5, momentum=0.9), {"momentum_buffer": "momentum_buffer"}, None,
+     ("norm", 0.05)),
+    ("sgd+clip-grad-value", ["--optimizer", "sgd", "--lr", "0.5", "--clip-grad-value", "0.01"],
+     lambda ps: torch.optim.SGD(ps, lr=0.5), {}, None, ("value", 0.01)),
 ]
 
 PARAM_TOL = (1e-6, 0.0, 1e-5)  # (abs, times max|want|, rel)
@@ -113,22 +122,31 @@ def batches():
         yield np.arange(begin, min(begin + BATCH, N))
 
 
-def torch_run(init, x, y, make_opt, lr_lambda=None):
+def torch_run(init, x, y, make_opt, lr_lambda=None, clip=None):
     """STEPS steps in torch; returns (state_dict, optimizer state by param name, losses, ambiguous-sign masks,
-    each step's learning rate)."""
+    each step's learning rate, each step's gradient norm before any clip)."""
     model = Mlp((FEATURES, *HIDDEN, CLASSES))
     model.load_state_dict({k: torch.from_numpy(v) for k, v in init.items()})
     opt = make_opt(model.parameters())
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda) if lr_lambda else None
     lrs = []
     names = {id(p): n for n, p in model.named_parameters()}
-    losses = []
+    losses, norms = [], []
     ambiguous = {n: np.zeros(p.shape, bool) for n, p in model.named_parameters()}
     for idx in batches():
         opt.zero_grad(set_to_none=True)
         loss = F.cross_entropy(model(torch.from_numpy(x[idx])), torch.from_numpy(y[idx]))
         loss.backward()
         losses.append(loss.item())
+        # clip_grad_norm_'s total norm: the norm of the parameters' gradient norms.
+        norms.append(torch.norm(torch.stack([torch.norm(p.grad.detach(), 2) for p in model.parameters()]), 2).item())
+        if clip and clip[0] == "value" and not max(p.grad.abs().max().item() for p in model.parameters()) > clip[1]:
+            raise AssertionError(f"no gradient element is above V = {clip[1]} at step {len(losses)}: the clip does "
+                                 "not bite")
+        if clip and clip[0] == "norm":
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip[1])
+        elif clip and clip[0] == "value":
+            torch.nn.utils.clip_grad_value_(model.parameters(), clip[1])
         for n, p in model.named_parameters():
             g = p.grad.detach().numpy()
             ambiguous[n] |= (g != 0) & (np.abs(g) <= GRAD_SIGN_TOL * np.abs(g).max())
@@ -140,7 +158,7 @@ def torch_run(init, x, y, make_opt, lr_lambda=None):
     for p, s in opt.state.items():
         state[names[id(p)]] = {k: (v.detach().numpy().copy() if torch.is_tensor(v) else v) for k, v in s.items()}
     params = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
-    return params, state, losses, ambiguous, lrs
+    return params, state, losses, ambiguous, lrs, norms
 
 
 def compare(what, got, want, tol, failures, allow=None, allow_diff=0.0, report=None):
@@ -198,7 +216,9 @@ def main():
         data_file, init_file = os.path.join(d, "data.safetensors"), os.path.join(d, "init.safetensors")
         safetensors_io.save(data_file, {"inputs": x, "labels": y})
         safetensors_io.save(init_file, init)
-        for name, flags, make_opt, slots, *lr_lambda in CASES:
+        for name, flags, make_opt, slots, *extra in CASES:
+            lr_lambda = extra[0] if extra else None
+            clip = extra[1] if len(extra) > 1 else None
             out, metrics = os.path.join(d, f"{name}.safetensors"), os.path.join(d, f"{name}.jsonl")
             cmd = [str(mixtrain), "--precision", "fp32", "--data", "safetensors", "--data-file", data_file,
                    "--init-from", init_file, "--shuffle", "false", "--steps", str(STEPS), "--batch-size", str(BATCH),
@@ -215,8 +235,10 @@ def main():
                 lines = [json.loads(l) for l in f if l.strip()]
             our_losses = [l["loss"] for l in lines if "loss" in l and not l.get("summary")]
             our_lrs = [l["lr"] for l in lines if "loss" in l and not l.get("summary")]
+            our_norms = [l["grad_norm"] for l in lines if "loss" in l and not l.get("summary")]
 
-            want_params, want_state, want_losses, ambiguous, want_lrs = torch_run(init, x, y, make_opt, *lr_lambda)
+            want_params, want_state, want_losses, ambiguous, want_lrs, want_norms = torch_run(
+                init, x, y, make_opt, lr_lambda, clip)
             failures, report = [], []
             # Both in double: (k + 1) / 3 * lr here, lr * (k + 1) / 3 there, an ulp apart at most.
             if len(our_lrs) != STEPS or any(abs(a - b) > 1e-12 * b for a, b in zip(our_lrs, want_lrs)):
@@ -244,6 +266,13 @@ def main():
                 failures.append(f"the metrics file has {len(our_losses)} step losses, expected {STEPS}")
             else:
                 compare("per-step loss", our_losses, want_losses, LOSS_TOL, failures, report=report)
+            # The metrics' grad_norm is torch's total_norm (before clipping), at every step.
+            if len(our_norms) != STEPS or any(v is None for v in our_norms):
+                failures.append(f"the metrics' grad_norm {our_norms}: not one finite value a step")
+            else:
+                compare("per-step grad_norm", our_norms, want_norms, LOSS_TOL, failures, report=report)
+            if clip and clip[0] == "norm" and not all(v > clip[1] for v in want_norms):
+                failures.append(f"torch's norms {want_norms} are not all above C = {clip[1]}: the clip does not bite")
             if verbose:
                 for line in report:
                     print(f"[{name}] {line}")

@@ -276,6 +276,47 @@ TEST_CASE("grad_accumulate over many tensors is identical to the CPU, add and fi
   }
 }
 
+TEST_CASE("the gradient norm and the clips on CUDA: the CPU's norm to an FP32 ulp, the clips bit for bit",
+          "[cuda][clip]") {
+  require_gpu();
+  // 131 FP32 gradients as above (one launch's table and more, an empty one, one
+  // launched alone), values up to 7e4: squares far past FP32's sums' precision.
+  std::vector<std::string> gs;
+  std::vector<std::pair<std::string, Tensor>> feeds;
+  for (int i = 0; i < 131; ++i) {
+    const int64_t n = i == 7 ? 0 : i == 100 ? (int64_t{1} << 22) + 5 : 1 + (i * 397) % 5000;
+    gs.push_back(numbered("g", static_cast<size_t>(i)));
+    feeds.push_back({gs.back(), uniform_tensor({n}, 700 + static_cast<uint64_t>(i), -7e4f, 7e4f)});
+  }
+  const OpDesc norm_op = make_op("grad_global_norm", {{"X", gs}}, {{"Norm", {"norm"}}});
+  const float cpu_norm = run_ops_on({norm_op}, feeds, cpu_device(), ExecEnv{}, {"norm"}).at("norm").data<float>()[0];
+  const float gpu_norm = run_ops_on({norm_op}, feeds, kGpu, ExecEnv{}, {"norm"}).at("norm").data<float>()[0];
+  // Both round an FP64 sum of ~5e6 squares to FP32; the sums differ only in
+  // their order, by ~5e6 * 2^-53 relative, far below FP32's half ulp: the
+  // roundings land on the same FP32 value or, at a tie's edge, on the next.
+  CHECK(std::fabs(gpu_norm - cpu_norm) <= std::nextafter(cpu_norm, INFINITY) - cpu_norm);
+
+  // The clips, from the same norm on both devices: identical bits.
+  for (const float norm : {cpu_norm, INFINITY}) {
+    std::vector<std::pair<std::string, Tensor>> with_norm = feeds;
+    with_norm.push_back({"norm", Tensor::from_floats({1}, {norm})});
+    const OpDesc clip = make_op("clip_by_global_norm", {{"X", gs}, {"Norm", {"norm"}}},
+                                {{"Out", gs}, {"FoundInfiniteOut", {"found_inf"}}}, {{"max_norm", 1e3}});
+    std::vector<std::string> results = gs;
+    results.push_back("found_inf");
+    const auto cpu = run_ops_on({clip}, with_norm, cpu_device(), ExecEnv{}, results);
+    const auto gpu = run_ops_on({clip}, with_norm, kGpu, ExecEnv{}, results);
+    for (const std::string& r : results) expect_identical(gpu.at(r), cpu.at(r), "clip_by_global_norm " + r);
+    CHECK(gpu.at("found_inf").data<int32_t>()[0] == (std::isfinite(norm) ? 0 : 1));
+  }
+  std::vector<std::pair<std::string, Tensor>> special;
+  for (auto& [name, t] : feeds) special.push_back({name, with_specials(t, DType::f32)});
+  const OpDesc clamp = make_op("clip_by_value", {{"X", gs}}, {{"Out", gs}}, {{"max_value", 1e4}});
+  const auto cpu = run_ops_on({clamp}, special, cpu_device(), ExecEnv{}, gs);
+  const auto gpu = run_ops_on({clamp}, special, kGpu, ExecEnv{}, gs);
+  for (const std::string& g : gs) expect_identical(gpu.at(g), cpu.at(g), "clip_by_value " + g);
+}
+
 TEST_CASE("scale matches the CPU", "[cuda][scale]") {
   require_gpu();
   const Shape s{50, 77};

@@ -53,6 +53,9 @@ const std::vector<std::string> kStepOrder = {"amp::rewrite",
                                              "insert_grad_accumulation",
                                              "amp::insert_unscale",
                                              "amp::append_found_inf_allreduce",
+                                             "grad_global_norm",
+                                             "clip_by_global_norm",
+                                             "clip_by_value",
                                              "amp::append_update_loss_scaling",
                                              "optimizer",
                                              "recompute_softmax",
@@ -71,9 +74,13 @@ TEST_CASE("the pipeline runs the AMP step's passes in order, each once", "[train
   for (size_t i = 0; i < at.size(); ++i) CHECK(at[i] == i);
   for (const PassRun& p : t.passes) {
     INFO(p.name);
-    const bool accumulation = p.name.rfind("insert_grad_accumulation", 0) == 0;  // one micro-batch a step
-    CHECK(p.ran != accumulation);
-    CHECK(p.off_by == (accumulation ? "--grad-accum-steps 1" : ""));
+    // Off by default: accumulation (one micro-batch a step) and the clips.
+    const bool accumulation = p.name.rfind("insert_grad_accumulation", 0) == 0;
+    const bool clip = p.name.rfind("clip_by_", 0) == 0;
+    CHECK(p.ran != (accumulation || clip));
+    if (accumulation) CHECK(p.off_by == "--grad-accum-steps 1");
+    if (clip) CHECK(p.off_by.rfind("no --clip-grad-", 0) == 0);
+    if (!accumulation && !clip) CHECK(p.off_by.empty());
   }
   // What they did, on a ResNet under AMP: the fusions all find their pairs.
   CHECK(pass(t, "fuse_add_relu").changed);
@@ -96,7 +103,7 @@ TEST_CASE("the pipeline runs the AMP step's passes in order, each once", "[train
   const std::string listed = t.describe_passes();
   CHECK(listed.rfind("passes, in order", 0) == 0);
   CHECK_THAT(listed, Catch::Contains("  1. amp::rewrite") && Catch::Contains("(amp/rewrite.cc)") &&
-                         Catch::Contains("  15. fuse_bn_relu"));
+                         Catch::Contains("  18. fuse_bn_relu"));
 }
 
 TEST_CASE("in FP32 the AMP passes are off, and the list says why", "[train_program]") {
