@@ -4,8 +4,9 @@
 #      against exact values, into DIR/allreduce.csv;
 #   2. mixbench grad-sync for each model with FP16 and with FP32 all-reduce (AMP
 #      programs, buckets as in training), into DIR/grad_sync.csv;
-# then scripts/plot_bandwidth.py prints the FP16/FP32 time ratios and renders
-# DIR/allreduce_busbw.png and DIR/grad_sync.png (Debian's python3-matplotlib).
+# then scripts/plot_bandwidth.py prints the FP16/FP32 time ratios (a row without
+# one says why: "no fp32 run", "fp32 time is 0") and renders DIR/allreduce_busbw.png
+# and DIR/grad_sync.png, the sync times on a log axis (Debian's python3-matplotlib).
 #
 #   scripts/bandwidth.sh [-n RANKS] [--device cpu|cuda] [--hosts h1:k,h2:k] [--out DIR]
 #                        [--max-bytes 256M] [--models "mlp resnet50 transformer"] [--iters N]
@@ -26,7 +27,8 @@ usage: scripts/bandwidth.sh [-n RANKS] [--device cpu|cuda] [--hosts h1:k,h2:k] [
                             [--max-bytes 256M] [--models "mlp resnet50 transformer"] [--iters N]
 FP16 against FP32 gradient sync, through mixrun: mixbench allreduce (half, float) into DIR/allreduce.csv
 and mixbench grad-sync per model (FP16, FP32 all-reduce) into DIR/grad_sync.csv; then
-scripts/plot_bandwidth.py prints the FP16/FP32 ratios and renders DIR/allreduce_busbw.png, DIR/grad_sync.png.
+scripts/plot_bandwidth.py prints the FP16/FP32 ratios (a row without one says why) and renders
+DIR/allreduce_busbw.png and DIR/grad_sync.png (time per sync per model on a log axis).
   -n RANKS              ranks (default 2)
   --device cpu|cuda     (default cpu)
   --hosts h1:k,h2:k     mixrun's --hosts (default: none, this machine)
