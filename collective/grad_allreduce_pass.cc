@@ -34,10 +34,11 @@ optim::ParamGrads insert_grad_allreduce(Program& p, const optim::ParamGrads& gra
   std::vector<size_t> moved_casts;  // op indices
   for (auto& [param, grad] : grads) {
     std::string reduce = grad;
-    if (mode == GradReduce::fp16) {
+    if (mode != GradReduce::fp32) {
+      const DType low = mode == GradReduce::fp16 ? DType::f16 : DType::bf16;
       if (auto prod = p.producer(grad)) {
         const OpDesc& op = p.ops()[*prod];
-        if (op.type == "cast" && p.var(op.in("X")).dtype != DType::f32 && ends_with(op.in("X"), kGradSuffix)) {
+        if (op.type == "cast" && p.var(op.in("X")).dtype == low && ends_with(op.in("X"), kGradSuffix)) {
           reduce = op.in("X");
           moved_casts.push_back(*prod);
         }

@@ -14,7 +14,8 @@
 // With GradReduce::fp16 (the default under AMP), a parameter whose gradient is
 // produced by the cast of an FP16 gradient (`fc1.weight.cast_fp16@GRAD` ->
 // `fc1.weight@GRAD`) has the FP16 gradient all-reduced and the cast moved after
-// the all-reduce: half the bytes on the wire. With GradReduce::fp32 the cast
+// the all-reduce: half the bytes on the wire; GradReduce::bf16 does the same
+// with BF16 gradients (--precision bf16). With GradReduce::fp32 the cast
 // stays where backward put it and the FP32 gradient is all-reduced. Gradients
 // that are FP32 to begin with are all-reduced in FP32 buckets either way.
 #include <cstddef>
@@ -26,9 +27,12 @@
 
 namespace mix::collective {
 
-enum class GradReduce { fp16, fp32 };
+/// The dtype the gradients travel in: the mixed precision's low dtype (the
+/// white ops' gradients, cast to FP32 after the all-reduce) or FP32.
+enum class GradReduce { fp16, fp32, bf16 };
 
-inline constexpr NamedValue<GradReduce> kGradReduceNames[] = {{GradReduce::fp16, "fp16"}, {GradReduce::fp32, "fp32"}};
+inline constexpr NamedValue<GradReduce> kGradReduceNames[] = {
+    {GradReduce::fp16, "fp16"}, {GradReduce::fp32, "fp32"}, {GradReduce::bf16, "bf16"}};
 
 inline std::string_view to_string(GradReduce r) { return name_of(r, kGradReduceNames); }
 

@@ -31,7 +31,7 @@ amp::LossScalerConfig TrainConfig::loss_scaler_config() const {
 }
 
 std::string TrainConfig::ignored_scaler_flags() const {
-  const bool amp = precision == amp::Precision::amp;
+  const bool amp = amp::is_mixed(precision);
   const bool scaled = amp && loss_scaling != Mode::none;
   const bool dynamic = scaled && loss_scaling == Mode::dynamic;
   std::string ignored;
@@ -252,7 +252,8 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
 
   app.option_defaults()->group("Precision and AMP");
   add_choice(app, "--precision", c.precision, amp::kPrecisionNames,
-             "fp32, or amp: the white-list ops in FP16, FP32 master weights, dynamic loss scaling");
+             "fp32; amp: the white-list ops in FP16, FP32 master weights, dynamic loss scaling; bf16: the same "
+             "lists in BF16, no loss scaling unless --loss-scaling asks for it");
   add_list("--amp-white-list", c.amp_white_list,
            "amp: ops to run in FP16 besides the white list's (conv2d, matmul, mul), comma separated")
       ->default_str("");
@@ -263,10 +264,11 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
                "amp: keep the FP32 casts before softmax and softmax_with_cross_entropy (and before softmax_grad), as "
                "Paddle does; by default those ops read the FP16 values directly (the same results)");
 
-  app.option_defaults()->group("Loss scaling (amp)");
+  app.option_defaults()->group("Loss scaling (amp, bf16)");
   add_choice(app, "--loss-scaling", c.loss_scaling, amp::kLossScalingNames,
              "dynamic (grows and shrinks with overflows), static (--init-loss-scaling, fixed) or none (scale 1); "
-             "every mode skips a step whose gradients overflowed");
+             "every mode skips a step whose gradients overflowed")
+      ->default_str("dynamic; none under bf16");
   CLI::Option* preset = add_choice(app, "--loss-scaling-preset", c.loss_scaling_preset, amp::kScalerPresetNames,
                                    "defaults of the dynamic scaler: paddle (32768, x2 every 1000 good steps, x0.8 "
                                    "every 2 overflows) or pytorch (65536, x2 every 2000, x0.5 every overflow)");
@@ -286,9 +288,9 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
 
   app.option_defaults()->group("Data parallelism");
   add_choice(app, "--grad-reduce", c.grad_reduce, collective::kGradReduceNames,
-             "dtype of the gradient all-reduce: fp16 (the FP16 gradients, before their cast to FP32: half the "
-             "bytes; amp only) or fp32",
-             "fp16 under amp, fp32 under fp32");
+             "dtype of the gradient all-reduce: fp16 or bf16 (the low-precision gradients, before their cast to "
+             "FP32: half the bytes; under amp and bf16 respectively) or fp32",
+             "fp16 under amp, fp32 under fp32 and bf16");
   app.add_option("--grad-predivide", c.grad_predivide,
                  "multiply gradients by 1/F before the sum and F/world after (0: F = world size, all before)")
       ->check(kNonNegative);
@@ -423,8 +425,8 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
   if (c.data == DataSet::safetensors && c.data_file.empty()) return bad("--data safetensors needs --data-file FILE");
   if (const std::string why = grad_reduce_conflict(c.precision, c.effective_grad_reduce()); !why.empty())
     return bad(why);
-  if (c.precision == Precision::fp32 && !c.inject_overflow.empty())
-    return bad("--inject-overflow needs --precision amp (only AMP steps check for overflow)");
+  if (!amp::is_mixed(c.precision) && !c.inject_overflow.empty())
+    return bad("--inject-overflow needs --precision amp or bf16 (only their steps check for overflow)");
   InjectOverflowSpec inject;
   if (!c.inject_overflow.empty() && !parse_inject_overflow(c.inject_overflow, inject))
     return bad("--inject-overflow '" + c.inject_overflow +
@@ -492,16 +494,18 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
     c.cudnn_graph_conv = false;
   }
   c.loss_scaling_given = given("--loss-scaling");
+  // BF16 has FP32's exponent range: no scale unless asked for (a NaN step is still skipped).
+  if (c.precision == Precision::bf16 && !c.loss_scaling_given) c.loss_scaling = Mode::none;
   c.loss_scaling_preset_given = preset->count() > 0;
   c.on_min_scale_given = given("--on-min-scale");
   // In FP32 the preset is one more scaler flag that does nothing (a warning,
   // as for the others); under AMP it would be read as the static scale's.
   const std::string scaling = name(c.loss_scaling, amp::kLossScalingNames);
-  if (preset->count() > 0 && c.precision == Precision::amp && c.loss_scaling != Mode::dynamic)
+  if (preset->count() > 0 && amp::is_mixed(c.precision) && c.loss_scaling != Mode::dynamic)
     return bad("--loss-scaling-preset sets the defaults of the dynamic scaler; --loss-scaling " + scaling +
                (c.loss_scaling == Mode::static_scale ? " takes its fixed scale from --init-loss-scaling"
                                                      : " has no scale to set"));
-  if (c.precision == Precision::amp && c.loss_scaling == Mode::dynamic) {
+  if (amp::is_mixed(c.precision) && c.loss_scaling == Mode::dynamic) {
     const amp::LossScalerConfig s = c.loss_scaler_config();
     if (s.min_loss_scaling > s.init_loss_scaling) {
       std::ostringstream m;

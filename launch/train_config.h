@@ -39,12 +39,12 @@ struct TrainConfig {
   std::optional<int64_t> width;
   std::vector<int64_t> blocks;
   /// Activation layout of the ResNets: nchw, nhwc (channels last), or auto:
-  /// nhwc for AMP on CUDA, where cuDNN's FP16 tensor cores read it directly;
+  /// nhwc for AMP and BF16 on CUDA, where cuDNN's tensor cores read it directly;
   /// nchw otherwise (the CPU, and FP32, which has no tensor cores without TF32).
   DataFormat data_format = DataFormat::auto_;
   bool resnet_channels_last() const {
     return data_format == DataFormat::nhwc ||
-           (data_format == DataFormat::auto_ && device == DeviceKind::cuda && precision == amp::Precision::amp);
+           (data_format == DataFormat::auto_ && device == DeviceKind::cuda && amp::is_mixed(precision));
   }
   bool is_resnet() const { return model.rfind("resnet", 0) == 0; }
   /// Fuse residual adds with their relu, forward and backward (runtime/passes/fuse_add_relu.h; --no-fuse-add-relu: off).

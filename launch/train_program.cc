@@ -22,12 +22,24 @@ namespace mix::launch {
 using amp::Precision;
 
 collective::GradReduce default_grad_reduce(Precision precision) {
-  return precision == Precision::amp ? collective::GradReduce::fp16 : collective::GradReduce::fp32;
+  switch (precision) {
+    case Precision::amp: return collective::GradReduce::fp16;
+    // BF16's 8-bit mantissa loses more per hop than FP16's; docs/design.md ("BF16") has the figures.
+    case Precision::bf16: return collective::GradReduce::fp32;
+    case Precision::fp32: break;
+  }
+  return collective::GradReduce::fp32;
 }
 
 std::string grad_reduce_conflict(Precision precision, collective::GradReduce reduce) {
-  if (precision == Precision::fp32 && reduce == collective::GradReduce::fp16)
-    return "--grad-reduce fp16 needs --precision amp (FP32 training has no FP16 gradients to reduce)";
+  if (reduce == collective::GradReduce::fp16 && precision != Precision::amp)
+    return "--grad-reduce fp16 needs --precision amp (" +
+           std::string(precision == Precision::bf16 ? "BF16 training reduces bf16 or fp32" : "FP32 training has no FP16 gradients to reduce") +
+           ")";
+  if (reduce == collective::GradReduce::bf16 && precision != Precision::bf16)
+    return "--grad-reduce bf16 needs --precision bf16 (" +
+           std::string(precision == Precision::amp ? "AMP training reduces fp16 or fp32" : "FP32 training has no BF16 gradients to reduce") +
+           ")";
   return "";
 }
 
@@ -97,7 +109,7 @@ Did pairs(int forward, int backward) {
 }  // namespace
 
 TrainProgram build_train_program(Program& p, const std::string& loss, const TrainProgramOptions& o) {
-  const bool amp = o.precision == Precision::amp;
+  const bool amp = amp::is_mixed(o.precision);  // amp or bf16: the AMP passes run
   const collective::GradReduce reduce = o.grad_reduce.value_or(default_grad_reduce(o.precision));
   if (const std::string why = grad_reduce_conflict(o.precision, reduce); !why.empty()) throw UsageError(why);
   MIX_CHECK(p.has_var(loss), "the forward program has no loss variable '" << loss << "'");
@@ -133,10 +145,10 @@ TrainProgram build_train_program(Program& p, const std::string& loss, const Trai
       // Precision: white ops in FP16, black in FP32, gray follow their inputs; casts inserted.
       {"amp::rewrite: casts by the AMP lists", "amp/rewrite.cc", amp_only("", true),
        [&] {
-         const amp::RewriteResult r = amp::rewrite(p, lists, o.amp.low_dtype);
+         const amp::RewriteResult r = amp::rewrite(p, lists, amp::low_dtype(o.precision));
          return count(r.casts_inserted, "cast", "casts");
        }},
-      {"amp::fold_widening_casts: softmax and cross-entropy read FP16 directly", "amp/fold_casts.cc",
+      {"amp::fold_widening_casts: softmax and cross-entropy read the low-precision tensor", "amp/fold_casts.cc",
        amp_only("--no-fold-casts", o.amp.fold_casts),
        [&] { return count(amp::fold_widening_casts(p), "cast folded", "casts folded"); }},
       // The loss gradient: the loss scale under AMP (the scaler's state is declared here), 1 in FP32.
@@ -167,7 +179,7 @@ TrainProgram build_train_program(Program& p, const std::string& loss, const Trai
          t.param_grads = t.backward_grads;
          return count(static_cast<int>(t.backward_grads.size()), "parameter gradient", "parameter gradients");
        }},
-      {"amp::fold_widening_grad_casts: softmax_grad reads FP16 directly", "amp/fold_casts.cc",
+      {"amp::fold_widening_grad_casts: softmax_grad reads the low-precision gradient", "amp/fold_casts.cc",
        amp_only("--no-fold-casts", o.amp.fold_casts),
        [&] { return count(amp::fold_widening_grad_casts(p), "cast folded", "casts folded"); }},
       // The gradient all-reduce: bucketed, overlapping backward; under AMP
@@ -247,7 +259,7 @@ TrainProgram build_train_program(Program& p, const std::string& loss, const Trai
          return pairs(f.forward, f.backward);
        },
        "--no-fuse-add-relu"},
-      {"amp::fuse_param_casts: the weights' FP16 casts as one op", "amp/fuse_param_casts.cc",
+      {"amp::fuse_param_casts: the weights' low-precision casts as one op", "amp/fuse_param_casts.cc",
        amp_only("--no-fuse-param-casts", o.passes.fuse_param_casts),
        [&] { return count(amp::fuse_param_casts(p), "cast fused", "casts fused"); }, "--no-fuse-param-casts"},
       {"fuse_bn_relu: batch_norm + relu as one op", "runtime/passes/fuse_bn_relu.cc",

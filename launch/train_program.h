@@ -6,9 +6,9 @@
 // step, each line naming the file that does its part.
 //
 // The one-line AMP switch: `options.precision = amp::Precision::amp;`
-// (mixtrain's --precision amp). Everything else about AMP follows from it:
-// the casts, the loss scale, the FP16 gradient all-reduce, the unscale and
-// the skipped steps.
+// (mixtrain's --precision amp; amp::Precision::bf16 for BF16). Everything
+// else about AMP follows from it: the casts, the loss scale, the FP16
+// gradient all-reduce, the unscale and the skipped steps.
 #include <optional>
 #include <set>
 #include <string>
@@ -24,12 +24,10 @@
 
 namespace mix::launch {
 
-/// The AMP part of the options, read under amp::Precision::amp only.
+/// The AMP part of the options, read under the mixed precisions (amp, bf16) only.
 struct AmpSettings {
   /// Ops moved onto the white or black list (--amp-white-list, --amp-black-list).
   std::vector<std::string> custom_white, custom_black;
-  /// The low-precision dtype of white ops (FP16; BF16 runs the same lists).
-  DType low_dtype = DType::f16;
   amp::LossScalerConfig scaler = amp::preset("paddle");
   /// amp::fold_widening_casts and amp::fold_widening_grad_casts (--no-fold-casts: off).
   bool fold_casts = true;

@@ -351,7 +351,7 @@ void check_inject_overflow(const TrainConfig& c, const Program& program, int wor
 // looked up. A warning, not an error: a script may give several models one list.
 void warn_unused_amp_lists(const TrainConfig& c, const Program& program) {
   if (c.amp_white_list.empty() && c.amp_black_list.empty()) return;
-  if (c.precision != amp::Precision::amp) {
+  if (!amp::is_mixed(c.precision)) {
     spdlog::warn("--amp-white-list, --amp-black-list: FP32 training has no AMP lists, so they do nothing");
     return;
   }
@@ -538,7 +538,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   const std::vector<std::string> buffers = buffer_names(program);
 
   // ---- the training program (launch/train_program.cc) ----------------------------------
-  const bool use_amp = c.precision == amp::Precision::amp;
+  const bool use_amp = amp::is_mixed(c.precision);  // amp or bf16: a scaler, a finite check
   if (const std::string ignored = c.ignored_scaler_flags(); rank == 0 && !ignored.empty())
     spdlog::warn("{}: {} has no {}, so {} nothing", ignored,
                  use_amp ? "--loss-scaling " + std::string(amp::mode_name(c.loss_scaling)) : "FP32 training",

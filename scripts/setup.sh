@@ -22,7 +22,7 @@ packages=(
   dataset-fashion-mnist               # the default data set
   fortunes                            # English text for the Transformer language model
   python3-numpy python3-torch         # reference values and parity tests (/usr/bin/python3)
-  python3-matplotlib                  # the plots of scripts/bandwidth.sh
+  python3-matplotlib                  # the plots of scripts/bandwidth.sh and scripts/plot_metrics.py
 )
 
 missing=()

@@ -151,6 +151,30 @@ TEST_CASE("MLP training steps on the GPU match the CPU", "[cuda]") {
 #endif
 }
 
+TEST_CASE("BF16 training steps of the MLP and the Transformer on the GPU match the CPU", "[cuda][bf16]") {
+  mix::testing::require_gpu();
+#ifdef MIX_HAVE_CUDA
+  // --precision bf16: the same rounding points as AMP's with 8-bit mantissas
+  // (2^-8 per rounding, 8 times FP16's), so AMP's 1e-2 of the scale becomes
+  // 8e-2, or twice BF16's own difference from FP32 on the CPU (compare()).
+  const Device gpu{DeviceKind::cuda, 0};
+  cuda::set_allow_tf32(false);
+  const std::vector<std::pair<const char*, std::function<models::Model()>>> models_to_train = {
+      {"MLP", [] { return models::build_mlp({64, {48, 32}, 10}); }},
+      {"Transformer", [] { return tiny_transformer(64, 0.0); }}};
+  for (const auto& [name, build] : models_to_train) {
+    INFO(name);
+    auto run = [&](bool mixed, Device device) {
+      return train_steps(build(), TrainOptions{.amp = mixed, .low = DType::bf16, .device = device, .steps = 3,
+                                               .batch = 8, .seed = 4});
+    };
+    const TrainedModel cpu_fp32 = run(false, cpu_device());
+    const TrainedModel cpu_bf16 = run(true, cpu_device());
+    compare(cpu_bf16, run(true, gpu), 8e-2, 8e-2, &cpu_fp32);
+  }
+#endif
+}
+
 TEST_CASE("ResNet training steps on the GPU (cuDNN) match the CPU", "[cuda][resnet]") {
   mix::testing::require_gpu();
 #ifdef MIX_HAVE_CUDA

@@ -70,6 +70,17 @@ TEST_CASE("choice flags parse into their enums, and the defaults are the documen
   CHECK(p.config.data == DataSet::synthetic);
   CHECK(p.config.on_min_scale == mix::amp::LossScalerConfig::OnMinScale::continue_);
 
+  // BF16: the lists in BF16, FP32 all-reduce and no loss scale unless asked for.
+  const Parsed bf = parse({"--precision", "bf16"});
+  REQUIRE_FALSE(bf.stop);
+  CHECK(bf.config.precision == mix::amp::Precision::bf16);
+  CHECK(bf.config.effective_grad_reduce() == mix::collective::GradReduce::fp32);
+  CHECK(bf.config.loss_scaler_config().mode == mix::amp::LossScalerConfig::Mode::none);
+  const Parsed bf_scaled = parse({"--precision", "bf16", "--loss-scaling", "dynamic", "--grad-reduce", "bf16"});
+  REQUIRE_FALSE(bf_scaled.stop);
+  CHECK(bf_scaled.config.loss_scaler_config().mode == mix::amp::LossScalerConfig::Mode::dynamic);
+  CHECK(bf_scaled.config.effective_grad_reduce() == mix::collective::GradReduce::bf16);
+
   const Parsed torch = parse({"--loss-scaling-preset", "pytorch"});
   REQUIRE_FALSE(torch.stop);
   CHECK(torch.config.loss_scaler_config().init_loss_scaling == 65536.f);
@@ -91,7 +102,7 @@ TEST_CASE("a value outside a flag's choices is refused, naming the flag and its 
   const Parsed p = parse({"--precision", "fp16"});
   REQUIRE(p.stop);
   CHECK(*p.stop == 2);
-  CHECK_THAT(p.err, Contains("--precision") && Contains("fp32 or amp") && Contains("'fp16'"));
+  CHECK_THAT(p.err, Contains("--precision") && Contains("fp32, amp or bf16") && Contains("'fp16'"));
   const Parsed o = parse({"--optimizer", "adam"});
   REQUIRE(o.stop);
   CHECK_THAT(o.err, Contains("sgd, momentum or adamw"));
@@ -128,7 +139,7 @@ TEST_CASE("--help lists every flag by topic with its values and default, in plai
   CHECK(*h.stop == 0);
   // None of CLI11's own notation: a negated flag's captured value, a type with its choices and default.
   CHECK_THAT(h.out, !Contains("{false}") && !Contains("{true}") && !Contains("TEXT:{") && !Contains(":POSITIVE"));
-  for (const char* group : {"Model:", "Data:", "Precision and AMP:", "Loss scaling (amp):", "Data parallelism:",
+  for (const char* group : {"Model:", "Data:", "Precision and AMP:", "Loss scaling (amp, bf16):", "Data parallelism:",
                             "Optimizer and schedule:", "Checkpoints, metrics and evaluation:", "Devices:",
                             "Whole-step passes", "Testing aids:", "Environment:"})
     CHECK_THAT(h.out, Contains(group));

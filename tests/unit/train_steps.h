@@ -66,8 +66,7 @@ inline TrainedModel train_steps(models::Model model, const TrainOptions& o) {
   TrainedModel r;
   r.model = std::move(model);
   launch::TrainProgramOptions po;  // momentum 0.9, the gradient all-reduce of one rank
-  po.precision = o.amp ? amp::Precision::amp : amp::Precision::fp32;
-  po.amp.low_dtype = o.low;
+  po.precision = !o.amp ? amp::Precision::fp32 : o.low == DType::bf16 ? amp::Precision::bf16 : amp::Precision::amp;
   po.amp.fold_casts = o.fold_casts;
   po.amp.inject = o.inject;
   po.passes = {o.recompute_softmax, o.fuse_add_relu, o.fuse_param_casts, o.fuse_bn_relu};
