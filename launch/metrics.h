@@ -27,7 +27,8 @@ struct StepTotals {
   /// or a hidden wait for the GPU), not by the GPU.
   double queue_seconds = 0;
   double rate_sum = 0;  // of each timed step's samples/s
-  int64_t skipped = 0;  // steps skipped for an overflow
+  int64_t skipped = 0;        // steps skipped for an overflow
+  int64_t outlier_skips = 0;  // updates skipped as outliers (--skip-loss-zscore, --skip-grad-norm-zscore)
 
   void add_timed(double step_seconds, double step_queue_seconds, int64_t step_samples, double samples_per_s);
   /// The summary's samples_per_s: the mean of the steps' rates.

@@ -105,6 +105,8 @@ std::vector<std::pair<std::string, std::string>> TrainConfig::fingerprint_fields
           {"no-decay-1d", optimizer.no_decay_1d ? "on" : "off"},
           {"clip-grad-norm", opt(clip_grad_norm)},
           {"clip-grad-value", opt(clip_grad_value)},
+          {"skip-loss-zscore", opt(skip_loss_zscore)},
+          {"skip-grad-norm-zscore", opt(skip_grad_norm_zscore)},
           {"loss-scaling", name(loss_scaling, amp::kLossScalingNames)},
           {"loss-scaling-preset", name(loss_scaling_preset, amp::kScalerPresetNames)},
           {"init-loss-scaling", opt(init_loss_scaling)},
@@ -183,6 +185,7 @@ constexpr const char* kEnvironmentHelp =
     "                                or the host's time to queue it (host)\n"
     "  MIX_NCCL_TIMEOUT_S=S          seconds a GPU collective waits for a stuck or dead rank [default: 300]\n"
     "  MIX_TEST_DIVERGE=STEP:RANK    testing aid: nudge RANK's first parameter after STEP (--check-every catches it)\n"
+    "  MIX_TEST_LOSS_SPIKE=STEP      testing aid: inputs times 1000 at STEP (--skip-loss-zscore catches it)\n"
     "\n"
     "Run one process per device: mixrun -n 2 -- mixtrain ..., or mpirun -np 2 mixtrain ...\n"
     "docs/flags.md describes every flag; docs/design.md the training step.\n";
@@ -334,6 +337,16 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
                  "clamp every gradient element to [-V, V], after the unscale, as torch.nn.utils.clip_grad_value_")
       ->check(kPositive)
       ->default_str("off");
+  app.add_option("--skip-loss-zscore", c.skip_loss_zscore,
+                 "skip an update whose loss (the ranks' mean) is more than Z standard deviations above the mean of "
+                 "the last 128 steps, as llm.c does; every rank decides alike")
+      ->check(kPositive)
+      ->default_str("off");
+  app.add_option("--skip-grad-norm-zscore", c.skip_grad_norm_zscore,
+                 "the same for grad_norm: skip an update whose gradient norm is more than Z standard deviations "
+                 "above the last 128 steps' mean")
+      ->check(kPositive)
+      ->default_str("off");
   app.add_flag("--no-decay-1d", c.optimizer.no_decay_1d,
                "no weight decay on 1-D parameters (biases, norm scales and shifts), as timm and nanoGPT do");
   app.add_option("--seed", c.seed, "seed of initialisation, shuffles, dropout and synthetic data")
@@ -480,6 +493,9 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
   }
   if (c.clip_grad_norm && c.clip_grad_value)
     return bad("--clip-grad-norm and --clip-grad-value are two ways to clip the gradients: use one");
+  if (c.cuda_graph && (c.skip_loss_zscore || c.skip_grad_norm_zscore))
+    return bad("--cuda-graph records the step whole, and --skip-loss-zscore and --skip-grad-norm-zscore decide on "
+               "the host between its two parts: use one of them");
   if (c.cuda_graph && c.grad_accum_steps > 1)
     return bad("--cuda-graph records one program a step, and --grad-accum-steps " +
                std::to_string(c.grad_accum_steps) +

@@ -99,6 +99,8 @@ struct TrainConfig {
   optim::OptimizerOptions optimizer;
   std::optional<double> clip_grad_norm;   // torch.nn.utils.clip_grad_norm_'s max_norm
   std::optional<double> clip_grad_value;  // torch.nn.utils.clip_grad_value_'s clip_value
+  std::optional<double> skip_loss_zscore;       // skip an update whose loss is this many SDs above the mean
+  std::optional<double> skip_grad_norm_zscore;  // the same for grad_norm (launch/outlier_detector.h)
   // loss scaling
   amp::LossScalerConfig::Mode loss_scaling = amp::LossScalerConfig::Mode::dynamic;
   amp::ScalerPreset loss_scaling_preset = amp::ScalerPreset::paddle;

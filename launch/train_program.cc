@@ -12,6 +12,7 @@
 #include "launch/worker_main.h"
 #include "runtime/core/check.h"
 #include "runtime/ir/autodiff.h"
+#include "runtime/ir/op_registry.h"
 #include "runtime/optim/clip_grad.h"
 #include "runtime/passes/fuse_add_relu.h"
 #include "runtime/passes/fuse_bn_relu.h"
@@ -134,6 +135,7 @@ TrainProgram build_train_program(Program& p, const std::string& loss, const Trai
   const amp::AmpLists lists = amp::AmpLists::defaults().with_custom(o.amp.custom_white, o.amp.custom_black);
   std::unique_ptr<optim::Optimizer> optimizer = optim::make_optimizer(o.optimizer);
   amp::LocalFoundInf local_found_inf;
+  std::string update_skip;  // the optimizer's SkipUpdate when it is not found_inf
   const std::string fp32 = "--precision " + std::string(amp::to_string(o.precision));
   auto amp_only = [&](const char* flag_off, bool on) { return !amp ? fp32 : on ? std::string() : flag_off; };
   const std::string no_sync = "no data-parallel pass";
@@ -242,10 +244,24 @@ TrainProgram build_train_program(Program& p, const std::string& loss, const Trai
          amp::append_update_loss_scaling(p, o.amp.scaler);
          return Did();
        }},
+      // With outlier skips, the update's own flag: an overflow or the host's outlier decision.
+      {"any_flag: the update is skipped on an overflow or an outlier", "runtime/optim/skip_update.cc",
+       o.outlier_skips ? "" : "no --skip-loss-zscore or --skip-grad-norm-zscore",
+       [&] {
+         VarDesc v{kOutlierSkip, {1}, DType::i32, false, false, true, {}};
+         p.add_var(v);
+         std::vector<std::string> flags = {kOutlierSkip};
+         if (!t.found_inf.empty()) flags.insert(flags.begin(), t.found_inf);
+         OpDesc any = make_op("any_flag", {{"X", flags}}, {{"Out", {kSkipUpdate}}});
+         any.role = OpRole::optimize;
+         p.append_op(std::move(any));
+         update_skip = kSkipUpdate;
+         return Did{"the host decides between the two parts of the step"};
+       }},
       // The optimizer updates the FP32 masters, or nothing on an overflow step.
       {"optimizer: " + std::string(optim::to_string(o.optimizer.kind)) + " updates", "runtime/optim/optimizer.cc", "",
        [&] {
-         optimizer->append_update_ops(p, t.param_grads, t.found_inf);
+         optimizer->append_update_ops(p, t.param_grads, update_skip.empty() ? t.found_inf : update_skip);
          return Did{amp ? "skipped when found_inf" : ""};
        }},
       // Whole-step rewrites: the same values, less memory traffic.
@@ -281,7 +297,20 @@ TrainProgram build_train_program(Program& p, const std::string& loss, const Trai
   }
   // After every pass, so that the micro-batches run the step's forward and backward ops.
   if (K > 1) t.micro_batch_program = collective::micro_batch_program(p);
+  // Found after the whole-step passes, which add and remove forward and backward ops.
+  if (o.outlier_skips) {
+    const auto any = std::find_if(p.ops().begin(), p.ops().end(), [](const OpDesc& op) { return op.type == "any_flag"; });
+    MIX_CHECK(any != p.ops().end(), "outlier skips: the program has no any_flag op");
+    t.update_from = static_cast<size_t>(any - p.ops().begin());
+  }
   return t;
+}
+
+Program TrainProgram::part(const Program& step, size_t begin, size_t end) {
+  Program part = step;
+  part.ops() = std::vector<OpDesc>(step.ops().begin() + static_cast<std::ptrdiff_t>(begin),
+                                   step.ops().begin() + static_cast<std::ptrdiff_t>(end));
+  return part;
 }
 
 }  // namespace mix::launch

@@ -62,6 +62,10 @@ struct TrainProgramOptions {
   /// (--clip-grad-value V) on the FP32 gradients, after the unscale; unset: off.
   /// The norm (grad_norm) is computed either way.
   std::optional<double> clip_grad_norm, clip_grad_value;
+  /// Outlier skips (--skip-loss-zscore, --skip-grad-norm-zscore): the
+  /// optimizer also skips when the host sets kOutlierSkip, which it decides
+  /// between the two parts of the step (TrainProgram::update_from).
+  bool outlier_skips = false;
   optim::OptimizerOptions optimizer;
   StepPasses passes;
   /// Variables the caller reads after a step besides the loss and the
@@ -103,10 +107,21 @@ struct TrainProgram {
   /// their accumulators); the step's own program runs the last.
   std::optional<Program> micro_batch_program;
   int64_t grad_accum_steps = 1;
+  /// With outlier skips: the index of the step's first op of the update (its
+  /// any_flag), which the caller runs after setting kOutlierSkip; 0: none.
+  size_t update_from = 0;
+
+  /// The ops [begin, end) of `step` as a program of their own (its variables all kept).
+  static Program part(const Program& step, size_t begin, size_t end);
 
   /// "passes, in order:" and one line a pass, for --print-program.
   std::string describe_passes() const;
 };
+
+/// The host's outlier decision (i32 [1], fed each step; 1: skip the update),
+/// and the flag the optimizer then reads.
+inline constexpr const char* kOutlierSkip = "outlier_skip";
+inline constexpr const char* kSkipUpdate = "skip_update";
 
 /// The gradient all-reduce's dtype when none is given: FP16 under AMP (the
 /// FP16 gradients, before their cast: half the bytes), FP32 otherwise.

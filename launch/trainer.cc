@@ -25,6 +25,7 @@
 #include "launch/cli_checks.h"
 #include "launch/evaluation.h"
 #include "launch/metrics.h"
+#include "launch/outlier_detector.h"
 #include "launch/step_runner.h"
 #include "launch/train_program.h"
 #include "launch/worker_main.h"
@@ -199,6 +200,7 @@ TrainProgramOptions train_program_options(const TrainConfig& c, const models::Mo
   o.grad_accum_steps = c.grad_accum_steps;
   o.clip_grad_norm = c.clip_grad_norm;
   o.clip_grad_value = c.clip_grad_value;
+  o.outlier_skips = c.skip_loss_zscore || c.skip_grad_norm_zscore;
   o.read_back = {model.logits};
   return o;
 }
@@ -290,6 +292,7 @@ nlohmann::json summary_line(const TrainConfig& c, const models::Model& model, co
   nlohmann::json summary = {{"summary", true},
                             {"steps", steps_run},
                             {"micro_batches", steps_run * c.grad_accum_steps},
+                            {"outlier_skips", t.outlier_skips},
                             {"skipped_steps", t.skipped},
                             {"samples_per_s", t.mean_rate()},
                             {"samples_per_s_overall", t.overall_rate()},
@@ -420,6 +423,29 @@ std::optional<InjectOverflowSpec> divergence_from_env() {
   if (!parse_inject_overflow(env, at) || at.rank < 0 || !at.param.empty() || at.micro != 0)
     throw UsageError(std::string("MIX_TEST_DIVERGE='") + env + "': expected STEP:RANK, e.g. 3:1");
   return at;
+}
+
+// Testing aid, as MIX_TEST_DIVERGE is one: MIX_TEST_LOSS_SPIKE=STEP multiplies
+// every rank's inputs by 1000 at that step, a corrupt batch the outlier skips
+// (--skip-loss-zscore) must catch (tests/e2e/test_outlier_skip.py).
+std::optional<int64_t> loss_spike_from_env() {
+  const char* env = std::getenv("MIX_TEST_LOSS_SPIKE");
+  if (!env || !*env) return std::nullopt;
+  double step = 0;
+  if (!parse_number(env, /*integer=*/true, step) || step < 1)
+    throw UsageError(std::string("MIX_TEST_LOSS_SPIKE='") + env + "': expected a step >= 1, e.g. 140");
+  return static_cast<int64_t>(step);
+}
+
+// Multiplies the FP32 tensor `name` by `factor`, wherever it lives.
+void scale_tensor(Scope& scope, const std::string& name, float factor) {
+  Tensor& t = scope.get(name);
+  MIX_CHECK(t.dtype() == DType::f32, "MIX_TEST_LOSS_SPIKE scales FP32 inputs; " << name << " is "
+                                                                                << dtype_name(t.dtype()));
+  Tensor host = t.to(cpu_device()).clone();
+  float* v = host.data<float>();
+  for (int64_t i = 0; i < host.numel(); ++i) v[i] *= factor;
+  scope.set(name, t.device().kind == DeviceKind::cpu ? host : host.to(t.device()));
 }
 
 void nudge_first_parameter(const Program& program, Scope& scope) {
@@ -629,8 +655,23 @@ int run_training(const TrainConfig& c, Communicator& comm) {
                                        {"start step", std::to_string(start_step)},
                                        {"benchmark", c.benchmark ? "on" : "off"}});
 
-  Executor step_exec(program,
-                     {model.loss, amp::ScalerVars::found_inf, amp::ScalerVars::overflow_ranks, optim::kGradNorm});
+  // With outlier skips the step runs in two parts, the update after the host's
+  // decision (launch/outlier_detector.h); the first keeps what the update reads.
+  const bool two_parts = train.update_from > 0;
+  const Program first_part =
+      two_parts ? TrainProgram::part(program, 0, train.update_from) : Program{};
+  std::set<std::string> step_keep = {model.loss, amp::ScalerVars::found_inf, amp::ScalerVars::overflow_ranks,
+                                     optim::kGradNorm};
+  std::unique_ptr<Executor> update_exec;
+  std::optional<Program> update_part;
+  if (two_parts) {
+    update_part = TrainProgram::part(program, train.update_from, program.ops().size());
+    for (const OpDesc& op : update_part->ops())
+      for (const std::string& in : op.all_inputs()) step_keep.insert(in);
+    update_exec = std::make_unique<Executor>(*update_part, std::set<std::string>{});
+  }
+  Executor step_exec(two_parts ? first_part : program, step_keep);
+  OutlierDetector loss_outliers, grad_norm_outliers;
   // The K - 1 micro-batches before a step's last: forward, backward, gradients accumulated.
   std::unique_ptr<Executor> micro_exec;
   if (train.micro_batch_program)
@@ -675,6 +716,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
                  collective::to_string(c.effective_grad_reduce()));
 
   const std::optional<InjectOverflowSpec> diverge = divergence_from_env();
+  const std::optional<int64_t> loss_spike = loss_spike_from_env();
   auto consistency_check = [&](int64_t step) {
     collective::Fields f = {{"step", std::to_string(step)}, {"fp32 masters and buffers", masters_hash(program, scope)}};
     if (use_amp) {
@@ -733,6 +775,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
       const data::Batch& examples = feeder.next();
       n += examples.inputs.dim(0);
       feed_batch(scope, model, examples);
+      if (loss_spike == step + 1) scale_tensor(scope, model.input, 1000.f);
       env.micro_batch = micro_batch;
     };
     feed_next(0);
@@ -772,7 +815,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     // all-reduce a dead peer never joins. It also makes step_ms the step's real
     // time rather than the time to queue it. (No-op on the CPU.)
     grad_comm.synchronize();
-    const double secs = seconds_since(t0) - run.refused_recording_seconds;
+    double secs = seconds_since(t0) - run.refused_recording_seconds;
     // The CUDA scaler op leaves its "stuck at the minimum" error to the host,
     // here; the CPU op has raised it already.
     if (use_amp) amp::check_loss_scale_not_stuck(program, scope);
@@ -790,6 +833,31 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     const bool found_inf = !train.found_inf.empty() && scope.get(train.found_inf).item_float() != 0.f;
     // The gradients' L2 norm before any clipping (the same on every rank); null in JSON when not finite.
     const float grad_norm = read_f32(scope, optim::kGradNorm);
+    // Outlier skips: the host judges the step's loss and norm (the same on
+    // every rank), then runs the update, which skips when told to.
+    double loss_z = std::nan(""), grad_norm_z = std::nan("");
+    bool outlier = false;
+    if (two_parts) {
+      const auto t_update = Clock::now();
+      if (c.skip_loss_zscore) loss_z = loss_outliers.observe(loss_avg);
+      if (c.skip_grad_norm_zscore) grad_norm_z = grad_norm_outliers.observe(grad_norm);
+      outlier = (c.skip_loss_zscore && loss_z > *c.skip_loss_zscore) ||
+                (c.skip_grad_norm_zscore && grad_norm_z > *c.skip_grad_norm_zscore);
+      Tensor flag = Tensor::empty({1}, DType::i32);
+      flag.data<int32_t>()[0] = outlier ? 1 : 0;
+      scope.set(kOutlierSkip, flag.to(device));
+      update_exec->run(scope, env);
+      grad_comm.synchronize();
+      secs += seconds_since(t_update);
+      totals.outlier_skips += outlier;
+      if (outlier && rank == 0)
+        spdlog::warn("step {}: {}: update skipped", step + 1,
+                     std::isfinite(loss_z) && loss_z > c.skip_loss_zscore.value_or(INFINITY)
+                         ? fmt::format("loss {:.4f} is {:.1f} standard deviations above the last {} steps' mean",
+                                       loss_avg, loss_z, kOutlierWindow)
+                         : fmt::format("grad_norm {:.4g} is {:.1f} standard deviations above the last {} steps' mean",
+                                       grad_norm, grad_norm_z, kOutlierWindow));
+    }
     totals.skipped += found_inf;
     const float scale = use_amp ? read_f32(scope, amp::ScalerVars::scale) : 1.f;
     const double samples_per_s = static_cast<double>(n * world) / std::max(secs, 1e-9);
@@ -812,13 +880,18 @@ int run_training(const TrainConfig& c, Communicator& comm) {
                            {"loss", loss_avg},
                            {"loss_scale", scale},
                            {"found_inf", found_inf},
-                           {"skipped", found_inf},
+                           {"skipped", found_inf || outlier},
                            {"lr", rate},
                            {"grad_norm", grad_norm},
                            {"grad_bytes", grad_bytes},
                            {"step_ms", secs * 1e3},
                            {"samples_per_s", samples_per_s}};
     if (model.tokens_per_example > 0) line["tokens_per_s"] = tokens_per_s;
+    if (two_parts) {
+      line["outlier"] = outlier;
+      if (std::isfinite(loss_z)) line["loss_z"] = loss_z;
+      if (std::isfinite(grad_norm_z)) line["grad_norm_z"] = grad_norm_z;
+    }
     if (found_inf) {
       line["overflow_params"] = overflow.params;
       line["overflow_ranks"] = overflow.ranks;

@@ -337,7 +337,7 @@ elif [ $stuck_rc -eq 125 ]; then
 else
   stuck="FAIL: exit $stuck_rc without the error"; stuck_ok=1
 fi
-echo "gpu_check: ResNet-50 variants: FP32 in NHWC, AMP in NCHW, unfused add+relu, unfused bn+relu, cuDNN persistent batch_norm, cudnn benchmark, batch 256, 4 x 64 accumulated and clipped"
+echo "gpu_check: ResNet-50 variants: FP32 in NHWC, AMP in NCHW, unfused add+relu, unfused bn+relu, cuDNN persistent batch_norm, cudnn benchmark, batch 256, 4 x 64 accumulated and clipped, BF16 (and the Transformer in BF16)"
 train_resnet50 fp32 resnet50_fp32_nhwc --data-format nhwc; r50_fp32_nhwc_rc=$?
 train_resnet50 amp resnet50_amp_nchw --data-format nchw; r50_nchw_rc=$?
 train_resnet50 amp resnet50_amp_nofuse --data-format nhwc --no-fuse-add-relu; r50_nofuse_rc=$?
@@ -354,6 +354,9 @@ r50_fp32_b256_rc=$?
 train_resnet50 amp resnet50_amp_accum4 --data-format nhwc --grad-accum-steps 4 --clip-grad-norm 1 \
   --benchmark-warmup 3 --steps 8
 r50_accum_rc=$?
+# BF16 (--precision bf16: the AMP lists in BF16, no loss scale): every op's BF16 kernels in a whole step.
+train_resnet50 bf16 resnet50_bf16 --data-format nhwc; r50_bf16_rc=$?
+train_transformer bf16 transformer_bf16; tf_bf16_rc=$?
 # Where the GPU sets the pace: are the graph API's engines as fast as the legacy calls' algorithms?
 train_resnet50 amp resnet50_amp_b256_legacy --data-format nhwc --batch-size 256 --benchmark-warmup 5 --steps 15 \
   --no-cudnn-graph-conv
@@ -462,6 +465,8 @@ r50_ratio=$(ratio_of "$r50_fp32_best" "$r50_amp_ips")
 r50_amp_queue=$(queue_and_step_ms "$out/resnet50_amp.jsonl")
 tf_fp32_tps=$(summary_field "$out/transformer_fp32.jsonl" tokens_per_s_overall)
 tf_amp_tps=$(summary_field "$out/transformer_amp.jsonl" tokens_per_s_overall)
+tf_bf16_tps=$(summary_field "$out/transformer_bf16.jsonl" tokens_per_s_overall)
+r50_bf16_ips=$(summary_field "$out/resnet50_bf16.jsonl" samples_per_s_overall)
 tf_nofold_tps=$(summary_field "$out/transformer_amp_nofold.jsonl" tokens_per_s_overall)
 tf_nofold_peak=$(summary_field "$out/transformer_amp_nofold.jsonl" peak_bytes)
 tf_stored_tps=$(summary_field "$out/transformer_amp_stored.jsonl" tokens_per_s_overall)
@@ -524,6 +529,8 @@ secs=$(( $(date +%s) - t0 ))
   printf "  %-36s %s\n" "ResNet-50 AMP host queue / step ms" "$r50_amp_queue"
   printf "  %-36s %s\n" "Transformer-base FP32 tokens/s" "$tf_fp32_tps (exit $tf_fp32_rc)"
   printf "  %-36s %s\n" "Transformer-base AMP tokens/s" "$tf_amp_tps (exit $tf_amp_rc)"
+  printf "  %-36s %s\n" "Transformer-base BF16 tokens/s" "$tf_bf16_tps (exit $tf_bf16_rc)"
+  printf "  %-36s %s\n" "ResNet-50 b64 BF16 NHWC images/s" "$r50_bf16_ips (exit $r50_bf16_rc)"
   printf "  %-36s %s\n" "Transformer AMP / FP32 (>= 2.9)" "$tf_ratio"
   printf "  %-36s %s (exit %s), peak bytes %s\n" "Transformer AMP no-fold-casts tok/s" "$tf_nofold_tps" "$tf_nofold_rc" \
     "$tf_nofold_peak"
