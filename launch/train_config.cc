@@ -328,25 +328,21 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
   app.add_option("--weight-decay", c.optimizer.weight_decay, "weight decay, decoupled for adamw")
       ->check(kNonNegative)
       ->default_str("0; 0.01 for adamw, as torch.optim.AdamW");
-  app.add_option("--clip-grad-norm", c.clip_grad_norm,
-                 "scale the gradients so that their global L2 norm is at most C, after the all-reduce and the "
-                 "unscale, as torch.nn.utils.clip_grad_norm_; a non-finite norm skips the step")
-      ->check(kPositive)
-      ->default_str("off");
-  app.add_option("--clip-grad-value", c.clip_grad_value,
-                 "clamp every gradient element to [-V, V], after the unscale, as torch.nn.utils.clip_grad_value_")
-      ->check(kPositive)
-      ->default_str("off");
-  app.add_option("--skip-loss-zscore", c.skip_loss_zscore,
-                 "skip an update whose loss (the ranks' mean) is more than Z standard deviations above the mean of "
-                 "the last 128 steps, as llm.c does; every rank decides alike")
-      ->check(kPositive)
-      ->default_str("off");
-  app.add_option("--skip-grad-norm-zscore", c.skip_grad_norm_zscore,
-                 "the same for grad_norm: skip an update whose gradient norm is more than Z standard deviations "
-                 "above the last 128 steps' mean")
-      ->check(kPositive)
-      ->default_str("off");
+  // A positive bound that turns a step feature on; unset: off.
+  const auto add_off_by_default = [&app](const char* flag, std::optional<double>& target, const char* help) {
+    app.add_option(flag, target, help)->check(kPositive)->default_str("off");
+  };
+  add_off_by_default("--clip-grad-norm", c.clip_grad_norm,
+                     "scale the gradients so that their global L2 norm is at most C, after the all-reduce and the "
+                     "unscale, as torch.nn.utils.clip_grad_norm_; a non-finite norm skips the step");
+  add_off_by_default("--clip-grad-value", c.clip_grad_value,
+                     "clamp every gradient element to [-V, V], after the unscale, as torch.nn.utils.clip_grad_value_");
+  add_off_by_default("--skip-loss-zscore", c.skip_loss_zscore,
+                     "skip an update whose loss (the ranks' mean) is more than Z standard deviations above the mean "
+                     "of the last 128 steps, as llm.c does; every rank decides alike");
+  add_off_by_default("--skip-grad-norm-zscore", c.skip_grad_norm_zscore,
+                     "the same for grad_norm: skip an update whose gradient norm is more than Z standard deviations "
+                     "above the last 128 steps' mean");
   app.add_flag("--no-decay-1d", c.optimizer.no_decay_1d,
                "no weight decay on 1-D parameters (biases, norm scales and shifts), as timm and nanoGPT do");
   app.add_option("--seed", c.seed, "seed of initialisation, shuffles, dropout and synthetic data")
