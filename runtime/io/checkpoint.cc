@@ -34,28 +34,43 @@ void copy_into(const std::string& path, const std::string& name, const Tensor& s
   cpu::store_f32(cpu::as_f32(src, 3), dst);
 }
 
-// A NaN loaded into any tensor, or an inf into a parameter, would only show
-// later, as every AMP step overflowing or an FP32 loss of NaN: stop here and
-// name the tensor instead. Other state may hold inf in a healthy run (AdamW's
-// exp_avg_sq past a gradient of ~1.8e19, whose update is then 0), so only
-// parameters must be finite.
-void check_values(const std::string& path, const std::string& name, const Tensor& t, bool parameter) {
+// A NaN or inf loaded into a parameter or optimizer state would only show
+// later: as every AMP step overflowing, an FP32 loss of NaN, or a parameter
+// that never moves again (AdamW's exp_avg_sq at inf makes its update 0 for
+// good). Stop here and name the tensor instead.
+void check_values(const std::string& path, const VarDesc& var, const Tensor& t) {
   const DType d = t.dtype();
   if ((d != DType::f32 && d != DType::f16 && d != DType::bf16) || t.numel() == 0) return;
   const float* v = cpu::as_f32(t, 3);
   for (int64_t i = 0; i < t.numel(); ++i)
-    if (std::isnan(v[i]) || (parameter && std::isinf(v[i])))
-      MIX_FAIL("checkpoint " << path << ": " << (parameter ? "parameter" : "tensor") << " '" << name << "' holds "
-                             << v[i] << " at element " << i
+    if (!std::isfinite(v[i]))
+      MIX_FAIL("checkpoint " << path << ": "
+                             << (var.is_parameter ? "parameter" : var.is_buffer ? "buffer" : "optimizer state") << " '"
+                             << var.name
+                             << "' holds " << v[i] << " at element " << i
                              << "; it was saved from a run that had diverged, or the file is corrupt (mixtrain does "
-                                "not start from "
-                             << (parameter ? "non-finite parameters" : "NaN") << ")");
+                                "not start from non-finite values; --init-from FILE takes the parameters alone)");
+}
+
+// The same rule before a save: a checkpoint mixtrain would refuse to resume
+// must not replace the last good one.
+void check_before_save(const std::string& path, const Metadata& meta, const std::string& name, const Tensor& t) {
+  if (!is_floating(t.dtype()) || t.numel() == 0) return;
+  const float* v = cpu::as_f32(t, 3);
+  for (int64_t i = 0; i < t.numel(); ++i)
+    if (!std::isfinite(v[i])) {
+      const auto step = meta.find("step");
+      MIX_FAIL("not saving " << path << (step != meta.end() ? " at step " + step->second : std::string())
+                             << ": '" << name << "' holds " << v[i] << " at element " << i
+                             << ", so the run has diverged; the checkpoint already there is kept. Resume from it "
+                                "with a lower --lr (or --clip-grad-norm)");
+    }
 }
 
 // Copies a tensor of the file into the model's variable `v`, then checks its values.
 void load_into(const std::string& path, const VarDesc& v, const Tensor& src, Tensor& dst) {
   copy_into(path, v.name, src, dst);
-  check_values(path, v.name, dst, v.is_parameter);
+  check_values(path, v, dst);
 }
 
 }  // namespace
@@ -64,6 +79,7 @@ void save_checkpoint(const std::string& path, const Program& p, const Scope& sco
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (const VarDesc& v : p.vars())
     if (saved_as_tensor(v)) tensors.emplace_back(v.name, scope.get(v.name).to(cpu_device()));
+  for (const auto& [name, t] : tensors) check_before_save(path, meta, name, t);
   write_safetensors(path, tensors, meta);
 }
 

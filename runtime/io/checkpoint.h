@@ -18,6 +18,7 @@ using Metadata = std::map<std::string, std::string>;
 
 /// Writes parameters and optimizer state (every persistable variable whose name
 /// is not in `metadata_vars`) and `meta`. Atomic: temporary file, then rename.
+/// A non-finite value in any of them throws before anything is written.
 void save_checkpoint(const std::string& path, const Program& p, const Scope& scope, const Metadata& meta);
 
 /// --init-from: loads every parameter of `p` from `path` (F32, F16 or BF16
