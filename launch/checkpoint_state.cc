@@ -15,7 +15,7 @@ namespace mix::launch {
 namespace {
 
 // A whole count (the step, a scaler counter) from --resume's metadata; 0 when
-// the checkpoint has none. A value that is not one names the file and the field.
+// the checkpoint has none (resume_from_checkpoint requires the step). A value that is not one names the file and the field.
 int64_t metadata_count(const std::string& path, const io::Metadata& meta, const char* key) {
   const auto it = meta.find(key);
   if (it == meta.end()) return 0;
@@ -111,27 +111,35 @@ io::Metadata checkpoint_metadata(const TrainConfig& c, int world, int64_t traini
   return meta;
 }
 
-int64_t resume_from_checkpoint(const TrainConfig& c, const Program& program, Scope& scope, int world,
-                               int64_t training_examples, bool amp, bool log) {
-  const io::Metadata meta = io::load_checkpoint(c.resume, program, scope, [&](const io::Metadata& m) {
-    check_resume_continues(c.resume, m, metadata_count(c.resume, m, "step"), c, world, training_examples);
+int64_t resume_from_checkpoint(const std::string& path, const TrainConfig& c, const Program& program, Scope& scope,
+                               int world, int64_t training_examples, bool amp, bool log) {
+  const io::Metadata meta = io::load_checkpoint(path, program, scope, [&](const io::Metadata& m) {
+    // Without its step a file cannot say where the run stopped: resumed "at
+    // step 0" it would repeat the schedule with the optimizer state of a
+    // later step. What a plain safetensors.save_file writes has none.
+    if (!m.count("step"))
+      throw UsageError("--resume " + path + " has no 'step' in its metadata, so it cannot say where its run "
+                       "stopped: it was not written by mixtrain's --save (a plain safetensors file has no such "
+                       "field). To start a new run from its parameters, use --init-from " + path +
+                       " (which leaves its optimizer state aside)");
+    check_resume_continues(path, m, metadata_count(path, m, "step"), c, world, training_examples);
   });
-  const int64_t step = metadata_count(c.resume, meta, "step");
+  const int64_t step = metadata_count(path, meta, "step");
   if (amp) {
     // A checkpoint without the scaler's state (--steps 0 --save, or FP32
     // training) starts the scaler afresh, as a new run would.
     const bool has_scaler = meta.count("loss_scale") > 0;
     amp::LossScalerState s;
-    s.scale = has_scaler ? metadata_loss_scale(c.resume, meta) : c.loss_scaler_config().init_loss_scaling;
-    for (const auto& [key, count] : kScalerCounts) s.*count = metadata_count(c.resume, meta, key);
+    s.scale = has_scaler ? metadata_loss_scale(path, meta) : c.loss_scaler_config().init_loss_scaling;
+    for (const auto& [key, count] : kScalerCounts) s.*count = metadata_count(path, meta, key);
     amp::write_scaler_state(scope, s);
     if (log && !has_scaler)
       spdlog::info(
           "{} holds no loss-scaler state (saved before training or by FP32 training): the scaler "
           "starts at {}",
-          c.resume, s.scale);
+          path, s.scale);
   }
-  if (log) spdlog::info("resumed from {} at step {}", c.resume, step);
+  if (log) spdlog::info("resumed from {} at step {}", path, step);
   return step;
 }
 

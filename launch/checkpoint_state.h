@@ -28,13 +28,15 @@ std::vector<std::pair<std::string, std::string>> resume_settings(const TrainConf
 io::Metadata checkpoint_metadata(const TrainConfig& c, int world, int64_t training_examples, int64_t steps_done,
                                  int64_t steps_per_epoch, const Scope& scope, bool amp);
 
-/// --resume c.resume: checks that the checkpoint continues this run (a
+/// --resume `path` (c.resume, or the file --resume auto chose): checks that it
+/// has its step (a file without one, such as a plain safetensors file, throws
+/// UsageError pointing at --init-from), then that the checkpoint continues this run (a
 /// resume setting that differs throws UsageError naming it, before any tensor
 /// is read), loads its parameters and optimizer state into `scope` and, with
 /// `amp`, the scaler's state (a fresh scaler when it holds none). Returns the
 /// step it was saved after. `log`: say so (rank 0).
-int64_t resume_from_checkpoint(const TrainConfig& c, const Program& program, Scope& scope, int world,
-                               int64_t training_examples, bool amp, bool log);
+int64_t resume_from_checkpoint(const std::string& path, const TrainConfig& c, const Program& program, Scope& scope,
+                               int world, int64_t training_examples, bool amp, bool log);
 
 /// A loss scale as text that reads back as the same FP32 value (9 digits).
 std::string loss_scale_text(float scale);

@@ -117,6 +117,7 @@ int main(int argc, char** argv) {
   bool oversubscribe = false;
   bool dry_run = false;
   std::string mpirun_flag;
+  std::optional<int> stop_grace;
   app.add_option("-n,--np", ranks, "number of ranks to start (required)")
       ->required()
       ->type_name("N")
@@ -140,6 +141,12 @@ int main(int argc, char** argv) {
   app.add_flag("--oversubscribe", oversubscribe,
                "allow more ranks than cores (implied when -n exceeds this machine's cores and no --hosts are given)");
   app.add_flag("--dry-run", dry_run, "print the mpirun command line and exit");
+  app.add_option("--stop-grace", stop_grace,
+                 "on SIGTERM or SIGINT, mpirun passes SIGTERM to the ranks S seconds later and kills them S seconds "
+                 "after that: time for mixtrain to save. mpirun also waits 2 S at the end of a job a rank ended with "
+                 "an error or a stop (default: Open MPI's, 1 s; SIGUSR1 is passed on at once)")
+      ->type_name("S")
+      ->check(CLI::Range(1, 3600));
   app.add_option("--mpirun", mpirun_flag, "mpirun to run (default: $MIX_MPIRUN, else mpirun on PATH)")->type_name("PATH");
   if (split < 0) app.prefix_command();  // no "--": the first word that is not ours starts the program
 
@@ -183,6 +190,11 @@ int main(int argc, char** argv) {
   if (geteuid() == 0) cmd.push_back("--allow-run-as-root");  // Open MPI refuses root without it
   cmd.insert(cmd.end(), {"-n", std::to_string(ranks)});
   if (!hosts.empty()) cmd.insert(cmd.end(), {"--host", hosts});
+  // Open MPI's odls_base_sigkill_timeout: mpirun sends SIGCONT, then SIGTERM
+  // this many seconds later, then SIGKILL as many seconds after that. Not
+  // raised by default: mpirun sleeps through both delays also when the ranks
+  // have already ended (a rank's error or a stop ends the job that way).
+  if (stop_grace) cmd.insert(cmd.end(), {"--mca", "odls_base_sigkill_timeout", std::to_string(*stop_grace)});
   if (oversubscribed) {
     // Binding ranks to cores they must share would serialise them.
     cmd.insert(cmd.end(), {"--oversubscribe", "--bind-to", "none"});

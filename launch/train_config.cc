@@ -6,6 +6,7 @@
 
 #include "launch/cli_checks.h"
 #include "launch/cli_help.h"
+#include "launch/stop_signals.h"
 #include "launch/train_program.h"
 #include "models/model.h"
 #include "runtime/ir/op_registry.h"
@@ -135,7 +136,9 @@ std::vector<std::pair<std::string, std::string>> TrainConfig::fingerprint_fields
           // would leave the others waiting. Paths may differ between nodes.
           {"save", save.empty() ? "not given" : "given"},
           {"save-every", num(save_every)},
-          {"resume", resume.empty() ? "not given" : "given"},
+          {"resume", resume.empty() ? "not given" : resume_auto() ? "auto" : "given"},
+          {"keep-checkpoints", num(keep_checkpoints)},
+          {"collective-timeout", num(collective_timeout)},
           {"init-from", init_from.empty() ? "not given" : "given"},
           {"eval", eval ? "true" : "false"},
           {"eval-every", num(eval_every)},
@@ -301,6 +304,11 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
   app.add_flag("!--no-overlap", c.overlap,
                "all-reduce the gradient buckets after backward, one at a time, instead of starting each as soon as "
                "backward has written it (for comparison)");
+  app.add_option("--collective-timeout", c.collective_timeout,
+                 "seconds a collective waits for the other ranks before the job is aborted, naming the ranks it "
+                 "waited for (also NCCL's watchdog; MIX_NCCL_TIMEOUT_S is an older name for it)")
+      ->check(number_in(1, 1e9))
+      ->type_name("S");
   app.add_option("--check-every", c.check_every,
                  "steps between the ranks' consistency checks of the masters and the scaler (0: at the end only)")
       ->check(kNonNegativeInt);
@@ -354,8 +362,31 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
   app.add_option("--save-every", c.save_every,
                  "steps between checkpoints to --save during training, each replacing the last (0: at the end only)")
       ->check(kNonNegativeInt);
-  app.add_option("--resume", c.resume, "checkpoint to resume from: parameters, optimizer, scaler, step and data "
-                                       "position");
+  app.add_option("--resume", c.resume,
+                 "checkpoint to resume from: parameters, optimizer, scaler, step and data position; auto: the newest "
+                 "complete checkpoint of --save (and its --keep-checkpoints history), or a fresh start when there is "
+                 "none")
+      ->type_name("FILE|auto");
+  app.add_option("--keep-checkpoints", c.keep_checkpoints,
+                 "checkpoints to keep: --save holds the newest, the N - 1 before it stay beside it as "
+                 "STEM.stepK.EXT")
+      ->check(kPositiveInt);
+  std::string stop_signals = "TERM,INT,USR1";
+  app.add_option("--stop-signals", stop_signals,
+                 "signals that stop training at the next step: every rank agrees, --save is written, and the exit "
+                 "status is 75 (a second signal ends at once); none: the signals' default actions")
+      ->type_name("SIG,...|none")
+      ->default_str(stop_signals)
+      ->check(CLI::Validator(
+          [](std::string& value) {
+            try {
+              parse_stop_signals(value);
+              return std::string();
+            } catch (const std::invalid_argument& e) {
+              return std::string(e.what());
+            }
+          },
+          ""));
   app.add_option("--init-from", c.init_from,
                  "safetensors parameters to start from, by PyTorch state_dict names (e.g. a torch model's)");
   app.add_option("--eval", c.eval, "evaluate on the test set")->default_str("true");
@@ -408,6 +439,7 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
                  "that step; STEP.MICRO[:RANK]: that micro-batch's (1 to --grad-accum-steps), before it");
 
   if (auto stop = parse_command_line(app, argc, argv)) return stop;
+  c.stop_signals = parse_stop_signals(stop_signals);
   auto bad = [](const std::string& msg) {
     std::cerr << "mixtrain: " << msg << "\n";
     return 2;
@@ -528,6 +560,10 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
       return bad(m.str());
     }
   }
+  if (c.resume_auto() && c.save.empty())
+    return bad("--resume auto looks for checkpoints where --save writes them: add --save FILE");
+  if (c.keep_checkpoints > 1 && c.save.empty())
+    return bad("--keep-checkpoints " + std::to_string(c.keep_checkpoints) + " keeps checkpoints of --save: add --save FILE");
   if (c.save_every > 0 && c.save.empty())
     return bad("--save-every " + std::to_string(c.save_every) + " needs --save FILE to write the checkpoints to");
   if (c.steps == 0 && c.save.empty() && !c.print_program)

@@ -62,6 +62,7 @@ struct TrainConfig {
   bool tie_weights = false;
   double dropout = 0.0;
   bool is_language_model() const { return model == "transformer"; }
+  bool resume_auto() const { return resume == "auto"; }
   // data; parse_train_config fills in the model's default data set (fortunes
   // text for the Transformer, Fashion-MNIST otherwise) and its directory
   DataSet data = DataSet::fashion_mnist;
@@ -123,8 +124,14 @@ struct TrainConfig {
   std::string metrics;
   std::string save;
   int64_t save_every = 0;  // steps between checkpoints to --save during training; 0: at the end only
-  std::string resume;
+  std::string resume;  // a checkpoint, or "auto": the newest complete one of --save (io/checkpoint_files.h)
+  int64_t keep_checkpoints = 1;  // --save and the N - 1 before it (STEM.step<N><EXT>)
   std::string init_from;
+  /// Signals that stop training at the next step, with a checkpoint (launch/stop_signals.h).
+  std::vector<int> stop_signals;
+  /// Seconds a collective may wait for its peers before the job is aborted,
+  /// naming them (collective/collective_watchdog.h); the NCCL watchdog's too.
+  double collective_timeout = 600;
   bool print_program = false;
   int64_t check_every = 100;
   std::string inject_overflow;  // STEP[.MICRO][:RANK[:PARAM]], checked by parse_inject_overflow

@@ -27,6 +27,7 @@
 #include "launch/metrics.h"
 #include "launch/outlier_detector.h"
 #include "launch/step_runner.h"
+#include "launch/stop_signals.h"
 #include "launch/train_program.h"
 #include "launch/worker_main.h"
 #include "models/model.h"
@@ -40,6 +41,7 @@
 #include "runtime/exec/init.h"
 #include "runtime/exec/step_graph.h"
 #include "runtime/io/checkpoint.h"
+#include "runtime/io/checkpoint_files.h"
 #include "runtime/io/safetensors.h"
 #include "runtime/optim/clip_grad.h"
 #include "runtime/optim/lr_schedule.h"
@@ -527,10 +529,49 @@ OverflowReport read_overflow_report(const std::vector<std::string>& params, cons
   return r;
 }
 
+// --resume auto: the newest complete checkpoint of --save (and its
+// --keep-checkpoints history), chosen by rank 0 and sent to every rank so all
+// load the same file; "" when there is none (a fresh start).
+std::string choose_auto_resume(const std::string& save, Communicator& comm) {
+  std::string chosen;
+  if (comm.rank() == 0) {
+    std::vector<std::string> skipped;
+    const std::optional<io::CheckpointFile> newest = io::newest_complete_checkpoint(save, &skipped);
+    for (const std::string& why : skipped) spdlog::warn("--resume auto: passing over {}", why);
+    if (newest) {
+      chosen = newest->path;
+      spdlog::info("--resume auto: {} is the newest complete checkpoint (step {})", chosen, newest->step);
+    } else {
+      spdlog::info("--resume auto: no complete checkpoint of {} yet; starting from the beginning", save);
+    }
+  }
+  uint64_t size = chosen.size();
+  comm.broadcast(&size, sizeof size, 0);
+  chosen.resize(size);
+  comm.broadcast(chosen.data(), size, 0);
+  return chosen;
+}
+
+// The log line of a run stopped by a signal (rank 0). `own`: the signal this
+// rank received (0: none, another rank did); `ranks`: how many ranks received one.
+std::string stop_report(const TrainConfig& c, int own, int ranks, int world, int64_t step, int64_t total_steps) {
+  std::string s = own ? "stopped by " + signal_name(own) + " (received by " + std::to_string(ranks) + " of " +
+                            std::to_string(world) + " ranks)"
+                      : "stopped by a stop signal that " + std::to_string(ranks) + " of " + std::to_string(world) +
+                            " ranks received";
+  s += " at step " + std::to_string(step) + " of " + std::to_string(total_steps);
+  if (c.save.empty())
+    return s + "; nothing was saved (no --save): give --save FILE --resume auto to keep a stopped run's progress";
+  return s + "; saved " + c.save + "; resume with the same command and --resume auto (or --resume " + c.save + ")";
+}
+
 }  // namespace
 
 int run_training(const TrainConfig& c, Communicator& comm) {
   const int rank = comm.rank(), world = comm.world_size();
+  // From here a stop signal (a scheduler's preemption) only raises a flag; the
+  // loop acts on it at the next step boundary, on every rank at once.
+  const StopSignals stop_signals(c.stop_signals);
   // On GPUs every rank drives the GPU of its local rank; gradients travel over
   // the device communicator (NCCL), everything else over the host one.
   const bool on_gpu = c.device == DeviceKind::cuda;
@@ -594,8 +635,10 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   initialize_persistables(program, scope, c.seed);
   int64_t start_step = 0;
   if (!c.init_from.empty()) load_init_from(c.init_from, program, scope, /*log=*/rank == 0);
-  if (!c.resume.empty())
-    start_step = resume_from_checkpoint(c, program, scope, world, data.train.size(), use_amp, /*log=*/rank == 0);
+  const std::string resume_path = c.resume_auto() ? choose_auto_resume(c.save, comm) : c.resume;
+  if (!resume_path.empty())
+    start_step =
+        resume_from_checkpoint(resume_path, c, program, scope, world, data.train.size(), use_amp, /*log=*/rank == 0);
   for (const VarDesc& v : program.vars())
     if (v.persistable) {
       Tensor& t = scope.get(v.name);
@@ -605,7 +648,9 @@ int run_training(const TrainConfig& c, Communicator& comm) {
 
   if (c.steps == 0) {
     if (rank == 0) {
+      io::keep_previous_checkpoint(c.save, c.keep_checkpoints);
       io::save_checkpoint(c.save, program, scope, {{"step", "0"}, {"model", c.model}, {"seed", std::to_string(c.seed)}});
+      io::write_completion_marker(c.save, 0);
       spdlog::info("wrote the initial parameters to {}", c.save);
     }
     comm.barrier();
@@ -634,7 +679,7 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   const int64_t total_steps = c.benchmark ? c.benchmark_warmup + timed_steps
                                           : (c.steps > 0 ? c.steps : c.epochs * steps_per_epoch);
   if (start_step > total_steps)
-    throw UsageError("--resume " + c.resume + " is at step " + std::to_string(start_step) +
+    throw UsageError("--resume " + resume_path + " is at step " + std::to_string(start_step) +
                      ", past the end of this run (step " + std::to_string(total_steps) +
                      "): --steps and --epochs count from the start of training, not from "
                      "the checkpoint; ask for more than " +
@@ -751,8 +796,10 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   // --save after `steps_done` steps (rank 0): the parameters, optimizer and
   // scaler state, and what check_resume_continues compares.
   auto save_checkpoint_after = [&](int64_t steps_done) {
+    io::keep_previous_checkpoint(c.save, c.keep_checkpoints);
     io::save_checkpoint(c.save, program, scope,
                         checkpoint_metadata(c, world, data.train.size(), steps_done, steps_per_epoch, scope, use_amp));
+    io::write_completion_marker(c.save, steps_done);
     spdlog::info("saved checkpoint {} at step {}", c.save, steps_done);
   };
   // On the CPU the host allocator also holds the data set, all run, and
@@ -762,6 +809,9 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   const size_t data_set_bytes = device.kind == DeviceKind::cpu ? held_bytes(data.train) + held_bytes(data.test) : 0;
   if (device.kind == DeviceKind::cpu) allocator_for(device).reset_peak();
   auto t_start = Clock::now(), t_last_log = Clock::now();
+  // A stop signal ends the loop early: the step it ended after, and what stopped it.
+  int64_t steps_done = total_steps;
+  int stop_signal = 0, stop_ranks = 0;
   for (int64_t step = start_step; step < total_steps; ++step) {
     const int64_t epoch = step / steps_per_epoch, in_epoch = step % steps_per_epoch;
     const double rate = lr.at(step);
@@ -826,9 +876,15 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     // The step's device-to-host copies, all after it: the loss, the flag, the
     // scale and (above) the scaler's count of skips at the minimum.
     // The step's loss: the mean of its micro-batches', then of the ranks'.
-    float loss_avg = (earlier_losses + read_f32(scope, model.loss.c_str())) / static_cast<float>(K);
+    // With it, how many ranks received a stop signal: every rank learns it
+    // from the all-reduce the loss makes anyway, and all stop after the same step.
+    float loss_and_stops[2] = {(earlier_losses + read_f32(scope, model.loss.c_str())) / static_cast<float>(K),
+                               stop_signals.received() ? 1.f : 0.f};
     env.micro_batch = 0;
-    comm.all_reduce(&loss_avg, 1, DType::f32, collective::ReduceOp::avg);
+    comm.all_reduce(loss_and_stops, 2, DType::f32, collective::ReduceOp::sum);
+    // As ReduceOp::avg computes it: the sum times 1/world.
+    const float loss_avg = loss_and_stops[0] * (1.0f / static_cast<float>(world));
+    const int ranks_stopping = static_cast<int>(loss_and_stops[1]);
     // An overflow (AMP), or a non-finite gradient norm under --clip-grad-norm: the step was skipped.
     const bool found_inf = !train.found_inf.empty() && scope.get(train.found_inf).item_float() != 0.f;
     // The gradients' L2 norm before any clipping (the same on every rank); null in JSON when not finite.
@@ -899,6 +955,9 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     metrics.write(line);
 
     const bool last = step + 1 == total_steps;
+    // A stop signal: this step is the run's last (the checkpoint below), with
+    // no evaluation, which could outlast the scheduler's grace period.
+    const bool stopping = ranks_stopping > 0 && !last;
     const bool log_now = c.log_every > 0 ? (step + 1) % c.log_every == 0 : seconds_since(t_last_log) >= 2.0;
     if (rank == 0 && (log_now || last)) {
       t_last_log = Clock::now();
@@ -912,11 +971,11 @@ int run_training(const TrainConfig& c, Communicator& comm) {
                      scale, samples_per_s, format_eta(eta));
     }
     if (diverge && diverge->step == step + 1 && diverge->rank == rank) nudge_first_parameter(program, scope);
-    if ((c.check_every > 0 && (step + 1) % c.check_every == 0) || last) consistency_check(step + 1);
+    if ((c.check_every > 0 && (step + 1) % c.check_every == 0) || last || stopping) consistency_check(step + 1);
 
     const bool eval_now = c.eval_every > 0 ? (step + 1) % c.eval_every == 0 || last
                                            : in_epoch + 1 == steps_per_epoch || last;
-    if (c.eval && !c.benchmark && eval_now && data.test.size() > 0) {
+    if (c.eval && !c.benchmark && eval_now && !stopping && data.test.size() > 0) {
       last_eval = evaluation.run(scope, env);
       if (rank == 0) {
         if (model.tokens_per_example > 0)
@@ -933,13 +992,22 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     }
     // Each replaces the last, whole or not at all (a temporary file renamed);
     // the last step's is written after the summary, below.
-    if (rank == 0 && c.save_every > 0 && (step + 1) % c.save_every == 0 && !last) save_checkpoint_after(step + 1);
+    if (rank == 0 && c.save_every > 0 && (step + 1) % c.save_every == 0 && !last && !stopping)
+      save_checkpoint_after(step + 1);
+    if (stopping) {
+      steps_done = step + 1;
+      stop_signal = stop_signals.received();
+      stop_ranks = ranks_stopping;
+      break;
+    }
   }
 
   const size_t peak_with_data = allocator_for(device).peak_bytes();
   const size_t peak = peak_with_data > data_set_bytes ? peak_with_data - data_set_bytes : 0;
-  metrics.write(summary_line(c, model, totals, total_steps - start_step, peak, step_exec.plan(batch), world, scope,
-                             use_amp, last_eval));
+  nlohmann::json summary =
+      summary_line(c, model, totals, steps_done - start_step, peak, step_exec.plan(batch), world, scope, use_amp, last_eval);
+  if (stop_ranks > 0) summary["stopped_by"] = stop_signal ? signal_name(stop_signal) : "a stop signal on another rank";
+  metrics.write(summary);
   if (env.op_seconds && rank == 0)
     log_op_profile(op_seconds, program, totals.steps,
                    op_timer ? "on the device: from the end of the op before to the end of this one, so an op the "
@@ -957,8 +1025,12 @@ int run_training(const TrainConfig& c, Communicator& comm) {
     if (!c.metrics.empty()) spdlog::info("metrics written to {}", c.metrics);
   }
   if (!c.save.empty()) {
-    if (rank == 0) save_checkpoint_after(total_steps);
+    if (rank == 0) save_checkpoint_after(steps_done);
     comm.barrier();
+  }
+  if (stop_ranks > 0) {
+    if (rank == 0) spdlog::warn("{}", stop_report(c, stop_signal, stop_ranks, world, steps_done, total_steps));
+    return kStoppedExitCode;
   }
   return 0;
 }

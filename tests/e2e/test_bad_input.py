@@ -296,22 +296,19 @@ def main():
         # fail inside the batch feeder ("steps [10, 4) run backwards").
         expect([*small[:-4], "--steps", 4, "--eval", "false", "--resume", ten], "--resume past --steps", rc=2,
                names=["--resume", "step 10", "--steps"])
-    # Optimizer state may hold inf in a healthy run (AdamW's exp_avg_sq past a gradient of
-    # ~1.8e19, whose update is then 0), but never NaN; only parameters must be finite.
+    # Optimizer state must be finite: inf in AdamW's exp_avg_sq would freeze that weight for good
+    # (its update is 0 from then on), NaN would make every update NaN.
     adamw = [*small[:-4], "--optimizer", "adamw", "--eval", "false"]
     adamw_ckpt = d / "adamw.safetensors"
     if c.ok_run(mt.mixtrain([*adamw, "--steps", 10, "--save", adamw_ckpt]), "AdamW checkpoint to damage"):
         tensors, meta = mt.load_checkpoint(adamw_ckpt)
         state = next(k for k in tensors if k.startswith("optimizer.exp_avg_sq."))
-        for value, refused in ((np.inf, False), (np.nan, True)):
+        for value, text in ((np.inf, "inf"), (np.nan, "nan")):
             path = d / f"exp_avg_sq_{value}.safetensors"
             v = tensors[state].copy()
             v.flat[0] = value
             mt.safetensors_io.save(path, {**tensors, state: v}, metadata=meta)
-            if refused:
-                expect([*adamw, "--steps", 12, "--resume", path], f"NaN in {state}", names=[str(path), f"'{state}'", "nan"])
-            else:
-                c.ok_run(mt.mixtrain([*adamw, "--steps", 12, "--resume", path]), f"inf in {state}: resumes")
+            expect([*adamw, "--steps", 12, "--resume", path], f"{text} in {state}", names=[str(path), f"'{state}'", text])
 
     # ---- training that cannot go on ---------------------------------------------------------------
     # FP32 has no scaler to skip a step: a non-finite loss stops the run, inf as well as NaN (logits
