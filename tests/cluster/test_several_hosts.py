@@ -18,7 +18,8 @@ Checks:
   1. the rank table mixtrain logs at start puts ranks 0, 1 on hostA and 2, 3 on hostB;
   2. local ranks restart at 0 on each host (the shared-memory split of MPI_COMM_WORLD);
   3. the bytes hostA and hostB received through their veths cover the gradient
-     bytes the metrics report: the gradients crossed the bridge over TCP;
+     bytes the metrics report: the gradients crossed the bridge over TCP (and
+     with every rank on hostA, hostA's veth carries next to nothing);
   4. 2 hosts x 2 ranks end with the same parameters, bit for bit, as 1 host x 4 ranks;
   5. killing every process of hostB (its orted and ranks) ends the job within
      60 s, and the output says which ranks were lost.
@@ -259,12 +260,21 @@ def check_two_hosts(checks, cluster, out):
 
 
 def check_one_host(checks, cluster, out, two_host_checkpoint):
+    before = cluster.counters("hostA")
     run = mixtest.launch(mixrun_cmd(cluster, "hostA:4", 4, train_args(20, out)), 180, cluster.mpi_env())
+    after = cluster.counters("hostA")
     print(f"1 host x 4 ranks: {run.seconds:.1f} s")
     if not checks.ok_run(run, "1 host x 4 ranks") or two_host_checkpoint is None:
         return
     local = {r: lr for r, (_, lr) in rank_table(run.out).items()}
     checks.check(local == {0: 0, 1: 1, 2: 2, 3: 3}, "one host: local ranks 0 to 3", str(local))
+    # The control of the byte count above: with every rank on hostA, its veth
+    # carries only the launch and the runtime's messages from head, far less
+    # than the gradients, so that count measured the gradients' path.
+    grad = sum(s["grad_bytes"] for s in mixtest.Metrics(out / "metrics.jsonl").steps)
+    received = after[1] - before[1]
+    checks.check(received < grad / 4, "one host: its veth carries no gradients",
+                 f"{received} B in; {grad} gradient B")
     # Bit for bit: the all-reduce's algorithm and its order of additions depend
     # on the number of ranks and the message size, not on which transport (TCP
     # or shared memory) carries each message, and the data shards depend only on
