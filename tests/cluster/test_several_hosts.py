@@ -11,8 +11,10 @@ and a host name of its own (a UTS namespace entered with it):
 mpirun reaches hostA and hostB through tests/cluster/netns_agent.sh, a launch
 agent that enters the namespace where ssh would log in (OMPI_MCA_plm_rsh_agent),
 and MPI's TCP traffic (btl_tcp and the runtime's oob_tcp) is kept to the
-bridge's subnet. Host names resolve through /etc/netns/<ns>/hosts, which
-`ip netns exec` shows as /etc/hosts inside each namespace.
+bridge's subnet: each host also has a second network that leads nowhere,
+which Open MPI would otherwise try. Host names resolve through
+/etc/netns/<ns>/hosts, which `ip netns exec` shows as /etc/hosts inside each
+namespace.
 
 Checks:
   1. the rank table mixtrain logs at start puts ranks 0, 1 on hostA and 2, 3 on hostB;
@@ -51,6 +53,7 @@ TAG = f"{PREFIX}{os.getpid()}"
 # has no address), so it cannot clash with this machine's networks or with a
 # concurrent run of this test, whose namespaces are on a bridge of their own.
 SUBNET = "10.213.7"
+DECOY_SUBNET = "10.213.8"
 HOSTS = ["head", "hostA", "hostB"]
 RANK_LINE = re.compile(r"rank (\d+) -> (\S+) local (\d+) (\S+)")
 KILL_DEADLINE_S = 60
@@ -163,6 +166,15 @@ class Cluster:
             ip("-n", ns, "addr", "add", f"{self.addr[h]}/24", "dev", inner)
             ip("-n", ns, "link", "set", inner, "up")
             ip("-n", ns, "link", "set", "lo", "up")
+            # A second network on every host that goes nowhere (a veth whose
+            # peer is in the same namespace), as a docker bridge or a VPN would
+            # be on a real host: Open MPI's TCP transport, left to itself,
+            # tries it and the job hangs, so the run needs the
+            # *_tcp_if_include settings a multi-host user must give.
+            ip("-n", ns, "link", "add", "decoy0", "type", "veth", "peer", "name", "decoy1")
+            ip("-n", ns, "addr", "add", f"{DECOY_SUBNET}.{i + 1}/24", "dev", "decoy0")
+            ip("-n", ns, "link", "set", "decoy0", "up")
+            ip("-n", ns, "link", "set", "decoy1", "up")
             etc = Path("/etc/netns") / ns
             etc.mkdir(parents=True, exist_ok=True)
             (etc / "hosts").write_text(hosts_file)
@@ -231,7 +243,7 @@ def mixrun_cmd(cluster, hosts, ranks, args):
 def check_two_hosts(checks, cluster, out):
     """Checks 1-3 on one run of 2 hosts x 2 ranks; returns its checkpoint, or None."""
     before = {h: cluster.counters(h) for h in ("hostA", "hostB")}
-    run = mixtest.launch(mixrun_cmd(cluster, "hostA:2,hostB:2", 4, train_args(20, out)), 180, cluster.mpi_env())
+    run = mixtest.launch(mixrun_cmd(cluster, "hostA:2,hostB:2", 4, train_args(20, out)), 120, cluster.mpi_env())
     after = {h: cluster.counters(h) for h in ("hostA", "hostB")}
     print(f"2 hosts x 2 ranks: {run.seconds:.1f} s")
     if not checks.ok_run(run, "2 hosts x 2 ranks"):
@@ -261,7 +273,7 @@ def check_two_hosts(checks, cluster, out):
 
 def check_one_host(checks, cluster, out, two_host_checkpoint):
     before = cluster.counters("hostA")
-    run = mixtest.launch(mixrun_cmd(cluster, "hostA:4", 4, train_args(20, out)), 180, cluster.mpi_env())
+    run = mixtest.launch(mixrun_cmd(cluster, "hostA:4", 4, train_args(20, out)), 120, cluster.mpi_env())
     after = cluster.counters("hostA")
     print(f"1 host x 4 ranks: {run.seconds:.1f} s")
     if not checks.ok_run(run, "1 host x 4 ranks") or two_host_checkpoint is None:
@@ -299,7 +311,7 @@ def check_host_loss(checks, cluster, out):
         job = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
         # Training: rank 0 has written a few steps' metrics.
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + 60
         training = False
         while time.monotonic() < deadline and job.poll() is None and not training:
             time.sleep(0.5)
