@@ -66,14 +66,17 @@ def ip(*args, check=True):
     return r.stdout
 
 
-def pid_alive(pid):
+def run_of_this_test_alive(pid):
+    """Whether pid is a live run of this test: not a zombie (a killed run whose
+    parent has not reaped it yet), nor another program that got the pid later."""
     try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                return False
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return Path(__file__).name.encode() in f.read()
+    except (OSError, IndexError):
         return False
-    except PermissionError:
-        return True
 
 
 def ns_pids(ns):
@@ -117,7 +120,7 @@ def remove_stale():
     pid (then they too are a dead run's)."""
     def stale(name):
         m = re.match(rf"{PREFIX}(\d+)", name)
-        return bool(m) and (int(m.group(1)) == os.getpid() or not pid_alive(int(m.group(1))))
+        return bool(m) and (int(m.group(1)) == os.getpid() or not run_of_this_test_alive(int(m.group(1))))
 
     removed = []
     for line in ip("netns", "list").splitlines():
