@@ -46,7 +46,7 @@ AGENT = Path(__file__).resolve().parent / "netns_agent.sh"
 MIXRUN = mixtest.BUILD_DIR / "mixrun"
 # Every name this test creates starts with PREFIX and the pid of the test that
 # created it, so a later run can tell its own from a dead run's leftovers.
-# Interface names must fit in 15 characters: "mxh" + 7 digits + "br" does.
+# Interface names must fit in the kernel's IFNAMSIZ, hence the short prefix.
 PREFIX = "mxh"
 TAG = f"{PREFIX}{os.getpid()}"
 # The subnet lives only inside the namespaces (the bridge in the root namespace
@@ -338,7 +338,7 @@ def check_host_loss(checks, cluster, out):
         left = {h: ns_pids(cluster.ns[h]) for h in ("head", "hostA")}
         checks.check(not any(left.values()), "nothing is left running on head and hostA", str(left))
 
-        output = mixtest._ANSI.sub("", log_path.read_text(errors="replace"))
+        output = log_path.read_text(errors="replace")  # a file: mixtrain logs without colours
         # Open MPI names the lost daemon's node, not the ranks it ran; the rank
         # table rank 0 logged at start maps that node to its ranks.
         lost_nodes = re.findall(r"Remote daemon:\s*\S+ on node (\S+)", output)
