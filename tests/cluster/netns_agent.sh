@@ -43,6 +43,7 @@ fi
 # must not leak into the orted, or this launch would work where ssh would not
 # (the MCA parameters travel on the orted's command line, the -x variables in
 # its launch message). The command line is one shell string, as ssh sends it.
+# shellcheck disable=SC2016  # "$1" and "$*" are the inner shell's, in the namespace
 exec ip netns exec "$ns" unshare --uts -- \
   env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME="${HOME:-/root}" \
   sh -c 'hostname "$1" && shift && exec sh -c "$*"' netns_agent "$host" "$@"
