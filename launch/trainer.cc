@@ -463,7 +463,9 @@ void nudge_first_parameter(const Program& program, Scope& scope) {
 void log_rank_table(Communicator& comm, const std::string& device) {
   char host[64] = {0};
   gethostname(host, sizeof(host) - 1);
-  std::string line = std::string(host) + " " + device;
+  // The local rank (this rank's index among the ranks of its host) is what
+  // picks a host's GPU; printing it shows that each host's ranks count from 0.
+  std::string line = std::string(host) + " local " + std::to_string(comm.local_rank()) + " " + device;
   line.resize(96, '\0');
   std::vector<char> all(96 * static_cast<size_t>(comm.world_size()));
   comm.all_gather(line.data(), all.data(), 96);
