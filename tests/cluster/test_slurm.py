@@ -82,9 +82,9 @@ rc=$?; echo "mixrun exit $rc"; exit $rc
     check("mixrun-1 exit 0" in out, "(a) mixrun -n 1 inside the 2-task allocation trains", detail)
     check(f"inside Slurm job {job} on {cluster.node}" in out, "(a) mixrun says it launches inside the Slurm job", detail)
     mixrun_part = out.split("== mixrun (SLURM_NTASKS ranks)", 1)[-1]
-    line = re.search(r"^mixrun: \S*mpirun .*$", mixrun_part, re.M)
+    line = re.search(r"^mixrun: \S*(mpirun|mpiexec) .*$", mixrun_part, re.M)
     check(line is not None and " -n 2 " in line.group(0) and "--oversubscribe" not in line.group(0),
-          "(a) mixrun took -n 2 from SLURM_NTASKS and did not oversubscribe", line.group(0) if line else detail)
+          "(a) mixrun took -n 2 from SLURM_NTASKS and did not oversubscribe", line.group(0) if line else mixrun_part[:3000])
     check(re.search(r"select:\(\s*plm\) Selected component \[slurm\]", mixrun_part) is not None,
           "(a) mpirun selected Slurm's launcher (plm slurm)", detail)
     check(re.search(r"select:\(\s*ras\) Selected component \[slurm\]", mixrun_part) is not None,
