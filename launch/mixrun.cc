@@ -3,6 +3,10 @@
 // which environment variables reach the ranks).
 //
 //   mixrun -n N [--hosts h1:k,h2:k] [--oversubscribe] [--dry-run] [--mpirun PATH] -- PROGRAM ARGS...
+//
+// Inside a Slurm allocation (SLURM_JOB_ID set) -n defaults to the allocation's
+// task count, and mpirun finds the nodes and slots itself and starts its
+// daemons through Slurm (Open MPI's ras/plm slurm components).
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -93,6 +97,30 @@ std::vector<std::string> forwarded_variables() {
 
 bool env_set(const char* name) { return std::getenv(name) != nullptr; }
 
+std::string env_or(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return (v && *v) ? v : fallback;
+}
+
+// The Slurm allocation this runs in (the batch script or an salloc shell), when any.
+struct SlurmAllocation {
+  std::string job_id;
+  std::string nodes;
+  std::optional<long> tasks;  // SLURM_NTASKS: set by -n/--ntasks-per-node, not by --nodes alone
+};
+
+std::optional<SlurmAllocation> slurm_allocation() {
+  const std::string job = env_or("SLURM_JOB_ID", "");
+  if (job.empty()) return std::nullopt;
+  SlurmAllocation a{job, env_or("SLURM_JOB_NODELIST", "?"), std::nullopt};
+  const std::string tasks = env_or("SLURM_NTASKS", "");
+  char* end = nullptr;
+  errno = 0;
+  const long n = tasks.empty() ? 0 : std::strtol(tasks.c_str(), &end, 10);
+  if (!tasks.empty() && errno == 0 && *end == '\0' && n >= 1) a.tasks = n;
+  return a;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -111,16 +139,21 @@ int main(int argc, char** argv) {
                        "print the version, the commit and the libraries of this build, and exit");
   app.footer(
       "Usage: mixrun -n N [--hosts h1:k,h2:k] [--oversubscribe] [--dry-run] [--mpirun PATH] -- PROGRAM ARGS...\n"
-      "Forwards MIX_*, NCCL_*, OPENBLAS_NUM_THREADS and OMP_NUM_THREADS to every rank.\n");
+      "Forwards MIX_*, NCCL_*, OPENBLAS_NUM_THREADS and OMP_NUM_THREADS to every rank.\n"
+      "Inside a Slurm allocation (SLURM_JOB_ID set, e.g. in an sbatch script): -n defaults to SLURM_NTASKS, and\n"
+      "mpirun takes the nodes and slots from Slurm and starts its daemons with srun; no oversubscription is implied.\n"
+      "There, `srun --mpi=pmix PROGRAM ARGS...` also works, with an MPI built with PMIx (scripts/slurm/README.md).\n");
   int ranks = 0;
   std::string hosts;
   bool oversubscribe = false;
   bool dry_run = false;
   std::string mpirun_flag;
   std::optional<int> stop_grace;
-  app.add_option("-n,--np", ranks, "number of ranks to start (required)")
-      ->required()
-      ->type_name("N")
+  const std::optional<SlurmAllocation> slurm = slurm_allocation();
+  CLI::Option* np_option =
+      app.add_option("-n,--np", ranks, "number of ranks to start (required, except in a Slurm allocation: SLURM_NTASKS)")
+          ->type_name("N");
+  np_option
       ->check(CLI::Validator(
           [](std::string& value) {
             char* end = nullptr;
@@ -167,6 +200,21 @@ int main(int argc, char** argv) {
     return kUsageError;
   }
 
+  if (np_option->count() == 0) {
+    if (!slurm || !slurm->tasks) {
+      std::cerr << "mixrun: missing -n/--np N (the number of ranks)"
+                << (slurm ? "; this Slurm allocation does not say SLURM_NTASKS (give sbatch -n or --ntasks-per-node)"
+                          : "")
+                << "\n";
+      return kUsageError;
+    }
+    ranks = static_cast<int>(*slurm->tasks);
+  }
+  if (slurm) {
+    std::cerr << "mixrun: launching " << ranks << " ranks inside Slurm job " << slurm->job_id << " on "
+              << slurm->nodes << "\n";
+  }
+
   if (!hosts.empty() && !oversubscribe) {
     std::string error;
     const long slots = parse_host_slots(hosts, &error).value_or(0);
@@ -178,7 +226,9 @@ int main(int argc, char** argv) {
   }
 
   const long cores = std::max(1u, std::thread::hardware_concurrency());
-  const bool oversubscribed = oversubscribe || (hosts.empty() && ranks > cores);
+  // In an allocation the slots are Slurm's, on nodes that may not be this one:
+  // this machine's cores say nothing, and mpirun refuses more ranks than slots.
+  const bool oversubscribed = oversubscribe || (!slurm && hosts.empty() && ranks > cores);
 
   std::string mpirun = mpirun_flag;
   if (mpirun.empty()) {

@@ -569,11 +569,8 @@ std::string stop_report(const TrainConfig& c, int own, int ranks, int world, int
 
 }  // namespace
 
-int run_training(const TrainConfig& c, Communicator& comm) {
+int run_training(const TrainConfig& c, Communicator& comm, const StopSignals& stop_signals) {
   const int rank = comm.rank(), world = comm.world_size();
-  // From here a stop signal (a scheduler's preemption) only raises a flag; the
-  // loop acts on it at the next step boundary, on every rank at once.
-  const StopSignals stop_signals(c.stop_signals);
   // On GPUs every rank drives the GPU of its local rank; gradients travel over
   // the device communicator (NCCL), everything else over the host one.
   const bool on_gpu = c.device == DeviceKind::cuda;

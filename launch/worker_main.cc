@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "collective/consistency.h"
+#include "launch/launch_environment.h"
 #include "runtime/core/log.h"
 
 namespace mix::launch {
@@ -49,6 +50,13 @@ int run_worker(const char* program, const std::function<int(collective::Communic
     return 1;
   }
   log::init(comm->rank(), comm->world_size());
+  // A task that the launcher counted among several but that came up alone
+  // would train a model of its own; each such task stops here by itself (there
+  // is no job to abort: its world is itself).
+  if (auto mismatch = singleton_mismatch(launch_variables(), comm->world_size(), program)) {
+    spdlog::error("{}", *mismatch);
+    return 2;
+  }
   return finish(run_body(*comm, body));
 }
 

@@ -23,6 +23,11 @@ packages=(
   fortunes                            # English text for the Transformer language model
   python3-numpy python3-torch         # reference values and parity tests (/usr/bin/python3)
   python3-matplotlib                  # the plots of scripts/bandwidth.sh and scripts/plot_metrics.py
+  munge                               # Slurm's authentication, for tests/cluster/test_slurm.py's own cluster
+  slurmctld slurmd                    # that one-node cluster's controller and node daemons
+  slurm-client                        # sbatch, srun, scontrol, scancel for it and for scripts/slurm/
+  slurm-wlm-basic-plugins             # srun --mpi=pmix/pmi2 (mpi_pmix.so), proctrack/linuxproc, task/none
+  libpmix2                            # the PMIx library that srun --mpi=pmix and Open MPI's ranks share
 )
 
 missing=()

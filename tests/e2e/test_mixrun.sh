@@ -102,6 +102,24 @@ expect_has "$line" "-x OPENBLAS_NUM_THREADS"
 expect_lacks "$line" "-x OPENBLAS_NUM_THREADS=1"
 expect_has "$line" "-x OMP_NUM_THREADS=1"
 
+# ---- inside a Slurm allocation: -n from SLURM_NTASKS, Slurm's slots decide ----
+# (tests/cluster/test_slurm.py runs it in a real allocation.)
+SLURM_JOB=(SLURM_JOB_ID=42 "SLURM_NTASKS=$MORE" "SLURM_JOB_NODELIST=node[1-2]")
+line=$(dry "${SLURM_JOB[@]}" -- -- prog 2>/dev/null)
+expect_has "$line" "-n $MORE"
+expect_lacks "$line" "--oversubscribe"  # more ranks than local cores: the allocation's slots decide
+expect_lacks "$line" "--bind-to none"
+expect_lacks "$line" "OPENBLAS_NUM_THREADS=1"
+err=$(dry "${SLURM_JOB[@]}" -- -- prog 2>&1 >/dev/null)
+expect_contains "$err" "inside Slurm job 42 on node[1-2]"
+line=$(dry "${SLURM_JOB[@]}" -- -n 1 -- prog 2>/dev/null)
+expect_has "$line" "-n 1"  # an explicit -n wins over SLURM_NTASKS
+line=$(dry "${SLURM_JOB[@]}" -- -n 1 --oversubscribe -- prog 2>/dev/null)
+expect_has "$line" "--oversubscribe"  # asked for, still given
+rc=0
+err=$(env -i PATH="$PATH" SLURM_JOB_ID=42 "$MIXRUN" --dry-run -- prog 2>&1 >/dev/null) || rc=$?
+[[ $rc -eq 2 && $err == *"SLURM_NTASKS"* ]] || fail "an allocation without SLURM_NTASKS and no -n: exit $rc, $err"
+
 # ---- environment forwarding --------------------------------------------------
 line=$(dry MIX_FOO=bar NCCL_DEBUG=WARN OMP_NUM_THREADS=2 OMPI_MCA_foo=1 FOO_MIX=1 -- -n 1 -- prog)
 expect_has "$line" "-x MIX_FOO"
