@@ -15,6 +15,13 @@
 namespace mix::collective {
 
 enum class ReduceOp { sum, max, avg };
+
+/// --collective-timeout's default: long enough for a slow first step (cuDNN's
+/// algorithm search, a checkpoint being written by rank 0 while the others
+/// wait in the barrier after it), short enough that a stuck job ends the same hour.
+inline constexpr double kDefaultCollectiveTimeoutS = 600;
+/// Exit status of a job a collective timeout ended (as timeout(1)'s).
+inline constexpr int kCollectiveTimeoutExitCode = 124;
 std::string_view reduce_op_name(ReduceOp op);
 
 /// Bytes handed to collectives, split by purpose, so that metrics can report
@@ -108,6 +115,16 @@ class Communicator {
   const ByteCounters& bytes() const { return bytes_; }
   void reset_bytes() { bytes_ = {}; }
 
+  /// Seconds a collective may wait for the other ranks before this rank
+  /// reports what it waits in and for whom, and ends the job
+  /// (--collective-timeout). The MPI backend keeps it (default
+  /// kDefaultCollectiveTimeoutS); the others ignore it (NCCL has its own
+  /// watchdog, set from the same flag).
+  virtual void set_timeout(double /*seconds*/) {}
+  /// The training step the caller is in, for that report (0: before training).
+  void set_step(int64_t step) { step_ = step; }
+  int64_t step() const { return step_; }
+
  protected:
   void count(size_t payload_bytes, Traffic traffic);
   /// A fresh request id, for backends that keep their own in-flight tables.
@@ -116,6 +133,7 @@ class Communicator {
 
  private:
   Request last_request_ = 0;
+  int64_t step_ = 0;
   std::unordered_set<Request> started_;  // the base version's requests (already complete)
 };
 

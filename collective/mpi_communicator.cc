@@ -5,13 +5,23 @@
 // no half types of its own. f32 max is a user-defined op too: the builtin
 // MPI_MAX keeps or drops a NaN depending on operand order, so two ranks of a
 // recursive-doubling all-reduce could end up disagreeing.
+//
+// Every collective is started non-blocking and waited for by await(), which
+// keeps a deadline (--collective-timeout): a rank that has waited that long
+// asks every peer, on a communicator of its own, where it is. Peers answer
+// from their own waits; a peer that is stopped, stuck in computation or gone
+// does not. The rank logs which collective it waits in, at which step, and
+// each peer's answer or silence, then aborts the job: no rank hangs forever.
 #include "collective/mpi_communicator.h"
 
 #include "collective/mpi_check.h"  // first: it includes <mpi.h> without the C++ bindings
 
 #include <spdlog/spdlog.h>
 
+#include <sched.h>
+
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -118,6 +128,27 @@ void prefer_ring_for_started_allreduces() {
   setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1", /*overwrite=*/0);
 }
 
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// The probe's messages, on a communicator used for nothing else.
+constexpr int kAskTag = 1;     // "where are you?": the asker's rank
+constexpr int kAnswerTag = 2;  // the answer: text, kAnswerBytes at most
+constexpr int kAnswerBytes = 192;
+
+// What a rank is doing in a collective, for the reports of the timeout.
+struct Activity {
+  const char* op = "";  // "all_reduce", "barrier", ...
+  size_t bytes = 0;
+  int64_t step = 0;
+
+  std::string where() const {
+    return std::string(op) + (bytes ? " of " + std::to_string(bytes) + " bytes" : std::string()) +
+           (step > 0 ? " at step " + std::to_string(step) : std::string(" before training"));
+  }
+};
+
 class MpiCommunicator final : public Communicator {
  public:
   explicit MpiCommunicator(size_t max_bytes_per_call) : max_bytes_per_call_(std::max<size_t>(1, max_bytes_per_call)) {
@@ -146,6 +177,7 @@ class MpiCommunicator final : public Communicator {
       // A private duplicate (it inherits the error handler): our traffic never
       // matches a message of a library sharing MPI_COMM_WORLD.
       MIX_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm_));
+      MIX_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &probe_comm_));
       MIX_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
       MIX_MPI_CHECK(MPI_Comm_size(comm_, &world_));
       set_process_identity(rank_, world_);
@@ -201,7 +233,9 @@ class MpiCommunicator final : public Communicator {
     for (size_t off = 0; off < n; off += chunk) {
       const int c = static_cast<int>(std::min(chunk, n - off));
       const void* from = send == buf ? MPI_IN_PLACE : static_cast<const void*>(src + off * elem);
-      MIX_MPI_CHECK(MPI_Allreduce(from, p + off * elem, c, type, mpi_op, comm_));
+      MPI_Request request = MPI_REQUEST_NULL;
+      MIX_MPI_CHECK(MPI_Iallreduce(from, p + off * elem, c, type, mpi_op, comm_, &request));
+      await(&request, 1, "all_reduce", n * elem);
     }
     if (op == ReduceOp::avg) scale_by_inverse_world(buf, n, dtype, world_);
   }
@@ -242,7 +276,7 @@ class MpiCommunicator final : public Communicator {
     Pending p = std::move(it->second);
     pending_.erase(it);
     if (!p.requests.empty())
-      MIX_MPI_CHECK(MPI_Waitall(static_cast<int>(p.requests.size()), p.requests.data(), MPI_STATUSES_IGNORE));
+      await(p.requests.data(), static_cast<int>(p.requests.size()), "started all_reduce", p.count * dtype_size(p.dtype));
     if (p.op == ReduceOp::avg) scale_by_inverse_world(p.buf, p.count, p.dtype, world_);
   }
 
@@ -269,7 +303,9 @@ class MpiCommunicator final : public Communicator {
     auto* p = static_cast<char*>(buf);
     for (size_t off = 0; off < bytes; off += chunk) {
       const int c = static_cast<int>(std::min(chunk, bytes - off));
-      MIX_MPI_CHECK(MPI_Bcast(p + off, c, MPI_BYTE, root, comm_));
+      MPI_Request request = MPI_REQUEST_NULL;
+      MIX_MPI_CHECK(MPI_Ibcast(p + off, c, MPI_BYTE, root, comm_, &request));
+      await(&request, 1, "broadcast", bytes);
     }
   }
 
@@ -312,7 +348,9 @@ class MpiCommunicator final : public Communicator {
     const size_t chunk = elements_per_call(1);
     if (bytes_per_rank <= chunk) {
       const int c = static_cast<int>(bytes_per_rank);
-      MIX_MPI_CHECK(MPI_Allgather(in_place ? MPI_IN_PLACE : send, c, MPI_BYTE, recv, c, MPI_BYTE, comm_));
+      MPI_Request request = MPI_REQUEST_NULL;
+      MIX_MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : send, c, MPI_BYTE, recv, c, MPI_BYTE, comm_, &request));
+      await(&request, 1, "all_gather", bytes_per_rank);
       return;
     }
     // Chunk k of every rank's block: a receive type of `c` bytes whose extent is
@@ -324,11 +362,20 @@ class MpiCommunicator final : public Communicator {
       MIX_MPI_CHECK(MPI_Type_contiguous(c, MPI_BYTE, &piece.type));
       MIX_MPI_CHECK(MPI_Type_create_resized(piece.type, 0, static_cast<MPI_Aint>(bytes_per_rank), &strided.type));
       MIX_MPI_CHECK(MPI_Type_commit(&strided.type));
-      MIX_MPI_CHECK(MPI_Allgather(in_place ? MPI_IN_PLACE : in + off, c, MPI_BYTE, out + off, 1, strided.type, comm_));
+      MPI_Request request = MPI_REQUEST_NULL;
+      MIX_MPI_CHECK(
+          MPI_Iallgather(in_place ? MPI_IN_PLACE : in + off, c, MPI_BYTE, out + off, 1, strided.type, comm_, &request));
+      await(&request, 1, "all_gather", bytes_per_rank);
     }
   }
 
-  void barrier() override { MIX_MPI_CHECK(MPI_Barrier(comm_)); }
+  void barrier() override {
+    MPI_Request request = MPI_REQUEST_NULL;
+    MIX_MPI_CHECK(MPI_Ibarrier(comm_, &request));
+    await(&request, 1, "barrier", 0);
+  }
+
+  void set_timeout(double seconds) override { timeout_s_ = seconds; }
 
   [[noreturn]] void abort(int exit_code) override {
     std::fflush(nullptr);
@@ -337,6 +384,96 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
+  // Waits for `n` requests of collective `op` (`bytes` of payload) under the
+  // deadline. Polls as MPI_Wait would (Open MPI's blocking calls poll too, and
+  // yield the core when oversubscribed); every few hundred polls it answers
+  // peers that ask where this rank is and checks the clock.
+  void await(MPI_Request* requests, int n, const char* op, size_t bytes) {
+    int done = 0;
+    MIX_MPI_CHECK(MPI_Testall(n, requests, &done, MPI_STATUSES_IGNORE));
+    if (done) return;
+    const Activity activity{op, bytes, step()};
+    const Clock::time_point start = Clock::now();
+    for (uint32_t polls = 1;; ++polls) {
+      MIX_MPI_CHECK(MPI_Testall(n, requests, &done, MPI_STATUSES_IGNORE));
+      if (done) return;
+      if (polls % 256 != 0) continue;
+      const double waited = seconds_since(start);
+      answer_peers(activity, waited);
+      if (waited > timeout_s_) report_and_abort(activity, waited);
+    }
+  }
+
+  // Answers each peer's "where are you?" waiting on the probe communicator.
+  void answer_peers(const Activity& activity, double waited) {
+    for (;;) {
+      int asked = 0;
+      MPI_Status status;
+      MIX_MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, kAskTag, probe_comm_, &asked, &status));
+      if (!asked) return;
+      int asker = -1;
+      MIX_MPI_CHECK(MPI_Recv(&asker, 1, MPI_INT, status.MPI_SOURCE, kAskTag, probe_comm_, MPI_STATUS_IGNORE));
+      char answer[kAnswerBytes] = {0};
+      std::snprintf(answer, sizeof answer, "waiting in %s for %.0f s", activity.where().c_str(), waited);
+      // Small enough to go eagerly: the send returns without the asker's receive.
+      MIX_MPI_CHECK(MPI_Send(answer, kAnswerBytes, MPI_CHAR, status.MPI_SOURCE, kAnswerTag, probe_comm_));
+    }
+  }
+
+  // The deadline passed: asks every peer where it is, waits a little for
+  // answers (answering theirs meanwhile: they may be timing out too), logs
+  // what it found and aborts the job.
+  [[noreturn]] void report_and_abort(const Activity& activity, double waited) {
+    std::vector<MPI_Request> asks;
+    for (int peer = 0; peer < world_; ++peer) {
+      if (peer == rank_) continue;
+      asks.push_back(MPI_REQUEST_NULL);
+      MIX_MPI_CHECK_NOTHROW(MPI_Isend(&rank_, 1, MPI_INT, peer, kAskTag, probe_comm_, &asks.back()));
+    }
+    // Long enough for a peer's next poll (it polls while it waits); a peer
+    // busy in a long kernel or stopped stays silent.
+    const double grace = std::clamp(timeout_s_ / 10, 1.0, 10.0);
+    std::map<int, std::string> answers;
+    const Clock::time_point asked_at = Clock::now();
+    while (static_cast<int>(answers.size()) < world_ - 1 && seconds_since(asked_at) < grace) {
+      answer_peers(activity, waited + seconds_since(asked_at));
+      int answered = 0;
+      MPI_Status status;
+      MIX_MPI_CHECK_NOTHROW(MPI_Iprobe(MPI_ANY_SOURCE, kAnswerTag, probe_comm_, &answered, &status));
+      if (!answered) {
+        sched_yield();
+        continue;
+      }
+      char text[kAnswerBytes] = {0};
+      MIX_MPI_CHECK_NOTHROW(
+          MPI_Recv(text, kAnswerBytes, MPI_CHAR, status.MPI_SOURCE, kAnswerTag, probe_comm_, MPI_STATUS_IGNORE));
+      text[kAnswerBytes - 1] = '\0';
+      answers[status.MPI_SOURCE] = text;
+    }
+    std::string silent, report;
+    for (int peer = 0; peer < world_; ++peer) {
+      if (peer == rank_) continue;
+      const auto it = answers.find(peer);
+      if (it == answers.end()) silent += (silent.empty() ? "" : ", ") + std::to_string(peer);
+      report += "\n  rank " + std::to_string(peer) + ": " +
+                (it != answers.end() ? it->second
+                                     : "no answer within " + std::to_string(static_cast<int>(grace)) +
+                                           " s (stopped, stuck in computation or I/O, or its host is gone)");
+    }
+    char head[512];
+    std::snprintf(head, sizeof head,
+                  "%s has waited %.0f s for the other ranks (--collective-timeout %g); %s. Where each rank is:",
+                  activity.where().c_str(), waited, timeout_s_,
+                  silent.empty() ? "every rank answered, so they wait in different collectives (a bug: tell the "
+                                   "developers)"
+                                 : ("it waits for rank(s) " + silent + ", which did not answer").c_str());
+    spdlog::error("{}{}\nEnding the job (exit {}).", head, report, kCollectiveTimeoutExitCode);
+    spdlog::default_logger()->flush();
+    std::fflush(nullptr);
+    MPI_Abort(MPI_COMM_WORLD, kCollectiveTimeoutExitCode);
+    std::_Exit(kCollectiveTimeoutExitCode);
+  }
+
   std::pair<MPI_Datatype, MPI_Op> mpi_type_and_op(DType dtype, ReduceOp op) const {
     const bool is_max = op == ReduceOp::max;
     MPI_Datatype type = MPI_DATATYPE_NULL;
@@ -392,6 +529,7 @@ class MpiCommunicator final : public Communicator {
     }
     if (half_type_ != MPI_DATATYPE_NULL) MIX_MPI_CHECK_NOTHROW(MPI_Type_free(&half_type_));
     if (comm_ != MPI_COMM_NULL) MIX_MPI_CHECK_NOTHROW(MPI_Comm_free(&comm_));
+    if (probe_comm_ != MPI_COMM_NULL) MIX_MPI_CHECK_NOTHROW(MPI_Comm_free(&probe_comm_));
     if (--g_live == 0 && g_we_initialized) {
       g_we_initialized = false;
       MIX_MPI_CHECK_NOTHROW(MPI_Finalize());
@@ -401,6 +539,8 @@ class MpiCommunicator final : public Communicator {
   size_t max_bytes_per_call_;
   std::vector<unsigned char> packed_;  // broadcast_many's message, kept for the next step
   MPI_Comm comm_ = MPI_COMM_NULL;
+  MPI_Comm probe_comm_ = MPI_COMM_NULL;  // the timeout's "where are you?" messages
+  double timeout_s_ = kDefaultCollectiveTimeoutS;
   int rank_ = 0;
   int world_ = 1;
   int local_rank_ = 0;

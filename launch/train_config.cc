@@ -1,6 +1,8 @@
 #include "launch/train_config.h"
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdlib>
 #include <iostream>
 #include <sstream>
 
@@ -447,6 +449,14 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
   using amp::Precision;
   const auto name = [](auto value, const auto& table) { return std::string(name_of(value, table)); };
   const auto given = [&app](const char* flag) { return app.get_option(flag)->count() > 0; };
+  // MIX_NCCL_TIMEOUT_S, the NCCL watchdog's older setting, is the flag's default when set.
+  if (const char* env = std::getenv("MIX_NCCL_TIMEOUT_S"); env && *env && !given("--collective-timeout")) {
+    double seconds = 0;
+    if (!parse_number(env, /*integer=*/false, seconds) || seconds < 1)
+      return bad(std::string("MIX_NCCL_TIMEOUT_S='") + env + "' is not a number of seconds >= 1 (--collective-timeout "
+                 "is its newer name)");
+    c.collective_timeout = std::min(seconds, 1e9);
+  }
   const std::string data_name = data ? name(*data, kDataSetNames) : "";
   if (!c.data_file.empty() && data && *data != DataSet::safetensors)
     return bad("--data-file gives the data, but --data " + data_name + " asks for another data set: drop one of them");

@@ -571,6 +571,10 @@ std::string stop_report(const TrainConfig& c, int own, int ranks, int world, int
 
 int run_training(const TrainConfig& c, Communicator& comm, const StopSignals& stop_signals) {
   const int rank = comm.rank(), world = comm.world_size();
+  // One timeout for every collective: the MPI waits keep it, and NCCL's
+  // watchdog reads it from the variable it always read (created below).
+  comm.set_timeout(c.collective_timeout);
+  setenv("MIX_NCCL_TIMEOUT_S", fmt::format("{}", c.collective_timeout).c_str(), /*overwrite=*/1);
   // On GPUs every rank drives the GPU of its local rank; gradients travel over
   // the device communicator (NCCL), everything else over the host one.
   const bool on_gpu = c.device == DeviceKind::cuda;
@@ -816,6 +820,7 @@ int run_training(const TrainConfig& c, Communicator& comm, const StopSignals& st
     const double rate = lr.at(step);
     write_f32(scope.get(optim::kLearningRate), static_cast<float>(rate));
     env.step = step + 1;
+    comm.set_step(step + 1);
     // Each micro-batch is already on the device when next() returns it (the
     // GPU waits for its upload, the host does not); the scope shares it,
     // which the feeder leaves alone until its next call.
