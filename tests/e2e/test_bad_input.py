@@ -235,6 +235,15 @@ def main():
     c.check(r.rc == 0 and "largest label is 1000" in r.out and "1001 output classes" in r.out
             and "only 5 label values" in r.out, "one stray label of 1000 among 0..3: trains, with a warning",
             r.describe(800))
+    # A label that cannot be a class index: INT64_MAX made INT64_MAX + 1 classes, which wrapped to a
+    # 2-class model that trained; 2^62 failed in std::vector naming neither the file nor the label.
+    for big in (2**63 - 1, 2**62):
+        huge = d / f"label_{big}.safetensors"
+        labels = rng.integers(0, 4, 128).astype(np.int64)
+        labels[9] = big
+        mt.safetensors_io.save(huge, {"inputs": rng.standard_normal((128, 16)).astype(np.float32), "labels": labels})
+        expect([*data_small, "--data-file", huge], f"a label of {big} in --data-file", rc=1,
+               names=[str(huge), f"label {big}", "example 9", "renumber"])
     # --data-file used to win silently over the data set --data named.
     expect([*data_small, "--data", "fashion-mnist", "--data-file", good], "--data-file with --data fashion-mnist",
            rc=2, names=["--data-file", "--data fashion-mnist"])

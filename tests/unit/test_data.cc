@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <set>
@@ -352,7 +353,20 @@ TEST_CASE("safetensors data set errors name the file and the tensor", "[data][sa
   }
   SECTION("negative label") {
     write_safetensors(p, {{"inputs", x}, {"labels", labels_of({0, 1, -1, 1})}});
-    REQUIRE_THROWS_WITH(load(), Contains(p) && Contains("negative") && Contains("index 2"));
+    REQUIRE_THROWS_WITH(load(), Contains(p) && Contains("negative") && Contains("example 2"));
+  }
+  SECTION("labels too large to be class indices") {
+    // INT64_MAX made the class count INT64_MAX + 1, which wrapped to a 2-class
+    // model; 2^62 failed in std::vector with no word of the file or the label.
+    for (const int64_t label : {std::numeric_limits<int64_t>::max(), int64_t{1} << 62, int64_t{1} << 24}) {
+      write_safetensors(p, {{"inputs", x}, {"labels", labels_of({0, 1, 2, label})}});
+      REQUIRE_THROWS_WITH(load(), Contains(p) && Contains("'labels'") && Contains("label " + std::to_string(label)) &&
+                                      Contains("example 3") && Contains("16777216 classes"));
+    }
+  }
+  SECTION("the largest label that can be a class index") {
+    write_safetensors(p, {{"inputs", x}, {"labels", labels_of({0, 1, 2, (int64_t{1} << 24) - 1})}});
+    CHECK(load().train.num_classes == int64_t{1} << 24);
   }
   SECTION("scalar inputs") {
     write_safetensors(p, {{"inputs", Tensor::from_floats({}, {1})}, {"labels", y}});
@@ -372,7 +386,12 @@ TEST_CASE("safetensors data set errors name the file and the tensor", "[data][sa
   }
   SECTION("negative test label") {
     write_safetensors(p, {{"inputs", x}, {"labels", y}, {"test_inputs", x}, {"test_labels", labels_of({0, 0, 0, -3})}});
-    REQUIRE_THROWS_WITH(load(), Contains(p) && Contains("'test_labels'") && Contains("index 3"));
+    REQUIRE_THROWS_WITH(load(), Contains(p) && Contains("'test_labels'") && Contains("example 3"));
+  }
+  SECTION("a test label too large to be a class index") {
+    write_safetensors(p, {{"inputs", x}, {"labels", y}, {"test_inputs", x},
+                          {"test_labels", labels_of({0, std::numeric_limits<int64_t>::max(), 0, 0})}});
+    REQUIRE_THROWS_WITH(load(), Contains(p) && Contains("'test_labels'") && Contains("example 1"));
   }
 }
 
