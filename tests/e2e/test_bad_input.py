@@ -204,13 +204,30 @@ def main():
     fm.mkdir()
     for f in ("train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"):
         os.symlink(f"{FM_DIR}/{f}", fm / f)
+    # A damaged file in the user's own --data-dir: the message says what is wrong with which file,
+    # not to install the package (which read as if the data were missing).
+    not_install = [("it says to install the package", lambda out: "install" in out)]
     if os.path.exists(f"{FM_DIR}/train-images-idx3-ubyte.gz"):
         with open(f"{FM_DIR}/train-images-idx3-ubyte.gz", "rb") as src:
             (fm / "train-images-idx3-ubyte.gz").write_bytes(src.read(100_000))
         expect(["--data-dir", fm, "--steps", 1], "truncated Fashion-MNIST .gz",
-               names=[f"{fm}/train-images-idx3-ubyte.gz", "truncated"])
+               names=[f"{fm}/train-images-idx3-ubyte.gz", "truncated", "replace the file"], absent=not_install)
+        # Cut in the gzip trailer: all the data is there, only the CRC-32 and length are gone.
+        # gzread called that end of file, and the file loaded unchecked.
+        os.remove(fm / "train-images-idx3-ubyte.gz")
+        os.symlink(f"{FM_DIR}/train-images-idx3-ubyte.gz", fm / "train-images-idx3-ubyte.gz")
+        os.remove(fm / "t10k-labels-idx1-ubyte.gz")
+        labels = open(f"{FM_DIR}/t10k-labels-idx1-ubyte.gz", "rb").read()
+        (fm / "t10k-labels-idx1-ubyte.gz").write_bytes(labels[:-4])
+        expect(["--data-dir", fm, "--steps", 1], "Fashion-MNIST .gz cut short in its gzip trailer", rc=1,
+               names=[f"{fm}/t10k-labels-idx1-ubyte.gz", "truncated", "CRC-32"], absent=not_install)
+        flipped = bytearray(labels)
+        flipped[len(flipped) // 2] ^= 0x01
+        (fm / "t10k-labels-idx1-ubyte.gz").write_bytes(bytes(flipped))
+        expect(["--data-dir", fm, "--steps", 1], "Fashion-MNIST .gz with one flipped byte", rc=1,
+               names=[f"{fm}/t10k-labels-idx1-ubyte.gz", "corrupt", "replace the file"], absent=not_install)
     else:
-        print(f"(no {FM_DIR}: the truncated .gz case is left out)")
+        print(f"(no {FM_DIR}: the damaged .gz cases are left out)")
 
     rng = np.random.default_rng(0)
     good = d / "good.safetensors"
