@@ -147,7 +147,19 @@ struct TrainConfig {
   /// empty when none. A warning, not an error: scripts pass one set of flags
   /// to an AMP and an FP32 run to compare them.
   std::string ignored_scaler_flags() const;
+  /// Warnings, one a line, about values that are allowed but may not do what
+  /// was meant in a job of `world` ranks: an --lr so small that its updates
+  /// may all be rounded away in FP32, a --grad-predivide above the world size.
+  /// Values that cannot work are refused by parse_train_config instead.
+  std::vector<std::string> doubtful_values(int world) const;
 };
+
+/// Below this peak --lr, the updates of typical weights are rounded away in
+/// FP32 (TrainConfig::doubtful_values says why).
+inline constexpr double kSmallestUsefulLr = 1.0 / (int64_t{1} << 30);
+/// Above this --grad-predivide, an FP16 gradient all-reduce receives only
+/// zeros (parse_train_config says why).
+inline constexpr double kLargestFp16Predivide = 65504.0 * (int64_t{1} << 24);
 
 /// Splits --inject-overflow STEP[.MICRO][:RANK[:PARAM]]; false when it does not parse.
 struct InjectOverflowSpec {

@@ -571,6 +571,8 @@ int run_training(const TrainConfig& c, Communicator& comm) {
                  use_amp && c.loss_scaling == amp::LossScalerConfig::Mode::static_scale ? "dynamic scaler"
                                                                                         : "loss scale",
                  ignored.find(',') == std::string::npos ? "it does" : "they do");
+  if (rank == 0)
+    for (const std::string& doubt : c.doubtful_values(world)) spdlog::warn("{}", doubt);
   const TrainProgram train = build_train_program(program, model.loss, train_program_options(c, model, world));
   if (rank == 0) log_step_rewrites(train);
 

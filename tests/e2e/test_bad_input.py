@@ -184,8 +184,19 @@ def main():
     expect([*lm, "--dropout", "1"], "--dropout 1", rc=2, names=["--dropout", "0.99"])
     expect([*lm, "--vocab", "1"], "--vocab 1", rc=2, names=["--vocab"])
     expect([*small, "--hidden", "8,0"], "--hidden 8,0", rc=2, names=["--hidden", "'0'"])
-    # CLI11 read "-1" into the unsigned seed as 2^64 - 1, silently.
+    # CLI11 read "-1" into the unsigned seed as 2^64 - 1, silently, and 2^64 and above too.
     expect([*small, "--seed", "-1"], "--seed -1", rc=2, names=["--seed", "'-1'"])
+    expect([*small, "--seed", "18446744073709551616"], "--seed 2^64", rc=2,
+           names=["--seed", "'18446744073709551616'", "2^64 - 1"])
+    # Values that cannot train: an lr that is 0 in FP32, a pre-division that zeroes every FP16 gradient.
+    expect([*small, "--lr", "1e-50"], "--lr 1e-50 (0 in FP32)", rc=2, names=["--lr", "'1e-50'", "FP32"])
+    expect([*small, "--grad-predivide", "1e30"], "--grad-predivide 1e30 under an FP16 all-reduce", rc=2,
+           names=["--grad-predivide 1e+30", "FP16", "underflow"])
+    # Values that may not do what was meant: a warning, and the run goes on.
+    expect([*small, "--lr", "1e-12"], "--lr 1e-12 (updates below FP32's resolution)", rc=0,
+           names=["--lr 1e-12 is below", "rounded away in FP32"])
+    expect([*small, "--grad-predivide", 4], "--grad-predivide above the world size", rc=0,
+           names=["--grad-predivide 4 is above the world size 1"])
     # A preset sets the dynamic scaler's defaults: under static scaling it used to be ignored silently.
     expect([*small, "--loss-scaling", "static", "--loss-scaling-preset", "pytorch"], "a preset with static scaling",
            rc=2, names=["--loss-scaling-preset", "--init-loss-scaling"])
