@@ -276,6 +276,18 @@ def main():
     expect([*data_small, "--data", "fashion-mnist", "--data-file", good], "--data-file with --data fashion-mnist",
            rc=2, names=["--data-file", "--data fashion-mnist"])
 
+    # Fewer examples a rank than a batch: one short batch a step, as PyTorch's DataLoader gives; a
+    # warning names the true batch, and the log counts it (it said "1 ranks x 64").
+    tiny = [*mt.synthetic(size=5, features=16, classes=4, hidden=(8,)), "--batch-size", 64, "--steps", 2,
+            "--eval", "false"]
+    expect(tiny, "5 examples, --batch-size 64", rc=0,
+           names=["the training set has 5 examples, 5 a rank", "fewer than --batch-size 64",
+                  "one batch of 5 a rank", "steps of 5 examples (1 ranks x 5)"])
+    if mt.have_mpirun() and os.environ.get("MIX_WITH_MPI") != "OFF":
+        expect(tiny, "5 examples on 2 ranks, --batch-size 64", rc=0, np=2, timeout=60,
+               names=["the training set has 5 examples, 3 a rank after the split over 2 rank(s) (padded",
+                      "steps of 6 examples (2 ranks x 3)"])
+
     # ---- ResNets ---------------------------------------------------------------------------------
     expect([*small, "--width", 8], "--width on the MLP", rc=2, names=["--width", "ResNet"])
     expect([*small, "--data-format", "nhwc"], "--data-format on the MLP", rc=2, names=["--data-format", "ResNet"])
