@@ -168,6 +168,7 @@ std::vector<std::pair<std::string, std::string>> TrainConfig::fingerprint_fields
           {"eval", eval ? "true" : "false"},
           {"eval-every", num(eval_every)},
           {"eval-batches", num(eval_batches)},
+          {"eval-batch-size", num(effective_eval_batch_size())},
           {"benchmark", benchmark ? "on" : "off"},
           {"benchmark-warmup", num(benchmark_warmup)},
           {"print-program", print_program ? "on" : "off"}};
@@ -389,8 +390,13 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
   app.add_option("--eval", c.eval, "evaluate on the test set")->default_str("true");
   app.add_option("--eval-every", c.eval_every, "steps between evaluations (0: at the end of each epoch)")
       ->check(kNonNegativeInt);
-  app.add_option("--eval-batches", c.eval_batches, "batches per evaluation (0: the whole test split)")
+  app.add_option("--eval-batches", c.eval_batches,
+                 "at most this many batches of --eval-batch-size per rank and evaluation (0: the whole test split)")
       ->check(kNonNegativeInt);
+  app.add_option("--eval-batch-size", c.eval_batch_size,
+                 "test examples per rank in an evaluation batch (the same accuracy at any size, the loss up to FP32 rounding)")
+      ->check(kPositiveInt)
+      ->default_str("1000; transformer: --batch-size, at least 16");
   app.add_option("--log-every", c.log_every, "steps between progress lines (0: about every 2 s)")
       ->check(kNonNegativeInt);
   app.add_flag("--print-program", c.print_program,

@@ -691,7 +691,8 @@ int run_training(const TrainConfig& c, Communicator& comm) {
   if (train.micro_batch_program)
     micro_exec = std::make_unique<Executor>(*train.micro_batch_program, std::set<std::string>{model.loss});
   const std::vector<std::string> overflow_params = overflow_mask_params(program);
-  const TestSetEvaluation evaluation(program, model, data.test, comm, batch, c.eval_batches, batch_memory);
+  const TestSetEvaluation evaluation(program, model, data.test, comm, c.effective_eval_batch_size(), c.eval_batches,
+                                     batch_memory);
   ExecEnv env;
   env.comm = &grad_comm;
   env.device = device;

@@ -27,7 +27,12 @@ dir without the files, truncated .gz, truncated safetensors --data-file, NaN in
 missing --init-from; ResNet flags (--width, --data-format) on the MLP, an
 unknown --data-format, --image-size with a data set, --blocks 2,0, a ResNet on
 non-square data or on images too small for it, batch_norm over a single value
-per channel; damaged checkpoints (a NaN or inf parameter for --init-from and --resume,
+per channel; a --data-file label that cannot be a class index (INT64_MAX, 2^62);
+a Fashion-MNIST .gz in the user's --data-dir cut short in its gzip trailer or
+with one flipped byte (the file and the damage named, no install hint); --seed
+2^64, --lr 1e-50 and --grad-predivide 1e30 (refused), --lr 1e-12, a
+--grad-predivide above the world size and a training set smaller than a batch
+(warnings; the log gives the true batch); damaged checkpoints (a NaN or inf parameter for --init-from and --resume,
 NaN in AdamW's state, while inf there, which a healthy run can reach, loads; a non-numeric step ("abc", "6x") and a negative loss scale in the metadata, overlapping
 tensor data) and --resume of a checkpoint already past --steps; MPMD jobs whose
 ranks differ in --model (both orders), the scaler flags, --bucket-mb,

@@ -163,6 +163,25 @@ TEST_CASE("--version says the version, the commit and the libraries of the build
   CHECK_THAT(v.out, Contains("built with: ") && Contains("OpenBLAS"));
 }
 
+TEST_CASE("--eval-batch-size sets the evaluation batch; its default is documented", "[train_config]") {
+  CHECK(parse({}).config.effective_eval_batch_size() == 1000);
+  CHECK(parse({"--model", "transformer", "--batch-size", "4"}).config.effective_eval_batch_size() == 16);
+  CHECK(parse({"--model", "transformer", "--batch-size", "32"}).config.effective_eval_batch_size() == 32);
+  const Parsed given = parse({"--eval-batch-size", "250", "--eval-batches", "2"});
+  REQUIRE_FALSE(given.stop);
+  CHECK(given.config.effective_eval_batch_size() == 250);
+  const Parsed zero = parse({"--eval-batch-size", "0"});
+  REQUIRE(zero.stop);
+  CHECK(*zero.stop == 2);
+  const Parsed h = parse({"--help"});
+  CHECK_THAT(h.out, Contains("--eval-batch-size INT") && Contains("[default: 1000; transformer: --batch-size"));
+  // Every rank must evaluate in the same batches.
+  bool fingerprinted = false;
+  for (const auto& [name, value] : given.config.fingerprint_fields())
+    if (name == "eval-batch-size") fingerprinted = value == "250";
+  CHECK(fingerprinted);
+}
+
 TEST_CASE("convolutions run on cuDNN's graph API unless asked otherwise", "[train_config]") {
   const Parsed defaults = parse({});
   REQUIRE_FALSE(defaults.stop);
