@@ -394,7 +394,8 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
                  "at most this many batches of --eval-batch-size per rank and evaluation (0: the whole test split)")
       ->check(kNonNegativeInt);
   app.add_option("--eval-batch-size", c.eval_batch_size,
-                 "test examples per rank in an evaluation batch (the same accuracy at any size, the loss up to FP32 rounding)")
+                 "test examples per rank in an evaluation batch (the same accuracy at any size, the loss up to "
+                 "FP32 rounding)")
       ->check(kPositiveInt)
       ->default_str("1000; transformer: --batch-size, at least 16");
   app.add_option("--log-every", c.log_every, "steps between progress lines (0: about every 2 s)")

@@ -69,7 +69,8 @@ void read_exact(gzFile f, const std::string& path, void* dst, size_t n, const ch
   while (got < n) {
     const unsigned chunk = static_cast<unsigned>(std::min<size_t>(n - got, size_t{1} << 30));
     const int r = gzread(f, out + got, chunk);
-    if (r < 0) MIX_FAIL(path << " is corrupt (" << gz_error_text(f, path) << ") while reading " << what << ": " << hint);
+    if (r < 0)
+      MIX_FAIL(path << " is corrupt (" << gz_error_text(f, path) << ") while reading " << what << ": " << hint);
     if (r == 0) {
       // gzread reports a truncated stream either as an error or as end of file.
       int code = 0;

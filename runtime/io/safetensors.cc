@@ -195,8 +195,8 @@ SafetensorsFile read_safetensors(const std::string& path) {
     reached = e.end;
   }
   if (reached != data_size)
-    MIX_FAIL(path << " is corrupt: it has " << (data_size - reached) << " bytes after the last tensor's data (data bytes ["
-                  << reached << ", " << data_size
+    MIX_FAIL(path << " is corrupt: it has " << (data_size - reached)
+                  << " bytes after the last tensor's data (data bytes [" << reached << ", " << data_size
                   << ") belong to no tensor); a safetensors file ends where its last tensor does, so the header and "
                      "the data disagree (a damaged file, or one with bytes appended)");
 

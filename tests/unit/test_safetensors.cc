@@ -243,7 +243,8 @@ TEST_CASE("safetensors reader names the file and the problem for every corrupt f
   }
   SECTION("a field a tensor entry does not have") {
     write_raw(p, R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4], "byteorder": "big"}})", "abcd");
-    REQUIRE_THROWS_WITH(read_safetensors(p), fails_with("'w'") && Contains("\"byteorder\"") && Contains("__metadata__"));
+    REQUIRE_THROWS_WITH(read_safetensors(p),
+                        fails_with("'w'") && Contains("\"byteorder\"") && Contains("__metadata__"));
   }
 #undef fails_with
 }
