@@ -37,12 +37,12 @@ void feed_batch(Scope& scope, const models::Model& model, const data::Batch& bat
 }
 
 TestSetEvaluation::TestSetEvaluation(const Program& program, const models::Model& model, const data::Dataset& test,
-                                     collective::Communicator& comm, int64_t train_batch, int64_t max_batches,
+                                     collective::Communicator& comm, int64_t batch, int64_t max_batches,
                                      Allocator* batch_memory)
     : model_(model),
       test_(test),
       comm_(comm),
-      batch_(model.tokens_per_example > 0 ? std::max<int64_t>(train_batch, 16) : 1000),
+      batch_(batch),
       max_batches_(max_batches),
       batch_memory_(batch_memory),
       forward_(program, {model.logits, model.loss, model.label}, forward_ops),

@@ -29,12 +29,11 @@ class TestSetEvaluation {
  public:
   /// Evaluates `model` (its training program `program`, which must outlive
   /// this) on `test`: rank r takes examples r, r + world, ..., in batches of
-  /// 1000 (a language model: of `train_batch`, at least 16, as its logits are
-  /// [batch, context, vocab]); `max_batches` > 0 stops each rank after that
-  /// many (--eval-batches). `batch_memory`: as the training feeder's.
+  /// `batch` (--eval-batch-size; TrainConfig::effective_eval_batch_size);
+  /// `max_batches` > 0 stops each rank after that many (--eval-batches).
+  /// `batch_memory`: as the training feeder's.
   TestSetEvaluation(const Program& program, const models::Model& model, const data::Dataset& test,
-                    collective::Communicator& comm, int64_t train_batch, int64_t max_batches,
-                    Allocator* batch_memory);
+                    collective::Communicator& comm, int64_t batch, int64_t max_batches, Allocator* batch_memory);
 
   /// Runs the evaluation with `scope`'s parameters on `env`'s device; every
   /// rank gets the totals. Leaves `env` as it found it (training on, and the

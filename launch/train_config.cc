@@ -55,6 +55,34 @@ std::string TrainConfig::ignored_scaler_flags() const {
   return ignored;
 }
 
+std::vector<std::string> TrainConfig::doubtful_values(int world) const {
+  std::vector<std::string> out;
+  // FP32 keeps 24 bits: an update smaller than |w| x 2^-24 leaves w as it
+  // was. Weights start near 1/sqrt(fan_in) (2^-6 for 4096 inputs), and an
+  // update is the lr times a gradient element, or AdamW's normalised step,
+  // rarely above 1; so below 2^-30 the updates of typical weights are rounded
+  // away. Only a warning: large gradients, or small weights, still move.
+  if (lr < kSmallestUsefulLr) {
+    std::ostringstream m;
+    m << "--lr " << lr << " is below " << kSmallestUsefulLr
+      << ": an update of lr x gradient smaller than 2^-24 of a weight is rounded away in FP32, so unless the "
+         "gradients are far above 1 the weights will not change; raise --lr";
+    out.push_back(m.str());
+  }
+  // Pre-dividing by the world size already keeps the sum within the largest
+  // value any one rank sent; dividing by more only pushes small gradients
+  // towards underflow (and F/world > 1 multiplies them back after the sum).
+  if (grad_predivide > world) {
+    std::ostringstream m;
+    m << "--grad-predivide " << grad_predivide << " is above the world size " << world
+      << ": dividing by the world size already keeps the sum from overflowing, and more only pushes small "
+         "gradients into underflow before the sum; use a factor from 1 to "
+      << world << " (0: the world size)";
+    out.push_back(m.str());
+  }
+  return out;
+}
+
 std::vector<std::pair<std::string, std::string>> TrainConfig::fingerprint_fields() const {
   auto num = [](auto v) {
     std::ostringstream o;
@@ -145,6 +173,7 @@ std::vector<std::pair<std::string, std::string>> TrainConfig::fingerprint_fields
           {"eval", eval ? "true" : "false"},
           {"eval-every", num(eval_every)},
           {"eval-batches", num(eval_batches)},
+          {"eval-batch-size", num(effective_eval_batch_size())},
           {"benchmark", benchmark ? "on" : "off"},
           {"benchmark-warmup", num(benchmark_warmup)},
           {"print-program", print_program ? "on" : "off"}};
@@ -394,8 +423,14 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
   app.add_option("--eval", c.eval, "evaluate on the test set")->default_str("true");
   app.add_option("--eval-every", c.eval_every, "steps between evaluations (0: at the end of each epoch)")
       ->check(kNonNegativeInt);
-  app.add_option("--eval-batches", c.eval_batches, "batches per evaluation (0: the whole test split)")
+  app.add_option("--eval-batches", c.eval_batches,
+                 "at most this many batches of --eval-batch-size per rank and evaluation (0: the whole test split)")
       ->check(kNonNegativeInt);
+  app.add_option("--eval-batch-size", c.eval_batch_size,
+                 "test examples per rank in an evaluation batch (the same accuracy at any size, the loss up to "
+                 "FP32 rounding)")
+      ->check(kPositiveInt)
+      ->default_str("1000; transformer: --batch-size, at least 16");
   app.add_option("--log-every", c.log_every, "steps between progress lines (0: about every 2 s)")
       ->check(kNonNegativeInt);
   app.add_flag("--print-program", c.print_program,
@@ -476,6 +511,17 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
   if (c.data == DataSet::safetensors && c.data_file.empty()) return bad("--data safetensors needs --data-file FILE");
   if (const std::string why = grad_reduce_conflict(c.precision, c.effective_grad_reduce()); !why.empty())
     return bad(why);
+  // The largest FP16 value is 65504 and its smallest subnormal 2^-24: divided
+  // by more than 65504 x 2^24, every FP16 gradient goes into the sum as 0 (or,
+  // at best, its one smallest value), and the run trains nothing.
+  if (c.effective_grad_reduce() == collective::GradReduce::fp16 && c.grad_predivide > kLargestFp16Predivide) {
+    std::ostringstream m;
+    m << "--grad-predivide " << c.grad_predivide << " leaves nothing of the FP16 gradient all-reduce: divided by more "
+      << "than " << kLargestFp16Predivide
+      << " (FP16's largest value over its smallest), every FP16 gradient underflows to 0; use a factor from 1 to "
+         "the world size (0: the world size)";
+    return bad(m.str());
+  }
   if (!amp::is_mixed(c.precision) && !c.inject_overflow.empty())
     return bad("--inject-overflow needs --precision amp or bf16 (only their steps check for overflow)");
   InjectOverflowSpec inject;

@@ -2,6 +2,7 @@
 // mixtrain's command line, parsed with CLI11 into a TrainConfig: typed once,
 // where the flags are read (enums, not strings), with every rule between
 // flags checked there.
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -140,7 +141,16 @@ struct TrainConfig {
   int64_t log_every = 0;  // 0: a progress line about every 2 s
   bool eval = true;
   int64_t eval_every = 0;  // steps between evaluations; 0: at the end of each epoch
-  int64_t eval_batches = 0;  // 0: the whole test split; else at most this many batches per evaluation
+  int64_t eval_batches = 0;  // 0: the whole test split; else at most this many batches per rank and evaluation
+  /// Examples per rank in an evaluation batch (--eval-batch-size); unset: effective_eval_batch_size's default.
+  std::optional<int64_t> eval_batch_size;
+  /// --eval-batch-size, or 1000 (the test batch of PyTorch's MNIST example:
+  /// evaluation keeps no activations for backward, so it takes more than a
+  /// training batch), or for the Transformer --batch-size but at least 16
+  /// sequences (its logits are [batch, context, vocab]).
+  int64_t effective_eval_batch_size() const {
+    return eval_batch_size.value_or(is_language_model() ? std::max<int64_t>(batch_size, 16) : 1000);
+  }
 
   /// The fields every rank must agree on, as (name, value) text, for the startup fingerprint.
   std::vector<std::pair<std::string, std::string>> fingerprint_fields() const;
@@ -154,7 +164,19 @@ struct TrainConfig {
   /// empty when none. A warning, not an error: scripts pass one set of flags
   /// to an AMP and an FP32 run to compare them.
   std::string ignored_scaler_flags() const;
+  /// Warnings, one a line, about values that are allowed but may not do what
+  /// was meant in a job of `world` ranks: an --lr so small that its updates
+  /// may all be rounded away in FP32, a --grad-predivide above the world size.
+  /// Values that cannot work are refused by parse_train_config instead.
+  std::vector<std::string> doubtful_values(int world) const;
 };
+
+/// Below this peak --lr, the updates of typical weights are rounded away in
+/// FP32 (TrainConfig::doubtful_values says why).
+inline constexpr double kSmallestUsefulLr = 1.0 / (int64_t{1} << 30);
+/// Above this --grad-predivide, an FP16 gradient all-reduce receives only
+/// zeros (parse_train_config says why).
+inline constexpr double kLargestFp16Predivide = 65504.0 * (int64_t{1} << 24);
 
 /// Splits --inject-overflow STEP[.MICRO][:RANK[:PARAM]]; false when it does not parse.
 struct InjectOverflowSpec {

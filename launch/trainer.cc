@@ -615,6 +615,8 @@ int run_training(const TrainConfig& c, Communicator& comm, const StopSignals& st
                  use_amp && c.loss_scaling == amp::LossScalerConfig::Mode::static_scale ? "dynamic scaler"
                                                                                         : "loss scale",
                  ignored.find(',') == std::string::npos ? "it does" : "they do");
+  if (rank == 0)
+    for (const std::string& doubt : c.doubtful_values(world)) spdlog::warn("{}", doubt);
   const TrainProgram train = build_train_program(program, model.loss, train_program_options(c, model, world));
   if (rank == 0) log_step_rewrites(train);
 
@@ -674,6 +676,18 @@ int run_training(const TrainConfig& c, Communicator& comm, const StopSignals& st
     throw UsageError("--grad-accum-steps " + std::to_string(K) + " asks for more micro-batches than an epoch has (" +
                      std::to_string(micro_batches_per_epoch) + " of " + std::to_string(batch) +
                      " examples a rank): lower it, or --batch-size");
+  // A rank's share smaller than a batch gives one short batch an epoch, as
+  // PyTorch's DataLoader (drop_last=False) does without a word: a warning, not
+  // an error, since a tiny set is a fair smoke test, but the batch is not the
+  // one asked for (the learning rate and batch norm's statistics assume it).
+  const int64_t true_batch = std::min(batch, sampler.per_rank());
+  if (rank == 0 && true_batch < batch)
+    spdlog::warn("the training set has {} examples, {} a rank after the split over {} rank(s){}, fewer than "
+                 "--batch-size {}: every step trains on one batch of {} a rank; use more data, or --batch-size {} "
+                 "to ask for what happens",
+                 data.train.size(), sampler.per_rank(), world,
+                 sampler.per_rank() * world > data.train.size() ? " (padded with repeats to an equal share)" : "",
+                 batch, true_batch, true_batch);
   if (rank == 0 && micro_batches_per_epoch % K != 0)
     spdlog::warn("an epoch has {} micro-batches a rank, not a multiple of --grad-accum-steps {}: the last {} of each "
                  "epoch are left out",
@@ -725,7 +739,8 @@ int run_training(const TrainConfig& c, Communicator& comm, const StopSignals& st
   if (train.micro_batch_program)
     micro_exec = std::make_unique<Executor>(*train.micro_batch_program, std::set<std::string>{model.loss});
   const std::vector<std::string> overflow_params = overflow_mask_params(program);
-  const TestSetEvaluation evaluation(program, model, data.test, comm, batch, c.eval_batches, batch_memory);
+  const TestSetEvaluation evaluation(program, model, data.test, comm, c.effective_eval_batch_size(), c.eval_batches,
+                                     batch_memory);
   ExecEnv env;
   env.comm = &grad_comm;
   env.device = device;
@@ -759,7 +774,7 @@ int run_training(const TrainConfig& c, Communicator& comm, const StopSignals& st
     spdlog::info("training {} ({}{}), {} steps of {} examples ({} ranks x {}{}), precision {}, gradient all-reduce in {}",
                  c.model, model_signature(program),
                  c.is_resnet() ? (c.resnet_channels_last() ? ", NHWC activations" : ", NCHW activations") : "",
-                 total_steps - start_step, world * batch * K, world, batch,
+                 total_steps - start_step, world * true_batch * K, world, true_batch,
                  K > 1 ? " x " + std::to_string(K) + " micro-batches" : std::string(), amp::to_string(c.precision),
                  collective::to_string(c.effective_grad_reduce()));
 

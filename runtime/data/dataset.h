@@ -30,8 +30,11 @@ struct TrainTest {
 /// Fashion-MNIST from the Debian package dataset-fashion-mnist's IDX .gz files
 /// (train-images-idx3-ubyte.gz, ...). Pixels scaled to [0, 1] and normalised with
 /// the data set's mean 0.2860 and std 0.3530; inputs are [N, 784].
-/// Missing or corrupt files throw mix::Error naming the file and saying
-/// `apt-get install dataset-fashion-mnist` or --data-dir.
+/// A missing directory or file throws mix::Error naming it and saying
+/// `apt-get install dataset-fashion-mnist` or --data-dir; a damaged file (cut
+/// short, a failed gzip CRC-32, a bad IDX header) names the file and the damage,
+/// and says to reinstall the package (its directory) or to replace the file
+/// (any other directory).
 TrainTest load_fashion_mnist(const std::string& dir = "/usr/share/datasets/fashion-mnist");
 
 /// A user's data: a safetensors file with `inputs` (F32 [N, ...]) and `labels`

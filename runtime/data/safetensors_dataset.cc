@@ -13,6 +13,15 @@ const char* const kLayout =
     "a --data-file holds 'inputs' float32 [N, ...] and 'labels' int64 [N], optionally 'test_inputs' and "
     "'test_labels'";
 
+// The output layer has a row for every class from 0 to the largest label, and
+// each step's logits are [batch, classes] in FP32: at 2^24 classes that is
+// already 4 GiB of logits for a batch of 64, and 64 MiB of weights per input
+// feature, far past any classifier (the largest label sets in use are in the
+// tens of thousands). It is --vocab's limit too. A larger label is a corrupt
+// or unconverted file, and would otherwise overflow the class count
+// (INT64_MAX + 1) or fail in the allocator with a message naming neither.
+constexpr int64_t kMaxClasses = int64_t{1} << 24;
+
 std::string names_in(const io::SafetensorsFile& f) {
   std::string s;
   for (const auto& [n, t] : f.tensors) {
@@ -47,7 +56,14 @@ Tensor get_labels(const std::string& path, const io::SafetensorsFile& f, const s
                   << " examples");
   const int64_t* v = t->data<int64_t>();
   for (int64_t i = 0; i < n; ++i) {
-    if (v[i] < 0) MIX_FAIL(path << ": tensor '" << name << "' has a negative label " << v[i] << " at index " << i);
+    if (v[i] < 0)
+      MIX_FAIL(path << ": tensor '" << name << "' has a negative label " << v[i] << " at example " << i
+                    << "; labels are class indices 0..K-1");
+    if (v[i] >= kMaxClasses)
+      MIX_FAIL(path << ": tensor '" << name << "' has label " << v[i] << " at example " << i
+                    << ", which cannot be a class index: the output layer has a row per class up to the largest "
+                       "label, and mixtrain takes at most "
+                    << kMaxClasses << " classes; renumber the labels as 0..K-1");
   }
   return *t;
 }

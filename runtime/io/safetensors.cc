@@ -55,6 +55,14 @@ struct Entry {
 Entry parse_entry(const std::string& path, const std::string& name, const nlohmann::json& v) {
   const std::string where = path + ": tensor '" + name + "'";
   if (!v.is_object()) MIX_FAIL(where << " is not a JSON object in the header");
+  // The format gives a tensor these three fields and no others (the reference
+  // reader refuses the rest): an unknown one is damage or another format, and
+  // whatever it was meant to say about the data would be ignored.
+  for (auto it = v.begin(); it != v.end(); ++it)
+    if (it.key() != "dtype" && it.key() != "shape" && it.key() != "data_offsets")
+      MIX_FAIL(where << " has a field \"" << it.key()
+                     << "\" that safetensors does not have (a tensor has only dtype, shape and data_offsets; other "
+                        "information belongs in \"__metadata__\")");
   Entry e;
   e.name = name;
 
@@ -163,19 +171,34 @@ SafetensorsFile read_safetensors(const std::string& path) {
     entries.push_back(std::move(e));
   }
   std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
-    return a.begin != b.begin ? a.begin < b.begin : a.name < b.name;
+    // An empty tensor at an offset comes before the tensor whose data starts there.
+    if (a.begin != b.begin) return a.begin < b.begin;
+    return a.end != b.end ? a.end < b.end : a.name < b.name;
   });
-  // Each byte of data belongs to one tensor: overlapping ranges would load
-  // one tensor's bytes as another's without any other sign of damage.
-  const Entry* reaches_furthest = nullptr;
+  // Each byte of data belongs to exactly one tensor, in offset order, as the
+  // format requires: overlapping ranges would load one tensor's bytes as
+  // another's, and bytes no tensor owns (a hole, or data after the last
+  // tensor's) mean the header and the data disagree, a sign of damage or of a
+  // file that was appended to. An empty tensor sits at the offset reached.
+  const Entry* last = nullptr;  // the tensor whose data ends at `reached`
+  uint64_t reached = 0;
   for (const Entry& e : entries) {
-    if (e.begin == e.end) continue;  // an empty tensor owns no bytes
-    if (reaches_furthest && e.begin < reaches_furthest->end)
-      MIX_FAIL(path << " is corrupt: tensors '" << reaches_furthest->name << "' (data bytes ["
-                    << reaches_furthest->begin << ", " << reaches_furthest->end << ")) and '" << e.name << "' (["
-                    << e.begin << ", " << e.end << ")) overlap");
-    if (!reaches_furthest || e.end > reaches_furthest->end) reaches_furthest = &e;
+    if (e.begin < reached)
+      MIX_FAIL(path << " is corrupt: tensors '" << last->name << "' (data bytes [" << last->begin << ", " << last->end
+                    << ")) and '" << e.name << "' ([" << e.begin << ", " << e.end << ")) overlap");
+    if (e.begin > reached)
+      MIX_FAIL(path << " is corrupt: data bytes [" << reached << ", " << e.begin << ") belong to no tensor (a hole "
+                    << (last ? "between tensors '" + last->name + "' and '" + e.name + "'"
+                             : "before tensor '" + e.name + "'")
+                    << "); safetensors data holds the tensors back to back");
+    if (e.end > e.begin) last = &e;
+    reached = e.end;
   }
+  if (reached != data_size)
+    MIX_FAIL(path << " is corrupt: it has " << (data_size - reached)
+                  << " bytes after the last tensor's data (data bytes [" << reached << ", " << data_size
+                  << ") belong to no tensor); a safetensors file ends where its last tensor does, so the header and "
+                     "the data disagree (a damaged file, or one with bytes appended)");
 
   out.tensors.reserve(entries.size());
   for (const Entry& e : entries) {

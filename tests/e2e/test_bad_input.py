@@ -27,7 +27,12 @@ dir without the files, truncated .gz, truncated safetensors --data-file, NaN in
 missing --init-from; ResNet flags (--width, --data-format) on the MLP, an
 unknown --data-format, --image-size with a data set, --blocks 2,0, a ResNet on
 non-square data or on images too small for it, batch_norm over a single value
-per channel; damaged checkpoints (a NaN or inf parameter for --init-from and --resume,
+per channel; a --data-file label that cannot be a class index (INT64_MAX, 2^62);
+a Fashion-MNIST .gz in the user's --data-dir cut short in its gzip trailer or
+with one flipped byte (the file and the damage named, no install hint); --seed
+2^64, --lr 1e-50 and --grad-predivide 1e30 (refused), --lr 1e-12, a
+--grad-predivide above the world size and a training set smaller than a batch
+(warnings; the log gives the true batch); damaged checkpoints (a NaN or inf parameter for --init-from and --resume,
 NaN in AdamW's state, while inf there, which a healthy run can reach, loads; a non-numeric step ("abc", "6x") and a negative loss scale in the metadata, overlapping
 tensor data) and --resume of a checkpoint already past --steps; MPMD jobs whose
 ranks differ in --model (both orders), the scaler flags, --bucket-mb,
@@ -184,8 +189,19 @@ def main():
     expect([*lm, "--dropout", "1"], "--dropout 1", rc=2, names=["--dropout", "0.99"])
     expect([*lm, "--vocab", "1"], "--vocab 1", rc=2, names=["--vocab"])
     expect([*small, "--hidden", "8,0"], "--hidden 8,0", rc=2, names=["--hidden", "'0'"])
-    # CLI11 read "-1" into the unsigned seed as 2^64 - 1, silently.
+    # CLI11 read "-1" into the unsigned seed as 2^64 - 1, silently, and 2^64 and above too.
     expect([*small, "--seed", "-1"], "--seed -1", rc=2, names=["--seed", "'-1'"])
+    expect([*small, "--seed", "18446744073709551616"], "--seed 2^64", rc=2,
+           names=["--seed", "'18446744073709551616'", "2^64 - 1"])
+    # Values that cannot train: an lr that is 0 in FP32, a pre-division that zeroes every FP16 gradient.
+    expect([*small, "--lr", "1e-50"], "--lr 1e-50 (0 in FP32)", rc=2, names=["--lr", "'1e-50'", "FP32"])
+    expect([*small, "--grad-predivide", "1e30"], "--grad-predivide 1e30 under an FP16 all-reduce", rc=2,
+           names=["--grad-predivide 1e+30", "FP16", "underflow"])
+    # Values that may not do what was meant: a warning, and the run goes on.
+    expect([*small, "--lr", "1e-12"], "--lr 1e-12 (updates below FP32's resolution)", rc=0,
+           names=["--lr 1e-12 is below", "rounded away in FP32"])
+    expect([*small, "--grad-predivide", 4], "--grad-predivide above the world size", rc=0,
+           names=["--grad-predivide 4 is above the world size 1"])
     # A preset sets the dynamic scaler's defaults: under static scaling it used to be ignored silently.
     expect([*small, "--loss-scaling", "static", "--loss-scaling-preset", "pytorch"], "a preset with static scaling",
            rc=2, names=["--loss-scaling-preset", "--init-loss-scaling"])
@@ -204,13 +220,30 @@ def main():
     fm.mkdir()
     for f in ("train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"):
         os.symlink(f"{FM_DIR}/{f}", fm / f)
+    # A damaged file in the user's own --data-dir: the message says what is wrong with which file,
+    # not to install the package (which read as if the data were missing).
+    not_install = [("it says to install the package", lambda out: "install" in out)]
     if os.path.exists(f"{FM_DIR}/train-images-idx3-ubyte.gz"):
         with open(f"{FM_DIR}/train-images-idx3-ubyte.gz", "rb") as src:
             (fm / "train-images-idx3-ubyte.gz").write_bytes(src.read(100_000))
         expect(["--data-dir", fm, "--steps", 1], "truncated Fashion-MNIST .gz",
-               names=[f"{fm}/train-images-idx3-ubyte.gz", "truncated"])
+               names=[f"{fm}/train-images-idx3-ubyte.gz", "truncated", "replace the file"], absent=not_install)
+        # Cut in the gzip trailer: all the data is there, only the CRC-32 and length are gone.
+        # gzread called that end of file, and the file loaded unchecked.
+        os.remove(fm / "train-images-idx3-ubyte.gz")
+        os.symlink(f"{FM_DIR}/train-images-idx3-ubyte.gz", fm / "train-images-idx3-ubyte.gz")
+        os.remove(fm / "t10k-labels-idx1-ubyte.gz")
+        labels = open(f"{FM_DIR}/t10k-labels-idx1-ubyte.gz", "rb").read()
+        (fm / "t10k-labels-idx1-ubyte.gz").write_bytes(labels[:-4])
+        expect(["--data-dir", fm, "--steps", 1], "Fashion-MNIST .gz cut short in its gzip trailer", rc=1,
+               names=[f"{fm}/t10k-labels-idx1-ubyte.gz", "truncated", "CRC-32"], absent=not_install)
+        flipped = bytearray(labels)
+        flipped[len(flipped) // 2] ^= 0x01
+        (fm / "t10k-labels-idx1-ubyte.gz").write_bytes(bytes(flipped))
+        expect(["--data-dir", fm, "--steps", 1], "Fashion-MNIST .gz with one flipped byte", rc=1,
+               names=[f"{fm}/t10k-labels-idx1-ubyte.gz", "corrupt", "replace the file"], absent=not_install)
     else:
-        print(f"(no {FM_DIR}: the truncated .gz case is left out)")
+        print(f"(no {FM_DIR}: the damaged .gz cases are left out)")
 
     rng = np.random.default_rng(0)
     good = d / "good.safetensors"
@@ -235,9 +268,30 @@ def main():
     c.check(r.rc == 0 and "largest label is 1000" in r.out and "1001 output classes" in r.out
             and "only 5 label values" in r.out, "one stray label of 1000 among 0..3: trains, with a warning",
             r.describe(800))
+    # A label that cannot be a class index: INT64_MAX made INT64_MAX + 1 classes, which wrapped to a
+    # 2-class model that trained; 2^62 failed in std::vector naming neither the file nor the label.
+    for big in (2**63 - 1, 2**62):
+        huge = d / f"label_{big}.safetensors"
+        labels = rng.integers(0, 4, 128).astype(np.int64)
+        labels[9] = big
+        mt.safetensors_io.save(huge, {"inputs": rng.standard_normal((128, 16)).astype(np.float32), "labels": labels})
+        expect([*data_small, "--data-file", huge], f"a label of {big} in --data-file", rc=1,
+               names=[str(huge), f"label {big}", "example 9", "renumber"])
     # --data-file used to win silently over the data set --data named.
     expect([*data_small, "--data", "fashion-mnist", "--data-file", good], "--data-file with --data fashion-mnist",
            rc=2, names=["--data-file", "--data fashion-mnist"])
+
+    # Fewer examples a rank than a batch: one short batch a step, as PyTorch's DataLoader gives; a
+    # warning names the true batch, and the log counts it (it said "1 ranks x 64").
+    tiny = [*mt.synthetic(size=5, features=16, classes=4, hidden=(8,)), "--batch-size", 64, "--steps", 2,
+            "--eval", "false"]
+    expect(tiny, "5 examples, --batch-size 64", rc=0,
+           names=["the training set has 5 examples, 5 a rank", "fewer than --batch-size 64",
+                  "one batch of 5 a rank", "steps of 5 examples (1 ranks x 5)"])
+    if mt.have_mpirun() and os.environ.get("MIX_WITH_MPI") != "OFF":
+        expect(tiny, "5 examples on 2 ranks, --batch-size 64", rc=0, np=2, timeout=60,
+               names=["the training set has 5 examples, 3 a rank after the split over 2 rank(s) (padded",
+                      "steps of 6 examples (2 ranks x 3)"])
 
     # ---- ResNets ---------------------------------------------------------------------------------
     expect([*small, "--width", 8], "--width on the MLP", rc=2, names=["--width", "ResNet"])

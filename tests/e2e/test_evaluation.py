@@ -10,7 +10,9 @@ its schedule says (launch/trainer.cc).
      final parameters over all 1003 examples, on 1, 2 and 3 ranks (rank r
      evaluates examples r, r + W, ...; the counts and losses are summed over
      the ranks, the loss divided by the example count), and the log says 1003
-     examples. --eval-batches 1 on one rank evaluates the first 1000 only.
+     examples. --eval-batches 1 on one rank evaluates the first 1000 only
+     (the default --eval-batch-size), and --eval-batches 2 with
+     --eval-batch-size 300 the first 600.
   2. The schedule: by default after each epoch's last step and after the
      run's last step; --eval-every 3 after every 3rd step and the last;
      none under --benchmark or --eval false.
@@ -67,7 +69,8 @@ def main():
 
     # ---- 1. the last evaluation against numpy, on 1, 2 and 3 ranks ------------------------------
     worlds = (1, 2, 3) if mt.have_mpirun() and mt.os.environ.get("MIX_WITH_MPI") != "OFF" else (1,)
-    cases = [(w, [], TEST) for w in worlds] + [(1, ["--eval-batches", 1], 1000)]
+    cases = [(w, [], TEST) for w in worlds] + [(1, ["--eval-batches", 1], 1000),
+                                               (1, ["--eval-batches", 2, "--eval-batch-size", 300], 600)]
     for world, extra, examples in cases:
         what = f"{world} rank(s){' ' + ' '.join(map(str, extra)) if extra else ''}"
         ckpt, met = d / f"w{world}_{len(extra)}.st", d / f"w{world}_{len(extra)}.jsonl"

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <set>
@@ -199,7 +200,11 @@ TEST_CASE("Fashion-MNIST errors name the file and say how to get the data", "[da
     const std::string p = dir.file("train-images-idx3-ubyte.gz");
     const std::string gz = read_bytes(p);
     write_bytes(p, gz.substr(0, gz.size() / 2));
-    REQUIRE_THROWS_WITH(load_fashion_mnist(dir.path.string()), Contains(p) && Contains("dataset-fashion-mnist"));
+    // A damaged file in the user's own directory is theirs to replace: the
+    // package's install hint would read as if the data were missing.
+    REQUIRE_THROWS_WITH(load_fashion_mnist(dir.path.string()), Contains(p) && Contains("truncated") &&
+                                                                   Contains("replace the file") &&
+                                                                   !Contains("install"));
   }
   SECTION("a truncated copy of the real labels file") {
     if (!fs::exists(kFashionDir)) return;
@@ -207,7 +212,34 @@ TEST_CASE("Fashion-MNIST errors name the file and say how to get the data", "[da
     const std::string p = dir.file("train-labels-idx1-ubyte.gz");
     const std::string gz = read_bytes(std::string(kFashionDir) + "/train-labels-idx1-ubyte.gz");
     write_bytes(p, gz.substr(0, gz.size() - 100));
-    REQUIRE_THROWS_WITH(load_fashion_mnist(dir.path.string()), Contains(p) && Contains("--data-dir"));
+    REQUIRE_THROWS_WITH(load_fashion_mnist(dir.path.string()), Contains(p) && Contains("truncated"));
+  }
+  SECTION("a copy of a real file cut short in its gzip trailer") {
+    // All the data decompresses; only the CRC-32 and length after it are cut.
+    // gzread reported end of file and the file loaded, unchecked.
+    if (!fs::exists(kFashionDir)) return;
+    write_tiny_fashion(dir, 5, 3);
+    const std::string p = dir.file("train-labels-idx1-ubyte.gz");
+    const std::string gz = read_bytes(std::string(kFashionDir) + "/train-labels-idx1-ubyte.gz");
+    for (size_t cut : {1, 4, 8}) {
+      write_bytes(p, gz.substr(0, gz.size() - cut));
+      REQUIRE_THROWS_WITH(load_fashion_mnist(dir.path.string()),
+                          Contains(p) && Contains("truncated") && Contains("CRC-32") && !Contains("install"));
+    }
+  }
+  SECTION("a copy of a real file with one flipped byte") {
+    if (!fs::exists(kFashionDir)) return;
+    write_tiny_fashion(dir, 5, 3);
+    const std::string p = dir.file("train-labels-idx1-ubyte.gz");
+    const std::string gz = read_bytes(std::string(kFashionDir) + "/train-labels-idx1-ubyte.gz");
+    // In the compressed data, in the CRC-32, and in the length at the very end.
+    for (size_t at : {gz.size() / 2, gz.size() - 8, gz.size() - 1}) {
+      std::string bad = gz;
+      bad[at] = static_cast<char>(bad[at] ^ 0x01);
+      write_bytes(p, bad);
+      REQUIRE_THROWS_WITH(load_fashion_mnist(dir.path.string()),
+                          Contains(p) && Contains("corrupt") && Contains("replace the file") && !Contains("install"));
+    }
   }
   SECTION("corrupt bytes inside the gzip stream") {
     write_tiny_fashion(dir, 20, 3);
@@ -215,7 +247,8 @@ TEST_CASE("Fashion-MNIST errors name the file and say how to get the data", "[da
     std::string gz = read_bytes(p);
     for (size_t i = gz.size() / 3; i < gz.size() / 3 + 16; ++i) gz[i] = static_cast<char>(~gz[i]);
     write_bytes(p, gz);
-    REQUIRE_THROWS_WITH(load_fashion_mnist(dir.path.string()), Contains(p) && Contains("--data-dir"));
+    REQUIRE_THROWS_WITH(load_fashion_mnist(dir.path.string()),
+                        Contains(p) && Contains("corrupt") && Contains("replace the file"));
   }
   SECTION("a bad gzip trailer (CRC) is caught") {
     write_tiny_fashion(dir, 20, 3);
@@ -352,7 +385,20 @@ TEST_CASE("safetensors data set errors name the file and the tensor", "[data][sa
   }
   SECTION("negative label") {
     write_safetensors(p, {{"inputs", x}, {"labels", labels_of({0, 1, -1, 1})}});
-    REQUIRE_THROWS_WITH(load(), Contains(p) && Contains("negative") && Contains("index 2"));
+    REQUIRE_THROWS_WITH(load(), Contains(p) && Contains("negative") && Contains("example 2"));
+  }
+  SECTION("labels too large to be class indices") {
+    // INT64_MAX made the class count INT64_MAX + 1, which wrapped to a 2-class
+    // model; 2^62 failed in std::vector with no word of the file or the label.
+    for (const int64_t label : {std::numeric_limits<int64_t>::max(), int64_t{1} << 62, int64_t{1} << 24}) {
+      write_safetensors(p, {{"inputs", x}, {"labels", labels_of({0, 1, 2, label})}});
+      REQUIRE_THROWS_WITH(load(), Contains(p) && Contains("'labels'") && Contains("label " + std::to_string(label)) &&
+                                      Contains("example 3") && Contains("16777216 classes"));
+    }
+  }
+  SECTION("the largest label that can be a class index") {
+    write_safetensors(p, {{"inputs", x}, {"labels", labels_of({0, 1, 2, (int64_t{1} << 24) - 1})}});
+    CHECK(load().train.num_classes == int64_t{1} << 24);
   }
   SECTION("scalar inputs") {
     write_safetensors(p, {{"inputs", Tensor::from_floats({}, {1})}, {"labels", y}});
@@ -372,7 +418,12 @@ TEST_CASE("safetensors data set errors name the file and the tensor", "[data][sa
   }
   SECTION("negative test label") {
     write_safetensors(p, {{"inputs", x}, {"labels", y}, {"test_inputs", x}, {"test_labels", labels_of({0, 0, 0, -3})}});
-    REQUIRE_THROWS_WITH(load(), Contains(p) && Contains("'test_labels'") && Contains("index 3"));
+    REQUIRE_THROWS_WITH(load(), Contains(p) && Contains("'test_labels'") && Contains("example 3"));
+  }
+  SECTION("a test label too large to be a class index") {
+    write_safetensors(p, {{"inputs", x}, {"labels", y}, {"test_inputs", x},
+                          {"test_labels", labels_of({0, std::numeric_limits<int64_t>::max(), 0, 0})}});
+    REQUIRE_THROWS_WITH(load(), Contains(p) && Contains("'test_labels'") && Contains("example 1"));
   }
 }
 

@@ -215,7 +215,57 @@ TEST_CASE("safetensors reader names the file and the problem for every corrupt f
     write_bytes(p, all.substr(0, all.size() - 1));
     REQUIRE_THROWS_WITH(read_safetensors(p), fails_with("truncated"));
   }
+  SECTION("bytes after the last tensor") {
+    // A correct file with bytes appended: the header no longer describes the data.
+    const std::string good = dir.file("good.safetensors");
+    mix::io::write_safetensors(good, {{"w", filled({4}, DType::f32, 0)}});
+    write_bytes(p, read_bytes(good) + "junk");
+    REQUIRE_THROWS_WITH(read_safetensors(p), fails_with("4 bytes after the last tensor") && Contains("[16, 20)"));
+    // A file of no tensors holds no data.
+    write_raw(p, "{}      ", "x");
+    REQUIRE_THROWS_WITH(read_safetensors(p), fails_with("1 bytes after the last tensor"));
+  }
+  SECTION("a hole between tensors, or before the first") {
+    write_raw(p,
+              R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},)"
+              R"( "b": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]}})",
+              std::string(12, 'x'));
+    REQUIRE_THROWS_WITH(read_safetensors(p), fails_with("[4, 8) belong to no tensor") && Contains("'a' and 'b'"));
+    write_raw(p, R"({"b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})", std::string(8, 'x'));
+    REQUIRE_THROWS_WITH(read_safetensors(p), fails_with("[0, 4) belong to no tensor") && Contains("before tensor 'b'"));
+  }
+  SECTION("overlapping tensors") {
+    write_raw(p,
+              R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},)"
+              R"( "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})",
+              std::string(8, 'x'));
+    REQUIRE_THROWS_WITH(read_safetensors(p), fails_with("overlap") && Contains("'a'") && Contains("'b'"));
+  }
+  SECTION("a field a tensor entry does not have") {
+    write_raw(p, R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4], "byteorder": "big"}})", "abcd");
+    REQUIRE_THROWS_WITH(read_safetensors(p),
+                        fails_with("'w'") && Contains("\"byteorder\"") && Contains("__metadata__"));
+  }
 #undef fails_with
+}
+
+TEST_CASE("safetensors reader accepts empty tensors at any point of the data", "[safetensors]") {
+  // An empty tensor owns no bytes; it is written at the offset reached, which
+  // may be the start of the next tensor's data or the end of all data.
+  TempDir dir;
+  const std::string p = dir.file("empty.safetensors");
+  write_raw(p,
+            R"({"z": {"dtype": "F32", "shape": [4], "data_offsets": [4, 20]},)"
+            R"( "e": {"dtype": "F32", "shape": [0], "data_offsets": [4, 4]},)"
+            R"( "a": {"dtype": "I32", "shape": [], "data_offsets": [0, 4]},)"
+            R"( "end": {"dtype": "F16", "shape": [0, 3], "data_offsets": [20, 20]}})",
+            std::string(20, 'x'));
+  const auto f = mix::io::read_safetensors(p);
+  REQUIRE(f.tensors.size() == 4);
+  CHECK(f.tensors[0].first == "a");
+  CHECK(f.tensors[1].first == "e");
+  CHECK(f.tensors[2].first == "z");
+  CHECK(f.tensors[3].first == "end");
 }
 
 TEST_CASE("a failed safetensors write names the path and leaves the old file intact", "[safetensors]") {

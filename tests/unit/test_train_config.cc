@@ -5,10 +5,15 @@
 // build is. Then the flags that pick how a GPU runs convolutions: the graph API
 // by default, its negation, and --cudnn-benchmark, which times the legacy
 // calls' algorithms and so turns the graph API off (or is refused beside an
-// explicit --cudnn-graph-conv, where one of the two would do nothing).
+// explicit --cudnn-graph-conv, where one of the two would do nothing). Last,
+// numbers that cannot work (a --seed past 2^64 - 1, a positive value that is 0
+// in FP32, a --grad-predivide that zeroes every FP16 gradient) are refused,
+// ones that may not (a tiny --lr, a --grad-predivide above the world size) are
+// warned about, and --eval-batch-size sets the evaluation batch.
 #include <catch2/catch.hpp>
 
 #include <iostream>
+#include <limits>
 #include <optional>
 #include <regex>
 #include <sstream>
@@ -158,6 +163,25 @@ TEST_CASE("--version says the version, the commit and the libraries of the build
   CHECK_THAT(v.out, Contains("built with: ") && Contains("OpenBLAS"));
 }
 
+TEST_CASE("--eval-batch-size sets the evaluation batch; its default is documented", "[train_config]") {
+  CHECK(parse({}).config.effective_eval_batch_size() == 1000);
+  CHECK(parse({"--model", "transformer", "--batch-size", "4"}).config.effective_eval_batch_size() == 16);
+  CHECK(parse({"--model", "transformer", "--batch-size", "32"}).config.effective_eval_batch_size() == 32);
+  const Parsed given = parse({"--eval-batch-size", "250", "--eval-batches", "2"});
+  REQUIRE_FALSE(given.stop);
+  CHECK(given.config.effective_eval_batch_size() == 250);
+  const Parsed zero = parse({"--eval-batch-size", "0"});
+  REQUIRE(zero.stop);
+  CHECK(*zero.stop == 2);
+  const Parsed h = parse({"--help"});
+  CHECK_THAT(h.out, Contains("--eval-batch-size INT") && Contains("[default: 1000; transformer: --batch-size"));
+  // Every rank must evaluate in the same batches.
+  bool fingerprinted = false;
+  for (const auto& [name, value] : given.config.fingerprint_fields())
+    if (name == "eval-batch-size") fingerprinted = value == "250";
+  CHECK(fingerprinted);
+}
+
 TEST_CASE("convolutions run on cuDNN's graph API unless asked otherwise", "[train_config]") {
   const Parsed defaults = parse({});
   REQUIRE_FALSE(defaults.stop);
@@ -188,4 +212,79 @@ TEST_CASE("--cudnn-benchmark runs the legacy calls, whose algorithms it times", 
   const Parsed both = parse({"--cudnn-benchmark", "--cudnn-graph-conv"});
   REQUIRE(both.stop);
   CHECK(*both.stop == 2);
+}
+
+TEST_CASE("--seed takes every 64-bit value and refuses larger ones instead of clamping them", "[train_config]") {
+  const Parsed top = parse({"--seed", "18446744073709551615"});
+  REQUIRE_FALSE(top.stop);
+  CHECK(top.config.seed == std::numeric_limits<uint64_t>::max());
+  // CLI11 reads a leading zero as octal: 00042 became seed 34, and --batch-size 010 a batch of 8.
+  for (const auto& [flag, value] : {std::pair<const char*, const char*>{"--seed", "00042"}, {"--batch-size", "010"}}) {
+    const Parsed p = parse({flag, value});
+    REQUIRE(p.stop);
+    CHECK(*p.stop == 2);
+    CHECK_THAT(p.err, Contains(flag) && Contains("leading zeros") && Contains(std::string("'") + value + "'"));
+  }
+  const Parsed zero = parse({"--seed", "0"});
+  REQUIRE_FALSE(zero.stop);
+  CHECK(zero.config.seed == 0);
+  // CLI11 read each of these as 2^64 - 1: three seeds, one run.
+  for (const char* big : {"18446744073709551616", "18446744073709551625", "100000000000000000000"}) {
+    const Parsed p = parse({"--seed", big});
+    REQUIRE(p.stop);
+    CHECK(*p.stop == 2);
+    CHECK_THAT(p.err, Contains("--seed") && Contains(std::string("'") + big + "'") && Contains("2^64 - 1"));
+  }
+}
+
+TEST_CASE("a positive value that is 0 in FP32 is refused", "[train_config]") {
+  // FP32's smallest subnormal is about 1.4e-45: 1e-50 became an lr of 0.
+  for (const char* flag : {"--lr", "--bucket-mb", "--init-loss-scaling", "--clip-grad-norm"}) {
+    const Parsed p = parse({flag, "1e-50"});
+    REQUIRE(p.stop);
+    CHECK(*p.stop == 2);
+    CHECK_THAT(p.err, Contains(flag) && Contains("'1e-50'") && Contains("FP32"));
+  }
+  const Parsed tiny = parse({"--lr", "1e-44"});  // a subnormal, not 0: allowed, but warned about (below)
+  REQUIRE_FALSE(tiny.stop);
+}
+
+TEST_CASE("an lr whose updates FP32 rounds away gets a warning", "[train_config]") {
+  const Parsed usual = parse({"--lr", "1e-6"});
+  REQUIRE_FALSE(usual.stop);
+  CHECK(usual.config.doubtful_values(1).empty());
+  const Parsed edge = parse({"--lr", "9.32e-10"});  // just above 2^-30
+  REQUIRE_FALSE(edge.stop);
+  CHECK(edge.config.doubtful_values(1).empty());
+  const Parsed small = parse({"--lr", "1e-12"});
+  REQUIRE_FALSE(small.stop);
+  const std::vector<std::string> w = small.config.doubtful_values(1);
+  REQUIRE(w.size() == 1);
+  CHECK_THAT(w[0], Contains("--lr 1e-12") && Contains("FP32") && Contains("raise --lr"));
+}
+
+TEST_CASE("--grad-predivide: refused where every FP16 gradient underflows, warned about above the world size",
+          "[train_config]") {
+  // FP16's largest, 65504, over its smallest subnormal, 2^-24: past that, the sum receives zeros.
+  const Parsed huge = parse({"--grad-predivide", "1e30"});
+  REQUIRE(huge.stop);
+  CHECK(*huge.stop == 2);
+  CHECK_THAT(huge.err, Contains("--grad-predivide 1e+30") && Contains("FP16") && Contains("underflow"));
+  const Parsed past = parse({"--grad-predivide", "1.11e12"});
+  REQUIRE(past.stop);
+  const Parsed at = parse({"--grad-predivide", "1.09e12"});
+  REQUIRE_FALSE(at.stop);
+  // An FP32 or BF16 all-reduce keeps FP32's exponent range: only the warning.
+  const Parsed fp32 = parse({"--grad-predivide", "1e30", "--grad-reduce", "fp32"});
+  REQUIRE_FALSE(fp32.stop);
+  CHECK(fp32.config.doubtful_values(4).size() == 1);
+
+  const Parsed four = parse({"--grad-predivide", "4"});
+  REQUIRE_FALSE(four.stop);
+  CHECK(four.config.doubtful_values(4).empty());
+  CHECK(four.config.doubtful_values(8).empty());
+  const std::vector<std::string> w = four.config.doubtful_values(2);
+  REQUIRE(w.size() == 1);
+  CHECK_THAT(w[0], Contains("--grad-predivide 4") && Contains("world size 2") && Contains("from 1 to 2"));
+  CHECK(parse({}).config.doubtful_values(2).empty());  // 0: the world size
 }
