@@ -1,5 +1,8 @@
 #include "launch/stop_signals.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cctype>
@@ -19,7 +22,19 @@ static_assert(std::atomic<int>::is_always_lock_free);
 
 extern "C" void on_stop_signal(int sig) {
   int none = 0;
-  if (g_received.compare_exchange_strong(none, sig)) return;
+  if (g_received.compare_exchange_strong(none, sig)) {
+    // After SIGTERM or SIGINT the launcher may stop reading our output
+    // (mpirun does, while it waits to kill the job): a log line into a full
+    // pipe would then block this rank before its checkpoint. From here a log
+    // line that cannot be written is dropped instead. (fcntl is safe in a
+    // handler; SIGUSR1 leaves mpirun reading, so the log stays whole.)
+    if (sig == SIGTERM || sig == SIGINT)
+      for (int fd : {STDOUT_FILENO, STDERR_FILENO}) {
+        const int flags = ::fcntl(fd, F_GETFL);
+        if (flags >= 0) ::fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+      }
+    return;
+  }
   // A second signal: the user (or the scheduler) will not wait for the step
   // boundary. End as the signal's default action would, at once.
   ::signal(sig, SIG_DFL);

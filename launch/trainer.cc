@@ -471,8 +471,21 @@ void log_rank_table(Communicator& comm, const std::string& device) {
   comm.all_gather(line.data(), all.data(), 96);
   if (comm.rank() != 0) return;
   spdlog::info("{} rank(s), backend {}:", comm.world_size(), comm.backend_name());
-  for (int r = 0; r < comm.world_size(); ++r)
-    spdlog::info("  rank {} -> {}", r, std::string(&all[static_cast<size_t>(r) * 96]).c_str());
+  // Each host's ranks, in one line: when a host dies, mpirun names the node
+  // only ("Remote daemon ... on node X"); this line names its ranks.
+  std::vector<std::pair<std::string, std::string>> ranks_of_host;
+  for (int r = 0; r < comm.world_size(); ++r) {
+    const std::string entry(&all[static_cast<size_t>(r) * 96]);
+    spdlog::info("  rank {} -> {}", r, entry.c_str());
+    const std::string host_name = entry.substr(0, entry.find(' '));
+    auto it = std::find_if(ranks_of_host.begin(), ranks_of_host.end(),
+                           [&](const auto& h) { return h.first == host_name; });
+    if (it == ranks_of_host.end()) it = ranks_of_host.insert(ranks_of_host.end(), {host_name, ""});
+    it->second += (it->second.empty() ? "" : ", ") + std::to_string(r);
+  }
+  std::string hosts;
+  for (const auto& [name, ranks] : ranks_of_host) hosts += (hosts.empty() ? "" : "; ") + name + ": rank(s) " + ranks;
+  spdlog::info("ranks by host: {}", hosts);
 }
 
 // Where a skipped step's overflow came from, decoded from the mask that

@@ -339,14 +339,18 @@ def check_host_loss(checks, cluster, out):
         checks.check(not any(left.values()), "nothing is left running on head and hostA", str(left))
 
         output = log_path.read_text(errors="replace")  # a file: mixtrain logs without colours
-        # Open MPI names the lost daemon's node, not the ranks it ran; the rank
-        # table rank 0 logged at start maps that node to its ranks.
+        # Open MPI names the lost daemon's node, not the ranks it ran.
         lost_nodes = re.findall(r"Remote daemon:\s*\S+ on node (\S+)", output)
         checks.check(lost_nodes == ["hostB"], "Open MPI's output names hostB as the lost node", str(lost_nodes))
-        table = rank_table(output)
-        named = sorted(r for r, (h, _) in table.items() if h in lost_nodes)
+        # The "ranks by host" line rank 0 logs at start maps that node to its ranks.
+        by_host = re.search(r"ranks by host: (.*)", output)
+        named = []
+        for entry in (by_host.group(1).split("; ") if by_host else []):
+            host, _, ranks = entry.partition(": rank(s) ")
+            if host in lost_nodes:
+                named += sorted(int(r) for r in ranks.split(", "))
         checks.check(killed_ranks == [2, 3] and named == killed_ranks,
-                     "the output names the lost ranks (Open MPI's node, mapped by the rank table)",
+                     "the output names the lost ranks (Open MPI's node, and mixtrain's ranks-by-host line)",
                      f"lost ranks {named} on {lost_nodes}; killed ranks {killed_ranks}")
         print("     > " + "\n     > ".join(l for l in output.splitlines() if "node" in l or "host:" in l))
     finally:
