@@ -1,5 +1,7 @@
 // Data sets (Fashion-MNIST, a user's safetensors file, synthetic), the
-// deterministic RNG, the distributed sampler and batch gathering.
+// deterministic RNG, the distributed sampler and batch gathering. Test cases
+// tagged [needs_fashion] read the installed data set: CTest runs them as
+// unit.test_data.fashion, which reports skipped where it is not installed.
 #include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -25,6 +27,7 @@
 #include "runtime/data/batch_prefetcher.h"
 #include "runtime/data/dataset.h"
 #include "runtime/io/safetensors.h"
+#include "tests/skip_part.h"
 #include "tests/unit/temp_files.h"
 
 namespace fs = std::filesystem;
@@ -81,6 +84,13 @@ void write_tiny_fashion(const TempDir& dir, int train_n, int test_n, bool gz = t
   }
 }
 
+// False (the part is reported skipped) where the data set is not installed.
+bool have_fashion() {
+  if (fs::exists(kFashionDir)) return true;
+  mix::testing::skip_part(std::string(kFashionDir) + " missing (install dataset-fashion-mnist): not tested");
+  return false;
+}
+
 const TrainTest& fashion() {
   static const TrainTest tt = load_fashion_mnist(kFashionDir);
   return tt;
@@ -101,11 +111,8 @@ Tensor labels_of(const std::vector<int64_t>& v) {
 
 // ---- Fashion-MNIST ------------------------------------------------------------
 
-TEST_CASE("Fashion-MNIST loads from the Debian package", "[data][fashion]") {
-  if (!fs::exists(kFashionDir)) {
-    WARN(kFashionDir << " missing (install dataset-fashion-mnist): not tested");
-    return;
-  }
+TEST_CASE("Fashion-MNIST loads from the Debian package", "[data][fashion][needs_fashion]") {
+  if (!have_fashion()) return;
   const TrainTest& tt = fashion();
   CHECK(tt.train.name == "fashion-mnist");
   CHECK(tt.train.num_classes == 10);
@@ -147,9 +154,10 @@ TEST_CASE("Fashion-MNIST loads from the Debian package", "[data][fashion]") {
   CHECK(hi == (1.0f - 0.2860f) / 0.3530f);
 }
 
-TEST_CASE("Fashion-MNIST matches an independent reader in Python", "[data][fashion][python]") {
-  if (!fs::exists(kFashionDir) || !fs::exists(kPython)) {
-    WARN("Fashion-MNIST or " << kPython << " missing: not tested");
+TEST_CASE("Fashion-MNIST matches an independent reader in Python", "[data][fashion][python][needs_fashion]") {
+  if (!have_fashion()) return;
+  if (!fs::exists(kPython)) {
+    mix::testing::skip_part(std::string(kPython) + " missing: Fashion-MNIST not compared with Python's reader");
     return;
   }
   // Python decodes the files with gzip + numpy and applies torchvision's
@@ -201,14 +209,6 @@ TEST_CASE("Fashion-MNIST errors name the file and say how to get the data", "[da
     write_bytes(p, gz.substr(0, gz.size() / 2));
     REQUIRE_THROWS_WITH(load_fashion_mnist(dir.path.string()), Contains(p) && Contains("dataset-fashion-mnist"));
   }
-  SECTION("a truncated copy of the real labels file") {
-    if (!fs::exists(kFashionDir)) return;
-    write_tiny_fashion(dir, 5, 3);
-    const std::string p = dir.file("train-labels-idx1-ubyte.gz");
-    const std::string gz = read_bytes(std::string(kFashionDir) + "/train-labels-idx1-ubyte.gz");
-    write_bytes(p, gz.substr(0, gz.size() - 100));
-    REQUIRE_THROWS_WITH(load_fashion_mnist(dir.path.string()), Contains(p) && Contains("--data-dir"));
-  }
   SECTION("corrupt bytes inside the gzip stream") {
     write_tiny_fashion(dir, 20, 3);
     const std::string p = dir.file("train-images-idx3-ubyte.gz");
@@ -256,6 +256,16 @@ TEST_CASE("Fashion-MNIST errors name the file and say how to get the data", "[da
     write_gz(p, idx_bytes(0x801, {5}, {0, 1, 2, 3, 4, 5}));
     REQUIRE_THROWS_WITH(load_fashion_mnist(dir.path.string()), Contains(p));
   }
+}
+
+TEST_CASE("Fashion-MNIST errors: a truncated copy of the real labels file", "[data][fashion][needs_fashion]") {
+  if (!have_fashion()) return;
+  TempDir dir;
+  write_tiny_fashion(dir, 5, 3);
+  const std::string p = dir.file("train-labels-idx1-ubyte.gz");
+  const std::string gz = read_bytes(std::string(kFashionDir) + "/train-labels-idx1-ubyte.gz");
+  write_bytes(p, gz.substr(0, gz.size() - 100));
+  REQUIRE_THROWS_WITH(load_fashion_mnist(dir.path.string()), Contains(p) && Contains("--data-dir"));
 }
 
 TEST_CASE("Fashion-MNIST reads gzip and uncompressed IDX files", "[data][fashion]") {
