@@ -1,13 +1,16 @@
 #pragma once
 // The main() of a Catch2 test run under mpirun: start the MPI communicator,
 // run the tests on every rank, and fail every rank if any rank failed (the
-// failure counts are combined with MAX), so CTest sees one verdict.
+// failure counts are combined with MAX), so CTest sees one verdict. A part
+// skipped on any rank (tests/skip_part.h) makes every rank exit 77 when
+// nothing failed; mpirun passes 77 through when every rank returns it.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <memory>
 
 #include "collective/communicator.h"
+#include "tests/skip_part.h"
 
 namespace mix::testing {
 
@@ -21,16 +24,18 @@ inline int run_mpi_tests(int argc, char** argv, const char* name, collective::Co
     return 1;
   }
   comm = owner.get();
-  int32_t failed = Catch::Session().run(argc, argv);
+  // [0]: failed, [1]: skipped something; MAX over the ranks, so every rank
+  // returns the same code.
+  int32_t outcome[2] = {Catch::Session().run(argc, argv), skipped_parts().empty() ? 0 : 1};
   try {
-    owner->all_reduce(&failed, 1, DType::i32, collective::ReduceOp::max);
+    owner->all_reduce(outcome, 2, DType::i32, collective::ReduceOp::max);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: final all-reduce failed: %s\n", name, e.what());
-    failed = 1;
+    outcome[0] = 1;
   }
   comm = nullptr;
   owner.reset();  // MPI_Finalize
-  return failed != 0 ? 1 : 0;
+  return exit_code(outcome[0], outcome[1] != 0);
 }
 
 }  // namespace mix::testing

@@ -6,14 +6,18 @@
 // Expected values are closed forms (rank r contributes r+1: the sum is
 // n(n+1)/2, the max n). Where per-hop FP16 rounding makes the answer depend on
 // the reduction tree, which MPI chooses freely, the test enumerates every tree
-// over the ranks' values and requires the answer to be one of them and to be
-// identical on every rank.
+// over the ranks' values, each hop rounded by a reference written here (not
+// the communicator's own hop), and requires the answer to be one of them and
+// to be identical on every rank. The rounding itself is pinned by sums whose
+// every tree gives one answer, written out by hand as binary16 / bfloat16 bit
+// patterns.
 #include "tests/mpi/mpi_test_main.h"
 
 #include "collective/mpi_check.h"  // first: <mpi.h> without the C++ bindings
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -22,6 +26,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <set>
@@ -138,17 +143,26 @@ void check_reduce(Communicator& c, DType t, ReduceOp op, size_t n, ValueFn value
 
 using HopFn = float (*)(float, float);
 
+// x rounded to a float format with `mant_bits` stored mantissa bits and
+// smallest normal exponent `min_exp`, IEEE round-to-nearest-even, |x| at or
+// past `overflow_at` (the maximum plus half its spacing) to inf. Written in
+// double arithmetic, apart from half.h: std::nearbyint rounds ties to even.
+double round_to_format(double x, int mant_bits, int min_exp, double overflow_at) {
+  if (x == 0 || std::isnan(x) || std::isinf(x)) return x;
+  const double a = std::fabs(x);
+  if (a >= overflow_at) return std::copysign(std::numeric_limits<double>::infinity(), x);
+  const int e = std::max(std::ilogb(a), min_exp);  // subnormals share the smallest normal spacing
+  const double spacing = std::ldexp(1.0, e - mant_bits);
+  return std::copysign(std::nearbyint(a / spacing) * spacing, x);
+}
+
+// One hop of the sum: widen, add (exact in double for the test's values, as in
+// FP32), round once to the 16-bit format.
 float f16_sum_hop(float a, float b) {
-  uint16_t x = mix::float_to_half_bits(a);
-  const uint16_t y = mix::float_to_half_bits(b);
-  mc::reduce_into(&x, &y, 1, DType::f16, ReduceOp::sum);
-  return mix::half_bits_to_float(x);
+  return static_cast<float>(round_to_format(static_cast<double>(a) + b, 10, -14, 65520.0));
 }
 float bf16_sum_hop(float a, float b) {
-  uint16_t x = mix::float_to_bf16_bits(a);
-  const uint16_t y = mix::float_to_bf16_bits(b);
-  mc::reduce_into(&x, &y, 1, DType::bf16, ReduceOp::sum);
-  return mix::bf16_bits_to_float(x);
+  return static_cast<float>(round_to_format(static_cast<double>(a) + b, 7, -126, std::ldexp(2.0 - 0x1p-8, 127)));
 }
 
 // Every result of combining vals with `hop` over any binary tree and any order.
@@ -311,6 +325,159 @@ TEST_CASE("f16/bf16 sums round per hop, in some tree order, identically on every
       CHECK(same_on_all_ranks(c, fnv1a(buf.data(), size * 2)));  // ranks compare hashes, not whole buffers
     }
   }
+}
+
+namespace {
+
+// ---- rounding pinned by sums that every reduction tree agrees on -------------
+//
+// The FP16/BF16 sum's hop widens to FP32, adds and rounds to nearest even once.
+// Round-to-nearest-even, truncation and rounding half up differ only on sums
+// that fall between two 16-bit values, so the cases below sit there; each
+// expected result is worked out by hand and written as its bit pattern.
+
+// Rank p holds a, rank q holds b, every other rank +0. Adding +0 is exact, so
+// on any tree over any number of ranks the only rounding hop is a + b.
+struct PairCase {
+  uint16_t a, b, want;
+  const char* what;
+};
+const PairCase kF16Pairs[] = {
+    {0x6801, 0x3c00, 0x6802, "2050 + 1 = 2051: a tie of 2050 (odd) and 2052 (even) -> 2052; truncation gives 2050"},
+    {0x6802, 0x3c00, 0x6802, "2052 + 1 = 2053: a tie of 2052 (even) and 2054 -> 2052; half up gives 2054"},
+    {0x6800, 0x3e00, 0x6801, "2048 + 1.5 = 2049.5: nearer 2050 -> 2050; truncation gives 2048"},
+    {0x6800, 0xb800, 0x6800, "2048 - 0.5 = 2047.5: a tie of 2047 (odd) and 2048 (even) -> 2048; truncation gives 2047"},
+    {0x3c01, 0x1000, 0x3c02, "(1 + 2^-10) + 2^-11: a tie -> the even 1 + 2^-9; truncation gives 1 + 2^-10"},
+    {0x7bff, 0x4c00, 0x7c00, "65504 + 16 = 65520: halfway to 2^16, past the max, ties to even -> inf; truncation gives 65504"},
+    {0x7bff, 0x4b80, 0x7bff, "65504 + 15 = 65519: below halfway -> 65504"},
+    {0xe801, 0xbc00, 0xe802, "-2050 - 1 = -2051: a tie -> -2052; truncation toward zero gives -2050"},
+    {0xfbff, 0xcc00, 0xfc00, "-65504 - 16 = -65520 -> -inf"},
+};
+const PairCase kBf16Pairs[] = {
+    {0x4381, 0x3f80, 0x4382, "258 + 1 = 259: a tie of 258 (odd) and 260 (even) -> 260; truncation gives 258"},
+    {0x4382, 0x3f80, 0x4382, "260 + 1 = 261: a tie of 260 (even) and 262 -> 260; half up gives 262"},
+    {0x4380, 0x3fc0, 0x4381, "256 + 1.5 = 257.5: nearer 258 -> 258; truncation gives 256"},
+    {0x4380, 0xbf00, 0x4380, "256 - 0.5 = 255.5: a tie of 255 (odd) and 256 (even) -> 256; truncation gives 255"},
+    {0x7f7f, 0x7b00, 0x7f80, "max + 2^119: halfway to 2^128, ties to even -> inf; truncation gives max"},
+    {0x7f7f, 0x7a80, 0x7f7f, "max + 2^118: below halfway -> max"},
+    {0xc381, 0xbf80, 0xc382, "-258 - 1 = -259: a tie -> -260; truncation toward zero gives -258"},
+    {0xff7f, 0xfb00, 0xff80, "-max - 2^119 -> -inf"},
+};
+
+// Every rank takes part: `big` on rank p, `odd` on rank q, `four` on the rest.
+// In [2048, 4096) FP16's spacing is 2 (BF16's in [256, 512) too), the small
+// values add exactly among themselves, and any partial sum holding big and
+// odd is big + odd + 4k: one rounding per tree, whatever its shape, of the
+// same kind (odd = 3 sits on a tie that goes up, 1 on one that goes down, 1.5
+// is nearer the value above), later hops adding multiples of 4 exactly. The
+// sum is big + odd + 4(n - 2), rounded once: per world size, by hand.
+struct RanksCase {
+  uint16_t big, odd, four, want_np2, want_np4;
+  const char* what;
+};
+const RanksCase kF16Ranks[] = {
+    {0x6800, 0x4200, 0x4400, 0x6802, 0x6806, "2048 + 3 + 4(n-2): 2051 -> 2052, 2059 -> 2060 (truncation: 2050, 2058)"},
+    {0x6800, 0x3c00, 0x4400, 0x6800, 0x6804, "2048 + 1 + 4(n-2): 2049 -> 2048, 2057 -> 2056 (half up: 2050, 2058)"},
+    {0x6800, 0x3e00, 0x4400, 0x6801, 0x6805, "2048 + 1.5 + 4(n-2): 2049.5 -> 2050, 2057.5 -> 2058"},
+    {0xe800, 0xc200, 0xc400, 0xe802, 0xe806, "-2048 - 3 - 4(n-2): -2051 -> -2052, -2059 -> -2060"},
+};
+const RanksCase kBf16Ranks[] = {
+    {0x4380, 0x4040, 0x4080, 0x4382, 0x4386, "256 + 3 + 4(n-2): 259 -> 260, 267 -> 268 (truncation: 258, 266)"},
+    {0x4380, 0x3f80, 0x4080, 0x4380, 0x4384, "256 + 1 + 4(n-2): 257 -> 256, 265 -> 264 (half up: 258, 266)"},
+    {0x4380, 0x3fc0, 0x4080, 0x4381, 0x4385, "256 + 1.5 + 4(n-2): 257.5 -> 258, 265.5 -> 266"},
+    {0xc380, 0xc040, 0xc080, 0xc382, 0xc386, "-256 - 3 - 4(n-2): -259 -> -260, -267 -> -268"},
+};
+
+// Element i tests case i % cases with the two named roles on ranks p != q,
+// cycling through every ordered pair, so each rank plays each part.
+struct Roles {
+  size_t which;
+  int p, q;
+};
+Roles roles_of(size_t i, size_t cases, int world) {
+  const size_t w = static_cast<size_t>(world);
+  const size_t pair = (i / cases) % (w * (w - 1));
+  const size_t p = pair / (w - 1);
+  const size_t q = (p + 1 + pair % (w - 1)) % w;
+  return {i % cases, static_cast<int>(p), static_cast<int>(q)};
+}
+
+// All-reduces buf (sum) blocking or started-and-waited (the gradient buckets'
+// way), and counts the elements whose bits differ from want(i).
+template <typename WantFn, typename WhatFn>
+void check_pinned_sum(Communicator& c, DType t, std::vector<uint16_t> buf, bool started, WantFn want, WhatFn what) {
+  if (started) {
+    c.wait(c.all_reduce_start(buf.data(), buf.size(), t, ReduceOp::sum, Traffic::gradients));
+  } else {
+    c.all_reduce(buf.data(), buf.size(), t, ReduceOp::sum);
+  }
+  size_t bad = 0;
+  std::string first;
+  for (size_t i = 0; i < buf.size(); ++i) {
+    if (buf[i] == want(i)) continue;
+    if (bad++ == 0) {
+      char bits[64];
+      std::snprintf(bits, sizeof bits, ": got 0x%04x, want 0x%04x", buf[i], want(i));
+      first = "element " + std::to_string(i) + " (" + what(i) + ")" + bits;
+    }
+  }
+  INFO(mix::dtype_name(t) << (started ? " started" : "") << " sum of " << buf.size() << " elements on "
+                          << c.world_size() << " ranks, rank " << c.rank() << ": " << bad << " wrong, first "
+                          << first);
+  CHECK(bad == 0);
+}
+
+}  // namespace
+
+TEST_CASE("f16/bf16 sums round to nearest even: hand-worked bit patterns", "[mpi][all_reduce][f16][rounding]") {
+  Communicator& c = comm();
+  const int world = c.world_size();
+  struct Table {
+    DType dtype;
+    const PairCase* pairs;
+    size_t n_pairs;
+    const RanksCase* ranks;
+    size_t n_ranks;
+  };
+  const Table tables[] = {
+      {DType::f16, kF16Pairs, std::size(kF16Pairs), kF16Ranks, std::size(kF16Ranks)},
+      {DType::bf16, kBf16Pairs, std::size(kBf16Pairs), kBf16Ranks, std::size(kBf16Ranks)},
+  };
+  for (const Table& tb : tables) {
+    for (bool started : {false, true}) {
+      // One element per case and ordered rank pair, then a million (MPI's
+      // segmented and pipelined paths).
+      for (size_t size : {tb.n_pairs * static_cast<size_t>(world * (world - 1)), size_t{1} << 20}) {
+        std::vector<uint16_t> buf(size);
+        for (size_t i = 0; i < size; ++i) {
+          const Roles r = roles_of(i, tb.n_pairs, world);
+          const PairCase& k = tb.pairs[r.which];
+          buf[i] = c.rank() == r.p ? k.a : c.rank() == r.q ? k.b : uint16_t{0};  // +0 elsewhere
+        }
+        check_pinned_sum(
+            c, tb.dtype, std::move(buf), started, [&](size_t i) { return tb.pairs[roles_of(i, tb.n_pairs, world).which].want; },
+            [&](size_t i) { return std::string(tb.pairs[roles_of(i, tb.n_pairs, world).which].what); });
+      }
+      if (world != 2 && world != 4) continue;  // worked out for the world sizes CTest runs; skipped below
+      for (size_t size : {tb.n_ranks * static_cast<size_t>(world * (world - 1)), size_t{1} << 20}) {
+        std::vector<uint16_t> buf(size);
+        for (size_t i = 0; i < size; ++i) {
+          const Roles r = roles_of(i, tb.n_ranks, world);
+          const RanksCase& k = tb.ranks[r.which];
+          buf[i] = c.rank() == r.p ? k.big : c.rank() == r.q ? k.odd : k.four;
+        }
+        check_pinned_sum(
+            c, tb.dtype, std::move(buf), started,
+            [&](size_t i) {
+              const RanksCase& k = tb.ranks[roles_of(i, tb.n_ranks, world).which];
+              return world == 2 ? k.want_np2 : k.want_np4;
+            },
+            [&](size_t i) { return std::string(tb.ranks[roles_of(i, tb.n_ranks, world).which].what); });
+      }
+    }
+  }
+  if (world != 2 && world != 4)
+    mix::testing::skip_part("every-rank rounding sums are worked out for 2 and 4 ranks, not " + std::to_string(world));
 }
 
 TEST_CASE("inf and NaN survive every reduction tree", "[mpi][all_reduce]") {

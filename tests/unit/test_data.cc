@@ -1,5 +1,7 @@
 // Data sets (Fashion-MNIST, a user's safetensors file, synthetic), the
-// deterministic RNG, the distributed sampler and batch gathering.
+// deterministic RNG, the distributed sampler and batch gathering. Test cases
+// tagged [needs_fashion] read the installed data set: CTest runs them as
+// unit.test_data.fashion, which reports skipped where it is not installed.
 #include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -26,6 +28,7 @@
 #include "runtime/data/batch_prefetcher.h"
 #include "runtime/data/dataset.h"
 #include "runtime/io/safetensors.h"
+#include "tests/skip_part.h"
 #include "tests/unit/temp_files.h"
 
 namespace fs = std::filesystem;
@@ -82,6 +85,13 @@ void write_tiny_fashion(const TempDir& dir, int train_n, int test_n, bool gz = t
   }
 }
 
+// False (the part is reported skipped) where the data set is not installed.
+bool have_fashion() {
+  if (fs::exists(kFashionDir)) return true;
+  mix::testing::skip_part(std::string(kFashionDir) + " missing (install dataset-fashion-mnist): not tested");
+  return false;
+}
+
 const TrainTest& fashion() {
   static const TrainTest tt = load_fashion_mnist(kFashionDir);
   return tt;
@@ -102,11 +112,8 @@ Tensor labels_of(const std::vector<int64_t>& v) {
 
 // ---- Fashion-MNIST ------------------------------------------------------------
 
-TEST_CASE("Fashion-MNIST loads from the Debian package", "[data][fashion]") {
-  if (!fs::exists(kFashionDir)) {
-    WARN(kFashionDir << " missing (install dataset-fashion-mnist): not tested");
-    return;
-  }
+TEST_CASE("Fashion-MNIST loads from the Debian package", "[data][fashion][needs_fashion]") {
+  if (!have_fashion()) return;
   const TrainTest& tt = fashion();
   CHECK(tt.train.name == "fashion-mnist");
   CHECK(tt.train.num_classes == 10);
@@ -148,9 +155,10 @@ TEST_CASE("Fashion-MNIST loads from the Debian package", "[data][fashion]") {
   CHECK(hi == (1.0f - 0.2860f) / 0.3530f);
 }
 
-TEST_CASE("Fashion-MNIST matches an independent reader in Python", "[data][fashion][python]") {
-  if (!fs::exists(kFashionDir) || !fs::exists(kPython)) {
-    WARN("Fashion-MNIST or " << kPython << " missing: not tested");
+TEST_CASE("Fashion-MNIST matches an independent reader in Python", "[data][fashion][python][needs_fashion]") {
+  if (!have_fashion()) return;
+  if (!fs::exists(kPython)) {
+    mix::testing::skip_part(std::string(kPython) + " missing: Fashion-MNIST not compared with Python's reader");
     return;
   }
   // Python decodes the files with gzip + numpy and applies torchvision's
@@ -206,41 +214,6 @@ TEST_CASE("Fashion-MNIST errors name the file and say how to get the data", "[da
                                                                    Contains("replace the file") &&
                                                                    !Contains("install"));
   }
-  SECTION("a truncated copy of the real labels file") {
-    if (!fs::exists(kFashionDir)) return;
-    write_tiny_fashion(dir, 5, 3);
-    const std::string p = dir.file("train-labels-idx1-ubyte.gz");
-    const std::string gz = read_bytes(std::string(kFashionDir) + "/train-labels-idx1-ubyte.gz");
-    write_bytes(p, gz.substr(0, gz.size() - 100));
-    REQUIRE_THROWS_WITH(load_fashion_mnist(dir.path.string()), Contains(p) && Contains("truncated"));
-  }
-  SECTION("a copy of a real file cut short in its gzip trailer") {
-    // All the data decompresses; only the CRC-32 and length after it are cut.
-    // gzread reported end of file and the file loaded, unchecked.
-    if (!fs::exists(kFashionDir)) return;
-    write_tiny_fashion(dir, 5, 3);
-    const std::string p = dir.file("train-labels-idx1-ubyte.gz");
-    const std::string gz = read_bytes(std::string(kFashionDir) + "/train-labels-idx1-ubyte.gz");
-    for (size_t cut : {1, 4, 8}) {
-      write_bytes(p, gz.substr(0, gz.size() - cut));
-      REQUIRE_THROWS_WITH(load_fashion_mnist(dir.path.string()),
-                          Contains(p) && Contains("truncated") && Contains("CRC-32") && !Contains("install"));
-    }
-  }
-  SECTION("a copy of a real file with one flipped byte") {
-    if (!fs::exists(kFashionDir)) return;
-    write_tiny_fashion(dir, 5, 3);
-    const std::string p = dir.file("train-labels-idx1-ubyte.gz");
-    const std::string gz = read_bytes(std::string(kFashionDir) + "/train-labels-idx1-ubyte.gz");
-    // In the compressed data, in the CRC-32, and in the length at the very end.
-    for (size_t at : {gz.size() / 2, gz.size() - 8, gz.size() - 1}) {
-      std::string bad = gz;
-      bad[at] = static_cast<char>(bad[at] ^ 0x01);
-      write_bytes(p, bad);
-      REQUIRE_THROWS_WITH(load_fashion_mnist(dir.path.string()),
-                          Contains(p) && Contains("corrupt") && Contains("replace the file") && !Contains("install"));
-    }
-  }
   SECTION("corrupt bytes inside the gzip stream") {
     write_tiny_fashion(dir, 20, 3);
     const std::string p = dir.file("train-images-idx3-ubyte.gz");
@@ -288,6 +261,37 @@ TEST_CASE("Fashion-MNIST errors name the file and say how to get the data", "[da
     const std::string p = dir.file("train-labels-idx1-ubyte.gz");
     write_gz(p, idx_bytes(0x801, {5}, {0, 1, 2, 3, 4, 5}));
     REQUIRE_THROWS_WITH(load_fashion_mnist(dir.path.string()), Contains(p));
+  }
+}
+
+TEST_CASE("Fashion-MNIST errors: damaged copies of the real labels file", "[data][fashion][needs_fashion]") {
+  if (!have_fashion()) return;
+  TempDir dir;
+  write_tiny_fashion(dir, 5, 3);
+  const std::string p = dir.file("train-labels-idx1-ubyte.gz");
+  const std::string gz = read_bytes(std::string(kFashionDir) + "/train-labels-idx1-ubyte.gz");
+  SECTION("cut short in its data") {
+    write_bytes(p, gz.substr(0, gz.size() - 100));
+    REQUIRE_THROWS_WITH(load_fashion_mnist(dir.path.string()), Contains(p) && Contains("truncated"));
+  }
+  SECTION("cut short in its gzip trailer") {
+    // All the data decompresses; only the CRC-32 and length after it are cut.
+    // gzread reported end of file and the file loaded, unchecked.
+    for (size_t cut : {1, 4, 8}) {
+      write_bytes(p, gz.substr(0, gz.size() - cut));
+      REQUIRE_THROWS_WITH(load_fashion_mnist(dir.path.string()),
+                          Contains(p) && Contains("truncated") && Contains("CRC-32") && !Contains("install"));
+    }
+  }
+  SECTION("one flipped byte") {
+    // In the compressed data, in the CRC-32, and in the length at the very end.
+    for (size_t at : {gz.size() / 2, gz.size() - 8, gz.size() - 1}) {
+      std::string bad = gz;
+      bad[at] = static_cast<char>(bad[at] ^ 0x01);
+      write_bytes(p, bad);
+      REQUIRE_THROWS_WITH(load_fashion_mnist(dir.path.string()),
+                          Contains(p) && Contains("corrupt") && Contains("replace the file") && !Contains("install"));
+    }
   }
 }
 

@@ -9,6 +9,8 @@
 //   - the scalar functions, the portable bulk loops and the F16C instructions
 //     compared with each other bit for bit;
 //   - the fused half kernels of the all-reduce against the functor loops.
+// Test cases tagged [needs_f16c] test the F16C instructions: CTest runs them as
+// unit.test_half.f16c, which reports skipped on a CPU without them.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -32,10 +34,18 @@
 #include "runtime/core/tensor.h"
 #include "runtime/kernels/cpu_loops.h"
 #include "runtime/kernels/functors.h"
+#include "tests/skip_part.h"
 
 namespace {
 
 namespace hb = mix::half_bulk;
+
+// False (the part is reported skipped) where the CPU has no F16C/AVX.
+bool have_f16c() {
+  if (hb::cpu_has_f16c()) return true;
+  mix::testing::skip_part("this CPU has no F16C/AVX: the F16C paths are not tested here");
+  return false;
+}
 
 bool half_is_nan(uint16_t h) { return (h & 0x7c00u) == 0x7c00u && (h & 0x03ffu) != 0; }
 bool bf16_is_nan(uint16_t b) { return (b & 0x7f80u) == 0x7f80u && (b & 0x007fu) != 0; }
@@ -329,11 +339,8 @@ TEST_CASE("half: float->half and float->bf16 round to nearest even (random float
   CHECK_FALSE(is_rne_bf16(mix::bits_float(0x3f818000u), 0x3f81u));
 }
 
-TEST_CASE("half: F16C bulk path agrees with the portable path bit for bit", "[half][bulk][f16c]") {
-  if (!hb::cpu_has_f16c()) {
-    WARN("this CPU has no F16C/AVX: the F16C bulk path is not tested here");
-    return;
-  }
+TEST_CASE("half: F16C bulk path agrees with the portable path bit for bit", "[half][bulk][f16c][needs_f16c]") {
+  if (!have_f16c()) return;
   const std::vector<uint16_t> h = all_patterns();
   std::vector<float> fp(h.size()), fc(h.size()), fd(h.size());
   hb::f16_to_f32_portable(h.data(), fp.data(), h.size());
@@ -432,10 +439,8 @@ struct TableRow {
   int line;
 };
 
-}  // namespace
-
-TEST_CASE("half/bf16: rounding matches NumPy float16 and PyTorch bfloat16 on boundary cases",
-          "[half][bf16][numpy]") {
+// The boundary cases of tests/python/gen_rounding_table.py (or $MIX_ROUNDING_TABLE).
+std::vector<TableRow> rounding_table() {
   std::string path;
   bool remove_after = false;
   if (const char* env = std::getenv("MIX_ROUNDING_TABLE"); env && *env) {
@@ -486,18 +491,24 @@ TEST_CASE("half/bf16: rounding matches NumPy float16 and PyTorch bfloat16 on bou
   if (remove_after) std::filesystem::remove(path);
   INFO("rounding table " << path << ": " << rows.size() << " cases");
   REQUIRE(rows.size() >= 1000);
+  return rows;
+}
 
+bool same16(uint16_t got, uint16_t want, bool (*is_nan)(uint16_t)) {
+  return is_nan(want) ? is_nan(got) : got == want;  // NaN: NaN-ness only
+}
+
+}  // namespace
+
+TEST_CASE("half/bf16: rounding matches NumPy float16 and PyTorch bfloat16 on boundary cases",
+          "[half][bf16][numpy]") {
+  const std::vector<TableRow> rows = rounding_table();
   std::vector<float> x(rows.size());
   for (size_t i = 0; i < rows.size(); ++i) x[i] = mix::bits_float(rows[i].f32);
-  std::vector<uint16_t> hp(x.size()), hc(x.size()), bb(x.size());
+  std::vector<uint16_t> hp(x.size()), bb(x.size());
   hb::f32_to_f16_portable(x.data(), hp.data(), x.size());
-  const bool f16c = hb::cpu_has_f16c();
-  if (f16c) hb::f32_to_f16_f16c(x.data(), hc.data(), x.size());
   hb::f32_to_bf16(x.data(), bb.data(), x.size());
 
-  auto same16 = [](uint16_t got, uint16_t want, bool (*is_nan)(uint16_t)) {
-    return is_nan(want) ? is_nan(got) : got == want;  // NaN: NaN-ness only
-  };
   Mismatches mh("float -> half vs numpy.float16");
   Mismatches mb("float -> bf16 vs torch.bfloat16");
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -507,15 +518,29 @@ TEST_CASE("half/bf16: rounding matches NumPy float16 and PyTorch bfloat16 on bou
     if (!same16(s, r.f16, half_is_nan)) mh.add(where + ": scalar " + hex16(s) + ", numpy " + hex16(r.f16));
     if (!same16(hp[i], r.f16, half_is_nan))
       mh.add(where + ": portable bulk " + hex16(hp[i]) + ", numpy " + hex16(r.f16));
-    if (f16c && !same16(hc[i], r.f16, half_is_nan))
-      mh.add(where + ": F16C bulk " + hex16(hc[i]) + ", numpy " + hex16(r.f16));
     const uint16_t bs = mix::float_to_bf16_bits(x[i]);
     if (!same16(bs, r.bf16, bf16_is_nan)) mb.add(where + ": scalar " + hex16(bs) + ", torch " + hex16(r.bf16));
     if (!same16(bb[i], r.bf16, bf16_is_nan)) mb.add(where + ": bulk " + hex16(bb[i]) + ", torch " + hex16(r.bf16));
   }
   CHECK_NONE(mh);
   CHECK_NONE(mb);
-  if (!f16c) WARN("this CPU has no F16C/AVX: the F16C path was not checked against the table");
+}
+
+TEST_CASE("half: the F16C conversion matches NumPy float16 on boundary cases", "[half][numpy][needs_f16c]") {
+  if (!have_f16c()) return;
+  const std::vector<TableRow> rows = rounding_table();
+  std::vector<float> x(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) x[i] = mix::bits_float(rows[i].f32);
+  std::vector<uint16_t> hc(x.size());
+  hb::f32_to_f16_f16c(x.data(), hc.data(), x.size());
+  Mismatches mh("F16C float -> half vs numpy.float16");
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const TableRow& r = rows[i];
+    if (!same16(hc[i], r.f16, half_is_nan))
+      mh.add("line " + std::to_string(r.line) + " (" + r.tag + ") f32 " + hex32(r.f32) + ": F16C bulk " +
+             hex16(hc[i]) + ", numpy " + hex16(r.f16));
+  }
+  CHECK_NONE(mh);
 }
 
 // The fused half kernels of the gradient all-reduce (f16_add: one reduction hop;
@@ -524,13 +549,16 @@ TEST_CASE("half/bf16: rounding matches NumPy float16 and PyTorch bfloat16 on bou
 // compute in FP32 and round once. Every binary16 value is an input; NaN results
 // are compared by NaN-ness and the quiet bit only (which NaN operand's payload
 // survives an add is up to the instruction and the compiler's operand order).
-TEST_CASE("half: fused f16_add and f16_scale equal the functor loops, F16C and portable", "[half][bulk][f16c]") {
+namespace {
+
+// The check below, on the portable paths and the dispatcher (f16c false) or
+// on the F16C ones called directly and their tails (f16c true).
+void check_fused_kernels(bool f16c) {
   const std::vector<uint16_t> a = all_patterns();
   // A fixed shuffle of the patterns as the second operand: every value meets a
   // different one, including inf-inf, NaN+x, subnormal sums and overflow.
   std::vector<uint16_t> b(a.size());
   for (uint32_t i = 0; i < 65536; ++i) b[i] = static_cast<uint16_t>(i * 40503u + 12345u);
-  const bool f16c = hb::cpu_has_f16c();
   auto same = [](uint16_t got, uint16_t want) {
     return half_is_nan(want) ? half_is_nan(got) && (got & 0x0200u) : got == want;
   };
@@ -541,7 +569,7 @@ TEST_CASE("half: fused f16_add and f16_scale equal the functor loops, F16C and p
   mix::cpu::binary(as_half(a_copy), as_half(b_copy), as_half(want), static_cast<int64_t>(a.size()), mix::fn::Add{});
   Mismatches add("f16_add vs cpu::binary(fn::Add)");
   for (int path = 0; path < 3; ++path) {
-    if (path == 2 && !f16c) continue;
+    if ((path == 2) != f16c) continue;
     std::vector<uint16_t> got = a;
     if (path == 0) hb::f16_add_portable(got.data(), b.data(), got.size());
     if (path == 1) hb::f16_add(got.data(), b.data(), got.size());
@@ -552,13 +580,15 @@ TEST_CASE("half: fused f16_add and f16_scale equal the functor loops, F16C and p
                 ", functor " + hex16(want[i]));
   }
   CHECK_NONE(add);
-  // It must be able to fail: a sum that rounds (1 + 2^-11 is a tie, to even 1.0)
-  // differs from the unrounded one, and 0x3c00 + 0x3c00 is 2.0 (0x4000).
-  uint16_t one = 0x3c00u, tiny = 0x1000u, two = 0x3c00u;
-  hb::f16_add(&one, &tiny, 1);
-  hb::f16_add(&two, &two, 1);
-  CHECK(one == 0x3c00u);
-  CHECK(two == 0x4000u);
+  if (!f16c) {
+    // It must be able to fail: a sum that rounds (1 + 2^-11 is a tie, to even 1.0)
+    // differs from the unrounded one, and 0x3c00 + 0x3c00 is 2.0 (0x4000).
+    uint16_t one = 0x3c00u, tiny = 0x1000u, two = 0x3c00u;
+    hb::f16_add(&one, &tiny, 1);
+    hb::f16_add(&two, &two, 1);
+    CHECK(one == 0x3c00u);
+    CHECK(two == 0x4000u);
+  }
 
   Mismatches scale("f16_scale vs cpu::unary(fn::Scale)");
   // Exact and inexact factors, a negative one (-0 products become +0), one that
@@ -568,7 +598,7 @@ TEST_CASE("half: fused f16_add and f16_scale equal the functor loops, F16C and p
     mix::cpu::unary(reinterpret_cast<const mix::half_t*>(a.data()), as_half(ref), static_cast<int64_t>(a.size()),
                     mix::fn::Scale{factor, 0.f, true});
     for (int path = 0; path < 4; ++path) {
-      if (path >= 2 && !f16c) continue;
+      if ((path >= 2) != f16c) continue;
       std::vector<uint16_t> got(a.size(), 0xabcdu);
       if (path == 0) hb::f16_scale_portable(a.data(), got.data(), got.size(), factor);
       if (path == 1) hb::f16_scale(a.data(), got.data(), got.size(), factor);
@@ -584,12 +614,10 @@ TEST_CASE("half: fused f16_add and f16_scale equal the functor loops, F16C and p
     }
   }
   CHECK_NONE(scale);
-  uint16_t neg_zero = 0x8000u;
-  hb::f16_scale(&neg_zero, &neg_zero, 1, 0.5f);
-  CHECK(neg_zero == 0x0000u);  // -0 * 0.5 + 0 = +0, as the functor gives
-
   if (!f16c) {
-    WARN("this CPU has no F16C/AVX: only the portable fused kernels were checked");
+    uint16_t neg_zero = 0x8000u;
+    hb::f16_scale(&neg_zero, &neg_zero, 1, 0.5f);
+    CHECK(neg_zero == 0x0000u);  // -0 * 0.5 + 0 = +0, as the functor gives
     return;
   }
   // Lengths and offsets around the 8-wide vector: the tails, and nothing written past n.
@@ -609,6 +637,18 @@ TEST_CASE("half: fused f16_add and f16_scale equal the functor loops, F16C and p
     }
   }
   CHECK_NONE(t);
+}
+
+}  // namespace
+
+TEST_CASE("half: fused f16_add and f16_scale equal the functor loops (portable, and as dispatched)",
+          "[half][bulk]") {
+  check_fused_kernels(false);
+}
+
+TEST_CASE("half: fused F16C f16_add and f16_scale equal the functor loops, tails included",
+          "[half][bulk][f16c][needs_f16c]") {
+  if (have_f16c()) check_fused_kernels(true);
 }
 
 // Tensor::set_float, item_float's inverse, stores through the same rounding.
