@@ -46,13 +46,16 @@ from slurm_cluster import SlurmCluster, SlurmError, missing  # noqa: E402
 
 MIXRUN = mixtest.BUILD_DIR / "mixrun"
 SCRIPT = mixtest.SOURCE_DIR / "scripts" / "slurm" / "train_1node_8gpu.sbatch"
-# Enough steps to be mid-run when the signal lands: a step takes 0.1 ms on 2
-# idle cores (0.5 ms on busy ones), and the signal takes 1 to 2.5 s from the
+# The training: a step took from 0.04 ms to over 1 ms here, with the 2 cores
+# idle or shared with other builds, and the signal takes 1 to 2.5 s from the
 # first progress line through scancel, slurmctld, slurmd, the batch shell's
-# trap and mpirun to a stopped, requeued job. Few enough for seconds a run.
-STEPS = 50000
+# trap and mpirun to a stopped, requeued job. So the step count comes from
+# two short timed runs, for a run of about RUN_SECONDS: mid-run when the
+# signal lands, whatever the machine's pace, and not much longer.
+RUN_SECONDS = 10
 TRAIN = ["--model", "mlp", "--data", "synthetic", "--synthetic-size", "1024", "--synthetic-features", "32",
-         "--hidden", "16", "--batch-size", "32", "--eval", "false", "--steps", str(STEPS), "--log-every", "200"]
+         "--hidden", "16", "--batch-size", "32", "--eval", "false", "--log-every", "200"]
+STEPS = None  # set by main(), from calibrate()
 STOP_LINE = re.compile(r"stopped by (.*?) at step (\d+) of (\d+); saved (\S+);")
 
 checks = mixtest.Checks("slurm_preemption")
@@ -99,7 +102,7 @@ def preempt_and_resume(cluster, name, signal_when, reference, tmp):
     env = dict(mixtest.THREAD_ENV)
     # The job runs in the cluster's folder: absolute paths only.
     path = f"{mixtest.BUILD_DIR.resolve()}:{os.environ.get('PATH', '/usr/bin:/bin')}"
-    env.update({"PATH": path, "RUN_DIR": str(run_dir), "TRAIN_ARGS": " ".join(TRAIN)})
+    env.update({"PATH": path, "RUN_DIR": str(run_dir), "TRAIN_ARGS": " ".join(TRAIN + ["--steps", str(STEPS)])})
     # The script asks for 8 tasks with 8 GPUs; this node has 2 cores and no GPUs.
     job = cluster.sbatch(SCRIPT.read_text(), ["--ntasks-per-node=2", "--gpus-per-node=0"], env=env)
     t_submit = time.monotonic()
@@ -173,7 +176,7 @@ def preempt_and_resume(cluster, name, signal_when, reference, tmp):
     check(rc == 0, f"{name}: the requeued job is released", err.strip())
 
     # 4. The second run: --resume auto from the stop, to the end.
-    info = cluster.wait_job(job, timeout=180)
+    info = cluster.wait_job(job, timeout=400)
     t_done = time.monotonic()
     whole = out()
     second = whole[len(first):]
@@ -197,7 +200,27 @@ def preempt_and_resume(cluster, name, signal_when, reference, tmp):
     timings.append((f"{name}: release to COMPLETED", t_done - t_requeued))
 
 
+def calibrate(mixrun):
+    """Steps for a run of about RUN_SECONDS on this machine now: the wall
+    time of a step, all of it (the metrics' step_ms leaves out the host's
+    work between steps), from the difference between a 6000-step and a
+    1000-step run; at least 20000 steps and at most 400000 (a
+    bound on the time when the timing ran on idle cores and the rest does
+    not), rounded up to 10000s."""
+    seconds = {}
+    for n in (1000, 6000):
+        r = mixtest.launch([*mixrun, "--", mixtest.MIXTRAIN, *TRAIN, "--steps", n], timeout=120)
+        if not checks.ok_run(r, f"the timing run of {n} steps"):
+            checks.finish()
+        seconds[n] = r.seconds
+    step_s = max((seconds[6000] - seconds[1000]) / 5000, 1e-6)
+    steps = min(400_000, max(20000, -(-int(RUN_SECONDS / step_s) // 10000) * 10000))
+    print(f"     {step_s * 1000:.3f} ms a step: {steps} steps")
+    return steps
+
+
 def main():
+    global STEPS
     why = missing()
     if why:
         mixtest.skip(why)
@@ -213,11 +236,17 @@ def main():
     tmp = mixtest.workdir("slurm_preemption")
     os.chmod(tmp, 0o755)
 
+    # As in the job: no --oversubscribe, so that mpirun binds each rank to a
+    # core as it does under Slurm (the steps' pace differs several times).
+    mixrun = [MIXRUN, "-n", "2", "--mpirun", mixtest.MPIRUN]
+    STEPS = timed("timing runs", lambda: calibrate(mixrun))
+
     # The run never stopped, without Slurm.
     reference = tmp / "reference.safetensors"
     r = timed("reference run, 2 ranks, mixrun without Slurm",
-              lambda: mixtest.launch([MIXRUN, "-n", "2", "--oversubscribe", "--mpirun", mixtest.MPIRUN, "--",
-                                      mixtest.MIXTRAIN, *TRAIN, "--save", reference], timeout=300))
+              lambda: mixtest.launch([*mixrun, "--",
+                                      mixtest.MIXTRAIN, *TRAIN, "--steps", STEPS, "--save", reference],
+                                     timeout=600))
     if not checks.ok_run(r, "the uninterrupted reference"):
         checks.finish()
 
