@@ -144,7 +144,8 @@ def preempt_and_resume(cluster, name, signal_when, reference, tmp):
     # of the ranks that had it at the step they all stopped after.
     check(m is not None and re.fullmatch(r"SIGUSR1 \(received by [12] of 2 ranks\)", m.group(1)) is not None,
           f"{name}: rank 0 says the 2 ranks stopped after one step, on SIGUSR1", detail if not m else m.group(0))
-    check("Exit code:    75" in first, f"{name}: mpirun reports a rank's exit status 75 (stopped, saved)", detail)
+    check(re.search(r"Exit code:\s+75\b", first) is not None,
+          f"{name}: mpirun reports a rank's exit status 75 (stopped, saved)", detail)
     if not m:
         cluster.run(["scancel", str(job)], timeout=15)
         return
