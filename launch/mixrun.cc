@@ -142,7 +142,7 @@ int main(int argc, char** argv) {
       "Forwards MIX_*, NCCL_*, OPENBLAS_NUM_THREADS and OMP_NUM_THREADS to every rank.\n"
       "Inside a Slurm allocation (SLURM_JOB_ID set, e.g. in an sbatch script): -n defaults to SLURM_NTASKS, and\n"
       "mpirun takes the nodes and slots from Slurm and starts its daemons with srun; no oversubscription is implied.\n"
-      "There, `srun --mpi=pmix PROGRAM ARGS...` also works, with an MPI built with PMIx (scripts/slurm/README.md).\n");
+      "There, `srun --mpi=pmix PROGRAM ARGS...` also works, with an MPI built with PMIx (docs/cluster.md).\n");
   int ranks = 0;
   std::string hosts;
   bool oversubscribe = false;
