@@ -35,8 +35,11 @@ extern "C" void on_stop_signal(int sig) {
       }
     return;
   }
-  // A second signal: the user (or the scheduler) will not wait for the step
-  // boundary. End as the signal's default action would, at once.
+  // A second Ctrl-C: the user will not wait for the step boundary; end as
+  // SIGINT's default action would, at once. A second SIGTERM or SIGUSR1 is
+  // the same request from another sender (under Slurm the ranks get the
+  // scheduler's SIGTERM and then mpirun's): ignored, so the save goes on.
+  if (sig != SIGINT) return;
   ::signal(sig, SIG_DFL);
   ::raise(sig);
 }

@@ -4,8 +4,9 @@
 // them to the ranks) only raise a flag here. The training loop reads the flag
 // at a step boundary, every rank agrees through the loss all-reduce the step
 // already makes, one checkpoint is saved and mixtrain exits with
-// kStoppedExitCode (launch/trainer.cc). A second signal ends the process at
-// once, as a second Ctrl-C does in most programs.
+// kStoppedExitCode (launch/trainer.cc). A second SIGINT ends the process at
+// once, as a second Ctrl-C does in most programs; a second SIGTERM or SIGUSR1
+// is ignored (it is the same request from another sender).
 #include <signal.h>
 
 #include <string>

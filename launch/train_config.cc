@@ -217,7 +217,7 @@ constexpr const char* kEnvironmentHelp =
     "  MIX_LOG_COLOR=0|1             colour the log or not [default: only a single process on a terminal]\n"
     "  MIX_PROFILE_OPS=1|host        time every op and print the totals by op type: on a GPU, its device time (1)\n"
     "                                or the host's time to queue it (host)\n"
-    "  MIX_NCCL_TIMEOUT_S=S          seconds a GPU collective waits for a stuck or dead rank [default: 300]\n"
+    "  MIX_NCCL_TIMEOUT_S=S          the older name of --collective-timeout (its default when set)\n"
     "  MIX_TEST_DIVERGE=STEP:RANK    testing aid: nudge RANK's first parameter after STEP (--check-every catches it)\n"
     "  MIX_TEST_LOSS_SPIKE=STEP      testing aid: inputs times 1000 at STEP (--skip-loss-zscore catches it)\n"
     "\n"
@@ -405,7 +405,7 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
   std::string stop_signals = "TERM,INT,USR1";
   app.add_option("--stop-signals", stop_signals,
                  "signals that stop training at the next step: every rank agrees, --save is written, and the exit "
-                 "status is 75 (a second signal ends at once); none: the signals' default actions")
+                 "status is 75 (a second SIGINT ends at once); none: the signals' default actions")
       ->type_name("SIG,...|none")
       ->default_str(stop_signals)
       ->check(CLI::Validator(
