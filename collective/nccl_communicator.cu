@@ -486,12 +486,12 @@ class NcclCommunicator final : public Communicator {
       const auto waited = clock::now() - start;
       if (waited >= timeout) {
         fail(what(),
-             std::string("no progress within ") + format_seconds(limit_s) + " (MIX_NCCL_TIMEOUT_S; " +
+             std::string("no progress within ") + format_seconds(limit_s) + " (--collective-timeout, or MIX_NCCL_TIMEOUT_S; " +
                  (state == ncclInProgress ? "NCCL had not finished setting the call up"
                                           : "the collective was queued on the GPU but did not complete") +
                  "): another rank has probably died, hangs, or called a different collective (a different order, "
                  "count, dtype or root); look at the other ranks' logs first, rerun with NCCL_DEBUG=INFO "
-                 "(NCCL_DEBUG_SUBSYS=INIT,COLL,NET) to see where NCCL waits, and raise MIX_NCCL_TIMEOUT_S only if "
+                 "(NCCL_DEBUG_SUBSYS=INIT,COLL,NET) to see where NCCL waits, and raise --collective-timeout only if "
                  "one collective really takes that long");
       }
       backoff.pause(waited);
@@ -603,7 +603,7 @@ class NcclCommunicator final : public Communicator {
       const auto waited = clock::now() - start;
       if (waited >= timeout) {
         std::fprintf(stderr,
-                     "mixtrain: ncclCommFinalize did not finish within %g s (MIX_NCCL_TIMEOUT_S) on GPU %d; "
+                     "mixtrain: ncclCommFinalize did not finish within %g s (--collective-timeout) on GPU %d; "
                      "aborting the NCCL communicator instead [%s]\n",
                      timeout_s_, device_, process_identity().c_str());
         return false;

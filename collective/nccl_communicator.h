@@ -51,7 +51,8 @@
 //   every launch return at once, and this code polls. After each blocking launch it
 //   polls cudaStreamQuery (completion) and ncclCommGetAsyncError (network and
 //   peer failures) until the collective completes, an error appears, or the
-//   timeout passes: MIX_NCCL_TIMEOUT_S seconds (default 300, fractions allowed)
+//   timeout passes: MIX_NCCL_TIMEOUT_S seconds (default 300, fractions allowed;
+//   mixtrain sets it from --collective-timeout, default 600)
 //   per call; ncclCommInitRank gets at least 60 s (NCCL's set-up takes seconds
 //   on a large node, and a short timeout meant for stuck collectives must not
 //   fail a healthy start).
