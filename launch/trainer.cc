@@ -139,7 +139,8 @@ std::vector<std::string> buffer_names(const Program& p) {
 
 // NaN or inf in the inputs would look like an overflow every step; stop with the place instead.
 void check_finite_data(const data::Dataset& ds, const std::string& where) {
-  if (ds.inputs.dtype() != DType::f32) return;  // tokens: nothing to check
+  // Tokens have nothing to check; a source's examples are read a batch at a time.
+  if (!ds.in_memory() || ds.inputs.dtype() != DType::f32) return;
   const float* x = ds.inputs.data<float>();
   for (int64_t i = 0; i < ds.inputs.numel(); ++i)
     if (!std::isfinite(x[i])) {
@@ -818,7 +819,8 @@ int run_training(const TrainConfig& c, Communicator& comm, const StopSignals& st
       order_epoch = epoch;
     }
     const int64_t begin = ((step % steps_per_epoch) * K + g % K) * batch;
-    return data::BatchRequest{order, begin, std::min<int64_t>(batch, static_cast<int64_t>(order->size()) - begin)};
+    return data::BatchRequest{order, begin, std::min<int64_t>(batch, static_cast<int64_t>(order->size()) - begin),
+                              epoch};
   };
   // The next micro-batch is gathered (and, on a GPU, uploaded) while this one runs.
   data::BatchFeeder feeder(data.train, device, batch_memory, batch_of, start_step * K, total_steps * K);

@@ -17,7 +17,7 @@ void BatchPrefetcher::request(BatchRequest r) {
   // of microseconds, against milliseconds of copying, and std::async's future
   // carries the gather's exception to take() with no queue to get wrong.
   pending_ = std::async(std::launch::async, [this, &slot, r = std::move(r)] {
-    gather_batch(ds_, *r.indices, r.begin, r.count, slot.inputs, slot.labels, memory_);
+    gather_batch(ds_, *r.indices, r.begin, r.count, slot.inputs, slot.labels, memory_, r.epoch);
   });
 }
 

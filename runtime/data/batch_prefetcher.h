@@ -24,6 +24,7 @@ struct BatchRequest {
   std::shared_ptr<const std::vector<int64_t>> indices;
   int64_t begin = 0;
   int64_t count = 0;
+  int64_t epoch = 0;  // seeds a source's augmentation (ExampleSource::read)
 };
 
 struct Batch {

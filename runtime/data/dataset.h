@@ -6,20 +6,30 @@
 #include <vector>
 
 #include "runtime/core/tensor.h"
+#include "runtime/data/example_source.h"
 
 namespace mix::data {
 
-/// A labelled data set held in memory: inputs f32 [N, ...] (or i64 tokens
-/// [N, context] for language models), labels i64 [N] (or [N, context]).
+/// A labelled data set: held in memory, inputs f32 [N, ...] (or i64 tokens
+/// [N, context] for language models) and labels i64 [N] (or [N, context]);
+/// or read on demand from `source` (then `inputs` and `labels` are empty).
 struct Dataset {
   std::string name;
   Tensor inputs;  // f32 [N, ...feature dims], or i64 [N, context]
   Tensor labels;  // i64 [N], or i64 [N, context]: the next token of each position
   int64_t num_classes = 0;  // classes, or the vocabulary
+  std::shared_ptr<const ExampleSource> source;  // examples on disk, read a batch at a time
 
-  int64_t size() const { return inputs.defined() && inputs.ndim() > 0 ? inputs.dim(0) : 0; }
+  int64_t size() const {
+    if (source) return source->size();
+    return inputs.defined() && inputs.ndim() > 0 ? inputs.dim(0) : 0;
+  }
   /// Shape of one example, e.g. [784] or [1, 28, 28].
   Shape example_shape() const;
+  /// The inputs' dtype (f32, i64 tokens, or what the source gives).
+  DType input_dtype() const { return source ? source->input_dtype() : inputs.dtype(); }
+  /// Whether the examples are in memory (`inputs`, `labels`), not read from a source.
+  bool in_memory() const { return !source; }
 };
 
 struct TrainTest {
@@ -89,7 +99,8 @@ class DistributedSampler {
   int64_t per_rank_;
 };
 
-/// Copies examples `idx[begin, begin+count)` into a batch: inputs [count, ...],
+/// Copies examples `idx[begin, begin+count)` into a batch (or has the data
+/// set's source read them, with `epoch` seeding their augmentation): inputs [count, ...],
 /// labels [count] (or [count, ...] for labels with more than one entry per example).
 /// `inputs` and `labels` (an earlier call's) are written in place when their
 /// memory holds the batch, whatever their shape (a short last batch in a full
@@ -97,6 +108,6 @@ class DistributedSampler {
 /// `host_memory` (a host allocator, e.g. page-locked memory for a GPU's DMA;
 /// nullptr: the ordinary host allocator).
 void gather_batch(const Dataset& ds, const std::vector<int64_t>& idx, int64_t begin, int64_t count, Tensor& inputs,
-                  Tensor& labels, Allocator* host_memory = nullptr);
+                  Tensor& labels, Allocator* host_memory = nullptr, int64_t epoch = 0);
 
 }  // namespace mix::data

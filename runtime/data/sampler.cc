@@ -63,11 +63,26 @@ Tensor batch_target(const Tensor& last, const Shape& shape, DType dtype, Allocat
 }  // namespace
 
 void gather_batch(const Dataset& ds, const std::vector<int64_t>& idx, int64_t begin, int64_t count, Tensor& inputs,
-                  Tensor& labels, Allocator* host_memory) {
+                  Tensor& labels, Allocator* host_memory, int64_t epoch) {
   Allocator& memory = host_memory ? *host_memory : allocator_for(cpu_device());
   MIX_CHECK(memory.device().kind == DeviceKind::cpu, "gather_batch fills host tensors, not " << memory.device().str());
   MIX_CHECK(begin >= 0 && count >= 0 && begin + count <= static_cast<int64_t>(idx.size()),
             "batch [" << begin << ", " << begin + count << ") is outside the " << idx.size() << " indices");
+  if (ds.source) {
+    Shape shape = ds.source->example_shape();
+    shape.insert(shape.begin(), count);
+    inputs = batch_target(inputs, shape, ds.source->input_dtype(), memory);
+    Shape label_shape = ds.source->label_shape();
+    label_shape.insert(label_shape.begin(), count);
+    labels = batch_target(labels, label_shape, DType::i64, memory);
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t e = idx[static_cast<size_t>(begin + i)];
+      MIX_CHECK(e >= 0 && e < ds.size(), "example index " << e << " is outside data set '" << ds.name << "' of "
+                                                          << ds.size());
+    }
+    ds.source->read(idx, begin, count, epoch, inputs, labels);
+    return;
+  }
   MIX_CHECK(ds.labels.defined() && ds.labels.dtype() == DType::i64, "data set '" << ds.name << "' has no i64 labels");
   const int64_t n = ds.size();
   Shape shape = ds.inputs.shape();
