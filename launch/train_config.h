@@ -24,12 +24,18 @@ inline constexpr NamedValue<DataFormat> kDataFormatNames[] = {
     {DataFormat::auto_, "auto"}, {DataFormat::nchw, "nchw"}, {DataFormat::nhwc, "nhwc"}};
 
 /// The data sets mixtrain reads (--data).
-enum class DataSet { fashion_mnist, fortunes, synthetic, safetensors };
+enum class DataSet { fashion_mnist, fortunes, synthetic, safetensors, image_folder };
 inline constexpr NamedValue<DataSet> kDataSetNames[] = {{DataSet::fashion_mnist, "fashion-mnist"},
                                                         {DataSet::fortunes, "fortunes"},
                                                         {DataSet::synthetic, "synthetic"},
-                                                        {DataSet::safetensors, "safetensors"}};
+                                                        {DataSet::safetensors, "safetensors"},
+                                                        {DataSet::image_folder, "image-folder"}};
 inline std::string_view to_string(DataSet d) { return name_of(d, kDataSetNames); }
+
+/// Training augmentation of --data image-folder (--augment): torchvision's
+/// ImageNet recipe, or none (evaluation's resize and centre crop).
+enum class Augment { imagenet, none };
+inline constexpr NamedValue<Augment> kAugmentNames[] = {{Augment::imagenet, "imagenet"}, {Augment::none, "none"}};
 
 struct TrainConfig {
   // model
@@ -73,6 +79,14 @@ struct TrainConfig {
   std::optional<int64_t> synthetic_size;  // default 8192 examples, 512 images
   int64_t synthetic_features = 784;
   int64_t synthetic_classes = 10;
+  // --data image-folder (runtime/data/image_folder.h): transforms and decoding
+  Augment augment = Augment::imagenet;
+  std::vector<double> crop_scale = {0.08, 1.0};  // RandomResizedCrop's area fraction, MIN,MAX
+  bool hflip = true;
+  std::vector<double> mean = {0.485, 0.456, 0.406};  // ImageNet's, per channel of [0, 1] pixels
+  std::vector<double> stddev = {0.229, 0.224, 0.225};
+  std::optional<int64_t> data_workers;  // unset: the host's cores shared among its ranks
+  bool skip_bad_images = false;
   // device and precision
   DeviceKind device = DeviceKind::cpu;
   bool allow_tf32 = false;

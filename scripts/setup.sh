@@ -19,9 +19,11 @@ packages=(
   nlohmann-json3-dev                  # safetensors headers, metrics
   libopenblas-dev                     # SGEMM of the CPU backend
   zlib1g-dev                          # Fashion-MNIST .gz files
+  libturbojpeg0-dev                   # JPEG decoding of --data image-folder (TurboJPEG API)
   dataset-fashion-mnist               # the default data set
   fortunes                            # English text for the Transformer language model
   python3-numpy python3-torch         # reference values and parity tests (/usr/bin/python3)
+  python3-pil python3-torchvision     # image-folder tests: JPEGs written, transforms checked against torchvision
   python3-matplotlib                  # the plots of scripts/bandwidth.sh and scripts/plot_metrics.py
   munge                               # Slurm's authentication, for tests/cluster/test_slurm.py's own cluster
   slurmctld slurmd                    # that one-node cluster's controller and node daemons

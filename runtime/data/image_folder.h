@@ -1,0 +1,57 @@
+#pragma once
+// ImageFolder data sets (torchvision's layout): DIR/train/<class>/*.jpg and
+// DIR/val/<class>/*.jpg, read on demand: each batch's JPEGs are decoded,
+// cropped and normalised on a pool of worker threads (image_transforms.h).
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/data/dataset.h"
+#include "runtime/data/image_transforms.h"
+
+namespace mix::data {
+
+/// One split's files, in torchvision's order: by class (sorted folder
+/// names), then by path within the class folder (sub-folders included).
+struct ImageFolderIndex {
+  std::vector<std::string> classes;  // the split's class folders, sorted
+  std::vector<std::string> files;    // paths relative to the split folder
+  std::vector<int64_t> class_of;     // index into `classes`, per file
+  bool from_cache = false;           // read from the cached listing, not walked
+  std::string cache_file;            // where the listing is (or would be) cached
+};
+
+/// Lists `split_dir` (e.g. DIR/train): its class folders and their
+/// .jpg/.jpeg/.png files (any case). The listing is cached in
+/// <split_dir>/../.mixtrain-index-<split>.txt, or under `fallback_cache_dir`
+/// when that folder is not writable, with the modification time of every
+/// folder it walked: adding, removing or renaming a file or class changes a
+/// folder's time, and the next start walks again. A missing split folder or an
+/// empty class folder throws mix::Error naming it.
+ImageFolderIndex list_image_folder(const std::string& split_dir, const std::string& fallback_cache_dir = "");
+
+struct ImageFolderOptions {
+  ImageTransformOptions transform;
+  int workers = 1;            // decoding threads per source (--data-workers)
+  bool skip_bad_images = false;  // replace an unreadable image by the next good one, with a warning
+  uint64_t seed = 1;          // with the epoch and the example's index, seeds its crop and flip
+  std::string fallback_cache_dir;  // where listings go when the data's folder is read-only ("": the temp folder)
+};
+
+/// DIR/train and DIR/val as a TrainTest read on demand: inputs f32 [3, size,
+/// size] (training's random crop and flip, or evaluation's resize and centre
+/// crop), labels i64 class indices by train's sorted class folders. A val
+/// class that train lacks throws naming it. A missing val folder throws too.
+TrainTest load_image_folder(const std::string& dir, const ImageFolderOptions& opt);
+
+/// Reads one split's images as a batch source. Exposed for tests.
+std::shared_ptr<const ExampleSource> make_image_folder_source(const std::string& split_dir,
+                                                              std::vector<std::string> files,
+                                                              std::vector<int64_t> labels, bool train,
+                                                              const ImageFolderOptions& opt);
+
+/// --data-workers' default: the host's cores shared among the ranks on it
+/// (from Open MPI's, MPICH's or Slurm's local-size variables), at least 1.
+int default_data_workers();
+
+}  // namespace mix::data

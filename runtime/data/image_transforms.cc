@@ -1,0 +1,191 @@
+#include "runtime/data/image_transforms.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "runtime/core/check.h"
+
+namespace mix::data {
+namespace {
+
+// PIL's 8-bit resampling works in fixed point with this many fraction bits
+// (32 bits less 8 for the pixel and 2 of headroom); matching it makes our
+// output the same bits as torchvision's on the same decoded pixels.
+constexpr int kPrecisionBits = 32 - 8 - 2;
+
+// Python's round(): halves to even, which std::nearbyint does in the default rounding mode.
+int round_half_even(double x) { return static_cast<int>(std::nearbyint(x)); }
+
+// The taps of a 1-D resample: output i reads input pixels start[i] ..
+// start[i] + count[i] - 1 with weights k[i * taps ...], fixed point.
+struct Taps {
+  int taps = 0;
+  std::vector<int> start, count;
+  std::vector<int32_t> k;
+};
+
+// PIL's bilinear coefficients for the outputs [first, first + n) of a resample
+// of the input span [in0, in1) to `out_total` pixels, reading only pixels in
+// [lo, hi): centre of output i at in0 + (i + 0.5) * scale; a triangle filter
+// of half-width max(scale, 1), so that shrinking averages all the pixels it covers.
+Taps bilinear_taps(double in0, double in1, int lo, int hi, int out_total, int first, int n) {
+  const double scale = (in1 - in0) / out_total;
+  const double filterscale = std::max(scale, 1.0);
+  const double support = filterscale;  // the triangle's support is 1, widened
+  Taps t;
+  t.taps = static_cast<int>(std::ceil(support)) * 2 + 1;
+  t.start.resize(n);
+  t.count.resize(n);
+  t.k.assign(static_cast<size_t>(n) * t.taps, 0);
+  std::vector<double> w(t.taps);
+  for (int i = 0; i < n; ++i) {
+    const double center = in0 + (first + i + 0.5) * scale;
+    // Truncation as PIL's (int) casts, then clamped to the readable span.
+    const int xmin = std::max(static_cast<int>(center - support + 0.5), lo);
+    const int xmax = std::min(static_cast<int>(center + support + 0.5), hi);
+    const int cnt = std::max(0, std::min(xmax - xmin, t.taps));
+    double total = 0;
+    for (int j = 0; j < cnt; ++j) {
+      const double d = std::fabs((j + xmin - center + 0.5) / filterscale);
+      w[j] = d < 1.0 ? 1.0 - d : 0.0;
+      total += w[j];
+    }
+    for (int j = 0; j < cnt; ++j) {
+      const double v = total != 0.0 ? w[j] / total : w[j];
+      t.k[static_cast<size_t>(i) * t.taps + j] =
+          static_cast<int32_t>(v < 0 ? -0.5 + v * (1 << kPrecisionBits) : 0.5 + v * (1 << kPrecisionBits));
+    }
+    t.start[i] = xmin;
+    t.count[i] = cnt;
+  }
+  return t;
+}
+
+uint8_t clip8(int64_t acc) {
+  if (acc >= (int64_t{255} << kPrecisionBits)) return 255;
+  if (acc <= 0) return 0;
+  return static_cast<uint8_t>(acc >> kPrecisionBits);
+}
+
+}  // namespace
+
+CropBox random_resized_crop_box(int width, int height, const std::array<double, 2>& scale,
+                                const std::array<double, 2>& ratio, Rng& rng) {
+  const double area = static_cast<double>(width) * height;
+  const double log_lo = std::log(ratio[0]), log_hi = std::log(ratio[1]);
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    const double target_area = area * (scale[0] + (scale[1] - scale[0]) * rng.uniform());
+    const double aspect = std::exp(log_lo + (log_hi - log_lo) * rng.uniform());
+    const int w = round_half_even(std::sqrt(target_area * aspect));
+    const int h = round_half_even(std::sqrt(target_area / aspect));
+    if (w > 0 && h > 0 && w <= width && h <= height) {
+      const int y = static_cast<int>(rng.below(static_cast<uint64_t>(height - h + 1)));
+      const int x = static_cast<int>(rng.below(static_cast<uint64_t>(width - w + 1)));
+      return {double(x), double(y), double(w), double(h)};
+    }
+  }
+  // No draw fitted: the whole image, cut to the nearest allowed aspect ratio, centred.
+  const double in_ratio = static_cast<double>(width) / height;
+  int w = width, h = height;
+  if (in_ratio < std::min(ratio[0], ratio[1])) {
+    h = round_half_even(w / std::min(ratio[0], ratio[1]));
+  } else if (in_ratio > std::max(ratio[0], ratio[1])) {
+    w = round_half_even(h * std::max(ratio[0], ratio[1]));
+  }
+  return {double((width - w) / 2), double((height - h) / 2), double(w), double(h)};
+}
+
+int64_t eval_resize_size(int64_t size) { return static_cast<int64_t>(std::nearbyint(size * 256.0 / 224.0)); }
+
+ResizePlan eval_resize_plan(int width, int height, int64_t resize, int64_t size) {
+  ResizePlan p;
+  // torchvision's Resize(int): the shorter side becomes `resize`, the longer
+  // keeps the aspect ratio, truncated.
+  const int64_t shorter = std::min(width, height), longer = std::max(width, height);
+  const int new_long = static_cast<int>(static_cast<double>(resize * longer) / static_cast<double>(shorter));
+  p.out_w = width <= height ? static_cast<int>(resize) : new_long;
+  p.out_h = width <= height ? new_long : static_cast<int>(resize);
+  // CenterCrop's offsets, rounded as torchvision does.
+  p.crop_x = round_half_even((p.out_w - size) / 2.0);
+  p.crop_y = round_half_even((p.out_h - size) / 2.0);
+  return p;
+}
+
+void resample_normalize(const RgbImage& img, const CropBox& box, int out_w, int out_h, int crop_x, int crop_y,
+                        int64_t out_size, bool flip, const ImageTransformOptions& opt, float* out) {
+  const int n = static_cast<int>(out_size);
+  MIX_CHECK(crop_x >= 0 && crop_y >= 0 && crop_x + n <= out_w && crop_y + n <= out_h,
+            "image transform: the " << n << " x " << n << " crop at (" << crop_x << ", " << crop_y
+                                    << ") is outside the resized " << out_w << " x " << out_h << " image");
+  // Only the pixels inside the box are read, as when torchvision crops first and resizes the crop.
+  const int x_lo = std::max(0, static_cast<int>(std::floor(box.x)));
+  const int x_hi = std::min(img.width, static_cast<int>(std::ceil(box.x + box.width)));
+  const int y_lo = std::max(0, static_cast<int>(std::floor(box.y)));
+  const int y_hi = std::min(img.height, static_cast<int>(std::ceil(box.y + box.height)));
+  const Taps tx = bilinear_taps(box.x, box.x + box.width, x_lo, x_hi, out_w, crop_x, n);
+  const Taps ty = bilinear_taps(box.y, box.y + box.height, y_lo, y_hi, out_h, crop_y, n);
+  // Horizontal pass over just the source rows the vertical pass reads.
+  int row_first = img.height, row_last = 0;
+  for (int i = 0; i < n; ++i) {
+    row_first = std::min(row_first, ty.start[i]);
+    row_last = std::max(row_last, ty.start[i] + ty.count[i]);
+  }
+  const int rows = std::max(0, row_last - row_first);
+  std::vector<uint8_t> mid(static_cast<size_t>(rows) * n * 3);
+  for (int r = 0; r < rows; ++r) {
+    const uint8_t* src = img.pixels.data() + static_cast<size_t>(row_first + r) * img.width * 3;
+    uint8_t* dst = mid.data() + static_cast<size_t>(r) * n * 3;
+    for (int i = 0; i < n; ++i) {
+      const int32_t* k = tx.k.data() + static_cast<size_t>(i) * tx.taps;
+      int64_t acc[3] = {1 << (kPrecisionBits - 1), 1 << (kPrecisionBits - 1), 1 << (kPrecisionBits - 1)};
+      for (int j = 0; j < tx.count[i]; ++j) {
+        const uint8_t* p = src + static_cast<size_t>(tx.start[i] + j) * 3;
+        for (int c = 0; c < 3; ++c) acc[c] += int64_t{p[c]} * k[j];
+      }
+      for (int c = 0; c < 3; ++c) dst[i * 3 + c] = clip8(acc[c]);
+    }
+  }
+  // Vertical pass, then ToTensor's / 255 and Normalize, into CHW (mirrored when flipping).
+  const size_t plane = static_cast<size_t>(n) * n;
+  for (int y = 0; y < n; ++y) {
+    const int32_t* k = ty.k.data() + static_cast<size_t>(y) * ty.taps;
+    for (int x = 0; x < n; ++x) {
+      int64_t acc[3] = {1 << (kPrecisionBits - 1), 1 << (kPrecisionBits - 1), 1 << (kPrecisionBits - 1)};
+      for (int j = 0; j < ty.count[y]; ++j) {
+        const uint8_t* p = mid.data() + (static_cast<size_t>(ty.start[y] + j - row_first) * n + x) * 3;
+        for (int c = 0; c < 3; ++c) acc[c] += int64_t{p[c]} * k[j];
+      }
+      const int ox = flip ? n - 1 - x : x;
+      for (int c = 0; c < 3; ++c) {
+        const float v = static_cast<float>(clip8(acc[c])) / 255.0f;
+        out[c * plane + static_cast<size_t>(y) * n + ox] = (v - opt.mean[c]) / opt.stddev[c];
+      }
+    }
+  }
+}
+
+void transform_jpeg(const std::string& bytes, const std::string& path, bool train, const ImageTransformOptions& opt,
+                    Rng& rng, float* out) {
+  const JpegHeader hdr = read_jpeg_header(bytes, path);
+  const int n = static_cast<int>(opt.size);
+  // The box and sizes are decided on the full-size image, so the crop is the
+  // same whatever scale the decoder then uses.
+  CropBox box{0, 0, double(hdr.width), double(hdr.height)};
+  int out_w = n, out_h = n, crop_x = 0, crop_y = 0;
+  bool flip = false;
+  if (train && opt.augment) {
+    box = random_resized_crop_box(hdr.width, hdr.height, opt.crop_scale, opt.crop_ratio, rng);
+    flip = opt.hflip && rng.uniform() < 0.5;
+  } else {
+    const ResizePlan p = eval_resize_plan(hdr.width, hdr.height, eval_resize_size(opt.size), opt.size);
+    out_w = p.out_w, out_h = p.out_h, crop_x = p.crop_x, crop_y = p.crop_y;
+  }
+  const DctScale s = opt.dct_scaling ? choose_dct_scale(box.width, box.height, out_w, out_h) : DctScale{};
+  const RgbImage img = decode_jpeg(bytes, path, s);
+  const double f = s.factor();
+  const CropBox scaled{box.x * f, box.y * f, box.width * f, box.height * f};
+  resample_normalize(img, scaled, out_w, out_h, crop_x, crop_y, opt.size, flip, opt, out);
+}
+
+}  // namespace mix::data

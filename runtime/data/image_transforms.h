@@ -1,0 +1,70 @@
+#pragma once
+// torchvision's ImageNet transforms, on 8-bit RGB images: RandomResizedCrop
+// plus a horizontal flip for training, Resize of the shorter side plus
+// CenterCrop for evaluation, then ToTensor and Normalize into f32 CHW.
+// Resampling is PIL's bilinear filter (what torchvision uses on PIL images):
+// a triangle filter widened by the shrink factor, so shrinking averages every
+// source pixel instead of skipping some (antialiasing).
+#include <array>
+#include <cstdint>
+
+#include "runtime/core/random.h"
+#include "runtime/data/image_decode.h"
+
+namespace mix::data {
+
+/// A rectangle of an image, in pixels (floating point, so that a box of the
+/// full-size image keeps its place in an image decoded at a DCT scale).
+struct CropBox {
+  double x = 0, y = 0, width = 0, height = 0;
+};
+
+struct ImageTransformOptions {
+  int64_t size = 224;  // output height and width
+  /// Training: torchvision's RandomResizedCrop and RandomHorizontalFlip.
+  /// false: the evaluation transform for training too (--augment none).
+  bool augment = true;
+  std::array<double, 2> crop_scale = {0.08, 1.0};          // fraction of the area
+  std::array<double, 2> crop_ratio = {3.0 / 4.0, 4.0 / 3.0};  // width / height
+  bool hflip = true;
+  std::array<float, 3> mean = {0.485f, 0.456f, 0.406f};  // ImageNet's, on [0, 1] pixels
+  std::array<float, 3> stddev = {0.229f, 0.224f, 0.225f};
+  /// Decode JPEGs at the smallest DCT scale that still covers the crop
+  /// (false: always at full size, as torchvision does).
+  bool dct_scaling = true;
+};
+
+/// torchvision's RandomResizedCrop.get_params on a width x height image:
+/// up to ten draws of an area fraction (uniform in `scale`) and an aspect
+/// ratio (log-uniform in `ratio`), the first that fits taken at a uniform
+/// place; else the largest central box within the ratio range. Integer boxes.
+CropBox random_resized_crop_box(int width, int height, const std::array<double, 2>& scale,
+                                const std::array<double, 2>& ratio, Rng& rng);
+
+/// Evaluation's Resize(resize) of the shorter side then CenterCrop(size), as
+/// the part of the resized image that is kept: the size of the whole resized
+/// image (out_w x out_h) and the crop's offset in it (torchvision's rounding).
+struct ResizePlan {
+  int out_w = 0, out_h = 0;
+  int crop_x = 0, crop_y = 0;
+};
+ResizePlan eval_resize_plan(int width, int height, int64_t resize, int64_t size);
+
+/// The resize before evaluation's centre crop: round(size * 256 / 224), ImageNet's ratio.
+int64_t eval_resize_size(int64_t size);
+
+/// Resamples `box` of `img` to out_w x out_h with PIL's bilinear filter
+/// (horizontal pass, then vertical, each rounded to 8 bits as PIL does) and
+/// writes the out_size x out_size window at (crop_x, crop_y) of the result,
+/// mirrored left-right when `flip`, normalised ((v / 255 - mean) / std) into
+/// `out`, f32 [3, out_size, out_size].
+void resample_normalize(const RgbImage& img, const CropBox& box, int out_w, int out_h, int crop_x, int crop_y,
+                        int64_t out_size, bool flip, const ImageTransformOptions& opt, float* out);
+
+/// The whole transform of one encoded JPEG: decodes it (at a DCT scale when
+/// allowed), crops, resizes, flips and normalises into `out` [3, size, size].
+/// `rng` draws the crop and flip (training only). `path` is named in errors.
+void transform_jpeg(const std::string& bytes, const std::string& path, bool train, const ImageTransformOptions& opt,
+                    Rng& rng, float* out);
+
+}  // namespace mix::data

@@ -1,0 +1,349 @@
+// The image-folder data set: JPEG decoding, torchvision's transforms checked
+// against torchvision itself (Debian's python3-torchvision on the same files),
+// RandomResizedCrop's boxes, worker-count independence, bad files and the
+// cached listing.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "runtime/core/check.h"
+#include "runtime/data/image_decode.h"
+#include "runtime/data/image_folder.h"
+#include "runtime/data/image_transforms.h"
+#include "tests/unit/temp_files.h"
+
+using namespace mix;
+using namespace mix::data;
+namespace fs = std::filesystem;
+using mix::test::TempDir;
+
+namespace {
+
+// Writes JPEGs with PIL: IMAGES lists (name, width, height, mode); smooth
+// gradients plus noise, so that resampling errors would show.
+const char* kMakeImages = R"PY(
+import sys, numpy as np
+from PIL import Image
+out = sys.argv[1]
+rng = np.random.default_rng(0)
+for spec in sys.argv[2:]:
+    name, w, h, mode = spec.split(":")
+    w, h = int(w), int(h)
+    yy, xx = np.mgrid[0:h, 0:w]
+    base = np.stack([xx * 255.0 / w, yy * 255.0 / h, (xx + yy) * 127.0 / (w + h)], -1)
+    img = np.clip(base + rng.normal(0, 20, base.shape), 0, 255).astype(np.uint8)
+    im = Image.fromarray(img, "RGB")
+    if mode == "L":
+        im = im.convert("L")
+    im.save(f"{out}/{name}", quality=90)
+)PY";
+
+// torchvision on the same files: PIL's decoded pixels (RGB uint8), the
+// evaluation transform, and resized_crop + hflip for boxes given by the test.
+const char* kTorchvision = R"PY(
+import sys, numpy as np, torch
+from PIL import Image
+import torchvision.transforms as T
+import torchvision.transforms.functional as F
+out, size = sys.argv[1], int(sys.argv[2])
+norm = T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
+ev = T.Compose([T.Resize(round(size * 256 / 224)), T.CenterCrop(size), T.ToTensor(), norm])
+for line in open(f"{out}/boxes.txt"):
+    name, x, y, w, h, flip = line.split()
+    im = Image.open(f"{out}/{name}").convert("RGB")
+    np.asarray(im, dtype=np.uint8).tofile(f"{out}/{name}.rgb")
+    ev(im).numpy().astype(np.float32).tofile(f"{out}/{name}.eval")
+    c = F.resized_crop(im, int(y), int(x), int(h), int(w), [size, size], T.InterpolationMode.BILINEAR)
+    if flip == "1":
+        c = F.hflip(c)
+    norm(F.to_tensor(c)).numpy().astype(np.float32).tofile(f"{out}/{name}.crop")
+)PY";
+
+std::vector<float> read_floats(const std::string& path) {
+  const std::string b = mix::test::read_bytes(path);
+  std::vector<float> v(b.size() / 4);
+  std::memcpy(v.data(), b.data(), v.size() * 4);
+  return v;
+}
+
+float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  float m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
+  return m;
+}
+
+void make_images(const TempDir& d, const std::string& dir, const std::string& specs) {
+  REQUIRE(mix::test::run_python(d, kMakeImages, dir + " " + specs) == 0);
+}
+
+// One normalised 8-bit level, at the smallest std (the largest step).
+constexpr float kLevel = 1.0f / 255.0f / 0.224f;
+
+}  // namespace
+
+TEST_CASE("transforms match torchvision on the same JPEGs", "[image_folder]") {
+  TempDir d;
+  const std::string dir = d.path.string();
+  // A photo-sized colour image, a small one, a grayscale one, a very wide one.
+  make_images(d, dir, "big.jpg:500:375:RGB small.jpg:45:40:RGB gray.jpg:60:80:L wide.jpg:300:40:RGB");
+  const int64_t size = 32;
+  ImageTransformOptions opt;
+  opt.size = size;
+  opt.dct_scaling = false;  // torchvision decodes at full size
+  const std::vector<std::string> names = {"big.jpg", "small.jpg", "gray.jpg", "wide.jpg"};
+  std::vector<CropBox> boxes;
+  std::vector<bool> flips;
+  {
+    std::ofstream b(d.file("boxes.txt"));
+    for (size_t i = 0; i < names.size(); ++i) {
+      const JpegHeader h = read_jpeg_header(mix::test::read_bytes(d.file(names[i])), names[i]);
+      Rng rng(100 + i);
+      boxes.push_back(random_resized_crop_box(h.width, h.height, opt.crop_scale, opt.crop_ratio, rng));
+      flips.push_back(i % 2 == 0);
+      b << names[i] << " " << boxes[i].x << " " << boxes[i].y << " " << boxes[i].width << " " << boxes[i].height
+        << " " << (flips[i] ? 1 : 0) << "\n";
+    }
+  }
+  REQUIRE(mix::test::run_python(d, kTorchvision, dir + " " + std::to_string(size)) == 0);
+  const size_t n = 3 * size * size;
+  for (size_t i = 0; i < names.size(); ++i) {
+    INFO(names[i]);
+    const std::string bytes = mix::test::read_bytes(d.file(names[i]));
+    // 1. The decoders: PIL's libjpeg and our TurboJPEG. Debian builds both
+    // on libjpeg-turbo with the same (accurate) IDCT and fancy upsampling, so
+    // they agree exactly here; elsewhere another libjpeg may differ by a level or two.
+    const RgbImage ours = decode_jpeg(bytes, names[i]);
+    const std::string pil = mix::test::read_bytes(d.file(names[i] + ".rgb"));
+    REQUIRE(pil.size() == ours.pixels.size());
+    int decode_diff = 0;
+    for (size_t k = 0; k < pil.size(); ++k)
+      decode_diff = std::max(decode_diff, std::abs(int(uint8_t(pil[k])) - int(ours.pixels[k])));
+    CHECK(decode_diff <= 2);
+    // 2. The resampling alone, on PIL's own pixels: it mirrors PIL's fixed
+    // point, so the bits match up to the float rounding of Normalize.
+    RgbImage pil_img{ours.width, ours.height, std::vector<uint8_t>(pil.begin(), pil.end())};
+    std::vector<float> out(n);
+    const ResizePlan p = eval_resize_plan(ours.width, ours.height, eval_resize_size(size), size);
+    resample_normalize(pil_img, CropBox{0, 0, double(ours.width), double(ours.height)}, p.out_w, p.out_h, p.crop_x,
+                       p.crop_y, size, false, opt, out.data());
+    CHECK(max_abs_diff(out, read_floats(d.file(names[i] + ".eval"))) < 1e-5f);
+    resample_normalize(pil_img, boxes[i], size, size, 0, 0, size, flips[i], opt, out.data());
+    CHECK(max_abs_diff(out, read_floats(d.file(names[i] + ".crop"))) < 1e-5f);
+    // 3. The whole transform from the file: within one level per level of
+    // decoder difference, plus one for a rounding that the difference tips.
+    Rng unused(0);
+    transform_jpeg(bytes, names[i], /*train=*/false, opt, unused, out.data());
+    CHECK(max_abs_diff(out, read_floats(d.file(names[i] + ".eval"))) <= (decode_diff + 1) * kLevel + 1e-5f);
+  }
+}
+
+TEST_CASE("DCT-scaled decoding keeps the crop in place", "[image_folder]") {
+  TempDir d;
+  make_images(d, d.path.string(), "big.jpg:800:600:RGB");
+  const std::string bytes = mix::test::read_bytes(d.file("big.jpg"));
+  CHECK(choose_dct_scale(800, 600, 32, 32).factor() == Approx(1.0 / 8));  // 100 x 75 still covers 32 x 32
+  CHECK(choose_dct_scale(800, 600, 300, 300).factor() == Approx(4.0 / 8));
+  CHECK(choose_dct_scale(800, 600, 700, 700).factor() == Approx(1.0));
+  ImageTransformOptions full, scaled;
+  full.size = scaled.size = 64;
+  full.dct_scaling = false;
+  std::vector<float> a(3 * 64 * 64), b(a.size());
+  for (bool train : {false, true}) {
+    Rng r1(7), r2(7);
+    transform_jpeg(bytes, "big.jpg", train, full, r1, a.data());
+    transform_jpeg(bytes, "big.jpg", train, scaled, r2, b.data());
+    // The scaled IDCT averages differently from PIL's filter, but a shifted or
+    // mis-sized crop would differ by far more (the image is a gradient).
+    double mean = 0;
+    for (size_t i = 0; i < a.size(); ++i) mean += std::fabs(a[i] - b[i]);
+    mean /= a.size();
+    INFO("train " << train << ": mean |full - scaled| " << mean);
+    CHECK(mean < 4 * kLevel);
+  }
+}
+
+TEST_CASE("RandomResizedCrop boxes stay inside and repeat for a seed", "[image_folder]") {
+  const std::array<double, 2> scale = {0.08, 1.0}, ratio = {3.0 / 4, 4.0 / 3};
+  for (auto [w, h] : {std::pair{500, 375}, {32, 32}, {28, 28}, {300, 40}, {7, 900}}) {
+    for (uint64_t seed = 0; seed < 500; ++seed) {
+      Rng a(seed), b(seed);
+      const CropBox box = random_resized_crop_box(w, h, scale, ratio, a);
+      const CropBox again = random_resized_crop_box(w, h, scale, ratio, b);
+      CHECK((box.x == again.x && box.y == again.y && box.width == again.width && box.height == again.height));
+      REQUIRE(box.width >= 1);
+      REQUIRE(box.height >= 1);
+      REQUIRE(box.x >= 0);
+      REQUIRE(box.y >= 0);
+      REQUIRE(box.x + box.width <= w);
+      REQUIRE(box.y + box.height <= h);
+      REQUIRE(box.x == std::floor(box.x));
+    }
+  }
+  // No draw can fit (the area fraction is above 1): the central box at the
+  // nearest allowed ratio. 100 x 10 is wider than 4/3: 13 x 10 at x = (100 - 13) / 2.
+  Rng r(1);
+  const CropBox c = random_resized_crop_box(100, 10, {2.0, 3.0}, ratio, r);
+  CHECK(c.x == 43);
+  CHECK(c.y == 0);
+  CHECK(c.width == 13);
+  CHECK(c.height == 10);
+  const CropBox tall = random_resized_crop_box(10, 100, {2.0, 3.0}, ratio, r);
+  CHECK(tall.width == 10);
+  CHECK(tall.height == 13);  // round(10 / (3/4))
+  CHECK(tall.y == 43);
+}
+
+TEST_CASE("evaluation resize plan follows torchvision's rounding", "[image_folder]") {
+  CHECK(eval_resize_size(224) == 256);
+  CHECK(eval_resize_size(32) == 37);
+  const ResizePlan p = eval_resize_plan(500, 375, 256, 224);
+  CHECK(p.out_w == 341);  // int(256 * 500 / 375)
+  CHECK(p.out_h == 256);
+  CHECK(p.crop_x == 58);  // round(58.5) is 58, to even
+  CHECK(p.crop_y == 16);
+}
+
+namespace {
+
+// DIR/train/{a,b,c} and DIR/val/{a,b,c}, a few 40 x 30 JPEGs each.
+std::string make_folder(const TempDir& d, int per_class = 4) {
+  const std::string root = d.file("data");
+  for (const char* split : {"train", "val"})
+    for (const char* cls : {"a", "b", "c"}) {
+      const std::string dir = root + "/" + split + "/" + cls;
+      fs::create_directories(dir);
+      std::string specs;
+      for (int i = 0; i < per_class; ++i) specs += " img" + std::to_string(i) + ".jpg:40:30:RGB";
+      make_images(d, dir, specs);
+    }
+  return root;
+}
+
+struct Batch {
+  Tensor x, y;
+};
+Batch read_all(const ExampleSource& s, int64_t epoch) {
+  std::vector<int64_t> idx(s.size());
+  for (int64_t i = 0; i < s.size(); ++i) idx[i] = (i * 7) % s.size();  // any order
+  Shape xs = s.example_shape();
+  xs.insert(xs.begin(), s.size());
+  Batch b{Tensor::empty(xs, DType::f32), Tensor::empty({s.size()}, DType::i64)};
+  s.read(idx, 0, s.size(), epoch, b.x, b.y);
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("image folder: labels by train's sorted classes, 1 and 4 workers give the same bits", "[image_folder]") {
+  TempDir d;
+  const std::string root = make_folder(d, 5);
+  ImageFolderOptions o1, o4;
+  o1.transform.size = o4.transform.size = 24;
+  o1.workers = 1;
+  o4.workers = 4;
+  const TrainTest a = load_image_folder(root, o1), b = load_image_folder(root, o4);
+  REQUIRE(a.train.size() == 15);
+  REQUIRE(a.test.size() == 15);
+  CHECK(a.train.num_classes == 3);
+  CHECK(a.train.example_shape() == Shape{3, 24, 24});
+  for (int64_t epoch : {0, 3}) {
+    const Batch x = read_all(*a.train.source, epoch), y = read_all(*b.train.source, epoch);
+    CHECK(std::memcmp(x.x.data<float>(), y.x.data<float>(), x.x.numel() * 4) == 0);
+    CHECK(std::memcmp(x.y.data<int64_t>(), y.y.data<int64_t>(), x.y.numel() * 8) == 0);
+  }
+  // Another epoch draws other crops; evaluation has none to draw.
+  const Batch e0 = read_all(*a.train.source, 0), e1 = read_all(*a.train.source, 1);
+  CHECK(std::memcmp(e0.x.data<float>(), e1.x.data<float>(), e0.x.numel() * 4) != 0);
+  const Batch v0 = read_all(*a.test.source, 0), v1 = read_all(*a.test.source, 1);
+  CHECK(std::memcmp(v0.x.data<float>(), v1.x.data<float>(), v0.x.numel() * 4) == 0);
+  // Example i * 7 % 15 of 5 per class: class (i * 7 % 15) / 5.
+  for (int64_t i = 0; i < 15; ++i) CHECK(v0.y.data<int64_t>()[i] == (i * 7 % 15) / 5);
+}
+
+TEST_CASE("bad images: an error naming the file, or replaced under --skip-bad-images", "[image_folder]") {
+  TempDir d;
+  const std::string root = make_folder(d, 3);
+  const std::string good = mix::test::read_bytes(root + "/train/a/img0.jpg");
+  const std::string png = std::string("\x89PNG\r\n\x1a\n", 8) + std::string(64, '\0');
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"empty.jpg", ""},                                     // zero bytes
+      {"renamed.jpg", png},                                  // a PNG with a .jpg name
+      {"truncated.jpg", good.substr(0, good.size() / 2)},   // cut short
+      {"corrupt.jpg", good.substr(0, 200) + std::string(good.size() - 200, '\x55')},  // scan data overwritten
+  };
+  for (const auto& [name, bytes] : bad) {
+    INFO(name);
+    const std::string path = root + "/train/b/" + name;
+    mix::test::write_bytes(path, bytes);
+    ImageFolderOptions o;
+    o.transform.size = 16;
+    o.fallback_cache_dir = d.file("cache");
+    const TrainTest t = load_image_folder(root, o);
+    int64_t bad_index = -1;
+    const ImageFolderIndex idx = list_image_folder(root + "/train", o.fallback_cache_dir);
+    for (size_t i = 0; i < idx.files.size(); ++i)
+      if (idx.files[i] == "b/" + name) bad_index = static_cast<int64_t>(i);
+    REQUIRE(bad_index >= 0);
+    Tensor x = Tensor::empty({1, 3, 16, 16}, DType::f32), y = Tensor::empty({1}, DType::i64);
+    try {
+      t.train.source->read({bad_index}, 0, 1, 0, x, y);
+      FAIL("no error for " << name);
+    } catch (const Error& e) {
+      CHECK_THAT(e.what(), Catch::Contains(path));
+      if (name == "renamed.jpg") CHECK_THAT(e.what(), Catch::Contains("PNG is not supported yet"));
+    }
+    o.skip_bad_images = true;
+    const TrainTest s = load_image_folder(root, o);
+    s.train.source->read({bad_index}, 0, 1, 0, x, y);
+    // The next file in the listing: img0 of b for names before "img", else c's first.
+    CHECK(y.data<int64_t>()[0] == (name < std::string("img") ? 1 : 2));
+    fs::remove(path);
+  }
+}
+
+TEST_CASE("image folder errors name the folder", "[image_folder]") {
+  TempDir d;
+  const std::string root = make_folder(d, 1);
+  ImageFolderOptions o;
+  o.fallback_cache_dir = d.file("cache");
+  fs::create_directories(root + "/val/zebra");
+  make_images(d, root + "/val/zebra", "z.jpg:8:8:RGB");
+  CHECK_THROWS_WITH(load_image_folder(root, o), Catch::Contains(root + "/val/zebra") && Catch::Contains("zebra"));
+  fs::remove_all(root + "/val/zebra");
+  fs::create_directories(root + "/train/empty");
+  CHECK_THROWS_WITH(load_image_folder(root, o), Catch::Contains(root + "/train/empty") && Catch::Contains("empty"));
+  fs::remove_all(root + "/train/empty");
+  fs::remove_all(root + "/val");
+  CHECK_THROWS_WITH(load_image_folder(root, o), Catch::Contains(root + "/val"));
+}
+
+TEST_CASE("the listing is cached and walked again when a folder changes", "[image_folder]") {
+  TempDir d;
+  const std::string root = make_folder(d, 2);
+  // Folders changed in the last two seconds are not cached (their clock's tick
+  // could hide a later change); age them instead of sleeping.
+  auto age = [&] {
+    const auto old = fs::file_time_type::clock::now() - std::chrono::seconds(60);
+    for (const auto& e : fs::recursive_directory_iterator(root))
+      if (e.is_directory()) fs::last_write_time(e.path(), old);
+    fs::last_write_time(root + "/train", old);
+  };
+  age();
+  const ImageFolderIndex first = list_image_folder(root + "/train");
+  CHECK_FALSE(first.from_cache);
+  CHECK(first.cache_file == root + "/.mixtrain-index-train.txt");
+  const ImageFolderIndex second = list_image_folder(root + "/train");
+  CHECK(second.from_cache);
+  CHECK(second.files == first.files);
+  CHECK(second.class_of == first.class_of);
+  CHECK(second.classes == first.classes);
+  // A new image changes its class folder's time: the next start walks again and sees it.
+  mix::test::write_bytes(root + "/train/c/new.jpg", mix::test::read_bytes(root + "/train/c/img0.jpg"));
+  const ImageFolderIndex third = list_image_folder(root + "/train");
+  CHECK_FALSE(third.from_cache);
+  CHECK(third.files.size() == first.files.size() + 1);
+}
