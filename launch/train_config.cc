@@ -152,11 +152,11 @@ std::vector<std::pair<std::string, std::string>> TrainConfig::fingerprint_fields
           {"synthetic-size", data == DataSet::synthetic ? opt(synthetic_size) : "-"},
           {"synthetic-features", data == DataSet::synthetic ? num(synthetic_features) : "-"},
           {"synthetic-classes", data == DataSet::synthetic ? num(synthetic_classes) : "-"},
-          {"augment", data == DataSet::image_folder ? name(augment, kAugmentNames) : "-"},
-          {"crop-scale", data == DataSet::image_folder ? list(crop_scale) : "-"},
-          {"hflip", data == DataSet::image_folder ? (hflip ? "true" : "false") : "-"},
-          {"mean", data == DataSet::image_folder ? list(mean) : "-"},
-          {"std", data == DataSet::image_folder ? list(stddev) : "-"},
+          {"augment", is_image_data() ? name(augment, kAugmentNames) : "-"},
+          {"crop-scale", is_image_data() ? list(crop_scale) : "-"},
+          {"hflip", is_image_data() ? (hflip ? "true" : "false") : "-"},
+          {"mean", is_image_data() ? list(mean) : "-"},
+          {"std", is_image_data() ? list(stddev) : "-"},
           {"skip-bad-images", skip_bad_images ? "on" : "off"},
           {"inject-overflow", inject_overflow},
           {"fold-casts", fold_casts ? "on" : "off"},
@@ -255,7 +255,7 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
     return app.add_option(flag, target, help)->delimiter(',')->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   };
   add_list("--hidden", c.hidden, "mlp: hidden layer sizes, comma separated")->check(kPositiveInt);
-  app.add_option("--image-size", c.image_size, "ResNets: height and width of synthetic or image-folder images")
+  app.add_option("--image-size", c.image_size, "ResNets: height and width of synthetic, image-folder or image-shards images")
       ->check(kPositiveInt)
       ->default_str("224; 32 for resnet-small");
   app.add_option("--width", c.width, "ResNets: channels of the stem and first stage")
@@ -292,23 +292,23 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
       ->check(kPositiveInt);
   app.add_option("--synthetic-classes", c.synthetic_classes, "classes of the synthetic task")
       ->check(CLI::Range(2, 1000000));
-  // --data image-folder (runtime/data/image_folder.h)
+  // --data image-folder and image-shards (runtime/data/image_folder.h, image_shards.h)
   add_choice(app, "--augment", c.augment, kAugmentNames,
-             "image-folder training: imagenet (RandomResizedCrop and a horizontal flip), or none (evaluation's resize "
+             "images training: imagenet (RandomResizedCrop and a horizontal flip), or none (evaluation's resize "
              "and centre crop)");
-  add_list("--crop-scale", c.crop_scale, "image-folder: RandomResizedCrop's range of the area fraction, MIN,MAX")
+  add_list("--crop-scale", c.crop_scale, "images: RandomResizedCrop's range of the area fraction, MIN,MAX")
       ->default_str("0.08,1");
-  app.add_option("--hflip", c.hflip, "image-folder: flip training images left-right with probability 0.5")
+  app.add_option("--hflip", c.hflip, "images: flip training images left-right with probability 0.5")
       ->default_str("true");
-  add_list("--mean", c.mean, "image-folder: per-channel mean subtracted from [0, 1] pixels, R,G,B")
+  add_list("--mean", c.mean, "images: per-channel mean subtracted from [0, 1] pixels, R,G,B")
       ->default_str("0.485,0.456,0.406 (ImageNet's)");
-  add_list("--std", c.stddev, "image-folder: per-channel standard deviation the pixels are divided by, R,G,B")
+  add_list("--std", c.stddev, "images: per-channel standard deviation the pixels are divided by, R,G,B")
       ->default_str("0.229,0.224,0.225 (ImageNet's)");
-  app.add_option("--data-workers", c.data_workers, "image-folder: threads per rank decoding a batch's images")
+  app.add_option("--data-workers", c.data_workers, "images: threads per rank decoding a batch's images")
       ->check(CLI::Range(1, 1024))
       ->default_str("the host's cores divided among its ranks");
   app.add_flag("--skip-bad-images", c.skip_bad_images,
-               "image-folder: replace an unreadable image by the next good one, with a warning, instead of stopping");
+               "images: replace an unreadable image by the next good one, with a warning, instead of stopping");
 
   app.option_defaults()->group("Precision and AMP");
   add_choice(app, "--precision", c.precision, amp::kPrecisionNames,
@@ -522,6 +522,8 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
   if (!c.data_file.empty()) c.data = DataSet::safetensors;  // --data-file alone says where the data is
   if (c.data == DataSet::image_folder && c.data_dir.empty())
     return bad("--data image-folder needs --data-dir DIR, a folder with train/<class>/*.jpg and val/<class>/*.jpg");
+  if (c.data == DataSet::image_shards && c.data_dir.empty())
+    return bad("--data image-shards needs --data-dir DIR, a folder with train-*.tar and val-*.tar shards");
   if (c.data_dir.empty())
     c.data_dir = c.data == DataSet::fortunes ? "/usr/share/games/fortunes" : "/usr/share/datasets/fashion-mnist";
   const std::string data_set = name(c.data, kDataSetNames);
@@ -591,15 +593,17 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
     return bad("--inject-overflow " + c.inject_overflow + ": --steps 0 trains nothing to overflow");
   if (!c.is_resnet() && c.data_format != DataFormat::auto_)
     return bad("--data-format is for the ResNet models (--model " + c.model + " has no image layout)");
-  if (c.image_size && c.data != DataSet::synthetic && c.data != DataSet::image_folder)
-    return bad("--image-size sets the size of synthetic or image-folder images; with --data " + data_set +
+  if (c.image_size && c.data != DataSet::synthetic && !c.is_image_data())
+    return bad("--image-size sets the size of synthetic, image-folder or image-shards images; with --data " +
+               data_set +
                " the images have the data set's size");
-  if (c.data == DataSet::image_folder && !c.is_resnet())
-    return bad("--data image-folder gives [3, H, W] images for the ResNet models, not --model " + c.model);
+  if (c.is_image_data() && !c.is_resnet())
+    return bad("--data " + data_set + " gives [3, H, W] images for the ResNet models, not --model " + c.model);
   for (const char* flag :
        {"--augment", "--crop-scale", "--hflip", "--mean", "--std", "--data-workers", "--skip-bad-images"})
-    if (c.data != DataSet::image_folder && given(flag))
-      return bad(std::string(flag) + " is for --data image-folder; the data here is " + data_set + "'s");
+    if (!c.is_image_data() && given(flag))
+      return bad(std::string(flag) + " is for --data image-folder or image-shards; the data here is " + data_set +
+                 "'s");
   if (c.crop_scale.size() != 2 || !(c.crop_scale[0] > 0 && c.crop_scale[0] <= c.crop_scale[1] && c.crop_scale[1] <= 1))
     return bad("--crop-scale takes MIN,MAX with 0 < MIN <= MAX <= 1 (fractions of the image's area)");
   if (c.mean.size() != 3 || c.stddev.size() != 3)

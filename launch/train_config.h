@@ -24,12 +24,13 @@ inline constexpr NamedValue<DataFormat> kDataFormatNames[] = {
     {DataFormat::auto_, "auto"}, {DataFormat::nchw, "nchw"}, {DataFormat::nhwc, "nhwc"}};
 
 /// The data sets mixtrain reads (--data).
-enum class DataSet { fashion_mnist, fortunes, synthetic, safetensors, image_folder };
+enum class DataSet { fashion_mnist, fortunes, synthetic, safetensors, image_folder, image_shards };
 inline constexpr NamedValue<DataSet> kDataSetNames[] = {{DataSet::fashion_mnist, "fashion-mnist"},
                                                         {DataSet::fortunes, "fortunes"},
                                                         {DataSet::synthetic, "synthetic"},
                                                         {DataSet::safetensors, "safetensors"},
-                                                        {DataSet::image_folder, "image-folder"}};
+                                                        {DataSet::image_folder, "image-folder"},
+                                                        {DataSet::image_shards, "image-shards"}};
 inline std::string_view to_string(DataSet d) { return name_of(d, kDataSetNames); }
 
 /// Training augmentation of --data image-folder (--augment): torchvision's
@@ -69,6 +70,8 @@ struct TrainConfig {
   bool tie_weights = false;
   double dropout = 0.0;
   bool is_language_model() const { return model == "transformer"; }
+  /// JPEGs read from disk (an image folder or tar shards), decoded and transformed a batch at a time.
+  bool is_image_data() const { return data == DataSet::image_folder || data == DataSet::image_shards; }
   bool resume_auto() const { return resume == "auto"; }
   // data; parse_train_config fills in the model's default data set (fortunes
   // text for the Transformer, Fashion-MNIST otherwise) and its directory

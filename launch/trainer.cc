@@ -38,6 +38,7 @@
 #include "runtime/data/batch_feeder.h"
 #include "runtime/data/dataset.h"
 #include "runtime/data/image_folder.h"
+#include "runtime/data/image_shards.h"
 #include "runtime/exec/executor.h"
 #include "runtime/exec/init.h"
 #include "runtime/exec/step_graph.h"
@@ -68,7 +69,7 @@ data::TrainTest load_data(const TrainConfig& c) {
   if (c.data == DataSet::fashion_mnist) return data::load_fashion_mnist(c.data_dir);
   if (c.data == DataSet::safetensors) return data::load_safetensors_dataset(c.data_file);
   if (c.data == DataSet::fortunes) return data::load_byte_text(c.data_dir, c.context);
-  if (c.data == DataSet::image_folder) {
+  if (c.is_image_data()) {
     data::ImageFolderOptions o;
     o.transform.size = c.image_size ? *c.image_size : (c.model == "resnet-small" ? 32 : 224);
     o.transform.augment = c.augment == Augment::imagenet;
@@ -81,7 +82,8 @@ data::TrainTest load_data(const TrainConfig& c) {
     o.workers = static_cast<int>(c.data_workers.value_or(data::default_data_workers()));
     o.skip_bad_images = c.skip_bad_images;
     o.seed = c.seed;
-    return data::load_image_folder(c.data_dir, o);
+    return c.data == DataSet::image_folder ? data::load_image_folder(c.data_dir, o)
+                                           : data::load_image_shards(c.data_dir, o);
   }
   if (c.is_language_model()) {
     const int64_t n = c.synthetic_size.value_or(1024);

@@ -157,24 +157,26 @@ std::string read_file(const std::string& path) {
   return s.str();
 }
 
-class ImageFolderSource final : public ExampleSource {
+// Encoded images (JPEG files of a folder, members of tar shards) decoded,
+// transformed and normalised a batch at a time on a pool of worker threads.
+class EncodedImageSource final : public ExampleSource {
  public:
-  ImageFolderSource(std::string split_dir, std::vector<std::string> files, std::vector<int64_t> labels, bool train,
-                    const ImageFolderOptions& opt)
-      : dir_(std::move(split_dir)),
-        files_(std::move(files)),
+  EncodedImageSource(std::string where, EncodedImages images, std::vector<int64_t> labels, bool train,
+                     const ImageFolderOptions& opt)
+      : dir_(std::move(where)),
+        images_(std::move(images)),
         labels_(std::move(labels)),
         train_(train),
         opt_(opt),
         pool_(std::make_unique<WorkerPool>(opt.workers)) {}
 
-  ~ImageFolderSource() override {
+  ~EncodedImageSource() override {
     if (replaced_ > 0)
       spdlog::warn("{}: {} read(s) of {} bad image(s) were replaced by the next good image (--skip-bad-images)", dir_,
                    replaced_.load(), bad_files_.size());
   }
 
-  int64_t size() const override { return static_cast<int64_t>(files_.size()); }
+  int64_t size() const override { return images_.count; }
   Shape example_shape() const override { return {3, opt_.transform.size, opt_.transform.size}; }
   DType input_dtype() const override { return DType::f32; }
   Shape label_shape() const override { return {}; }
@@ -196,11 +198,11 @@ class ImageFolderSource final : public ExampleSource {
     const int64_t n = size();
     for (int64_t k = 0; k < n; ++k) {
       const int64_t j = (index + k) % n;
-      const std::string path = (fs::path(dir_) / files_[j]).string();
+      const std::string path = images_.name(j);
       Rng rng = Rng::for_stream(Rng::for_stream(opt_.seed, static_cast<uint64_t>(epoch)).next_u64(),
                                 static_cast<uint64_t>(index));
       try {
-        transform_jpeg(read_file(path), path, train_ && opt_.transform.augment, opt_.transform, rng, out);
+        transform_jpeg(images_.bytes(j), path, train_ && opt_.transform.augment, opt_.transform, rng, out);
         return labels_[j];
       } catch (const Error& e) {
         if (!opt_.skip_bad_images) throw;
@@ -214,7 +216,7 @@ class ImageFolderSource final : public ExampleSource {
   }
 
   std::string dir_;
-  std::vector<std::string> files_;
+  EncodedImages images_;
   std::vector<int64_t> labels_;
   bool train_;
   ImageFolderOptions opt_;
@@ -260,7 +262,21 @@ std::shared_ptr<const ExampleSource> make_image_folder_source(const std::string&
                                                               std::vector<std::string> files,
                                                               std::vector<int64_t> labels, bool train,
                                                               const ImageFolderOptions& opt) {
-  return std::make_shared<ImageFolderSource>(split_dir, std::move(files), std::move(labels), train, opt);
+  EncodedImages images;
+  images.count = static_cast<int64_t>(files.size());
+  auto paths = std::make_shared<std::vector<std::string>>();
+  for (const std::string& f : files) paths->push_back((fs::path(split_dir) / f).string());
+  images.name = [paths](int64_t j) { return (*paths)[static_cast<size_t>(j)]; };
+  images.bytes = [paths](int64_t j) { return read_file((*paths)[static_cast<size_t>(j)]); };
+  return make_encoded_image_source(split_dir, std::move(images), std::move(labels), train, opt);
+}
+
+std::shared_ptr<const ExampleSource> make_encoded_image_source(const std::string& where, EncodedImages images,
+                                                               std::vector<int64_t> labels, bool train,
+                                                               const ImageFolderOptions& opt) {
+  MIX_CHECK(static_cast<int64_t>(labels.size()) == images.count,
+            where << ": " << images.count << " images but " << labels.size() << " labels");
+  return std::make_shared<EncodedImageSource>(where, std::move(images), std::move(labels), train, opt);
 }
 
 TrainTest load_image_folder(const std::string& dir, const ImageFolderOptions& opt) {

@@ -3,6 +3,8 @@
 // DIR/val/<class>/*.jpg, read on demand: each batch's JPEGs are decoded,
 // cropped and normalised on a pool of worker threads (image_transforms.h).
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -43,6 +45,21 @@ struct ImageFolderOptions {
 /// crop), labels i64 class indices by train's sorted class folders. A val
 /// class that train lacks throws naming it. A missing val folder throws too.
 TrainTest load_image_folder(const std::string& dir, const ImageFolderOptions& opt);
+
+/// Where a split's encoded images are: image j's bytes and its name (a path,
+/// or a shard and key) for messages. Both are called from worker threads.
+struct EncodedImages {
+  int64_t count = 0;
+  std::function<std::string(int64_t)> bytes;
+  std::function<std::string(int64_t)> name;
+};
+
+/// A batch source of encoded images with their labels: decoded, transformed
+/// (training's or evaluation's, by `train`) and normalised on opt.workers
+/// threads; `where` names the split in messages.
+std::shared_ptr<const ExampleSource> make_encoded_image_source(const std::string& where, EncodedImages images,
+                                                               std::vector<int64_t> labels, bool train,
+                                                               const ImageFolderOptions& opt);
 
 /// Reads one split's images as a batch source. Exposed for tests.
 std::shared_ptr<const ExampleSource> make_image_folder_source(const std::string& split_dir,

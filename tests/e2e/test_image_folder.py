@@ -12,6 +12,7 @@ and a second run reads the same data from it.
 """
 import gzip
 import os
+import subprocess
 import sys
 
 import mixtest as mt
@@ -75,6 +76,25 @@ def main():
     # A second, short run reads the listings back (their folders are unchanged).
     r = mt.mixtrain(args + ["--steps", 2, "--eval-batches", 1], np=2, timeout=300)
     c.ok_run(r, "a second run on the cached listing")
+    # The same images as tar shards (scripts/make_image_shards.py): the same
+    # examples in the same order, so the same losses, bit for bit, step by step.
+    shards = d / "fmnist-shards"
+    made = subprocess.run([sys.executable, str(mt.SOURCE_DIR / "scripts" / "make_image_shards.py"), str(data),
+                           str(shards), "--per-shard", "2000"], capture_output=True, text=True)
+    c.check(made.returncode == 0, "scripts/make_image_shards.py writes the shards", made.stderr[-300:])
+    short = ["--steps", 12, "--eval-batches", 2]
+    folder_met, shard_met = d / "folder12.jsonl", d / "shards12.jsonl"
+    shard_args = [a if a != "image-folder" else "image-shards" for a in args]
+    shard_args[shard_args.index(data)] = shards
+    ra = mt.mixtrain(args + short + ["--metrics", folder_met], np=2, timeout=300)
+    rb = mt.mixtrain(shard_args + short + ["--metrics", shard_met], np=2, timeout=300)
+    if c.ok_run(ra, "12 steps from the folder") and c.ok_run(rb, "12 steps from the shards"):
+        la = [mt.Metrics(folder_met).step(n)["loss"] for n in range(1, 13)]
+        lb = [mt.Metrics(shard_met).step(n)["loss"] for n in range(1, 13)]
+        c.check(la == lb, "shards and folder give the same 12 losses, bit for bit", f"{la[:3]} vs {lb[:3]}")
+        ea, eb = mt.Metrics(folder_met).summary, mt.Metrics(shard_met).summary
+        c.check(ea.get("val_loss") == eb.get("val_loss"), "and the same validation loss",
+                f"{ea.get('val_loss')} vs {eb.get('val_loss')}")
     c.finish()
 
 

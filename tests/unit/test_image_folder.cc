@@ -12,6 +12,7 @@
 #include "runtime/core/check.h"
 #include "runtime/data/image_decode.h"
 #include "runtime/data/image_folder.h"
+#include "runtime/data/image_shards.h"
 #include "runtime/data/image_transforms.h"
 #include "tests/unit/temp_files.h"
 
@@ -346,4 +347,69 @@ TEST_CASE("the listing is cached and walked again when a folder changes", "[imag
   const ImageFolderIndex third = list_image_folder(root + "/train");
   CHECK_FALSE(third.from_cache);
   CHECK(third.files.size() == first.files.size() + 1);
+}
+
+namespace {
+
+// scripts/make_image_shards.py's shards of the folder `root`, `per_shard` samples each.
+std::string make_shards(const TempDir& d, const std::string& root, int per_shard) {
+  const char* src = std::getenv("MIX_SOURCE_DIR");
+  const fs::path source = src ? fs::path(src) : fs::absolute(fs::path(__FILE__)).parent_path().parent_path().parent_path();
+  const std::string out = d.file("shards");
+  const std::string cmd = std::string(mix::test::kPython) + " " + (source / "scripts/make_image_shards.py").string() +
+                          " " + root + " " + out + " --per-shard " + std::to_string(per_shard) + " > /dev/null";
+  REQUIRE(std::system(cmd.c_str()) == 0);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("image shards give the image folder's examples, labels and crops, bit for bit", "[image_folder][shards]") {
+  TempDir d;
+  const std::string root = make_folder(d, 5);
+  const std::string shards = make_shards(d, root, 4);  // 15 samples: shards of 4, 4, 4 and 3
+  ImageFolderOptions o;
+  o.transform.size = 24;
+  o.workers = 2;
+  const TrainTest folder = load_image_folder(root, o), tar = load_image_shards(shards, o);
+  REQUIRE(tar.train.size() == folder.train.size());
+  REQUIRE(tar.test.size() == folder.test.size());
+  CHECK(tar.train.num_classes == folder.train.num_classes);
+  for (int64_t epoch : {0, 2}) {
+    const Batch a = read_all(*folder.train.source, epoch), b = read_all(*tar.train.source, epoch);
+    CHECK(std::memcmp(a.x.data<float>(), b.x.data<float>(), a.x.numel() * 4) == 0);
+    CHECK(std::memcmp(a.y.data<int64_t>(), b.y.data<int64_t>(), a.y.numel() * 8) == 0);
+  }
+  const Batch a = read_all(*folder.test.source, 0), b = read_all(*tar.test.source, 0);
+  CHECK(std::memcmp(a.x.data<float>(), b.x.data<float>(), a.x.numel() * 4) == 0);
+  CHECK(std::memcmp(a.y.data<int64_t>(), b.y.data<int64_t>(), a.y.numel() * 8) == 0);
+}
+
+TEST_CASE("image shard errors name the shard and the sample", "[image_folder][shards]") {
+  TempDir d;
+  const std::string dir = d.file("shards");
+  fs::create_directories(dir);
+  ImageFolderOptions o;
+  o.transform.size = 8;
+  REQUIRE_THROWS_WITH(load_image_shards(dir, o), Catch::Contains(dir) && Catch::Contains("no train-*.tar shard"));
+  // A sample without its .cls, and one whose .cls is not a class index.
+  const char* writer = R"(
+import io, sys, tarfile
+def shard(path, members):
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as t:
+        for name, data in members:
+            info = tarfile.TarInfo(name); info.size = len(data); t.addfile(info, io.BytesIO(data))
+shard(sys.argv[1] + "/train-000000.tar", [("k0.jpg", b"x"), ("k0.cls", b"1"), ("k1.jpg", b"y")])
+shard(sys.argv[1] + "/val-000000.tar", [("v0.jpg", b"x"), ("v0.cls", b"cat")])
+)";
+  REQUIRE(mix::test::run_python(d, writer, dir) == 0);
+  REQUIRE_THROWS_WITH(load_image_shards(dir, o), Catch::Contains("train-000000.tar") && Catch::Contains("'k1'") &&
+                                                   Catch::Contains("no .cls member"));
+  // The train shard mended: the bad .cls of val is next.
+  std::string mended = writer;
+  const std::string lone = ", (\"k1.jpg\", b\"y\")";
+  mended.erase(mended.find(lone), lone.size());
+  REQUIRE(mix::test::run_python(d, mended, dir) == 0);
+  REQUIRE_THROWS_WITH(load_image_shards(dir, o), Catch::Contains("val-000000.tar") && Catch::Contains("'v0'") &&
+                                                   Catch::Contains("'cat'"));
 }
