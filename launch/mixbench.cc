@@ -17,6 +17,7 @@
 #include "collective/communicator.h"
 #include "collective/consistency.h"
 #include "launch/allreduce_bench.h"
+#include "launch/data_bench.h"
 #include "launch/cli_checks.h"
 #include "launch/cli_help.h"
 #include "launch/grad_sync_bench.h"
@@ -91,7 +92,35 @@ int main(int argc, char** argv) {
   grad_sync->add_option("--csv", gs.csv, "append a row to this CSV file (rank 0)");
   mix::launch::add_choice(*grad_sync, "--device", gs.device, mix::kDeviceKindNames,
                           "cpu: MPI on host buffers; cuda: NCCL on device buffers");
+  mix::launch::DataBenchConfig db;
+  CLI::App* data_bench = app.add_subcommand("data", "images/s of the image readers: decode, crop, resize, normalise, batch");
+  data_bench->formatter(app.get_formatter());
+  data_bench->option_defaults()->always_capture_default();
+  mix::launch::add_choice(*data_bench, "--data", db.data, mix::launch::kDataSetNames,
+                          "image-folder or image-shards (the other data sets are in memory)");
+  data_bench->add_option("--data-dir", db.data_dir, "the folder (DIR/train/<class>/*.jpg) or the shards' folder")
+      ->required();
+  data_bench->add_option("--image-size", db.image_size, "crop size")->check(CLI::Range(1, 4096));
+  data_bench->add_option("--batch-size", db.batch_size, "images a batch")->check(CLI::Range(1, 1000000));
+  data_bench->add_option("--data-workers", db.workers, "decoding threads")
+      ->check(CLI::Range(1, 1024))
+      ->default_str("the host's cores divided among its ranks");
+  data_bench->add_option("--batches", db.batches, "timed batches")->check(CLI::Range(1, 1000000));
+  data_bench->add_option("--warmup", db.warmup, "untimed batches first")->check(CLI::Range(0, 1000000));
+  data_bench->add_option("--seed", db.seed, "seed of the order and the crops");
+  mix::launch::add_choice(*data_bench, "--augment", db.augment, mix::launch::kAugmentNames,
+                          "imagenet: the training crops and flips; none: evaluation's resize and centre crop");
   if (auto stop = mix::launch::parse_command_line(app, argc, argv)) return *stop;
+  if (data_bench->parsed()) {
+    // One process, no communicator: the readers' speed on this host.
+    try {
+      mix::launch::run_data_bench(db);
+      return 0;
+    } catch (const std::exception& e) {
+      std::cerr << "mixbench data: " << e.what() << "\n";
+      return 1;
+    }
+  }
   auto bad = [](const std::string& msg) {
     std::cerr << "mixbench: " << msg << "\n";
     return 2;

@@ -22,7 +22,7 @@ SCRIPTS = mt.SOURCE_DIR.resolve() / "scripts"
 WATCHED = ("cmake", "ctest", "make", "ninja", "apt-get", "sudo", "dpkg", "dpkg-query", "mpirun", "nvidia-smi",
            "nvcc", "git")
 # The scripts that parse all their arguments themselves (no pass-through), refusing unknown flags.
-PARSERS = ("bandwidth.sh", "bench_memory.sh", "bench_overlap.sh", "bench_vs_pytorch.sh", "convergence.sh",
+PARSERS = ("bandwidth.sh", "bench_data.sh", "bench_memory.sh", "bench_overlap.sh", "bench_vs_pytorch.sh", "convergence.sh",
            "gpu_check.sh")
 
 
