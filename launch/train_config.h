@@ -13,6 +13,7 @@
 #include "collective/grad_allreduce_pass.h"
 #include "runtime/core/device.h"
 #include "runtime/core/enum_names.h"
+#include "runtime/data/token_shards.h"
 #include "runtime/optim/lr_schedule.h"
 #include "runtime/optim/optimizer.h"
 
@@ -24,11 +25,12 @@ inline constexpr NamedValue<DataFormat> kDataFormatNames[] = {
     {DataFormat::auto_, "auto"}, {DataFormat::nchw, "nchw"}, {DataFormat::nhwc, "nhwc"}};
 
 /// The data sets mixtrain reads (--data).
-enum class DataSet { fashion_mnist, fortunes, synthetic, safetensors };
+enum class DataSet { fashion_mnist, fortunes, synthetic, safetensors, token_shards };
 inline constexpr NamedValue<DataSet> kDataSetNames[] = {{DataSet::fashion_mnist, "fashion-mnist"},
                                                         {DataSet::fortunes, "fortunes"},
                                                         {DataSet::synthetic, "synthetic"},
-                                                        {DataSet::safetensors, "safetensors"}};
+                                                        {DataSet::safetensors, "safetensors"},
+                                                        {DataSet::token_shards, "token-shards"}};
 inline std::string_view to_string(DataSet d) { return name_of(d, kDataSetNames); }
 
 struct TrainConfig {
@@ -69,6 +71,9 @@ struct TrainConfig {
   DataSet data = DataSet::fashion_mnist;
   std::string data_dir;
   std::string data_file;
+  /// --data token-shards: the width of a headerless file's tokens (unset: uint16);
+  /// an llm.c header's version decides for its shard, and must agree when this is set.
+  std::optional<data::TokenDType> token_dtype;
   bool shuffle = true;
   std::optional<int64_t> synthetic_size;  // default 8192 examples, 512 images
   int64_t synthetic_features = 784;

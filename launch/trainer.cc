@@ -67,6 +67,7 @@ data::TrainTest load_data(const TrainConfig& c) {
   if (c.data == DataSet::fashion_mnist) return data::load_fashion_mnist(c.data_dir);
   if (c.data == DataSet::safetensors) return data::load_safetensors_dataset(c.data_file);
   if (c.data == DataSet::fortunes) return data::load_byte_text(c.data_dir, c.context);
+  if (c.data == DataSet::token_shards) return data::load_token_shards(c.data_dir, c.context, c.vocab, c.token_dtype);
   if (c.is_language_model()) {
     const int64_t n = c.synthetic_size.value_or(1024);
     return data::make_synthetic_tokens(n, std::max<int64_t>(n / 8, 1), c.context, c.vocab, c.seed);
