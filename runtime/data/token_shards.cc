@@ -102,10 +102,10 @@ TokenShardSource::TokenShardSource(const std::vector<std::string>& files, bool h
                 "token shard " << path << " holds " << f.bytes << " bytes, less than llm.c's header of " << header
                                << " bytes: the file is cut short or is not a shard");
       const int32_t magic = static_cast<int32_t>(le32(bytes));
-      MIX_CHECK(magic == kTokenShardMagic,
-                "token shard " << path << " starts with " << magic << ", not llm.c's magic number "
-                               << kTokenShardMagic
-                               << ": not an llm.c shard (nanoGPT's headerless files are read as train.bin and val.bin)");
+      MIX_CHECK(
+          magic == kTokenShardMagic,
+          "token shard " << path << " starts with " << magic << ", not llm.c's magic number " << kTokenShardMagic
+                         << ": not an llm.c shard (nanoGPT's headerless files are read as train.bin and val.bin)");
       const int32_t version = static_cast<int32_t>(le32(bytes + 4));
       MIX_CHECK(version == 1 || version == 7, "token shard " << path << " has version " << version
                                                              << "; llm.c's versions are 1 (uint16 tokens) and 7 "
@@ -225,8 +225,9 @@ std::string list(const std::vector<std::string>& files) {
 
 TrainTest load_token_shards(const std::string& dir, int64_t context, int64_t vocab,
                             std::optional<TokenDType> token_dtype) {
-  const std::string how = "write shards with scripts/make_token_shards.py, or point --data-dir at llm.c's "
-                          "*_train_*.bin and *_val_*.bin or nanoGPT's train.bin and val.bin";
+  const std::string how =
+      "write shards with scripts/make_token_shards.py, or point --data-dir at llm.c's "
+      "*_train_*.bin and *_val_*.bin or nanoGPT's train.bin and val.bin";
   std::error_code ec;
   MIX_CHECK(fs::is_directory(dir, ec), "token data directory " << dir << " does not exist; " << how);
   std::vector<fs::path> files;
@@ -247,12 +248,14 @@ TrainTest load_token_shards(const std::string& dir, int64_t context, int64_t voc
     }
   }
   MIX_CHECK(!train.empty() || !val.empty(), "token data directory " << dir << " holds no token files; " << how);
-  MIX_CHECK(!train.empty(), "token data directory " << dir << " has validation shards (*_val_*.bin) but no "
-                                                           "training shards (*_train_*.bin); "
-                                                        << how);
-  MIX_CHECK(!val.empty(), "token data directory " << dir << " has training shards (*_train_*.bin) but no "
-                                                         "validation shards (*_val_*.bin); "
-                                                      << how);
+  MIX_CHECK(!train.empty(), "token data directory " << dir
+                                                    << " has validation shards (*_val_*.bin) but no "
+                                                       "training shards (*_train_*.bin); "
+                                                    << how);
+  MIX_CHECK(!val.empty(), "token data directory " << dir
+                                                  << " has training shards (*_train_*.bin) but no "
+                                                     "validation shards (*_val_*.bin); "
+                                                  << how);
 
   auto split = [&](const std::vector<std::string>& paths, const std::string& what, const std::string& name) {
     auto source = std::make_shared<TokenShardSource>(paths, headerless, token_dtype, context, vocab);

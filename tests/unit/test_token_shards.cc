@@ -200,14 +200,14 @@ TEST_CASE("damaged token files are refused, naming the file", "[data][tokens]") 
 
   write_bytes(train, shard(good));
   CHECK(load().train.size() == 12);
-  CHECK_THROWS_WITH(load(256, TokenDType::uint32), Contains(train) && Contains("--token-dtype") &&
-                                                       Contains("version 1"));
+  CHECK_THROWS_WITH(load(256, TokenDType::uint32),
+                    Contains(train) && Contains("--token-dtype") && Contains("version 1"));
   CHECK(load(256, TokenDType::uint16).train.size() == 12);  // agrees with the header: allowed
 
   // An empty split: a validation shard too short for one window of 17 tokens.
   write_bytes(val, shard(ramp(16, 0, 256)));
-  CHECK_THROWS_WITH(load(), Contains("validation split") && Contains(val) && Contains("16 tokens") &&
-                                Contains("one window of 17"));
+  CHECK_THROWS_WITH(
+      load(), Contains("validation split") && Contains(val) && Contains("16 tokens") && Contains("one window of 17"));
   std::filesystem::remove(val);
   CHECK_THROWS_WITH(load(), Contains(d) && Contains("no validation shards"));
   std::filesystem::remove(train);
@@ -250,7 +250,8 @@ TEST_CASE("the sampler's ranks read disjoint windows that together are one rank'
       }
       CAPTURE(world, epoch);
       CHECK(seen == all);
-      // DistributedSampler pads the epoch to a multiple of the world by repeating its first windows; nothing else repeats.
+      // DistributedSampler pads the epoch to a multiple of the world by
+      // repeating its first windows; nothing else repeats.
       CHECK(padded == (world - 98 % world) % world);
       // With drop_last, the ranks' windows are strictly disjoint.
       std::set<int64_t> dropped;
@@ -270,7 +271,8 @@ TEST_CASE("make_token_shards.py --split fortunes gives load_byte_text's examples
   std::filesystem::create_directories(text);
   // Two files of fortunes separated by '%' lines (one without a final newline), an index and a link to skip.
   std::string f1, f2;
-  for (int i = 0; i < 30; ++i) f1 += "fortune " + std::to_string(i) + " says\nline two of " + std::to_string(i) + "\n%\n";
+  for (int i = 0; i < 30; ++i)
+    f1 += "fortune " + std::to_string(i) + " says\nline two of " + std::to_string(i) + "\n%\n";
   for (int i = 0; i < 17; ++i) f2 += "second file " + std::to_string(i * 31) + "\n%\n";
   f2 += "no final newline";
   write_bytes((text / "alpha").string(), f1);
