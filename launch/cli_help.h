@@ -22,7 +22,10 @@ std::shared_ptr<CLI::Formatter> help_formatter();
 template <typename E, size_t N>
 std::string choice_names(const NamedValue<E> (&table)[N]) {
   std::string s;
-  for (const auto& entry : table) s += (s.empty() ? "" : "|") + std::string(entry.name);
+  for (const auto& entry : table) {
+    if (!s.empty()) s += '|';
+    s.append(entry.name.data(), entry.name.size());
+  }
   return s;
 }
 

@@ -92,7 +92,10 @@ std::vector<std::pair<std::string, std::string>> TrainConfig::fingerprint_fields
   auto opt = [&](auto& v) { return v ? num(*v) : std::string("default"); };
   auto list = [&](auto& v) {
     std::string s;
-    for (auto& x : v) s += (s.empty() ? "" : ",") + num(x);
+    for (auto& x : v) {
+      if (!s.empty()) s += ',';
+      s += num(x);
+    }
     return s;
   };
   auto name = [](auto value, const auto& table) { return std::string(name_of(value, table)); };
@@ -113,6 +116,7 @@ std::vector<std::pair<std::string, std::string>> TrainConfig::fingerprint_fields
           {"tie-weights", tie_weights ? "on" : "off"},
           {"dropout", num(dropout)},
           {"data", name(data, kDataSetNames)},
+          {"token-dtype", token_dtype ? name(*token_dtype, data::kTokenDTypeNames) : "-"},
           {"device", name(device, kDeviceKindNames)},
           {"allow-tf32", allow_tf32 ? "on" : "off"},
           {"cudnn-bn-persistent", cudnn_bn_persistent ? "on" : "off"},
@@ -280,7 +284,11 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
   std::optional<DataSet> data;  // the model's default data set unless given
   add_choice(app, "--data", data, kDataSetNames, "data set", "fortunes for the transformer, else fashion-mnist");
   app.add_option("--data-dir", c.data_dir, "directory of the data set")
-      ->default_str("/usr/share/datasets/fashion-mnist; /usr/share/games/fortunes");
+      ->default_str("/usr/share/datasets/fashion-mnist; /usr/share/games/fortunes; token-shards: none");
+  add_choice(app, "--token-dtype", c.token_dtype, data::kTokenDTypeNames,
+             "token-shards: the token width of headerless files (nanoGPT's train.bin, val.bin); llm.c's headers "
+             "give their own",
+             "uint16");
   app.add_option("--data-file", c.data_file,
                  "your own data: a safetensors file with `inputs` F32 [N, ...] and `labels` I64 [N] (implies --data "
                  "safetensors)");
@@ -524,13 +532,21 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
     return bad("--data image-folder needs --data-dir DIR, a folder with train/<class>/*.jpg and val/<class>/*.jpg");
   if (c.data == DataSet::image_shards && c.data_dir.empty())
     return bad("--data image-shards needs --data-dir DIR, a folder with train-*.tar and val-*.tar shards");
+  if (c.data == DataSet::token_shards && c.data_dir.empty())
+    return bad("--data token-shards needs --data-dir DIR: a directory of llm.c's *_train_*.bin and *_val_*.bin "
+               "shards or nanoGPT's train.bin and val.bin");
+  if (c.data != DataSet::token_shards && c.token_dtype)
+    return bad("--token-dtype is for --data token-shards; the data here is " + name(c.data, kDataSetNames) + "'s");
   if (c.data_dir.empty())
     c.data_dir = c.data == DataSet::fortunes ? "/usr/share/games/fortunes" : "/usr/share/datasets/fashion-mnist";
   const std::string data_set = name(c.data, kDataSetNames);
-  if (c.is_language_model() && c.data != DataSet::fortunes && c.data != DataSet::synthetic)
-    return bad("--model transformer trains on --data fortunes or --data synthetic (tokens), not --data " + data_set);
-  if (!c.is_language_model() && c.data == DataSet::fortunes)
-    return bad("--data fortunes is text for --model transformer; --model " + c.model + " needs images or features");
+  const bool tokens = c.data == DataSet::fortunes || c.data == DataSet::token_shards;
+  if (c.is_language_model() && !tokens && c.data != DataSet::synthetic)
+    return bad("--model transformer trains on --data fortunes, token-shards or synthetic (tokens), not --data " +
+               data_set);
+  if (!c.is_language_model() && tokens)
+    return bad("--data " + data_set + " is text for --model transformer; --model " + c.model +
+               " needs images or features");
   if (c.is_language_model() && c.d_model % c.heads != 0)
     return bad("--heads " + std::to_string(c.heads) + " must divide --d-model " + std::to_string(c.d_model));
   if (c.is_language_model() && c.data == DataSet::fortunes && c.vocab < 256)

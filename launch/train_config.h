@@ -13,6 +13,7 @@
 #include "collective/grad_allreduce_pass.h"
 #include "runtime/core/device.h"
 #include "runtime/core/enum_names.h"
+#include "runtime/data/token_shards.h"
 #include "runtime/optim/lr_schedule.h"
 #include "runtime/optim/optimizer.h"
 
@@ -24,13 +25,14 @@ inline constexpr NamedValue<DataFormat> kDataFormatNames[] = {
     {DataFormat::auto_, "auto"}, {DataFormat::nchw, "nchw"}, {DataFormat::nhwc, "nhwc"}};
 
 /// The data sets mixtrain reads (--data).
-enum class DataSet { fashion_mnist, fortunes, synthetic, safetensors, image_folder, image_shards };
+enum class DataSet { fashion_mnist, fortunes, synthetic, safetensors, image_folder, image_shards, token_shards };
 inline constexpr NamedValue<DataSet> kDataSetNames[] = {{DataSet::fashion_mnist, "fashion-mnist"},
                                                         {DataSet::fortunes, "fortunes"},
                                                         {DataSet::synthetic, "synthetic"},
                                                         {DataSet::safetensors, "safetensors"},
                                                         {DataSet::image_folder, "image-folder"},
-                                                        {DataSet::image_shards, "image-shards"}};
+                                                        {DataSet::image_shards, "image-shards"},
+                                                        {DataSet::token_shards, "token-shards"}};
 inline std::string_view to_string(DataSet d) { return name_of(d, kDataSetNames); }
 
 /// Training augmentation of --data image-folder (--augment): torchvision's
@@ -78,6 +80,9 @@ struct TrainConfig {
   DataSet data = DataSet::fashion_mnist;
   std::string data_dir;
   std::string data_file;
+  /// --data token-shards: the width of a headerless file's tokens (unset: uint16);
+  /// an llm.c header's version decides for its shard, and must agree when this is set.
+  std::optional<data::TokenDType> token_dtype;
   bool shuffle = true;
   std::optional<int64_t> synthetic_size;  // default 8192 examples, 512 images
   int64_t synthetic_features = 784;

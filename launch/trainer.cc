@@ -69,6 +69,7 @@ data::TrainTest load_data(const TrainConfig& c) {
   if (c.data == DataSet::fashion_mnist) return data::load_fashion_mnist(c.data_dir);
   if (c.data == DataSet::safetensors) return data::load_safetensors_dataset(c.data_file);
   if (c.data == DataSet::fortunes) return data::load_byte_text(c.data_dir, c.context);
+  if (c.data == DataSet::token_shards) return data::load_token_shards(c.data_dir, c.context, c.vocab, c.token_dtype);
   if (c.is_image_data()) {
     data::ImageFolderOptions o;
     o.transform.size = c.image_size ? *c.image_size : (c.model == "resnet-small" ? 32 : 224);

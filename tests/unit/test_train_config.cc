@@ -288,3 +288,28 @@ TEST_CASE("--grad-predivide: refused where every FP16 gradient underflows, warne
   CHECK_THAT(w[0], Contains("--grad-predivide 4") && Contains("world size 2") && Contains("from 1 to 2"));
   CHECK(parse({}).config.doubtful_values(2).empty());  // 0: the world size
 }
+
+TEST_CASE("--data token-shards: the transformer's, with a --data-dir; --token-dtype only there", "[train_config]") {
+  const Parsed ok = parse({"--model", "transformer", "--data", "token-shards", "--data-dir", "/d", "--token-dtype",
+                           "uint32"});
+  REQUIRE_FALSE(ok.stop);
+  CHECK(ok.config.data == DataSet::token_shards);
+  CHECK(ok.config.data_dir == "/d");
+  REQUIRE(ok.config.token_dtype);
+  CHECK(*ok.config.token_dtype == mix::data::TokenDType::uint32);
+  CHECK_FALSE(parse({"--model", "transformer", "--data", "token-shards", "--data-dir", "/d"}).config.token_dtype);
+  const Parsed no_dir = parse({"--model", "transformer", "--data", "token-shards"});
+  REQUIRE(no_dir.stop);
+  CHECK(*no_dir.stop == 2);
+  CHECK_THAT(no_dir.err, Contains("--data token-shards needs --data-dir"));
+  const Parsed mlp = parse({"--data", "token-shards", "--data-dir", "/d"});
+  REQUIRE(mlp.stop);
+  CHECK_THAT(mlp.err, Contains("--model transformer"));
+  const Parsed stray = parse({"--model", "transformer", "--token-dtype", "uint16"});
+  REQUIRE(stray.stop);
+  CHECK_THAT(stray.err, Contains("--token-dtype is for --data token-shards"));
+  const Parsed bad = parse({"--model", "transformer", "--data", "token-shards", "--data-dir", "/d", "--token-dtype",
+                            "int8"});
+  REQUIRE(bad.stop);
+  CHECK_THAT(bad.err, Contains("uint16") && Contains("uint32"));
+}
