@@ -686,9 +686,9 @@ int run_training(const TrainConfig& c, Communicator& comm, const StopSignals& st
 
   if (c.steps == 0) {
     if (rank == 0) {
-      io::keep_previous_checkpoint(c.save, c.keep_checkpoints);
-      io::save_checkpoint(c.save, program, scope, {{"step", "0"}, {"model", c.model}, {"seed", std::to_string(c.seed)}});
-      io::write_completion_marker(c.save, 0);
+      io::save_checkpoint_keeping(c.save, program, scope,
+                                  {{"step", "0"}, {"model", c.model}, {"seed", std::to_string(c.seed)}}, 0,
+                                  c.keep_checkpoints);
       spdlog::info("wrote the initial parameters to {}", c.save);
     }
     comm.barrier();
@@ -848,10 +848,10 @@ int run_training(const TrainConfig& c, Communicator& comm, const StopSignals& st
   // --save after `steps_done` steps (rank 0): the parameters, optimizer and
   // scaler state, and what check_resume_continues compares.
   auto save_checkpoint_after = [&](int64_t steps_done) {
-    io::keep_previous_checkpoint(c.save, c.keep_checkpoints);
-    io::save_checkpoint(c.save, program, scope,
-                        checkpoint_metadata(c, world, data.train.size(), steps_done, steps_per_epoch, scope, use_amp));
-    io::write_completion_marker(c.save, steps_done);
+    io::save_checkpoint_keeping(
+        c.save, program, scope,
+        checkpoint_metadata(c, world, data.train.size(), steps_done, steps_per_epoch, scope, use_amp), steps_done,
+        c.keep_checkpoints);
     spdlog::info("saved checkpoint {} at step {}", c.save, steps_done);
   };
   // On the CPU the host allocator also holds the data set, all run, and

@@ -75,12 +75,12 @@ void load_into(const std::string& path, const VarDesc& v, const Tensor& src, Ten
 
 }  // namespace
 
-void save_checkpoint(const std::string& path, const Program& p, const Scope& scope, const Metadata& meta) {
+FileDigest save_checkpoint(const std::string& path, const Program& p, const Scope& scope, const Metadata& meta) {
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (const VarDesc& v : p.vars())
     if (saved_as_tensor(v)) tensors.emplace_back(v.name, scope.get(v.name).to(cpu_device()));
   for (const auto& [name, t] : tensors) check_before_save(path, meta, name, t);
-  write_safetensors(path, tensors, meta);
+  return write_safetensors(path, tensors, meta);
 }
 
 int load_parameters(const std::string& path, const Program& p, Scope& scope, int* ignored,

@@ -11,6 +11,7 @@
 
 #include "runtime/ir/op_registry.h"
 #include "runtime/ir/program.h"
+#include "runtime/io/safetensors.h"
 
 namespace mix::io {
 
@@ -19,7 +20,8 @@ using Metadata = std::map<std::string, std::string>;
 /// Writes parameters and optimizer state (every persistable variable whose name
 /// is not in `metadata_vars`) and `meta`. Atomic: temporary file, then rename.
 /// A non-finite value in any of them throws before anything is written.
-void save_checkpoint(const std::string& path, const Program& p, const Scope& scope, const Metadata& meta);
+/// Returns the file's digest (write_safetensors).
+FileDigest save_checkpoint(const std::string& path, const Program& p, const Scope& scope, const Metadata& meta);
 
 /// --init-from: loads every parameter of `p` from `path` (F32, F16 or BF16
 /// tensors; shapes must match), and the model buffers (batch_norm's running

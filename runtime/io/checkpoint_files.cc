@@ -1,16 +1,11 @@
 #include "runtime/io/checkpoint_files.h"
 
-#include <fcntl.h>
-#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <sstream>
 
 #include "runtime/core/check.h"
@@ -21,15 +16,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct FileSummary {
-  uint64_t bytes = 0;
-  uint32_t crc32 = 0;
-};
-
-std::optional<FileSummary> summarize(const std::string& path) {
+std::optional<FileDigest> digest_of(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return std::nullopt;
-  FileSummary s;
+  FileDigest s;
   uLong crc = ::crc32(0L, Z_NULL, 0);
   std::vector<char> buf(size_t{1} << 20);
   while (in) {
@@ -50,53 +40,51 @@ std::string history_path(const std::string& path, int64_t step) {
   return (p.parent_path() / (p.stem().string() + ".step" + std::to_string(step) + p.extension().string())).string();
 }
 
-// Writes `text` to `path` through a temporary file renamed over it, synced.
-void write_file_atomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) MIX_FAIL("cannot write " << path << ": cannot create " << tmp << ": " << std::strerror(errno));
-  const char* c = text.data();
-  size_t n = text.size();
-  while (n > 0) {
-    const ssize_t w = ::write(fd, c, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0) {
-      const int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      MIX_FAIL("cannot write " << tmp << ": " << std::strerror(err));
-    }
-    c += w;
-    n -= static_cast<size_t>(w);
-  }
-  const bool synced = ::fsync(fd) == 0;
-  const bool closed = ::close(fd) == 0;
-  if (!synced || !closed || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    MIX_FAIL("cannot write " << path << ": " << std::strerror(err));
-  }
-}
-
 void remove_quietly(const std::string& path) {
   std::error_code ec;
   fs::remove(path, ec);
+}
+
+std::string hex(uint32_t v) {
+  std::ostringstream o;
+  o << std::hex << v;
+  return o.str();
+}
+
+// The marker of `checkpoint` as JSON, or null when it is missing or not JSON.
+nlohmann::json read_marker(const std::string& checkpoint) {
+  std::ifstream in(completion_marker_path(checkpoint));
+  if (!in) return nullptr;
+  try {
+    nlohmann::json marker;
+    in >> marker;
+    return marker;
+  } catch (const std::exception&) {
+    return nullptr;
+  }
+}
+
+// The step a marker names, unchecked against the file: what ordering and
+// history need, without reading the checkpoint.
+std::optional<int64_t> marked_step(const std::string& checkpoint) {
+  const nlohmann::json marker = read_marker(checkpoint);
+  if (!marker.is_object() || !marker.contains("step") || !marker["step"].is_number_integer()) return std::nullopt;
+  return marker["step"].get<int64_t>();
 }
 
 }  // namespace
 
 std::string completion_marker_path(const std::string& checkpoint) { return checkpoint + ".complete"; }
 
-void write_completion_marker(const std::string& checkpoint, int64_t step) {
-  const std::optional<FileSummary> s = summarize(checkpoint);
-  MIX_CHECK(s, "cannot read back the checkpoint " << checkpoint << " just written, to mark it complete");
-  std::ostringstream crc;
-  crc << std::hex << s->crc32;
+void write_completion_marker(const std::string& checkpoint, int64_t step, const FileDigest& digest) {
   const nlohmann::json marker = {{"file", fs::path(checkpoint).filename().string()},
                                  {"step", step},
-                                 {"bytes", s->bytes},
-                                 {"crc32", crc.str()}};
-  write_file_atomically(completion_marker_path(checkpoint), marker.dump() + "\n");
+                                 {"bytes", digest.bytes},
+                                 {"crc32", hex(digest.crc32)}};
+  const std::string text = marker.dump() + "\n";
+  AtomicFile file(completion_marker_path(checkpoint));
+  file.write(text.data(), text.size());
+  file.commit();
 }
 
 std::optional<int64_t> complete_step(const std::string& checkpoint, std::string* why) {
@@ -105,21 +93,15 @@ std::optional<int64_t> complete_step(const std::string& checkpoint, std::string*
     return std::nullopt;
   };
   const std::string marker_file = completion_marker_path(checkpoint);
-  std::ifstream in(marker_file);
-  if (!in) return fail("it has no completion marker " + marker_file + " (its save was interrupted, or another "
-                       "program wrote it)");
-  nlohmann::json marker;
-  try {
-    in >> marker;
-  } catch (const std::exception&) {
-    return fail("its completion marker " + marker_file + " is not JSON");
-  }
-  const std::optional<FileSummary> s = summarize(checkpoint);
+  if (!fs::exists(marker_file))
+    return fail("it has no completion marker " + marker_file + " (its save was interrupted, or another program "
+                "wrote it)");
+  const nlohmann::json marker = read_marker(checkpoint);
+  if (marker.is_null()) return fail("its completion marker " + marker_file + " is not JSON");
+  const std::optional<FileDigest> s = digest_of(checkpoint);
   if (!s) return fail("it cannot be read");
   try {
-    std::ostringstream crc;
-    crc << std::hex << s->crc32;
-    if (marker.at("bytes").get<uint64_t>() != s->bytes || marker.at("crc32").get<std::string>() != crc.str())
+    if (marker.at("bytes").get<uint64_t>() != s->bytes || marker.at("crc32").get<std::string>() != hex(s->crc32))
       return fail("its size or CRC-32 differs from what its completion marker " + marker_file +
                   " recorded (a save was cut short, or the file was changed)");
     return marker.at("step").get<int64_t>();
@@ -150,7 +132,9 @@ std::vector<CheckpointFile> checkpoint_history(const std::string& path) {
 
 void keep_previous_checkpoint(const std::string& path, int64_t keep) {
   if (keep <= 1) return;
-  if (const std::optional<int64_t> step = complete_step(path)) {
+  // The marker's step names the history file; the file is not read (a
+  // damaged one is passed over by --resume auto, which checks its CRC-32).
+  if (const std::optional<int64_t> step = marked_step(path)) {
     const std::string kept = history_path(path, *step);
     std::error_code ec;
     if (!fs::exists(kept, ec)) {
@@ -176,22 +160,28 @@ void keep_previous_checkpoint(const std::string& path, int64_t keep) {
   }
 }
 
+void save_checkpoint_keeping(const std::string& path, const Program& p, const Scope& scope, const Metadata& meta,
+                             int64_t step, int64_t keep) {
+  keep_previous_checkpoint(path, keep);
+  write_completion_marker(path, step, save_checkpoint(path, p, scope, meta));
+}
+
 std::optional<CheckpointFile> newest_complete_checkpoint(const std::string& path, std::vector<std::string>* skipped) {
   std::vector<CheckpointFile> candidates = checkpoint_history(path);
   std::error_code ec;
-  if (fs::exists(path, ec)) candidates.push_back({path, -1});
-  std::optional<CheckpointFile> best;
+  if (fs::exists(path, ec)) candidates.push_back({path, 0});
+  // Newest first by what the markers say, `path` first on a tie (it is the
+  // newest file); a file without a readable marker goes last, to be reported.
+  for (CheckpointFile& c : candidates) c.step = marked_step(c.path).value_or(-1);
+  std::stable_sort(candidates.begin(), candidates.end(), [&](const CheckpointFile& a, const CheckpointFile& b) {
+    return a.step != b.step ? a.step > b.step : a.path == path && b.path != path;
+  });
   for (const CheckpointFile& c : candidates) {
     std::string why;
-    const std::optional<int64_t> step = complete_step(c.path, &why);
-    if (!step) {
-      if (skipped) skipped->push_back(c.path + ": " + why);
-      continue;
-    }
-    // On a tie the newest file, `path`, wins (it comes last).
-    if (!best || *step >= best->step) best = CheckpointFile{c.path, *step};
+    if (const std::optional<int64_t> step = complete_step(c.path, &why)) return CheckpointFile{c.path, *step};
+    if (skipped) skipped->push_back(c.path + ": " + why);
   }
-  return best;
+  return std::nullopt;
 }
 
 }  // namespace mix::io

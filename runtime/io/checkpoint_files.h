@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "runtime/io/checkpoint.h"
+
 namespace mix::io {
 
 struct CheckpointFile {
@@ -25,8 +27,9 @@ struct CheckpointFile {
 /// PATH.complete.
 std::string completion_marker_path(const std::string& checkpoint);
 
-/// Writes the marker of the whole file `checkpoint`, saved after `step` steps.
-void write_completion_marker(const std::string& checkpoint, int64_t step);
+/// Writes the marker of the whole file `checkpoint` (whose bytes `digest`
+/// describes, as write_safetensors returned it), saved after `step` steps.
+void write_completion_marker(const std::string& checkpoint, int64_t step, const FileDigest& digest);
 
 /// The step `checkpoint`'s marker names, when the marker exists and names
 /// the file's size and CRC-32; otherwise nullopt and `why` says what is wrong.
@@ -41,9 +44,15 @@ std::vector<CheckpointFile> checkpoint_history(const std::string& path);
 /// oldest history files (and their markers) beyond keep - 1. Nothing when keep <= 1.
 void keep_previous_checkpoint(const std::string& path, int64_t keep);
 
+/// --save: keep_previous_checkpoint, then save_checkpoint (meta must hold the
+/// step) and the new file's completion marker.
+void save_checkpoint_keeping(const std::string& path, const Program& p, const Scope& scope, const Metadata& meta,
+                             int64_t step, int64_t keep);
+
 /// --resume auto: the newest complete checkpoint among `path` and its
-/// history, or nullopt when there is none. `skipped`: each file passed over,
-/// with the reason.
+/// history, or nullopt when there is none. The files are checked newest
+/// first (by their markers' steps) and the search stops at the first whole
+/// one. `skipped`: each file passed over, with the reason.
 std::optional<CheckpointFile> newest_complete_checkpoint(const std::string& path, std::vector<std::string>* skipped);
 
 }  // namespace mix::io

@@ -14,6 +14,7 @@
 #include <set>
 
 #include "runtime/core/check.h"
+#include "runtime/io/atomic_file.h"
 
 namespace mix::io {
 
@@ -215,7 +216,7 @@ SafetensorsFile read_safetensors(const std::string& path) {
   return out;
 }
 
-void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+FileDigest write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
                        const std::map<std::string, std::string>& metadata) {
   // Validate everything before creating any file.
   std::set<std::string> seen;
@@ -245,59 +246,16 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
   // Pad so that the data starts 8-byte aligned (the length field is 8 bytes).
   text.append((8 - text.size() % 8) % 8, ' ');
 
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) MIX_FAIL("cannot write " << path << ": cannot create " << tmp << ": " << errno_text());
-
-  // From here on every failure removes the temporary file; `path` is untouched
-  // until the final rename.
-  auto fail = [&](const std::string& what) {
-    const std::string reason = errno_text();
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    MIX_FAIL("cannot write " << path << ": " << what << " " << tmp << " failed: " << reason);
-  };
-  auto write_all = [&](const void* p, size_t n) {
-    const char* c = static_cast<const char*>(p);
-    while (n > 0) {
-      const ssize_t w = ::write(fd, c, std::min<size_t>(n, size_t{1} << 30));
-      if (w < 0) {
-        if (errno == EINTR) continue;
-        fail("writing");
-      }
-      c += w;
-      n -= static_cast<size_t>(w);
-    }
-  };
-
+  AtomicFile file(path);
   unsigned char len_bytes[8];
   uint64_t len = text.size();
   for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<unsigned char>((len >> (8 * i)) & 0xff);
-  write_all(len_bytes, 8);
-  write_all(text.data(), text.size());
+  file.write(len_bytes, 8);
+  file.write(text.data(), text.size());
   for (const auto& [name, t] : tensors) {
-    if (t.bytes()) write_all(t.raw(), t.bytes());
+    if (t.bytes()) file.write(t.raw(), t.bytes());
   }
-  if (::fsync(fd) != 0) fail("syncing");
-  if (::close(fd) != 0) {
-    const std::string reason = errno_text();
-    ::unlink(tmp.c_str());
-    MIX_FAIL("cannot write " << path << ": closing " << tmp << " failed: " << reason);
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string reason = errno_text();
-    ::unlink(tmp.c_str());
-    MIX_FAIL("cannot write " << path << ": renaming " << tmp << " over it failed: " << reason);
-  }
-  // Make the rename itself durable (best effort: some file systems refuse
-  // fsync on directories).
-  std::filesystem::path dir = std::filesystem::path(path).parent_path();
-  if (dir.empty()) dir = ".";
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    (void)::fsync(dfd);
-    ::close(dfd);
-  }
+  return file.commit();
 }
 
 void check_writable(const std::string& path) {

@@ -4,11 +4,13 @@
 //  "__metadata__": {"key": "string value"}}, then the raw little-endian data.
 // This is the format PyTorch users save with the `safetensors` package, so
 // checkpoints and user data sets interchange with PyTorch.
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "runtime/core/tensor.h"
+#include "runtime/io/atomic_file.h"
 
 namespace mix::io {
 
@@ -25,8 +27,9 @@ struct SafetensorsFile {
 SafetensorsFile read_safetensors(const std::string& path);
 
 /// Writes to `path + ".tmp"`, fsyncs, then renames over `path`, so a crash never
-/// leaves a half-written file under the final name.
-void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+/// leaves a half-written file under the final name. Returns the digest of the
+/// bytes written, computed as they were written (no read back).
+FileDigest write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 
 /// Checks now, before the work whose result it will hold, that

@@ -46,10 +46,10 @@ from slurm_cluster import SlurmCluster, SlurmError, missing  # noqa: E402
 
 MIXRUN = mixtest.BUILD_DIR / "mixrun"
 SCRIPT = mixtest.SOURCE_DIR / "scripts" / "slurm" / "train_1node_8gpu.sbatch"
-# The training: a step took from 0.04 ms to over 1 ms here, with the 2 cores
-# idle or shared with other builds, and the signal takes 1 to 2.5 s from the
-# first progress line through scancel, slurmctld, slurmd, the batch shell's
-# trap and mpirun to a stopped, requeued job. So the step count comes from
+# The training: a step's time varies by more than ten times with the load on
+# shared cores, and the signal takes seconds from the first progress line
+# through scancel, slurmctld, slurmd, the batch shell's trap and mpirun to a
+# stopped, requeued job. So the step count comes from
 # two short timed runs, for a run of about RUN_SECONDS: mid-run when the
 # signal lands, whatever the machine's pace, and not much longer.
 RUN_SECONDS = 10

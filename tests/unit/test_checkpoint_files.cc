@@ -22,11 +22,14 @@ namespace {
 // A model of one parameter and one optimizer slot, as the optimizers declare them.
 Program tiny_program() {
   Program p;
-  VarDesc w{"fc.weight", {2, 2}, DType::f32};
+  VarDesc w;
+  w.name = "fc.weight";
+  w.shape = {2, 2};
   w.persistable = w.is_parameter = true;
   p.add_var(w);
-  VarDesc v{"optimizer.momentum_buffer.fc.weight", {2, 2}, DType::f32};
-  v.persistable = true;
+  VarDesc v = w;
+  v.name = "optimizer.momentum_buffer.fc.weight";
+  v.is_parameter = false;
   p.add_var(v);
   return p;
 }
@@ -40,9 +43,7 @@ Scope tiny_scope(float w, float v) {
 
 // What --save does for a checkpoint of `step`.
 void save(const std::string& path, const Program& p, const Scope& s, int64_t step, int64_t keep) {
-  io::keep_previous_checkpoint(path, keep);
-  io::save_checkpoint(path, p, s, {{"step", std::to_string(step)}});
-  io::write_completion_marker(path, step);
+  io::save_checkpoint_keeping(path, p, s, {{"step", std::to_string(step)}}, step, keep);
 }
 
 }  // namespace
