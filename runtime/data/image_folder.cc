@@ -187,14 +187,19 @@ class EncodedImageSource final : public ExampleSource {
     int64_t* y = labels.data<int64_t>();
     const int64_t per = 3 * opt_.transform.size * opt_.transform.size;
     // Every example depends only on (seed, epoch, index): the same bits whatever the number of workers.
-    pool_->parallel_for(count, [&](int64_t i) { y[i] = load(idx[begin + i], epoch, x + i * per); });
+    pool_->parallel_for(count, [&](int64_t i) {
+      thread_local std::vector<uint8_t> pixels;
+      pixels.resize(static_cast<size_t>(per));
+      y[i] = load(idx[begin + i], epoch, pixels.data());
+      normalize_image(pixels.data(), opt_.transform.size, opt_.transform, x + i * per);
+    });
   }
 
  private:
   // Transforms example `index` into `out` and returns its label; with
   // --skip-bad-images a bad file is replaced by the next good one in the
   // listing (wrapping around), the same one every time.
-  int64_t load(int64_t index, int64_t epoch, float* out) const {
+  int64_t load(int64_t index, int64_t epoch, uint8_t* out) const {
     const int64_t n = size();
     for (int64_t k = 0; k < n; ++k) {
       const int64_t j = (index + k) % n;

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "runtime/core/check.h"
+#include "runtime/kernels/functors.h"
 
 namespace mix::data {
 namespace {
@@ -112,8 +113,8 @@ ResizePlan eval_resize_plan(int width, int height, int64_t resize, int64_t size)
   return p;
 }
 
-void resample_normalize(const RgbImage& img, const CropBox& box, int out_w, int out_h, int crop_x, int crop_y,
-                        int64_t out_size, bool flip, const ImageTransformOptions& opt, float* out) {
+void resample_crop(const RgbImage& img, const CropBox& box, int out_w, int out_h, int crop_x, int crop_y,
+                   int64_t out_size, bool flip, uint8_t* out) {
   const int n = static_cast<int>(out_size);
   MIX_CHECK(crop_x >= 0 && crop_y >= 0 && crop_x + n <= out_w && crop_y + n <= out_h,
             "image transform: the " << n << " x " << n << " crop at (" << crop_x << ", " << crop_y
@@ -146,10 +147,10 @@ void resample_normalize(const RgbImage& img, const CropBox& box, int out_w, int 
       for (int c = 0; c < 3; ++c) dst[i * 3 + c] = clip8(acc[c]);
     }
   }
-  // Vertical pass, then ToTensor's / 255 and Normalize, into CHW (mirrored when flipping).
-  const size_t plane = static_cast<size_t>(n) * n;
+  // Vertical pass, mirrored when flipping.
   for (int y = 0; y < n; ++y) {
     const int32_t* k = ty.k.data() + static_cast<size_t>(y) * ty.taps;
+    uint8_t* row = out + static_cast<size_t>(y) * n * 3;
     for (int x = 0; x < n; ++x) {
       int64_t acc[3] = {1 << (kPrecisionBits - 1), 1 << (kPrecisionBits - 1), 1 << (kPrecisionBits - 1)};
       for (int j = 0; j < ty.count[y]; ++j) {
@@ -157,16 +158,21 @@ void resample_normalize(const RgbImage& img, const CropBox& box, int out_w, int 
         for (int c = 0; c < 3; ++c) acc[c] += int64_t{p[c]} * k[j];
       }
       const int ox = flip ? n - 1 - x : x;
-      for (int c = 0; c < 3; ++c) {
-        const float v = static_cast<float>(clip8(acc[c])) / 255.0f;
-        out[c * plane + static_cast<size_t>(y) * n + ox] = (v - opt.mean[c]) / opt.stddev[c];
-      }
+      for (int c = 0; c < 3; ++c) row[ox * 3 + c] = clip8(acc[c]);
     }
   }
 }
 
+void normalize_image(const uint8_t* hwc, int64_t size, const ImageTransformOptions& opt, float* chw) {
+  const size_t plane = static_cast<size_t>(size) * size;
+  for (int c = 0; c < 3; ++c) {
+    const fn::NormalizePixel f{opt.mean[c], opt.stddev[c]};
+    for (size_t i = 0; i < plane; ++i) chw[c * plane + i] = f(hwc[i * 3 + c]);
+  }
+}
+
 void transform_jpeg(const std::string& bytes, const std::string& path, bool train, const ImageTransformOptions& opt,
-                    Rng& rng, float* out) {
+                    Rng& rng, uint8_t* out) {
   const JpegHeader hdr = read_jpeg_header(bytes, path);
   const int n = static_cast<int>(opt.size);
   // The box and sizes are decided on the full-size image, so the crop is the
@@ -185,7 +191,7 @@ void transform_jpeg(const std::string& bytes, const std::string& path, bool trai
   const RgbImage img = decode_jpeg(bytes, path, s);
   const double f = s.factor();
   const CropBox scaled{box.x * f, box.y * f, box.width * f, box.height * f};
-  resample_normalize(img, scaled, out_w, out_h, crop_x, crop_y, opt.size, flip, opt, out);
+  resample_crop(img, scaled, out_w, out_h, crop_x, crop_y, opt.size, flip, out);
 }
 
 }  // namespace mix::data

@@ -1,7 +1,8 @@
 #pragma once
 // torchvision's ImageNet transforms, on 8-bit RGB images: RandomResizedCrop
 // plus a horizontal flip for training, Resize of the shorter side plus
-// CenterCrop for evaluation, then ToTensor and Normalize into f32 CHW.
+// CenterCrop for evaluation, into 8-bit HWC pixels; ToTensor and Normalize
+// into f32 CHW are normalize_image (on the device, the image_normalize op).
 // Resampling is PIL's bilinear filter (what torchvision uses on PIL images):
 // a triangle filter widened by the shrink factor, so shrinking averages every
 // source pixel instead of skipping some (antialiasing).
@@ -56,15 +57,18 @@ int64_t eval_resize_size(int64_t size);
 /// Resamples `box` of `img` to out_w x out_h with PIL's bilinear filter
 /// (horizontal pass, then vertical, each rounded to 8 bits as PIL does) and
 /// writes the out_size x out_size window at (crop_x, crop_y) of the result,
-/// mirrored left-right when `flip`, normalised ((v / 255 - mean) / std) into
-/// `out`, f32 [3, out_size, out_size].
-void resample_normalize(const RgbImage& img, const CropBox& box, int out_w, int out_h, int crop_x, int crop_y,
-                        int64_t out_size, bool flip, const ImageTransformOptions& opt, float* out);
+/// mirrored left-right when `flip`, into `out`: 8-bit RGB, [out_size, out_size, 3].
+void resample_crop(const RgbImage& img, const CropBox& box, int out_w, int out_h, int crop_x, int crop_y,
+                   int64_t out_size, bool flip, uint8_t* out);
+
+/// ToTensor and Normalize of a [size, size, 3] 8-bit image into f32
+/// [3, size, size]: (v / 255 - mean) / std per channel (fn::NormalizePixel).
+void normalize_image(const uint8_t* hwc, int64_t size, const ImageTransformOptions& opt, float* chw);
 
 /// The whole transform of one encoded JPEG: decodes it (at a DCT scale when
-/// allowed), crops, resizes, flips and normalises into `out` [3, size, size].
+/// allowed), crops, resizes and flips into `out`, 8-bit [size, size, 3].
 /// `rng` draws the crop and flip (training only). `path` is named in errors.
 void transform_jpeg(const std::string& bytes, const std::string& path, bool train, const ImageTransformOptions& opt,
-                    Rng& rng, float* out);
+                    Rng& rng, uint8_t* out);
 
 }  // namespace mix::data

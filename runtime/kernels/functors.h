@@ -20,6 +20,15 @@ MIX_HD bool is_finite(float x) {
 #endif
 }
 
+// ---- images -------------------------------------------------------------------
+/// torchvision's ToTensor then Normalize of one 8-bit pixel value of channel
+/// c: (v / 255 - mean) / std, the same float operations in the same order, so
+/// the result is torchvision's to the bit.
+struct NormalizePixel {
+  float mean, stddev;
+  MIX_HD float operator()(uint8_t v) const { return (static_cast<float>(v) / 255.0f - mean) / stddev; }
+};
+
 // ---- activations: forward f(x), backward g(x or y, dy) ------------------------
 /// max(x, 0) that lets a NaN through, as PyTorch's relu: a NaN activation
 /// (an FP16 overflow met by inf - inf) must reach the loss and the overflow
