@@ -19,7 +19,7 @@ packages=(
   nlohmann-json3-dev                  # safetensors headers, metrics
   libopenblas-dev                     # SGEMM of the CPU backend
   zlib1g-dev                          # Fashion-MNIST .gz files
-  libturbojpeg0-dev                   # JPEG decoding of --data image-folder (TurboJPEG API)
+  libjpeg62-turbo-dev                 # JPEG decoding of the image readers (libjpeg-turbo)
   dataset-fashion-mnist               # the default data set
   fortunes                            # English text for the Transformer language model
   python3-numpy python3-torch         # reference values and parity tests (/usr/bin/python3)

@@ -1,25 +1,119 @@
 #include "runtime/data/image_decode.h"
 
-#include <turbojpeg.h>
+#include <algorithm>
+#include <csetjmp>
+#include <cstdio>
 
-#include <memory>
+// jpeglib.h needs FILE and size_t declared first.
+#include <jerror.h>
+#include <jpeglib.h>
 
 #include "runtime/core/check.h"
 
 namespace mix::data {
 namespace {
 
-// One TurboJPEG decompressor per call: cheap to create next to a decode, and
-// no handle is shared between the worker threads.
-struct TjHandle {
-  tjhandle h = tjInitDecompress();
-  ~TjHandle() {
-    if (h) tjDestroy(h);
-  }
+// libjpeg reports errors through a callback that must not return; the
+// callback here jumps back to the setjmp of the call that started the work.
+// Every function below that calls setjmp holds no C++ object with a
+// destructor in its own frame, so the jump skips nothing that needs running.
+struct ErrorJump {
+  jpeg_error_mgr mgr;  // first: libjpeg sees a jpeg_error_mgr*
+  std::jmp_buf jump;
+  char message[JMSG_LENGTH_MAX] = {};
 };
 
+[[noreturn]] void jump_on_error(j_common_ptr cinfo) {
+  auto* e = reinterpret_cast<ErrorJump*>(cinfo->err);
+  (*cinfo->err->format_message)(cinfo, e->message);
+  std::longjmp(e->jump, 1);
+}
+
+// A warning (level -1) is corrupt data libjpeg would paper over: a truncated
+// file's missing rows come out grey. Training on made-up pixels is worse
+// than stopping, so a warning is an error too; trace messages are dropped.
+void stop_on_warning(j_common_ptr cinfo, int level) {
+  if (level < 0) jump_on_error(cinfo);
+}
+
+// One decompressor, destroyed however the decode ends.
+struct Decompressor {
+  ErrorJump err;
+  jpeg_decompress_struct cinfo{};
+  Decompressor() {
+    cinfo.err = jpeg_std_error(&err.mgr);
+    err.mgr.error_exit = jump_on_error;
+    err.mgr.emit_message = stop_on_warning;
+    jpeg_create_decompress(&cinfo);
+  }
+  ~Decompressor() { jpeg_destroy_decompress(&cinfo); }
+  Decompressor(const Decompressor&) = delete;
+  Decompressor& operator=(const Decompressor&) = delete;
+};
+
+// Reads the header of `bytes`; false (with the message in d.err) when libjpeg fails.
+bool read_header(Decompressor& d, const std::string& bytes) {
+  if (setjmp(d.err.jump)) return false;
+  jpeg_mem_src(&d.cinfo, reinterpret_cast<const unsigned char*>(bytes.data()),
+               static_cast<unsigned long>(bytes.size()));
+  jpeg_read_header(&d.cinfo, TRUE);
+  return true;
+}
+
+// Decodes rows [region.y, region.y + region.height) of the scaled image, the
+// columns libjpeg widens region's to, into `out`; then reads the rest of the
+// file's data (entropy decoding only, and the last row into `spare_row`, as
+// wide as the scaled image) so that a damaged end is found too. False (with
+// the message in d.err) when libjpeg fails.
+bool decode_rows(Decompressor& d, DctScale scale, PixelRegion region, RgbImage* out, JSAMPLE* spare_row) {
+  if (setjmp(d.err.jump)) return false;
+  jpeg_decompress_struct& c = d.cinfo;
+  c.scale_num = static_cast<unsigned>(scale.num);
+  c.scale_denom = static_cast<unsigned>(scale.denom);
+  c.out_color_space = JCS_RGB;  // grayscale too: libjpeg replicates it into R, G and B
+  // The accurate integer IDCT and smooth chroma upsampling, as PIL and torchvision decode.
+  c.dct_method = JDCT_ISLOW;
+  c.do_fancy_upsampling = TRUE;
+  jpeg_start_decompress(&c);
+  const int full_h = static_cast<int>(c.output_height);
+  // Subsampled chroma is upsampled with its neighbours (fancy upsampling),
+  // and libjpeg upsamples the last column of a cropped row as if it were the
+  // image's edge: decoding a few columns more on each side keeps the region's
+  // own pixels those of the full decode.
+  constexpr int kEdgeColumns = 2;
+  const int full_w = static_cast<int>(c.output_width);
+  const int x_lo = std::max(0, region.x - kEdgeColumns);
+  const int x_hi = std::min(full_w, region.x + region.width + kEdgeColumns);
+  JDIMENSION x = static_cast<JDIMENSION>(x_lo), w = static_cast<JDIMENSION>(x_hi - x_lo);
+  if (x_lo > 0 || x_hi < full_w) jpeg_crop_scanline(&c, &x, &w);
+  out->x0 = static_cast<int>(x);
+  out->y0 = region.y;
+  out->width = static_cast<int>(c.output_width);  // the widened column range
+  out->height = region.height;
+  out->pixels.resize(static_cast<size_t>(out->width) * out->height * 3);
+  const size_t stride = static_cast<size_t>(out->width) * 3;
+  if (region.y > 0) jpeg_skip_scanlines(&c, static_cast<JDIMENSION>(region.y));
+  const int end = region.y + region.height;
+  while (static_cast<int>(c.output_scanline) < end) {
+    JSAMPROW rows[16];
+    const int n = std::min<int>(16, end - static_cast<int>(c.output_scanline));
+    for (int i = 0; i < n; ++i)
+      rows[i] = out->pixels.data() + static_cast<size_t>(static_cast<int>(c.output_scanline) - region.y + i) * stride;
+    jpeg_read_scanlines(&c, rows, static_cast<JDIMENSION>(n));
+  }
+  if (end < full_h) {
+    // Skipping to the very end would mark the file finished without reading
+    // it; skip to the last row (entropy decoding the rows between) and read it.
+    if (end < full_h - 1) jpeg_skip_scanlines(&c, static_cast<JDIMENSION>(full_h - 1 - end));
+    JSAMPROW row = spare_row;
+    jpeg_read_scanlines(&c, &row, 1);
+  }
+  jpeg_finish_decompress(&c);
+  return true;
+}
+
 // A JPEG starts with the SOI marker FF D8; anything else is refused before
-// libjpeg-turbo sees it, so the error can say what the file is.
+// libjpeg sees it, so the error can say what the file is.
 void check_is_jpeg(const std::string& bytes, const std::string& path) {
   MIX_CHECK(!bytes.empty(), path << ": the file is empty (0 bytes), not a JPEG");
   MIX_CHECK(!is_png(bytes), path << ": the file is a PNG, not a JPEG (despite its name?): PNG is not supported yet: "
@@ -37,50 +131,51 @@ bool is_png(const std::string& bytes) {
 
 JpegHeader read_jpeg_header(const std::string& bytes, const std::string& path) {
   check_is_jpeg(bytes, path);
-  TjHandle tj;
-  MIX_CHECK(tj.h, "cannot create a TurboJPEG decompressor: " << tjGetErrorStr());
-  int w = 0, h = 0, subsamp = 0, colorspace = 0;
-  const int rc = tjDecompressHeader3(tj.h, reinterpret_cast<const unsigned char*>(bytes.data()),
-                                     static_cast<unsigned long>(bytes.size()), &w, &h, &subsamp, &colorspace);
-  MIX_CHECK(rc == 0, path << ": damaged JPEG header: " << tjGetErrorStr2(tj.h));
+  Decompressor d;
+  MIX_CHECK(read_header(d, bytes), path << ": damaged JPEG header: " << d.err.message);
+  const int w = static_cast<int>(d.cinfo.image_width), h = static_cast<int>(d.cinfo.image_height);
   MIX_CHECK(w > 0 && h > 0, path << ": JPEG header gives an empty image (" << w << " x " << h << ")");
   return {w, h};
 }
 
 DctScale choose_dct_scale(double region_w, double region_h, int need_w, int need_h) {
-  int n = 0;
-  const tjscalingfactor* factors = tjGetScalingFactors(&n);
-  DctScale best;
-  for (int i = 0; i < n; ++i) {
-    const DctScale s{factors[i].num, factors[i].denom};
-    if (s.factor() > 1.0 || s.factor() >= best.factor()) continue;
-    // The region's size after scaling, as the resize will see it.
-    if (region_w * s.factor() >= need_w && region_h * s.factor() >= need_h) best = s;
+  // libjpeg-turbo scales by any n/8, but only 1/8, 1/4 and 1/2 have SIMD
+  // IDCTs: 3/4 is slower to decode than 1/1 plus the larger resample after
+  // it. Like PIL's draft(), only those are chosen.
+  for (int n : {1, 2, 4}) {
+    const DctScale s{n, 8};
+    if (region_w * s.factor() >= need_w && region_h * s.factor() >= need_h) return s;
   }
-  return best;
+  return {};
 }
 
-RgbImage decode_jpeg(const std::string& bytes, const std::string& path, DctScale scale) {
-  check_is_jpeg(bytes, path);
-  TjHandle tj;
-  MIX_CHECK(tj.h, "cannot create a TurboJPEG decompressor: " << tjGetErrorStr());
-  const auto* src = reinterpret_cast<const unsigned char*>(bytes.data());
-  const auto size = static_cast<unsigned long>(bytes.size());
-  int w = 0, h = 0, subsamp = 0, colorspace = 0;
-  MIX_CHECK(tjDecompressHeader3(tj.h, src, size, &w, &h, &subsamp, &colorspace) == 0,
-            path << ": damaged JPEG header: " << tjGetErrorStr2(tj.h));
-  MIX_CHECK(colorspace != TJCS_CMYK && colorspace != TJCS_YCCK,
-            path << ": a CMYK JPEG; only RGB and grayscale JPEGs are supported: convert it to RGB");
+RgbImage decode_jpeg(const std::string& bytes, const std::string& path, DctScale scale, const PixelRegion* region) {
   RgbImage img;
-  img.width = scale.apply(w);
-  img.height = scale.apply(h);
-  img.pixels.resize(static_cast<size_t>(img.width) * img.height * 3);
-  // TJFLAG_STOPONWARNING: a truncated file is a warning to libjpeg (it pads
-  // the missing rows with grey), which would train on made-up pixels.
-  const int rc = tjDecompress2(tj.h, src, size, img.pixels.data(), img.width, img.width * 3, img.height, TJPF_RGB,
-                               TJFLAG_STOPONWARNING);
-  MIX_CHECK(rc == 0, path << ": corrupt or truncated JPEG: " << tjGetErrorStr2(tj.h));
+  decode_jpeg_into(bytes, path, scale, region, img);
   return img;
+}
+
+void decode_jpeg_into(const std::string& bytes, const std::string& path, DctScale scale, const PixelRegion* region,
+                      RgbImage& out) {
+  check_is_jpeg(bytes, path);
+  Decompressor d;
+  MIX_CHECK(read_header(d, bytes), path << ": damaged JPEG header: " << d.err.message);
+  const J_COLOR_SPACE cs = d.cinfo.jpeg_color_space;
+  MIX_CHECK(cs != JCS_CMYK && cs != JCS_YCCK,
+            path << ": a CMYK JPEG; only RGB and grayscale JPEGs are supported: convert it to RGB");
+  const int w = scale.apply(static_cast<int>(d.cinfo.image_width));
+  const int h = scale.apply(static_cast<int>(d.cinfo.image_height));
+  PixelRegion r{0, 0, w, h};
+  if (region) {
+    // Clipped to the image; an empty region still decodes one pixel, so the file is checked.
+    r.x = std::clamp(region->x, 0, w - 1);
+    r.y = std::clamp(region->y, 0, h - 1);
+    r.width = std::clamp(region->width, 1, w - r.x);
+    r.height = std::clamp(region->height, 1, h - r.y);
+  }
+  thread_local std::vector<JSAMPLE> spare_row;
+  spare_row.resize(static_cast<size_t>(w) * 3);
+  MIX_CHECK(decode_rows(d, scale, r, &out, spare_row.data()), path << ": corrupt or truncated JPEG: " << d.err.message);
 }
 
 }  // namespace mix::data

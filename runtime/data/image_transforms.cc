@@ -63,10 +63,44 @@ Taps bilinear_taps(double in0, double in1, int lo, int hi, int out_total, int fi
   return t;
 }
 
-uint8_t clip8(int64_t acc) {
-  if (acc >= (int64_t{255} << kPrecisionBits)) return 255;
-  if (acc <= 0) return 0;
-  return static_cast<uint8_t>(acc >> kPrecisionBits);
+// The resampling passes run the same integer loop on every host; the AVX2
+// copy is picked at load time where the CPU has it (the results are the same
+// bits: integer arithmetic), the plain one elsewhere.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define MIX_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define MIX_VECTOR_CLONES
+#endif
+
+// out[i] = PIL's clip8(sum_j k[j] * rows[j][i]) for i < len, rows `stride`
+// bytes apart: one output row of a resampling pass, as a weighted sum of
+// whole input rows, so the loop over i is contiguous and vectorises. The
+// accumulator fits int32 as PIL's does: the weights are non-negative and sum
+// to 2^22, and 255 * 2^22 plus the rounding half is below 2^31.
+MIX_VECTOR_CLONES void weighted_rows(const uint8_t* rows, size_t stride, int count, const int32_t* k, int len,
+                                     int32_t* acc, uint8_t* out) {
+  for (int i = 0; i < len; ++i) acc[i] = 1 << (kPrecisionBits - 1);
+  for (int j = 0; j < count; ++j) {
+    const uint8_t* row = rows + static_cast<size_t>(j) * stride;
+    const int32_t kj = k[j];
+    for (int i = 0; i < len; ++i) acc[i] += static_cast<int32_t>(row[i]) * kj;
+  }
+  // PIL's clip8: below 0 is 0, at or above 255 << 22 is 255.
+  for (int i = 0; i < len; ++i) out[i] = static_cast<uint8_t>(std::clamp(acc[i] >> kPrecisionBits, 0, 255));
+}
+
+// dst[x][y] = src[y][x] for pixels of 3 bytes: src has `rows` rows of `cols`
+// pixels, `src_stride` bytes apart; dst has `cols` rows of `rows` pixels,
+// each row mirrored (dst[x][rows - 1 - y]) when `flip`.
+void transpose_pixels(const uint8_t* src, size_t src_stride, int rows, int cols, bool flip, uint8_t* dst) {
+  for (int y = 0; y < rows; ++y) {
+    const uint8_t* s = src + static_cast<size_t>(y) * src_stride;
+    const size_t at = static_cast<size_t>(flip ? rows - 1 - y : y);
+    for (int x = 0; x < cols; ++x) {
+      uint8_t* d = dst + (static_cast<size_t>(x) * rows + at) * 3;
+      d[0] = s[x * 3], d[1] = s[x * 3 + 1], d[2] = s[x * 3 + 2];
+    }
+  }
 }
 
 }  // namespace
@@ -126,41 +160,39 @@ void resample_crop(const RgbImage& img, const CropBox& box, int out_w, int out_h
   const int y_hi = std::min(img.height, static_cast<int>(std::ceil(box.y + box.height)));
   const Taps tx = bilinear_taps(box.x, box.x + box.width, x_lo, x_hi, out_w, crop_x, n);
   const Taps ty = bilinear_taps(box.y, box.y + box.height, y_lo, y_hi, out_h, crop_y, n);
-  // Horizontal pass over just the source rows the vertical pass reads.
-  int row_first = img.height, row_last = 0;
+  // The source rows the vertical pass reads and the columns the horizontal pass reads.
+  int row_first = img.height, row_last = 0, col_first = img.width, col_last = 0;
   for (int i = 0; i < n; ++i) {
     row_first = std::min(row_first, ty.start[i]);
     row_last = std::max(row_last, ty.start[i] + ty.count[i]);
+    col_first = std::min(col_first, tx.start[i]);
+    col_last = std::max(col_last, tx.start[i] + tx.count[i]);
   }
-  const int rows = std::max(0, row_last - row_first);
-  std::vector<uint8_t> mid(static_cast<size_t>(rows) * n * 3);
-  for (int r = 0; r < rows; ++r) {
-    const uint8_t* src = img.pixels.data() + static_cast<size_t>(row_first + r) * img.width * 3;
-    uint8_t* dst = mid.data() + static_cast<size_t>(r) * n * 3;
-    for (int i = 0; i < n; ++i) {
-      const int32_t* k = tx.k.data() + static_cast<size_t>(i) * tx.taps;
-      int64_t acc[3] = {1 << (kPrecisionBits - 1), 1 << (kPrecisionBits - 1), 1 << (kPrecisionBits - 1)};
-      for (int j = 0; j < tx.count[i]; ++j) {
-        const uint8_t* p = src + static_cast<size_t>(tx.start[i] + j) * 3;
-        for (int c = 0; c < 3; ++c) acc[c] += int64_t{p[c]} * k[j];
-      }
-      for (int c = 0; c < 3; ++c) dst[i * 3 + c] = clip8(acc[c]);
-    }
-  }
-  // Vertical pass, mirrored when flipping.
-  for (int y = 0; y < n; ++y) {
-    const int32_t* k = ty.k.data() + static_cast<size_t>(y) * ty.taps;
-    uint8_t* row = out + static_cast<size_t>(y) * n * 3;
-    for (int x = 0; x < n; ++x) {
-      int64_t acc[3] = {1 << (kPrecisionBits - 1), 1 << (kPrecisionBits - 1), 1 << (kPrecisionBits - 1)};
-      for (int j = 0; j < ty.count[y]; ++j) {
-        const uint8_t* p = mid.data() + (static_cast<size_t>(ty.start[y] + j - row_first) * n + x) * 3;
-        for (int c = 0; c < 3; ++c) acc[c] += int64_t{p[c]} * k[j];
-      }
-      const int ox = flip ? n - 1 - x : x;
-      for (int c = 0; c < 3; ++c) row[ox * 3 + c] = clip8(acc[c]);
-    }
-  }
+  const int rows = std::max(0, row_last - row_first), cols = std::max(0, col_last - col_first);
+  // PIL resizes horizontally, then vertically, rounding to 8 bits between.
+  // The horizontal pass runs on the transposed region, where it is a weighted
+  // sum of whole rows (contiguous); its result is transposed back (mirrored
+  // when flipping, which commutes with the vertical pass) for the vertical pass.
+  const size_t stride = static_cast<size_t>(img.width) * 3;
+  // Scratch memory kept by each worker thread from image to image.
+  thread_local std::vector<uint8_t> region_t, across_t, across;
+  thread_local std::vector<int32_t> acc;
+  region_t.resize(static_cast<size_t>(cols) * rows * 3);  // [cols][rows][3]
+  transpose_pixels(img.pixels.data() + row_first * stride + static_cast<size_t>(col_first) * 3, stride, rows, cols,
+                   /*flip=*/false, region_t.data());
+  acc.resize(static_cast<size_t>(std::max(rows, n)) * 3);
+  across_t.resize(static_cast<size_t>(n) * rows * 3);  // [n][rows][3]
+  const size_t col_bytes = static_cast<size_t>(rows) * 3;
+  for (int i = 0; i < n; ++i)
+    weighted_rows(region_t.data() + (tx.start[i] - col_first) * col_bytes, col_bytes, tx.count[i],
+                  tx.k.data() + static_cast<size_t>(i) * tx.taps, rows * 3, acc.data(),
+                  across_t.data() + i * col_bytes);
+  across.resize(static_cast<size_t>(rows) * n * 3);  // [rows][n][3]
+  transpose_pixels(across_t.data(), col_bytes, n, rows, flip, across.data());
+  const size_t row_bytes = static_cast<size_t>(n) * 3;
+  for (int y = 0; y < n; ++y)
+    weighted_rows(across.data() + (ty.start[y] - row_first) * row_bytes, row_bytes, ty.count[y],
+                  ty.k.data() + static_cast<size_t>(y) * ty.taps, n * 3, acc.data(), out + y * row_bytes);
 }
 
 void normalize_image(const uint8_t* hwc, int64_t size, const ImageTransformOptions& opt, float* chw) {
@@ -188,9 +220,18 @@ void transform_jpeg(const std::string& bytes, const std::string& path, bool trai
     out_w = p.out_w, out_h = p.out_h, crop_x = p.crop_x, crop_y = p.crop_y;
   }
   const DctScale s = opt.dct_scaling ? choose_dct_scale(box.width, box.height, out_w, out_h) : DctScale{};
-  const RgbImage img = decode_jpeg(bytes, path, s);
   const double f = s.factor();
-  const CropBox scaled{box.x * f, box.y * f, box.width * f, box.height * f};
+  CropBox scaled{box.x * f, box.y * f, box.width * f, box.height * f};
+  // Only the pixels the resample reads are decoded.
+  PixelRegion region;
+  region.x = static_cast<int>(std::floor(scaled.x));
+  region.y = static_cast<int>(std::floor(scaled.y));
+  region.width = static_cast<int>(std::ceil(scaled.x + scaled.width)) - region.x;
+  region.height = static_cast<int>(std::ceil(scaled.y + scaled.height)) - region.y;
+  thread_local RgbImage img;
+  decode_jpeg_into(bytes, path, s, opt.region_decode ? &region : nullptr, img);
+  scaled.x -= img.x0;
+  scaled.y -= img.y0;
   resample_crop(img, scaled, out_w, out_h, crop_x, crop_y, opt.size, flip, out);
 }
 

@@ -33,6 +33,8 @@ struct ImageTransformOptions {
   /// Decode JPEGs at the smallest DCT scale that still covers the crop
   /// (false: always at full size, as torchvision does).
   bool dct_scaling = true;
+  /// Decode only the rows and columns the crop covers (false: the whole image).
+  bool region_decode = true;
 };
 
 /// torchvision's RandomResizedCrop.get_params on a width x height image:

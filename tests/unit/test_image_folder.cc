@@ -39,7 +39,8 @@ for spec in sys.argv[2:]:
     im = Image.fromarray(img, "RGB")
     if mode == "L":
         im = im.convert("L")
-    im.save(f"{out}/{name}", quality=90)
+    # RGB444: no chroma subsampling (PIL's default is 4:2:0).
+    im.save(f"{out}/{name}", quality=90, **({"subsampling": 0} if mode == "RGB444" else {}))
 )PY";
 
 // torchvision on the same files: PIL's decoded pixels (RGB uint8), the
@@ -114,7 +115,7 @@ TEST_CASE("transforms match torchvision on the same JPEGs", "[image_folder]") {
   for (size_t i = 0; i < names.size(); ++i) {
     INFO(names[i]);
     const std::string bytes = mix::test::read_bytes(d.file(names[i]));
-    // 1. The decoders: PIL's libjpeg and our TurboJPEG. Debian builds both
+    // 1. The decoders: PIL's libjpeg and ours. Debian builds both
     // on libjpeg-turbo with the same (accurate) IDCT and fancy upsampling, so
     // they agree exactly here; elsewhere another libjpeg may differ by a level or two.
     const RgbImage ours = decode_jpeg(bytes, names[i]);
@@ -168,6 +169,46 @@ TEST_CASE("DCT-scaled decoding keeps the crop in place", "[image_folder]") {
     mean /= a.size();
     INFO("train " << train << ": mean |full - scaled| in levels " << mean);
     CHECK(mean < 4);
+  }
+}
+
+TEST_CASE("A region decode gives the pixels of the full decode", "[image_folder]") {
+  // 4:2:0 chroma needs the rows and columns around a region to upsample its
+  // edges: a region decode that got them wrong would differ at its border.
+  TempDir d;
+  make_images(d, d.path.string(), "a.jpg:301:203:RGB b.jpg:301:203:RGB444 c.jpg:301:203:L");
+  for (const char* name : {"a.jpg", "b.jpg", "c.jpg"}) {
+    const std::string bytes = mix::test::read_bytes(d.file(name));
+    for (int n : {8, 5, 4, 1}) {
+      const DctScale s{n, 8};
+      const RgbImage full = decode_jpeg(bytes, name, s);
+      CHECK(full.width == s.apply(301));
+      for (PixelRegion r : {PixelRegion{0, 0, 10, 10}, PixelRegion{17, 9, 33, 41}, PixelRegion{31, 23, 1, 1},
+                            PixelRegion{full.width - 20, full.height - 7, 20, 7}, PixelRegion{5, 1, 200, 150}}) {
+        r.width = std::min(r.width, full.width - r.x);
+        r.height = std::min(r.height, full.height - r.y);
+        if (r.x < 0 || r.y < 0 || r.width < 1 || r.height < 1) continue;
+        INFO(name << " at " << n << "/8, region " << r.x << "," << r.y << " " << r.width << "x" << r.height);
+        const RgbImage part = decode_jpeg(bytes, name, s, &r);
+        // libjpeg may widen the columns to a block boundary, never narrow them.
+        REQUIRE(part.x0 <= r.x);
+        REQUIRE(part.x0 + part.width >= r.x + r.width);
+        REQUIRE(part.y0 == r.y);
+        REQUIRE(part.height == r.height);
+        int differ = 0;
+        for (int y = 0; y < r.height; ++y)
+          for (int x = r.x; x < r.x + r.width; ++x)
+            for (int c = 0; c < 3; ++c)
+              differ += part.pixels[(static_cast<size_t>(y) * part.width + x - part.x0) * 3 + c] !=
+                        full.pixels[(static_cast<size_t>(r.y + y) * full.width + x) * 3 + c];
+        CHECK(differ == 0);
+      }
+    }
+    // The file is read to its end whatever the region: a file cut short below
+    // the region is as much an error as one cut inside it.
+    const std::string cut = bytes.substr(0, bytes.size() * 9 / 10);
+    const PixelRegion top{0, 0, 10, 10};
+    CHECK_THROWS_WITH(decode_jpeg(cut, name, DctScale{}, &top), Catch::Contains("corrupt or truncated JPEG"));
   }
 }
 
