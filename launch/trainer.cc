@@ -1060,6 +1060,19 @@ int run_training(const TrainConfig& c, Communicator& comm, const StopSignals& st
   nlohmann::json summary =
       summary_line(c, model, totals, steps_done - start_step, peak, step_exec.plan(batch), world, scope, use_amp, last_eval);
   if (stop_ranks > 0) summary["stopped_by"] = stop_signal ? signal_name(stop_signal) : "a stop signal on another rank";
+  if (c.skip_bad_images) {
+    // Every rank's count, so the summary (written by rank 0) tells of bad
+    // files whichever rank met them; the warnings name the files.
+    int64_t replaced = 0;
+    for (const data::Dataset* ds : {&data.train, &data.test})
+      if (ds->source) replaced += ds->source->replaced_reads();
+    comm.all_reduce(&replaced, 1, DType::i64, collective::ReduceOp::sum);
+    summary["bad_image_reads_replaced"] = replaced;
+    if (replaced > 0 && rank == 0)
+      spdlog::warn("{} read(s) of bad images on {} rank(s) were replaced by the next good image (--skip-bad-images); "
+                   "the warnings above name the files",
+                   replaced, world);
+  }
   metrics.write(summary);
   if (env.op_seconds && rank == 0)
     log_op_profile(op_seconds, program, totals.steps,

@@ -2,7 +2,7 @@
 # Images/s of mixtrain's image reader (mixbench data) against torchvision's
 # ImageFolder + DataLoader on the same JPEGs, the same transforms and as many
 # workers, measured one after the other in one run; and the peak resident set
-# of mixbench data over N and 4N images (it must not grow with the images).
+# of mixbench data over one epoch of N and of 4N images (it must not grow with the images).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 prog=bench_data.sh
@@ -11,7 +11,7 @@ usage_if_help "$@" <<'EOF2'
 usage: scripts/bench_data.sh [--data-dir DIR] [--images N] [--workers N] [--batches K] [--image-size S]
 Images/s of `mixbench data` against torchvision's ImageFolder + DataLoader (scripts/bench_data_torchvision.py)
 on the same JPEGs with the ImageNet training transforms and the same number of workers, and the ratio; then
-the peak resident set of `mixbench data --data-workers 1` over a folder of N and of 4N images.
+the peak resident set of `mixbench data --data-workers 1` over one epoch of a folder of N and of 4N images.
   --data-dir DIR   an ImageFolder (DIR/train/<class>/*.jpg); default: N synthetic 500x375 JPEGs made with
                    Pillow in $MIX_RUN_DIR (default runs/bench_data), ImageNet's typical size
   --images N       images of the made folder (default 2000)
@@ -78,15 +78,14 @@ print(f"per worker: mixtrain {m['images_per_s_per_worker']:.0f} images/s, torchv
       f"{t['images_per_s_per_worker']:.0f} images/s: {m['images_per_s_per_worker'] / t['images_per_s_per_worker']:.2f}x")
 PY
 
-echo "== peak resident set over $images and $((4 * images)) images (1 worker, one pass over the smaller folder)"
+echo "== peak resident set of one epoch over $images and over $((4 * images)) images (1 worker)"
 small="$run_dir/folder_$images" large="$run_dir/folder_$((4 * images))"
 make_folder "$small" "$images"
 make_folder "$large" "$((4 * images))"
-passes=$((images / 64))
 a=$("$build/mixbench" data --data image-folder --data-dir "$small" --image-size "$size" --data-workers 1 \
-  --batches "$passes" | tail -1)
+  --batches "$((images / 64))" | tail -1)
 b=$("$build/mixbench" data --data image-folder --data-dir "$large" --image-size "$size" --data-workers 1 \
-  --batches "$passes" | tail -1)
+  --batches "$((4 * images / 64))" | tail -1)
 /usr/bin/python3 - "$a" "$b" <<'PY'
 import json, sys
 a, b = json.loads(sys.argv[1]), json.loads(sys.argv[2])

@@ -27,6 +27,9 @@ class ExampleSource {
   /// Called from the prefetcher's thread: must not change the source.
   virtual void read(const std::vector<int64_t>& idx, int64_t begin, int64_t count, int64_t epoch, Tensor& inputs,
                     Tensor& labels) const = 0;
+  /// Reads so far that met an unreadable example and took the next good one
+  /// instead (--skip-bad-images); 0 for sources that never skip.
+  virtual int64_t replaced_reads() const { return 0; }
 };
 
 }  // namespace mix::data

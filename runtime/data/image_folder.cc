@@ -180,6 +180,7 @@ class EncodedImageSource final : public ExampleSource {
   Shape example_shape() const override { return {3, opt_.transform.size, opt_.transform.size}; }
   DType input_dtype() const override { return DType::f32; }
   Shape label_shape() const override { return {}; }
+  int64_t replaced_reads() const override { return replaced_; }
 
   void read(const std::vector<int64_t>& idx, int64_t begin, int64_t count, int64_t epoch, Tensor& inputs,
             Tensor& labels) const override {

@@ -95,7 +95,37 @@ def main():
         ea, eb = mt.Metrics(folder_met).summary, mt.Metrics(shard_met).summary
         c.check(ea.get("val_loss") == eb.get("val_loss"), "and the same validation loss",
                 f"{ea.get('val_loss')} vs {eb.get('val_loss')}")
+    check_skipped_bad_images(c, d, data)
     c.finish()
+
+
+def check_skipped_bad_images(c, d, data):
+    """--skip-bad-images on 2 ranks: 8 training images, one cut short and one
+    empty; one step of 4 a rank reads each exactly once, so the summary counts
+    2 replaced reads, summed over the ranks (each rank met one)."""
+    import shutil
+
+    bad = d / "with-bad-files"
+    shutil.rmtree(bad, ignore_errors=True)
+    for split, per_class in (("train", 3), ("val", 1)):
+        for cls in ("class0", "class1"):
+            (bad / split / cls).mkdir(parents=True)
+            for f in sorted((data / split / cls).iterdir())[:per_class]:
+                shutil.copy(f, bad / split / cls / f.name)
+    good = next((bad / "train" / "class0").iterdir()).read_bytes()
+    (bad / "train" / "class0" / "truncated.jpg").write_bytes(good[:len(good) // 2])
+    (bad / "train" / "class1" / "empty.jpg").write_bytes(b"")
+    met = d / "bad.jsonl"
+    args = ["--model", "resnet-small", "--data", "image-folder", "--data-dir", bad, "--image-size", 28,
+            "--batch-size", 4, "--steps", 1, "--data-workers", 1]
+    r = mt.mixtrain(args + ["--skip-bad-images", "--metrics", met], np=2, timeout=300)
+    if c.ok_run(r, "--skip-bad-images with a truncated and an empty JPEG, 2 ranks"):
+        replaced = mt.Metrics(met).summary.get("bad_image_reads_replaced")
+        c.check(replaced == 2, "the summary counts the 2 replaced reads over both ranks", f"{replaced}")
+        c.check("truncated.jpg" in r.out and "empty.jpg" in r.out, "the warnings name both files", r.out[-400:])
+    r = mt.mixtrain(args, np=2, timeout=300)
+    c.check(r.rc != 0 and ("truncated.jpg" in r.out or "empty.jpg" in r.out),
+            "without --skip-bad-images the run fails naming a bad file", r.out[-400:])
 
 
 if __name__ == "__main__":
