@@ -12,7 +12,9 @@
 // device buffers with --device cuda.
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <functional>
 #include <iostream>
+#include <thread>
 
 #include "collective/communicator.h"
 #include "collective/consistency.h"
@@ -21,6 +23,7 @@
 #include "launch/cli_checks.h"
 #include "launch/cli_help.h"
 #include "launch/grad_sync_bench.h"
+#include "launch/make_images.h"
 #include "launch/train_program.h"
 #include "launch/worker_main.h"
 
@@ -110,17 +113,34 @@ int main(int argc, char** argv) {
   data_bench->add_option("--seed", db.seed, "seed of the order and the crops");
   mix::launch::add_choice(*data_bench, "--augment", db.augment, mix::launch::kAugmentNames,
                           "imagenet: the training crops and flips; none: evaluation's resize and centre crop");
+  mix::launch::MakeImagesConfig mi;
+  mi.workers = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  CLI::App* make_images =
+      app.add_subcommand("make-images", "write a synthetic JPEG image folder (DIR/train/c<k>/, DIR/val/c<k>/)");
+  make_images->formatter(app.get_formatter());
+  make_images->option_defaults()->always_capture_default();
+  make_images->add_option("--out", mi.out, "the folder to write")->required();
+  make_images->add_option("--train", mi.train, "training images")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  make_images->add_option("--val", mi.val, "validation images")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  make_images->add_option("--classes", mi.classes, "class folders")->check(CLI::Range(1, 1000000));
+  make_images->add_option("--width", mi.width, "image width")->check(CLI::Range(8, 16384));
+  make_images->add_option("--height", mi.height, "image height")->check(CLI::Range(8, 16384));
+  make_images->add_option("--quality", mi.quality, "JPEG quality")->check(CLI::Range(1, 100));
+  make_images->add_option("--seed", mi.seed, "seed of the images");
+  make_images->add_option("--workers", mi.workers, "encoding threads")->check(CLI::Range(1, 1024));
   if (auto stop = mix::launch::parse_command_line(app, argc, argv)) return *stop;
-  if (data_bench->parsed()) {
-    // One process, no communicator: the readers' speed on this host.
+  // The one-process subcommands: no communicator, this host alone.
+  auto run_alone = [](const char* name, const std::function<void()>& work) {
     try {
-      mix::launch::run_data_bench(db);
+      work();
       return 0;
     } catch (const std::exception& e) {
-      std::cerr << "mixbench data: " << e.what() << "\n";
+      std::cerr << "mixbench " << name << ": " << e.what() << "\n";
       return 1;
     }
-  }
+  };
+  if (make_images->parsed()) return run_alone("make-images", [&] { mix::launch::run_make_images(mi); });
+  if (data_bench->parsed()) return run_alone("data", [&] { mix::launch::run_data_bench(db); });
   auto bad = [](const std::string& msg) {
     std::cerr << "mixbench: " << msg << "\n";
     return 2;

@@ -6,7 +6,8 @@
 # the GPU (TF32 off; convolutions on cuDNN's graph API, the default), ResNet-50
 # again on the legacy cuDNN calls (--no-cudnn-graph-conv) and with each flag
 # that cuts the host's time a step further (--cuda-graph and its end-to-end
-# test, --cublas-1x1-conv), times resnet-small AMP steps with and without
+# test, --cublas-1x1-conv), ResNet-50 AMP fed from a JPEG folder it writes
+# (mixbench make-images) against synthetic input, times resnet-small AMP steps with and without
 # overlapped gradient all-reduces, checks that an AMP run with a stuck loss scale stops,
 # runs the kernel tests under compute-sanitizer's memcheck in the time left,
 # and prints a summary table last. Logs and summary.txt go to --out DIR.
@@ -357,6 +358,27 @@ r50_accum_rc=$?
 # BF16 (--precision bf16: the AMP lists in BF16, no loss scale): every op's BF16 kernels in a whole step.
 train_resnet50 bf16 resnet50_bf16 --data-format nhwc; r50_bf16_rc=$?
 train_transformer bf16 transformer_bf16; tf_bf16_rc=$?
+# ResNet-50 AMP fed from JPEGs on disk (--data image-folder: decode, random
+# crop, flip on the host's cores, normalised on the GPU) against the synthetic
+# AMP row above at the same batch: the share of the GPU's rate the readers
+# keep. The folder is made here (mixbench make-images: 500x375, ImageNet's
+# typical size) outside --out, which travels back; `mixbench data` gives one
+# worker's rate on this CPU and all cores', so the summary can say how many
+# workers the GPU's rate needs.
+jpeg_dir="${TMPDIR:-/tmp}/mix_gpu_check_jpeg"
+cores=$(nproc)
+echo "gpu_check: ResNet-50 AMP from a JPEG folder, $cores data workers (logs: $out/jpeg_*.log, $out/resnet50_amp_jpeg.log)"
+limit 120 "$build/mixbench" make-images --out "$jpeg_dir" --train 3200 --val 128 --classes 100 --width 500 \
+  --height 375 --workers "$cores" >"$out/jpeg_make.log" 2>&1
+jpeg_make_rc=$?
+limit 60 "$build/mixbench" data --data-dir "$jpeg_dir" --data-workers 1 --batches 6 >"$out/jpeg_data_1.log" 2>&1
+limit 60 "$build/mixbench" data --data-dir "$jpeg_dir" --data-workers "$cores" --batches 30 \
+  >"$out/jpeg_data_all.log" 2>&1
+limit 180 "$build/mixtrain" --device cuda --precision amp --model resnet50 --data image-folder --data-dir "$jpeg_dir" \
+  --data-workers "$cores" --data-format nhwc --batch-size 64 --benchmark --benchmark-warmup 10 --steps 30 --eval false \
+  --metrics "$out/resnet50_amp_jpeg.jsonl" >"$out/resnet50_amp_jpeg.log" 2>&1
+r50_jpeg_rc=$?
+[ $jpeg_make_rc -eq 0 ] || r50_jpeg_rc=$jpeg_make_rc
 # Where the GPU sets the pace: are the graph API's engines as fast as the legacy calls' algorithms?
 train_resnet50 amp resnet50_amp_b256_legacy --data-format nhwc --batch-size 256 --benchmark-warmup 5 --steps 15 \
   --no-cudnn-graph-conv
@@ -453,6 +475,16 @@ r50_nofuse_ips=$(summary_field "$out/resnet50_amp_nofuse.jsonl" samples_per_s_ov
 r50_nobnfuse_ips=$(summary_field "$out/resnet50_amp_nobnfuse.jsonl" samples_per_s_overall)
 # The target compares AMP with FP32 at its best: the fastest FP32 batch-64 run
 # of any layout and mode (graph API, legacy calls, CUDA graph, cuBLAS 1x1).
+r50_jpeg_ips=$(summary_field "$out/resnet50_amp_jpeg.jsonl" samples_per_s_overall)
+jpeg_one=$(grep -o '"images_per_s_per_worker":[0-9.]*' "$out/jpeg_data_1.log" 2>/dev/null | cut -d: -f2)
+jpeg_all=$(grep -o '"images_per_s":[0-9.]*' "$out/jpeg_data_all.log" 2>/dev/null | cut -d: -f2)
+# The JPEG run's share of the synthetic rate, and the workers at one worker's rate that the synthetic rate needs.
+jpeg_share=$(/usr/bin/env python3 -c "import sys, math
+j, s, one = (float(a) if a.replace('.', '', 1).isdigit() else None for a in sys.argv[1:4])
+share = f'{100 * j / s:.0f}% of synthetic' if j and s else 'n/a'
+need = f'{math.ceil(s / one)} workers at {one:.0f} images/s each' if s and one else 'n/a'
+print(f'{share}; the synthetic rate needs {need}')" "${r50_jpeg_ips:-x}" "${r50_amp_ips:-x}" "${jpeg_one:-x}" \
+  2>/dev/null || echo n/a)
 r50_fp32_best=$(/usr/bin/env python3 -c "import sys
 v=[float(a) for a in sys.argv[1:] if a.replace('.', '', 1).isdigit()]
 print(max(v) if v else 'n/a')" "$r50_fp32_ips" "$r50_fp32_nhwc_ips" "$r50_fp32_legacy_ips" "$r50_fp32_cg_ips" \
@@ -520,6 +552,9 @@ secs=$(( $(date +%s) - t0 ))
   # grad_norm's cost (every step computes it): its share of the profiled AMP step.
   printf "  %-36s %s\n" "grad_global_norm in the AMP profile" \
     "$(grep -o "grad_global_norm *[0-9.]* ms/step *[0-9.]*%" "$out/resnet50_amp_profile.log" 2>/dev/null | tr -s ' ' || echo n/a)"
+  printf "  %-36s %s\n" "ResNet-50 b64 AMP from JPEGs images/s" "$r50_jpeg_ips (exit $r50_jpeg_rc, $cores data workers)"
+  printf "  %-36s %s\n" "  JPEG / synthetic; workers needed" "$jpeg_share"
+  printf "  %-36s %s / %s\n" "  mixbench data 1 / $cores workers img/s" "${jpeg_one:-n/a}" "${jpeg_all:-n/a}"
   printf "  %-36s %s\n" "ResNet-50 b256 AMP / FP32" "$r50_b256_ratio"
   printf "  %-36s %s\n" "ResNet-50 b256 AMP host queue / step" "$r50_b256_queue"
   printf "  %-36s %s\n" "ResNet-50 b256 AMP, legacy cuDNN" "$r50_b256_legacy_ips (exit $r50_b256_legacy_rc)"
@@ -559,6 +594,7 @@ secs=$(( $(date +%s) - t0 ))
   top_ops "$out/transformer_amp_profile.log" 10
 } | tee "$out/summary.txt"
 [ $tests_rc -eq 0 ] && [ $fp32_rc -eq 0 ] && [ $amp_rc -eq 0 ] && [ $r50_fp32_rc -eq 0 ] && [ $r50_amp_rc -eq 0 ] &&
+  [ $r50_jpeg_rc -eq 0 ] &&
   [ $r50_nchw_rc -eq 0 ] && [ $r50_fp32_nhwc_rc -eq 0 ] && [ $r50_bnp_rc -eq 0 ] && [ $r50_bench_rc -eq 0 ] && [ $r50_nofuse_rc -eq 0 ] && [ $r50_nobnfuse_rc -eq 0 ] &&
   [ $r50_b256_rc -eq 0 ] && [ $r50_fp32_b256_rc -eq 0 ] && [ $r50_fp32_legacy_rc -eq 0 ] && [ $r50_amp_legacy_rc -eq 0 ] &&
   [ $r50_b256_legacy_rc -eq 0 ] && [ $r50_fp32_cg_rc -eq 0 ] && [ $r50_amp_cg_rc -eq 0 ] && [ $r50_amp_cg_legacy_rc -eq 0 ] &&

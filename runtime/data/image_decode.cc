@@ -1,48 +1,26 @@
 #include "runtime/data/image_decode.h"
 
 #include <algorithm>
-#include <csetjmp>
-#include <cstdio>
-
-// jpeglib.h needs FILE and size_t declared first.
-#include <jerror.h>
-#include <jpeglib.h>
 
 #include "runtime/core/check.h"
+#include "runtime/data/libjpeg_errors.h"
 
 namespace mix::data {
 namespace {
-
-// libjpeg reports errors through a callback that must not return; the
-// callback here jumps back to the setjmp of the call that started the work.
-// Every function below that calls setjmp holds no C++ object with a
-// destructor in its own frame, so the jump skips nothing that needs running.
-struct ErrorJump {
-  jpeg_error_mgr mgr;  // first: libjpeg sees a jpeg_error_mgr*
-  std::jmp_buf jump;
-  char message[JMSG_LENGTH_MAX] = {};
-};
-
-[[noreturn]] void jump_on_error(j_common_ptr cinfo) {
-  auto* e = reinterpret_cast<ErrorJump*>(cinfo->err);
-  (*cinfo->err->format_message)(cinfo, e->message);
-  std::longjmp(e->jump, 1);
-}
 
 // A warning (level -1) is corrupt data libjpeg would paper over: a truncated
 // file's missing rows come out grey. Training on made-up pixels is worse
 // than stopping, so a warning is an error too; trace messages are dropped.
 void stop_on_warning(j_common_ptr cinfo, int level) {
-  if (level < 0) jump_on_error(cinfo);
+  if (level < 0) libjpeg_jump_on_error(cinfo);
 }
 
 // One decompressor, destroyed however the decode ends.
 struct Decompressor {
-  ErrorJump err;
+  LibjpegErrorJump err;
   jpeg_decompress_struct cinfo{};
   Decompressor() {
-    cinfo.err = jpeg_std_error(&err.mgr);
-    err.mgr.error_exit = jump_on_error;
+    use_error_jump(cinfo, err);
     err.mgr.emit_message = stop_on_warning;
     jpeg_create_decompress(&cinfo);
   }

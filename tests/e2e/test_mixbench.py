@@ -126,7 +126,34 @@ def main():
             r.describe(400))
     r = run(["allreduce", "-f", "nan"])
     c.check(r.rc == 2 and "--stepfactor" in r.stderr, "-f nan: exit 2 naming --stepfactor", r.describe(400))
+    check_make_images(c, d)
     c.finish()
+
+
+def check_make_images(c, d):
+    """make-images writes an ImageFolder of JPEGs that `mixbench data` reads,
+    the same bytes for a seed, and keeps what a first call wrote."""
+    folder = d / "images"
+    args = ["make-images", "--out", folder, "--train", 24, "--val", 6, "--classes", 3, "--width", 96, "--height", 72,
+            "--workers", 2]
+    r = run(args)
+    if not c.ok_run(r, "make-images: 24 train and 6 val 96x72 JPEGs in 3 classes"):
+        return
+    train = sorted((folder / "train").rglob("*.jpg"))
+    val = sorted((folder / "val").rglob("*.jpg"))
+    c.check(len(train) == 24 and len(val) == 6, "24 train and 6 val files", f"{len(train)}, {len(val)}")
+    c.check(sorted(p.name for p in (folder / "train").iterdir()) == ["c0", "c1", "c2"], "one folder a class")
+    c.check(all(p.read_bytes()[:2] == b"\xff\xd8" for p in train + val), "each file is a JPEG (FF D8)")
+    again = d / "images-again"
+    r2 = run(["make-images", "--out", again, *args[3:]])
+    c.check(r2.rc == 0 and all((again / p.relative_to(folder)).read_bytes() == p.read_bytes() for p in train),
+            "a second folder with the same seed holds the same bytes", r2.describe(300))
+    r3 = run(args)
+    c.check(r3.rc == 0 and "wrote 0 " in r3.stdout, "a second call over the folder keeps its files", r3.describe(300))
+    r4 = run(["data", "--data-dir", folder, "--image-size", 32, "--batch-size", 8, "--batches", 2, "--data-workers", 1])
+    c.check(r4.rc == 0 and '"training_images":24' in r4.stdout, "mixbench data reads the folder", r4.describe(300))
+    r5 = run(["make-images", "--out", d / "bad", "--train", 2, "--classes", 3])
+    c.check(r5.rc != 0 and "classes" in r5.stderr, "fewer images than classes: an error saying so", r5.describe(300))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@
 
 #include "runtime/core/check.h"
 #include "runtime/data/image_decode.h"
+#include "runtime/data/image_encode.h"
 #include "runtime/data/image_folder.h"
 #include "runtime/data/image_shards.h"
 #include "runtime/data/image_transforms.h"
@@ -210,6 +211,25 @@ TEST_CASE("A region decode gives the pixels of the full decode", "[image_folder]
     const PixelRegion top{0, 0, 10, 10};
     CHECK_THROWS_WITH(decode_jpeg(cut, name, DctScale{}, &top), Catch::Contains("corrupt or truncated JPEG"));
   }
+}
+
+TEST_CASE("encode_jpeg writes a JPEG that decodes back to its pixels", "[image_folder]") {
+  RgbImage img;
+  img.width = 64, img.height = 40;
+  for (int y = 0; y < img.height; ++y)
+    for (int x = 0; x < img.width; ++x)
+      for (int c = 0; c < 3; ++c) img.pixels.push_back(static_cast<uint8_t>(c == 0 ? 4 * x : c == 1 ? 6 * y : 128));
+  const std::string bytes = encode_jpeg(img, 95);
+  const RgbImage back = decode_jpeg(bytes, "encoded.jpg");
+  REQUIRE(back.width == 64);
+  REQUIRE(back.height == 40);
+  double mean = 0;
+  for (size_t i = 0; i < img.pixels.size(); ++i) mean += std::abs(int(img.pixels[i]) - int(back.pixels[i]));
+  mean /= img.pixels.size();
+  // Quality 95 on smooth gradients loses about a level a pixel; a wrong row
+  // stride or channel order would be off by tens.
+  CHECK(mean < 3);
+  CHECK_THROWS_WITH(encode_jpeg(RgbImage{}, 90), Catch::Contains("encode_jpeg"));
 }
 
 TEST_CASE("RandomResizedCrop boxes stay inside and repeat for a seed", "[image_folder]") {
