@@ -162,6 +162,9 @@ std::vector<std::pair<std::string, std::string>> TrainConfig::fingerprint_fields
           {"mean", is_image_data() ? list(mean) : "-"},
           {"std", is_image_data() ? list(stddev) : "-"},
           {"skip-bad-images", skip_bad_images ? "on" : "off"},
+          {"shard-order", data == DataSet::image_shards ? name(shard_order, kShardOrderNames) : "-"},
+          {"shuffle-buffer",
+           data == DataSet::image_shards && shard_order == ShardOrder::stream ? num(shuffle_buffer) : "-"},
           {"inject-overflow", inject_overflow},
           {"fold-casts", fold_casts ? "on" : "off"},
           {"fuse-param-casts", fuse_param_casts ? "on" : "off"},
@@ -317,6 +320,12 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
       ->default_str("the host's cores divided among its ranks");
   app.add_flag("--skip-bad-images", c.skip_bad_images,
                "images: replace an unreadable image by the next good one, with a warning, instead of stopping");
+  add_choice(app, "--shard-order", c.shard_order, kShardOrderNames,
+             "image-shards training: stream (each rank its own shards, read in order through a shuffle buffer) or "
+             "global (one permutation of all examples over the ranks, as image-folder)");
+  app.add_option("--shuffle-buffer", c.shuffle_buffer,
+                 "image-shards, --shard-order stream: examples in the shuffle buffer (under 2: no shuffle)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
 
   app.option_defaults()->group("Precision and AMP");
   add_choice(app, "--precision", c.precision, amp::kPrecisionNames,
@@ -620,6 +629,11 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
     if (!c.is_image_data() && given(flag))
       return bad(std::string(flag) + " is for --data image-folder or image-shards; the data here is " + data_set +
                  "'s");
+  for (const char* flag : {"--shard-order", "--shuffle-buffer"})
+    if (c.data != DataSet::image_shards && given(flag))
+      return bad(std::string(flag) + " is for --data image-shards; the data here is " + data_set + "'s");
+  if (c.shard_order == ShardOrder::global && given("--shuffle-buffer"))
+    return bad("--shuffle-buffer is --shard-order stream's; --shard-order global shuffles all examples at once");
   if (c.crop_scale.size() != 2 || !(c.crop_scale[0] > 0 && c.crop_scale[0] <= c.crop_scale[1] && c.crop_scale[1] <= 1))
     return bad("--crop-scale takes MIN,MAX with 0 < MIN <= MAX <= 1 (fractions of the image's area)");
   if (c.mean.size() != 3 || c.stddev.size() != 3)

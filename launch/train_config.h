@@ -39,6 +39,14 @@ inline std::string_view to_string(DataSet d) { return name_of(d, kDataSetNames);
 /// ImageNet recipe, or none (evaluation's resize and centre crop).
 enum class Augment { imagenet, none };
 inline constexpr NamedValue<Augment> kAugmentNames[] = {{Augment::imagenet, "imagenet"}, {Augment::none, "none"}};
+/// How --data image-shards' training examples reach the ranks (--shard-order):
+/// stream: each rank its own shards, read front to back through a shuffle
+/// buffer (WebDataset's way, runtime/data/shard_stream_sampler.h); global:
+/// one permutation of all examples split over the ranks (DistributedSampler,
+/// as image-folder), which gives the folder's batches bit for bit.
+enum class ShardOrder { stream, global };
+inline constexpr NamedValue<ShardOrder> kShardOrderNames[] = {{ShardOrder::stream, "stream"},
+                                                              {ShardOrder::global, "global"}};
 
 struct TrainConfig {
   // model
@@ -95,6 +103,8 @@ struct TrainConfig {
   std::vector<double> stddev = {0.229, 0.224, 0.225};
   std::optional<int64_t> data_workers;  // unset: the host's cores shared among its ranks
   bool skip_bad_images = false;
+  ShardOrder shard_order = ShardOrder::stream;  // --data image-shards
+  int64_t shuffle_buffer = 2000;                // examples in --shard-order stream's shuffle buffer
   // device and precision
   DeviceKind device = DeviceKind::cpu;
   bool allow_tf32 = false;

@@ -39,6 +39,7 @@
 #include "runtime/data/dataset.h"
 #include "runtime/data/image_folder.h"
 #include "runtime/data/image_shards.h"
+#include "runtime/data/shard_stream_sampler.h"
 #include "runtime/exec/executor.h"
 #include "runtime/exec/init.h"
 #include "runtime/exec/step_graph.h"
@@ -293,6 +294,15 @@ std::unique_ptr<StepGraph> make_step_graph(const Program& program, const Executo
       std::vector<std::string>{model.loss, amp::ScalerVars::found_inf, amp::ScalerVars::overflow_ranks,
                                optim::kGradNorm},
       std::move(recording));
+}
+
+// Which examples each rank trains on: image shards streamed per rank
+// (--shard-order stream), else one permutation split over the ranks.
+std::unique_ptr<data::RankSampler> make_sampler(const TrainConfig& c, const data::Dataset& train, int rank, int world) {
+  if (c.data == DataSet::image_shards && c.shard_order == ShardOrder::stream)
+    return std::make_unique<data::ShardStreamSampler>(train.shard_sizes, rank, world, c.shuffle, c.seed,
+                                                      c.shuffle_buffer);
+  return std::make_unique<data::DistributedSampler>(train.size(), rank, world, c.shuffle, c.seed);
 }
 
 // The GPU flags (TF32, cuDNN's choices, 1x1 convolutions on cuBLAS) as the backend takes them.
@@ -701,8 +711,8 @@ int run_training(const TrainConfig& c, Communicator& comm, const StopSignals& st
   // steps. An epoch's micro-batches that do not fill a last window of K are
   // left out of it (as a loader with drop_last leaves a short batch out).
   const int64_t K = c.grad_accum_steps;
-  data::DistributedSampler sampler(data.train.size(), rank, world, c.shuffle, c.seed);
-  const int64_t micro_batches_per_epoch = (sampler.per_rank() + batch - 1) / batch;
+  const std::unique_ptr<data::RankSampler> sampler = make_sampler(c, data.train, rank, world);
+  const int64_t micro_batches_per_epoch = (sampler->per_rank() + batch - 1) / batch;
   MIX_CHECK(micro_batches_per_epoch > 0, "the training set is empty");
   const int64_t steps_per_epoch = micro_batches_per_epoch / K;
   if (steps_per_epoch == 0)
@@ -713,13 +723,13 @@ int run_training(const TrainConfig& c, Communicator& comm, const StopSignals& st
   // PyTorch's DataLoader (drop_last=False) does without a word: a warning, not
   // an error, since a tiny set is a fair smoke test, but the batch is not the
   // one asked for (the learning rate and batch norm's statistics assume it).
-  const int64_t true_batch = std::min(batch, sampler.per_rank());
+  const int64_t true_batch = std::min(batch, sampler->per_rank());
   if (rank == 0 && true_batch < batch)
     spdlog::warn("the training set has {} examples, {} a rank after the split over {} rank(s){}, fewer than "
                  "--batch-size {}: every step trains on one batch of {} a rank; use more data, or --batch-size {} "
                  "to ask for what happens",
-                 data.train.size(), sampler.per_rank(), world,
-                 sampler.per_rank() * world > data.train.size() ? " (padded with repeats to an equal share)" : "",
+                 data.train.size(), sampler->per_rank(), world,
+                 sampler->per_rank() * world > data.train.size() ? " (padded with repeats to an equal share)" : "",
                  batch, true_batch, true_batch);
   if (rank == 0 && micro_batches_per_epoch % K != 0)
     spdlog::warn("an epoch has {} micro-batches a rank, not a multiple of --grad-accum-steps {}: the last {} of each "
@@ -834,7 +844,7 @@ int run_training(const TrainConfig& c, Communicator& comm, const StopSignals& st
     const int64_t step = g / K;
     const int64_t epoch = step / steps_per_epoch;
     if (epoch != order_epoch) {
-      order = std::make_shared<const std::vector<int64_t>>(sampler.indices(epoch));
+      order = std::make_shared<const std::vector<int64_t>>(sampler->indices(epoch));
       order_epoch = epoch;
     }
     const int64_t begin = ((step % steps_per_epoch) * K + g % K) * batch;

@@ -3,19 +3,28 @@
 --data image-shards: DIR/train/<class>/*.jpg becomes OUT/train-000000.tar, ...
 with each image as KEY.jpg (its bytes unchanged) and its class index as
 KEY.cls (decimal text). Classes are numbered by the sorted train class folders,
-as torchvision's ImageFolder and mixtrain's image-folder reader do, and the
-samples keep the folder's order (class by class, files sorted by name), so a
-run over the shards sees the same examples as one over the folder."""
+as torchvision's ImageFolder and mixtrain's image-folder reader do.
+
+The training samples are shuffled (seeded) before they are cut into shards:
+mixtrain's default --shard-order stream reads each rank's shards front to back
+through a buffer of a few thousand samples, and shards holding a class or two
+each would give batches of a class or two. With --keep-order the samples keep
+the folder's order (class by class, files sorted by name), so that a run with
+--shard-order global sees the same examples as one over the folder, bit for
+bit. Validation samples always keep the folder's order."""
 import io
+import random
 import sys
 import tarfile
 from pathlib import Path
 
-USAGE = """usage: scripts/make_image_shards.py DIR OUT [--per-shard N]
+USAGE = """usage: scripts/make_image_shards.py DIR OUT [--per-shard N] [--seed N | --keep-order]
 WebDataset tar shards of an image folder, for mixtrain --data image-shards --data-dir OUT.
   DIR             an ImageFolder: DIR/train/<class>/*.jpg|*.jpeg|*.png and DIR/val/<class>/... (val optional)
   OUT             where OUT/train-000000.tar, ... and OUT/val-000000.tar, ... go (made if missing)
   --per-shard N   samples a shard (default 10000)
+  --seed N        seed of the training samples' shuffle (default 0)
+  --keep-order    no shuffle: the folder's order (class by class), for --shard-order global parity runs
 Each sample is KEY.EXT (the image's bytes) and KEY.cls (its class index); KEY is CLASS/NAME without
 its extension. Exit 2 on a bad argument, a missing train split or an empty class folder."""
 
@@ -65,14 +74,21 @@ def main(argv):
     if argv and argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0
-    positional, per_shard = [], 10000
+    positional, per_shard, seed, keep_order = [], 10000, 0, False
     i = 0
     while i < len(argv):
-        if argv[i] == "--per-shard":
-            if i + 1 >= len(argv) or not argv[i + 1].isdigit() or int(argv[i + 1]) < 1:
-                fail("--per-shard needs a positive integer (see --help)")
-            per_shard = int(argv[i + 1])
+        if argv[i] in ("--per-shard", "--seed"):
+            if i + 1 >= len(argv) or not argv[i + 1].isdigit() or (argv[i] == "--per-shard" and int(argv[i + 1]) < 1):
+                fail(f"{argv[i]} needs a {'positive' if argv[i] == '--per-shard' else 'non-negative'} integer "
+                     "(see --help)")
+            if argv[i] == "--per-shard":
+                per_shard = int(argv[i + 1])
+            else:
+                seed = int(argv[i + 1])
             i += 2
+        elif argv[i] == "--keep-order":
+            keep_order = True
+            i += 1
         elif argv[i].startswith("-"):
             fail(f"unknown flag {argv[i]} (see --help)")
         else:
@@ -88,7 +104,10 @@ def main(argv):
     if not classes:
         fail(f"{train}: no class folders")
     out.mkdir(parents=True, exist_ok=True)
-    write_split("train", samples(train, classes), out, per_shard)
+    train_samples = samples(train, classes)
+    if not keep_order:
+        random.Random(seed).shuffle(train_samples)
+    write_split("train", train_samples, out, per_shard)
     if (src / "val").is_dir():
         unknown = sorted(set(class_names(src / "val")) - set(classes))
         if unknown:

@@ -19,6 +19,9 @@ struct Dataset {
   Tensor labels;  // i64 [N], or i64 [N, context]: the next token of each position
   int64_t num_classes = 0;  // classes, or the vocabulary
   std::shared_ptr<const ExampleSource> source;  // examples on disk, read a batch at a time
+  /// Examples in each shard, in order, when the source reads tar shards
+  /// (ShardStreamSampler deals them out to the ranks); empty otherwise.
+  std::vector<int64_t> shard_sizes;
 
   int64_t size() const {
     if (source) return source->size();
@@ -83,12 +86,22 @@ TrainTest make_synthetic_tokens(int64_t train_size, int64_t test_size, int64_t c
 /// seeded by (seed, epoch), identical on every rank; rank r takes indices
 /// r, r+world, r+2*world, ... of the (padded to a multiple of world) order.
 /// With drop_last the epoch is truncated to a multiple of world instead.
-class DistributedSampler {
+/// Which examples a rank trains on in each epoch, and in what order.
+class RankSampler {
+ public:
+  virtual ~RankSampler() = default;
+  /// This rank's indices for `epoch`: per_rank() of them.
+  virtual std::vector<int64_t> indices(int64_t epoch) const = 0;
+  /// Examples a rank reads an epoch: the same on every rank.
+  virtual int64_t per_rank() const = 0;
+};
+
+class DistributedSampler final : public RankSampler {
  public:
   DistributedSampler(int64_t dataset_size, int rank, int world, bool shuffle, uint64_t seed, bool drop_last = false);
   /// This rank's indices for `epoch`.
-  std::vector<int64_t> indices(int64_t epoch) const;
-  int64_t per_rank() const { return per_rank_; }
+  std::vector<int64_t> indices(int64_t epoch) const override;
+  int64_t per_rank() const override { return per_rank_; }
 
  private:
   int64_t size_;

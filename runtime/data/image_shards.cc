@@ -34,6 +34,7 @@ std::vector<std::string> shards_of(const std::string& dir, const std::string& sp
 struct SplitSamples {
   EncodedImages images;
   std::vector<int64_t> labels;
+  std::vector<int64_t> shard_sizes;  // samples per shard, in the index's order
 };
 
 SplitSamples split_samples(const std::string& dir, const std::string& split) {
@@ -60,6 +61,8 @@ SplitSamples split_samples(const std::string& dir, const std::string& split) {
     image_of->push_back(image->second);
   }
   MIX_CHECK(!out.labels.empty(), dir << ": the " << split << " shards hold no sample");
+  out.shard_sizes.assign(index->shards.size(), 0);
+  for (const TarSample& s : index->samples) ++out.shard_sizes[static_cast<size_t>(s.shard)];
   auto names = std::make_shared<std::vector<std::string>>();
   for (const TarSample& s : index->samples) names->push_back(index->shards[static_cast<size_t>(s.shard)] + ":" + s.key);
   out.images.count = static_cast<int64_t>(image_of->size());
@@ -87,6 +90,8 @@ TrainTest load_image_shards(const std::string& dir, const ImageFolderOptions& op
   TrainTest t;
   t.train.name = t.test.name = "image-shards";
   t.train.num_classes = t.test.num_classes = classes;
+  t.train.shard_sizes = std::move(train.shard_sizes);
+  t.test.shard_sizes = std::move(val.shard_sizes);
   t.train.source = make_encoded_image_source(dir + " (train shards)", std::move(train.images), std::move(train.labels),
                                              true, opt);
   t.test.source =

@@ -145,6 +145,11 @@ def main():
            names=["--synthetic-features", "tokens (--context)"])
     expect([*lm, "--synthetic-classes", 8], "--synthetic-classes on the Transformer", rc=2,
            names=["--synthetic-classes", "--vocab"])
+    expect([*small, "--shard-order", "global"], "--shard-order without image shards", rc=2,
+           names=["--shard-order", "--data image-shards"])
+    expect(["--model", "resnet-small", "--data", "image-shards", "--data-dir", d, "--shard-order", "global",
+            "--shuffle-buffer", 100, "--steps", 1], "--shuffle-buffer with --shard-order global", rc=2,
+           names=["--shuffle-buffer", "--shard-order global"])
     # Scaler flags under FP32 only warn: scripts give an AMP and an FP32 run the same flags.
     expect([*small, "--precision", "fp32", "--init-loss-scaling", 8, "--incr-ratio", 3],
                "loss-scaler flags in FP32 training", rc=0,

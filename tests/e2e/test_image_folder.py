@@ -8,7 +8,10 @@ resnet-small on them on 2 ranks for 2 epochs, with the ImageNet augmentation
 Asserts: the run succeeds; the test accuracy is >= BAR (74.0% measured on the
 CI machine; chance is 10%, and a wrong label mapping or a broken transform
 stays near it); the listing was cached beside the data (DIR/.mixtrain-index-*.txt)
-and a second run reads the same data from it.
+and a second run reads the same data from it; the same images as tar shards
+give the folder's 12 losses bit for bit (--shard-order global) and train to
+the bar streamed per rank (--shard-order stream); --skip-bad-images counts the
+bad files' reads of both ranks.
 """
 import gzip
 import os
@@ -80,14 +83,15 @@ def main():
     # examples in the same order, so the same losses, bit for bit, step by step.
     shards = d / "fmnist-shards"
     made = subprocess.run([sys.executable, str(mt.SOURCE_DIR / "scripts" / "make_image_shards.py"), str(data),
-                           str(shards), "--per-shard", "2000"], capture_output=True, text=True)
-    c.check(made.returncode == 0, "scripts/make_image_shards.py writes the shards", made.stderr[-300:])
+                           str(shards), "--per-shard", "2000", "--keep-order"], capture_output=True, text=True)
+    c.check(made.returncode == 0, "scripts/make_image_shards.py --keep-order writes the shards", made.stderr[-300:])
     short = ["--steps", 12, "--eval-batches", 2]
     folder_met, shard_met = d / "folder12.jsonl", d / "shards12.jsonl"
     shard_args = [a if a != "image-folder" else "image-shards" for a in args]
     shard_args[shard_args.index(data)] = shards
     ra = mt.mixtrain(args + short + ["--metrics", folder_met], np=2, timeout=300)
-    rb = mt.mixtrain(shard_args + short + ["--metrics", shard_met], np=2, timeout=300)
+    # --shard-order global: one permutation over all examples, as the folder's sampler.
+    rb = mt.mixtrain(shard_args + short + ["--shard-order", "global", "--metrics", shard_met], np=2, timeout=300)
     if c.ok_run(ra, "12 steps from the folder") and c.ok_run(rb, "12 steps from the shards"):
         la = [mt.Metrics(folder_met).step(n)["loss"] for n in range(1, 13)]
         lb = [mt.Metrics(shard_met).step(n)["loss"] for n in range(1, 13)]
@@ -95,6 +99,24 @@ def main():
         ea, eb = mt.Metrics(folder_met).summary, mt.Metrics(shard_met).summary
         c.check(ea.get("val_loss") == eb.get("val_loss"), "and the same validation loss",
                 f"{ea.get('val_loss')} vs {eb.get('val_loss')}")
+    # The default --shard-order stream: each rank its own shards (3 of 2000
+    # examples for 2 ranks), read in order through a shuffle buffer, from
+    # shards written shuffled (make_image_shards.py's default); it must train
+    # as well as the global order.
+    mixed = d / "fmnist-shards-shuffled"
+    made = subprocess.run([sys.executable, str(mt.SOURCE_DIR / "scripts" / "make_image_shards.py"), str(data),
+                           str(mixed), "--per-shard", "2000"], capture_output=True, text=True)
+    c.check(made.returncode == 0, "scripts/make_image_shards.py writes shuffled shards", made.stderr[-300:])
+    stream_args = list(shard_args)
+    stream_args[stream_args.index(shards)] = mixed
+    stream_met = d / "stream.jsonl"
+    r = mt.mixtrain(stream_args + ["--shuffle-buffer", 1000, "--metrics", stream_met], np=2, timeout=600)
+    if c.ok_run(r, "2 epochs from the shards, --shard-order stream"):
+        acc = mt.Metrics(stream_met).summary["eval_accuracy"]
+        c.check(acc >= BAR, f"stream order: test accuracy >= {100 * BAR:.0f}%", f"{100 * acc:.2f}%")
+    r = mt.mixtrain(shard_args + ["--steps", 1], np=4, timeout=300)
+    c.check(r.rc != 0 and "3 training shard(s) for 4 ranks" in r.out and "--shard-order global" in r.out,
+            "stream order with fewer shards than ranks: an error saying what to do", r.out[-400:])
     check_skipped_bad_images(c, d, data)
     c.finish()
 

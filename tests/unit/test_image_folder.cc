@@ -416,13 +416,16 @@ TEST_CASE("the listing is cached and walked again when a folder changes", "[imag
 
 namespace {
 
-// scripts/make_image_shards.py's shards of the folder `root`, `per_shard` samples each.
+// scripts/make_image_shards.py's shards of the folder `root`, `per_shard`
+// samples each, in the folder's order (--keep-order), so that index j is the
+// same image in both.
 std::string make_shards(const TempDir& d, const std::string& root, int per_shard) {
   const char* src = std::getenv("MIX_SOURCE_DIR");
   const fs::path source = src ? fs::path(src) : fs::absolute(fs::path(__FILE__)).parent_path().parent_path().parent_path();
   const std::string out = d.file("shards");
   const std::string cmd = std::string(mix::test::kPython) + " " + (source / "scripts/make_image_shards.py").string() +
-                          " " + root + " " + out + " --per-shard " + std::to_string(per_shard) + " > /dev/null";
+                          " " + root + " " + out + " --per-shard " + std::to_string(per_shard) +
+                          " --keep-order > /dev/null";
   REQUIRE(std::system(cmd.c_str()) == 0);
   return out;
 }
