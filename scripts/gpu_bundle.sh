@@ -6,8 +6,8 @@
 #   scripts/gpu_bundle.sh DIR
 #
 # DIR/src          the sources (git ls-files + untracked files that are not ignored)
-# DIR/deps/include headers of spdlog, fmt, CLI11, nlohmann-json, Catch2, OpenBLAS, zlib, libjpeg-turbo
-# DIR/deps/lib     libopenblas.so.0 (+ libgfortran.so.5, libquadmath.so.0 it needs), libz.so.1, libjpeg.so.62
+# DIR/deps/include headers of spdlog, fmt, CLI11, nlohmann-json, Catch2, OpenBLAS, zlib, libjpeg-turbo, libpng
+# DIR/deps/lib     libopenblas.so.0 (+ libgfortran.so.5, libquadmath.so.0 it needs), libz.so.1, libjpeg.so.62, libpng16.so.16
 # DIR/README.txt   how to build from it (cmake -DMIX_BUNDLE_DIR=DIR, or gpu_check.sh --bundle DIR)
 #
 # Run it on a development machine where scripts/setup.sh installed the packages.
@@ -20,7 +20,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib/args.sh"  # usage_if_help
 usage_if_help "$@" <<'EOF'
 usage: scripts/gpu_bundle.sh DIR
 Writes a self-contained folder for building mixtrain on an air-gapped GPU node (NVIDIA driver, CUDA toolkit,
-CMake, a C++ compiler; no network): DIR/src (the sources), DIR/deps (headers, OpenBLAS, zlib, libjpeg-turbo), DIR/README.txt.
+CMake, a C++ compiler; no network): DIR/src (the sources), DIR/deps (headers, OpenBLAS, zlib, libjpeg-turbo, libpng), DIR/README.txt.
 Run it where scripts/setup.sh installed the packages; fails when the result is not under 60 MB.
   DIR   new, empty, or written by an earlier run; outside the checkout or in a git-ignored folder (e.g. runs/)
 EOF
@@ -103,7 +103,7 @@ copy_pkg_headers() {  # package: every file it installs under /usr/include, same
   [ "$n" -gt 0 ] || die "package $pkg installs no headers under /usr/include"
   note_pkg "$pkg"
 }
-for pkg in libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev catch2 zlib1g-dev libjpeg62-turbo-dev; do
+for pkg in libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev catch2 zlib1g-dev libjpeg62-turbo-dev libpng-dev; do
   copy_pkg_headers "$pkg"
 done
 # jpeglib.h includes jconfig.h, which Debian keeps in the multiarch folder.
@@ -113,7 +113,7 @@ done
 # spdlog is used header-only (SPDLOG_HEADER_ONLY + FMT_HEADER_ONLY): that needs
 # fmt's format-inl.h and spdlog's -inl.h implementation files.
 for f in fmt/format-inl.h fmt/format.h spdlog/spdlog-inl.h spdlog/sinks/stdout_color_sinks-inl.h \
-         CLI/CLI.hpp nlohmann/json.hpp catch2/catch.hpp zlib.h zconf.h jpeglib.h jconfig.h; do
+         CLI/CLI.hpp nlohmann/json.hpp catch2/catch.hpp zlib.h zconf.h jpeglib.h jconfig.h png.h pngconf.h pnglibconf.h; do
   [ -f "$dir/deps/include/$f" ] || die "bundled headers lack $f"
 done
 
@@ -188,6 +188,9 @@ bundle_closure "$dir/deps/lib/$z_so"
 # libjpeg-turbo's libjpeg: the image-folder and image-shards readers decode with it.
 jpeg_so="$(bundle_so "$(resolve_so libjpeg.so.62)" libjpeg.so)"
 bundle_closure "$dir/deps/lib/$jpeg_so"
+# libpng: the image readers' PNGs.
+png_so="$(bundle_so "$(resolve_so libpng16.so.16)" libpng16.so)"
+bundle_closure "$dir/deps/lib/$png_so"
 glibc_needed="$(for lib in "$dir"/deps/lib/*; do [ -L "$lib" ] || readelf -V "$lib"; done \
   | grep -o 'GLIBC_[0-9][0-9.]*' | sort -uV | tail -1)"
 
@@ -203,7 +206,7 @@ on $(uname -m) ($(sed -n 's/^PRETTY_NAME="\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' /etc/o
 
 What is in it
   src/           the mixtrain sources ($n_src files)
-  deps/include/  headers: spdlog, fmt, CLI11, nlohmann-json, Catch2 2.x, OpenBLAS (cblas.h), zlib, libjpeg-turbo
+  deps/include/  headers: spdlog, fmt, CLI11, nlohmann-json, Catch2 2.x, OpenBLAS (cblas.h), zlib, libjpeg-turbo, libpng
   deps/lib/      shared libraries: $(find "$dir/deps/lib" -mindepth 1 -printf '%f\n' | sort | tr '\n' ' ')
   deps/VERSIONS.txt, deps/licenses/   Debian package versions and copyright files
 
@@ -225,7 +228,7 @@ How to use it
        cmake --build build -j
        build/mixtrain --device cuda --data synthetic --steps 100 --eval false
   Pass MIX_BUNDLE_DIR as an absolute path. With -DMIX_BUNDLE_DIR every non-CUDA
-  dependency (spdlog, fmt, CLI11, nlohmann-json, Catch2, OpenBLAS, zlib, libjpeg-turbo) comes from
+  dependency (spdlog, fmt, CLI11, nlohmann-json, Catch2, OpenBLAS, zlib, libjpeg-turbo, libpng) comes from
   deps/ only; spdlog and fmt are used header-only. The programs carry an RPATH to
   deps/lib, so they run without LD_LIBRARY_PATH -- do not move the bundle after
   building (or rebuild / set LD_LIBRARY_PATH=<bundle>/deps/lib if you do).

@@ -20,6 +20,7 @@ packages=(
   libopenblas-dev                     # SGEMM of the CPU backend
   zlib1g-dev                          # Fashion-MNIST .gz files
   libjpeg62-turbo-dev                 # JPEG decoding of the image readers (libjpeg-turbo)
+  libpng-dev                          # PNG decoding of the image readers
   dataset-fashion-mnist               # the default data set
   fortunes                            # English text for the Transformer language model
   python3-numpy python3-torch         # reference values and parity tests (/usr/bin/python3)

@@ -1,6 +1,9 @@
 #include "runtime/data/image_decode.h"
 
+#include <png.h>
+
 #include <algorithm>
+#include <cctype>
 
 #include "runtime/core/check.h"
 #include "runtime/data/libjpeg_errors.h"
@@ -94,8 +97,8 @@ bool decode_rows(Decompressor& d, DctScale scale, PixelRegion region, RgbImage* 
 // libjpeg sees it, so the error can say what the file is.
 void check_is_jpeg(const std::string& bytes, const std::string& path) {
   MIX_CHECK(!bytes.empty(), path << ": the file is empty (0 bytes), not a JPEG");
-  MIX_CHECK(!is_png(bytes), path << ": the file is a PNG, not a JPEG (despite its name?): PNG is not supported yet: "
-                                    "convert it to JPEG");
+  MIX_CHECK(!is_png(bytes), path << ": the file is a PNG named as a JPEG: rename it .png (the readers decode by the "
+                                    "name's extension)");
   MIX_CHECK(bytes.size() >= 4 && static_cast<uint8_t>(bytes[0]) == 0xFF && static_cast<uint8_t>(bytes[1]) == 0xD8,
             path << ": not a JPEG file (it does not start with the JPEG marker FF D8)");
 }
@@ -105,6 +108,45 @@ void check_is_jpeg(const std::string& bytes, const std::string& path) {
 bool is_png(const std::string& bytes) {
   static const char kSig[] = "\x89PNG\r\n\x1a\n";
   return bytes.size() >= 8 && bytes.compare(0, 8, kSig, 8) == 0;
+}
+
+bool has_png_name(const std::string& name) {
+  if (name.size() < 4) return false;
+  std::string ext = name.substr(name.size() - 4);
+  for (char& ch : ext) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return ext == ".png";
+}
+
+RgbImage decode_png(const std::string& bytes, const std::string& path) {
+  MIX_CHECK(!bytes.empty(), path << ": the file is empty (0 bytes), not a PNG");
+  MIX_CHECK(bytes.size() < 2 || static_cast<uint8_t>(bytes[0]) != 0xFF || static_cast<uint8_t>(bytes[1]) != 0xD8,
+            path << ": the file is a JPEG named as a PNG: rename it .jpg (the readers decode by the name's extension)");
+  MIX_CHECK(is_png(bytes), path << ": not a PNG file (it does not start with the PNG signature)");
+  png_image png{};
+  png.version = PNG_IMAGE_VERSION;
+  // libpng's simplified API reports through png.message; png_image_free
+  // releases what a failed or finished read holds.
+  struct Free {
+    png_image* p;
+    ~Free() { png_image_free(p); }
+  } free_png{&png};
+  MIX_CHECK(png_image_begin_read_from_memory(&png, bytes.data(), bytes.size()) != 0,
+            path << ": damaged PNG header: " << png.message);
+  // RGBA, then the alpha dropped: with an RGB output libpng would composite
+  // onto a background, where PIL's convert("RGB") keeps the colour values.
+  png.format = PNG_FORMAT_RGBA;
+  MIX_CHECK(png.width > 0 && png.height > 0 && png.width <= 65535 && png.height <= 65535,
+            path << ": a PNG of " << png.width << " x " << png.height << " pixels (1 to 65535 a side are read)");
+  std::vector<uint8_t> rgba(PNG_IMAGE_SIZE(png));
+  MIX_CHECK(png_image_finish_read(&png, nullptr, rgba.data(), 0, nullptr) != 0,
+            path << ": corrupt or truncated PNG: " << png.message);
+  RgbImage img;
+  img.width = static_cast<int>(png.width);
+  img.height = static_cast<int>(png.height);
+  img.pixels.resize(static_cast<size_t>(img.width) * img.height * 3);
+  for (size_t i = 0, n = static_cast<size_t>(img.width) * img.height; i < n; ++i)
+    for (int c = 0; c < 3; ++c) img.pixels[i * 3 + c] = rgba[i * 4 + c];
+  return img;
 }
 
 JpegHeader read_jpeg_header(const std::string& bytes, const std::string& path) {

@@ -1,5 +1,6 @@
 #pragma once
-// Decoding one image file into 8-bit RGB, for the image readers. JPEGs go
+// Decoding one image file into 8-bit RGB, for the image readers. PNGs go
+// through libpng's simplified API, whole. JPEGs go
 // through libjpeg-turbo's libjpeg API, which can decode at a reduced scale in
 // the DCT domain (1/8, 2/8, ... 7/8) and only a region of the image: a large
 // photo that will be cropped and shrunk to 224 x 224 is neither decoded at
@@ -64,5 +65,15 @@ void decode_jpeg_into(const std::string& bytes, const std::string& path, DctScal
 
 /// Whether `bytes` start with the PNG signature.
 bool is_png(const std::string& bytes);
+
+/// Whether `name` (a path, or a shard member's name) ends in .png, any case:
+/// the readers decode by the name, as a folder's listing picks files by it.
+bool has_png_name(const std::string& name);
+
+/// Decodes the PNG `bytes` into RGB: grayscale replicated, a palette
+/// expanded, 16-bit samples reduced to 8, an alpha channel dropped (PIL's
+/// convert("RGB")). A file that is not a PNG (a JPEG named .png says so), is
+/// cut short or is corrupt throws mix::Error naming `path`.
+RgbImage decode_png(const std::string& bytes, const std::string& path);
 
 }  // namespace mix::data

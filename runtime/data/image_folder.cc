@@ -208,7 +208,7 @@ class EncodedImageSource final : public ExampleSource {
       Rng rng = Rng::for_stream(Rng::for_stream(opt_.seed, static_cast<uint64_t>(epoch)).next_u64(),
                                 static_cast<uint64_t>(index));
       try {
-        transform_jpeg(images_.bytes(j), path, train_ && opt_.transform.augment, opt_.transform, rng, out);
+        transform_image(images_.bytes(j), path, train_ && opt_.transform.augment, opt_.transform, rng, out);
         return labels_[j];
       } catch (const Error& e) {
         if (!opt_.skip_bad_images) throw;

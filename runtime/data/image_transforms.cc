@@ -203,21 +203,35 @@ void normalize_image(const uint8_t* hwc, int64_t size, const ImageTransformOptio
   }
 }
 
-void transform_jpeg(const std::string& bytes, const std::string& path, bool train, const ImageTransformOptions& opt,
-                    Rng& rng, uint8_t* out) {
-  const JpegHeader hdr = read_jpeg_header(bytes, path);
+void transform_image(const std::string& bytes, const std::string& path, bool train, const ImageTransformOptions& opt,
+                     Rng& rng, uint8_t* out) {
+  // A PNG is decoded whole (no DCT to scale, no region to skip to); a JPEG's
+  // size comes from its header, and its pixels after the crop is chosen.
+  const bool png = has_png_name(path);
+  thread_local RgbImage img;
+  JpegHeader size;
+  if (png) {
+    img = decode_png(bytes, path);
+    size = {img.width, img.height};
+  } else {
+    size = read_jpeg_header(bytes, path);
+  }
   const int n = static_cast<int>(opt.size);
   // The box and sizes are decided on the full-size image, so the crop is the
   // same whatever scale the decoder then uses.
-  CropBox box{0, 0, double(hdr.width), double(hdr.height)};
+  CropBox box{0, 0, double(size.width), double(size.height)};
   int out_w = n, out_h = n, crop_x = 0, crop_y = 0;
   bool flip = false;
   if (train && opt.augment) {
-    box = random_resized_crop_box(hdr.width, hdr.height, opt.crop_scale, opt.crop_ratio, rng);
+    box = random_resized_crop_box(size.width, size.height, opt.crop_scale, opt.crop_ratio, rng);
     flip = opt.hflip && rng.uniform() < 0.5;
   } else {
-    const ResizePlan p = eval_resize_plan(hdr.width, hdr.height, eval_resize_size(opt.size), opt.size);
+    const ResizePlan p = eval_resize_plan(size.width, size.height, eval_resize_size(opt.size), opt.size);
     out_w = p.out_w, out_h = p.out_h, crop_x = p.crop_x, crop_y = p.crop_y;
+  }
+  if (png) {
+    resample_crop(img, box, out_w, out_h, crop_x, crop_y, opt.size, flip, out);
+    return;
   }
   const DctScale s = opt.dct_scaling ? choose_dct_scale(box.width, box.height, out_w, out_h) : DctScale{};
   const double f = s.factor();
@@ -228,7 +242,6 @@ void transform_jpeg(const std::string& bytes, const std::string& path, bool trai
   region.y = static_cast<int>(std::floor(scaled.y));
   region.width = static_cast<int>(std::ceil(scaled.x + scaled.width)) - region.x;
   region.height = static_cast<int>(std::ceil(scaled.y + scaled.height)) - region.y;
-  thread_local RgbImage img;
   decode_jpeg_into(bytes, path, s, opt.region_decode ? &region : nullptr, img);
   scaled.x -= img.x0;
   scaled.y -= img.y0;

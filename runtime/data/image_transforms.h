@@ -67,10 +67,11 @@ void resample_crop(const RgbImage& img, const CropBox& box, int out_w, int out_h
 /// [3, size, size]: (v / 255 - mean) / std per channel (fn::NormalizePixel).
 void normalize_image(const uint8_t* hwc, int64_t size, const ImageTransformOptions& opt, float* chw);
 
-/// The whole transform of one encoded JPEG: decodes it (at a DCT scale when
+/// The whole transform of one encoded image: decodes it (a PNG when `path`
+/// ends in .png, else a JPEG, at a DCT scale and only the crop's region when
 /// allowed), crops, resizes and flips into `out`, 8-bit [size, size, 3].
 /// `rng` draws the crop and flip (training only). `path` is named in errors.
-void transform_jpeg(const std::string& bytes, const std::string& path, bool train, const ImageTransformOptions& opt,
-                    Rng& rng, uint8_t* out);
+void transform_image(const std::string& bytes, const std::string& path, bool train, const ImageTransformOptions& opt,
+                     Rng& rng, uint8_t* out);
 
 }  // namespace mix::data

@@ -38,8 +38,12 @@ for spec in sys.argv[2:]:
     base = np.stack([xx * 255.0 / w, yy * 255.0 / h, (xx + yy) * 127.0 / (w + h)], -1)
     img = np.clip(base + rng.normal(0, 20, base.shape), 0, 255).astype(np.uint8)
     im = Image.fromarray(img, "RGB")
-    if mode == "L":
-        im = im.convert("L")
+    if mode in ("L", "RGBA", "P"):
+        im = im.convert(mode)
+    if mode == "RGBA":  # an alpha channel that varies, which decoding must drop, not blend
+        a = np.asarray(im).copy()
+        a[..., 3] = (xx * 255 // max(w - 1, 1)).astype(np.uint8)
+        im = Image.fromarray(a, "RGBA")
     # RGB444: no chroma subsampling (PIL's default is 4:2:0).
     im.save(f"{out}/{name}", quality=90, **({"subsampling": 0} if mode == "RGB444" else {}))
 )PY";
@@ -88,22 +92,31 @@ constexpr float kLevel = 1.0f / 255.0f / 0.224f;
 
 }  // namespace
 
-TEST_CASE("transforms match torchvision on the same JPEGs", "[image_folder]") {
+// Decodes a JPEG or, by its name, a PNG.
+RgbImage decode_by_name(const std::string& bytes, const std::string& name) {
+  return has_png_name(name) ? decode_png(bytes, name) : decode_jpeg(bytes, name);
+}
+
+TEST_CASE("transforms match torchvision on the same JPEGs and PNGs", "[image_folder]") {
   TempDir d;
   const std::string dir = d.path.string();
-  // A photo-sized colour image, a small one, a grayscale one, a very wide one.
-  make_images(d, dir, "big.jpg:500:375:RGB small.jpg:45:40:RGB gray.jpg:60:80:L wide.jpg:300:40:RGB");
+  // A photo-sized colour image, a small one, a grayscale one, a very wide one;
+  // PNGs in RGB, with alpha, with a palette and in grayscale.
+  make_images(d, dir,
+              "big.jpg:500:375:RGB small.jpg:45:40:RGB gray.jpg:60:80:L wide.jpg:300:40:RGB pic.png:90:70:RGB "
+              "alpha.png:40:30:RGBA pal.png:36:36:P grayp.PNG:30:45:L");
   const int64_t size = 32;
   ImageTransformOptions opt;
   opt.size = size;
   opt.dct_scaling = false;  // torchvision decodes at full size
-  const std::vector<std::string> names = {"big.jpg", "small.jpg", "gray.jpg", "wide.jpg"};
+  const std::vector<std::string> names = {"big.jpg", "small.jpg", "gray.jpg",  "wide.jpg",
+                                          "pic.png", "alpha.png", "pal.png", "grayp.PNG"};
   std::vector<CropBox> boxes;
   std::vector<bool> flips;
   {
     std::ofstream b(d.file("boxes.txt"));
     for (size_t i = 0; i < names.size(); ++i) {
-      const JpegHeader h = read_jpeg_header(mix::test::read_bytes(d.file(names[i])), names[i]);
+      const RgbImage h = decode_by_name(mix::test::read_bytes(d.file(names[i])), names[i]);
       Rng rng(100 + i);
       boxes.push_back(random_resized_crop_box(h.width, h.height, opt.crop_scale, opt.crop_ratio, rng));
       flips.push_back(i % 2 == 0);
@@ -118,14 +131,15 @@ TEST_CASE("transforms match torchvision on the same JPEGs", "[image_folder]") {
     const std::string bytes = mix::test::read_bytes(d.file(names[i]));
     // 1. The decoders: PIL's libjpeg and ours. Debian builds both
     // on libjpeg-turbo with the same (accurate) IDCT and fancy upsampling, so
-    // they agree exactly here; elsewhere another libjpeg may differ by a level or two.
-    const RgbImage ours = decode_jpeg(bytes, names[i]);
+    // they agree exactly here; elsewhere another libjpeg may differ by a level
+    // or two. PNG is lossless: the same pixels, alpha dropped as PIL does.
+    const RgbImage ours = decode_by_name(bytes, names[i]);
     const std::string pil = mix::test::read_bytes(d.file(names[i] + ".rgb"));
     REQUIRE(pil.size() == ours.pixels.size());
     int decode_diff = 0;
     for (size_t k = 0; k < pil.size(); ++k)
       decode_diff = std::max(decode_diff, std::abs(int(uint8_t(pil[k])) - int(ours.pixels[k])));
-    CHECK(decode_diff <= 2);
+    CHECK(decode_diff <= (has_png_name(names[i]) ? 0 : 2));
     // 2. The resampling alone, on PIL's own pixels: it mirrors PIL's fixed
     // point, so the bits match up to the float rounding of Normalize.
     RgbImage pil_img{ours.width, ours.height, std::vector<uint8_t>(pil.begin(), pil.end())};
@@ -142,7 +156,7 @@ TEST_CASE("transforms match torchvision on the same JPEGs", "[image_folder]") {
     // 3. The whole transform from the file: within one level per level of
     // decoder difference, plus one for a rounding that the difference tips.
     Rng unused(0);
-    transform_jpeg(bytes, names[i], /*train=*/false, opt, unused, pixels.data());
+    transform_image(bytes, names[i], /*train=*/false, opt, unused, pixels.data());
     normalize_image(pixels.data(), size, opt, out.data());
     CHECK(max_abs_diff(out, read_floats(d.file(names[i] + ".eval"))) <= (decode_diff + 1) * kLevel + 1e-5f);
   }
@@ -161,8 +175,8 @@ TEST_CASE("DCT-scaled decoding keeps the crop in place", "[image_folder]") {
   std::vector<uint8_t> a(3 * 64 * 64), b(a.size());
   for (bool train : {false, true}) {
     Rng r1(7), r2(7);
-    transform_jpeg(bytes, "big.jpg", train, full, r1, a.data());
-    transform_jpeg(bytes, "big.jpg", train, scaled, r2, b.data());
+    transform_image(bytes, "big.jpg", train, full, r1, a.data());
+    transform_image(bytes, "big.jpg", train, scaled, r2, b.data());
     // The scaled IDCT averages differently from PIL's filter, but a shifted or
     // mis-sized crop would differ by far more (the image is a gradient).
     double mean = 0;
@@ -334,12 +348,16 @@ TEST_CASE("bad images: an error naming the file, or replaced under --skip-bad-im
   TempDir d;
   const std::string root = make_folder(d, 3);
   const std::string good = mix::test::read_bytes(root + "/train/a/img0.jpg");
-  const std::string png = std::string("\x89PNG\r\n\x1a\n", 8) + std::string(64, '\0');
+  make_images(d, d.path.string(), "real.png:40:30:RGB");
+  const std::string png = mix::test::read_bytes(d.file("real.png"));
   const std::vector<std::pair<std::string, std::string>> bad = {
       {"empty.jpg", ""},                                     // zero bytes
       {"renamed.jpg", png},                                  // a PNG with a .jpg name
       {"truncated.jpg", good.substr(0, good.size() / 2)},   // cut short
       {"corrupt.jpg", good.substr(0, 200) + std::string(good.size() - 200, '\x55')},  // scan data overwritten
+      {"jpeg.png", good},                                    // a JPEG with a .png name
+      {"truncated.png", png.substr(0, png.size() * 2 / 3)},  // a PNG cut short
+      {"empty.png", ""},
   };
   for (const auto& [name, bytes] : bad) {
     INFO(name);
@@ -360,7 +378,9 @@ TEST_CASE("bad images: an error naming the file, or replaced under --skip-bad-im
       FAIL("no error for " << name);
     } catch (const Error& e) {
       CHECK_THAT(e.what(), Catch::Contains(path));
-      if (name == "renamed.jpg") CHECK_THAT(e.what(), Catch::Contains("PNG is not supported yet"));
+      if (name == "renamed.jpg") CHECK_THAT(e.what(), Catch::Contains("rename it .png"));
+      if (name == "jpeg.png") CHECK_THAT(e.what(), Catch::Contains("rename it .jpg"));
+      if (name == "truncated.png") CHECK_THAT(e.what(), Catch::Contains("corrupt or truncated PNG"));
     }
     o.skip_bad_images = true;
     const TrainTest s = load_image_folder(root, o);
@@ -435,7 +455,8 @@ std::string make_shards(const TempDir& d, const std::string& root, int per_shard
 TEST_CASE("image shards give the image folder's examples, labels and crops, bit for bit", "[image_folder][shards]") {
   TempDir d;
   const std::string root = make_folder(d, 5);
-  const std::string shards = make_shards(d, root, 4);  // 15 samples: shards of 4, 4, 4 and 3
+  make_images(d, root + "/train/b", "z.png:44:33:RGB");  // a PNG member too: KEY.png in its shard
+  const std::string shards = make_shards(d, root, 4);  // 16 samples: shards of 4, 4, 4 and 4
   ImageFolderOptions o;
   o.transform.size = 24;
   o.workers = 2;
