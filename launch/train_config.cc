@@ -320,6 +320,10 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
       ->default_str("the host's cores divided among its ranks");
   app.add_flag("--skip-bad-images", c.skip_bad_images,
                "images: replace an unreadable image by the next good one, with a warning, instead of stopping");
+  app.add_option("--prefetch", c.prefetch,
+                 "training batches gathered ahead of the step, one after another on a background thread (each "
+                 "batch's images on --data-workers threads)")
+      ->check(CLI::Range(1, 64));
   add_choice(app, "--shard-order", c.shard_order, kShardOrderNames,
              "image-shards training: stream (each rank its own shards, read in order through a shuffle buffer) or "
              "global (one permutation of all examples over the ranks, as image-folder)");

@@ -103,6 +103,7 @@ struct TrainConfig {
   std::vector<double> stddev = {0.229, 0.224, 0.225};
   std::optional<int64_t> data_workers;  // unset: the host's cores shared among its ranks
   bool skip_bad_images = false;
+  int64_t prefetch = 2;  // training batches gathered ahead of the step (a bounded queue)
   ShardOrder shard_order = ShardOrder::stream;  // --data image-shards
   int64_t shuffle_buffer = 2000;                // examples in --shard-order stream's shuffle buffer
   // device and precision

@@ -852,7 +852,8 @@ int run_training(const TrainConfig& c, Communicator& comm, const StopSignals& st
                               epoch};
   };
   // The next micro-batch is gathered (and, on a GPU, uploaded) while this one runs.
-  data::BatchFeeder feeder(data.train, device, batch_memory, batch_of, start_step * K, total_steps * K);
+  data::BatchFeeder feeder(data.train, device, batch_memory, batch_of, start_step * K, total_steps * K,
+                           static_cast<int>(c.prefetch));
   StepTotals totals;
   std::optional<EvalResult> last_eval;
   // --save after `steps_done` steps (rank 0): the parameters, optimizer and

@@ -8,12 +8,22 @@
 namespace mix::data {
 
 BatchFeeder::BatchFeeder(const Dataset& ds, Device device, Allocator* host_memory,
-                         std::function<BatchRequest(int64_t step)> batch_of, int64_t first, int64_t end)
-    : device_(device), batch_of_(std::move(batch_of)), step_(first), end_(end), prefetcher_(ds, host_memory) {
+                         std::function<BatchRequest(int64_t step)> batch_of, int64_t first, int64_t end, int prefetch)
+    : device_(device),
+      batch_of_(std::move(batch_of)),
+      step_(first),
+      end_(end),
+      requested_(first),
+      prefetcher_(ds, host_memory, prefetch) {
   MIX_CHECK(first <= end, "BatchFeeder: steps [" << first << ", " << end << ") run backwards");
   if (device.kind != DeviceKind::cpu)
     queue_ = require_device_backend(device.kind).make_host_to_device_queue(device.index, 2);
-  if (step_ < end_) prefetcher_.request(batch_of_(step_));
+  request_ahead();
+}
+
+void BatchFeeder::request_ahead() {
+  while (requested_ < end_ && prefetcher_.outstanding() < prefetcher_.depth())
+    prefetcher_.request(batch_of_(requested_++));
 }
 
 BatchFeeder::~BatchFeeder() {
@@ -27,13 +37,13 @@ const Batch& BatchFeeder::next() {
     // The host: the prefetcher's batch itself, which the next request leaves
     // alone until the next take().
     const Batch& batch = prefetcher_.take();
-    if (s + 1 < end_) prefetcher_.request(batch_of_(s + 1));
+    request_ahead();
     return batch;
   }
   if (ahead_ < 0) {  // the first call: nothing is uploaded yet, so this batch is late once
     upload(prefetcher_.take(), 0);
     ahead_ = 0;
-    if (s + 1 < end_) prefetcher_.request(batch_of_(s + 1));
+    request_ahead();
   }
   const int current = ahead_;
   queue_->compute_waits(current);
@@ -41,10 +51,11 @@ const Batch& BatchFeeder::next() {
     // Step s + 1's batch, gathered during step s - 1, uploads while step s runs.
     upload(prefetcher_.take(), current ^ 1);
     ahead_ = current ^ 1;
-    // The next gather overwrites the host batch of step s: its upload must
-    // have read it (long since, in a steady loop: it was queued a step ago).
+    // The next request's gather overwrites the host batch of step s (the
+    // prefetcher's slot taken before step s + 1's): its upload must have read
+    // it (long since, in a steady loop: it was queued a step ago).
     queue_->host_waits(current);
-    if (s + 2 < end_) prefetcher_.request(batch_of_(s + 2));
+    request_ahead();
   }
   return on_device_[current];
 }

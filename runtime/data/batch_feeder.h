@@ -24,9 +24,10 @@ class BatchFeeder {
   /// The batches of steps [first, end): `batch_of(step)` says which examples
   /// each one holds. `ds` must outlive the feeder; `host_memory` is
   /// BatchPrefetcher's (page-locked memory for a GPU's uploads). The gather of
-  /// the first batch starts here.
+  /// the first batches start here: `prefetch` of them are gathered ahead
+  /// (--prefetch; the prefetcher's depth).
   BatchFeeder(const Dataset& ds, Device device, Allocator* host_memory,
-              std::function<BatchRequest(int64_t step)> batch_of, int64_t first, int64_t end);
+              std::function<BatchRequest(int64_t step)> batch_of, int64_t first, int64_t end, int prefetch = 1);
   /// Waits for uploads in flight, which write device memory the feeder frees.
   ~BatchFeeder();
   BatchFeeder(const BatchFeeder&) = delete;
@@ -42,10 +43,13 @@ class BatchFeeder {
  private:
   /// Queues the upload of `host` into device slot `k`, then records fence k.
   void upload(const Batch& host, int k);
+  /// Requests the steps after the last requested one, up to the prefetcher's depth.
+  void request_ahead();
 
   Device device_;
   std::function<BatchRequest(int64_t)> batch_of_;
   int64_t step_, end_;  // the step next() returns a batch for, and the end
+  int64_t requested_;   // the next step to request from the prefetcher
   BatchPrefetcher prefetcher_;
   // A device only (null on the host): the copy queue, and two device batches with a fence each: the
   // one the current step reads and the one being uploaded for the next step.

@@ -957,13 +957,23 @@ TEST_CASE("gather_batch makes its batch tensors from the host memory it is given
 
 // ---- the background batch gatherer ------------------------------------------------
 
-TEST_CASE("BatchPrefetcher hands out gather_batch's batches and keeps a taken one intact", "[data][batch][prefetch]") {
+namespace {
+
+// 7 examples of 2 floats (example i holds 2i, 2i + 1) and label i.
+Dataset seven_examples() {
   Dataset ds;
   ds.name = "tiny";
   ds.inputs = Tensor::empty({7, 2}, DType::f32);
   for (int64_t i = 0; i < 14; ++i) ds.inputs.data<float>()[i] = static_cast<float>(i);
   ds.labels = labels_of({0, 1, 2, 3, 4, 5, 6});
   ds.num_classes = 7;
+  return ds;
+}
+
+}  // namespace
+
+TEST_CASE("BatchPrefetcher hands out gather_batch's batches and keeps a taken one intact", "[data][batch][prefetch]") {
+  Dataset ds = seven_examples();
   // Two "epochs" of 7 examples in batches of 3 (the last of each short), as the trainer asks for them.
   auto epoch0 = std::make_shared<const std::vector<int64_t>>(std::vector<int64_t>{6, 2, 4, 0, 1, 5, 3});
   auto epoch1 = std::make_shared<const std::vector<int64_t>>(std::vector<int64_t>{3, 3, 0, 5, 2, 6, 1});
@@ -996,6 +1006,39 @@ TEST_CASE("BatchPrefetcher hands out gather_batch's batches and keeps a taken on
   // memory then holds the short batches 2 (slot 0) and 5 (slot 1) and the
   // full ones between them.
   CHECK(memory.allocations == 2 * 2);
+}
+
+TEST_CASE("BatchPrefetcher with depth 3 keeps three requests in flight, in order", "[data][batch][prefetch]") {
+  Dataset ds = seven_examples();
+  auto order = std::make_shared<const std::vector<int64_t>>(std::vector<int64_t>{6, 2, 4, 0, 1, 5, 3});
+  std::vector<BatchRequest> requests;
+  for (int64_t round = 0; round < 3; ++round)
+    for (int64_t b = 0; b < 7; b += 2) requests.push_back({order, b, std::min<int64_t>(2, 7 - b), round});
+  auto expected = [&](size_t k) {
+    Tensor x, y;
+    gather_batch(ds, *requests[k].indices, requests[k].begin, requests[k].count, x, y);
+    return std::pair{x.to_floats(), y.to_floats()};
+  };
+  CountingHostMemory memory;
+  BatchPrefetcher prefetcher(ds, &memory, 3);
+  size_t next = 0;
+  for (; next < 3; ++next) prefetcher.request(requests[next]);
+  CHECK(prefetcher.outstanding() == 3);
+  CHECK_THROWS_WITH(prefetcher.request(requests[next]), Contains("3 batch(es) already requested"));
+  std::set<const Batch*> slots;
+  for (size_t k = 0; k < requests.size(); ++k) {
+    INFO("batch " << k);
+    const Batch& batch = prefetcher.take();
+    slots.insert(&batch);
+    // Refill to three in flight: they are gathered while this batch is read,
+    // and must leave it alone.
+    while (next < requests.size() && prefetcher.outstanding() < 3) prefetcher.request(requests[next++]);
+    const auto [x, y] = expected(k);
+    CHECK(batch.inputs.to_floats() == x);
+    CHECK(batch.labels.to_floats() == y);
+  }
+  CHECK(slots.size() == 4);  // depth + 1 batches of memory, used in turn
+  CHECK_THROWS_WITH(BatchPrefetcher(ds, nullptr, 0), Contains("--prefetch"));
 }
 
 TEST_CASE("BatchPrefetcher reports a bad request when the batch is taken", "[data][batch][prefetch]") {
@@ -1096,21 +1139,14 @@ struct BackendStandIn {
   mix::DeviceBackend* previous = mix::device_backend(mix::DeviceKind::cuda);
 };
 
-// 7 examples of 2 floats (example i holds 2i, 2i + 1) and label i, and the
-// trainer's plan for two epochs of batches of 3 (the last of each epoch short).
+// seven_examples() and the trainer's plan for two epochs of batches of 3 (the
+// last of each epoch short).
 struct FeederCase {
-  Dataset ds;
+  Dataset ds = seven_examples();
   std::vector<std::shared_ptr<const std::vector<int64_t>>> orders = {
       std::make_shared<const std::vector<int64_t>>(std::vector<int64_t>{6, 2, 4, 0, 1, 5, 3}),
       std::make_shared<const std::vector<int64_t>>(std::vector<int64_t>{3, 3, 0, 5, 2, 6, 1})};
   static constexpr int64_t kSteps = 6, kStepsPerEpoch = 3;
-  FeederCase() {
-    ds.name = "tiny";
-    ds.inputs = Tensor::empty({7, 2}, DType::f32);
-    for (int64_t i = 0; i < 14; ++i) ds.inputs.data<float>()[i] = static_cast<float>(i);
-    ds.labels = labels_of({0, 1, 2, 3, 4, 5, 6});
-    ds.num_classes = 7;
-  }
   BatchRequest batch_of(int64_t step) const {
     const int64_t begin = (step % kStepsPerEpoch) * 3;
     return {orders[static_cast<size_t>(step / kStepsPerEpoch)], begin, std::min<int64_t>(3, 7 - begin)};
@@ -1151,6 +1187,10 @@ TEST_CASE("BatchFeeder on the host hands out the prefetcher's batches", "[data][
 }
 
 TEST_CASE("BatchFeeder on a device uploads each batch a step ahead and fences it", "[data][batch][feeder]") {
+  // --prefetch 1 and 3: a deeper queue gathers more host batches ahead, and
+  // the one it regathers into must be the one whose upload was waited for.
+  const int prefetch = GENERATE(1, 3);
+  INFO("prefetch " << prefetch);
   FeederCase c;
   LazyGpu gpu;
   BackendStandIn stand_in(&gpu);
@@ -1158,7 +1198,7 @@ TEST_CASE("BatchFeeder on a device uploads each batch a step ahead and fences it
   CountingHostMemory pinned;  // what the GPU's page-locked memory is to the feeder
   {
     BatchFeeder feeder(
-        c.ds, device, &pinned, [&](int64_t s) { return c.batch_of(s); }, 0, c.kSteps);
+        c.ds, device, &pinned, [&](int64_t s) { return c.batch_of(s); }, 0, c.kSteps, prefetch);
     REQUIRE(gpu.queue != nullptr);
     const Batch* previous = nullptr;
     for (int64_t s = 0; s < c.kSteps; ++s) {
