@@ -6,7 +6,7 @@ namespace mix::amp {
 
 AmpLists AmpLists::defaults() {
   AmpLists l;
-  l.white = {"conv2d", "matmul", "mul"};
+  l.white = {"conv2d", "matmul", "mul", "fused_attention"};
   l.black = {"exp",  "square", "log", "mean", "sum", "softmax", "softmax_with_cross_entropy",
              "sigmoid_cross_entropy_with_logits", "cross_entropy", "lookup_table"};
   l.gray = {"elementwise_add", "elementwise_sub", "elementwise_mul", "elementwise_div", "elementwise_max",

@@ -115,6 +115,10 @@ std::vector<std::pair<std::string, std::string>> TrainConfig::fingerprint_fields
           {"vocab", is_language_model() ? num(vocab) : "-"},
           {"tie-weights", tie_weights ? "on" : "off"},
           {"dropout", num(dropout)},
+          {"fused-attention", !is_language_model() ? "-"
+                              : !fused_attention   ? "off"
+                              : dropout > 0        ? "off (--dropout)"
+                                                   : "on"},
           {"data", name(data, kDataSetNames)},
           {"token-dtype", token_dtype ? name(*token_dtype, data::kTokenDTypeNames) : "-"},
           {"device", name(device, kDeviceKindNames)},
@@ -282,6 +286,9 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
       ->check(CLI::Range(2, 1 << 24));
   app.add_flag("--tie-weights", c.tie_weights, "transformer: the output layer reuses the token embedding");
   app.add_option("--dropout", c.dropout, "transformer: dropout probability (0: none)")->check(number_in(0.0, 0.99));
+  app.add_flag("!--no-fused-attention", c.fused_attention,
+               "transformer: attention as matmul, causal softmax and matmul, storing the [tokens, tokens] "
+               "probabilities (the reference), instead of one fused_attention op; --dropout above 0 implies it");
 
   app.option_defaults()->group("Data");
   std::optional<DataSet> data;  // the model's default data set unless given
@@ -336,7 +343,7 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
              "fp32; amp: the white-list ops in FP16, FP32 master weights, dynamic loss scaling; bf16: the same "
              "lists in BF16, no loss scaling unless --loss-scaling asks for it");
   add_list("--amp-white-list", c.amp_white_list,
-           "amp: ops to run in FP16 besides the white list's (conv2d, matmul, mul), comma separated")
+           "amp: ops to run in FP16 besides the white list's (conv2d, matmul, mul, fused_attention), comma separated")
       ->default_str("");
   add_list("--amp-black-list", c.amp_black_list,
            "amp: ops to keep in FP32 besides the black list's (softmax, mean, lookup_table, ...), comma separated")
@@ -599,7 +606,8 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
     return bad("--image-size, --width and --blocks are for the ResNet models (--model " + c.model + ")");
   // Flags of another model, optimizer or data set would do nothing here,
   // silently (a --dropout on the MLP, a --momentum under adamw).
-  for (const char* flag : {"--layers", "--d-model", "--heads", "--context", "--vocab", "--tie-weights", "--dropout"})
+  for (const char* flag : {"--layers", "--d-model", "--heads", "--context", "--vocab", "--tie-weights", "--dropout",
+                           "--no-fused-attention"})
     if (!c.is_language_model() && given(flag))
       return bad(std::string(flag) + " is for --model transformer; --model " + c.model + " has no such setting");
   if (c.model != "mlp" && given("--hidden"))

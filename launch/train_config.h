@@ -79,6 +79,8 @@ struct TrainConfig {
   int64_t vocab = 256;
   bool tie_weights = false;
   double dropout = 0.0;
+  /// Attention as one fused_attention op (models::TransformerConfig::fused_attention; --no-fused-attention: off).
+  bool fused_attention = true;
   bool is_language_model() const { return model == "transformer"; }
   /// JPEGs read from disk (an image folder or tar shards), decoded and transformed a batch at a time.
   bool is_image_data() const { return data == DataSet::image_folder || data == DataSet::image_shards; }

@@ -118,6 +118,7 @@ models::Model build_model(const TrainConfig& c, const data::Dataset& train) {
     tc.tie_weights = c.tie_weights;
     tc.dropout = c.dropout;
     tc.seed = c.seed;
+    tc.fused_attention = c.fused_attention;
     MIX_CHECK(train.num_classes <= c.vocab, "the data has " << train.num_classes << " token values but --vocab is "
                                                             << c.vocab << "; raise --vocab");
     return models::build_transformer(tc, c.model);

@@ -74,6 +74,13 @@ struct TransformerConfig {
   bool tie_weights = false;  // the output layer reuses transformer.wte.weight (no lm_head.weight)
   double dropout = 0.0;  // after the embeddings, the attention probabilities and each residual branch
   uint64_t seed = 1;     // dropout masks: (seed, step, rank, op)
+  /// Attention as one fused_attention op (runtime/ops/fused_attention.cc), which
+  /// never stores the [tokens, tokens] probabilities; false (--no-fused-attention):
+  /// matmul, causal softmax, dropout, matmul, the reference.
+  bool fused_attention = true;
+  /// Whether the blocks use fused_attention: asked for, and no dropout, which
+  /// the fused op does not apply to its probabilities.
+  bool uses_fused_attention() const { return fused_attention && dropout == 0; }
 };
 Model build_transformer(const TransformerConfig& c, const std::string& name = "transformer");
 

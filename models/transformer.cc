@@ -13,11 +13,15 @@
 //   transformer.ln_f.{weight,bias}                    [d]
 //   lm_head.weight                    [vocab, d]      absent with weight tying (wte is used)
 //
-// Pre-norm blocks: h += attn(ln_1(h)); h += mlp(ln_2(h)). Attention is built
-// from ops the AMP lists know: the q.k^T and att.v products are `matmul`
-// (white: FP16 on tensor cores), the causal softmax is `softmax` with attr
-// causal (black: FP32, or FP16 with --amp-white-list softmax), so the AMP pass
-// needs no attention-specific rule.
+// Pre-norm blocks: h += attn(ln_1(h)); h += mlp(ln_2(h)). Attention is one
+// `fused_attention` op on the heads [B, heads, T, hd] (white: FP16/BF16 inputs,
+// FP32 softmax statistics), which never stores the [B, heads, T, T]
+// probabilities. With --no-fused-attention, or with dropout (which the fused op
+// does not apply to its probabilities), it is built from ops the AMP lists
+// know: the q.k^T and att.v products are `matmul` (white: FP16 on tensor
+// cores), the causal softmax is `softmax` with attr causal (black: FP32, or
+// FP16 with --amp-white-list softmax). Either way the AMP pass needs no
+// attention-specific rule, and both compute the same values up to rounding.
 //
 // Init as nanoGPT: every weight N(0, 0.02), the two residual projections
 // (attn.c_proj, mlp.c_proj) N(0, 0.02 / sqrt(2 layers)), biases 0, layer-norm
@@ -101,14 +105,21 @@ class TransformerBuilder {
                                       {{"shape", std::vector<int64_t>{0, 0, heads, hd}}});
       heads_of[i] = unary("transpose2", split, parts[i] + ".bhtd", {{"axis", std::vector<int64_t>{0, 2, 1, 3}}});
     }
-    // scores [B, heads, T, T] = q k^T / sqrt(hd)
-    const std::string scores = p_.unique_name(prefix + ".scores");
-    p_.append_op(make_op("matmul", {{"X", {heads_of[0]}}, {"Y", {heads_of[1]}}}, {{"Out", {scores}}},
-                         {{"transpose_Y", true}, {"alpha", 1.0 / std::sqrt(static_cast<double>(hd))}}));
-    std::string att = unary("softmax", scores, prefix + ".att", {{"axis", int64_t{-1}}, {"causal", true}});
-    att = dropout(att, prefix + ".att");
+    const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
     const std::string ctx = p_.unique_name(prefix + ".context");  // [B, heads, T, hd]
-    p_.append_op(make_op("matmul", {{"X", {att}}, {"Y", {heads_of[2]}}}, {{"Out", {ctx}}}));
+    if (c_.uses_fused_attention()) {
+      p_.append_op(make_op("fused_attention", {{"Q", {heads_of[0]}}, {"K", {heads_of[1]}}, {"V", {heads_of[2]}}},
+                           {{"Out", {ctx}}, {"LSE", {p_.unique_name(prefix + ".lse")}}},
+                           {{"scale", scale}, {"causal", true}}));
+    } else {
+      // scores [B, heads, T, T] = q k^T / sqrt(hd)
+      const std::string scores = p_.unique_name(prefix + ".scores");
+      p_.append_op(make_op("matmul", {{"X", {heads_of[0]}}, {"Y", {heads_of[1]}}}, {{"Out", {scores}}},
+                           {{"transpose_Y", true}, {"alpha", scale}}));
+      std::string att = unary("softmax", scores, prefix + ".att", {{"axis", int64_t{-1}}, {"causal", true}});
+      att = dropout(att, prefix + ".att");
+      p_.append_op(make_op("matmul", {{"X", {att}}, {"Y", {heads_of[2]}}}, {{"Out", {ctx}}}));
+    }
     const std::string merged = unary("transpose2", ctx, prefix + ".context_bthd",
                                      {{"axis", std::vector<int64_t>{0, 2, 1, 3}}});
     const std::string flat = unary("reshape2", merged, prefix + ".context_btd",

@@ -395,6 +395,10 @@ train_transformer amp transformer_amp_nofold --no-fold-casts; tf_nofold_rc=$?
 # gradient recomputes the softmax"): this run stores it, as Paddle does.
 echo "gpu_check: Transformer AMP with --store-softmax (log: $out/transformer_amp_stored.log)"
 train_transformer amp transformer_amp_stored --store-softmax; tf_stored_rc=$?
+# And what one fused_attention op is worth against the matmul, causal softmax,
+# matmul it replaces (docs/models.md, "Attention"): this run builds the latter.
+echo "gpu_check: Transformer AMP with --no-fused-attention (log: $out/transformer_amp_unfused.log)"
+train_transformer amp transformer_amp_unfused --no-fused-attention; tf_unfused_rc=$?
 # Where an AMP step's time goes: the same AMP runs again, each op timed on the
 # GPU (MIX_PROFILE_OPS: an event on the compute stream after each op, read
 # after the step). Separate runs, because the profile's own per-op cost would
@@ -434,6 +438,7 @@ memcheck() {  # test binary name: "N errors (exit RC)" and the log memcheck_NAME
 echo "gpu_check: compute-sanitizer memcheck over the kernel tests, in the time left (logs: $out/memcheck_*.log)"
 mc_ops=$(memcheck test_cuda_ops); mc_ops_ok=$?
 mc_tf=$(memcheck test_cuda_transformer_ops); mc_tf_ok=$?
+mc_att=$(memcheck test_cuda_fused_attention); mc_att_ok=$?
 rs_ov_ms=$(summary_field "$out/resnet_small_overlap.jsonl" step_ms)
 rs_no_ms=$(summary_field "$out/resnet_small_no_overlap.jsonl" step_ms)
 rs_ratio=$(ratio_of "$rs_ov_ms" "$rs_no_ms")
@@ -503,6 +508,8 @@ tf_nofold_tps=$(summary_field "$out/transformer_amp_nofold.jsonl" tokens_per_s_o
 tf_nofold_peak=$(summary_field "$out/transformer_amp_nofold.jsonl" peak_bytes)
 tf_stored_tps=$(summary_field "$out/transformer_amp_stored.jsonl" tokens_per_s_overall)
 tf_stored_peak=$(summary_field "$out/transformer_amp_stored.jsonl" peak_bytes)
+tf_unfused_tps=$(summary_field "$out/transformer_amp_unfused.jsonl" tokens_per_s_overall)
+tf_unfused_peak=$(summary_field "$out/transformer_amp_unfused.jsonl" peak_bytes)
 tf_fp32_peak=$(summary_field "$out/transformer_fp32.jsonl" peak_bytes)
 tf_amp_peak=$(summary_field "$out/transformer_amp.jsonl" peak_bytes)
 tf_ratio=$(ratio_of "$tf_fp32_tps" "$tf_amp_tps")
@@ -571,6 +578,8 @@ secs=$(( $(date +%s) - t0 ))
     "$tf_nofold_peak"
   printf "  %-36s %s (exit %s), peak bytes %s\n" "Transformer AMP store-softmax tok/s" "$tf_stored_tps" "$tf_stored_rc" \
     "$tf_stored_peak"
+  printf "  %-36s %s (exit %s), peak bytes %s\n" "Transformer AMP unfused attn tok/s" "$tf_unfused_tps" \
+    "$tf_unfused_rc" "$tf_unfused_peak"
   printf "  %-36s %s / %s\n" "Transformer peak bytes FP32 / AMP" "$tf_fp32_peak" "$tf_amp_peak"
   printf "  %-36s %s\n" "Transformer AMP host queue / step ms" "$tf_amp_queue"
   printf "  %-36s %s (exit %s), queue / step ms %s%s\n" "Transformer AMP, cuda graph tok/s" "$tf_amp_cg_tps" \
@@ -582,6 +591,7 @@ secs=$(( $(date +%s) - t0 ))
   printf "  %-36s %s\n" "AMP loss scale stuck at the minimum" "$stuck"
   printf "  %-36s %s\n" "memcheck test_cuda_ops" "$mc_ops"
   printf "  %-36s %s\n" "memcheck test_cuda_transformer_ops" "$mc_tf"
+  printf "  %-36s %s\n" "memcheck test_cuda_fused_attention" "$mc_att"
   echo "  ResNet-50 AMP NHWC, GPU time by op type, top 10 (exit $r50_prof_rc):"
   top_ops "$out/resnet50_amp_profile.log" 10
   echo "  ResNet-50 AMP NHWC, host time to queue by op type, top 10 (exit $r50_host_prof_rc):"
@@ -600,5 +610,5 @@ secs=$(( $(date +%s) - t0 ))
   [ $r50_b256_legacy_rc -eq 0 ] && [ $r50_fp32_cg_rc -eq 0 ] && [ $r50_amp_cg_rc -eq 0 ] && [ $r50_amp_cg_legacy_rc -eq 0 ] &&
   [ $r50_fp32_g11_rc -eq 0 ] && [ $r50_amp_g11_rc -eq 0 ] && [ $r50_amp_g11_legacy_rc -eq 0 ] && [ $r50_b256_g11_rc -eq 0 ] &&
   [ $cg_flag_rc -eq 0 ] &&
-  [ $tf_fp32_rc -eq 0 ] && [ $tf_amp_rc -eq 0 ] && [ $tf_amp_cg_rc -eq 0 ] && [ $tf_nofold_rc -eq 0 ] && [ $tf_stored_rc -eq 0 ] && [ $rs_ov_rc -eq 0 ] && [ $rs_no_rc -eq 0 ] && [ $bench_rc -eq 0 ] &&
-  [ $stuck_ok -eq 0 ] && [ $mc_ops_ok -eq 0 ] && [ $mc_tf_ok -eq 0 ]
+  [ $tf_fp32_rc -eq 0 ] && [ $tf_amp_rc -eq 0 ] && [ $tf_amp_cg_rc -eq 0 ] && [ $tf_nofold_rc -eq 0 ] && [ $tf_stored_rc -eq 0 ] && [ $tf_unfused_rc -eq 0 ] && [ $rs_ov_rc -eq 0 ] && [ $rs_no_rc -eq 0 ] && [ $bench_rc -eq 0 ] &&
+  [ $stuck_ok -eq 0 ] && [ $mc_ops_ok -eq 0 ] && [ $mc_tf_ok -eq 0 ] && [ $mc_att_ok -eq 0 ]

@@ -15,8 +15,10 @@
   3. --inject-overflow 4:1: every rank skips step 4 and only step 4;
   4. --steps 0 --save writes nanoGPT's state_dict names, and --tie-weights drops
      lm_head.weight;
-  5. the precision lists: by default the causal softmax is FP32 (black list) between
-     FP16 matmuls; --amp-white-list softmax runs it in FP16 with no casts around it;
+  5. the precision lists: by default attention is one fused_attention op (white list:
+     FP16 in and out, FP32 statistics) and no [T, T] tensor is declared; with
+     --no-fused-attention the causal softmax is FP32 (black list) between FP16
+     matmuls, and --amp-white-list softmax runs it in FP16 with no casts around it;
      the loss stores no softmax by default (RowStats; runtime/passes/recompute_softmax.h)
      and does with --store-softmax, and the two write the same checkpoint;
   6. a --data-dir of the user's own text trains and evaluates; bad input: a
@@ -113,12 +115,19 @@ def main():
                     f"std {np.std(t['transformer.wte.weight']):.4f}")
 
     # ---- 5: where the attention softmax runs ---------------------------------------------------------
+    r = mt.mixtrain([*TINY, "--data", "synthetic", "--print-program"])
+    lines = [l for l in r.stdout.splitlines() if re.search(r"= fused_attention\(", l)]
+    c.check(r.rc == 0 and len(lines) == 2 and all(".context:f16[?, 4, 32, 8]" in l and ".lse:f32[?, 4, 32]" in l
+                                                  and "causal=true" in l for l in lines),
+            "by default: one fused_attention a layer, FP16 output, FP32 LSE", "; ".join(lines)[:400])
+    c.check(r.rc == 0 and not re.search(r"\[\?, 4, 32, 32\]", r.stdout) and " softmax(" not in r.stdout,
+            "by default: no [T, T] scores or probabilities, no attention softmax", "")
     for extra, dtype, want_input, what in (
             ([], "f32", "scores)", "default lists: the causal softmax runs in FP32, reading the FP16 scores "
                                    "(out_dtype f32, no cast)"),
             (["--no-fold-casts"], "f32", "scores.cast_fp32)", "--no-fold-casts: FP32 on a cast of the FP16 scores"),
             (["--amp-white-list", "softmax"], "f16", "scores)", "--amp-white-list softmax: FP16, no cast")):
-        r = mt.mixtrain([*TINY, "--data", "synthetic", "--print-program", *extra])
+        r = mt.mixtrain([*TINY, "--data", "synthetic", "--print-program", "--no-fused-attention", *extra])
         lines = [l for l in r.stdout.splitlines() if re.search(r"= softmax\(", l)]
         folded = not extra
         c.check(r.rc == 0 and len(lines) == 2 and all(f".att:{dtype}[" in l and want_input in l and "causal=true" in l

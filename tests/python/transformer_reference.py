@@ -3,7 +3,7 @@
 tests/unit/test_transformer_parity.cc.
 
     /usr/bin/python3 tests/python/transformer_reference.py OUT.safetensors [--layers 2] [--d-model 32]
-        [--heads 4] [--context 16] [--vocab 64] [--batch 3] [--seed 0] [--tie-weights]
+        [--heads 4] [--context 16] [--vocab 64] [--batch 3] [--seed 0] [--tie-weights] [--sdpa]
 
 Builds, from torch.nn modules, nanoGPT's decoder-only LM (token and position embeddings,
 pre-norm blocks h += attn(ln_1(h)); h += mlp(ln_2(h)) with causal multi-head self-attention
@@ -11,7 +11,10 @@ written out as q.k^T / sqrt(hd), a lower-triangular mask, softmax and att.v, an 
 c_fc -> exact GELU -> c_proj, a final ln_f and a bias-free lm_head), with nanoGPT's module
 names so that the state_dict names are mixtrain's (models/transformer.cc). No dropout.
 --tie-weights computes the logits with transformer.wte.weight and has no lm_head (the
-state_dict then holds the shared matrix once, as transformer.wte.weight). Initialisation as
+state_dict then holds the shared matrix once, as transformer.wte.weight). --sdpa computes the
+attention with PyTorch's fused scaled_dot_product_attention (is_causal=True) instead, as
+nanoGPT does where torch has it (the private _scaled_dot_product_attention of torch 1.13,
+Debian's, else the public one). Initialisation as
 nanoGPT's: Linear and Embedding weights N(0, 0.02), the residual projections (c_proj)
 N(0, 0.02 / sqrt(2 layers)), biases 0, LayerNorm weight 1 and bias 0. Writes (via
 tests/python/safetensors_io.py):
@@ -24,7 +27,7 @@ tests/python/safetensors_io.py):
                             the same in float64 from the same float32 values, rounded to float32
 
 with the configuration in the metadata (layers, d_model, heads, context, vocab, batch,
-tie_weights). Deterministic: seeded, torch.set_num_threads(2),
+tie_weights, attention). Deterministic: seeded, torch.set_num_threads(2),
 torch.use_deterministic_algorithms(True).
 """
 import argparse
@@ -41,10 +44,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import safetensors_io  # noqa: E402
 
 
+def scaled_dot_product_attention(q, k, v):
+    """softmax(q k^T / sqrt(hd), causal) v through PyTorch's fused op."""
+    if hasattr(F, "scaled_dot_product_attention"):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return F._scaled_dot_product_attention(q, k, v, is_causal=True)[0]
+
+
 class CausalSelfAttention(nn.Module):
-    def __init__(self, d, heads, context):
+    def __init__(self, d, heads, context, sdpa):
         super().__init__()
         self.heads = heads
+        self.sdpa = sdpa
         self.c_attn = nn.Linear(d, 3 * d)
         self.c_proj = nn.Linear(d, d)
         # Not part of the state_dict (mixtrain's softmax applies the mask itself).
@@ -55,10 +66,14 @@ class CausalSelfAttention(nn.Module):
         hd = d // self.heads
         q, k, v = self.c_attn(x).split(d, dim=2)
         q, k, v = (t.view(B, T, self.heads, hd).transpose(1, 2) for t in (q, k, v))  # [B, heads, T, hd]
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
-        att = att.masked_fill(~self.mask[:T, :T], float("-inf"))
-        att = F.softmax(att, dim=-1)
-        y = (att @ v).transpose(1, 2).contiguous().view(B, T, d)
+        if self.sdpa:
+            y = scaled_dot_product_attention(q, k, v)
+        else:
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
+            att = att.masked_fill(~self.mask[:T, :T], float("-inf"))
+            att = F.softmax(att, dim=-1)
+            y = att @ v
+        y = y.transpose(1, 2).contiguous().view(B, T, d)
         return self.c_proj(y)
 
 
@@ -74,10 +89,10 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, d, heads, context):
+    def __init__(self, d, heads, context, sdpa):
         super().__init__()
         self.ln_1 = nn.LayerNorm(d)
-        self.attn = CausalSelfAttention(d, heads, context)
+        self.attn = CausalSelfAttention(d, heads, context, sdpa)
         self.ln_2 = nn.LayerNorm(d)
         self.mlp = MLP(d)
 
@@ -87,12 +102,12 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, layers, d, heads, context, vocab, tie_weights):
+    def __init__(self, layers, d, heads, context, vocab, tie_weights, sdpa=False):
         super().__init__()
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(vocab, d),
             wpe=nn.Embedding(context, d),
-            h=nn.ModuleList([Block(d, heads, context) for _ in range(layers)]),
+            h=nn.ModuleList([Block(d, heads, context, sdpa) for _ in range(layers)]),
             ln_f=nn.LayerNorm(d),
         ))
         self.lm_head = None if tie_weights else nn.Linear(d, vocab, bias=False)
@@ -135,12 +150,13 @@ def main():
     ap.add_argument("--batch", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tie-weights", action="store_true")
+    ap.add_argument("--sdpa", action="store_true", help="attention through scaled_dot_product_attention")
     a = ap.parse_args()
 
     torch.set_num_threads(2)
     torch.use_deterministic_algorithms(True)
     torch.manual_seed(a.seed)
-    args = (a.layers, a.d_model, a.heads, a.context, a.vocab, a.tie_weights)
+    args = (a.layers, a.d_model, a.heads, a.context, a.vocab, a.tie_weights, a.sdpa)
     model = GPT(*args).float()
     init = {k: v.detach().clone() for k, v in model.state_dict().items()}
     x = torch.randint(0, a.vocab, (a.batch, a.context))
@@ -165,6 +181,7 @@ def main():
 
     meta = {"layers": str(a.layers), "d_model": str(a.d_model), "heads": str(a.heads), "context": str(a.context),
             "vocab": str(a.vocab), "batch": str(a.batch), "tie_weights": str(int(a.tie_weights)),
+            "attention": "sdpa" if a.sdpa else "explicit",
             "torch": torch.__version__}
     safetensors_io.save(a.out, out, metadata=meta)
     return 0

@@ -162,8 +162,27 @@ TEST_CASE("unlisted ops run in FP32", "[amp]") {
   CHECK(producer_of(m.program, "fc2.mul").in("X") == "fc1.relu.cast_fp16");
 }
 
-TEST_CASE("the Transformer under the default lists: FP32 embeddings and softmax, FP16 matmuls", "[amp]") {
+TEST_CASE("the Transformer's fused_attention under the default lists: FP16 inputs and output, FP32 statistics",
+          "[amp]") {
   const models::TransformerConfig tc{.layers = 1, .d_model = 16, .heads = 2, .context = 8, .vocab = 32};
+  models::Model m = models::build_transformer(tc);
+  amp::rewrite(m.program, amp::AmpLists::defaults());
+  const Program& p = m.program;
+  const OpDesc& att = producer_of(p, "transformer.h.0.attn.context");
+  REQUIRE(att.type == "fused_attention");
+  // White: its heads come from the FP16 c_attn matmul through gray ops, so no cast is needed.
+  for (const char* slot : {"Q", "K", "V"}) {
+    CHECK(p.var(att.in(slot)).dtype == DType::f16);
+    CHECK(producer_of(p, att.in(slot)).type == "transpose2");
+  }
+  CHECK(p.var(att.out("Out")).dtype == DType::f16);
+  CHECK(p.var(att.out("LSE")).dtype == DType::f32);
+  CHECK_FALSE(p.has_var("transformer.h.0.attn.scores"));
+}
+
+TEST_CASE("the unfused Transformer under the default lists: FP32 embeddings and softmax, FP16 matmuls", "[amp]") {
+  const models::TransformerConfig tc{
+      .layers = 1, .d_model = 16, .heads = 2, .context = 8, .vocab = 32, .fused_attention = false};
   {
     models::Model m = models::build_transformer(tc);
     amp::rewrite(m.program, amp::AmpLists::defaults());

@@ -197,6 +197,33 @@ TEST_CASE("convolutions run on cuDNN's graph API unless asked otherwise", "[trai
   CHECK(on.config.cudnn_graph_conv);
 }
 
+TEST_CASE("the transformer's attention is fused unless --no-fused-attention or --dropout", "[train_config]") {
+  auto fused_field = [](const TrainConfig& c) {
+    for (const auto& [name, value] : c.fingerprint_fields())
+      if (name == "fused-attention") return value;
+    return std::string("absent");
+  };
+  const Parsed defaults = parse({"--model", "transformer"});
+  REQUIRE_FALSE(defaults.stop);
+  CHECK(defaults.config.fused_attention);
+  CHECK(fused_field(defaults.config) == "on");  // every rank must build the same attention
+
+  const Parsed off = parse({"--model", "transformer", "--no-fused-attention"});
+  REQUIRE_FALSE(off.stop);
+  CHECK_FALSE(off.config.fused_attention);
+  CHECK(fused_field(off.config) == "off");
+
+  // The fused op has no dropout on its probabilities: --dropout keeps the unfused ops.
+  const Parsed dropout = parse({"--model", "transformer", "--dropout", "0.1"});
+  REQUIRE_FALSE(dropout.stop);
+  CHECK(fused_field(dropout.config) == "off (--dropout)");
+
+  const Parsed mlp = parse({"--model", "mlp", "--no-fused-attention"});
+  REQUIRE(mlp.stop);
+  CHECK(*mlp.stop == 2);
+  CHECK_THAT(mlp.err, Contains("--no-fused-attention is for --model transformer"));
+}
+
 TEST_CASE("--cudnn-benchmark runs the legacy calls, whose algorithms it times", "[train_config]") {
   const Parsed bench = parse({"--cudnn-benchmark"});
   REQUIRE_FALSE(bench.stop);

@@ -6,9 +6,12 @@
 // /usr/bin/python3; tolerances and the comparison in tests/unit/parity.h). Two
 // 2-layer models: one with its own lm_head, one with tied embedding and output
 // weights (the tied wte's gradient is the sum of the lookup's and the output
-// layer's). No dropout. AMP: the loss and the master gradients within FP16
-// tolerance of torch's FP32. And the state_dict names and shapes of the default
-// configuration.
+// layer's). No dropout. Each check runs our model twice: with its
+// fused_attention op (the default) and with the unfused matmul, softmax, matmul
+// (--no-fused-attention); the fused model is also checked against a reference
+// whose attention is torch's scaled_dot_product_attention. AMP: the loss and
+// the master gradients within FP16 tolerance of torch's FP32. And the
+// state_dict names and shapes of the default configuration.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -39,6 +42,12 @@ const Net kUntied{"2-layer Transformer with lm_head",
                   "--layers 2 --d-model 32 --heads 4 --context 16 --vocab 64 --batch 3 --seed 0"};
 const Net kTied{"2-layer Transformer with tied embedding and output weights",
                 "--layers 2 --d-model 32 --heads 4 --context 16 --vocab 64 --batch 3 --seed 1 --tie-weights"};
+const Net kSdpa{"2-layer Transformer with lm_head, torch's attention through scaled_dot_product_attention",
+                "--layers 2 --d-model 32 --heads 4 --context 16 --vocab 64 --batch 3 --seed 2 --sdpa"};
+
+// The two ways the model builds its attention.
+enum class Attention { fused, unfused };
+const char* attention_name(Attention a) { return a == Attention::fused ? "fused_attention" : "--no-fused-attention"; }
 
 const io::SafetensorsFile& reference(const Net& net) {
   return mix::testing::cached_reference("transformer_reference.py", net.args);
@@ -61,7 +70,7 @@ struct Run {
   launch::TrainProgram train;
   Scope scope;
 
-  Run(const io::SafetensorsFile& ref, bool amp) {
+  Run(const io::SafetensorsFile& ref, bool amp, Attention attention) {
     auto meta = [&](const char* k) { return ref.metadata.at(k); };
     models::TransformerConfig c;
     c.layers = std::stoll(meta("layers"));
@@ -71,6 +80,7 @@ struct Run {
     c.vocab = std::stoll(meta("vocab"));
     c.tie_weights = meta("tie_weights") == "1";
     c.dropout = 0;
+    c.fused_attention = attention == Attention::fused;
     model = models::build_transformer(c, "transformer");
     launch::TrainProgramOptions o;  // AMP's defaults: Paddle lists, dynamic scale 32768, FP16
     o.precision = amp ? mix::amp::Precision::amp : mix::amp::Precision::fp32;
@@ -143,10 +153,10 @@ constexpr Tol kAmpLossTol{1e-4, 0, 1e-5};
 // tied wte gets two), each off by O(|g|). Observed: 0.16 (worst ~1.6 u16 of max|g|).
 constexpr Tol kAmpGradTol{1e-7, 5e-3, 5e-3};
 
-void check_fp32_parity(const Net& net) {
-  INFO(net.label);
+void check_fp32_parity(const Net& net, Attention attention) {
+  INFO(net.label << ", " << attention_name(attention));
   const io::SafetensorsFile& ref = reference(net);
-  Run run(ref, false);
+  Run run(ref, false, attention);
   const float loss = run.step(ref);
   check_close("loss vs torch", scalar(loss), get(ref, "loss"), kLossTol);
   check_close("loss vs float64", scalar(loss), get(ref, "loss64"), kLossTol);
@@ -164,11 +174,17 @@ void check_fp32_parity(const Net& net) {
 }  // namespace
 
 TEST_CASE("Transformer parity with PyTorch: 2 layers with lm_head, FP32", "[transformer][parity]") {
-  check_fp32_parity(kUntied);
+  for (Attention a : {Attention::fused, Attention::unfused}) check_fp32_parity(kUntied, a);
+}
+
+TEST_CASE("Transformer parity with PyTorch's scaled_dot_product_attention: fused_attention, FP32",
+          "[transformer][parity][fused_attention]") {
+  REQUIRE(reference(kSdpa).metadata.at("attention") == "sdpa");
+  check_fp32_parity(kSdpa, Attention::fused);
 }
 
 TEST_CASE("Transformer parity with PyTorch: tied embedding and output weights, FP32", "[transformer][parity]") {
-  check_fp32_parity(kTied);
+  for (Attention a : {Attention::fused, Attention::unfused}) check_fp32_parity(kTied, a);
   // The tied model has no lm_head: the one matrix gets both gradients.
   const io::SafetensorsFile& ref = reference(kTied);
   CHECK(ref.find("init.lm_head.weight") == nullptr);
@@ -177,30 +193,66 @@ TEST_CASE("Transformer parity with PyTorch: tied embedding and output weights, F
 
 TEST_CASE("Transformer parity with PyTorch: AMP loss and master gradients within FP16 tolerance",
           "[transformer][parity][amp]") {
-  for (const Net* net : {&kUntied, &kTied}) {
-    INFO(net->label);
-    const io::SafetensorsFile& ref = reference(*net);
-    Run run(ref, true);
-    const float loss = run.step(ref);
-    REQUIRE(!run.train.found_inf.empty());
-    REQUIRE(run.scope.get(run.train.found_inf).item_float() == 0.f);  // no overflow: the step was not skipped
-    check_close("AMP loss vs torch FP32", scalar(loss), get(ref, "loss"), kAmpLossTol);
-    // The AMP program really ran in FP16: the output layer's matmul made FP16
-    // logits, and the loss is not bit-identical to the FP32 program's.
-    const Tensor& logits = run.scope.get(run.model.logits);
-    CHECK(logits.dtype() == DType::f16);
-    check_close("AMP logits vs torch FP32", logits, get(ref, "logits"), kAmpLogitTol);
-    Run fp32(ref, false);
-    const float fp32_loss = fp32.step(ref);
-    INFO("AMP loss " << loss << ", FP32 loss " << fp32_loss);
-    CHECK(loss != fp32_loss);
-    REQUIRE(run.train.param_grads.size() == run.model.program.parameters().size());
-    CHECK(static_cast<int>(run.train.param_grads.size()) == count_prefixed(ref, "grad."));
-    for (auto& [param, grad] : run.train.param_grads) {
-      const Tensor& g = run.scope.get(grad);
-      CHECK(g.dtype() == DType::f32);  // the master gradient, unscaled
-      check_close("AMP master gradient of " + param + " vs torch FP32", g, get(ref, "grad." + param), kAmpGradTol);
+  for (const Net* net : {&kUntied, &kTied})
+    for (Attention attention : {Attention::fused, Attention::unfused}) {
+      INFO(net->label << ", " << attention_name(attention));
+      const io::SafetensorsFile& ref = reference(*net);
+      Run run(ref, true, attention);
+      const float loss = run.step(ref);
+      REQUIRE(!run.train.found_inf.empty());
+      REQUIRE(run.scope.get(run.train.found_inf).item_float() == 0.f);  // no overflow: the step was not skipped
+      check_close("AMP loss vs torch FP32", scalar(loss), get(ref, "loss"), kAmpLossTol);
+      // The AMP program really ran in FP16: the output layer's matmul made FP16
+      // logits, and the loss is not bit-identical to the FP32 program's.
+      const Tensor& logits = run.scope.get(run.model.logits);
+      CHECK(logits.dtype() == DType::f16);
+      check_close("AMP logits vs torch FP32", logits, get(ref, "logits"), kAmpLogitTol);
+      Run fp32(ref, false, attention);
+      const float fp32_loss = fp32.step(ref);
+      INFO("AMP loss " << loss << ", FP32 loss " << fp32_loss);
+      CHECK(loss != fp32_loss);
+      REQUIRE(run.train.param_grads.size() == run.model.program.parameters().size());
+      CHECK(static_cast<int>(run.train.param_grads.size()) == count_prefixed(ref, "grad."));
+      for (auto& [param, grad] : run.train.param_grads) {
+        const Tensor& g = run.scope.get(grad);
+        CHECK(g.dtype() == DType::f32);  // the master gradient, unscaled
+        check_close("AMP master gradient of " + param + " vs torch FP32", g, get(ref, "grad." + param), kAmpGradTol);
+      }
     }
+}
+
+TEST_CASE("Transformer: a step with fused_attention and with --no-fused-attention gives the same loss",
+          "[transformer][fused_attention]") {
+  const io::SafetensorsFile& ref = reference(kUntied);
+  const int64_t context = std::stoll(ref.metadata.at("context"));
+  for (bool amp : {false, true}) {
+    INFO((amp ? "AMP" : "FP32"));
+    Run fused(ref, amp, Attention::fused), unfused(ref, amp, Attention::unfused);
+    const float fused_loss = fused.step(ref), unfused_loss = unfused.step(ref);
+    // FP32: the two differ only in the order of FP32 sums (SGEMM blocks
+    // against the fused op's tiles), ~1e-7 of the loss; 1e-6 relative is
+    // still far below a masking or scaling mistake (1e-3 or more). AMP: the
+    // unfused ops also round the scores and probabilities to FP16, which
+    // moves the loss by the AMP tolerance against torch at most (kAmpLossTol).
+    check_close("loss, fused_attention vs --no-fused-attention", scalar(fused_loss), scalar(unfused_loss),
+                amp ? kAmpLossTol : Tol{1e-7, 0, 1e-6});
+    REQUIRE(fused.train.param_grads.size() == unfused.train.param_grads.size());
+    for (size_t i = 0; i < fused.train.param_grads.size(); ++i) {
+      const auto& [param, grad] = fused.train.param_grads[i];
+      REQUIRE(unfused.train.param_grads[i].first == param);  // the same parameters, built in the same order
+      check_close("gradient of " + param + ", fused_attention vs --no-fused-attention", fused.scope.get(grad),
+                  unfused.scope.get(unfused.train.param_grads[i].second), amp ? kAmpGradTol : kGradTol);
+    }
+    // The fused program never declares a [.., T, T] tensor (the probabilities);
+    // the unfused one does, in each layer.
+    auto square_vars = [&](const Program& p) {
+      int n = 0;
+      for (const VarDesc& v : p.vars())
+        n += v.shape.size() >= 2 && v.shape[v.shape.size() - 1] == context && v.shape[v.shape.size() - 2] == context;
+      return n;
+    };
+    CHECK(square_vars(fused.model.program) == 0);
+    CHECK(square_vars(unfused.model.program) > 0);
   }
 }
 

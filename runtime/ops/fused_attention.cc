@@ -1,0 +1,219 @@
+// fused_attention: softmax(scale * Q K^T, causal mask) V in one op that never
+// stores the [tokens, tokens] probabilities, as PyTorch's
+// scaled_dot_product_attention and cuDNN's fused attention compute it.
+//   inputs  Q [..., T, D], K [..., S, D], V [..., S, D] (f32, f16 or bf16, one
+//           dtype; the leading dims are batch and heads, the Transformer's
+//           [B, heads, T, head_dim])
+//   outputs Out [..., T, D] (Q's dtype) and LSE [..., T] (f32): each query
+//           row's log(sum_j exp(s_ij)), all the backward needs of the softmax
+//   attrs   scale (default 1 / sqrt(D)), causal (default false: query i sees
+//           keys j <= i + (S - T), softmax's causal mask, fn::attention_visible_keys)
+// Grad (fused_attention_grad): inputs Q, K, V, Out, LSE, Out@GRAD; outputs
+// Q@GRAD, K@GRAD, V@GRAD (each only when wanted). It recomputes the
+// probabilities from Q, K and LSE (p = exp(s - lse)) a tile of queries at a
+// time; the math is in runtime/kernels/attention_row.h. fused_attention is
+// on the AMP white list: FP16/BF16 Q, K, V, FP32 statistics.
+//
+// Rounding points (the CPU twin below is the reference of the CUDA kernels,
+// runtime/ops/cuda/fused_attention.cu, which round at the same points):
+//  - Q, K, V, Out and Out@GRAD are read widened to FP32;
+//  - scores, their max, sum and log-sum-exp, the probabilities, dP and dS are
+//    FP32 and never stored in the tensors' dtype (the unfused composition
+//    rounds the scores and the probabilities to FP16 under AMP; this op does not);
+//  - Out, Q@GRAD, K@GRAD and V@GRAD accumulate in FP32 and are rounded to the
+//    input dtype once, on store; LSE is FP32.
+// The CPU twin holds one tile of kQueryTile query rows by their visible keys
+// at a time (its scores, then its probabilities) and runs its products as
+// SGEMMs; the CUDA kernels sum in another order (online softmax over key
+// tiles, per-thread dot products), so the two differ by FP32 roundings only.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "runtime/core/check.h"
+#include "runtime/core/float_convert.h"
+#include "runtime/ir/op_registry.h"
+#include "runtime/kernels/attention_row.h"
+#include "runtime/kernels/softmax_row.h"
+#include "runtime/ops/fused_attention_shapes.h"
+#include "runtime/ops/gemm.h"
+
+namespace mix {
+namespace {
+
+using attention_rules::AttentionDims;
+using attention_rules::dims_of;
+using attention_rules::lse_shape;
+
+// Query rows per tile of the CPU twin: its scores are kQueryTile x S floats.
+constexpr int64_t kQueryTile = 64;
+
+void infer_fused_attention(Program& p, OpDesc& op) {
+  const VarDesc& q = p.var(op.in("Q"));
+  const VarDesc& k = p.var(op.in("K"));
+  const VarDesc& v = p.var(op.in("V"));
+  attention_rules::check_shapes(op, q.shape, k.shape, v.shape);
+  MIX_CHECK(is_floating(q.dtype) && k.dtype == q.dtype && v.dtype == q.dtype,
+            "fused_attention: Q, K and V must be of one float dtype, got "
+                << dtype_name(q.dtype) << ", " << dtype_name(k.dtype) << ", " << dtype_name(v.dtype));
+  declare_var(p, op.out("Out"), q.shape, q.dtype);
+  if (!op.out_or_empty("LSE").empty()) declare_var(p, op.out("LSE"), lse_shape(q.shape), DType::f32);
+}
+
+// A tile of query rows [first, first + rows) of one (batch, head) group and
+// the keys any of them sees: [0, keys).
+struct QueryTile {
+  int64_t first, rows, keys;
+};
+QueryTile query_tile(const AttentionDims& a, int64_t first) {
+  const int64_t rows = std::min(kQueryTile, a.t_q - first);
+  return {first, rows, fn::attention_visible_keys(first + rows - 1, a.t_q, a.t_k, a.causal)};
+}
+
+// The tile's scores: s[r][j] = scale * q_r . k_j for its rows and keys (a
+// rows x keys FP32 buffer).
+void tile_scores(const AttentionDims& a, const QueryTile& t, const float* q, const float* k, std::vector<float>& s) {
+  s.resize(static_cast<size_t>(t.rows * t.keys));
+  cpu::sgemm(false, true, t.rows, t.keys, a.d, 1.f, q + t.first * a.d, k, 0.f, s.data());
+  for (float& x : s) x = fn::attention_score(x, a.scale);
+}
+
+void fused_attention_cpu(OpContext& ctx) {
+  const Tensor& q_t = ctx.in("Q");
+  const Tensor& k_t = ctx.in("K");
+  const Tensor& v_t = ctx.in("V");
+  const AttentionDims a = dims_of(ctx.op, q_t, k_t, v_t);
+  Tensor& out_t = ctx.out("Out", q_t.shape(), q_t.dtype());
+  std::vector<float> lse_tmp;
+  float* lse = nullptr;
+  if (ctx.wants("LSE")) {
+    lse = ctx.out("LSE", lse_shape(q_t.shape()), DType::f32).data<float>();
+  } else {
+    lse_tmp.resize(static_cast<size_t>(a.groups * a.t_q));
+    lse = lse_tmp.data();
+  }
+  // FP32 views: the tensors themselves when f32, else widened copies
+  // (cpu::sgemm takes no scratch of its own, so every slot is free here).
+  const float* q = cpu::as_f32(q_t, 0);
+  const float* k = cpu::as_f32(k_t, 1);
+  const float* v = cpu::as_f32(v_t, 2);
+  std::vector<float> out(static_cast<size_t>(out_t.numel()));
+  std::vector<float> s, acc, sum_exp;
+  for (int64_t g = 0; g < a.groups; ++g) {
+    const float* qg = q + g * a.t_q * a.d;
+    const float* kg = k + g * a.t_k * a.d;
+    const float* vg = v + g * a.t_k * a.d;
+    for (int64_t first = 0; first < a.t_q; first += kQueryTile) {
+      const QueryTile t = query_tile(a, first);
+      tile_scores(a, t, qg, kg, s);
+      // Each row's softmax statistics over its visible keys; s becomes
+      // exp(s - max) there and exactly 0 on the masked keys.
+      sum_exp.resize(static_cast<size_t>(t.rows));
+      for (int64_t r = 0; r < t.rows; ++r) {
+        float* row = s.data() + r * t.keys;
+        const int64_t n = fn::attention_visible_keys(t.first + r, a.t_q, a.t_k, a.causal);
+        const float max = fn::row_max(row, n);
+        const float sum = fn::row_sum_exp(row, n, max);
+        for (int64_t j = 0; j < n; ++j) row[j] = fn::exp_shifted(row[j], max);
+        std::fill(row + n, row + t.keys, 0.f);
+        sum_exp[static_cast<size_t>(r)] = sum;
+        lse[g * a.t_q + t.first + r] = fn::attention_log_sum_exp(max, sum);
+      }
+      acc.resize(static_cast<size_t>(t.rows * a.d));
+      cpu::sgemm(false, false, t.rows, a.d, t.keys, 1.f, s.data(), vg, 0.f, acc.data());
+      float* og = out.data() + (g * a.t_q + t.first) * a.d;
+      for (int64_t r = 0; r < t.rows; ++r)
+        for (int64_t c = 0; c < a.d; ++c)
+          og[r * a.d + c] =
+              fn::attention_output(acc[static_cast<size_t>(r * a.d + c)], sum_exp[static_cast<size_t>(r)]);
+    }
+  }
+  cpu::store_f32(out.data(), out_t);  // the one rounding of Out
+}
+
+void fused_attention_grad_cpu(OpContext& ctx) {
+  const Tensor& q_t = ctx.in("Q");
+  const Tensor& k_t = ctx.in("K");
+  const Tensor& v_t = ctx.in("V");
+  const Tensor& o_t = ctx.in("Out");
+  const Tensor& lse_t = ctx.in("LSE");
+  const Tensor& do_t = ctx.in("Out@GRAD");
+  const AttentionDims a = dims_of(ctx.op, q_t, k_t, v_t);
+  attention_rules::check_grad_inputs(ctx.op, q_t, o_t, lse_t, do_t);
+  const float* q = cpu::as_f32(q_t, 0);
+  const float* k = cpu::as_f32(k_t, 1);
+  const float* v = cpu::as_f32(v_t, 2);
+  const float* o = cpu::as_f32(o_t, 3);
+  const float* dout = cpu::as_f32(do_t, 4);
+  const float* lse = lse_t.data<float>();
+  // FP32 accumulators of the three gradients, rounded once on store.
+  std::vector<float> dq(static_cast<size_t>(q_t.numel())), dk(static_cast<size_t>(k_t.numel()), 0.f),
+      dv(static_cast<size_t>(v_t.numel()), 0.f);
+  std::vector<float> p, ds;
+  for (int64_t g = 0; g < a.groups; ++g) {
+    const float* qg = q + g * a.t_q * a.d;
+    const float* kg = k + g * a.t_k * a.d;
+    const float* vg = v + g * a.t_k * a.d;
+    const float* og = o + g * a.t_q * a.d;
+    const float* dog = dout + g * a.t_q * a.d;
+    const float* lseg = lse + g * a.t_q;
+    for (int64_t first = 0; first < a.t_q; first += kQueryTile) {
+      const QueryTile t = query_tile(a, first);
+      // P recomputed from the scores and the saved log-sum-exp; ds first holds dP = dO V^T.
+      tile_scores(a, t, qg, kg, p);
+      ds.resize(p.size());
+      cpu::sgemm(false, true, t.rows, t.keys, a.d, 1.f, dog + t.first * a.d, vg, 0.f, ds.data());
+      for (int64_t r = 0; r < t.rows; ++r) {
+        const int64_t i = t.first + r;
+        const int64_t n = fn::attention_visible_keys(i, a.t_q, a.t_k, a.causal);
+        float delta = 0.f;  // dO_i . O_i = sum_j p_ij dp_ij, from the stored Out
+        for (int64_t c = 0; c < a.d; ++c) delta += dog[i * a.d + c] * og[i * a.d + c];
+        const fn::SoftmaxGradElem grad{delta};
+        float* pr = p.data() + r * t.keys;
+        float* dsr = ds.data() + r * t.keys;
+        for (int64_t j = 0; j < n; ++j) {
+          pr[j] = fn::attention_prob(pr[j], lseg[i]);
+          dsr[j] = grad(pr[j], dsr[j]);
+        }
+        std::fill(pr + n, pr + t.keys, 0.f);
+        std::fill(dsr + n, dsr + t.keys, 0.f);
+      }
+      const float* q_tile = qg + t.first * a.d;
+      const float* do_tile = dog + t.first * a.d;
+      float* dvg = dv.data() + g * a.t_k * a.d;
+      float* dkg = dk.data() + g * a.t_k * a.d;
+      float* dq_tile = dq.data() + (g * a.t_q + t.first) * a.d;
+      cpu::sgemm(true, false, t.keys, a.d, t.rows, 1.f, p.data(), do_tile, 1.f, dvg);       // dV += P^T dO
+      cpu::sgemm(false, false, t.rows, a.d, t.keys, a.scale, ds.data(), kg, 0.f, dq_tile);  // dQ = scale dS K
+      cpu::sgemm(true, false, t.keys, a.d, t.rows, a.scale, ds.data(), q_tile, 1.f, dkg);   // dK += scale dS^T Q
+    }
+  }
+  if (ctx.wants("Q@GRAD")) cpu::store_f32(dq.data(), ctx.out("Q@GRAD", q_t.shape(), q_t.dtype()));
+  if (ctx.wants("K@GRAD")) cpu::store_f32(dk.data(), ctx.out("K@GRAD", k_t.shape(), k_t.dtype()));
+  if (ctx.wants("V@GRAD")) cpu::store_f32(dv.data(), ctx.out("V@GRAD", v_t.shape(), v_t.dtype()));
+}
+
+std::vector<OpDesc> fused_attention_grad_maker(const OpDesc& fwd, GradContext& g) {
+  const std::string dout = g.grad_of_output(fwd.out("Out"));
+  if (dout.empty()) return {};
+  std::map<std::string, std::vector<std::string>> outs;
+  for (const char* slot : {"Q", "K", "V"})
+    if (const std::string d = g.grad_for_input(fwd.in(slot)); !d.empty()) outs[std::string(slot) + "@GRAD"] = {d};
+  if (outs.empty()) return {};
+  MIX_CHECK(!fwd.out_or_empty("LSE").empty(),
+            "fused_attention: output LSE is needed for the gradient (of " << fwd.out("Out") << ")");
+  return {make_op("fused_attention_grad",
+                  {{"Q", {fwd.in("Q")}},
+                   {"K", {fwd.in("K")}},
+                   {"V", {fwd.in("V")}},
+                   {"Out", {fwd.out("Out")}},
+                   {"LSE", {fwd.out("LSE")}},
+                   {"Out@GRAD", {dout}}},
+                  outs, fwd.attrs)};
+}
+
+MIX_REGISTER_OP("fused_attention", OpInfo{infer_fused_attention, fused_attention_cpu, {}, fused_attention_grad_maker});
+MIX_REGISTER_OP("fused_attention_grad", OpInfo{{}, fused_attention_grad_cpu, {}, {}});
+
+}  // namespace
+}  // namespace mix

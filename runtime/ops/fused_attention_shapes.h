@@ -1,0 +1,86 @@
+#pragma once
+// fused_attention's shape rules, shared by its CPU kernels
+// (runtime/ops/fused_attention.cc) and its CUDA launchers
+// (runtime/ops/cuda/fused_attention.cu): Q [..., T, D], K and V [..., S, D]
+// with the same leading dims (batch and heads), LSE [..., T], and the attrs.
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "runtime/core/check.h"
+#include "runtime/core/tensor.h"
+#include "runtime/ir/program.h"
+
+namespace mix::attention_rules {
+
+/// The problem as the kernels see it: `groups` independent (batch, head)
+/// pairs, each t_q queries against t_k keys of d values.
+struct AttentionDims {
+  int64_t groups, t_q, t_k, d;
+  bool causal;
+  float scale;
+};
+
+inline std::string describe(const Shape& q, const Shape& k, const Shape& v) {
+  return "Q " + shape_str(q) + ", K " + shape_str(k) + ", V " + shape_str(v);
+}
+
+/// Q [..., T, D], K and V [..., S, D] with equal leading dims (a -1, unknown
+/// at build time, matches anything: the kernels check the real dims), and with
+/// causal T <= S, as softmax's causal mask asks (more queries than keys would
+/// leave the first queries with no key to attend to).
+inline void check_shapes(const OpDesc& op, const Shape& q, const Shape& k, const Shape& v) {
+  MIX_CHECK(q.size() >= 2 && k.size() == q.size() && v.size() == q.size(),
+            op.type << ": Q, K and V must be [..., tokens, head_dim] of one rank, got " << describe(q, k, v));
+  auto same = [](int64_t a, int64_t b) { return a < 0 || b < 0 || a == b; };
+  const size_t n = q.size();
+  for (size_t i = 0; i + 2 < n; ++i)
+    MIX_CHECK(same(q[i], k[i]) && same(q[i], v[i]),
+              op.type << ": Q, K and V must share their leading (batch, head) dims, got " << describe(q, k, v));
+  MIX_CHECK(same(k[n - 2], v[n - 2]), op.type << ": K and V must have as many tokens, got " << describe(q, k, v));
+  MIX_CHECK(q[n - 1] > 0 && q[n - 1] == k[n - 1] && q[n - 1] == v[n - 1],
+            op.type << ": Q, K and V must share a known head_dim (the last dim), got " << describe(q, k, v));
+  const int64_t t = q[n - 2], s = k[n - 2];
+  MIX_CHECK(!op.attr<bool>("causal", false) || t < 0 || s < 0 || t <= s,
+            op.type << ": causal needs no more queries than keys, but " << describe(q, k, v) << " has T = " << t
+                    << " > S = " << s << " (the first queries would see no key)");
+}
+
+/// Attr scale, the logits' factor; absent: 1 / sqrt(head_dim), as
+/// torch.nn.functional.scaled_dot_product_attention's default.
+inline float scale_of(const OpDesc& op, int64_t head_dim) {
+  if (op.has_attr("scale")) return static_cast<float>(op.attr<double>("scale", 0.0));
+  return static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
+}
+
+/// The kernels' view of Q, K and V (real shapes), after the checks.
+inline AttentionDims dims_of(const OpDesc& op, const Tensor& q, const Tensor& k, const Tensor& v) {
+  check_shapes(op, q.shape(), k.shape(), v.shape());
+  MIX_CHECK(q.dtype() == k.dtype() && q.dtype() == v.dtype() && is_floating(q.dtype()),
+            op.type << ": Q, K and V must be of one float dtype, got " << dtype_name(q.dtype()) << ", "
+                    << dtype_name(k.dtype()) << ", " << dtype_name(v.dtype()));
+  const Shape& s = q.shape();
+  const size_t n = s.size();
+  int64_t groups = 1;
+  for (size_t i = 0; i + 2 < n; ++i) groups *= s[i];
+  return {groups, s[n - 2], k.shape()[n - 2], s[n - 1], op.attr<bool>("causal", false), scale_of(op, s[n - 1])};
+}
+
+/// LSE's shape: Q's without its last dim (one statistic per query row).
+inline Shape lse_shape(const Shape& q) { return Shape(q.begin(), q.end() - 1); }
+
+/// The grad's extra inputs: Out and Out@GRAD as Q, LSE FP32 [..., T].
+inline void check_grad_inputs(const OpDesc& op, const Tensor& q, const Tensor& out, const Tensor& lse,
+                              const Tensor& dout) {
+  MIX_CHECK(
+      out.shape() == q.shape() && out.dtype() == q.dtype() && dout.shape() == q.shape() && dout.dtype() == q.dtype(),
+      op.type << ": Out " << dtype_name(out.dtype()) << shape_str(out.shape()) << " and Out@GRAD "
+              << dtype_name(dout.dtype()) << shape_str(dout.shape()) << " must match Q " << dtype_name(q.dtype())
+              << shape_str(q.shape()));
+  MIX_CHECK(lse.dtype() == DType::f32 && lse.shape() == lse_shape(q.shape()),
+            op.type << ": LSE must be f32" << shape_str(lse_shape(q.shape())) << ", got " << dtype_name(lse.dtype())
+                    << shape_str(lse.shape()));
+}
+
+}  // namespace mix::attention_rules

@@ -1,0 +1,146 @@
+#pragma once
+// What the CPU and CUDA tests of fused_attention share (test_fused_attention.cc,
+// test_cuda_fused_attention.cc): an attention problem, its random inputs
+// (exactly representable in the dtype under test, so every run reads the
+// same numbers), attention and its gradients computed here in double from
+// those values, and the comparison against it.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/core/tensor.h"
+#include "tests/unit/gradcheck.h"
+
+namespace mix::testing::attention {
+
+// One attention problem: Q [groups..., t, d], K and V [groups..., s, d].
+struct Problem {
+  Shape lead;  // batch and heads
+  int64_t t, s, d;
+  bool causal;
+  Shape q_shape() const { return with(t); }
+  Shape kv_shape() const { return with(s); }
+  Shape with(int64_t tokens) const {
+    Shape r = lead;
+    r.push_back(tokens);
+    r.push_back(d);
+    return r;
+  }
+  int64_t groups() const { return shape_numel(lead); }
+  double scale() const { return 1.0 / std::sqrt(static_cast<double>(d)); }
+  /// The FP32 error of a result relative to the size of its terms: each is a
+  /// sum over d products (a score, dP) feeding a sum over up to s keys or t
+  /// queries, plus a few roundings of the element steps (exp, log, the
+  /// division), at most u = 2^-24 of the terms each; 4x for the exp of two
+  /// libraries (glibc's and CUDA's differ by up to 2 ulps).
+  double f32_err() const { return 4 * 0x1p-24 * static_cast<double>(d + std::max(s, t) + 16); }
+  std::string describe() const {
+    return "lead " + shape_str(lead) + ", T " + std::to_string(t) + ", S " + std::to_string(s) + ", D " +
+           std::to_string(d) + (causal ? ", causal" : "");
+  }
+};
+
+// The inputs: values exactly representable in `dt` (so every run reads the same
+// numbers), dOut = R, the loss's projection.
+struct Inputs {
+  Tensor q, k, v, r;
+};
+inline Inputs make_inputs(const Problem& pb, DType dt, uint64_t seed) {
+  return {rounded_through(uniform_tensor(pb.q_shape(), seed, -2.f, 2.f), dt),
+          rounded_through(uniform_tensor(pb.kv_shape(), seed + 1, -2.f, 2.f), dt),
+          rounded_through(uniform_tensor(pb.kv_shape(), seed + 2), dt),
+          rounded_through(uniform_tensor(pb.q_shape(), seed + 3), dt)};
+}
+
+// Attention and its Q, K, V gradients in double, from the inputs' values.
+struct Reference {
+  std::vector<double> out, lse, dq, dk, dv;
+};
+inline Reference reference_attention(const Problem& pb, const Inputs& in) {
+  const std::vector<float> q = in.q.to_floats(), k = in.k.to_floats(), v = in.v.to_floats(), dout = in.r.to_floats();
+  const int64_t t = pb.t, s = pb.s, d = pb.d;
+  Reference ref;
+  ref.out.assign(q.size(), 0.0);
+  ref.dq.assign(q.size(), 0.0);
+  ref.lse.assign(static_cast<size_t>(pb.groups() * t), 0.0);
+  ref.dk.assign(k.size(), 0.0);
+  ref.dv.assign(v.size(), 0.0);
+  auto at = [d](int64_t g, int64_t tokens, int64_t row, int64_t c) {
+    return static_cast<size_t>((g * tokens + row) * d + c);
+  };
+  for (int64_t g = 0; g < pb.groups(); ++g) {
+    for (int64_t i = 0; i < t; ++i) {
+      const int64_t n = pb.causal ? i + (s - t) + 1 : s;
+      std::vector<double> score(static_cast<size_t>(n)), prob(static_cast<size_t>(n));
+      double max = -INFINITY;
+      for (int64_t j = 0; j < n; ++j) {
+        double dot = 0.0;
+        for (int64_t c = 0; c < d; ++c) dot += static_cast<double>(q[at(g, t, i, c)]) * k[at(g, s, j, c)];
+        score[static_cast<size_t>(j)] = dot * pb.scale();
+        max = std::max(max, score[static_cast<size_t>(j)]);
+      }
+      double sum = 0.0;
+      for (double x : score) sum += std::exp(x - max);
+      ref.lse[static_cast<size_t>(g * t + i)] = max + std::log(sum);
+      for (int64_t j = 0; j < n; ++j)
+        prob[static_cast<size_t>(j)] = std::exp(score[static_cast<size_t>(j)] - max) / sum;
+      for (int64_t j = 0; j < n; ++j)
+        for (int64_t c = 0; c < d; ++c) ref.out[at(g, t, i, c)] += prob[static_cast<size_t>(j)] * v[at(g, s, j, c)];
+      // Backward: dP = dO V^T, dS = P (dP - sum(P dP)), exact (not through Out).
+      std::vector<double> dp(static_cast<size_t>(n));
+      double p_dot_dp = 0.0;
+      for (int64_t j = 0; j < n; ++j) {
+        double x = 0.0;
+        for (int64_t c = 0; c < d; ++c) x += static_cast<double>(dout[at(g, t, i, c)]) * v[at(g, s, j, c)];
+        dp[static_cast<size_t>(j)] = x;
+        p_dot_dp += prob[static_cast<size_t>(j)] * x;
+      }
+      for (int64_t j = 0; j < n; ++j) {
+        const double pj = prob[static_cast<size_t>(j)];
+        const double ds = pj * (dp[static_cast<size_t>(j)] - p_dot_dp) * pb.scale();
+        for (int64_t c = 0; c < d; ++c) {
+          ref.dv[at(g, s, j, c)] += pj * dout[at(g, t, i, c)];
+          ref.dq[at(g, t, i, c)] += ds * k[at(g, s, j, c)];
+          ref.dk[at(g, s, j, c)] += ds * q[at(g, t, i, c)];
+        }
+      }
+    }
+  }
+  return ref;
+}
+
+inline double max_error(const Tensor& got, const std::vector<double>& ref) {
+  const std::vector<float> g = got.to_floats();
+  double m = 0.0;
+  for (size_t i = 0; i < g.size(); ++i) m = std::max(m, std::fabs(g[i] - ref[i]));
+  return m;
+}
+
+inline std::vector<double> doubles_of(const Tensor& t) { return to_doubles(t.to_floats()); }
+
+inline double max_abs(const std::vector<double>& v) {
+  double m = 0.0;
+  for (double x : v) m = std::max(m, std::fabs(x));
+  return m;
+}
+
+// |got - ref| <= scaled * max(max|ref|, 1) + rel * |ref| elementwise: errors
+// of entries that are sums of terms of either sign scale with the tensor's
+// terms, not with the entry (an output near 0 still carries the rounding of
+// its terms), hence the part relative to the tensor's largest value. The
+// inputs are O(1), and so are the terms: a tensor that is exactly 0 (dQ and dK
+// with a single key, where dP - delta cancels) still carries their roundings.
+inline void expect_near(const Tensor& got, const std::vector<double>& ref, double scaled, double rel,
+                        const std::string& what) {
+  REQUIRE(got.numel() == static_cast<int64_t>(ref.size()));
+  expect_close(got.to_floats(), ref, Tolerance{scaled * std::max(max_abs(ref), 1.0), rel}, what);
+}
+
+// Half an ulp of the stored dtype, relative: the error of its one rounding on store.
+inline double half_ulp(DType t) { return t == DType::f16 ? 0x1p-11 : t == DType::bf16 ? 0x1p-8 : 0x1p-24; }
+
+}  // namespace mix::testing::attention
