@@ -58,6 +58,8 @@ a summary table. Logs and summary.txt go to --out DIR. Budget: under 8 minutes o
   MIX_CMAKE_ARGS         more cmake configure arguments (default: none)
   MIX_NCCL_TIMEOUT_S     NCCL watchdog, seconds (default 60)
   NCCL_ROOT, CUDNN_ROOT  NCCL and cuDNN 9 outside the toolkit (default: the toolkit's, else Python's nvidia-* wheels)
+  MIX_TORCH_PYTHON       the Python whose PyTorch scripts/torch_compare.py runs with (default: python3)
+  MIX_TORCH_COMPARE_BUDGET  seconds for the PyTorch rows (default 360; under --deadline, the time left less 60)
 EOF
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -421,6 +423,31 @@ MIX_PROFILE_OPS=1 train_transformer amp transformer_amp_profile --benchmark-warm
 echo "gpu_check: resnet-small AMP with and without overlapped all-reduce (logs: $out/resnet_small_*.log)"
 train_resnet_small resnet_small_overlap; rs_ov_rc=$?
 train_resnet_small resnet_small_no_overlap --no-overlap; rs_no_rc=$?
+# ==== PyTorch on the same card (issue 41) ====================================
+# The same models trained by PyTorch, the one this machine's python3 imports
+# (MIX_TORCH_PYTHON names another): scripts/torch_compare.py's rows carry the
+# names of mixtrain's metrics files above (resnet50_amp, transformer_fp32,
+# gpt2_amp, ...; NAME_compile for torch.compile), and the summary puts each
+# beside mixtrain's with the ratio and both MFUs (scripts/lib/compare_summary.py,
+# scripts/lib/mfu.py). It gets MIX_TORCH_COMPARE_BUDGET seconds (default 360),
+# under --deadline at most the time left less 60 s kept for memcheck; a row
+# past that says so. Without PyTorch every row says why, and nothing fails.
+torch_python="${MIX_TORCH_PYTHON:-python3}"
+tc_budget="${MIX_TORCH_COMPARE_BUDGET:-360}"
+if [ -n "$deadline" ]; then
+  tc_left=$(( deadline - ($(date +%s) - started) - 30 - 60 ))
+  [ "$tc_left" -lt "$tc_budget" ] && tc_budget=$tc_left
+fi
+tc_gpu="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
+echo "gpu_check: PyTorch on the same models, ${tc_budget} s at most (log: $out/torch_compare.log)"
+if [ "$tc_budget" -ge 20 ]; then
+  limit $(( tc_budget + 60 )) "$torch_python" "$root/scripts/torch_compare.py" --time-budget "$tc_budget" \
+    --compile-budget 150 --gpu-name "$tc_gpu" --out "$out/torch_compare.jsonl" >"$out/torch_compare.log" 2>&1
+  tc_rc=$?
+else
+  echo "gpu_check: torch_compare not run: ${tc_budget} s left" >"$out/torch_compare.log"; tc_rc=125
+fi
+# ==== end of PyTorch on the same card =========================================
 # Last, in the time left: compute-sanitizer's memcheck over the tests of the
 # hand-written kernels. A comparison with the CPU twin misses an out-of-bounds
 # read whose stray bytes happen to hold the right values, or a write past the
@@ -602,6 +629,9 @@ secs=$(( $(date +%s) - t0 ))
   top_ops "$out/resnet50_amp_gemm1x1_host_profile.log" 5
   echo "  Transformer-base AMP, GPU time by op type, top 10 (exit $tf_prof_rc):"
   top_ops "$out/transformer_amp_profile.log" 10
+  # ==== PyTorch on the same card (issue 41): each row beside mixtrain's, the ratio, both MFUs ====
+  /usr/bin/env python3 "$root/scripts/lib/compare_summary.py" --out "$out" --gpu-name "$tc_gpu" --torch-exit "$tc_rc" ||
+    echo "  mixtrain against PyTorch: scripts/lib/compare_summary.py failed"
 } | tee "$out/summary.txt"
 [ $tests_rc -eq 0 ] && [ $fp32_rc -eq 0 ] && [ $amp_rc -eq 0 ] && [ $r50_fp32_rc -eq 0 ] && [ $r50_amp_rc -eq 0 ] &&
   [ $r50_jpeg_rc -eq 0 ] &&

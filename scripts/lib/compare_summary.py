@@ -78,7 +78,7 @@ def lines(out_dir, torch_file, gpu_name, torch_exit):
             continue  # neither ran: nothing to put side by side
         pt = t.get("tokens_per_s" if unit == "token" else "samples_per_s") if t and t.get("status") == "ok" else None
         pt_flops = t.get("flops_per_unit", flops) if t else flops  # a --smoke row counts its own model
-        mix_s = f"{mix:10.1f}" if isinstance(mix, (int, float)) else f"{'no ' + base:>10s}"
+        mix_s = f"{mix:10.1f}" if isinstance(mix, (int, float)) else f"{'n/a':>10s}"
         if pt is not None:
             pt_s = f"{pt:10.1f}"
             ratio = f"{mix / pt:6.2f}" if isinstance(mix, (int, float)) and pt > 0 else f"{'n/a':>6s}"
@@ -87,6 +87,8 @@ def lines(out_dir, torch_file, gpu_name, torch_exit):
         line = (f"  {row:27s} {batch:5d} {('tok/s' if unit == 'token' else 'img/s'):6s} {mix_s} "
                 f"{pct(mfu.mfu(mix, flops, peak))} {pt_s} {pct(mfu.mfu(pt, pt_flops, peak))} {ratio}  "
                 f"{mib(s.get('peak_bytes') if s else None)} / {mib(t.get('peak_bytes') if t else None)}")
+        if mix is None:
+            line += f"  (no mixtrain figure in {base}.jsonl)"
         if t is None:
             line += "  (no PyTorch row: torch_compare did not reach it)"
         elif t.get("status") != "ok":
