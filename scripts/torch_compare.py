@@ -628,7 +628,7 @@ def main(argv):
         failed |= rec["status"] == "error"
         records.append(rec)
         emit(rec)
-    print(table(records, f"torch_compare: torch {about['torch']} on {device_name}, dense FP16/BF16 peak "
+    print(table(records, f"torch_compare: torch {about['torch'] or '(none)'} on {device_name}, dense FP16/BF16 peak "
                          f"{peak if peak else 'unknown'} TFLOPS ({peak_label}); {args.warmup} warm-up + "
                          f"{args.steps} timed steps a row"))
     for line in mfu.describe_flops():

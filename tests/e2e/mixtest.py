@@ -272,6 +272,16 @@ class Checks:
         sys.exit(0)
 
 
+def load_script(path):
+    """A Python script (scripts/NAME.py) as a module named NAME; its main does not run."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(Path(path).stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def workdir(name):
     """A fresh temporary directory, removed at exit unless MIX_KEEP_TMP is set."""
     d = tempfile.mkdtemp(prefix=f"mix_{name}_")

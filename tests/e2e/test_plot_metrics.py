@@ -10,7 +10,6 @@ marker where a line carries "outlier": true. A missing file, an empty one and
 one without step lines: exit 2, naming the file, and no PNG. Skipped (77)
 without matplotlib for this Python.
 """
-import importlib.util
 import json
 import math
 import sys
@@ -24,10 +23,7 @@ STEPS = 6
 
 def load_script():
     """scripts/plot_metrics.py as a module (its main does not run)."""
-    spec = importlib.util.spec_from_file_location("plot_metrics", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return mt.load_script(SCRIPT)
 
 
 def plot(args):
