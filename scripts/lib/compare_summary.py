@@ -60,9 +60,13 @@ def lines(out_dir, torch_file, gpu_name, torch_exit):
     any_row = next(iter(tr.values()), {})
     name = gpu_name or any_row.get("device_name") or ""
     peak, peak_what = mfu.peak_tflops(name)
-    head = (f"mixtrain against PyTorch {any_row.get('torch') or '(no PyTorch row)'} on {name or 'an unnamed card'}: "
+    head = (f"mixtrain against PyTorch {any_row.get('torch') or ('(none)' if tr else '(no PyTorch row)')} on {name or 'an unnamed card'}: "
             f"dense FP16/BF16 peak {f'{peak:g} TFLOPS' if peak else 'unknown'} ({peak_what}); "
             f"torch_compare exit {torch_exit}")
+    reasons = {f"{d.get('status')}: {d.get('error')}" for d in tr.values() if d.get("status") != "ok"}
+    shared = reasons.pop() if len(reasons) == 1 and all(d.get("status") != "ok" for d in tr.values()) else None
+    if shared:  # the whole PyTorch side stopped for one reason (no PyTorch, no GPU): say it once
+        head += f"\n  every PyTorch row {shared}"
     out = [head,
            f"  {'row':27s} {'batch':>5s} {'unit':6s} {'mixtrain':>10s} {'MFU':>6s} {'PyTorch':>10s} {'MFU':>6s} "
            f"{'mix/PT':>6s}  peak MiB mix / PT"]
@@ -91,7 +95,7 @@ def lines(out_dir, torch_file, gpu_name, torch_exit):
             line += f"  (no mixtrain figure in {base}.jsonl)"
         if t is None:
             line += "  (no PyTorch row: torch_compare did not reach it)"
-        elif t.get("status") != "ok":
+        elif t.get("status") != "ok" and not shared:
             line += f"  (PyTorch {t.get('status')}: {str(t.get('error'))[:120]})"
         out.append(line)
     out.append("  model FLOPs (scripts/lib/mfu.py), MFU = rate x FLOPs / peak:")

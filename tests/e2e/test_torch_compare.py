@@ -110,12 +110,19 @@ def check_no_torch(c, work):
     fake = work / "no_torch"
     fake.mkdir()
     (fake / "torch.py").write_text("raise ImportError('no torch here (test)')\n")
-    r = run(["--rows", "resnet50_*,gpt2_amp"], env={"PYTHONPATH": str(fake)})
+    (fake / "resnet50_amp.jsonl").write_text('{"summary": true, "samples_per_s_overall": 3000.0}\n')
+    r = run(["--rows", "resnet50_*,gpt2_amp", "--out", fake / "torch_compare.jsonl"], env={"PYTHONPATH": str(fake)})
     rows = json_lines(r.stdout)
     want = [n for n, *_ in mt.load_script(SCRIPT).ROWS if n.startswith("resnet50_") or n == "gpt2_amp"]
     ok = (r.rc == 0 and [d["row"] for d in rows] == want
           and all(d["status"] == "skipped" and "PyTorch not importable" in d["error"] for d in rows))
     c.check(ok, "no importable torch: every row skipped, saying so, exit 0", "" if ok else r.describe(1500))
+    r = mt.launch([sys.executable, SUMMARY, "--out", fake, "--gpu-name", "NVIDIA H200", "--torch-exit", "0"], 60)
+    text = r.stdout.splitlines()
+    ok = (r.rc == 0 and len(text) > 3 and text[1].startswith("  every PyTorch row skipped: PyTorch not importable")
+          and "3000.0   7.4%" in text[3] and "PyTorch skipped" not in r.stdout)
+    c.check(ok, "summary without PyTorch: the reason once, mixtrain's rows with their MFU",
+            "" if ok else r.stdout[:800])
 
 
 def check_resnet_impl(c, tc):
