@@ -152,7 +152,8 @@ std::string attr_str(const Attr& a) {
           o << (v ? "true" : "false");
         } else if constexpr (std::is_same_v<T, std::string>) {
           o << '"' << v << '"';
-        } else if constexpr (std::is_same_v<T, std::vector<int64_t>> || std::is_same_v<T, std::vector<std::string>>) {
+        } else if constexpr (std::is_same_v<T, std::vector<int64_t>> || std::is_same_v<T, std::vector<std::string>> ||
+                             std::is_same_v<T, std::vector<double>>) {
           o << '[';
           for (size_t i = 0; i < v.size(); ++i) o << (i ? "," : "") << v[i];
           o << ']';

@@ -41,7 +41,9 @@ struct VarDesc {
                               // saved, loaded by --init-from and kept equal on every rank
 };
 
-using Attr = std::variant<bool, int64_t, double, std::string, std::vector<int64_t>, std::vector<std::string>>;
+/// Op attributes; std::vector<double> holds per-channel constants (image_normalize's mean and std).
+using Attr = std::variant<bool, int64_t, double, std::string, std::vector<int64_t>, std::vector<std::string>,
+                          std::vector<double>>;
 
 /// What part of the step an op belongs to; the executor can run a subset
 /// (evaluation runs only the forward ops).

@@ -23,10 +23,20 @@ MIX_HD bool is_finite(float x) {
 // ---- images -------------------------------------------------------------------
 /// torchvision's ToTensor then Normalize of one 8-bit pixel value of channel
 /// c: (v / 255 - mean) / std, the same float operations in the same order, so
-/// the result is torchvision's to the bit.
+/// the result is torchvision's to the bit. The host's normalisation and the
+/// image_normalize op (CPU and CUDA) all run it, so their values are equal to
+/// the bit too: there is no multiply for nvcc to contract into an FMA, and the
+/// device's divisions and subtraction are spelled as IEEE round-to-nearest
+/// (__fdiv_rn, __fsub_rn), so no fast-math flag can make them approximate.
 struct NormalizePixel {
   float mean, stddev;
-  MIX_HD float operator()(uint8_t v) const { return (static_cast<float>(v) / 255.0f - mean) / stddev; }
+  MIX_HD float operator()(uint8_t v) const {
+#ifdef __CUDA_ARCH__
+    return __fdiv_rn(__fsub_rn(__fdiv_rn(static_cast<float>(v), 255.0f), mean), stddev);
+#else
+    return (static_cast<float>(v) / 255.0f - mean) / stddev;
+#endif
+  }
 };
 
 // ---- activations: forward f(x), backward g(x or y, dy) ------------------------

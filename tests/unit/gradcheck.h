@@ -144,7 +144,7 @@ struct OpCase {
             using T = std::decay_t<decltype(x)>;
             if constexpr (std::is_same_v<T, std::vector<int64_t>>)
               o << shape_str(x);
-            else if constexpr (std::is_same_v<T, std::vector<std::string>>)
+            else if constexpr (std::is_same_v<T, std::vector<std::string>> || std::is_same_v<T, std::vector<double>>)
               o << "[...]";
             else
               o << x;
