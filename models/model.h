@@ -1,12 +1,14 @@
 #pragma once
 // Models build forward programs. Every model's forward program takes the feeds
-// `x` ([batch, ...example_shape] of input_dtype: f32 features or images, i64
-// tokens for the language model) and `label` (i64 [batch, ...label_shape]:
-// [batch, 1] class indices, or [batch, context] next tokens) and ends with
-// `logits` and a scalar FP32 `loss` (mean cross-entropy over every label).
+// `x` ([batch, ...example_shape] of input_dtype: f32 features or images, u8
+// pixels for a ResNet fed by the image readers, i64 tokens for the language
+// model) and `label` (i64 [batch, ...label_shape]: [batch, 1] class indices,
+// or [batch, context] next tokens) and ends with `logits` and a scalar FP32
+// `loss` (mean cross-entropy over every label).
 // Parameters are FP32 masters named and laid out as in PyTorch (`fc1.weight`
 // [out, in], `fc1.bias` [out]).
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +39,14 @@ struct MlpConfig {
 };
 Model build_mlp(const MlpConfig& c, const std::string& name = "mlp");
 
+/// A ResNet input of 8-bit pixels, [N, H, W, C] as the image readers give
+/// them (--data image-folder, image-shards), that the model normalises itself:
+/// its first op is image_normalize with these per-channel constants
+/// (torchvision's Normalize on [0, 1] pixels), writing the activations' layout.
+struct PixelInput {
+  std::vector<float> mean, stddev;  // one per channel
+};
+
 /// ResNets (models/resnet.cc): torchvision's ResNet-18/34/50 (7x7 stride-2 stem,
 /// 3x3 max-pool, four stages) and a small-input variant for 28x28 / 32x32 images
 /// (3x3 stride-1 stem, no max-pool). Stage s has width << s channels (x4 for
@@ -49,11 +59,16 @@ struct ResNetConfig {
   int64_t in_channels = 3;
   int64_t image_size = 224;
   int64_t num_classes = 1000;
-  /// Activations channels last (NHWC) from the stem on: the input batch (NCHW,
-  /// as the data loaders make it) is permuted once by a transpose2 op, and
-  /// conv2d, batch_norm and pool2d carry data_format / data_layout NHWC.
-  /// Parameters and buffers, and so checkpoints, are the same in both layouts.
+  /// Activations channels last (NHWC) from the stem on: an f32 NCHW input
+  /// batch is permuted once by a transpose2 op (a pixel input is normalised
+  /// straight into NHWC), and conv2d, batch_norm and pool2d carry
+  /// data_format / data_layout NHWC. Parameters and buffers, and so
+  /// checkpoints, are the same in both layouts.
   bool channels_last = false;
+  /// Unset: the input batch is f32 [N, C, H, W], normalised by the data set
+  /// (synthetic, Fashion-MNIST, safetensors). Set: it is u8 [N, H, W, C]
+  /// pixels, normalised on the model's device by its first op.
+  std::optional<PixelInput> pixel_input;
 };
 /// The configuration of resnet18, resnet34, resnet50 or resnet-small (widths
 /// 16/32/64, two basic blocks per stage, 1x28x28 input); throws for other names.

@@ -10,8 +10,13 @@
 //
 // Channels last (ResNetConfig::channels_last) changes only the activations'
 // layout: the ops are the same, with their layout attrs set to NHWC, after one
-// transpose2 of the input; the global average pool gives [N, 1, 1, C], which
-// flattens to the same [N, C] as channels first.
+// transpose2 of an f32 NCHW input; the global average pool gives [N, 1, 1, C],
+// which flattens to the same [N, C] as channels first.
+//
+// A pixel input (ResNetConfig::pixel_input) is the image readers' u8 NHWC
+// batch: the first op, image_normalize, normalises it into the activations'
+// layout (channels first or last) on the model's device, so the batch crosses
+// to a GPU as bytes and needs no transpose2.
 #include <cmath>
 
 #include "models/model.h"
@@ -159,12 +164,23 @@ Model build_resnet(const ResNetConfig& c, const std::string& name) {
                                            << " pixels, got " << c.image_size << " (--image-size)");
   Model m;
   m.name = name;
-  m.example_shape = {c.in_channels, c.image_size, c.image_size};
+  if (c.pixel_input) {
+    MIX_CHECK(static_cast<int64_t>(c.pixel_input->mean.size()) == c.in_channels &&
+                  static_cast<int64_t>(c.pixel_input->stddev.size()) == c.in_channels,
+              name << ": the pixel input's mean and std need one value per channel (" << c.in_channels << "), got "
+                   << c.pixel_input->mean.size() << " and " << c.pixel_input->stddev.size());
+    m.example_shape = {c.image_size, c.image_size, c.in_channels};
+    m.input_dtype = DType::u8;
+  } else {
+    m.example_shape = {c.in_channels, c.image_size, c.image_size};
+  }
   m.num_classes = c.num_classes;
   Program& p = m.program;
   VarDesc x;
   x.name = m.input;
-  x.shape = {-1, c.in_channels, c.image_size, c.image_size};
+  x.shape = {-1};
+  x.shape.insert(x.shape.end(), m.example_shape.begin(), m.example_shape.end());
+  x.dtype = m.input_dtype;
   x.stop_gradient = true;
   p.add_var(x);
   VarDesc label;
@@ -176,7 +192,13 @@ Model build_resnet(const ResNetConfig& c, const std::string& name) {
 
   ResNetBuilder b(p, c.channels_last);
   std::string image = m.input;
-  if (c.channels_last) {
+  if (c.pixel_input) {
+    image = p.unique_name("input.normalized");
+    const std::vector<double> mean(c.pixel_input->mean.begin(), c.pixel_input->mean.end());
+    const std::vector<double> stddev(c.pixel_input->stddev.begin(), c.pixel_input->stddev.end());
+    p.append_op(make_op("image_normalize", {{"X", {m.input}}}, {{"Out", {image}}},
+                        {{"mean", mean}, {"std", stddev}, b.data_format()}));
+  } else if (c.channels_last) {
     image = p.unique_name("input.nhwc");
     p.append_op(
         make_op("transpose2", {{"X", {m.input}}}, {{"Out", {image}}}, {{"axis", std::vector<int64_t>{0, 2, 3, 1}}}));

@@ -5,6 +5,7 @@
 // split/transpose2 attention, 2 steps). Every
 // FP32 persistable (parameters, momentum buffers, running statistics) and the
 // last loss are compared; integer state (num_batches_tracked) must be equal.
+// The ResNet is also fed 8-bit pixels, normalised on the device (image_normalize).
 // The programs are mixtrain's, fuse_add_relu and fuse_bn_relu included
 // (tests/unit/train_steps.h): the ResNet runs once fused (fused_add_relu,
 // fused_sum_relu_grad, batch_norm with fuse_with_relu) and once with neither
@@ -199,6 +200,16 @@ TEST_CASE("ResNet training steps on the GPU (cuDNN) match the CPU", "[cuda][resn
       INFO((fuse ? "fused add + relu, batch norm + relu" : "--no-fuse-add-relu --no-fuse-bn-relu"));
       expect_gpu_matches_cpu(resnet, 2, 8, 5, {1e-3, 1e-4}, {2e-2, 1e-2}, fuse);
     }
+    // The image readers' batches: u8 NHWC pixels normalised on the device into
+    // the activations' layout, under AMP straight into FP16 (the folded cast).
+    // The normalisation is bit-identical on both devices
+    // (test_cuda_image_normalize.cc), so the bounds stay.
+    INFO("from 8-bit pixels (image_normalize)");
+    expect_gpu_matches_cpu(
+        [channels_last] {
+          return mix::testing::narrow_resnet(channels_last, 16, false, mix::testing::imagenet_pixels());
+        },
+        2, 8, 5, {1e-3, 1e-4}, {2e-2, 1e-2});
   }
   // Bottleneck blocks channels last, on cuDNN alone and then with
   // --cublas-1x1-conv: their first and last 1x1 convolutions and both

@@ -1,7 +1,11 @@
 // The image_normalize op (runtime/ops/image_normalize.cc) on the CPU: the
 // host's normalize_image (itself checked against torchvision in
 // test_image_folder.cc) to the bit in both layouts, FP16/BF16 outputs the
-// rounding of those FP32 values; its shape rules and refusals.
+// rounding of those FP32 values; its shape rules and refusals; no gradient
+// asked of it; and a ResNet fed 8-bit pixels training to the bits of the same
+// ResNet fed the host-normalised FP32 batches (the image readers' batches
+// before and after they became u8), in FP32, AMP and BF16, channels first and
+// last.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -13,9 +17,11 @@
 #include "runtime/core/half.h"
 #include "runtime/core/random.h"
 #include "runtime/data/image_transforms.h"
+#include "runtime/ir/autodiff.h"
 #include "runtime/ir/op_registry.h"
 #include "runtime/ops/data_format.h"
 #include "tests/unit/cuda_compare.h"
+#include "tests/unit/train_steps.h"
 
 using namespace mix;
 
@@ -145,4 +151,47 @@ TEST_CASE("image_normalize's shapes and refusals", "[image_normalize]") {
   std::map<std::string, Attr> layout = good;
   layout["data_format"] = std::string("CHWN");
   CHECK_THAT(refused({-1, 5, 5, 3}, DType::u8, layout), Catch::Contains("NCHW or NHWC"));
+}
+
+TEST_CASE("autodiff asks image_normalize for no gradient: the pixels are data", "[image_normalize]") {
+  for (bool channels_last : {false, true}) {
+    INFO((channels_last ? "NHWC" : "NCHW"));
+    models::Model m = testing::narrow_resnet(channels_last, 8, false, testing::imagenet_pixels());
+    REQUIRE(m.input_dtype == DType::u8);
+    REQUIRE(m.example_shape == Shape{8, 8, 3});
+    REQUIRE(m.program.ops().front().type == "image_normalize");
+    const std::string normalized = m.program.ops().front().out("Out");
+    seed_loss_gradient(m.program, m.loss);
+    const BackwardResult b = append_backward(m.program, m.loss);
+    CHECK_FALSE(b.param_grads.empty());
+    for (size_t i = b.first_backward_op; i < m.program.ops().size(); ++i) {
+      const OpDesc& op = m.program.ops()[i];
+      INFO(op.type);
+      for (const std::string& out : op.all_outputs()) {
+        CHECK(out != grad_name(m.input));
+        CHECK(out != grad_name(normalized));
+      }
+    }
+  }
+}
+
+TEST_CASE("a ResNet fed 8-bit pixels trains to the bits of one fed the host-normalised batch", "[image_normalize]") {
+  // The same pixels each step: one model normalises them itself
+  // (image_normalize, into its layout and, folded, its AMP dtype), the other
+  // is fed normalize_image's f32 NCHW batch (and transposes it, channels last).
+  for (bool channels_last : {false, true})
+    for (const auto& [precision, low] : {std::pair{"fp32", DType::f32}, {"amp", DType::f16}, {"bf16", DType::bf16}}) {
+      INFO(precision << (channels_last ? " NHWC" : " NCHW"));
+      testing::TrainOptions o;
+      o.amp = low != DType::f32;
+      o.low = low == DType::f32 ? DType::f16 : low;
+      o.steps = 3;
+      o.batch = 4;
+      const testing::TrainedModel pixels =
+          testing::train_steps(testing::narrow_resnet(channels_last, 8, false, testing::imagenet_pixels()), o);
+      o.pixels_to_input = host_normalized;
+      const testing::TrainedModel floats =
+          testing::train_steps(testing::narrow_resnet(channels_last, 8, false, std::nullopt, 3), o);
+      testing::expect_same_training(pixels, floats);
+    }
 }

@@ -47,6 +47,10 @@ struct TrainOptions {
   std::function<std::unique_ptr<DeviceGraph>(const TrainedModel&)> make_graph = {};
   /// With make_graph: how each step ran (eager, recorded, replayed), in order.
   std::vector<StepGraph::Ran>* ran = nullptr;
+  /// When set, a model with f32 image input [C, S, S] is fed the batches a
+  /// pixel-input model of the same seed gets, 8-bit pixels [batch, S, S, C],
+  /// made into its input by this function (the host's normalisation).
+  std::function<Tensor(const Tensor& pixels)> pixels_to_input = {};
 };
 
 struct TrainedModel {
@@ -60,8 +64,9 @@ struct TrainedModel {
 /// `o.steps` steps of `model` (momentum 0.9, learning rate 0.05, world size 1)
 /// on `o.device` from the state `o.seed` initialises. Batch s has inputs
 /// N(0, 1) of the model's example shape (uniform random tokens for a language
-/// model) and uniform random labels, drawn from `o.seed` and s alone, so two
-/// runs with one seed see the same batches.
+/// model, uniform random pixels for a pixel input or with o.pixels_to_input)
+/// and uniform random labels, drawn from `o.seed` and s alone, so two runs
+/// with one seed see the same batches.
 inline TrainedModel train_steps(models::Model model, const TrainOptions& o) {
   TrainedModel r;
   r.model = std::move(model);
@@ -94,7 +99,14 @@ inline TrainedModel train_steps(models::Model model, const TrainOptions& o) {
   const auto classes = static_cast<uint64_t>(r.model.num_classes);
   for (int s = 0; s < o.steps; ++s) {
     Rng rng = Rng::for_stream(o.seed + 10, static_cast<uint64_t>(s));
-    if (r.model.input_dtype == DType::i64) {  // tokens
+    if (r.model.input_dtype == DType::u8 || o.pixels_to_input) {
+      // A pixel model's example is [S, S, C]; an f32 image model's [C, S, S].
+      const Shape& e = r.model.example_shape;
+      const Shape pixel_shape = r.model.input_dtype == DType::u8 ? x_shape : Shape{o.batch, e[1], e[2], e[0]};
+      Tensor pixels = Tensor::empty(pixel_shape, DType::u8);
+      for (int64_t i = 0; i < pixels.numel(); ++i) pixels.data<uint8_t>()[i] = static_cast<uint8_t>(rng.below(256));
+      r.scope.set(r.model.input, (o.pixels_to_input ? o.pixels_to_input(pixels) : pixels).to(o.device));
+    } else if (r.model.input_dtype == DType::i64) {  // tokens
       Tensor tokens = Tensor::empty(x_shape, DType::i64);
       for (int64_t i = 0; i < tokens.numel(); ++i) tokens.data<int64_t>()[i] = static_cast<int64_t>(rng.below(classes));
       r.scope.set(r.model.input, tokens.to(o.device));
@@ -135,16 +147,23 @@ inline Program training_program(models::Model m, bool use_amp) {
 }
 
 /// A narrow resnet-small (width 4, two stages of one basic block) on
-/// `image_size`-square images, for training steps.
-inline models::Model narrow_resnet(bool channels_last = false, int64_t image_size = 8, bool bottleneck = false) {
+/// `image_size`-square images, for training steps; `in_channels` of them, or
+/// with `pixels` RGB 8-bit pixels it normalises itself (image_normalize).
+inline models::Model narrow_resnet(bool channels_last = false, int64_t image_size = 8, bool bottleneck = false,
+                                   std::optional<models::PixelInput> pixels = std::nullopt, int64_t in_channels = 1) {
   models::ResNetConfig cfg = models::resnet_preset("resnet-small");
   cfg.bottleneck = bottleneck;  // ResNet-50's 1x1-3x3-1x1 blocks
   cfg.width = 4;
   cfg.blocks = {1, 1};
   cfg.image_size = image_size;
   cfg.channels_last = channels_last;
+  cfg.in_channels = pixels ? 3 : in_channels;
+  cfg.pixel_input = std::move(pixels);
   return models::build_resnet(cfg, "resnet-small");
 }
+
+/// ImageNet's per-channel constants (torchvision's Normalize) as a pixel input.
+inline models::PixelInput imagenet_pixels() { return {{0.485f, 0.456f, 0.406f}, {0.229f, 0.224f, 0.225f}}; }
 
 /// Two runs of one model, trained two ways that must agree bit for bit: the
 /// same losses, which moved (the steps trained), the same steps skipped (AMP),
