@@ -23,6 +23,17 @@ bool is_widening_cast(const Program& p, const OpDesc& op, OpRole role) {
   return in == DType::f16 || in == DType::bf16;
 }
 
+// Removes the ops at `removed` (indices); returns how many.
+int erase_ops(Program& p, const std::set<size_t>& removed) {
+  if (removed.empty()) return 0;
+  std::vector<OpDesc> kept;
+  kept.reserve(p.ops().size() - removed.size());
+  for (size_t i = 0; i < p.ops().size(); ++i)
+    if (!removed.count(i)) kept.push_back(std::move(p.ops()[i]));
+  p.ops() = std::move(kept);
+  return static_cast<int>(removed.size());
+}
+
 // Removes each widening cast of `role` whose one reader `accepts(reader,
 // slot)`, after `rewire(reader, slot, narrow)` has made that reader read the
 // cast's FP16/BF16 input instead. Returns how many casts it removed.
@@ -50,13 +61,7 @@ int fold(Program& p, OpRole role, Accepts accepts, Rewire rewire) {
     rewire(reader, slot, narrow);
     removed.insert(i);
   }
-  if (removed.empty()) return 0;
-  std::vector<OpDesc> kept;
-  kept.reserve(p.ops().size() - removed.size());
-  for (size_t i = 0; i < p.ops().size(); ++i)
-    if (!removed.count(i)) kept.push_back(std::move(p.ops()[i]));
-  p.ops() = std::move(kept);
-  return static_cast<int>(removed.size());
+  return erase_ops(p, removed);
 }
 
 }  // namespace
@@ -86,6 +91,36 @@ int fold_widening_grad_casts(Program& p) {
   };
   const auto rewire = [](OpDesc& r, const std::string& slot, const std::string& narrow) { r.inputs[slot] = {narrow}; };
   return fold(p, OpRole::backward, accepts, rewire);
+}
+
+int fold_casts_into_producers(Program& p) {
+  // The ops that compute in FP32 and round once on store to attr out_dtype,
+  // whichever floating dtype it names (their CPU and CUDA kernels alike).
+  const auto rounds_on_store = [](const OpDesc& op) { return op.type == "image_normalize"; };
+  std::set<size_t> removed;
+  for (size_t i = 0; i < p.ops().size(); ++i) {
+    const OpDesc& cast = p.ops()[i];
+    if (cast.type != "cast" || cast.role != OpRole::forward) continue;
+    const std::string wide = cast.in("X"), narrow = cast.out("Out");
+    // From FP32 only: one rounding of the FP32 value, as the cast's. (A cast of
+    // an FP16 value to BF16 would round twice, which a direct store does not.)
+    if (p.var(wide).dtype != DType::f32 || p.var(wide).persistable || !is_floating(p.var(narrow).dtype)) continue;
+    // The cast is the one reader of the FP32 value, each variable has one
+    // writer, so moving the narrow value's write up to the producer changes
+    // nothing any other op sees.
+    if (p.readers(wide).size() != 1 || p.writer_count(wide) != 1 || p.writer_count(narrow) != 1) continue;
+    const std::optional<size_t> j = p.producer(wide, i);
+    if (!j) continue;  // a feed
+    OpDesc& producer = p.ops()[*j];
+    if (!rounds_on_store(producer) || producer.role != OpRole::forward || producer.outs("Out").size() != 1 ||
+        producer.out("Out") != wide)
+      continue;
+    producer.outputs["Out"] = {narrow};
+    producer.attrs["out_dtype"] = std::string(dtype_name(p.var(narrow).dtype));
+    infer_op(p, producer);  // declares `narrow` as it was: the cast's shape and dtype
+    removed.insert(i);
+  }
+  return erase_ops(p, removed);
 }
 
 }  // namespace mix::amp

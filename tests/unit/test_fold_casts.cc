@@ -1,9 +1,10 @@
-// amp::fold_widening_casts and amp::fold_widening_grad_casts
-// (amp/fold_casts.h): which casts they remove and which they keep, that the
-// ops they feed FP16 values compute what they computed on the FP32 casts bit
-// for bit (tests/unit/widening_check.h, here on the CPU), and that whole AMP
-// training steps of the MLP and the Transformer give bit-identical losses and
-// parameters with and without the passes.
+// amp::fold_widening_casts, amp::fold_widening_grad_casts and
+// amp::fold_casts_into_producers (amp/fold_casts.h): which casts they remove
+// and which they keep, that the ops they feed FP16 values compute what they
+// computed on the FP32 casts bit for bit (tests/unit/widening_check.h, here on
+// the CPU), and that whole AMP training steps of the MLP, the Transformer and a
+// ResNet fed 8-bit pixels give bit-identical losses and parameters with and
+// without the passes.
 #include <catch2/catch.hpp>
 
 #include <functional>
@@ -172,6 +173,59 @@ TEST_CASE("fold_widening_casts keeps a cast whose FP32 output is persistable", "
   CHECK(producer_of(persistable, "a.cast_fp32").type == "cast");
 }
 
+TEST_CASE("fold_casts_into_producers: image_normalize stores the first conv's FP16 or BF16 input itself",
+          "[amp][fold]") {
+  for (DType low : {DType::f16, DType::bf16})
+    for (bool channels_last : {false, true}) {
+      INFO(dtype_name(low) << (channels_last ? " NHWC" : " NCHW"));
+      models::Model m = mix::testing::narrow_resnet(channels_last, 8, false, mix::testing::imagenet_pixels());
+      amp::rewrite(m.program, amp::AmpLists::defaults(), low);
+      // In no AMP list, image_normalize runs in FP32; the white conv2d reads a cast of its output.
+      const std::string wide = m.program.ops().front().out("Out");
+      const std::string narrow = amp::cast_var_name(wide, low);
+      REQUIRE(producer_of(m.program, narrow).type == "cast");
+      REQUIRE(producer_of(m.program, "conv1.out").in("Input") == narrow);
+      const size_t casts = casts_of(m.program).size();
+      CHECK(amp::fold_widening_casts(m.program) == 1);  // the logits' cast, not this one
+      CHECK(amp::fold_casts_into_producers(m.program) == 1);
+      CHECK(casts_of(m.program).size() == casts - 2);
+      const OpDesc& normalize = producer_of(m.program, narrow);
+      CHECK(normalize.type == "image_normalize");
+      CHECK(normalize.attr<std::string>("out_dtype", "") == dtype_name(low));
+      CHECK(m.program.var(narrow).dtype == low);
+      CHECK(producer_of(m.program, "conv1.out").in("Input") == narrow);
+      CHECK(m.program.readers(wide).empty());
+      CHECK(amp::fold_casts_into_producers(m.program) == 0);  // nothing left to fold
+    }
+}
+
+TEST_CASE("fold_casts_into_producers keeps a cast the FP32 value has other readers of, and other casts",
+          "[amp][fold]") {
+  Program p;
+  p.add_var(VarDesc{"x", {-1, 4, 4, 3}, DType::u8, false, false, true, {}});
+  p.append_op(make_op("image_normalize", {{"X", {"x"}}}, {{"Out", {"a"}}},
+                      {{"mean", std::vector<double>{0.5, 0.5, 0.5}}, {"std", std::vector<double>{0.2, 0.2, 0.2}}}));
+  p.append_op(make_op("cast", {{"X", {"a"}}}, {{"Out", {"a.cast_fp16"}}}, {{"out_dtype", std::string("f16")}}));
+  Program two_readers = p;
+  two_readers.append_op(make_op("relu", {{"X", {"a"}}}, {{"Out", {"r"}}}));  // still needs the FP32 values
+  CHECK(amp::fold_casts_into_producers(two_readers) == 0);
+  CHECK(producer_of(two_readers, "a.cast_fp16").type == "cast");
+  // A cast of another op's output: relu does not round on store to a dtype of its choice.
+  Program other;
+  other.add_var(VarDesc{"y", {-1, 4}, DType::f32, false, false, true, {}});
+  other.append_op(make_op("relu", {{"X", {"y"}}}, {{"Out", {"b"}}}));
+  other.append_op(make_op("cast", {{"X", {"b"}}}, {{"Out", {"b.cast_fp16"}}}, {{"out_dtype", std::string("f16")}}));
+  CHECK(amp::fold_casts_into_producers(other) == 0);
+  // An FP16 image_normalize cast on to BF16 would round twice: kept.
+  Program twice = p;
+  twice.append_op(
+      make_op("cast", {{"X", {"a.cast_fp16"}}}, {{"Out", {"a.cast_bf16"}}}, {{"out_dtype", std::string("bf16")}}));
+  CHECK(amp::fold_casts_into_producers(twice) == 1);  // the first cast only
+  CHECK(producer_of(twice, "a.cast_bf16").type == "cast");
+  CHECK(producer_of(twice, "a.cast_fp16").type == "image_normalize");
+  CHECK(amp::fold_casts_into_producers(p) == 1);  // not vacuous: folded otherwise
+}
+
 TEST_CASE("fold_widening_grad_casts: softmax_grad reads the FP16 gradient of attention's probabilities",
           "[amp][fold]") {
   for (double dropout : {0.0, 0.1}) {
@@ -260,6 +314,18 @@ TEST_CASE("AMP training with folded casts is bit-identical to training with the 
     check_same_training([] { return models::build_transformer(kTinyTransformer); }, 3 * kTinyTransformer.layers + 2,
                         DType::bf16);
   }
+  // A ResNet fed 8-bit pixels: the logits' two casts, and the input's cast
+  // folded into image_normalize (channels first and last).
+  for (bool channels_last : {false, true})
+    for (DType low : {DType::f16, DType::bf16}) {
+      DYNAMIC_SECTION("ResNet from pixels, " << (channels_last ? "NHWC " : "NCHW ") << dtype_name(low)) {
+        check_same_training(
+            [channels_last] {
+              return mix::testing::narrow_resnet(channels_last, 8, false, mix::testing::imagenet_pixels());
+            },
+            3, low);
+      }
+    }
   // With dropout, which reads attention's probabilities in FP32, only the
   // forward casts and their gradients' go.
   SECTION("Transformer with dropout") {

@@ -46,6 +46,7 @@ std::vector<size_t> positions(const launch::TrainProgram& t, const std::vector<s
 
 const std::vector<std::string> kStepOrder = {"amp::rewrite",
                                              "amp::fold_widening_casts",
+                                             "amp::fold_casts_into_producers",
                                              "seed_loss_gradient",
                                              "append_backward",
                                              "amp::fold_widening_grad_casts",
@@ -104,7 +105,7 @@ TEST_CASE("the pipeline runs the AMP step's passes in order, each once", "[train
   const std::string listed = t.describe_passes();
   CHECK(listed.rfind("passes, in order", 0) == 0);
   CHECK_THAT(listed, Catch::Contains("  1. amp::rewrite") && Catch::Contains("(amp/rewrite.cc)") &&
-                         Catch::Contains("  19. fuse_bn_relu"));
+                         Catch::Contains("  20. fuse_bn_relu"));
 }
 
 TEST_CASE("in FP32 the AMP passes are off, and the list says why", "[train_program]") {
@@ -112,9 +113,10 @@ TEST_CASE("in FP32 the AMP passes are off, and the list says why", "[train_progr
   TrainProgramOptions o;
   o.precision = amp::Precision::fp32;
   const launch::TrainProgram t = launch::build_train_program(m.program, m.loss, o);
-  for (const std::string amp_pass : {"amp::rewrite", "amp::fold_widening_casts", "amp::fold_widening_grad_casts",
-                                     "amp::insert_unscale", "amp::append_found_inf_allreduce",
-                                     "amp::append_update_loss_scaling", "amp::fuse_param_casts"}) {
+  for (const std::string amp_pass :
+       {"amp::rewrite", "amp::fold_widening_casts", "amp::fold_casts_into_producers", "amp::fold_widening_grad_casts",
+        "amp::insert_unscale", "amp::append_found_inf_allreduce", "amp::append_update_loss_scaling",
+        "amp::fuse_param_casts"}) {
     INFO(amp_pass);
     CHECK_FALSE(pass(t, amp_pass).ran);
     CHECK(pass(t, amp_pass).off_by == "--precision fp32");
@@ -143,6 +145,7 @@ TEST_CASE("each flag that turns a pass off is named in the list, and the pass le
   const launch::TrainProgram t = launch::build_train_program(off.program, off.loss, o);
   CHECK(pass(t, "amp::fold_widening_casts").off_by == "--no-fold-casts");
   CHECK(pass(t, "amp::fold_widening_grad_casts").off_by == "--no-fold-casts");
+  CHECK(pass(t, "amp::fold_casts_into_producers").off_by == "--no-fold-casts");
   CHECK(pass(t, "recompute_softmax").off_by == "--store-softmax");
   CHECK(pass(t, "fuse_add_relu").off_by == "--no-fuse-add-relu");
   CHECK(pass(t, "amp::fuse_param_casts").off_by == "--no-fuse-param-casts");
