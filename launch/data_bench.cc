@@ -56,10 +56,11 @@ void run_data_bench(const DataBenchConfig& c) {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const double rate = static_cast<double>(c.batches * c.batch_size) / secs;
   const uint64_t rss = peak_rss_bytes();
-  std::cout << "data: " << to_string(c.data) << " " << c.data_dir << " (" << train.size() << " training images): "
-            << c.batches << " batches of " << c.batch_size << " x 3 x " << c.image_size << " x " << c.image_size
-            << " in " << secs << " s: " << rate << " images/s, " << rate / o.workers << " images/s per worker ("
-            << o.workers << " workers); peak resident set " << rss / (1024 * 1024) << " MiB" << std::endl;
+  std::cout << "data: " << to_string(c.data) << " " << c.data_dir << " (" << train.size()
+            << " training images): " << c.batches << " batches of " << c.batch_size << " x " << c.image_size << " x "
+            << c.image_size << " x 3 uint8 pixels in " << secs << " s: " << rate << " images/s, " << rate / o.workers
+            << " images/s per worker (" << o.workers << " workers); peak resident set " << rss / (1024 * 1024) << " MiB"
+            << std::endl;
   std::cout << nlohmann::json{{"images_per_s", rate},
                               {"images_per_s_per_worker", rate / o.workers},
                               {"workers", o.workers},

@@ -1,8 +1,10 @@
 #pragma once
-// `mixbench data`: images/s of the image readers (decode, crop, resize,
-// normalise and batch; no training), over a folder or shards, as many batches
-// as asked, with N decoding threads. The reference is torchvision's
-// ImageFolder + DataLoader with the same transforms and as many workers
+// `mixbench data`: images/s of the image readers (decode, crop, resize and
+// batch into uint8 NHWC pixels; no training), over a folder or shards, as
+// many batches as asked, with N decoding threads. The normalisation is not
+// timed: it is the model's first op (image_normalize), on the training device.
+// The reference is torchvision's ImageFolder + DataLoader with the same
+// transforms and as many workers, ToTensor and Normalize included
 // (scripts/bench_data_torchvision.py; scripts/bench_data.sh runs both).
 #include <cstdint>
 #include <optional>

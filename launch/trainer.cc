@@ -77,10 +77,7 @@ data::TrainTest load_data(const TrainConfig& c) {
     o.transform.augment = c.augment == Augment::imagenet;
     o.transform.crop_scale = {c.crop_scale[0], c.crop_scale[1]};
     o.transform.hflip = c.hflip;
-    for (int i = 0; i < 3; ++i) {
-      o.transform.mean[i] = static_cast<float>(c.mean[i]);
-      o.transform.stddev[i] = static_cast<float>(c.stddev[i]);
-    }
+    // --mean and --std are the model's (pixel_input): the readers hand over 8-bit pixels.
     o.workers = static_cast<int>(c.data_workers.value_or(data::default_data_workers()));
     o.skip_bad_images = c.skip_bad_images;
     o.seed = c.seed;
@@ -103,7 +100,8 @@ data::TrainTest load_data(const TrainConfig& c) {
 
 // The model --model names, shaped for the data: the MLP takes flat features; a
 // ResNet takes [C, H, W] images (flat square images such as Fashion-MNIST's 784
-// pixels are read as one channel).
+// pixels are read as one channel), or the image readers' u8 [H, W, C] pixels,
+// which it normalises itself with --mean and --std.
 models::Model build_model(const TrainConfig& c, const data::Dataset& train) {
   const Shape example = train.example_shape();
   const int64_t features = shape_numel(example);
@@ -131,7 +129,17 @@ models::Model build_model(const TrainConfig& c, const data::Dataset& train) {
     return models::build_mlp(mc, c.model);
   }
   models::ResNetConfig rc = models::resnet_preset(c.model);
-  if (example.size() == 3 && example[1] == example[2]) {
+  if (train.input_dtype() == DType::u8) {
+    MIX_CHECK(example.size() == 3 && example[0] == example[1],
+              "--model " << c.model << " needs square 8-bit images [H, H, C], but the data's examples are "
+                         << shape_str(example));
+    rc.image_size = example[0];
+    rc.in_channels = example[2];
+    models::PixelInput pixels;
+    for (double m : c.mean) pixels.mean.push_back(static_cast<float>(m));
+    for (double s : c.stddev) pixels.stddev.push_back(static_cast<float>(s));
+    rc.pixel_input = std::move(pixels);
+  } else if (example.size() == 3 && example[1] == example[2]) {
     rc.in_channels = example[0];
     rc.image_size = example[1];
   } else {

@@ -1,7 +1,8 @@
 #pragma once
 // ImageFolder data sets (torchvision's layout): DIR/train/<class>/*.jpg and
 // DIR/val/<class>/*.jpg, read on demand: each batch's JPEGs are decoded,
-// cropped and normalised on a pool of worker threads (image_transforms.h).
+// cropped and resized on a pool of worker threads (image_transforms.h) into
+// 8-bit pixels; the model normalises them (the image_normalize op).
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -40,9 +41,10 @@ struct ImageFolderOptions {
   std::string fallback_cache_dir;  // where listings go when the data's folder is read-only ("": the temp folder)
 };
 
-/// DIR/train and DIR/val as a TrainTest read on demand: inputs f32 [3, size,
-/// size] (training's random crop and flip, or evaluation's resize and centre
-/// crop), labels i64 class indices by train's sorted class folders. A val
+/// DIR/train and DIR/val as a TrainTest read on demand: inputs u8 [size, size,
+/// 3], RGB pixels (training's random crop and flip, or evaluation's resize and
+/// centre crop; normalised by the model, not here), labels i64 class indices
+/// by train's sorted class folders. A val
 /// class that train lacks throws naming it. A missing val folder throws too.
 TrainTest load_image_folder(const std::string& dir, const ImageFolderOptions& opt);
 
@@ -54,9 +56,9 @@ struct EncodedImages {
   std::function<std::string(int64_t)> name;
 };
 
-/// A batch source of encoded images with their labels: decoded, transformed
-/// (training's or evaluation's, by `train`) and normalised on opt.workers
-/// threads; `where` names the split in messages.
+/// A batch source of encoded images with their labels: decoded and
+/// transformed (training's or evaluation's, by `train`) into u8 [size, size,
+/// 3] pixels on opt.workers threads; `where` names the split in messages.
 std::shared_ptr<const ExampleSource> make_encoded_image_source(const std::string& where, EncodedImages images,
                                                                std::vector<int64_t> labels, bool train,
                                                                const ImageFolderOptions& opt);

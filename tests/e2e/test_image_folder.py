@@ -10,8 +10,11 @@ CI machine; chance is 10%, and a wrong label mapping or a broken transform
 stays near it); the listing was cached beside the data (DIR/.mixtrain-index-*.txt)
 and a second run reads the same data from it; the same images as tar shards
 give the folder's 12 losses bit for bit (--shard-order global) and train to
-the bar streamed per rank (--shard-order stream); --skip-bad-images counts the
-bad files' reads of both ranks.
+the bar streamed per rank (--shard-order stream); the batches are 8-bit pixels
+that the model's first op (image_normalize) normalises, under AMP straight
+into FP16, and 12 AMP steps give the losses of the program that keeps the
+FP16 cast (--no-fold-casts), bit for bit; --skip-bad-images counts the bad
+files' reads of both ranks.
 """
 import gzip
 import os
@@ -117,6 +120,22 @@ def main():
     r = mt.mixtrain(shard_args + ["--steps", 1], np=4, timeout=300)
     c.check(r.rc != 0 and "3 training shard(s) for 4 ranks" in r.out and "--shard-order global" in r.out,
             "stream order with fewer shards than ranks: an error saying what to do", r.out[-400:])
+    # The readers hand over u8 [N, 28, 28, 3] pixels; the model normalises them
+    # (image_normalize), under AMP into the first conv's FP16 input directly.
+    amp = ["--precision", "amp"]
+    r = mt.mixtrain(args + amp + ["--print-program"], timeout=120)
+    first = mt.program_ops(r.out).get(0)
+    c.check(first is not None and first.type == "image_normalize" and first.inputs() == {"x"}
+            and list(first.outputs().values()) == ["f16"],
+            "AMP's program starts with image_normalize of the pixels, writing FP16",
+            f"{first.type}({first.ins_text}) -> {first.outs_text}" if first else r.out[-300:])
+    folded_met, cast_met = d / "amp_folded.jsonl", d / "amp_cast.jsonl"
+    ra = mt.mixtrain(args + amp + short + ["--metrics", folded_met], np=2, timeout=300)
+    rb = mt.mixtrain(args + amp + short + ["--no-fold-casts", "--metrics", cast_met], np=2, timeout=300)
+    if c.ok_run(ra, "12 AMP steps, image_normalize writing FP16") and c.ok_run(rb, "12 AMP steps, --no-fold-casts"):
+        la = [mt.Metrics(folded_met).step(n)["loss"] for n in range(1, 13)]
+        lb = [mt.Metrics(cast_met).step(n)["loss"] for n in range(1, 13)]
+        c.check(la == lb, "the same 12 losses as FP32 normalisation and a cast, bit for bit", f"{la[:3]} vs {lb[:3]}")
     check_skipped_bad_images(c, d, data)
     c.finish()
 

@@ -1081,6 +1081,7 @@ class LazyCopyQueue final : public mix::HostToDeviceQueue {
   void wait_for_compute() override { compute_ordered_ = true; }
   void copy(void* dst, const void* src, size_t bytes) override {
     unordered_copies += !compute_ordered_;
+    bytes_queued += bytes;
     copies_.push_back({dst, src, bytes});
   }
   void record(int k) override {
@@ -1096,6 +1097,7 @@ class LazyCopyQueue final : public mix::HostToDeviceQueue {
   size_t copies_queued() const { return copies_.size(); }
   size_t copies_not_run() const { return copies_.size() - done_; }
   int unordered_copies = 0;  // copies queued with no wait_for_compute() since the last fence
+  size_t bytes_queued = 0;   // what the copies move, in all
 
  private:
   struct Copy {
@@ -1227,4 +1229,62 @@ TEST_CASE("BatchFeeder on a device uploads each batch a step ahead and fences it
   // The device batches are freed with the feeder; the host ones with its prefetcher.
   CHECK(gpu.memory.live_bytes() == 0);
   CHECK(pinned.live_bytes() == 0);
+}
+
+namespace {
+
+// 7 examples of 8-bit pixels [2, 2, 3] (example e's bytes are 12e, ..., 12e + 11)
+// labelled e, read on demand as the image readers' are.
+class PixelSource final : public ExampleSource {
+ public:
+  int64_t size() const override { return 7; }
+  Shape example_shape() const override { return {2, 2, 3}; }
+  DType input_dtype() const override { return DType::u8; }
+  Shape label_shape() const override { return {}; }
+  void read(const std::vector<int64_t>& idx, int64_t begin, int64_t count, int64_t, Tensor& inputs,
+            Tensor& labels) const override {
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t e = idx[static_cast<size_t>(begin + i)];
+      for (int64_t k = 0; k < 12; ++k) inputs.data<uint8_t>()[i * 12 + k] = static_cast<uint8_t>(e * 12 + k);
+      labels.data<int64_t>()[i] = e;
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("BatchFeeder carries 8-bit batches to a device: one byte an element uploaded", "[data][batch][feeder]") {
+  Dataset ds;
+  ds.name = "pixels";
+  ds.num_classes = 7;
+  ds.source = std::make_shared<PixelSource>();
+  CHECK(ds.input_dtype() == DType::u8);
+  CHECK(ds.example_shape() == Shape{2, 2, 3});
+  const auto order = std::make_shared<const std::vector<int64_t>>(std::vector<int64_t>{6, 2, 4, 0, 1, 5, 3});
+  // Batches of 3, 3 and 1 examples.
+  const auto batch_of = [&](int64_t s) { return BatchRequest{order, s * 3, std::min<int64_t>(3, 7 - s * 3)}; };
+  LazyGpu gpu;
+  BackendStandIn stand_in(&gpu);
+  const mix::Device device{mix::DeviceKind::cuda, 0};
+  CountingHostMemory pinned;
+  BatchFeeder feeder(ds, device, &pinned, batch_of, 0, 3);
+  size_t pixels_seen = 0;
+  for (int64_t s = 0; s < 3; ++s) {
+    INFO("step " << s);
+    const Batch& batch = feeder.next();
+    const int64_t n = batch_of(s).count;
+    REQUIRE(batch.inputs.device() == device);
+    REQUIRE(batch.inputs.dtype() == DType::u8);
+    REQUIRE(batch.inputs.shape() == Shape{n, 2, 2, 3});
+    CHECK(batch.inputs.bytes() == static_cast<size_t>(n) * 12);
+    const Tensor host = batch.inputs.to(mix::cpu_device());  // runs the upload first, as compute work would
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t e = (*order)[static_cast<size_t>(s * 3 + i)];
+      for (int64_t k = 0; k < 12; ++k) CHECK(host.data<uint8_t>()[i * 12 + k] == e * 12 + k);
+    }
+    pixels_seen += static_cast<size_t>(n) * 12;
+  }
+  // Every batch uploaded once: a byte a pixel value and 8 bytes a label.
+  gpu.queue->drain();
+  CHECK(gpu.queue->bytes_queued == pixels_seen + 7 * sizeof(int64_t));
 }

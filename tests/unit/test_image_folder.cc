@@ -311,9 +311,14 @@ Batch read_all(const ExampleSource& s, int64_t epoch) {
   for (int64_t i = 0; i < s.size(); ++i) idx[i] = (i * 7) % s.size();  // any order
   Shape xs = s.example_shape();
   xs.insert(xs.begin(), s.size());
-  Batch b{Tensor::empty(xs, DType::f32), Tensor::empty({s.size()}, DType::i64)};
+  Batch b{Tensor::empty(xs, s.input_dtype()), Tensor::empty({s.size()}, DType::i64)};
   s.read(idx, 0, s.size(), epoch, b.x, b.y);
   return b;
+}
+
+// Whether two tensors hold the same bytes.
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.bytes() == b.bytes() && std::memcmp(a.raw(), b.raw(), a.bytes()) == 0;
 }
 
 }  // namespace
@@ -329,17 +334,21 @@ TEST_CASE("image folder: labels by train's sorted classes, 1 and 4 workers give 
   REQUIRE(a.train.size() == 15);
   REQUIRE(a.test.size() == 15);
   CHECK(a.train.num_classes == 3);
-  CHECK(a.train.example_shape() == Shape{3, 24, 24});
+  // 8-bit RGB pixels, channels last: the model normalises them (image_normalize).
+  CHECK(a.train.example_shape() == Shape{24, 24, 3});
+  CHECK(a.train.input_dtype() == DType::u8);
+  CHECK(a.test.example_shape() == Shape{24, 24, 3});
+  CHECK(a.test.input_dtype() == DType::u8);
   for (int64_t epoch : {0, 3}) {
     const Batch x = read_all(*a.train.source, epoch), y = read_all(*b.train.source, epoch);
-    CHECK(std::memcmp(x.x.data<float>(), y.x.data<float>(), x.x.numel() * 4) == 0);
-    CHECK(std::memcmp(x.y.data<int64_t>(), y.y.data<int64_t>(), x.y.numel() * 8) == 0);
+    CHECK(same_bytes(x.x, y.x));
+    CHECK(same_bytes(x.y, y.y));
   }
   // Another epoch draws other crops; evaluation has none to draw.
   const Batch e0 = read_all(*a.train.source, 0), e1 = read_all(*a.train.source, 1);
-  CHECK(std::memcmp(e0.x.data<float>(), e1.x.data<float>(), e0.x.numel() * 4) != 0);
+  CHECK_FALSE(same_bytes(e0.x, e1.x));
   const Batch v0 = read_all(*a.test.source, 0), v1 = read_all(*a.test.source, 1);
-  CHECK(std::memcmp(v0.x.data<float>(), v1.x.data<float>(), v0.x.numel() * 4) == 0);
+  CHECK(same_bytes(v0.x, v1.x));
   // Example i * 7 % 15 of 5 per class: class (i * 7 % 15) / 5.
   for (int64_t i = 0; i < 15; ++i) CHECK(v0.y.data<int64_t>()[i] == (i * 7 % 15) / 5);
 }
@@ -372,7 +381,7 @@ TEST_CASE("bad images: an error naming the file, or replaced under --skip-bad-im
     for (size_t i = 0; i < idx.files.size(); ++i)
       if (idx.files[i] == "b/" + name) bad_index = static_cast<int64_t>(i);
     REQUIRE(bad_index >= 0);
-    Tensor x = Tensor::empty({1, 3, 16, 16}, DType::f32), y = Tensor::empty({1}, DType::i64);
+    Tensor x = Tensor::empty({1, 16, 16, 3}, DType::u8), y = Tensor::empty({1}, DType::i64);
     try {
       t.train.source->read({bad_index}, 0, 1, 0, x, y);
       FAIL("no error for " << name);
@@ -466,12 +475,12 @@ TEST_CASE("image shards give the image folder's examples, labels and crops, bit 
   CHECK(tar.train.num_classes == folder.train.num_classes);
   for (int64_t epoch : {0, 2}) {
     const Batch a = read_all(*folder.train.source, epoch), b = read_all(*tar.train.source, epoch);
-    CHECK(std::memcmp(a.x.data<float>(), b.x.data<float>(), a.x.numel() * 4) == 0);
-    CHECK(std::memcmp(a.y.data<int64_t>(), b.y.data<int64_t>(), a.y.numel() * 8) == 0);
+    CHECK(same_bytes(a.x, b.x));
+    CHECK(same_bytes(a.y, b.y));
   }
   const Batch a = read_all(*folder.test.source, 0), b = read_all(*tar.test.source, 0);
-  CHECK(std::memcmp(a.x.data<float>(), b.x.data<float>(), a.x.numel() * 4) == 0);
-  CHECK(std::memcmp(a.y.data<int64_t>(), b.y.data<int64_t>(), a.y.numel() * 8) == 0);
+  CHECK(same_bytes(a.x, b.x));
+  CHECK(same_bytes(a.y, b.y));
 }
 
 TEST_CASE("image shard errors name the shard and the sample", "[image_folder][shards]") {
