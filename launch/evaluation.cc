@@ -23,8 +23,12 @@ Program count_correct_program(const Program& program, const models::Model& model
   Program p;
   p.add_var(program.var(model.logits));
   p.add_var(program.var(model.label));
-  p.append_op(
-      make_op("top1_correct", {{"Logits", {model.logits}}, {"Label", {model.label}}}, {{"Correct", {kEvalCorrect}}}));
+  // A padded vocabulary's logits have more columns than the model has classes: the padding is never a prediction.
+  std::map<std::string, Attr> attrs;
+  const Shape& logits = program.var(model.logits).shape;
+  if (!logits.empty() && logits.back() > model.num_classes) attrs["valid_classes"] = model.num_classes;
+  p.append_op(make_op("top1_correct", {{"Logits", {model.logits}}, {"Label", {model.label}}},
+                      {{"Correct", {kEvalCorrect}}}, std::move(attrs)));
   return p;
 }
 

@@ -21,9 +21,10 @@ namespace {
 models::Model build_named_model(const std::string& name) {
   if (name == "mlp") return models::build_mlp(models::MlpConfig{});
   if (name == "transformer") return models::build_transformer(models::TransformerConfig{});
+  if (name == "gpt2") return models::build_transformer(models::transformer_preset(models::TransformerPreset::gpt2), name);
   if (name.rfind("resnet", 0) == 0) return models::build_resnet(models::resnet_preset(name), name);
   MIX_FAIL("mixbench grad-sync: unknown model '" << name << "' (mlp, resnet18, resnet34, resnet50, resnet-small, "
-                                                 << "transformer)");
+                                                 << "transformer, gpt2)");
 }
 
 // A bucket's all-reduce is a start and a wait; the bench runs both.

@@ -81,8 +81,8 @@ int main(int argc, char** argv) {
   grad_sync->formatter(app.get_formatter());
   grad_sync->option_defaults()->always_capture_default();
   grad_sync->add_option("--model", gs.model, "the model whose gradients to all-reduce, at its default size")
-      ->check(mix::launch::one_of({"mlp", "resnet18", "resnet34", "resnet50", "resnet-small", "transformer"}))
-      ->type_name("mlp|resnet18|resnet34|resnet50|resnet-small|transformer");
+      ->check(mix::launch::one_of({"mlp", "resnet18", "resnet34", "resnet50", "resnet-small", "transformer", "gpt2"}))
+      ->type_name("mlp|resnet18|resnet34|resnet50|resnet-small|transformer|gpt2");
   mix::launch::add_choice(*grad_sync, "--precision", gs.precision, mix::amp::kPrecisionNames,
                           "the training program's precision, as mixtrain's");
   mix::launch::add_choice(*grad_sync, "--grad-reduce", gs.grad_reduce, mix::collective::kGradReduceNames,

@@ -113,6 +113,7 @@ std::vector<std::pair<std::string, std::string>> TrainConfig::fingerprint_fields
           {"heads", is_language_model() ? num(heads) : "-"},
           {"context", is_language_model() ? num(context) : "-"},
           {"vocab", is_language_model() ? num(vocab) : "-"},
+          {"vocab-multiple", is_language_model() ? num(vocab_multiple) : "-"},
           {"tie-weights", tie_weights ? "on" : "off"},
           {"dropout", num(dropout)},
           {"fused-attention", !is_language_model() ? "-"
@@ -278,13 +279,22 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
   add_choice(app, "--data-format", c.data_format, kDataFormatNames,
              "ResNets: activation layout, channels first (nchw) or last (nhwc); auto: nhwc for amp on cuda, else "
              "nchw");
-  app.add_option("--layers", c.layers, "transformer: blocks")->check(kPositiveInt);
-  app.add_option("--d-model", c.d_model, "transformer: width of the residual stream")->check(kPositiveInt);
-  app.add_option("--heads", c.heads, "transformer: attention heads (must divide --d-model)")->check(kPositiveInt);
-  app.add_option("--context", c.context, "transformer: tokens per sequence")->check(kPositiveInt);
-  app.add_option("--vocab", c.vocab, "transformer: vocabulary (256 or more for byte-level text)")
+  // The language models' sizes: each flag's default for --model transformer, then for gpt2.
+  const auto add_size = [&app](const char* flag, int64_t& target, const char* help, const char* defaults) {
+    return app.add_option(flag, target, help)->check(kPositiveInt)->default_str(defaults);
+  };
+  add_size("--layers", c.layers, "transformer: blocks", "4; 12 for gpt2");
+  add_size("--d-model", c.d_model, "transformer: width of the residual stream", "128; 768 for gpt2");
+  add_size("--heads", c.heads, "transformer: attention heads (must divide --d-model)", "4; 12 for gpt2");
+  add_size("--context", c.context, "transformer: tokens per sequence", "128; 1024 for gpt2");
+  add_size("--vocab", c.vocab, "transformer: vocabulary (256 or more for byte-level text)", "256; 50257 for gpt2")
       ->check(CLI::Range(2, 1 << 24));
-  app.add_flag("--tie-weights", c.tie_weights, "transformer: the output layer reuses the token embedding");
+  add_size("--vocab-multiple", c.vocab_multiple,
+           "transformer: pad the vocabulary (wte's rows, the logits) to a multiple of this for the GEMMs; the "
+           "padding is masked, so results are the unpadded model's",
+           "1; 64 for gpt2");
+  app.add_flag("--tie-weights", c.tie_weights,
+               "transformer: the output layer reuses the token embedding (gpt2: always)");
   app.add_option("--dropout", c.dropout, "transformer: dropout probability (0: none)")->check(number_in(0.0, 0.99));
   app.add_flag("!--no-fused-attention", c.fused_attention,
                "transformer: attention as matmul, causal softmax and matmul, storing the [tokens, tokens] "
@@ -543,6 +553,17 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
                  "is its newer name)");
     c.collective_timeout = std::min(seconds, 1e9);
   }
+  // --model gpt2 (or transformer) sets every model flag not given.
+  if (c.is_language_model()) {
+    const models::TransformerConfig model_preset = models::transformer_preset(c.transformer_preset());
+    if (!given("--layers")) c.layers = model_preset.layers;
+    if (!given("--d-model")) c.d_model = model_preset.d_model;
+    if (!given("--heads")) c.heads = model_preset.heads;
+    if (!given("--context")) c.context = model_preset.context;
+    if (!given("--vocab")) c.vocab = model_preset.vocab;
+    if (!given("--vocab-multiple")) c.vocab_multiple = model_preset.vocab_multiple;
+    c.tie_weights = c.tie_weights || model_preset.tie_weights;
+  }
   const std::string data_name = data ? name(*data, kDataSetNames) : "";
   if (!c.data_file.empty() && data && *data != DataSet::safetensors)
     return bad("--data-file gives the data, but --data " + data_name + " asks for another data set: drop one of them");
@@ -606,8 +627,8 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
     return bad("--image-size, --width and --blocks are for the ResNet models (--model " + c.model + ")");
   // Flags of another model, optimizer or data set would do nothing here,
   // silently (a --dropout on the MLP, a --momentum under adamw).
-  for (const char* flag : {"--layers", "--d-model", "--heads", "--context", "--vocab", "--tie-weights", "--dropout",
-                           "--no-fused-attention"})
+  for (const char* flag : {"--layers", "--d-model", "--heads", "--context", "--vocab", "--vocab-multiple",
+                           "--tie-weights", "--dropout", "--no-fused-attention"})
     if (!c.is_language_model() && given(flag))
       return bad(std::string(flag) + " is for --model transformer; --model " + c.model + " has no such setting");
   if (c.model != "mlp" && given("--hidden"))

@@ -10,6 +10,7 @@
 
 #include "amp/loss_scaler.h"
 #include "amp/precision.h"
+#include "models/model.h"
 #include "collective/grad_allreduce_pass.h"
 #include "runtime/core/device.h"
 #include "runtime/core/enum_names.h"
@@ -71,17 +72,23 @@ struct TrainConfig {
   bool fuse_bn_relu = true;
   /// softmax_with_cross_entropy's grad recomputes the softmax (runtime/passes/recompute_softmax.h; --store-softmax: off).
   bool recompute_softmax = true;
-  // the Transformer language model (models::TransformerConfig)
+  // the Transformer language model (models::TransformerConfig); --model gpt2
+  // starts from models::transformer_preset(gpt2) instead, for every flag not given
   int64_t layers = 4;
   int64_t d_model = 128;
   int64_t heads = 4;
   int64_t context = 128;
   int64_t vocab = 256;
+  int64_t vocab_multiple = 1;  // the vocabulary padded to a multiple of this for the GEMMs, the padding masked
   bool tie_weights = false;
   double dropout = 0.0;
   /// Attention as one fused_attention op (models::TransformerConfig::fused_attention; --no-fused-attention: off).
   bool fused_attention = true;
-  bool is_language_model() const { return model == "transformer"; }
+  bool is_language_model() const { return model == "transformer" || model == "gpt2"; }
+  /// The configuration --model names before the flags given on the command line.
+  models::TransformerPreset transformer_preset() const {
+    return model == "gpt2" ? models::TransformerPreset::gpt2 : models::TransformerPreset::transformer;
+  }
   /// JPEGs read from disk (an image folder or tar shards), decoded and transformed a batch at a time.
   bool is_image_data() const { return data == DataSet::image_folder || data == DataSet::image_shards; }
   bool resume_auto() const { return resume == "auto"; }

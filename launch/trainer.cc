@@ -113,6 +113,7 @@ models::Model build_model(const TrainConfig& c, const data::Dataset& train) {
     tc.heads = c.heads;
     tc.context = c.context;
     tc.vocab = c.vocab;
+    tc.vocab_multiple = c.vocab_multiple;
     tc.tie_weights = c.tie_weights;
     tc.dropout = c.dropout;
     tc.seed = c.seed;

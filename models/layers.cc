@@ -31,9 +31,12 @@ std::string linear(Program& p, const std::string& prefix, const std::string& x, 
   return y;
 }
 
-void cross_entropy_loss(Program& p, const std::string& logits, const std::string& label, const std::string& loss) {
+void cross_entropy_loss(Program& p, const std::string& logits, const std::string& label, const std::string& loss,
+                        int64_t valid_classes) {
+  std::map<std::string, Attr> attrs;
+  if (valid_classes > 0) attrs["valid_classes"] = valid_classes;
   p.append_op(make_op("softmax_with_cross_entropy", {{"Logits", {logits}}, {"Label", {label}}},
-                      {{"Softmax", {logits + ".softmax"}}, {"Loss", {loss + ".per_example"}}}));
+                      {{"Softmax", {logits + ".softmax"}}, {"Loss", {loss + ".per_example"}}}, std::move(attrs)));
   p.append_op(make_op("mean", {{"X", {loss + ".per_example"}}}, {{"Out", {loss}}}));
 }
 

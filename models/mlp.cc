@@ -30,6 +30,6 @@ Model build_mlp(const MlpConfig& c, const std::string& name) {
   return m;
 }
 
-std::vector<std::string> model_names() { return {"mlp", "linear", "resnet18", "resnet34", "resnet50", "resnet-small", "transformer"}; }
+std::vector<std::string> model_names() { return {"mlp", "linear", "resnet18", "resnet34", "resnet50", "resnet-small", "transformer", "gpt2"}; }
 
 }  // namespace mix::models

@@ -86,6 +86,11 @@ struct TransformerConfig {
   int64_t heads = 4;
   int64_t context = 128;  // tokens per sequence
   int64_t vocab = 256;    // bytes, for byte-level text
+  /// The rows of wte (and lm_head) and the logits' columns are padded to a
+  /// multiple of this, for the GEMMs' tiles (GPT-2: 50,257 -> 50,304). The
+  /// padding is masked: its rows start zero and its logits take no
+  /// probability, so loss, gradients and predictions are the unpadded model's.
+  int64_t vocab_multiple = 1;
   bool tie_weights = false;  // the output layer reuses transformer.wte.weight (no lm_head.weight)
   double dropout = 0.0;  // after the embeddings, the attention probabilities and each residual branch
   uint64_t seed = 1;     // dropout masks: (seed, step, rank, op)
@@ -96,7 +101,16 @@ struct TransformerConfig {
   /// Whether the blocks use fused_attention: asked for, and no dropout, which
   /// the fused op does not apply to its probabilities.
   bool uses_fused_attention() const { return fused_attention && dropout == 0; }
+  /// The vocabulary rounded up to a multiple of vocab_multiple: wte's rows, the logits' columns.
+  int64_t padded_vocab() const { return (vocab + vocab_multiple - 1) / vocab_multiple * vocab_multiple; }
 };
+
+/// The language models --model names: one builder, two starting configurations.
+enum class TransformerPreset {
+  transformer,  // the small default above
+  gpt2,         // GPT-2 small (124M): 12 x 768, 12 heads, context 1024, vocabulary 50,257 padded to 50,304, tied
+};
+TransformerConfig transformer_preset(TransformerPreset preset);
 Model build_transformer(const TransformerConfig& c, const std::string& name = "transformer");
 
 /// Names --model accepts.
@@ -112,6 +126,9 @@ std::string add_parameter(Program& p, const std::string& name, const Shape& shap
 std::string linear(Program& p, const std::string& prefix, const std::string& x, int64_t in, int64_t out,
                    const std::string& out_name = "");
 /// Mean softmax cross-entropy of `logits` against `label`, into the scalar `loss`.
-void cross_entropy_loss(Program& p, const std::string& logits, const std::string& label, const std::string& loss);
+/// `valid_classes` > 0: only the first that many columns of `logits` are
+/// classes, the rest padding that takes no probability and gets no gradient.
+void cross_entropy_loss(Program& p, const std::string& logits, const std::string& label, const std::string& loss,
+                        int64_t valid_classes = 0);
 
 }  // namespace mix::models

@@ -2,7 +2,7 @@
 // parameter names and initialisation, so its state_dict round-trips through
 // safetensors with a nanoGPT-style PyTorch model (docs/models.md, "Transformer"):
 //
-//   transformer.wte.weight            [vocab, d]      token embedding (lookup_table)
+//   transformer.wte.weight            [vocab, d]      token embedding (lookup_table); vocab padded, below
 //   transformer.wpe.weight            [context, d]    position embedding
 //   transformer.h.{i}.ln_1.{weight,bias}              [d]
 //   transformer.h.{i}.attn.c_attn.{weight,bias}       [3d, d], [3d]   q, k, v in one GEMM
@@ -12,6 +12,18 @@
 //   transformer.h.{i}.mlp.c_proj.{weight,bias}        [d, 4d], [d]
 //   transformer.ln_f.{weight,bias}                    [d]
 //   lm_head.weight                    [vocab, d]      absent with weight tying (wte is used)
+//
+// Vocabulary padding (vocab_multiple, GPT-2's 50,257 -> 50,304): wte and lm_head
+// get the padded row count, so the output GEMM's N is a multiple of 64, and
+// their padding rows start zero (VarDesc::unpadded_rows). The loss masks the
+// padding inside softmax_with_cross_entropy (attr valid_classes): the padded
+// logits take no part in the row's max and sum and get gradient exactly 0, so
+// the output GEMM's weight gradient is exactly 0 on the padding rows, which
+// therefore never move (no token id reaches them through the lookup either),
+// and the input gradient h gets from them is 0 as well. Loss and gradients are
+// the unpadded model's; evaluation's argmax skips the padding the same way.
+// Masking in the loss op rather than adding -inf to the logits costs nothing:
+// no extra pass over the [tokens, vocab] logits, no -inf in FP16 tensors.
 //
 // Pre-norm blocks: h += attn(ln_1(h)); h += mlp(ln_2(h)). Attention is one
 // `fused_attention` op on the heads [B, heads, T, hd] (white: FP16/BF16 inputs,
@@ -149,12 +161,13 @@ Model build_transformer(const TransformerConfig& c, const std::string& name) {
   MIX_CHECK(c.d_model % c.heads == 0, "transformer: --d-model " << c.d_model << " is not a multiple of --heads "
                                                                 << c.heads << " (each head gets d_model / heads dims)");
   MIX_CHECK(c.dropout >= 0 && c.dropout < 1, "transformer: --dropout must be in [0, 1), got " << c.dropout);
+  MIX_CHECK(c.vocab_multiple > 0, "transformer: --vocab-multiple must be positive, got " << c.vocab_multiple);
   Model m;
   m.name = name;
   m.example_shape = {c.context};
   m.label_shape = {c.context};
   m.input_dtype = DType::i64;
-  m.num_classes = c.vocab;
+  m.num_classes = c.vocab;  // the logits have c.padded_vocab() columns: the loss and evaluation mask the rest
   m.tokens_per_example = c.context;
   Program& p = m.program;
   p.add_var(VarDesc{m.input, {-1, c.context}, DType::i64, false, false, true, {}});
@@ -163,7 +176,13 @@ Model build_transformer(const TransformerConfig& c, const std::string& name) {
   TransformerBuilder b(p, c);
   const double std = TransformerBuilder::kStd;
   const double proj_std = std / std::sqrt(2.0 * static_cast<double>(c.layers));
-  b.parameter("transformer.wte.weight", {c.vocab, c.d_model}, {VarInit::Kind::normal, std});
+  const int64_t vocab_rows = c.padded_vocab();
+  // wte, and lm_head below, with the vocabulary's padding rows marked.
+  auto vocab_matrix = [&](const std::string& param) {
+    b.parameter(param, {vocab_rows, c.d_model}, {VarInit::Kind::normal, std});
+    if (vocab_rows != c.vocab) p.var(param).unpadded_rows = c.vocab;
+  };
+  vocab_matrix("transformer.wte.weight");
   b.parameter("transformer.wpe.weight", {c.context, c.d_model}, {VarInit::Kind::normal, std});
 
   const std::string tok = p.unique_name("transformer.tok_emb");  // [B, T, d]
@@ -178,12 +197,35 @@ Model build_transformer(const TransformerConfig& c, const std::string& name) {
   std::string head = "transformer.wte.weight";
   if (!c.tie_weights) {
     head = "lm_head.weight";
-    b.parameter(head, {c.vocab, c.d_model}, {VarInit::Kind::normal, std});
+    vocab_matrix(head);
   }
-  // logits [B, T, vocab] = h . head^T
+  // logits [B, T, padded vocab] = h . head^T
   p.append_op(make_op("matmul", {{"X", {h}}, {"Y", {head}}}, {{"Out", {m.logits}}}, {{"transpose_Y", true}}));
-  cross_entropy_loss(p, m.logits, m.label, m.loss);  // mean over every token of the batch
+  // The mean over every token of the batch, the padding columns masked.
+  cross_entropy_loss(p, m.logits, m.label, m.loss, vocab_rows != c.vocab ? c.vocab : 0);
   return m;
+}
+
+TransformerConfig transformer_preset(TransformerPreset preset) {
+  TransformerConfig c;
+  switch (preset) {
+    case TransformerPreset::transformer:
+      break;
+    case TransformerPreset::gpt2:
+      // GPT-2 small as nanoGPT's GPTConfig has it (n_layer 12, n_head 12,
+      // n_embd 768, block_size 1024, bias, tied wte / lm_head), with GPT-2's
+      // BPE vocabulary unpadded in the state_dict sense and padded to 50,304
+      // for the GEMMs, as nanoGPT and llm.c pad it.
+      c.layers = 12;
+      c.d_model = 768;
+      c.heads = 12;
+      c.context = 1024;
+      c.vocab = 50257;
+      c.vocab_multiple = 64;
+      c.tie_weights = true;
+      break;
+  }
+  return c;
 }
 
 }  // namespace mix::models

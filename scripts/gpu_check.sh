@@ -360,6 +360,19 @@ r50_accum_rc=$?
 # BF16 (--precision bf16: the AMP lists in BF16, no loss scale): every op's BF16 kernels in a whole step.
 train_resnet50 bf16 resnet50_bf16 --data-format nhwc; r50_bf16_rc=$?
 train_transformer bf16 transformer_bf16; tf_bf16_rc=$?
+# GPT-2 small (--model gpt2: 12 x 768, context 1024, vocabulary 50,257 padded
+# to 50,304 and masked, tied; 124M parameters), AdamW, batch 8 x 1024 tokens,
+# in AMP, BF16 and FP32 (torch_compare.py's gpt2_* rows sit beside these):
+# few timed steps, tokens/s and peak memory.
+train_gpt2() {  # precision, log name
+  limit 150 "$build/mixtrain" --device cuda --precision "$1" --model gpt2 --data synthetic --synthetic-size 64 \
+    --batch-size 8 --optimizer adamw --benchmark --benchmark-warmup 5 --steps 15 --eval false \
+    --metrics "$out/$2.jsonl" >"$out/$2.log" 2>&1
+}
+echo "gpu_check: GPT-2 124M, batch 8 x 1024 tokens, AMP, BF16 and FP32 (logs: $out/gpt2_*.log)"
+train_gpt2 amp gpt2_amp; gpt2_amp_rc=$?
+train_gpt2 bf16 gpt2_bf16; gpt2_bf16_rc=$?
+train_gpt2 fp32 gpt2_fp32; gpt2_fp32_rc=$?
 # ResNet-50 AMP fed from JPEGs on disk (--data image-folder: decode, random
 # crop, flip on the host's cores, normalised on the GPU) against the synthetic
 # AMP row above at the same batch: the share of the GPU's rate the readers
@@ -600,6 +613,12 @@ secs=$(( $(date +%s) - t0 ))
   printf "  %-36s %s\n" "Transformer-base AMP tokens/s" "$tf_amp_tps (exit $tf_amp_rc)"
   printf "  %-36s %s\n" "Transformer-base BF16 tokens/s" "$tf_bf16_tps (exit $tf_bf16_rc)"
   printf "  %-36s %s\n" "ResNet-50 b64 BF16 NHWC images/s" "$r50_bf16_ips (exit $r50_bf16_rc)"
+  for gpt2_row in amp bf16 fp32; do
+    gpt2_rc_var="gpt2_${gpt2_row}_rc"
+    printf "  %-36s %s (exit %s), peak bytes %s\n" "GPT-2 124M b8x1024 ${gpt2_row^^} tokens/s" \
+      "$(summary_field "$out/gpt2_$gpt2_row.jsonl" tokens_per_s_overall)" "${!gpt2_rc_var}" \
+      "$(summary_field "$out/gpt2_$gpt2_row.jsonl" peak_bytes)"
+  done
   printf "  %-36s %s\n" "Transformer AMP / FP32 (>= 2.9)" "$tf_ratio"
   printf "  %-36s %s (exit %s), peak bytes %s\n" "Transformer AMP no-fold-casts tok/s" "$tf_nofold_tps" "$tf_nofold_rc" \
     "$tf_nofold_peak"
@@ -640,5 +659,6 @@ secs=$(( $(date +%s) - t0 ))
   [ $r50_b256_legacy_rc -eq 0 ] && [ $r50_fp32_cg_rc -eq 0 ] && [ $r50_amp_cg_rc -eq 0 ] && [ $r50_amp_cg_legacy_rc -eq 0 ] &&
   [ $r50_fp32_g11_rc -eq 0 ] && [ $r50_amp_g11_rc -eq 0 ] && [ $r50_amp_g11_legacy_rc -eq 0 ] && [ $r50_b256_g11_rc -eq 0 ] &&
   [ $cg_flag_rc -eq 0 ] &&
+  [ $gpt2_amp_rc -eq 0 ] && [ $gpt2_bf16_rc -eq 0 ] && [ $gpt2_fp32_rc -eq 0 ] &&
   [ $tf_fp32_rc -eq 0 ] && [ $tf_amp_rc -eq 0 ] && [ $tf_amp_cg_rc -eq 0 ] && [ $tf_nofold_rc -eq 0 ] && [ $tf_stored_rc -eq 0 ] && [ $tf_unfused_rc -eq 0 ] && [ $rs_ov_rc -eq 0 ] && [ $rs_no_rc -eq 0 ] && [ $bench_rc -eq 0 ] &&
   [ $stuck_ok -eq 0 ] && [ $mc_ops_ok -eq 0 ] && [ $mc_tf_ok -eq 0 ] && [ $mc_att_ok -eq 0 ]

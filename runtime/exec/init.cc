@@ -1,5 +1,6 @@
 #include "runtime/exec/init.h"
 
+#include <cstring>
 #include <vector>
 
 #include "runtime/core/check.h"
@@ -41,6 +42,15 @@ void initialize_persistables(const Program& p, Scope& scope, uint64_t seed) {
           std::vector<float> f(values.begin(), values.end());
           cpu::store_f32(f.data(), t);
         }
+      }
+      // Padding rows start (and, never reaching the loss, stay) zero. The rows
+      // before them hold the values an unpadded variable of the same name gets.
+      if (v.unpadded_rows > 0) {
+        MIX_CHECK(!v.shape.empty() && v.unpadded_rows <= v.shape[0],
+                  v.name << ": " << v.unpadded_rows << " unpadded rows of " << shape_str(v.shape));
+        const size_t row_bytes = t.bytes() / static_cast<size_t>(v.shape[0]);
+        std::memset(static_cast<char*>(t.raw()) + static_cast<size_t>(v.unpadded_rows) * row_bytes, 0,
+                    t.bytes() - static_cast<size_t>(v.unpadded_rows) * row_bytes);
       }
     }
     scope.set(v.name, std::move(t));

@@ -73,6 +73,24 @@ void load_into(const std::string& path, const VarDesc& v, const Tensor& src, Ten
   check_values(path, v, dst);
 }
 
+// --init-from of a parameter padded along dim 0 (VarDesc::unpadded_rows)
+// from a file holding only its unpadded rows (a PyTorch GPT-2 state_dict's
+// 50,257-row wte into the 50,304-row model): those rows load, the padding is
+// zeroed. Any other shape goes through copy_into and its shape check.
+void load_unpadded_into(const std::string& path, const VarDesc& v, const Tensor& src, Tensor& dst) {
+  Shape unpadded = dst.shape();
+  unpadded[0] = v.unpadded_rows;
+  MIX_CHECK(src.shape() == unpadded, "checkpoint " << path << ": tensor '" << v.name << "' has shape "
+                                                   << shape_str(src.shape()) << " but the model expects "
+                                                   << shape_str(dst.shape()) << " (or " << shape_str(unpadded)
+                                                   << " without the vocabulary's padding rows)");
+  Tensor rows = Tensor::zeros(unpadded, dst.dtype());
+  copy_into(path, v.name, src, rows);
+  std::memset(dst.raw(), 0, dst.bytes());
+  std::memcpy(dst.raw(), rows.raw(), rows.bytes());
+  check_values(path, v, dst);
+}
+
 }  // namespace
 
 FileDigest save_checkpoint(const std::string& path, const Program& p, const Scope& scope, const Metadata& meta) {
@@ -94,7 +112,11 @@ int load_parameters(const std::string& path, const Program& p, Scope& scope, int
       missing += (missing.empty() ? "" : ", ") + name;
       continue;
     }
-    load_into(path, p.var(name), *src, scope.get(name));
+    const VarDesc& v = p.var(name);
+    if (v.unpadded_rows > 0 && src->shape() != scope.get(name).shape())
+      load_unpadded_into(path, v, *src, scope.get(name));
+    else
+      load_into(path, v, *src, scope.get(name));
     ++loaded;
   }
   if (!missing.empty())

@@ -24,7 +24,9 @@ using Metadata = std::map<std::string, std::string>;
 FileDigest save_checkpoint(const std::string& path, const Program& p, const Scope& scope, const Metadata& meta);
 
 /// --init-from: loads every parameter of `p` from `path` (F32, F16 or BF16
-/// tensors; shapes must match), and the model buffers (batch_norm's running
+/// tensors; shapes must match, except that a parameter padded along dim 0,
+/// VarDesc::unpadded_rows, also takes a tensor of its unpadded rows alone,
+/// the padding then zero), and the model buffers (batch_norm's running
 /// statistics) the file has; buffers it lacks keep their initial values and are
 /// listed in `missing_buffers`. A missing parameter or a shape mismatch throws
 /// naming the tensor; tensors the model does not have are ignored (counted in

@@ -39,6 +39,12 @@ struct VarDesc {
   VarInit init;               // persistable variables only
   bool is_buffer = false;     // model state that is not trained (batch_norm's running statistics):
                               // saved, loaded by --init-from and kept equal on every rank
+  /// Parameters padded along dim 0 (a vocabulary padded for the GEMMs): when
+  /// above 0, rows [unpadded_rows, shape[0]) are padding, zero at
+  /// initialisation, and a checkpoint tensor of only the unpadded rows loads
+  /// into the first rows with the padding zero. Whatever reads the padding
+  /// must mask it (softmax_with_cross_entropy's attr valid_classes).
+  int64_t unpadded_rows = 0;
 };
 
 /// Op attributes; std::vector<double> holds per-channel constants (image_normalize's mean and std).

@@ -40,9 +40,23 @@ inline void check_attrs(const OpDesc& op, size_t logits_ndim) {
 
 struct Dims {
   int64_t rows, classes;
+  /// Classes that take part: attr valid_classes (default all). The columns
+  /// from here to `classes` are padding (a vocabulary padded for the GEMMs):
+  /// they take no probability (softmax 0), get gradient 0, and a label there
+  /// is out of range, so the loss and gradients equal those of logits without
+  /// the padding columns.
+  int64_t valid = 0;
 };
 
-inline Dims dims_of(const Tensor& logits, const Tensor& label) {
+/// Attr valid_classes of `op` for rows of `classes` logits, checked: 1 to classes (0 or absent: all).
+inline int64_t valid_classes(const OpDesc& op, int64_t classes) {
+  const int64_t valid = op.attr<int64_t>("valid_classes", 0);
+  MIX_CHECK(valid >= 0 && valid <= classes, kOp << ": attr valid_classes " << valid << " is outside [1, " << classes
+                                                << "] (the logits' classes; 0: all)");
+  return valid == 0 ? classes : valid;
+}
+
+inline Dims dims_of(const OpDesc& op, const Tensor& logits, const Tensor& label) {
   MIX_CHECK(logits.ndim() >= 1, kOp << ": Logits must have at least one dim");
   MIX_CHECK(label.dtype() == DType::i64 || label.dtype() == DType::i32,
             kOp << ": Label is " << dtype_name(label.dtype()) << ", expected i64 class indices");
@@ -50,7 +64,7 @@ inline Dims dims_of(const Tensor& logits, const Tensor& label) {
   const int64_t c = logits.dim(-1);
   const int64_t rows = c == 0 ? 0 : logits.numel() / c;
   MIX_CHECK(label.numel() == rows, kOp << ": Label holds " << label.numel() << " values for " << rows << " rows");
-  return {rows, c};
+  return {rows, c, valid_classes(op, c)};
 }
 
 /// Logits' leading dims (one entry per row) followed by `per_row`.

@@ -6,6 +6,13 @@
 // Rows whose label equals attr ignore_index (default -100, as in PyTorch) get
 // loss 0 and gradient 0. Any other label outside [0, C) is an error naming the
 // row, the value and C.
+//
+// Attr valid_classes V (default C): only the first V columns are classes; the
+// other C - V are padding (a vocabulary padded to a multiple of 64 for the
+// GEMMs, models/transformer.cc). The row's max and sum run over the V columns
+// alone, the padding's Softmax is 0 and its gradient 0, and a label must be
+// below V: the loss and the first V gradients are those of the unpadded
+// logits, bit for bit, whatever values the padding columns hold.
 // Grad (softmax_with_cross_entropy_grad): Logits@GRAD = (Softmax - onehot) *
 // Loss@GRAD[row], from the saved Softmax. A gradient arriving at the Softmax
 // output is ignored, as in Paddle: Softmax is a by-product for the grad and
@@ -53,6 +60,7 @@ void infer_swce(Program& p, OpDesc& op) {
             kOp << ": Label " << label.name << " is " << dtype_name(label.dtype) << ", expected i64 class indices");
   check_attrs(op, logits.shape.size());
   check_label_shape(logits.shape, label.shape);
+  if (logits.shape.back() >= 0) xent::valid_classes(op, logits.shape.back());
   const DType out = widening::out_dtype(op, logits.dtype);
   if (!op.out_or_empty("Softmax").empty()) declare_var(p, op.out("Softmax"), logits.shape, out);
   if (!op.out_or_empty("RowStats").empty())
@@ -81,10 +89,10 @@ void swce_cpu(OpContext& ctx) {
   const Tensor& logits = ctx.in("Logits");
   const Tensor& label = ctx.in("Label");
   check_attrs(ctx.op, logits.shape().size());
-  const Dims d = dims_of(logits, label);
+  const Dims d = dims_of(ctx.op, logits, label);
   const int64_t ignore = ctx.attr<int64_t>("ignore_index", -100);
   // Validate every label before writing anything, so an error leaves no half-written outputs.
-  for (int64_t i = 0; i < d.rows; ++i) checked_label(label, i, d.classes, ignore);
+  for (int64_t i = 0; i < d.rows; ++i) checked_label(label, i, d.valid, ignore);
   const DType out = widening::out_dtype(ctx.op, logits.dtype());
   Tensor* softmax = ctx.wants("Softmax") ? &ctx.out("Softmax", logits.shape(), out) : nullptr;
   float* stats =
@@ -98,9 +106,9 @@ void swce_cpu(OpContext& ctx) {
     Y* l = loss.data<Y>();
     std::vector<float> xbuf, ybuf;  // a row as floats, for FP16/BF16 storage (cpu::widened_row)
     for (int64_t i = 0; i < d.rows; ++i) {
-      const int64_t lab = checked_label(label, i, d.classes, ignore);
+      const int64_t lab = checked_label(label, i, d.valid, ignore);
       const float* xr = cpu::widened_row(x + i * d.classes, d.classes, xbuf);
-      const fn::RowStats st = fn::row_stats(xr, d.classes);
+      const fn::RowStats st = fn::row_stats(xr, d.valid);
       l[i] = from_float<Y>(lab < 0 ? 0.f : fn::cross_entropy_loss(st.sum, st.max, xr[lab]));
       if (stats) {
         stats[2 * i] = st.max;
@@ -109,7 +117,8 @@ void swce_cpu(OpContext& ctx) {
       if (!y) continue;
       float* yr = cpu::float_row_for(y + i * d.classes, d.classes, ybuf);
       const fn::SoftmaxNormalize f = fn::softmax_normalizer(st.max, st.sum);
-      for (int64_t k = 0; k < d.classes; ++k) yr[k] = f(xr[k]);
+      for (int64_t k = 0; k < d.valid; ++k) yr[k] = f(xr[k]);
+      std::fill(yr + d.valid, yr + d.classes, 0.f);  // padding takes no probability
       cpu::narrowed_row(yr, y + i * d.classes, d.classes);
     }
   });
@@ -119,7 +128,7 @@ void swce_grad_cpu(OpContext& ctx) {
   const xent::GradSource src = xent::grad_source(ctx);
   const Tensor& label = ctx.in("Label");
   const Tensor& dloss = ctx.in("Loss@GRAD");
-  const Dims d = dims_of(src.values, label);
+  const Dims d = dims_of(ctx.op, src.values, label);
   MIX_CHECK(dloss.numel() == d.rows, kOp << "_grad: Loss@GRAD " << shape_str(dloss.shape()) << " does not hold one value per row ("
                                          << d.rows << " rows)");
   const int64_t ignore = ctx.attr<int64_t>("ignore_index", -100);
@@ -130,7 +139,7 @@ void swce_grad_cpu(OpContext& ctx) {
     DX* g = dx.data<DX>();
     std::vector<float> vbuf, ybuf, gbuf;
     for (int64_t i = 0; i < d.rows; ++i) {
-      const int64_t lab = checked_label(label, i, d.classes, ignore);
+      const int64_t lab = checked_label(label, i, d.valid, ignore);
       float* gr = cpu::float_row_for(g + i * d.classes, d.classes, gbuf);
       if (lab < 0) {
         std::fill(gr, gr + d.classes, 0.f);
@@ -140,13 +149,14 @@ void swce_grad_cpu(OpContext& ctx) {
           const float* xr = cpu::widened_row(src.values.data<DX>() + i * d.classes, d.classes, vbuf);
           const float* st = src.row_stats.data<float>() + 2 * i;
           const fn::SoftmaxNormalize f = fn::softmax_normalizer(st[0], st[1]);
-          ybuf.resize(static_cast<size_t>(d.classes));
-          for (int64_t k = 0; k < d.classes; ++k) ybuf[static_cast<size_t>(k)] = fn::softmax_as_stored<Y>(f, xr[k]);
+          ybuf.resize(static_cast<size_t>(d.valid));
+          for (int64_t k = 0; k < d.valid; ++k) ybuf[static_cast<size_t>(k)] = fn::softmax_as_stored<Y>(f, xr[k]);
           yr = ybuf.data();
         } else {
           yr = cpu::widened_row(src.values.data<Y>() + i * d.classes, d.classes, vbuf);
         }
-        fn::softmax_cross_entropy_grad_row(yr, gr, d.classes, lab, dloss.item_float(i));
+        fn::softmax_cross_entropy_grad_row(yr, gr, d.valid, lab, dloss.item_float(i));
+        std::fill(gr + d.valid, gr + d.classes, 0.f);  // the padding's logits do not reach the loss
       }
       cpu::narrowed_row(gr, g + i * d.classes, d.classes);
     }

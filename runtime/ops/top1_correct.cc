@@ -3,7 +3,9 @@
 // or i32; one class index per row). Evaluation's accuracy is Correct over the
 // number of rows. The argmax is fn::argmax_key's (runtime/kernels/argmax_key.h):
 // the first index among equal maxima; a row whose maximum is NaN is never
-// correct; a label outside [0, K) (an ignored row) never matches.
+// correct; a label outside [0, K) (an ignored row) never matches. Attr
+// valid_classes V (default K): only the first V columns are classes, the rest
+// vocabulary padding that is never predicted (as softmax_with_cross_entropy's).
 //
 // Evaluation only, no gradient. The trainer runs it where the logits are, so
 // that a GPU hands back one integer per batch instead of the whole logits.
@@ -18,7 +20,7 @@
 
 namespace mix {
 
-Top1Dims top1_dims(const Tensor& logits, const Tensor& label) {
+Top1Dims top1_dims(const OpDesc& op, const Tensor& logits, const Tensor& label) {
   MIX_CHECK(logits.ndim() >= 1 && is_floating(logits.dtype()),
             "top1_correct: Logits is " << dtype_name(logits.dtype()) << shape_str(logits.shape())
                                        << ", expected a float tensor [..., classes]");
@@ -31,7 +33,10 @@ Top1Dims top1_dims(const Tensor& logits, const Tensor& label) {
   MIX_CHECK(label.numel() == rows, "top1_correct: Label " << shape_str(label.shape()) << " holds " << label.numel()
                                                           << " values for the " << rows << " rows of Logits "
                                                           << shape_str(logits.shape()));
-  return {rows, classes};
+  const int64_t valid = op.attr<int64_t>("valid_classes", 0);
+  MIX_CHECK(valid >= 0 && valid <= classes,
+            "top1_correct: attr valid_classes " << valid << " is outside [1, " << classes << "] (0: all)");
+  return {rows, classes, valid == 0 ? classes : valid};
 }
 
 namespace {
@@ -55,7 +60,7 @@ int64_t label_at(const Tensor& label, int64_t row) {
 void top1_correct_cpu(OpContext& ctx) {
   const Tensor& logits = ctx.in("Logits");
   const Tensor& label = ctx.in("Label");
-  const Top1Dims d = top1_dims(logits, label);
+  const Top1Dims d = top1_dims(ctx.op, logits, label);
   int64_t correct = 0;
   cpu::dispatch_floating(logits.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -70,8 +75,8 @@ void top1_correct_cpu(OpContext& ctx) {
     for (int64_t r = 0; r < d.rows; ++r) {
       uint32_t best_rank = 0;  // below every value: value_rank(-inf) > 0
       int64_t best_index = 0;
-      for (int64_t b = 0; b < d.classes; b += cpu::kChunk) {
-        const int64_t m = std::min(cpu::kChunk, d.classes - b);
+      for (int64_t b = 0; b < d.valid; b += cpu::kChunk) {
+        const int64_t m = std::min(cpu::kChunk, d.valid - b);
         cpu::load_floats(x + r * d.classes + b, buf, m);
         uint32_t chunk_rank = 0;
         for (int64_t j = 0; j < m; ++j) chunk_rank = std::max(chunk_rank, fn::value_rank(buf[j]));

@@ -4,6 +4,7 @@ tests/unit/test_transformer_parity.cc.
 
     /usr/bin/python3 tests/python/transformer_reference.py OUT.safetensors [--layers 2] [--d-model 32]
         [--heads 4] [--context 16] [--vocab 64] [--batch 3] [--seed 0] [--tie-weights] [--sdpa]
+        [--state-dict STATE.safetensors]
 
 Builds, from torch.nn modules, nanoGPT's decoder-only LM (token and position embeddings,
 pre-norm blocks h += attn(ln_1(h)); h += mlp(ln_2(h)) with causal multi-head self-attention
@@ -14,7 +15,10 @@ names so that the state_dict names are mixtrain's (models/transformer.cc). No dr
 state_dict then holds the shared matrix once, as transformer.wte.weight). --sdpa computes the
 attention with PyTorch's fused scaled_dot_product_attention (is_causal=True) instead, as
 nanoGPT does where torch has it (the private _scaled_dot_product_attention of torch 1.13,
-Debian's, else the public one). Initialisation as
+Debian's, else the public one). --tie-weights --sdpa is nanoGPT's GPT (mixtrain's --model
+gpt2, whose padded vocabulary the reference does not have: the tests compare mixtrain's padded
+model against this unpadded one). --state-dict also writes the initial state_dict alone, by
+its plain names, as a PyTorch user would save it for mixtrain's --init-from. Initialisation as
 nanoGPT's: Linear and Embedding weights N(0, 0.02), the residual projections (c_proj)
 N(0, 0.02 / sqrt(2 layers)), biases 0, LayerNorm weight 1 and bias 0. Writes (via
 tests/python/safetensors_io.py):
@@ -151,6 +155,7 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tie-weights", action="store_true")
     ap.add_argument("--sdpa", action="store_true", help="attention through scaled_dot_product_attention")
+    ap.add_argument("--state-dict", help="also write the initial state_dict here (safetensors, plain names)")
     a = ap.parse_args()
 
     torch.set_num_threads(2)
@@ -184,6 +189,8 @@ def main():
             "attention": "sdpa" if a.sdpa else "explicit",
             "torch": torch.__version__}
     safetensors_io.save(a.out, out, metadata=meta)
+    if a.state_dict:
+        safetensors_io.save(a.state_dict, {k: v.numpy().copy() for k, v in init.items()})
     return 0
 
 

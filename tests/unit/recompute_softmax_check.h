@@ -25,14 +25,16 @@ inline constexpr SoftmaxDtypes kSoftmaxDtypes[] = {{DType::f32, DType::f32},
                                                    {DType::f16, DType::f32},
                                                    {DType::bf16, DType::f32}};
 
-/// Both ways of computing Logits@GRAD for `logits` on `device`, with the
-/// softmax and loss in dtype `out` (through attr out_dtype where it differs
-/// from the logits'): the forward with Softmax then the grad reading it, and
-/// the forward with RowStats then the grad recomputing. Label 3 is ignored.
-/// Returns {stored, recomputed}, and checks that the losses are identical.
-inline std::pair<Tensor, Tensor> stored_and_recomputed_grads(const Tensor& logits, const Tensor& label, DType out,
-                                                             Device device) {
-  std::map<std::string, Attr> attrs{{"ignore_index", int64_t{3}}};
+/// softmax_with_cross_entropy over `logits` with `attrs` on `device`, with
+/// the softmax and loss in dtype `out` (through attr out_dtype where it
+/// differs from the logits'), and its grad both ways: the forward with Softmax
+/// then the grad reading it (`stored`: dx, loss, y), and the forward with
+/// RowStats then the grad recomputing (`recomputed`: dx, loss).
+struct CrossEntropyBothWays {
+  std::map<std::string, Tensor> stored, recomputed;
+};
+inline CrossEntropyBothWays cross_entropy_both_ways(const Tensor& logits, const Tensor& label, DType out,
+                                                    std::map<std::string, Attr> attrs, Device device) {
   std::map<std::string, Attr> grad_attrs = attrs;
   if (out != logits.dtype()) {
     attrs["out_dtype"] = std::string(dtype_name(out));
@@ -41,22 +43,31 @@ inline std::pair<Tensor, Tensor> stored_and_recomputed_grads(const Tensor& logit
   const int64_t rows = logits.numel() / logits.dim(-1);
   const std::vector<std::pair<std::string, Tensor>> feeds{
       {"x", logits}, {"label", label}, {"dloss", to_dtype(uniform_tensor({rows, 1}, 9, 0.5f, 2.f), out)}};
-  const auto stored = run_ops_on(
+  CrossEntropyBothWays r;
+  r.stored = run_ops_on(
       {make_op("softmax_with_cross_entropy", {{"Logits", {"x"}}, {"Label", {"label"}}},
                {{"Softmax", {"y"}}, {"Loss", {"loss"}}}, attrs),
        make_op("softmax_with_cross_entropy_grad", {{"Softmax", {"y"}}, {"Label", {"label"}}, {"Loss@GRAD", {"dloss"}}},
                {{"Logits@GRAD", {"dx"}}}, grad_attrs)},
-      feeds, device, ExecEnv{}, {"dx", "loss"});
+      feeds, device, ExecEnv{}, {"dx", "loss", "y"});
   grad_attrs["softmax_dtype"] = std::string(dtype_name(out));
-  const auto recomputed =
+  r.recomputed =
       run_ops_on({make_op("softmax_with_cross_entropy", {{"Logits", {"x"}}, {"Label", {"label"}}},
                           {{"RowStats", {"stats"}}, {"Loss", {"loss"}}}, attrs),
                   make_op("softmax_with_cross_entropy_grad",
                           {{"Logits", {"x"}}, {"RowStats", {"stats"}}, {"Label", {"label"}}, {"Loss@GRAD", {"dloss"}}},
                           {{"Logits@GRAD", {"dx"}}}, grad_attrs)},
                  feeds, device, ExecEnv{}, {"dx", "loss"});
-  expect_identical(recomputed.at("loss"), stored.at("loss"), "the loss");
-  return {stored.at("dx"), recomputed.at("dx")};
+  return r;
+}
+
+/// Both ways of computing Logits@GRAD for `logits` on `device` (cross_entropy_both_ways),
+/// label 3 ignored. Returns {stored, recomputed}, and checks that the losses are identical.
+inline std::pair<Tensor, Tensor> stored_and_recomputed_grads(const Tensor& logits, const Tensor& label, DType out,
+                                                             Device device) {
+  const CrossEntropyBothWays r = cross_entropy_both_ways(logits, label, out, {{"ignore_index", int64_t{3}}}, device);
+  expect_identical(r.recomputed.at("loss"), r.stored.at("loss"), "the loss");
+  return {r.stored.at("dx"), r.recomputed.at("dx")};
 }
 
 }  // namespace mix::testing

@@ -53,6 +53,7 @@
 #include "runtime/ops/broadcast.h"
 #include "tests/unit/cuda_compare.h"
 #include "tests/unit/gradcheck.h"
+#include "tests/unit/padded_classes_check.h"
 #include "tests/unit/recompute_softmax_check.h"
 #include "tests/unit/top1_check.h"
 
@@ -768,6 +769,15 @@ TEST_CASE("softmax_with_cross_entropy without a stored softmax: the same gradien
                        "Logits@GRAD, " + dname(pr.logits) + " logits, " + dname(pr.softmax) + " softmax, " +
                            std::to_string(classes) + " classes");
     }
+}
+
+TEST_CASE("softmax_with_cross_entropy and top1_correct on CUDA ignore a padded vocabulary's columns, bit for bit",
+          "[cuda][cross_entropy][top1]") {
+  require_gpu();
+  // Attr valid_classes (GPT-2's vocabulary padded to 50,304): on the GPU, as
+  // on the CPU (test_gpt2.cc), the padded logits give the unpadded logits'
+  // loss, softmax and gradient bits, and the padding gets 0 and never wins.
+  mix::testing::check_padded_classes(kGpu);
 }
 
 TEST_CASE("softmax_with_cross_entropy on CUDA: an out-of-range label poisons its row with NaN",

@@ -13,6 +13,7 @@
 #include "runtime/core/half.h"
 #include "tests/unit/cuda_compare.h"
 #include "tests/unit/gradcheck.h"
+#include "tests/unit/padded_classes_check.h"
 
 using namespace mix;
 using namespace mix::testing;
@@ -349,6 +350,14 @@ TEST_CASE("softmax_with_cross_entropy: bad labels and shapes are errors", "[ops]
   c.inputs[1].value = i64_tensor({4, 1}, {0, 1, 2, 3});
   c.attrs = {{"soft_label", true}};
   CHECK_THROWS_WITH(run_forward(c), Contains("soft_label"));
+}
+
+TEST_CASE("softmax_with_cross_entropy and top1_correct: attr valid_classes ignores padding columns, bit for bit",
+          "[ops][cross_entropy][top1]") {
+  // A vocabulary padded for the GEMMs (GPT-2's 50,257 to 50,304): the padded
+  // logits give the unpadded logits' loss, softmax and gradient bits; the
+  // padding gets 0 and is never predicted. test_cuda_ops.cc runs the same on the GPU.
+  mix::testing::check_padded_classes(cpu_device());
 }
 
 // ---- reshape2 ---------------------------------------------------------------------------

@@ -6,7 +6,9 @@
 // fn::softmax_cross_entropy_grad_elem along the row
 // (runtime/kernels/softmax_row.h). Attr out_dtype "f32" (runtime/ops/
 // widening.h): FP16/BF16 Logits, FP32 Softmax and Loss, and Logits@GRAD in
-// Logits' dtype, as in the CPU kernels.
+// Logits' dtype, as in the CPU kernels. Attr valid_classes V: the row's
+// softmax runs over its first V columns, the padding after them gets Softmax
+// 0 and gradient 0, and a label must be below V, as on the CPU.
 //
 // Without a stored Softmax (runtime/passes/recompute_softmax.h) the forward writes
 // RowStats and the grad recomputes each softmax value from Logits and its
@@ -37,7 +39,7 @@ using xent::loss_shape_of;
 // Host-side checks of shapes and attributes: the CPU kernel's, from the shared header.
 Dims dims_of(const OpContext& ctx, const Tensor& logits, const Tensor& label) {
   xent::check_attrs(ctx.op, logits.shape().size());
-  return xent::dims_of(logits, label);
+  return xent::dims_of(ctx.op, logits, label);
 }
 
 // What a row's label asks for.
@@ -56,12 +58,14 @@ __device__ __forceinline__ LabelKind label_kind(const L* labels, int64_t row, in
 // y (the Softmax) and stats (RowStats: max, sum per row) may each be null.
 template <typename X, typename Y, typename L>
 __global__ void softmax_cross_entropy_rows(const X* x, const L* labels, Y* y, float* stats, Y* loss, int64_t rows,
-                                           int64_t classes, int64_t ignore) {
+                                           int64_t classes, int64_t valid, int64_t ignore) {
   __shared__ float shared[kBlock / kWarp];  // block_reduce's
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const X* xr = x + r * classes;
     Y* yr = y != nullptr ? y + r * classes : nullptr;
-    const RowSoftmax row = softmax_row<kBlock>(xr, yr, classes, shared);
+    const RowSoftmax row = softmax_row<kBlock>(xr, yr, valid, shared);
+    if (yr != nullptr)  // the padding takes no probability
+      for (int64_t i = valid + threadIdx.x; i < classes; i += kBlock) yr[i] = from_float<Y>(0.f);
     const float m = row.max, s = row.sum;
     if (threadIdx.x == 0) {
       if (stats != nullptr) {
@@ -69,7 +73,7 @@ __global__ void softmax_cross_entropy_rows(const X* x, const L* labels, Y* y, fl
         stats[2 * r + 1] = s;
       }
       int64_t label = 0;
-      switch (label_kind(labels, r, classes, ignore, label)) {
+      switch (label_kind(labels, r, valid, ignore, label)) {
         case LabelKind::valid:
           loss[r] = from_float<Y>(fn::cross_entropy_loss(s, m, to_float(xr[label])));
           break;
@@ -111,17 +115,17 @@ struct SoftmaxSource {
 // are read once per row, and no thread divides by the row length.
 template <typename Y, typename DX, typename L, int kThreads>
 __global__ void softmax_cross_entropy_grad_rows(SoftmaxSource<Y, DX> src, const L* labels, ScalarRef dloss, DX* dx,
-                                                int64_t rows, int64_t classes, int64_t ignore) {
+                                                int64_t rows, int64_t classes, int64_t valid, int64_t ignore) {
   using G = RowGroup<kThreads>;
   for (int64_t r = G::first_row(); r < rows; r += G::row_stride()) {
     DX* dxr = dx + r * classes;
     int64_t label = 0;
-    switch (label_kind(labels, r, classes, ignore, label)) {
+    switch (label_kind(labels, r, valid, ignore, label)) {
       case LabelKind::valid: {
         const float d = load_as_float(dloss, r);
         const auto y = src.row(r, classes);
-        for (int64_t i = G::tid(); i < classes; i += kThreads)
-          dxr[i] = from_float<DX>(fn::softmax_cross_entropy_grad_elem(y(i), i == label, d));
+        for (int64_t i = G::tid(); i < classes; i += kThreads)  // the padding's logits do not reach the loss
+          dxr[i] = from_float<DX>(i < valid ? fn::softmax_cross_entropy_grad_elem(y(i), i == label, d) : 0.f);
         break;
       }
       case LabelKind::ignored:
@@ -166,7 +170,8 @@ void swce_cuda(OpContext& ctx) {
       using L = decltype(label_tag);
       softmax_cross_entropy_rows<X, Y, L><<<blocks, kBlock, 0, stream>>>(logits.data<X>(), label.data<L>(),
                                                                          softmax ? softmax->data<Y>() : nullptr, stats,
-                                                                         loss.data<Y>(), d.rows, d.classes, ignore);
+                                                                         loss.data<Y>(), d.rows, d.classes, d.valid,
+                                                                         ignore);
       MIX_CUDA_CHECK(cudaGetLastError());
     });
   });
@@ -199,7 +204,7 @@ void swce_grad_cuda(OpContext& ctx) {
       with_row_group(d.classes, [&](auto threads) {
         constexpr int kThreads = decltype(threads)::value;
         softmax_cross_entropy_grad_rows<Y, DX, L, kThreads><<<row_group_blocks<kThreads>(d.rows), kBlock, 0, stream>>>(
-            from, label.data<L>(), scalar_ref(&dloss), dx.data<DX>(), d.rows, d.classes, ignore);
+            from, label.data<L>(), scalar_ref(&dloss), dx.data<DX>(), d.rows, d.classes, d.valid, ignore);
         MIX_CUDA_CHECK(cudaGetLastError());
       });
     });

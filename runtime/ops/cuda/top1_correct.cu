@@ -3,7 +3,8 @@
 // strided share of the row, a block reduction takes the largest of those, and
 // thread 0 adds the row's hit to the count with an integer atomic. Integer
 // maxima and sums do not depend on order, so the count equals the CPU's on
-// every input.
+// every input. Only the first attr valid_classes columns are searched, as on
+// the CPU.
 #include <algorithm>
 
 #include "runtime/kernels/argmax_key.h"
@@ -18,13 +19,13 @@ struct MaxU64 {
 };
 
 template <typename T, typename L>
-__global__ void top1_correct_rows(const T* logits, const L* label, int64_t rows, int64_t classes,
+__global__ void top1_correct_rows(const T* logits, const L* label, int64_t rows, int64_t classes, int64_t valid,
                                   unsigned long long* correct) {
   __shared__ unsigned long long shared[kBlock / kWarp];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* row = logits + r * classes;
     unsigned long long best = 0;  // below every key, as on the CPU
-    for (int64_t j = threadIdx.x; j < classes; j += kBlock) {
+    for (int64_t j = threadIdx.x; j < valid; j += kBlock) {
       const unsigned long long key = fn::argmax_key(to_float(row[j]), j);
       best = key > best ? key : best;
     }
@@ -38,7 +39,7 @@ void top1_correct_cuda(OpContext& ctx) {
   const Tensor label = ctx.in("Label");
   check_on_device(ctx, logits, "Logits");
   check_on_device(ctx, label, "Label");
-  const Top1Dims d = top1_dims(logits, label);
+  const Top1Dims d = top1_dims(ctx.op, logits, label);
   Tensor& out = ctx.out("Correct", {1}, DType::i64);
   const cudaStream_t stream = compute_stream(ctx);
   auto* correct = reinterpret_cast<unsigned long long*>(out.data<int64_t>());
@@ -49,10 +50,10 @@ void top1_correct_cuda(OpContext& ctx) {
     using T = decltype(tag);
     if (label.dtype() == DType::i64)
       top1_correct_rows<<<blocks, kBlock, 0, stream>>>(logits.data<T>(), label.data<int64_t>(), d.rows, d.classes,
-                                                       correct);
+                                                       d.valid, correct);
     else
       top1_correct_rows<<<blocks, kBlock, 0, stream>>>(logits.data<T>(), label.data<int32_t>(), d.rows, d.classes,
-                                                       correct);
+                                                       d.valid, correct);
     MIX_CUDA_CHECK(cudaGetLastError());
   });
 }
