@@ -80,12 +80,27 @@ set(OPENBLAS_FOUND TRUE)
 list(APPEND CMAKE_BUILD_RPATH "${MIX_BUNDLE_LIB}")
 list(APPEND CMAKE_INSTALL_RPATH "${MIX_BUNDLE_LIB}")
 
-# MPI is not in the bundle (GPU nodes are often without Open MPI). Bundle mode
-# builds the single-process mixtrain unless MPI was asked for and is there.
-if(MIX_WITH_MPI)
+# MPI: the bundle's Open MPI (deps/openmpi/include/mpi.h, deps/lib/libmpi.so.40;
+# deps/openmpi/bin/mpirun starts the ranks), else the machine's, else none (the
+# single-process mixtrain).
+set(MIX_BUNDLE_MPI "${MIX_BUNDLE_DIR}/deps/openmpi")
+if(MIX_WITH_MPI AND EXISTS "${MIX_BUNDLE_MPI}/include/mpi.h" AND EXISTS "${MIX_BUNDLE_LIB}/libmpi.so.40")
+  add_library(MPI::MPI_C SHARED IMPORTED GLOBAL)
+  set_target_properties(MPI::MPI_C PROPERTIES
+    IMPORTED_LOCATION "${MIX_BUNDLE_LIB}/libmpi.so.40"
+    IMPORTED_SONAME libmpi.so.40
+    INTERFACE_INCLUDE_DIRECTORIES "${MIX_BUNDLE_MPI}/include"
+    # The C API only: no C++ bindings (libmpi_cxx is not bundled).
+    INTERFACE_COMPILE_DEFINITIONS OMPI_SKIP_MPICXX=1
+    # libmpi's own dependencies (libopen-rte, libopen-pal, hwloc, libevent) are in
+    # deps/lib too: DT_RPATH, as for OpenBLAS, reaches them.
+    INTERFACE_LINK_OPTIONS "LINKER:--disable-new-dtags")
+  set(MPI_C_FOUND TRUE)
+  message(STATUS "mixtrain: MPI from the bundle (Open MPI in ${MIX_BUNDLE_MPI}; start ranks with its bin/mpirun)")
+elseif(MIX_WITH_MPI)
   find_package(MPI QUIET COMPONENTS C)
   if(NOT MPI_C_FOUND)
-    message(STATUS "mixtrain: bundle mode and no MPI on this machine: MIX_WITH_MPI OFF (single process)")
+    message(STATUS "mixtrain: bundle mode and no MPI in the bundle or on this machine: MIX_WITH_MPI OFF (single process)")
     set(MIX_WITH_MPI OFF)
   endif()
 endif()

@@ -191,6 +191,108 @@ bundle_closure "$dir/deps/lib/$jpeg_so"
 # libpng: the image readers' PNGs.
 png_so="$(bundle_so "$(resolve_so libpng16.so.16)" libpng16.so)"
 bundle_closure "$dir/deps/lib/$png_so"
+# ---- (d) Open MPI's runtime, relocatable: several ranks on the GPU machine ----------
+# Debian's Open MPI 4.1 (openmpi-bin, libopenmpi3, openmpi-common, libpmix2) as
+# files, not a package: the launcher (orterun), libmpi and the libraries it
+# needs (into deps/lib), the plugins that need no network fabric library (UCX,
+# libfabric, verbs, PSM, OpenSHMEM are left out: one node, shared memory and
+# TCP), the help texts, mpi.h, and deps/openmpi/bin/mpirun, a script that points
+# Open MPI at these folders (OPAL_PREFIX and its OPAL_*DIR variables, which
+# Open MPI honours for a moved install) and runs the launcher. The bundle's
+# build links this libmpi, so mixtrain there is the multi-process one.
+ompi="$dir/deps/openmpi"
+rm -rf "$ompi"
+mkdir -p "$ompi/bin" "$ompi/lib/openmpi3" "$ompi/lib/pmix" "$ompi/share/openmpi" "$ompi/share/pmix" "$ompi/etc" \
+  "$ompi/include/openmpi"
+for pkg in openmpi-bin libopenmpi3 openmpi-common libopenmpi-dev libpmix2; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || die "package $pkg is not installed (scripts/setup.sh installs Open MPI)"
+done
+pkg_file() {  # package, file-name pattern (grep -E, anchored at the end): the first such file it installs
+  dpkg -L "$1" | grep -E "$2\$" | while read -r f; do [ -f "$f" ] && { echo "$f"; break; }; done
+}
+orterun="$(pkg_file openmpi-bin '/bin/orterun')"
+ob1="$(pkg_file libopenmpi3 '/mca_pml_ob1\.so')"
+help="$(pkg_file openmpi-common '/help-mpi-runtime\.txt')"
+mpi_h="$(pkg_file libopenmpi-dev '/mpi\.h')"
+libmpi="$(pkg_file libopenmpi3 '/libmpi\.so\.[0-9.]*')"
+[ -n "$orterun" ] && [ -n "$ob1" ] && [ -n "$help" ] && [ -n "$mpi_h" ] && [ -n "$libmpi" ] ||
+  die "cannot find Open MPI's orterun, plugins, help texts, mpi.h or libmpi in the Debian packages"
+cp -p "$orterun" "$ompi/bin/orterun"
+orted="$(dirname "$orterun")/orted"
+[ -f "$orted" ] && cp -p "$orted" "$ompi/bin/orted"
+note_pkg openmpi-bin; note_pkg libopenmpi3; note_pkg openmpi-common; note_pkg libpmix2
+mpi_so="$(bundle_so "$libmpi" libmpi.so)"
+bundle_closure "$dir/deps/lib/$mpi_so"
+bundle_closure "$ompi/bin/orterun"
+# A plugin is bundled when every library it needs is one Open MPI brings or a
+# small one bundled with it: those for network fabrics (and their own plugins)
+# would double the bundle, and a single node needs none of them.
+fabric='^lib(ucp|ucs|uct|ucm|fabric|ibverbs|rdmacm|psm_infinipath|psm2|nl-[0-9]|nl-route|mca_common_(ucx|ofi|verbs)|oshmem)\.'
+n_plugins=0
+for f in "$(dirname "$ob1")"/*.so; do
+  case "$(basename "$f")" in mca_spml_*|mca_sshmem_*|mca_memheap_*|mca_atomic_*|mca_scoll_*) continue ;; esac
+  needed "$f" | grep -qE "$fabric" && continue
+  cp -p "$f" "$ompi/lib/openmpi3/"
+  bundle_closure "$f"
+  n_plugins=$((n_plugins + 1))
+done
+# PMIx's own plugins and help texts (Open MPI's pmix ext3x plugin loads libpmix).
+while IFS= read -r f; do
+  case "$f" in
+    */pmix/pmix_mca_*.so) [ -f "$f" ] && cp -p "$f" "$ompi/lib/pmix/" && bundle_closure "$f" ;;
+    */share/pmix/help-*.txt) cp -p "$f" "$ompi/share/pmix/" ;;
+  esac
+done < <(dpkg -L libpmix2)
+cp -p "$(dirname "$help")"/*.txt "$ompi/share/openmpi/"
+# The C API only (mixtrain defines OMPI_SKIP_MPICXX): mpi.h and what it includes.
+inc="$(dirname "$mpi_h")"
+cp -p "$inc/mpi.h" "$inc/mpi_portable_platform.h" "$ompi/include/"
+[ -f "$inc/mpi-ext.h" ] && cp -p "$inc/mpi-ext.h" "$ompi/include/"
+[ -d "$inc/openmpi/mpiext" ] && cp -rp "$inc/openmpi/mpiext" "$ompi/include/openmpi/"
+cat >"$ompi/etc/openmpi-mca-params.conf" <<'CONF'
+# The bundle's Open MPI settings (scripts/gpu_bundle.sh): one node, its ranks
+# over shared memory (vader) and TCP; plugins that are not in the bundle are
+# neither wanted nor reported; started without ssh (plm isolated: this node only).
+btl = self,vader,tcp
+pml = ob1
+osc = ^ucx,pt2pt
+plm = isolated
+btl_base_warn_component_unused = 0
+mca_base_component_show_load_errors = 0
+CONF
+cat >"$ompi/env.sh" <<'ENV'
+# Source this (bash) to use the bundle's Open MPI: every folder of the moved
+# install named (OPAL_PREFIX and the OPAL_*DIR variables Open MPI honours,
+# PMIx's plugin path) and the bundle's libraries first on the loader's path.
+# bin/mpirun sources it; so does gpu_check.sh, for single-process runs of a
+# build that links the bundle's libmpi (MPI_Init then needs the same plugins).
+ompi="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+deps="$(dirname "$ompi")"
+export OPAL_PREFIX="$ompi" OPAL_EXEC_PREFIX="$ompi" OPAL_BINDIR="$ompi/bin" OPAL_SBINDIR="$ompi/bin" \
+  OPAL_LIBEXECDIR="$ompi/bin" OPAL_LIBDIR="$deps/lib" OPAL_PKGLIBDIR="$ompi/lib/openmpi3" \
+  OPAL_INCLUDEDIR="$ompi/include" OPAL_PKGINCLUDEDIR="$ompi/include/openmpi" \
+  OPAL_DATAROOTDIR="$ompi/share" OPAL_DATADIR="$ompi/share" OPAL_PKGDATADIR="$ompi/share/openmpi" \
+  OPAL_SYSCONFDIR="$ompi/etc"
+export PMIX_INSTALL_PREFIX="$ompi" PMIX_MCA_mca_base_component_path="$ompi/lib/pmix" \
+  PMIX_MCA_mca_base_component_show_load_errors=0
+# hwloc's plugins (GL, CUDA topology) are not bundled: none from the system either.
+export HWLOC_PLUGINS_PATH="$ompi/lib/hwloc"
+case ":${LD_LIBRARY_PATH:-}:" in
+  *":$deps/lib:"*) ;;
+  *) export LD_LIBRARY_PATH="$deps/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ;;
+esac
+unset ompi deps
+ENV
+cat >"$ompi/bin/mpirun" <<'RUN'
+#!/usr/bin/env bash
+# The bundle's launcher: Open MPI's orterun with the bundle's settings (../env.sh).
+# The ranks inherit them. Use it as mpirun, or through mixrun: --mpirun <this file>
+# or MIX_MPIRUN=<this file>.
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/env.sh"
+exec "$OPAL_BINDIR/orterun" "$@"
+RUN
+chmod +x "$ompi/bin/mpirun"
+
 glibc_needed="$(for lib in "$dir"/deps/lib/*; do [ -L "$lib" ] || readelf -V "$lib"; done \
   | grep -o 'GLIBC_[0-9][0-9.]*' | sort -uV | tail -1)"
 
