@@ -14,7 +14,14 @@
 # Budget: under 8 minutes on one H200. The build of cuda_checks for one
 # architecture took 152 s on the 2-core development machine (ninja, from scratch).
 #
-#   scripts/gpu_check.sh [--out DIR] [--bundle DIR] [--deadline SECONDS]
+#   scripts/gpu_check.sh [--out DIR] [--bundle DIR] [--deadline SECONDS] [--multi-rank-cpu N]
+#
+# With two or more GPUs it also runs the several-GPU rows (scripts/lib/multi_gpu_rows.sh:
+# NCCL allreduce and grad-sync, scaling efficiency, overlap, --cuda-graph on N
+# ranks), started through the bundle's Open MPI (deps/openmpi/bin/mpirun) or
+# mpirun on PATH; with one GPU those rows say "needs 2+ GPUs". --multi-rank-cpu N
+# runs only those rows, on the CPU with N ranks and tiny sizes, with the build in
+# MIX_BUILD_DIR (default build/): no GPU, no build; how they are tested here.
 #
 # --deadline SECONDS: finish, summary written, within SECONDS of the start:
 # each step's time limit shrinks to what is left, and a step that would start
@@ -42,18 +49,22 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 out="$root/runs/gpu_check"
 bundle=""
 deadline=""
+multi_cpu=""
 started=$(date +%s)
 prog=gpu_check
 source "$root/scripts/lib/args.sh"  # usage_if_help
 usage_if_help "$@" <<'EOF'
-usage: scripts/gpu_check.sh [--out DIR] [--bundle DIR] [--deadline SECONDS]
+usage: scripts/gpu_check.sh [--out DIR] [--bundle DIR] [--deadline SECONDS] [--multi-rank-cpu N]
 The GPU check: builds with CUDA, runs every [cuda] test, trains the MLP, ResNet-50 and a Transformer-base
 in FP32 and AMP on the GPU, times overlapped gradient all-reduces, runs memcheck in the time left and prints
 a summary table. Logs and summary.txt go to --out DIR. Budget: under 8 minutes on one H200.
   --out DIR              (default: runs/gpu_check of this checkout)
   --bundle DIR           build from a folder written by scripts/gpu_bundle.sh (default: this checkout)
   --deadline SECONDS     finish, summary written, within SECONDS of the start (default: none)
+  --multi-rank-cpu N     only the several-GPU rows, on the CPU with N ranks, tiny sizes, the build in
+                         MIX_BUILD_DIR (default: build/ of this checkout); no GPU needed
   MIX_BUILD_DIR          the build folder (default: build/ in the --out DIR)
+  MIX_MPIRUN             the launcher of the several-GPU rows (default: the bundle's deps/openmpi/bin/mpirun, else mpirun)
   MIX_CUDA_ARCHS         CUDA architectures to build for (default: GPU 0's compute capability, e.g. 90)
   MIX_CMAKE_ARGS         more cmake configure arguments (default: none)
   MIX_NCCL_TIMEOUT_S     NCCL watchdog, seconds (default 60)
@@ -69,7 +80,11 @@ while [ $# -gt 0 ]; do
     --deadline)
       deadline="$2"; shift 2
       [[ "$deadline" =~ ^[0-9]+$ ]] || { echo "gpu_check: --deadline takes whole seconds, got '$deadline'" >&2; exit 2; } ;;
-    *) echo "gpu_check: unknown argument '$1' (use --out DIR, --bundle DIR, --deadline SECONDS; see --help)" >&2; exit 2 ;;
+    --multi-rank-cpu)
+      multi_cpu="${2:-}"; shift 2 || shift
+      [[ "$multi_cpu" =~ ^[0-9]+$ ]] && [ "$multi_cpu" -ge 2 ] ||
+        { echo "gpu_check: --multi-rank-cpu takes a rank count of 2 or more, got '$multi_cpu'" >&2; exit 2; } ;;
+    *) echo "gpu_check: unknown argument '$1' (use --out DIR, --bundle DIR, --deadline SECONDS, --multi-rank-cpu N; see --help)" >&2; exit 2 ;;
   esac
 done
 mkdir -p "$out"
@@ -93,6 +108,33 @@ limit() {
   fi
   timeout -k 10 "$seconds" "$@"
 }
+
+# ==== several GPUs: the launcher (scripts/lib/multi_gpu_rows.sh has the rows) ====
+# The bundle's Open MPI where it has one: its env.sh names the moved install's
+# folders, for mpirun and for the single-process runs of a build linking its libmpi.
+source "$root/scripts/lib/multi_gpu_rows.sh"
+launcher="${MIX_MPIRUN:-}"
+if [ -n "$bundle" ] && [ -f "$bundle/deps/openmpi/env.sh" ]; then
+  source "$bundle/deps/openmpi/env.sh"
+  [ -n "$launcher" ] || launcher="$bundle/deps/openmpi/bin/mpirun"
+fi
+[ -n "$launcher" ] || launcher="$(command -v mpirun || true)"
+if [ -n "$multi_cpu" ]; then
+  build="${MIX_BUILD_DIR:-$root/build}"
+  for p in mixtrain mixbench mixrun; do
+    [ -x "$build/$p" ] || { echo "gpu_check: --multi-rank-cpu needs $build/$p (scripts/build.sh, or MIX_BUILD_DIR)" >&2; exit 2; }
+  done
+  export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}" OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+  t0=$(date +%s)
+  multi_rows_run cpu "$multi_cpu" "$build" "$out" "$launcher"
+  {
+    echo "gpu_check summary, the several-GPU rows on the CPU ($(date -u +%FT%TZ), $(( $(date +%s) - t0 )) s; exit 124: ran past its limit, 125: not run, past --deadline)"
+    multi_rows_summary
+  } | tee "$out/summary.txt"
+  multi_rows_ok
+  exit $?
+fi
+# ==== end of the several-GPU launcher ====
 
 # The machine first, so that a wrong one fails in seconds, not after the build.
 {
@@ -133,8 +175,8 @@ if [ -n "$bundle" ]; then
   src="$bundle/src"
   cmake_args+=(-DMIX_BUNDLE_DIR="$bundle")
 fi
-if ! command -v mpirun >/dev/null 2>&1; then
-  cmake_args+=(-DMIX_WITH_MPI=OFF)  # GPU nodes often lack Open MPI: single-process mixtrain, NCCL still used
+if [ -z "$launcher" ] && { [ -z "$bundle" ] || [ ! -f "$bundle/deps/openmpi/include/mpi.h" ]; }; then
+  cmake_args+=(-DMIX_WITH_MPI=OFF)  # no Open MPI here or in the bundle: single-process mixtrain, NCCL still used
 fi
 build="${MIX_BUILD_DIR:-$out/build}"
 if [ ! -f "$build/CMakeCache.txt" ] && command -v ninja >/dev/null 2>&1; then
@@ -461,6 +503,10 @@ else
   echo "gpu_check: torch_compare not run: ${tc_budget} s left" >"$out/torch_compare.log"; tc_rc=125
 fi
 # ==== end of PyTorch on the same card =========================================
+# ==== several GPUs (scripts/lib/multi_gpu_rows.sh): with 2+ GPUs, N ranks against 1 ====
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+multi_rows_run cuda "${gpus:-0}" "$build" "$out" "$launcher"
+# ==== end of the several-GPU rows ====
 # Last, in the time left: compute-sanitizer's memcheck over the tests of the
 # hand-written kernels. A comparison with the CPU twin misses an out-of-bounds
 # read whose stray bytes happen to hold the right values, or a write past the
@@ -651,6 +697,9 @@ secs=$(( $(date +%s) - t0 ))
   # ==== PyTorch on the same card (issue 41): each row beside mixtrain's, the ratio, both MFUs ====
   /usr/bin/env python3 "$root/scripts/lib/compare_summary.py" --out "$out" --gpu-name "$tc_gpu" --torch-exit "$tc_rc" ||
     echo "  mixtrain against PyTorch: scripts/lib/compare_summary.py failed"
+  # ==== several GPUs: their summary lines ====
+  multi_rows_summary
+  # ==== end of the several-GPU summary ====
 } | tee "$out/summary.txt"
 [ $tests_rc -eq 0 ] && [ $fp32_rc -eq 0 ] && [ $amp_rc -eq 0 ] && [ $r50_fp32_rc -eq 0 ] && [ $r50_amp_rc -eq 0 ] &&
   [ $r50_jpeg_rc -eq 0 ] &&
@@ -661,4 +710,5 @@ secs=$(( $(date +%s) - t0 ))
   [ $cg_flag_rc -eq 0 ] &&
   [ $gpt2_amp_rc -eq 0 ] && [ $gpt2_bf16_rc -eq 0 ] && [ $gpt2_fp32_rc -eq 0 ] &&
   [ $tf_fp32_rc -eq 0 ] && [ $tf_amp_rc -eq 0 ] && [ $tf_amp_cg_rc -eq 0 ] && [ $tf_nofold_rc -eq 0 ] && [ $tf_stored_rc -eq 0 ] && [ $tf_unfused_rc -eq 0 ] && [ $rs_ov_rc -eq 0 ] && [ $rs_no_rc -eq 0 ] && [ $bench_rc -eq 0 ] &&
-  [ $stuck_ok -eq 0 ] && [ $mc_ops_ok -eq 0 ] && [ $mc_tf_ok -eq 0 ] && [ $mc_att_ok -eq 0 ]
+  [ $stuck_ok -eq 0 ] && [ $mc_ops_ok -eq 0 ] && [ $mc_tf_ok -eq 0 ] && [ $mc_att_ok -eq 0 ] &&
+  multi_rows_ok
