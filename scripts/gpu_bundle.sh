@@ -7,7 +7,9 @@
 #
 # DIR/src          the sources (git ls-files + untracked files that are not ignored)
 # DIR/deps/include headers of spdlog, fmt, CLI11, nlohmann-json, Catch2, OpenBLAS, zlib, libjpeg-turbo, libpng
-# DIR/deps/lib     libopenblas.so.0 (+ libgfortran.so.5, libquadmath.so.0 it needs), libz.so.1, libjpeg.so.62, libpng16.so.16
+# DIR/deps/lib     libopenblas.so.0 (+ libgfortran.so.5, libquadmath.so.0 it needs), libz.so.1, libjpeg.so.62, libpng16.so.16,
+#                  libmpi.so.40 and the Open MPI libraries it and the launcher need
+# DIR/deps/openmpi Debian's Open MPI runtime, relocatable: bin/mpirun (starts the ranks), env.sh, plugins, mpi.h
 # DIR/README.txt   how to build from it (cmake -DMIX_BUNDLE_DIR=DIR, or gpu_check.sh --bundle DIR)
 #
 # Run it on a development machine where scripts/setup.sh installed the packages.
@@ -20,7 +22,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib/args.sh"  # usage_if_help
 usage_if_help "$@" <<'EOF'
 usage: scripts/gpu_bundle.sh DIR
 Writes a self-contained folder for building mixtrain on an air-gapped GPU node (NVIDIA driver, CUDA toolkit,
-CMake, a C++ compiler; no network): DIR/src (the sources), DIR/deps (headers, OpenBLAS, zlib, libjpeg-turbo, libpng), DIR/README.txt.
+CMake, a C++ compiler; no network): DIR/src (the sources), DIR/deps (headers, OpenBLAS, zlib, libjpeg-turbo, libpng,
+Open MPI's runtime with its launcher DIR/deps/openmpi/bin/mpirun), DIR/README.txt.
 Run it where scripts/setup.sh installed the packages; fails when the result is not under 60 MB.
   DIR   new, empty, or written by an earlier run; outside the checkout or in a git-ignored folder (e.g. runs/)
 EOF
@@ -264,8 +267,8 @@ cat >"$ompi/env.sh" <<'ENV'
 # Source this (bash) to use the bundle's Open MPI: every folder of the moved
 # install named (OPAL_PREFIX and the OPAL_*DIR variables Open MPI honours,
 # PMIx's plugin path) and the bundle's libraries first on the loader's path.
-# bin/mpirun sources it; so does gpu_check.sh, for single-process runs of a
-# build that links the bundle's libmpi (MPI_Init then needs the same plugins).
+# bin/mpirun sources it, and the ranks it starts inherit it. A single process
+# of a bundle build needs none of it: started without a launcher, it never calls MPI_Init.
 ompi="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 deps="$(dirname "$ompi")"
 export OPAL_PREFIX="$ompi" OPAL_EXEC_PREFIX="$ompi" OPAL_BINDIR="$ompi/bin" OPAL_SBINDIR="$ompi/bin" \
@@ -310,13 +313,16 @@ What is in it
   src/           the mixtrain sources ($n_src files)
   deps/include/  headers: spdlog, fmt, CLI11, nlohmann-json, Catch2 2.x, OpenBLAS (cblas.h), zlib, libjpeg-turbo, libpng
   deps/lib/      shared libraries: $(find "$dir/deps/lib" -mindepth 1 -printf '%f\n' | sort | tr '\n' ' ')
+  deps/openmpi/   Open MPI $(pkg_version libopenmpi3) (Debian's, moved): bin/mpirun (the launcher: orterun
+                 with env.sh's settings), env.sh, lib/openmpi3/ ($n_plugins plugins), lib/pmix/, share/, etc/, include/mpi.h
   deps/VERSIONS.txt, deps/licenses/   Debian package versions and copyright files
 
 What the GPU machine needs
   Linux x86_64 with glibc >= ${glibc_needed#GLIBC_} (the bundled libraries need it), the NVIDIA
   driver, a CUDA toolkit (nvcc, cuBLAS; NCCL and cuDNN 9 in the toolkit or under
   NCCL_ROOT / CUDNN_ROOT), CMake >= 3.24 and a C++20 host compiler (GCC >= 11).
-  Open MPI is not needed: the bundle builds a single-process mixtrain (MIX_WITH_MPI=OFF).
+  Open MPI is not needed there: the bundle carries its own (deps/openmpi), and the
+  build links its libmpi (MIX_WITH_MPI is ON by default with this bundle).
   No network access, no other packages.
 
 How to use it
@@ -326,9 +332,17 @@ How to use it
        /scratch/mixbundle/src/scripts/gpu_check.sh --bundle /scratch/mixbundle --out /scratch/gpu_check
      or build by hand:
        cmake -S /scratch/mixbundle/src -B build -DMIX_BUNDLE_DIR=/scratch/mixbundle \\
-             -DMIX_WITH_MPI=OFF -DMIX_WITH_CUDA=ON -DCMAKE_BUILD_TYPE=Release
+             -DMIX_WITH_CUDA=ON -DCMAKE_BUILD_TYPE=Release
        cmake --build build -j
        build/mixtrain --device cuda --data synthetic --steps 100 --eval false
+  Several ranks (one per GPU), through the bundle's launcher:
+       build/mixrun -n 2 --mpirun /scratch/mixbundle/deps/openmpi/bin/mpirun -- \\
+             build/mixtrain --device cuda --data synthetic --steps 100 --eval false
+     or /scratch/mixbundle/deps/openmpi/bin/mpirun --allow-run-as-root -n 2 build/mixtrain ...
+     (it is Open MPI's mpirun: -n, -x VAR, --oversubscribe as usual; one node only, no ssh).
+     gpu_check.sh uses it for its several-GPU rows (they run with 2+ GPUs). A single
+     process started without it needs no environment (no MPI_Init). To run Open MPI's
+     tools by hand, first: source /scratch/mixbundle/deps/openmpi/env.sh
   Pass MIX_BUNDLE_DIR as an absolute path. With -DMIX_BUNDLE_DIR every non-CUDA
   dependency (spdlog, fmt, CLI11, nlohmann-json, Catch2, OpenBLAS, zlib, libjpeg-turbo, libpng) comes from
   deps/ only; spdlog and fmt are used header-only. The programs carry an RPATH to

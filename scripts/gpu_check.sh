@@ -33,7 +33,7 @@
 # have Python's nvidia-nccl-cu13 / nvidia-cudnn-cu13 wheels installed (found here).
 #
 # On a lent machine with no Open MPI or Debian headers (this project's device
-# tool: about 47 MB travel, under its 64 MiB; at most 8 files come back):
+# tool: about 62 MB travel with the checkout, under its 64 MiB; at most 8 files come back):
 #   here:   scripts/gpu_bundle.sh runs/bundle
 #   there:  (carry runs/bundle, timeout_s 600; the loop keeps what ran should the call time out)
 #           (while sleep 50; do tar czf $OUT/partial.tgz -C /tmp/gc --exclude=build . 2>/dev/null; done) & bg=$!;
@@ -110,13 +110,13 @@ limit() {
 }
 
 # ==== several GPUs: the launcher (scripts/lib/multi_gpu_rows.sh has the rows) ====
-# The bundle's Open MPI where it has one: its env.sh names the moved install's
-# folders, for mpirun and for the single-process runs of a build linking its libmpi.
+# The bundle's Open MPI where it has one: its bin/mpirun sets what Open MPI
+# needs for the ranks it starts (deps/openmpi/env.sh), and nothing else here
+# needs it (a single process of a build linking its libmpi never calls MPI_Init).
 source "$root/scripts/lib/multi_gpu_rows.sh"
 launcher="${MIX_MPIRUN:-}"
-if [ -n "$bundle" ] && [ -f "$bundle/deps/openmpi/env.sh" ]; then
-  source "$bundle/deps/openmpi/env.sh"
-  [ -n "$launcher" ] || launcher="$bundle/deps/openmpi/bin/mpirun"
+if [ -z "$launcher" ] && [ -n "$bundle" ] && [ -x "$bundle/deps/openmpi/bin/mpirun" ]; then
+  launcher="$bundle/deps/openmpi/bin/mpirun"
 fi
 [ -n "$launcher" ] || launcher="$(command -v mpirun || true)"
 if [ -n "$multi_cpu" ]; then
