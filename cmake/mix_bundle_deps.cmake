@@ -92,9 +92,22 @@ if(MIX_WITH_MPI AND EXISTS "${MIX_BUNDLE_MPI}/include/mpi.h" AND EXISTS "${MIX_B
     INTERFACE_INCLUDE_DIRECTORIES "${MIX_BUNDLE_MPI}/include"
     # The C API only: no C++ bindings (libmpi_cxx is not bundled).
     INTERFACE_COMPILE_DEFINITIONS OMPI_SKIP_MPICXX=1
-    # libmpi's own dependencies (libopen-rte, libopen-pal, hwloc, libevent) are in
-    # deps/lib too: DT_RPATH, as for OpenBLAS, reaches them.
     INTERFACE_LINK_OPTIONS "LINKER:--disable-new-dtags")
+  # Debian's libmpi and libopen-rte carry a DT_RUNPATH (/usr/lib/<arch>/openmpi/lib),
+  # and a library with one ignores the program's DT_RPATH for its own
+  # dependencies: on a machine without Open MPI the loader would not find
+  # libopen-pal. Linked directly (kept with --no-as-needed), they are loaded
+  # through the program's RPATH first, and libmpi then finds them by SONAME.
+  # So a single process (no MPI_Init) runs with no environment at all; several
+  # ranks start through deps/openmpi/bin/mpirun, which sets the rest.
+  set(mix_mpi_deps "")
+  foreach(so libopen-rte.so.40 libopen-pal.so.40 libhwloc.so.15 libevent_core-2.1.so.7 libevent_pthreads-2.1.so.7)
+    if(EXISTS "${MIX_BUNDLE_LIB}/${so}")
+      list(APPEND mix_mpi_deps "${MIX_BUNDLE_LIB}/${so}")
+    endif()
+  endforeach()
+  set_target_properties(MPI::MPI_C PROPERTIES
+    INTERFACE_LINK_LIBRARIES "-Wl,--push-state,--no-as-needed;${mix_mpi_deps};-Wl,--pop-state")
   set(MPI_C_FOUND TRUE)
   message(STATUS "mixtrain: MPI from the bundle (Open MPI in ${MIX_BUNDLE_MPI}; start ranks with its bin/mpirun)")
 elseif(MIX_WITH_MPI)

@@ -11,6 +11,9 @@
 #      takes libopenblas, libgfortran and libz from there, and
 #      `mixtrain --data synthetic --steps 3 --eval false` succeeds with
 #      LD_LIBRARY_PATH unset.
+#   3b. That build links the bundle's Open MPI (deps/openmpi, mpi.h and libmpi from
+#      the bundle, none from the system), and the bundle's deps/openmpi/bin/mpirun
+#      starts 2 ranks of it from a bare environment (env -i): a world of 2.
 #   4. Where the CUDA toolkit (with cuDNN and NCCL) is installed: NCCL and cuDNN
 #      laid out as Python wheels lay them out (include/, lib/ with only the
 #      .so.N) are found through NCCL_ROOT / CUDNN_ROOT ahead of the toolkit's
@@ -54,7 +57,8 @@ for f in README.txt src/CMakeLists.txt src/scripts/gpu_check.sh deps/include/spd
          deps/include/fmt/format-inl.h deps/include/CLI/CLI.hpp deps/include/nlohmann/json.hpp \
          deps/include/catch2/catch.hpp deps/include/cblas.h deps/include/openblas_config.h \
          deps/include/zlib.h deps/include/zconf.h deps/lib/libopenblas.so.0 deps/lib/libz.so.1 \
-         deps/lib/libgfortran.so.5; do
+         deps/lib/libgfortran.so.5 deps/lib/libmpi.so.40 deps/openmpi/bin/mpirun deps/openmpi/bin/orterun \
+         deps/openmpi/env.sh deps/openmpi/include/mpi.h deps/openmpi/lib/openmpi3/mca_pml_ob1.so; do
   [ -e "$bundle/$f" ] || fail "bundle lacks $f"
 done
 [ -d "$bundle/src/build" ] && fail "bundle contains the ignored build/ folder"
@@ -109,13 +113,14 @@ if [ "${MIX_BUNDLE_TEST_CUDA:-0}" = 1 ]; then
 fi
 step "configuring from the bundle (CUDA $cuda)"
 if ! PATH="$path" "${hidden_env[@]}" cmake -S "$bundle/src" -B "$build" "${hide[@]}" \
-     -DMIX_BUNDLE_DIR="$bundle" -DMIX_WITH_MPI=OFF -DMIX_WITH_CUDA=$cuda -DCMAKE_BUILD_TYPE=Release \
+     -DMIX_BUNDLE_DIR="$bundle" -DMIX_WITH_CUDA=$cuda -DCMAKE_BUILD_TYPE=Release \
      >"$tmp/configure.log" 2>&1; then
   cat "$tmp/configure.log"
   echo "FAIL: configure from the bundle failed"
   exit 1
 fi
 grep "mixtrain:" "$tmp/configure.log" || true
+grep -q "mixtrain: MPI from the bundle" "$tmp/configure.log" || fail "the bundle configure did not take MPI from the bundle"
 # Nothing in the cache may point at the Debian packages' CMake files or pkg-config.
 if grep -E '^(spdlog|fmt|CLI11|nlohmann_json|Catch2)_DIR:PATH=/|^ZLIB_(LIBRARY|INCLUDE_DIR)[A-Z_]*:[A-Z]*=/usr|^OPENBLAS_' \
      "$build/CMakeCache.txt"; then
@@ -133,11 +138,12 @@ mixtrain="$build/mixtrain"
 
 # Every header of the bundled libraries came from the bundle, none from /usr/include.
 [ -n "$(find "$build" -name '*.o.d' -print -quit)" ] || fail "no compiler .d files to check the header origins with"
-if leaks=$(find "$build" -name '*.o.d' -exec cat {} + | tr -s ' \\' '\n' | grep -E '^/usr/include/(spdlog|fmt|CLI|nlohmann|catch2)/|^/usr/include/(zlib|zconf)\.h|openblas-pthread|^/usr/include/(cblas|openblas_config)\.h' | sort -u) \
+if leaks=$(find "$build" -name '*.o.d' -exec cat {} + | tr -s ' \\' '\n' | grep -E '^/usr/include/(spdlog|fmt|CLI|nlohmann|catch2)/|^/usr/include/(zlib|zconf)\.h|openblas-pthread|^/usr/include/(cblas|openblas_config)\.h|^/usr/.*openmpi' | sort -u) \
    && [ -n "$leaks" ]; then
   fail "compiles used system headers instead of the bundle's:"; echo "$leaks" | head
 fi
 grep -rqs --include="*.o.d" "$bundle/deps/include/spdlog/" "$build" || fail "no compile used the bundle's spdlog headers"
+grep -rqs --include="*.o.d" "$bundle/deps/openmpi/include/mpi.h" "$build" || fail "no compile used the bundle's mpi.h"
 link=$(find "$build" -path '*mixtrain.dir/link.txt' | head -1)
 if grep -Eq 'lib(spdlog|fmt)\b|/usr/lib/[^ ]*(openblas|libz)' "$link"; then
   fail "the link line uses system libraries: $(cat "$link")"
@@ -152,19 +158,33 @@ echo "mixtrain NEEDED: $needed"
 [[ " $needed " == *" libopenblas.so.0 "* && " $needed " == *" libz.so.1 "* ]] || fail "mixtrain does not link libopenblas.so.0 and libz.so.1"
 [[ " $needed " == *"libspdlog"* || " $needed " == *"libfmt"* ]] && fail "mixtrain links spdlog/fmt although they are header-only"
 resolved=$(env -u LD_LIBRARY_PATH ldd "$mixtrain")
-for lib in libopenblas.so.0 libgfortran.so.5 libz.so.1; do
+for lib in libopenblas.so.0 libgfortran.so.5 libz.so.1 libmpi.so.40 libopen-pal.so.40 libhwloc.so.15; do
   where=$(echo "$resolved" | awk -v n="$lib" '$1 == n {print $3}')
   echo "  $lib => $where"
   [[ "$where" == "$bundle/deps/lib/"* ]] || fail "$lib is loaded from '$where', not from the bundle"
 done
 
 step "running mixtrain from the bundle build"
+# One process, started without a launcher: no MPI_Init, and no environment needed.
 if (cd "$tmp" && env -u LD_LIBRARY_PATH OPENBLAS_NUM_THREADS=1 "$mixtrain" --data synthetic --steps 3 --eval false) \
      >"$tmp/run.log" 2>&1; then
   tail -5 "$tmp/run.log"
 else
   cat "$tmp/run.log"
   fail "mixtrain --data synthetic --steps 3 --eval false failed"
+fi
+
+step "2 ranks of the bundle build through the bundle's mpirun, from a bare environment"
+root_flag=()
+[ "$(id -u)" -eq 0 ] && root_flag=(--allow-run-as-root)
+if (cd "$tmp" && env -i PATH=/usr/bin:/bin HOME="${HOME:-/root}" OPENBLAS_NUM_THREADS=1 \
+      "$bundle/deps/openmpi/bin/mpirun" "${root_flag[@]}" -n 2 --oversubscribe --bind-to none \
+      "$mixtrain" --data synthetic --steps 3 --eval false) >"$tmp/run2.log" 2>&1 \
+   && grep -q '^\[rank 0/2\]' "$tmp/run2.log"; then
+  tail -3 "$tmp/run2.log"
+else
+  cat "$tmp/run2.log"
+  fail "2 ranks through the bundle's mpirun failed (or did not make a world of 2)"
 fi
 
 # ---- 4. CUDA from the bundle, NCCL and cuDNN from wheel-like roots --------------------
