@@ -49,7 +49,7 @@ multi_rows_run() {
                  --benchmark-warmup 10 --steps 30)
     mr_tf_args=(--layers 6 --d-model 512 --heads 8 --context 256 --vocab 32768 --batch-size 32
                 --optimizer adamw --benchmark-warmup 10 --steps 40)
-    mr_gpt2_args=(--batch-size 8 --optimizer adamw --benchmark-warmup 5 --steps 20)
+    mr_gpt2_args=(--synthetic-size 64 --batch-size 8 --optimizer adamw --benchmark-warmup 5 --steps 20)
     mr_limit=240
   else
     mr_ar_args=(-b 1K -e 1M -f 32 -n 5 -w 2)
@@ -157,7 +157,7 @@ multi_rows_summary() {
   if [ -n "$mr_needs" ]; then
     echo "  -- several GPUs (scripts/lib/multi_gpu_rows.sh) --"
     for row in "allreduce busbw half / float" "grad-sync fp16, fp32" \
-               "ResNet-50 AMP scaling efficiency" "Transformer AMP scaling efficiency" \
+               "ResNet-50 AMP scaling efficiency" "Transformer AMP scaling efficiency" "GPT-2 AMP scaling efficiency" \
                "ResNet-50 AMP no-overlap / overlap" "ResNet-50 AMP --cuda-graph, N ranks"; do
       printf "  $line" "$row" "$mr_needs"
     done
