@@ -11,6 +11,8 @@ The test command: scripts/setup.sh, scripts/build.sh, then every test through CT
   CTEST ARGS       go to ctest, e.g. -L unit, -LE unit, -R e2e.layers, -j 2
   MIX_BUILD_DIR    the build folder (default: build/ of this checkout)
   MIX_CMAKE_ARGS   as in scripts/build.sh --help
+  MIX_LONG_TESTS   1: also run the long tests (label long, e.g. e2e.test_image_accuracy, about 10
+                   minutes); otherwise they report skipped
 Only a first argument -h or --help is this script's; ctest's own help: ctest --help.
 EOF
 "$root/scripts/setup.sh"
