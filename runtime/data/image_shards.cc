@@ -40,8 +40,10 @@ struct SplitSamples {
 SplitSamples split_samples(const std::string& dir, const std::string& split) {
   auto index = std::make_shared<const TarIndex>(index_tar_shards(shards_of(dir, split)));
   auto image_of = std::make_shared<std::vector<TarMemberSpan>>();
-  std::vector<std::string> image_ext;  // the image member's extension, per sample
+  // "SHARD:KEY.EXT" of each sample: the reader picks the decoder by the name's extension.
+  auto names = std::make_shared<std::vector<std::string>>();
   SplitSamples out;
+  out.shard_sizes.assign(index->shards.size(), 0);
   for (const TarSample& s : index->samples) {
     const std::string& shard = index->shards[static_cast<size_t>(s.shard)];
     const auto cls = s.members.find("cls");
@@ -51,7 +53,8 @@ SplitSamples split_samples(const std::string& dir, const std::string& split) {
     MIX_CHECK(image != s.members.end() && cls != s.members.end(),
               shard << ": sample '" << s.key << "' has no " << (image == s.members.end() ? ".jpg (or .png)" : ".cls")
                     << " member (each sample needs KEY.jpg or KEY.png, and KEY.cls)");
-    image_ext.push_back(image->first);
+    names->push_back(shard + ":" + s.key + "." + image->first);
+    ++out.shard_sizes[static_cast<size_t>(s.shard)];
     const std::vector<uint8_t> text = read_tar_member(shard, cls->second);
     const std::string digits(text.begin(), text.end());
     const size_t end = digits.find_last_not_of(" \n");
@@ -64,14 +67,6 @@ SplitSamples split_samples(const std::string& dir, const std::string& split) {
     image_of->push_back(image->second);
   }
   MIX_CHECK(!out.labels.empty(), dir << ": the " << split << " shards hold no sample");
-  out.shard_sizes.assign(index->shards.size(), 0);
-  for (const TarSample& s : index->samples) ++out.shard_sizes[static_cast<size_t>(s.shard)];
-  auto names = std::make_shared<std::vector<std::string>>();
-  // "SHARD:KEY.EXT": the reader picks the decoder by the name's extension.
-  for (size_t j = 0; j < index->samples.size(); ++j) {
-    const TarSample& s = index->samples[j];
-    names->push_back(index->shards[static_cast<size_t>(s.shard)] + ":" + s.key + "." + image_ext[j]);
-  }
   out.images.count = static_cast<int64_t>(image_of->size());
   out.images.name = [names](int64_t j) { return (*names)[static_cast<size_t>(j)]; };
   out.images.bytes = [index, image_of](int64_t j) {

@@ -118,12 +118,12 @@ Tensor row_range(const Tensor& t, int64_t from, int64_t to) {
 // Tolerances: test_transformer_parity.cc explains each for the 2-layer, d_model
 // 32 model; here d_model is 64 (GEMM sums up to 4d = 256 terms, B T = 64
 // tokens), which adds ~sqrt(2) to the FP32 errors, so the same bars hold with
-// room (the worst fraction of each tolerance, MIX_PARITY_VERBOSE=1, in the comments).
-constexpr Tol kLossTol{1e-6, 0, 1e-5};        // observed 0.010
-constexpr Tol kGradTol{1e-9, 5e-6, 5e-5};     // observed 0.053
-constexpr Tol kLogitTol{1e-8, 2e-6, 2e-6};    // observed 0.075
-constexpr Tol kAmpLossTol{1e-4, 0, 1e-5};     // observed 0.033
-constexpr Tol kAmpGradTol{1e-7, 5e-3, 5e-3};  // observed 0.096
+// room (MIX_PARITY_VERBOSE=1 prints the worst fraction of each tolerance used).
+constexpr Tol kLossTol{1e-6, 0, 1e-5};
+constexpr Tol kGradTol{1e-9, 5e-6, 5e-5};
+constexpr Tol kLogitTol{1e-8, 2e-6, 2e-6};
+constexpr Tol kAmpLossTol{1e-4, 0, 1e-5};
+constexpr Tol kAmpGradTol{1e-7, 5e-3, 5e-3};
 
 }  // namespace
 
