@@ -323,6 +323,7 @@ DeviceOptions device_options(const TrainConfig& c) {
   options.cudnn_benchmark = c.cudnn_benchmark;
   options.cudnn_graph_conv = c.cudnn_graph_conv;
   options.cublas_1x1_conv = c.cublas_1x1_conv;
+  options.attention_tensor_cores = c.attention_tensor_cores;
   return options;
 }
 

@@ -22,6 +22,8 @@ struct DeviceOptions {
   bool cudnn_graph_conv = false;       // convolutions on cuDNN's graph API, plans cached (mixtrain: on unless
                                        // --no-cudnn-graph-conv or --cudnn-benchmark)
   bool cublas_1x1_conv = false;        // pointwise channels-last convolutions as cuBLAS GEMMs (--cublas-1x1-conv)
+  bool attention_tensor_cores = true;  // fused_attention's FP16/BF16 tensor-core kernels where they apply
+                                       // (--no-attention-tensor-cores: its FP32 kernels only)
 };
 
 /// Times ops by the device's own clock, for MIX_PROFILE_OPS on a device whose

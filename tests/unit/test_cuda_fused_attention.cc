@@ -1,9 +1,12 @@
-// [cuda] fused_attention's CUDA kernels (runtime/ops/cuda/fused_attention.cu)
-// against its CPU twin (runtime/ops/fused_attention.cc), in f32, f16 and
-// bf16, causal or not, with head dims that fill one to eight values per lane
-// (8, 32, 64, 100, 128, 256; 256 needs more than the default 48 KiB of
-// shared memory), token counts of 1, 7, 33 and 100 (several query and key
-// tiles, partial last tiles) and fewer queries than keys.
+// [cuda] fused_attention's CUDA kernels (runtime/ops/cuda/fused_attention.cu,
+// the FP32 kernels; fused_attention_tensor_cores.cu, the FP16/BF16 ones)
+// against its CPU twin (runtime/ops/fused_attention.cc), in f32, f16 and bf16,
+// causal or not, with head dims that fill one to eight values per lane of the
+// FP32 kernels (8, 32, 64, 96, 100, 128, 256; 256 needs more than the default
+// 48 KiB of shared memory), token counts of 1, 7, 33, 64, 100 and 130 (several
+// query and key tiles, partial last tiles) and fewer queries than keys. Each
+// case runs with CudaAttentionKernels::fp32_only and with automatic, where
+// f16 and bf16 at head_dim 32, 64, 96 and 128 take the tensor-core kernels.
 //
 // The forward runs on both devices from the same inputs. The grad op runs on
 // both from the same inputs too, Out and LSE included (the CPU forward's), so
@@ -20,36 +23,72 @@
 // half ulps of the terms. The CPU twin must meet the same bounds (its FP32
 // part with a wide margin; an FP16 or BF16 Out comes close to its half ulp,
 // which is the rounding itself), and the two are then compared with each
-// other within the sum of both. Without a GPU (or in a build without CUDA)
-// the test exits 77, which CTest reports as skipped.
+// other within the sum of both. The tensor-core kernels round two more
+// things, each P term of Out and dV and each dS term of dQ and dK, to the
+// dtype: their allowance grows by that (tensor_core_allowance). Without a
+// GPU (or in a build without CUDA) the test exits 77, which CTest reports as
+// skipped.
 #include <catch2/catch.hpp>
 
 #include "tests/unit/require_gpu.h"
 
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/core/tensor.h"
+#include "runtime/ops/fused_attention_shapes.h"
 #include "tests/unit/attention_reference.h"
 #include "tests/unit/cuda_compare.h"
 
 using namespace mix;
 using namespace mix::testing;
+using mix::attention_rules::CudaAttentionKernels;
 using mix::testing::attention::Inputs;
 using mix::testing::attention::Problem;
 
 namespace {
 
 // Each result within its bound of the double reference: `scaled` of the
-// tensor's terms (at least 1 here) plus `rel` of itself.
+// tensor's terms (at least 1 here) plus `rel` of itself, the GPU's with
+// `gpu_extra` more (absolute).
 void expect_both_near(const std::map<std::string, Tensor>& gpu, const std::map<std::string, Tensor>& cpu,
-                      const std::string& name, const std::vector<double>& ref, double scaled, double rel) {
-  attention::expect_near(gpu.at(name), ref, scaled, rel, "gpu " + name + " vs double");
+                      const std::string& name, const std::vector<double>& ref, double scaled, double rel,
+                      double gpu_extra = 0.0) {
+  attention::expect_near(gpu.at(name), ref, scaled, rel, "gpu " + name + " vs double", gpu_extra);
   attention::expect_near(cpu.at(name), ref, scaled, rel, "cpu " + name + " vs double");
   attention::expect_near(gpu.at(name), attention::doubles_of(cpu.at(name)), 2 * scaled, 2 * rel,
-                         "gpu " + name + " vs cpu");
+                         "gpu " + name + " vs cpu", gpu_extra);
 }
+
+// Whether the case runs on the tensor-core kernels (their rule,
+// fused_attention_tensor_cores.cuh; the test checks below that they did run,
+// as their results differ from the FP32 kernels').
+bool on_tensor_cores(const Problem& pb, DType dt, CudaAttentionKernels kernels) {
+  return kernels == CudaAttentionKernels::automatic && dt != DType::f32 &&
+         (pb.d == 32 || pb.d == 64 || pb.d == 96 || pb.d == 128);
+}
+
+// What the tensor-core kernels' roundings of P and dS add to a result: each
+// term a relative half ulp u, so u times the entry's sum of term magnitudes
+// (Reference::*_terms); in FP16 a term below the normal range instead loses
+// up to half its subnormal step, 2^-25, times the other factor (|v|, |dO| at
+// most 1, |k|, |q| at most 2 times the scale), over at most `terms` terms.
+double tensor_core_allowance(DType dt, double terms_magnitude, int64_t terms, double other_factor) {
+  const double subnormal = dt == DType::f16 ? 0x1p-25 * static_cast<double>(terms) * other_factor : 0.0;
+  return attention::half_ulp(dt) * terms_magnitude + subnormal;
+}
+
+bool differs(const Tensor& a, const Tensor& b) { return a.to_floats() != b.to_floats(); }
+
+// Leaves the process-wide choice at its default whatever a test does.
+struct KernelsChoice {
+  explicit KernelsChoice(CudaAttentionKernels k) { attention_rules::set_cuda_attention_kernels(k); }
+  ~KernelsChoice() { attention_rules::set_cuda_attention_kernels(CudaAttentionKernels::automatic); }
+};
+
+constexpr CudaAttentionKernels kKernelChoices[] = {CudaAttentionKernels::fp32_only, CudaAttentionKernels::automatic};
 
 }  // namespace
 
@@ -59,7 +98,7 @@ TEST_CASE("cuda fused_attention: forward and gradients against the CPU twin", "[
       {{2, 3}, 1, 1, 8, true},       {{2, 3}, 7, 7, 32, false},    {{2, 3}, 7, 7, 32, true},
       {{1, 2}, 33, 33, 64, true},    {{1, 2}, 33, 33, 100, false}, {{2, 2}, 100, 100, 64, true},
       {{1, 2}, 100, 100, 128, true}, {{1, 1}, 33, 33, 256, true},  {{2, 2}, 20, 45, 64, true},
-      {{2, 2}, 20, 45, 64, false},
+      {{2, 2}, 20, 45, 64, false},   {{1, 3}, 130, 130, 96, true}, {{1, 2}, 64, 64, 64, false},
   };
   uint64_t seed = 500;
   for (const Problem& pb : problems) {
@@ -68,60 +107,90 @@ TEST_CASE("cuda fused_attention: forward and gradients against the CPU twin", "[
       const Inputs in = attention::make_inputs(pb, dt, seed += 10);
       const attention::Reference ref = attention::reference_attention(pb, in);
       const double u = attention::half_ulp(dt), fp32_err = pb.f32_err();
+      std::map<std::string, Tensor> fp32_kernels;  // the FP32 kernels' Out and dV, to tell the others ran
+      for (CudaAttentionKernels kernels : kKernelChoices) {
+        const KernelsChoice choice(kernels);
+        const bool tensor_cores = on_tensor_cores(pb, dt, kernels);
+        INFO((tensor_cores ? "tensor-core kernels" : "FP32 kernels"));
+        auto allowance = [&](double terms_magnitude, int64_t terms, double other_factor) {
+          return tensor_cores ? tensor_core_allowance(dt, terms_magnitude, terms, other_factor) : 0.0;
+        };
 
-      OneOp fwd;
-      fwd.op = make_op("fused_attention", {{"Q", {"q"}}, {"K", {"k"}}, {"V", {"v"}}},
-                       {{"Out", {"out"}}, {"LSE", {"lse"}}}, {{"scale", pb.scale()}, {"causal", pb.causal}});
-      fwd.feeds = {{"q", to_dtype(in.q, dt)}, {"k", to_dtype(in.k, dt)}, {"v", to_dtype(in.v, dt)}};
-      const Both f = run_both(fwd, {"out", "lse"});
-      REQUIRE(f.gpu.at("out").dtype() == dt);
-      REQUIRE(f.gpu.at("lse").dtype() == DType::f32);
-      expect_both_near(f.gpu, f.cpu, "out", ref.out, fp32_err, u);
-      expect_both_near(f.gpu, f.cpu, "lse", ref.lse, fp32_err, fp32_err);
+        OneOp fwd;
+        fwd.op = make_op("fused_attention", {{"Q", {"q"}}, {"K", {"k"}}, {"V", {"v"}}},
+                         {{"Out", {"out"}}, {"LSE", {"lse"}}}, {{"scale", pb.scale()}, {"causal", pb.causal}});
+        fwd.feeds = {{"q", to_dtype(in.q, dt)}, {"k", to_dtype(in.k, dt)}, {"v", to_dtype(in.v, dt)}};
+        const Both f = run_both(fwd, {"out", "lse"});
+        REQUIRE(f.gpu.at("out").dtype() == dt);
+        REQUIRE(f.gpu.at("lse").dtype() == DType::f32);
+        expect_both_near(f.gpu, f.cpu, "out", ref.out, fp32_err, u, allowance(ref.out_terms, pb.s, 1.0));
+        // LSE comes from the FP32 scores and sums on either kernel.
+        expect_both_near(f.gpu, f.cpu, "lse", ref.lse, fp32_err, fp32_err);
 
-      OneOp grad;
-      grad.op = make_op(
-          "fused_attention_grad",
-          {{"Q", {"q"}}, {"K", {"k"}}, {"V", {"v"}}, {"Out", {"out"}}, {"LSE", {"lse"}}, {"Out@GRAD", {"dout"}}},
-          {{"Q@GRAD", {"dq"}}, {"K@GRAD", {"dk"}}, {"V@GRAD", {"dv"}}}, {{"scale", pb.scale()}, {"causal", pb.causal}});
-      grad.feeds = fwd.feeds;
-      grad.feeds.emplace_back("out", f.cpu.at("out"));
-      grad.feeds.emplace_back("lse", f.cpu.at("lse"));
-      grad.feeds.emplace_back("dout", to_dtype(in.r, dt));
-      const Both g = run_both(grad, {"dq", "dk", "dv"});
-      // As in test_fused_attention.cc: dQ and dK read the stored Out through
-      // delta, a few half ulps of the terms; dV only its own rounding.
-      const double grad_scaled = dt == DType::f32 ? fp32_err : 4 * u;
-      expect_both_near(g.gpu, g.cpu, "dq", ref.dq, grad_scaled, u);
-      expect_both_near(g.gpu, g.cpu, "dk", ref.dk, grad_scaled, u);
-      expect_both_near(g.gpu, g.cpu, "dv", ref.dv, dt == DType::f32 ? fp32_err : u, u);
+        OneOp grad;
+        grad.op = make_op(
+            "fused_attention_grad",
+            {{"Q", {"q"}}, {"K", {"k"}}, {"V", {"v"}}, {"Out", {"out"}}, {"LSE", {"lse"}}, {"Out@GRAD", {"dout"}}},
+            {{"Q@GRAD", {"dq"}}, {"K@GRAD", {"dk"}}, {"V@GRAD", {"dv"}}},
+            {{"scale", pb.scale()}, {"causal", pb.causal}});
+        grad.feeds = fwd.feeds;
+        grad.feeds.emplace_back("out", f.cpu.at("out"));
+        grad.feeds.emplace_back("lse", f.cpu.at("lse"));
+        grad.feeds.emplace_back("dout", to_dtype(in.r, dt));
+        const Both g = run_both(grad, {"dq", "dk", "dv"});
+        // As in test_fused_attention.cc: dQ and dK read the stored Out through
+        // delta, a few half ulps of the terms; dV only its own rounding.
+        const double grad_scaled = dt == DType::f32 ? fp32_err : 4 * u;
+        expect_both_near(g.gpu, g.cpu, "dq", ref.dq, grad_scaled, u, allowance(ref.dq_terms, pb.s, 2 * pb.scale()));
+        expect_both_near(g.gpu, g.cpu, "dk", ref.dk, grad_scaled, u, allowance(ref.dk_terms, pb.t, 2 * pb.scale()));
+        expect_both_near(g.gpu, g.cpu, "dv", ref.dv, dt == DType::f32 ? fp32_err : u, u,
+                         allowance(ref.dv_terms, pb.t, 1.0));
+
+        if (kernels == CudaAttentionKernels::fp32_only) {
+          fp32_kernels = {{"out", f.gpu.at("out")}, {"dv", g.gpu.at("dv")}};
+        } else if (tensor_cores) {
+          // Rounding P to 16 bits changes some bits of Out or dV: the tensor-core kernels did run.
+          CHECK((differs(f.gpu.at("out"), fp32_kernels.at("out")) || differs(g.gpu.at("dv"), fp32_kernels.at("dv"))));
+        }
+      }
     }
   }
 }
 
 TEST_CASE("cuda fused_attention: only the wanted gradients are written", "[cuda][fused_attention]") {
   require_gpu();
-  // dV alone (the dK/dV kernel writes dK to scratch), and dQ alone.
-  const Problem pb{{2}, 9, 9, 16, true};
-  const Inputs in = attention::make_inputs(pb, DType::f32, 3);
-  OneOp fwd;
-  fwd.op = make_op("fused_attention", {{"Q", {"q"}}, {"K", {"k"}}, {"V", {"v"}}}, {{"Out", {"out"}}, {"LSE", {"lse"}}},
-                   {{"causal", true}});
-  fwd.feeds = {{"q", in.q}, {"k", in.k}, {"v", in.v}};
-  const Both f = run_both(fwd, {"out", "lse"});
-  const attention::Reference ref = attention::reference_attention(pb, in);
-  for (const char* slot : {"V@GRAD", "Q@GRAD"}) {
-    INFO(slot);
-    OneOp grad;
-    grad.op =
-        make_op("fused_attention_grad",
-                {{"Q", {"q"}}, {"K", {"k"}}, {"V", {"v"}}, {"Out", {"out"}}, {"LSE", {"lse"}}, {"Out@GRAD", {"dout"}}},
-                {{slot, {"d"}}}, {{"causal", true}});
-    grad.feeds = fwd.feeds;
-    grad.feeds.emplace_back("out", f.cpu.at("out"));
-    grad.feeds.emplace_back("lse", f.cpu.at("lse"));
-    grad.feeds.emplace_back("dout", in.r);
-    const Both g = run_both(grad, {"d"});
-    expect_both_near(g.gpu, g.cpu, "d", std::string(slot) == "V@GRAD" ? ref.dv : ref.dq, pb.f32_err(), 0x1p-24);
+  // dV alone (the dK/dV kernels write dK to scratch), and dQ alone, on the
+  // FP32 kernels (f32, head_dim 16) and the tensor-core ones (f16, head_dim 32).
+  for (const auto& [pb, dt] :
+       {std::pair{Problem{{2}, 9, 9, 16, true}, DType::f32}, std::pair{Problem{{2}, 9, 9, 32, true}, DType::f16}}) {
+    INFO(pb.describe() << ", " << dname(dt));
+    const Inputs in = attention::make_inputs(pb, dt, 3);
+    const attention::Reference ref = attention::reference_attention(pb, in);
+    const double u = dt == DType::f32 ? 0x1p-24 : attention::half_ulp(dt);
+    OneOp fwd;
+    fwd.op = make_op("fused_attention", {{"Q", {"q"}}, {"K", {"k"}}, {"V", {"v"}}},
+                     {{"Out", {"out"}}, {"LSE", {"lse"}}}, {{"causal", true}});
+    fwd.feeds = {{"q", to_dtype(in.q, dt)}, {"k", to_dtype(in.k, dt)}, {"v", to_dtype(in.v, dt)}};
+    const Both f = run_both(fwd, {"out", "lse"});
+    for (const char* slot : {"V@GRAD", "Q@GRAD"}) {
+      INFO(slot);
+      const bool dv = std::string(slot) == "V@GRAD";
+      OneOp grad;
+      grad.op = make_op(
+          "fused_attention_grad",
+          {{"Q", {"q"}}, {"K", {"k"}}, {"V", {"v"}}, {"Out", {"out"}}, {"LSE", {"lse"}}, {"Out@GRAD", {"dout"}}},
+          {{slot, {"d"}}}, {{"causal", true}});
+      grad.feeds = fwd.feeds;
+      grad.feeds.emplace_back("out", f.cpu.at("out"));
+      grad.feeds.emplace_back("lse", f.cpu.at("lse"));
+      grad.feeds.emplace_back("dout", to_dtype(in.r, dt));
+      const Both g = run_both(grad, {"d"});
+      // The bounds of the test above: f32 on the FP32 kernels, f16 on the tensor-core ones.
+      const double scaled = dt == DType::f32 ? pb.f32_err() : dv ? u : 4 * u;
+      const double extra = dt == DType::f32 ? 0.0
+                           : dv             ? tensor_core_allowance(dt, ref.dv_terms, pb.t, 1.0)
+                                            : tensor_core_allowance(dt, ref.dq_terms, pb.s, 2 * pb.scale());
+      expect_both_near(g.gpu, g.cpu, "d", dv ? ref.dv : ref.dq, scaled, u, extra);
+    }
   }
 }

@@ -4,13 +4,19 @@
 // never written to memory. The math is runtime/kernels/attention_row.h's, the
 // CPU twin's; only the order of the FP32 sums differs.
 //
+// These FP32 kernels run every problem the tensor-core kernels
+// (fused_attention_tensor_cores.cu) do not take: FP32 tensors, other head
+// dims, GPUs before sm_80, CudaAttentionKernels::fp32_only.
+//
 // Why not cuDNN's fused attention (its SDPA engines through the graph API
 // that the convolutions use, runtime/cuda/cudnn_conv_graph.cc): through the
 // backend API the forward is a graph of some twenty operations (two matmuls,
 // the scale, the causal mask as index generation, compare and select, the
 // max and sum reductions, exp, log) and the backward twice that, and cuDNN
 // runs it only when the graph matches its SDPA pattern exactly; whether it
-// does can only be seen on a GPU. These kernels are the path that is tested
+// does can only be seen on a GPU (cuDNN 9.19's single SDPA operation,
+// CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR, takes no causal mask). These
+// kernels and the tensor-core ones are the paths that are tested
 // against the CPU twin; cuDNN's engine, where faster, is to come behind the
 // same op, as the convolutions' graph plans came behind their legacy calls.
 //
@@ -38,6 +44,7 @@
 
 #include "runtime/kernels/attention_row.h"
 #include "runtime/ops/cuda/device_ops.cuh"
+#include "runtime/ops/cuda/fused_attention_tensor_cores.cuh"
 #include "runtime/ops/fused_attention_shapes.h"
 
 namespace mix::cuda {
@@ -376,6 +383,10 @@ void fused_attention_cuda(OpContext& ctx) {
   }
   if (a.groups == 0 || a.t_q == 0) return;
   const cudaStream_t stream = compute_stream(ctx);
+  if (attention_tensor_cores::applies(a, q.dtype(), {q.raw(), k.raw(), v.raw(), out.raw()})) {
+    attention_tensor_cores::forward(a, q.dtype(), q.raw(), k.raw(), v.raw(), out.raw(), lse->data<float>(), stream);
+    return;
+  }
   const int64_t floats = kBlockRows * a.d + kTile * (a.d + 1) + kTile * a.d;
   dispatch_floating(q.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -418,6 +429,10 @@ void fused_attention_grad_cuda(OpContext& ctx) {
   const cudaStream_t stream = compute_stream(ctx);
   const int64_t rows = a.groups * a.t_q;
   Tensor delta = Tensor::empty({std::max<int64_t>(rows, 1)}, DType::f32, ctx.env.device);
+  const bool tensor_cores =
+      attention_tensor_cores::applies(a, q.dtype(),
+                                      {q.raw(), k.raw(), v.raw(), dout.raw(), dq ? dq->raw() : nullptr,
+                                       dk ? dk->raw() : nullptr, dv ? dv->raw() : nullptr});
   dispatch_floating(q.dtype(), [&](auto tag) {
     using T = decltype(tag);
     if (rows > 0) {
@@ -425,6 +440,12 @@ void fused_attention_grad_cuda(OpContext& ctx) {
       attention_delta<T>
           <<<blocks, kThreads, 0, stream>>>(out.data<T>(), dout.data<T>(), delta.data<float>(), rows, a.d);
       MIX_CUDA_CHECK(cudaGetLastError());
+    }
+    if (tensor_cores) {
+      attention_tensor_cores::grad(a, q.dtype(), q.raw(), k.raw(), v.raw(), dout.raw(), lse.data<float>(),
+                                   delta.data<float>(), dq ? dq->raw() : nullptr, dk ? dk->raw() : nullptr,
+                                   dv ? dv->raw() : nullptr, stream);
+      return;
     }
     with_head_chunks(a.d, [&](auto chunks) {
       constexpr int kChunks = decltype(chunks)::value;
