@@ -11,10 +11,20 @@
 # overlapped gradient all-reduces, checks that an AMP run with a stuck loss scale stops,
 # runs the kernel tests under compute-sanitizer's memcheck in the time left,
 # and prints a summary table last. Logs and summary.txt go to --out DIR.
-# Budget: under 8 minutes on one H200. The build of cuda_checks for one
-# architecture took 152 s on the 2-core development machine (ninja, from scratch).
+# Budget: under 8 minutes on one H200.
 #
-#   scripts/gpu_check.sh [--out DIR] [--bundle DIR] [--deadline SECONDS] [--multi-rank-cpu N]
+#   scripts/gpu_check.sh [--focus compare|all] [--list-rows] [--out DIR] [--bundle DIR] [--deadline SECONDS]
+#                        [--multi-rank-cpu N]
+#
+# --focus compare: only what issue 41 needs of a short lend, in its order: the
+# build and the [cuda] tests; mixtrain's rows that scripts/torch_compare.py has
+# a twin of (ResNet-50 batch 64 and 256, the Transformer-base, GPT-2 124M; AMP
+# and FP32, then BF16) and those PyTorch rows; the unfused-attention rows
+# (Transformer-base and GPT-2 AMP, --no-fused-attention); memcheck of
+# test_cuda_fused_attention; the GPT-2 AMP step's op profile. Its summary has
+# the lines of those runs and the comparison table. --focus all (the default)
+# runs everything. --list-rows prints the runs a focus makes, in order, and
+# exits: nothing built, run or written. A run --focus leaves out is no failure.
 #
 # With two or more GPUs it also runs the several-GPU rows (scripts/lib/multi_gpu_rows.sh:
 # NCCL allreduce and grad-sync, scaling efficiency, overlap, --cuda-graph on N
@@ -33,11 +43,12 @@
 # have Python's nvidia-nccl-cu13 / nvidia-cudnn-cu13 wheels installed (found here).
 #
 # On a lent machine with no Open MPI or Debian headers (this project's device
-# tool: about 62 MB travel with the checkout, under its 64 MiB; at most 8 files come back):
+# tool: about 62 MB travel with the checkout, under its 64 MiB; at most 8 files come back),
+# lent for 15 minutes of device time, its start included, at most 600 s a command:
 #   here:   scripts/gpu_bundle.sh runs/bundle
 #   there:  (carry runs/bundle, timeout_s 600; the loop keeps what ran should the call time out)
 #           (while sleep 50; do tar czf $OUT/partial.tgz -C /tmp/gc --exclude=build . 2>/dev/null; done) & bg=$!;
-#           scripts/gpu_check.sh --bundle runs/bundle --out /tmp/gc --deadline 530; rc=$?; kill $bg;
+#           scripts/gpu_check.sh --focus compare --bundle runs/bundle --out /tmp/gc --deadline 530; rc=$?; kill $bg;
 #           rm -f $OUT/partial.tgz; cp /tmp/gc/summary.txt $OUT/; tar czf $OUT/gc.tgz -C /tmp/gc --exclude=build .; exit $rc
 #
 # A lent GPU's time is short, so nothing may hang or be wasted: the NCCL
@@ -50,14 +61,22 @@ out="$root/runs/gpu_check"
 bundle=""
 deadline=""
 multi_cpu=""
+focus=all
+list_rows=""
 started=$(date +%s)
 prog=gpu_check
 source "$root/scripts/lib/args.sh"  # usage_if_help
 usage_if_help "$@" <<'EOF'
-usage: scripts/gpu_check.sh [--out DIR] [--bundle DIR] [--deadline SECONDS] [--multi-rank-cpu N]
+usage: scripts/gpu_check.sh [--focus compare|all] [--list-rows] [--out DIR] [--bundle DIR] [--deadline SECONDS] [--multi-rank-cpu N]
 The GPU check: builds with CUDA, runs every [cuda] test, trains the MLP, ResNet-50 and a Transformer-base
 in FP32 and AMP on the GPU, times overlapped gradient all-reduces, runs memcheck in the time left and prints
 a summary table. Logs and summary.txt go to --out DIR. Budget: under 8 minutes on one H200.
+  --focus compare|all    compare: only the build, the [cuda] tests, mixtrain's rows that scripts/torch_compare.py
+                         has a twin of and those PyTorch rows (ResNet-50 b64 and b256, Transformer-base, GPT-2;
+                         AMP, FP32, BF16), the unfused-attention rows, memcheck of test_cuda_fused_attention and
+                         the GPT-2 AMP op profile, in that order; the summary has only their lines.
+                         all: everything (default)
+  --list-rows            print the runs the --focus makes, in order, and exit (nothing built, run or written)
   --out DIR              (default: runs/gpu_check of this checkout)
   --bundle DIR           build from a folder written by scripts/gpu_bundle.sh (default: this checkout)
   --deadline SECONDS     finish, summary written, within SECONDS of the start (default: none)
@@ -70,11 +89,19 @@ a summary table. Logs and summary.txt go to --out DIR. Budget: under 8 minutes o
   MIX_NCCL_TIMEOUT_S     NCCL watchdog, seconds (default 60)
   NCCL_ROOT, CUDNN_ROOT  NCCL and cuDNN 9 outside the toolkit (default: the toolkit's, else Python's nvidia-* wheels)
   MIX_TORCH_PYTHON       the Python whose PyTorch scripts/torch_compare.py runs with (default: python3)
-  MIX_TORCH_COMPARE_BUDGET  seconds for the PyTorch rows (default 360; under --deadline, the time left less 60)
+  MIX_TORCH_COMPARE_BUDGET  seconds for the PyTorch rows (default 360; under --deadline, the time left less 60,
+                         or less 120 with --focus compare, for the runs after them)
+For a machine lent for 15 minutes (at most 600 s a command), from a bundle (scripts/gpu_bundle.sh runs/bundle):
+  scripts/gpu_check.sh --focus compare --bundle runs/bundle --out /tmp/gc --deadline 530
+(the script's header has the whole command line, which brings the logs back should the call time out)
 EOF
 while [ $# -gt 0 ]; do
   case "$1" in
     -h | --help) usage ;;
+    --focus)
+      focus="${2:-}"; shift 2 || shift
+      [[ "$focus" =~ ^(compare|all)$ ]] || { echo "gpu_check: --focus takes compare or all, got '$focus'" >&2; exit 2; } ;;
+    --list-rows) list_rows=1; shift ;;
     --out) out="$2"; shift 2 ;;
     --bundle) bundle="$(cd "$2" && pwd)" || exit 2; shift 2 ;;
     --deadline)
@@ -84,14 +111,9 @@ while [ $# -gt 0 ]; do
       multi_cpu="${2:-}"; shift 2 || shift
       [[ "$multi_cpu" =~ ^[0-9]+$ ]] && [ "$multi_cpu" -ge 2 ] ||
         { echo "gpu_check: --multi-rank-cpu takes a rank count of 2 or more, got '$multi_cpu'" >&2; exit 2; } ;;
-    *) echo "gpu_check: unknown argument '$1' (use --out DIR, --bundle DIR, --deadline SECONDS, --multi-rank-cpu N; see --help)" >&2; exit 2 ;;
+    *) echo "gpu_check: unknown argument '$1' (use --focus compare|all, --list-rows, --out DIR, --bundle DIR, --deadline SECONDS, --multi-rank-cpu N; see --help)" >&2; exit 2 ;;
   esac
 done
-mkdir -p "$out"
-out="$(cd "$out" && pwd)"
-rm -f "$out"/*.jsonl "$out"/*.log "$out"/mixbench.csv "$out"/summary.txt  # no stale figures from an earlier run
-export PATH="/usr/local/cuda/bin:$PATH"
-export MIX_NCCL_TIMEOUT_S="${MIX_NCCL_TIMEOUT_S:-60}"
 # limit SECONDS COMMAND...: runs COMMAND for at most SECONDS (exit 124 when it
 # ran too long), fewer when --deadline leaves fewer (keeping 30 s for the
 # summary and a killed command's 10 s grace), and not at all (exit 125) when
@@ -108,110 +130,103 @@ limit() {
   fi
   timeout -k 10 "$seconds" "$@"
 }
+# Each step below (step_NAME) starts by naming its runs (runs NAME...: the names
+# of their logs and metrics files), so that --list-rows can print them without
+# making them and the summary can print the lines of the runs made (ran NAME),
+# leaving out those --focus left out.
+made=()
+runs() {  # NAME...: with --list-rows, prints them and returns 1 (the step stops there)
+  if [ -n "$list_rows" ]; then printf '%s\n' "$@"; return 1; fi
+  made+=("$@")
+}
+ran() {  # NAME: whether a step of this check made that run
+  local name
+  for name in "${made[@]}"; do [ "$name" = "$1" ] && return 0; done
+  return 1
+}
 
-# ==== several GPUs: the launcher (scripts/lib/multi_gpu_rows.sh has the rows) ====
-# The bundle's Open MPI where it has one: its bin/mpirun sets what Open MPI
-# needs for the ranks it starts (deps/openmpi/env.sh), and nothing else here
-# needs it (a single process of a build linking its libmpi never calls MPI_Init).
-source "$root/scripts/lib/multi_gpu_rows.sh"
-launcher="${MIX_MPIRUN:-}"
-if [ -z "$launcher" ] && [ -n "$bundle" ] && [ -x "$bundle/deps/openmpi/bin/mpirun" ]; then
-  launcher="$bundle/deps/openmpi/bin/mpirun"
-fi
-[ -n "$launcher" ] || launcher="$(command -v mpirun || true)"
-if [ -n "$multi_cpu" ]; then
-  build="${MIX_BUILD_DIR:-$root/build}"
-  for p in mixtrain mixbench mixrun; do
-    [ -x "$build/$p" ] || { echo "gpu_check: --multi-rank-cpu needs $build/$p (scripts/build.sh, or MIX_BUILD_DIR)" >&2; exit 2; }
-  done
-  export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}" OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-  t0=$(date +%s)
-  multi_rows_run cpu "$multi_cpu" "$build" "$out" "$launcher"
-  {
-    echo "gpu_check summary, the several-GPU rows on the CPU ($(date -u +%FT%TZ), $(( $(date +%s) - t0 )) s; exit 124: ran past its limit, 125: not run, past --deadline)"
-    multi_rows_summary
-  } | tee "$out/summary.txt"
-  multi_rows_ok
-  exit $?
-fi
-# ==== end of the several-GPU launcher ====
-
-# The machine first, so that a wrong one fails in seconds, not after the build.
-{
-  nvidia-smi || echo "nvidia-smi failed"
-  command -v nvcc cmake ninja g++ mpirun || true
-  nvcc --version | tail -2
-} >"$out/environment.txt" 2>&1
-if ! nvidia-smi -L >/dev/null 2>&1; then
-  echo "gpu_check: no GPU visible (see $out/environment.txt)" | tee "$out/summary.txt"
-  exit 1
-fi
-# The architecture of GPU 0 (9.0 -> 90), unless MIX_CUDA_ARCHS says otherwise.
-archs="${MIX_CUDA_ARCHS:-$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d '. ')}"
 # NCCL / cuDNN from Python wheels when neither the environment nor the toolkit has them.
-toolkit_include="$(dirname "$(command -v nvcc)")/../include"
 wheel_root() {  # header name: the wheel folder that holds include/<header>, or nothing
   local sp
   sp="$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' 2>/dev/null)" || return 0
   [ -d "$sp/nvidia" ] || return 0
   find "$sp/nvidia" -path "*/include/$1" 2>/dev/null | head -1 | sed "s|/include/$1\$||"
 }
-for lib in NCCL:nccl.h CUDNN:cudnn.h; do
-  var="${lib%%:*}_ROOT" header="${lib#*:}"
-  if [ -z "${!var:-}" ] && [ ! -f "$toolkit_include/$header" ]; then
-    found="$(wheel_root "$header")"
-    if [ -n "$found" ]; then
-      export "$var=$found"
-      export LD_LIBRARY_PATH="$found/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-      echo "gpu_check: $var=$found (from a Python wheel)" | tee -a "$out/environment.txt"
-    fi
-  fi
-done
-
-src="$root"
-cmake_args=(-DCMAKE_BUILD_TYPE=Release -DMIX_WITH_CUDA=ON -DMIX_CUDA_WARNINGS_AS_ERRORS=OFF)
-[ -n "$archs" ] && cmake_args+=(-DMIX_CUDA_ARCHS="$archs")
-if [ -n "$bundle" ]; then
-  src="$bundle/src"
-  cmake_args+=(-DMIX_BUNDLE_DIR="$bundle")
-fi
-if [ -z "$launcher" ] && { [ -z "$bundle" ] || [ ! -f "$bundle/deps/openmpi/include/mpi.h" ]; }; then
-  cmake_args+=(-DMIX_WITH_MPI=OFF)  # no Open MPI here or in the bundle: single-process mixtrain, NCCL still used
-fi
-build="${MIX_BUILD_DIR:-$out/build}"
-if [ ! -f "$build/CMakeCache.txt" ] && command -v ninja >/dev/null 2>&1; then
-  cmake_args+=(-G Ninja)
-fi
-t0=$(date +%s)
-echo "gpu_check: building cuda_checks for sm_${archs:-default} in $build (log: $out/build.log)"
-# Keep going past a failing file: on a lent machine one build that lists every
-# error (another compiler or library version than the development machine's)
-# is worth more than one that stops at the first.
-keep_going=(-k)
 keep_going_ninja() { grep -q '^CMAKE_GENERATOR:INTERNAL=Ninja' "$build/CMakeCache.txt" 2>/dev/null; }
-{ limit 600 cmake -S "$src" -B "$build" "${cmake_args[@]}" ${MIX_CMAKE_ARGS:-} &&
-  { keep_going_ninja && keep_going=(-k 0); true; } &&
-  limit 1200 cmake --build "$build" -j "$(nproc)" --target cuda_checks -- "${keep_going[@]}"; } >"$out/build.log" 2>&1
-build_rc=$?
-if [ $build_rc -ne 0 ]; then
-  tail -30 "$out/build.log"
-  why="failed"
-  [ $build_rc -eq 124 ] && why="ran past its time limit"
-  [ $build_rc -eq 125 ] && why="was not run, past --deadline"
-  echo "gpu_check: the build $why (exit $build_rc) after $(( $(date +%s) - t0 )) s, see build.log" | tee "$out/summary.txt"
-  exit 1
-fi
+step_build() {
+  runs build || return 0
+  # The machine first, so that a wrong one fails in seconds, not after the build.
+  {
+    nvidia-smi || echo "nvidia-smi failed"
+    command -v nvcc cmake ninja g++ mpirun || true
+    nvcc --version | tail -2
+  } >"$out/environment.txt" 2>&1
+  if ! nvidia-smi -L >/dev/null 2>&1; then
+    echo "gpu_check: no GPU visible (see $out/environment.txt)" | tee "$out/summary.txt"
+    exit 1
+  fi
+  # The architecture of GPU 0 (9.0 -> 90), unless MIX_CUDA_ARCHS says otherwise.
+  archs="${MIX_CUDA_ARCHS:-$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d '. ')}"
+  local toolkit_include lib var header found
+  toolkit_include="$(dirname "$(command -v nvcc)")/../include"
+  for lib in NCCL:nccl.h CUDNN:cudnn.h; do
+    var="${lib%%:*}_ROOT" header="${lib#*:}"
+    if [ -z "${!var:-}" ] && [ ! -f "$toolkit_include/$header" ]; then
+      found="$(wheel_root "$header")"
+      if [ -n "$found" ]; then
+        export "$var=$found"
+        export LD_LIBRARY_PATH="$found/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+        echo "gpu_check: $var=$found (from a Python wheel)" | tee -a "$out/environment.txt"
+      fi
+    fi
+  done
 
-echo "gpu_check: [cuda] tests but test_cuda_conv_ops (log: $out/cuda_tests.log)"
-# Four at a time: the tests are small next to the GPU, and the CPU twins they
-# compare against take most of their time. On the last GPU run all of them
-# took 13-17 s. test_cuda_conv_ops runs after the ResNet-50 rows of record,
-# below: it now builds cuDNN graph-API plans for every case (runtime-compiled
-# engines may take a second or more each), and however long that takes, it
-# must not leave those rows past --deadline.
-(cd "$build" && limit 300 ctest -L cuda -E test_cuda_conv_ops -j 4 --no-tests=error --output-on-failure \
-  --timeout 200) >"$out/cuda_tests.log" 2>&1
-tests_rc=$?
+  local src="$root"
+  local cmake_args=(-DCMAKE_BUILD_TYPE=Release -DMIX_WITH_CUDA=ON -DMIX_CUDA_WARNINGS_AS_ERRORS=OFF)
+  [ -n "$archs" ] && cmake_args+=(-DMIX_CUDA_ARCHS="$archs")
+  if [ -n "$bundle" ]; then
+    src="$bundle/src"
+    cmake_args+=(-DMIX_BUNDLE_DIR="$bundle")
+  fi
+  if [ -z "$launcher" ] && { [ -z "$bundle" ] || [ ! -f "$bundle/deps/openmpi/include/mpi.h" ]; }; then
+    cmake_args+=(-DMIX_WITH_MPI=OFF)  # no Open MPI here or in the bundle: single-process mixtrain, NCCL still used
+  fi
+  build="${MIX_BUILD_DIR:-$out/build}"
+  if [ ! -f "$build/CMakeCache.txt" ] && command -v ninja >/dev/null 2>&1; then
+    cmake_args+=(-G Ninja)
+  fi
+  t0=$(date +%s)
+  echo "gpu_check: building cuda_checks for sm_${archs:-default} in $build (log: $out/build.log)"
+  # Keep going past a failing file: on a lent machine one build that lists every
+  # error (another compiler or library version than the development machine's)
+  # is worth more than one that stops at the first.
+  local keep_going=(-k)
+  { limit 600 cmake -S "$src" -B "$build" "${cmake_args[@]}" ${MIX_CMAKE_ARGS:-} &&
+    { keep_going_ninja && keep_going=(-k 0); true; } &&
+    limit 1200 cmake --build "$build" -j "$(nproc)" --target cuda_checks -- "${keep_going[@]}"; } >"$out/build.log" 2>&1
+  local build_rc=$?
+  if [ $build_rc -ne 0 ]; then
+    tail -30 "$out/build.log"
+    local why="failed"
+    [ $build_rc -eq 124 ] && why="ran past its time limit"
+    [ $build_rc -eq 125 ] && why="was not run, past --deadline"
+    echo "gpu_check: the build $why (exit $build_rc) after $(( $(date +%s) - t0 )) s, see build.log" | tee "$out/summary.txt"
+    exit 1
+  fi
+}
+
+step_cuda_tests() {
+  runs cuda_tests || return 0
+  echo "gpu_check: [cuda] tests but test_cuda_conv_ops (log: $out/cuda_tests.log)"
+  # Four at a time: the tests are small next to the GPU, and the CPU twins they
+  # compare against take most of their time. test_cuda_conv_ops runs after the
+  # ResNet-50 rows of record, below: it now builds cuDNN graph-API plans for
+  # every case (runtime-compiled engines may take a second or more each), and
+  # however long that takes, it must not leave those rows past --deadline.
+  (cd "$build" && limit 300 ctest -L cuda -E test_cuda_conv_ops -j 4 --no-tests=error --output-on-failure \
+    --timeout 200) >"$out/cuda_tests.log" 2>&1
+  tests_rc=$?
+}
 
 train() {  # precision, log name
   limit 180 "$build/mixtrain" --device cuda --precision "$1" --data synthetic --synthetic-size 65536 --batch-size 256 \
@@ -304,117 +319,162 @@ ratio_of() {  # fp32 value, amp value
 try: print(f'{float(sys.argv[2]) / float(sys.argv[1]):.2f}')
 except Exception: print('n/a')" "$1" "$2"
 }
-echo "gpu_check: training the MLP on the GPU (FP32, AMP)"
-train fp32 train_fp32; fp32_rc=$?
-train amp train_amp; amp_rc=$?
-fp32_sps=$(summary_field "$out/train_fp32.jsonl" samples_per_s_overall)
-amp_sps=$(summary_field "$out/train_amp.jsonl" samples_per_s_overall)
-fp32_peak=$(summary_field "$out/train_fp32.jsonl" peak_bytes)
-amp_peak=$(summary_field "$out/train_amp.jsonl" peak_bytes)
-ratio=$(ratio_of "$fp32_sps" "$amp_sps")
-echo "gpu_check: ResNet-50 and the Transformer first, FP32 and AMP in their default layouts; then the checks,"
-echo "gpu_check: then the variants (other layouts, cuDNN options), the op profiles and the overlap (logs: $out/*.log)"
-train_resnet50 fp32 resnet50_fp32 --data-format nchw; r50_fp32_rc=$?
-train_resnet50 amp resnet50_amp --data-format nhwc; r50_amp_rc=$?
+# GPT-2 small (--model gpt2: 12 x 768, context 1024, vocabulary 50,257 padded
+# to 50,304 and masked, tied; 124M parameters), AdamW, batch 8 x 1024 tokens,
+# in AMP, BF16 and FP32 (torch_compare.py's gpt2_* rows sit beside these):
+# few timed steps, tokens/s and peak memory.
+train_gpt2() {  # precision, log name, extra flags...
+  local precision="$1" name="$2"; shift 2
+  limit 150 "$build/mixtrain" --device cuda --precision "$precision" --model gpt2 --data synthetic --synthetic-size 64 \
+    --batch-size 8 --optimizer adamw --benchmark --benchmark-warmup 5 --steps 15 --eval false "$@" \
+    --metrics "$out/$name.jsonl" >"$out/$name.log" 2>&1
+}
+
+step_mlp() {
+  runs train_fp32 train_amp || return 0
+  echo "gpu_check: training the MLP on the GPU (FP32, AMP)"
+  train fp32 train_fp32; fp32_rc=$?
+  train amp train_amp; amp_rc=$?
+}
+step_resnet50_of_record() {
+  runs resnet50_fp32 resnet50_amp || return 0
+  echo "gpu_check: ResNet-50 and the Transformer first, FP32 and AMP in their default layouts; then the checks,"
+  echo "gpu_check: then the variants (other layouts, cuDNN options), the op profiles and the overlap (logs: $out/*.log)"
+  train_resnet50 fp32 resnet50_fp32 --data-format nchw; r50_fp32_rc=$?
+  train_resnet50 amp resnet50_amp --data-format nhwc; r50_amp_rc=$?
+}
 # The same two ResNet-50 runs with each convolution on the legacy cuDNN calls
 # (--no-cudnn-graph-conv) instead of the graph API's plans, built once per
 # shape: the legacy calls' host cost set the pace at batch 64 (docs/gpu.md).
-train_resnet50 fp32 resnet50_fp32_legacy --data-format nchw --no-cudnn-graph-conv; r50_fp32_legacy_rc=$?
-train_resnet50 amp resnet50_amp_legacy --data-format nhwc --no-cudnn-graph-conv; r50_amp_legacy_rc=$?
+step_resnet50_legacy() {
+  runs resnet50_fp32_legacy resnet50_amp_legacy || return 0
+  train_resnet50 fp32 resnet50_fp32_legacy --data-format nchw --no-cudnn-graph-conv; r50_fp32_legacy_rc=$?
+  train_resnet50 amp resnet50_amp_legacy --data-format nhwc --no-cudnn-graph-conv; r50_amp_legacy_rc=$?
+}
 # And with each step recorded once as a CUDA graph and replayed (--cuda-graph,
 # runtime/exec/step_graph.h): one launch a step instead of one call per kernel,
-# cuDNN's included. Then the flag's end-to-end check on the GPU: a resnet-small
-# run with evaluations and partial batches between replays gives the op-by-op
-# run's losses, loss scales and evaluations exactly.
-train_resnet50 fp32 resnet50_fp32_cudagraph --data-format nchw --cuda-graph; r50_fp32_cg_rc=$?
-train_resnet50 amp resnet50_amp_cudagraph --data-format nhwc --cuda-graph; r50_amp_cg_rc=$?
-# And recording the legacy cuDNN calls instead of the graph API's plans.
-train_resnet50 amp resnet50_amp_cudagraph_legacy --data-format nhwc --cuda-graph --no-cudnn-graph-conv
-r50_amp_cg_legacy_rc=$?
+# cuDNN's included. Then (step_cuda_graph_flag) the flag's end-to-end check on
+# the GPU: a resnet-small run with evaluations and partial batches between
+# replays gives the op-by-op run's losses, loss scales and evaluations exactly.
+step_resnet50_cudagraph() {
+  runs resnet50_fp32_cudagraph resnet50_amp_cudagraph resnet50_amp_cudagraph_legacy || return 0
+  train_resnet50 fp32 resnet50_fp32_cudagraph --data-format nchw --cuda-graph; r50_fp32_cg_rc=$?
+  train_resnet50 amp resnet50_amp_cudagraph --data-format nhwc --cuda-graph; r50_amp_cg_rc=$?
+  # And recording the legacy cuDNN calls instead of the graph API's plans.
+  train_resnet50 amp resnet50_amp_cudagraph_legacy --data-format nhwc --cuda-graph --no-cudnn-graph-conv
+  r50_amp_cg_legacy_rc=$?
+}
 # And each pointwise convolution (1x1: 36 of ResNet-50's 53, 3 of them strided
 # shortcuts) as one cuBLAS GEMM a pass (plus a copy of the pixels a strided
 # one samples) instead of a cuDNN call (--cublas-1x1-conv, channels last
 # only, so in NHWC in both precisions; the other 17 on the graph API); AMP once
 # more with the other 17 on the legacy calls. No recording: the host still
 # queues every kernel.
-train_resnet50 fp32 resnet50_fp32_gemm1x1 --data-format nhwc --cublas-1x1-conv; r50_fp32_g11_rc=$?
-train_resnet50 amp resnet50_amp_gemm1x1 --data-format nhwc --cublas-1x1-conv; r50_amp_g11_rc=$?
-train_resnet50 amp resnet50_amp_gemm1x1_legacy --data-format nhwc --cublas-1x1-conv --no-cudnn-graph-conv
-r50_amp_g11_legacy_rc=$?
-echo "gpu_check: [cuda] test_cuda_conv_ops, every case in each mode (log: $out/cuda_tests.log)"
-(cd "$build" && limit 300 ctest -L cuda -R test_cuda_conv_ops --no-tests=error --output-on-failure \
-  --timeout 300) >>"$out/cuda_tests.log" 2>&1
-conv_tests_rc=$?
-[ $conv_tests_rc -eq 0 ] || tests_rc=$conv_tests_rc
-passed=$(grep -cE "Test +#[0-9]+: .* Passed" "$out/cuda_tests.log" || true)
-failed=$(grep -cE "\*\*\*Failed|\*\*\*Exception|\*\*\*Timeout|\*\*\*Not Run" "$out/cuda_tests.log" || true)
-skipped=$(grep -cE "\*\*\*Skipped| Skipped" "$out/cuda_tests.log" || true)
-# On a GPU machine a skipped [cuda] test means it did not see the GPU: a failure here.
-[ "$skipped" -eq 0 ] && [ "$passed" -gt 0 ] || tests_rc=1
-echo "gpu_check: --cuda-graph against op-by-op steps on the GPU (log: $out/cuda_graph_flag.log)"
-MIX_E2E_DEVICE=cuda MIX_BUILD_DIR="$build" MIX_WITH_MPI=OFF limit 120 /usr/bin/env python3 \
-  "$root/tests/e2e/test_cuda_graph_flag.py" >"$out/cuda_graph_flag.log" 2>&1
-cg_flag_rc=$?
-cg_flag=$(grep -E "^(PASS|FAIL):" "$out/cuda_graph_flag.log" | tail -1)
-train_transformer fp32 transformer_fp32; tf_fp32_rc=$?
-train_transformer amp transformer_amp; tf_amp_rc=$?
+step_resnet50_gemm1x1() {
+  runs resnet50_fp32_gemm1x1 resnet50_amp_gemm1x1 resnet50_amp_gemm1x1_legacy || return 0
+  train_resnet50 fp32 resnet50_fp32_gemm1x1 --data-format nhwc --cublas-1x1-conv; r50_fp32_g11_rc=$?
+  train_resnet50 amp resnet50_amp_gemm1x1 --data-format nhwc --cublas-1x1-conv; r50_amp_g11_rc=$?
+  train_resnet50 amp resnet50_amp_gemm1x1_legacy --data-format nhwc --cublas-1x1-conv --no-cudnn-graph-conv
+  r50_amp_g11_legacy_rc=$?
+}
+step_conv_tests() {
+  runs test_cuda_conv_ops || return 0
+  echo "gpu_check: [cuda] test_cuda_conv_ops, every case in each mode (log: $out/cuda_tests.log)"
+  (cd "$build" && limit 300 ctest -L cuda -R test_cuda_conv_ops --no-tests=error --output-on-failure \
+    --timeout 300) >>"$out/cuda_tests.log" 2>&1
+  conv_tests_rc=$?
+  [ $conv_tests_rc -eq 0 ] || tests_rc=$conv_tests_rc
+}
+step_cuda_graph_flag() {
+  runs cuda_graph_flag || return 0
+  echo "gpu_check: --cuda-graph against op-by-op steps on the GPU (log: $out/cuda_graph_flag.log)"
+  MIX_E2E_DEVICE=cuda MIX_BUILD_DIR="$build" MIX_WITH_MPI=OFF limit 120 /usr/bin/env python3 \
+    "$root/tests/e2e/test_cuda_graph_flag.py" >"$out/cuda_graph_flag.log" 2>&1
+  cg_flag_rc=$?
+  cg_flag=$(grep -E "^(PASS|FAIL):" "$out/cuda_graph_flag.log" | tail -1)
+}
+step_transformer_of_record() {
+  runs transformer_fp32 transformer_amp || return 0
+  train_transformer fp32 transformer_fp32; tf_fp32_rc=$?
+  train_transformer amp transformer_amp; tf_amp_rc=$?
+}
 # The Transformer AMP step recorded once and replayed too (--cuda-graph).
-train_transformer amp transformer_amp_cudagraph --cuda-graph; tf_amp_cg_rc=$?
+step_transformer_cudagraph() {
+  runs transformer_amp_cudagraph || return 0
+  train_transformer amp transformer_amp_cudagraph --cuda-graph; tf_amp_cg_rc=$?
+}
 # NCCL all-reduce through the device communicator (one rank: NCCL still runs its
 # kernels), every dtype checked against exact values; the 64M rows' busbw is 0
 # on one GPU by definition, so the figure that matters is the time column.
-echo "gpu_check: mixbench allreduce on the GPU (log: $out/mixbench.log)"
-limit 120 "$build/mixbench" allreduce --device cuda -b 1K -e 64M -f 4 -d half,bfloat16,float -o sum,max -n 10 -w 3 --check \
-  --csv "$out/mixbench.csv" >"$out/mixbench.log" 2>&1
-bench_rc=$?
-bench_wrong=$(grep -o "Out of bounds values : [0-9]* [A-Z]*" "$out/mixbench.log" || echo "n/a")
+step_allreduce() {
+  runs mixbench || return 0
+  echo "gpu_check: mixbench allreduce on the GPU (log: $out/mixbench.log)"
+  limit 120 "$build/mixbench" allreduce --device cuda -b 1K -e 64M -f 4 -d half,bfloat16,float -o sum,max -n 10 -w 3 --check \
+    --csv "$out/mixbench.csv" >"$out/mixbench.log" 2>&1
+  bench_rc=$?
+  bench_wrong=$(grep -o "Out of bounds values : [0-9]* [A-Z]*" "$out/mixbench.log" || echo "n/a")
+}
 # The CUDA scaler op leaves its "stuck at the minimum" error to the trainer,
 # after the step (no host wait inside it): a scale pinned at 1e30 overflows
 # every FP16 gradient, and after 100 skipped steps the run must stop with it.
-echo "gpu_check: an AMP run whose loss scale is stuck must stop with the scaler's error (log: $out/stuck.log)"
-limit 60 "$build/mixtrain" --device cuda --precision amp --data synthetic --synthetic-size 4096 --hidden 64 \
-  --batch-size 32 --steps 150 --eval false --init-loss-scaling 1e30 --min-loss-scaling 1e30 >"$out/stuck.log" 2>&1
-stuck_rc=$?
-if [ $stuck_rc -ne 0 ] && [ $stuck_rc -ne 124 ] && grep -q "stuck at the minimum" "$out/stuck.log"; then
-  stuck="stopped with the error (exit $stuck_rc)"; stuck_ok=0
-elif [ $stuck_rc -eq 125 ]; then
-  stuck="not run, past --deadline (exit 125)"; stuck_ok=1
-else
-  stuck="FAIL: exit $stuck_rc without the error"; stuck_ok=1
-fi
-echo "gpu_check: ResNet-50 variants: FP32 in NHWC, AMP in NCHW, unfused add+relu, unfused bn+relu, cuDNN persistent batch_norm, cudnn benchmark, batch 256, 4 x 64 accumulated and clipped, BF16 (and the Transformer in BF16)"
-train_resnet50 fp32 resnet50_fp32_nhwc --data-format nhwc; r50_fp32_nhwc_rc=$?
-train_resnet50 amp resnet50_amp_nchw --data-format nchw; r50_nchw_rc=$?
-train_resnet50 amp resnet50_amp_nofuse --data-format nhwc --no-fuse-add-relu; r50_nofuse_rc=$?
-train_resnet50 amp resnet50_amp_nobnfuse --data-format nhwc --no-fuse-bn-relu; r50_nobnfuse_rc=$?
-train_resnet50 amp resnet50_amp_bnp --data-format nhwc --cudnn-bn-persistent --no-fuse-bn-relu; r50_bnp_rc=$?
-train_resnet50 amp resnet50_amp_bench --data-format nhwc --cudnn-benchmark --no-cudnn-graph-conv; r50_bench_rc=$?
-train_resnet50 amp resnet50_amp_b256 --data-format nhwc --batch-size 256 --benchmark-warmup 5 --steps 15
-r50_b256_rc=$?
-train_resnet50 fp32 resnet50_fp32_b256 --data-format nchw --batch-size 256 --benchmark-warmup 3 --steps 8
-r50_fp32_b256_rc=$?
+step_stuck_scale() {
+  runs stuck || return 0
+  echo "gpu_check: an AMP run whose loss scale is stuck must stop with the scaler's error (log: $out/stuck.log)"
+  limit 60 "$build/mixtrain" --device cuda --precision amp --data synthetic --synthetic-size 4096 --hidden 64 \
+    --batch-size 32 --steps 150 --eval false --init-loss-scaling 1e30 --min-loss-scaling 1e30 >"$out/stuck.log" 2>&1
+  local stuck_rc=$?
+  if [ $stuck_rc -ne 0 ] && [ $stuck_rc -ne 124 ] && grep -q "stuck at the minimum" "$out/stuck.log"; then
+    stuck="stopped with the error (exit $stuck_rc)"; stuck_ok=0
+  elif [ $stuck_rc -eq 125 ]; then
+    stuck="not run, past --deadline (exit 125)"; stuck_ok=1
+  else
+    stuck="FAIL: exit $stuck_rc without the error"; stuck_ok=1
+  fi
+}
+step_resnet50_variants() {
+  runs resnet50_fp32_nhwc resnet50_amp_nchw resnet50_amp_nofuse resnet50_amp_nobnfuse resnet50_amp_bnp \
+    resnet50_amp_bench || return 0
+  echo "gpu_check: ResNet-50 variants: FP32 in NHWC, AMP in NCHW, unfused add+relu, unfused bn+relu, cuDNN persistent batch_norm, cudnn benchmark"
+  train_resnet50 fp32 resnet50_fp32_nhwc --data-format nhwc; r50_fp32_nhwc_rc=$?
+  train_resnet50 amp resnet50_amp_nchw --data-format nchw; r50_nchw_rc=$?
+  train_resnet50 amp resnet50_amp_nofuse --data-format nhwc --no-fuse-add-relu; r50_nofuse_rc=$?
+  train_resnet50 amp resnet50_amp_nobnfuse --data-format nhwc --no-fuse-bn-relu; r50_nobnfuse_rc=$?
+  train_resnet50 amp resnet50_amp_bnp --data-format nhwc --cudnn-bn-persistent --no-fuse-bn-relu; r50_bnp_rc=$?
+  train_resnet50 amp resnet50_amp_bench --data-format nhwc --cudnn-benchmark --no-cudnn-graph-conv; r50_bench_rc=$?
+}
+step_resnet50_b256() {
+  runs resnet50_amp_b256 resnet50_fp32_b256 || return 0
+  echo "gpu_check: ResNet-50 batch 256, AMP and FP32 (logs: $out/resnet50_*_b256.log)"
+  train_resnet50 amp resnet50_amp_b256 --data-format nhwc --batch-size 256 --benchmark-warmup 5 --steps 15
+  r50_b256_rc=$?
+  train_resnet50 fp32 resnet50_fp32_b256 --data-format nchw --batch-size 256 --benchmark-warmup 3 --steps 8
+  r50_fp32_b256_rc=$?
+}
 # Gradient accumulation and clipping: batch 256 as 4 micro-batches of 64
 # (grad_accumulate's kernels, two programs a step), clipped to norm 1 (the
 # norm and the clip's kernels, runtime/optim/cuda/clip_grad.cu).
-train_resnet50 amp resnet50_amp_accum4 --data-format nhwc --grad-accum-steps 4 --clip-grad-norm 1 \
-  --benchmark-warmup 3 --steps 8
-r50_accum_rc=$?
-# BF16 (--precision bf16: the AMP lists in BF16, no loss scale): every op's BF16 kernels in a whole step.
-train_resnet50 bf16 resnet50_bf16 --data-format nhwc; r50_bf16_rc=$?
-train_transformer bf16 transformer_bf16; tf_bf16_rc=$?
-# GPT-2 small (--model gpt2: 12 x 768, context 1024, vocabulary 50,257 padded
-# to 50,304 and masked, tied; 124M parameters), AdamW, batch 8 x 1024 tokens,
-# in AMP, BF16 and FP32 (torch_compare.py's gpt2_* rows sit beside these):
-# few timed steps, tokens/s and peak memory.
-train_gpt2() {  # precision, log name
-  limit 150 "$build/mixtrain" --device cuda --precision "$1" --model gpt2 --data synthetic --synthetic-size 64 \
-    --batch-size 8 --optimizer adamw --benchmark --benchmark-warmup 5 --steps 15 --eval false \
-    --metrics "$out/$2.jsonl" >"$out/$2.log" 2>&1
+step_resnet50_accum() {
+  runs resnet50_amp_accum4 || return 0
+  echo "gpu_check: ResNet-50 AMP, batch 256 as 4 x 64 accumulated and clipped (log: $out/resnet50_amp_accum4.log)"
+  train_resnet50 amp resnet50_amp_accum4 --data-format nhwc --grad-accum-steps 4 --clip-grad-norm 1 \
+    --benchmark-warmup 3 --steps 8
+  r50_accum_rc=$?
 }
-echo "gpu_check: GPT-2 124M, batch 8 x 1024 tokens, AMP, BF16 and FP32 (logs: $out/gpt2_*.log)"
-train_gpt2 amp gpt2_amp; gpt2_amp_rc=$?
-train_gpt2 bf16 gpt2_bf16; gpt2_bf16_rc=$?
-train_gpt2 fp32 gpt2_fp32; gpt2_fp32_rc=$?
+step_gpt2() {
+  runs gpt2_amp gpt2_fp32 || return 0
+  echo "gpu_check: GPT-2 124M, batch 8 x 1024 tokens, AMP and FP32 (logs: $out/gpt2_*.log)"
+  train_gpt2 amp gpt2_amp; gpt2_amp_rc=$?
+  train_gpt2 fp32 gpt2_fp32; gpt2_fp32_rc=$?
+}
+# BF16 (--precision bf16: the AMP lists in BF16, no loss scale): every op's
+# BF16 kernels in a whole step, after the AMP and FP32 rows of each model.
+step_bf16() {
+  runs resnet50_bf16 transformer_bf16 gpt2_bf16 || return 0
+  echo "gpu_check: BF16: ResNet-50, the Transformer-base and GPT-2 (logs: $out/*_bf16.log)"
+  train_resnet50 bf16 resnet50_bf16 --data-format nhwc; r50_bf16_rc=$?
+  train_transformer bf16 transformer_bf16; tf_bf16_rc=$?
+  train_gpt2 bf16 gpt2_bf16; gpt2_bf16_rc=$?
+}
 # ResNet-50 AMP fed from JPEGs on disk (--data image-folder: decode, random
 # crop, flip on the host's cores, normalised on the GPU) against the synthetic
 # AMP row above at the same batch: the share of the GPU's rate the readers
@@ -422,62 +482,91 @@ train_gpt2 fp32 gpt2_fp32; gpt2_fp32_rc=$?
 # typical size) outside --out, which travels back; `mixbench data` gives one
 # worker's rate on this CPU and all cores', so the summary can say how many
 # workers the GPU's rate needs.
-jpeg_dir="${TMPDIR:-/tmp}/mix_gpu_check_jpeg"
-cores=$(nproc)
-echo "gpu_check: ResNet-50 AMP from a JPEG folder, $cores data workers (logs: $out/jpeg_*.log, $out/resnet50_amp_jpeg.log)"
-limit 120 "$build/mixbench" make-images --out "$jpeg_dir" --train 3200 --val 128 --classes 100 --width 500 \
-  --height 375 --workers "$cores" >"$out/jpeg_make.log" 2>&1
-jpeg_make_rc=$?
-limit 60 "$build/mixbench" data --data-dir "$jpeg_dir" --data-workers 1 --batches 6 >"$out/jpeg_data_1.log" 2>&1
-limit 60 "$build/mixbench" data --data-dir "$jpeg_dir" --data-workers "$cores" --batches 30 \
-  >"$out/jpeg_data_all.log" 2>&1
-limit 180 "$build/mixtrain" --device cuda --precision amp --model resnet50 --data image-folder --data-dir "$jpeg_dir" \
-  --data-workers "$cores" --data-format nhwc --batch-size 64 --benchmark --benchmark-warmup 10 --steps 30 --eval false \
-  --metrics "$out/resnet50_amp_jpeg.jsonl" >"$out/resnet50_amp_jpeg.log" 2>&1
-r50_jpeg_rc=$?
-[ $jpeg_make_rc -eq 0 ] || r50_jpeg_rc=$jpeg_make_rc
-# Where the GPU sets the pace: are the graph API's engines as fast as the legacy calls' algorithms?
-train_resnet50 amp resnet50_amp_b256_legacy --data-format nhwc --batch-size 256 --benchmark-warmup 5 --steps 15 \
-  --no-cudnn-graph-conv
-r50_b256_legacy_rc=$?
-# And are cuBLAS's GEMMs as fast as cuDNN's 1x1 kernels?
-train_resnet50 amp resnet50_amp_b256_gemm1x1 --data-format nhwc --batch-size 256 --benchmark-warmup 5 --steps 15 \
-  --cublas-1x1-conv
-r50_b256_g11_rc=$?
-# What folding the FP32 casts before softmax and the loss is worth (README,
-# "Folded casts"): the default AMP run above folds them, this one keeps them.
-echo "gpu_check: Transformer AMP with --no-fold-casts (log: $out/transformer_amp_nofold.log)"
-train_transformer amp transformer_amp_nofold --no-fold-casts; tf_nofold_rc=$?
-# And what not storing the loss's FP32 softmax is worth (README, "The loss
-# gradient recomputes the softmax"): this run stores it, as Paddle does.
-echo "gpu_check: Transformer AMP with --store-softmax (log: $out/transformer_amp_stored.log)"
-train_transformer amp transformer_amp_stored --store-softmax; tf_stored_rc=$?
+step_jpeg() {
+  runs resnet50_amp_jpeg || return 0
+  local jpeg_dir="${TMPDIR:-/tmp}/mix_gpu_check_jpeg"
+  cores=$(nproc)
+  echo "gpu_check: ResNet-50 AMP from a JPEG folder, $cores data workers (logs: $out/jpeg_*.log, $out/resnet50_amp_jpeg.log)"
+  limit 120 "$build/mixbench" make-images --out "$jpeg_dir" --train 3200 --val 128 --classes 100 --width 500 \
+    --height 375 --workers "$cores" >"$out/jpeg_make.log" 2>&1
+  local jpeg_make_rc=$?
+  limit 60 "$build/mixbench" data --data-dir "$jpeg_dir" --data-workers 1 --batches 6 >"$out/jpeg_data_1.log" 2>&1
+  limit 60 "$build/mixbench" data --data-dir "$jpeg_dir" --data-workers "$cores" --batches 30 \
+    >"$out/jpeg_data_all.log" 2>&1
+  limit 180 "$build/mixtrain" --device cuda --precision amp --model resnet50 --data image-folder --data-dir "$jpeg_dir" \
+    --data-workers "$cores" --data-format nhwc --batch-size 64 --benchmark --benchmark-warmup 10 --steps 30 --eval false \
+    --metrics "$out/resnet50_amp_jpeg.jsonl" >"$out/resnet50_amp_jpeg.log" 2>&1
+  r50_jpeg_rc=$?
+  [ $jpeg_make_rc -eq 0 ] || r50_jpeg_rc=$jpeg_make_rc
+}
+step_resnet50_b256_variants() {
+  runs resnet50_amp_b256_legacy resnet50_amp_b256_gemm1x1 || return 0
+  # Where the GPU sets the pace: are the graph API's engines as fast as the legacy calls' algorithms?
+  train_resnet50 amp resnet50_amp_b256_legacy --data-format nhwc --batch-size 256 --benchmark-warmup 5 --steps 15 \
+    --no-cudnn-graph-conv
+  r50_b256_legacy_rc=$?
+  # And are cuBLAS's GEMMs as fast as cuDNN's 1x1 kernels?
+  train_resnet50 amp resnet50_amp_b256_gemm1x1 --data-format nhwc --batch-size 256 --benchmark-warmup 5 --steps 15 \
+    --cublas-1x1-conv
+  r50_b256_g11_rc=$?
+}
+step_transformer_casts() {
+  runs transformer_amp_nofold transformer_amp_stored || return 0
+  # What folding the FP32 casts before softmax and the loss is worth (README,
+  # "Folded casts"): the default AMP run above folds them, this one keeps them.
+  echo "gpu_check: Transformer AMP with --no-fold-casts (log: $out/transformer_amp_nofold.log)"
+  train_transformer amp transformer_amp_nofold --no-fold-casts; tf_nofold_rc=$?
+  # And what not storing the loss's FP32 softmax is worth (README, "The loss
+  # gradient recomputes the softmax"): this run stores it, as Paddle does.
+  echo "gpu_check: Transformer AMP with --store-softmax (log: $out/transformer_amp_stored.log)"
+  train_transformer amp transformer_amp_stored --store-softmax; tf_stored_rc=$?
+}
 # And what one fused_attention op is worth against the matmul, causal softmax,
-# matmul it replaces (docs/models.md, "Attention"): this run builds the latter.
-echo "gpu_check: Transformer AMP with --no-fused-attention (log: $out/transformer_amp_unfused.log)"
-train_transformer amp transformer_amp_unfused --no-fused-attention; tf_unfused_rc=$?
+# matmul it replaces (docs/models.md, "Attention"): these runs build the latter,
+# the Transformer-base at context 256 and GPT-2 at 1024, where the T x T scores
+# the fused op never stores are 16 times as many a sequence.
+step_attention_unfused() {
+  runs transformer_amp_unfused gpt2_amp_unfused || return 0
+  echo "gpu_check: Transformer and GPT-2 AMP with --no-fused-attention (logs: $out/*_amp_unfused.log)"
+  train_transformer amp transformer_amp_unfused --no-fused-attention; tf_unfused_rc=$?
+  train_gpt2 amp gpt2_amp_unfused --no-fused-attention; gpt2_amp_unfused_rc=$?
+}
 # Where an AMP step's time goes: the same AMP runs again, each op timed on the
 # GPU (MIX_PROFILE_OPS: an event on the compute stream after each op, read
 # after the step). Separate runs, because the profile's own per-op cost would
 # lower the images/s and tokens/s above; short ones (the last flags win), to
 # keep within the check's budget.
-echo "gpu_check: the ResNet-50 and Transformer AMP runs again, each op timed (logs: $out/*_profile.log)"
-MIX_PROFILE_OPS=1 train_resnet50 amp resnet50_amp_profile --data-format nhwc --benchmark-warmup 5 --steps 10
-r50_prof_rc=$?
-# And the host's time to queue each op (MIX_PROFILE_OPS=host), for when the
-# host sets the pace ("host queue / step ms" close to each other).
-MIX_PROFILE_OPS=host train_resnet50 amp resnet50_amp_host_profile --data-format nhwc --benchmark-warmup 5 --steps 10
-r50_host_prof_rc=$?
-MIX_PROFILE_OPS=host train_resnet50 amp resnet50_amp_legacy_host_profile --data-format nhwc --no-cudnn-graph-conv \
-  --benchmark-warmup 5 --steps 10
-r50_legacy_host_prof_rc=$?
-MIX_PROFILE_OPS=host train_resnet50 amp resnet50_amp_gemm1x1_host_profile --data-format nhwc --cublas-1x1-conv \
-  --benchmark-warmup 5 --steps 10
-r50_g11_host_prof_rc=$?
-MIX_PROFILE_OPS=1 train_transformer amp transformer_amp_profile --benchmark-warmup 5 --steps 10; tf_prof_rc=$?
-echo "gpu_check: resnet-small AMP with and without overlapped all-reduce (logs: $out/resnet_small_*.log)"
-train_resnet_small resnet_small_overlap; rs_ov_rc=$?
-train_resnet_small resnet_small_no_overlap --no-overlap; rs_no_rc=$?
+step_profiles() {
+  runs resnet50_amp_profile resnet50_amp_host_profile resnet50_amp_legacy_host_profile \
+    resnet50_amp_gemm1x1_host_profile transformer_amp_profile || return 0
+  echo "gpu_check: the ResNet-50 and Transformer AMP runs again, each op timed (logs: $out/*_profile.log)"
+  MIX_PROFILE_OPS=1 train_resnet50 amp resnet50_amp_profile --data-format nhwc --benchmark-warmup 5 --steps 10
+  r50_prof_rc=$?
+  # And the host's time to queue each op (MIX_PROFILE_OPS=host), for when the
+  # host sets the pace ("host queue / step ms" close to each other).
+  MIX_PROFILE_OPS=host train_resnet50 amp resnet50_amp_host_profile --data-format nhwc --benchmark-warmup 5 --steps 10
+  r50_host_prof_rc=$?
+  MIX_PROFILE_OPS=host train_resnet50 amp resnet50_amp_legacy_host_profile --data-format nhwc --no-cudnn-graph-conv \
+    --benchmark-warmup 5 --steps 10
+  r50_legacy_host_prof_rc=$?
+  MIX_PROFILE_OPS=host train_resnet50 amp resnet50_amp_gemm1x1_host_profile --data-format nhwc --cublas-1x1-conv \
+    --benchmark-warmup 5 --steps 10
+  r50_g11_host_prof_rc=$?
+  MIX_PROFILE_OPS=1 train_transformer amp transformer_amp_profile --benchmark-warmup 5 --steps 10; tf_prof_rc=$?
+}
+# The GPT-2 AMP step the same way, where the GPT-2 rows' time goes.
+step_gpt2_profile() {
+  runs gpt2_amp_profile || return 0
+  echo "gpu_check: GPT-2 AMP again, each op timed (log: $out/gpt2_amp_profile.log)"
+  MIX_PROFILE_OPS=1 train_gpt2 amp gpt2_amp_profile --benchmark-warmup 3 --steps 8; gpt2_prof_rc=$?
+}
+# resnet-small AMP with and without overlapped all-reduce (train_resnet_small).
+step_overlap() {
+  runs resnet_small_overlap resnet_small_no_overlap || return 0
+  echo "gpu_check: resnet-small AMP with and without overlapped all-reduce (logs: $out/resnet_small_*.log)"
+  train_resnet_small resnet_small_overlap; rs_ov_rc=$?
+  train_resnet_small resnet_small_no_overlap --no-overlap; rs_no_rc=$?
+}
 # ==== PyTorch on the same card (issue 41) ====================================
 # The same models trained by PyTorch, the one this machine's python3 imports
 # (MIX_TORCH_PYTHON names another): scripts/torch_compare.py's rows carry the
@@ -485,35 +574,51 @@ train_resnet_small resnet_small_no_overlap --no-overlap; rs_no_rc=$?
 # gpt2_amp, ...; NAME_compile for torch.compile), and the summary puts each
 # beside mixtrain's with the ratio and both MFUs (scripts/lib/compare_summary.py,
 # scripts/lib/mfu.py). It gets MIX_TORCH_COMPARE_BUDGET seconds (default 360),
-# under --deadline at most the time left less 60 s kept for memcheck; a row
-# past that says so. Without PyTorch every row says why, and nothing fails.
-torch_python="${MIX_TORCH_PYTHON:-python3}"
-tc_budget="${MIX_TORCH_COMPARE_BUDGET:-360}"
-if [ -n "$deadline" ]; then
-  tc_left=$(( deadline - ($(date +%s) - started) - 30 - 60 ))
-  [ "$tc_left" -lt "$tc_budget" ] && tc_budget=$tc_left
-fi
-tc_gpu="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
-echo "gpu_check: PyTorch on the same models, ${tc_budget} s at most (log: $out/torch_compare.log)"
-if [ "$tc_budget" -ge 20 ]; then
-  limit $(( tc_budget + 60 )) "$torch_python" "$root/scripts/torch_compare.py" --time-budget "$tc_budget" \
-    --compile-budget 150 --gpu-name "$tc_gpu" --out "$out/torch_compare.jsonl" >"$out/torch_compare.log" 2>&1
-  tc_rc=$?
-else
-  echo "gpu_check: torch_compare not run: ${tc_budget} s left" >"$out/torch_compare.log"; tc_rc=125
-fi
+# under --deadline at most the time left less what the focus keeps for the
+# steps after it (torch_reserve); a row past that says so. Without PyTorch
+# every row says why, and nothing fails. --focus all runs every row; another
+# focus only those whose mixtrain twins it made (their names, as --rows).
+tc_rows='*'
+torch_twins() {  # the runs made so far that torch_compare has a row of, comma separated
+  /usr/bin/env python3 "$root/scripts/torch_compare.py" --list | awk '{ print $1 }' |
+    grep -Fx -f <(printf '%s\n' "${made[@]}") | paste -sd, -
+}
+step_torch_compare() {
+  runs torch_compare || return 0
+  local torch_python="${MIX_TORCH_PYTHON:-python3}" tc_budget="${MIX_TORCH_COMPARE_BUDGET:-360}" tc_left
+  if [ -n "$deadline" ]; then
+    tc_left=$(( deadline - ($(date +%s) - started) - 30 - torch_reserve ))
+    [ "$tc_left" -lt "$tc_budget" ] && tc_budget=$tc_left
+  fi
+  tc_gpu="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
+  [ "$focus" = all ] || tc_rows=$(torch_twins)
+  echo "gpu_check: PyTorch on the same models, ${tc_budget} s at most (log: $out/torch_compare.log)"
+  if [ "$tc_budget" -ge 20 ]; then
+    limit $(( tc_budget + 60 )) "$torch_python" "$root/scripts/torch_compare.py" --rows "$tc_rows" \
+      --time-budget "$tc_budget" --compile-budget 150 --gpu-name "$tc_gpu" --out "$out/torch_compare.jsonl" \
+      >"$out/torch_compare.log" 2>&1
+    tc_rc=$?
+  else
+    echo "gpu_check: torch_compare not run: ${tc_budget} s left" >"$out/torch_compare.log"; tc_rc=125
+  fi
+}
 # ==== end of PyTorch on the same card =========================================
 # ==== several GPUs (scripts/lib/multi_gpu_rows.sh): with 2+ GPUs, N ranks against 1 ====
-gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
-multi_rows_run cuda "${gpus:-0}" "$build" "$out" "$launcher"
+step_multi_gpu_rows() {
+  runs multi_gpu_rows || return 0
+  local gpus
+  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+  multi_rows_run cuda "${gpus:-0}" "$build" "$out" "$launcher"
+}
 # ==== end of the several-GPU rows ====
 # Last, in the time left: compute-sanitizer's memcheck over the tests of the
 # hand-written kernels. A comparison with the CPU twin misses an out-of-bounds
 # read whose stray bytes happen to hold the right values, or a write past the
 # end into memory nothing checks; memcheck does not. It works only where the
 # machine's runtime lets it (not under gVisor): the row then shows its error.
-sanitizer="$(command -v compute-sanitizer || ls /usr/local/cuda/compute-sanitizer/compute-sanitizer 2>/dev/null || true)"
 memcheck() {  # test binary name: "N errors (exit RC)" and the log memcheck_NAME.log
+  local sanitizer
+  sanitizer="$(command -v compute-sanitizer || ls /usr/local/cuda/compute-sanitizer/compute-sanitizer 2>/dev/null || true)"
   if [ -z "$sanitizer" ]; then echo "no compute-sanitizer on this machine"; return 0; fi
   limit 120 "$sanitizer" --tool memcheck --error-exitcode 99 "$build/tests/$1" >"$out/memcheck_$1.log" 2>&1
   local rc=$? errors
@@ -521,10 +626,99 @@ memcheck() {  # test binary name: "N errors (exit RC)" and the log memcheck_NAME
   echo "${errors:-no error summary} (exit $rc)"
   [ $rc -ne 99 ]  # only memcheck's own verdict fails the check; a timeout or a missing tool is a row, not a failure
 }
-echo "gpu_check: compute-sanitizer memcheck over the kernel tests, in the time left (logs: $out/memcheck_*.log)"
-mc_ops=$(memcheck test_cuda_ops); mc_ops_ok=$?
-mc_tf=$(memcheck test_cuda_transformer_ops); mc_tf_ok=$?
-mc_att=$(memcheck test_cuda_fused_attention); mc_att_ok=$?
+step_memcheck_kernels() {
+  runs memcheck_test_cuda_ops memcheck_test_cuda_transformer_ops || return 0
+  echo "gpu_check: compute-sanitizer memcheck over the kernel tests, in the time left (logs: $out/memcheck_*.log)"
+  mc_ops=$(memcheck test_cuda_ops); mc_ops_ok=$?
+  mc_tf=$(memcheck test_cuda_transformer_ops); mc_tf_ok=$?
+}
+step_memcheck_attention() {
+  runs memcheck_test_cuda_fused_attention || return 0
+  echo "gpu_check: compute-sanitizer memcheck over test_cuda_fused_attention (log: $out/memcheck_test_cuda_fused_attention.log)"
+  mc_att=$(memcheck test_cuda_fused_attention); mc_att_ok=$?
+}
+
+# Each --focus: its steps, in the order they run, and the seconds that
+# torch_compare leaves, under --deadline, to the steps after it.
+case "$focus" in
+  all)
+    steps=(build cuda_tests mlp resnet50_of_record resnet50_legacy resnet50_cudagraph resnet50_gemm1x1 conv_tests
+      cuda_graph_flag transformer_of_record transformer_cudagraph allreduce stuck_scale resnet50_variants
+      resnet50_b256 resnet50_accum gpt2 bf16 jpeg resnet50_b256_variants transformer_casts attention_unfused
+      profiles gpt2_profile overlap torch_compare multi_gpu_rows memcheck_kernels memcheck_attention)
+    torch_reserve=60 ;;  # memcheck (the several-GPU rows are not budgeted: give such a lend a later --deadline)
+  compare)
+    # Issue 41's order: the rows mixtrain is compared on (those of record, AMP
+    # and FP32, before BF16), PyTorch's twins of them, then what fused
+    # attention is worth, memcheck of its kernel, and where GPT-2's time goes.
+    steps=(build cuda_tests resnet50_of_record resnet50_b256 transformer_of_record gpt2 bf16 torch_compare
+      attention_unfused memcheck_attention gpt2_profile)
+    torch_reserve=120 ;;  # the two unfused-attention runs, memcheck of the fused attention, the GPT-2 profile
+esac
+if [ -n "$list_rows" ]; then
+  for step in "${steps[@]}"; do "step_$step"; done
+  exit 0
+fi
+
+mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+rm -f "$out"/*.jsonl "$out"/*.log "$out"/mixbench.csv "$out"/summary.txt  # no stale figures from an earlier run
+export PATH="/usr/local/cuda/bin:$PATH"
+export MIX_NCCL_TIMEOUT_S="${MIX_NCCL_TIMEOUT_S:-60}"
+
+# ==== several GPUs: the launcher (scripts/lib/multi_gpu_rows.sh has the rows) ====
+# The bundle's Open MPI where it has one: its bin/mpirun sets what Open MPI
+# needs for the ranks it starts (deps/openmpi/env.sh), and nothing else here
+# needs it (a single process of a build linking its libmpi never calls MPI_Init).
+source "$root/scripts/lib/multi_gpu_rows.sh"
+launcher="${MIX_MPIRUN:-}"
+if [ -z "$launcher" ] && [ -n "$bundle" ] && [ -x "$bundle/deps/openmpi/bin/mpirun" ]; then
+  launcher="$bundle/deps/openmpi/bin/mpirun"
+fi
+[ -n "$launcher" ] || launcher="$(command -v mpirun || true)"
+if [ -n "$multi_cpu" ]; then
+  build="${MIX_BUILD_DIR:-$root/build}"
+  for p in mixtrain mixbench mixrun; do
+    [ -x "$build/$p" ] || { echo "gpu_check: --multi-rank-cpu needs $build/$p (scripts/build.sh, or MIX_BUILD_DIR)" >&2; exit 2; }
+  done
+  export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}" OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+  t0=$(date +%s)
+  multi_rows_run cpu "$multi_cpu" "$build" "$out" "$launcher"
+  {
+    echo "gpu_check summary, the several-GPU rows on the CPU ($(date -u +%FT%TZ), $(( $(date +%s) - t0 )) s; exit 124: ran past its limit, 125: not run, past --deadline)"
+    multi_rows_summary
+  } | tee "$out/summary.txt"
+  multi_rows_ok
+  exit $?
+fi
+# ==== end of the several-GPU launcher ====
+
+for step in "${steps[@]}"; do "step_$step"; done
+
+# ==== the summary ====
+say() {  # run, label, value: one line of the summary, for a run this check made
+  if ran "$1"; then printf "  %-36s %s\n" "$2" "$3"; fi
+}
+say_top_ops() {  # run, title, count, exit status: the run's top op types by time (MIX_PROFILE_OPS) under a heading
+  ran "$1" || return 0
+  echo "  $2, top $3 (exit $4):"
+  top_ops "$out/$1.log" "$3"
+}
+tokens_and_peak() {  # run, exit status: "TOKENS/S (exit RC), peak bytes PEAK"
+  echo "$(summary_field "$out/$1.jsonl" tokens_per_s_overall) (exit $2), peak bytes $(summary_field "$out/$1.jsonl" peak_bytes)"
+}
+if ran cuda_tests; then
+  passed=$(grep -cE "Test +#[0-9]+: .* Passed" "$out/cuda_tests.log" || true)
+  failed=$(grep -cE "\*\*\*Failed|\*\*\*Exception|\*\*\*Timeout|\*\*\*Not Run" "$out/cuda_tests.log" || true)
+  skipped=$(grep -cE "\*\*\*Skipped| Skipped" "$out/cuda_tests.log" || true)
+  # On a GPU machine a skipped [cuda] test means it did not see the GPU: a failure here.
+  [ "$skipped" -eq 0 ] && [ "$passed" -gt 0 ] || tests_rc=1
+fi
+fp32_sps=$(summary_field "$out/train_fp32.jsonl" samples_per_s_overall)
+amp_sps=$(summary_field "$out/train_amp.jsonl" samples_per_s_overall)
+fp32_peak=$(summary_field "$out/train_fp32.jsonl" peak_bytes)
+amp_peak=$(summary_field "$out/train_amp.jsonl" peak_bytes)
+ratio=$(ratio_of "$fp32_sps" "$amp_sps")
 rs_ov_ms=$(summary_field "$out/resnet_small_overlap.jsonl" step_ms)
 rs_no_ms=$(summary_field "$out/resnet_small_no_overlap.jsonl" step_ms)
 rs_ratio=$(ratio_of "$rs_ov_ms" "$rs_no_ms")
@@ -590,125 +784,127 @@ tf_fp32_tps=$(summary_field "$out/transformer_fp32.jsonl" tokens_per_s_overall)
 tf_amp_tps=$(summary_field "$out/transformer_amp.jsonl" tokens_per_s_overall)
 tf_bf16_tps=$(summary_field "$out/transformer_bf16.jsonl" tokens_per_s_overall)
 r50_bf16_ips=$(summary_field "$out/resnet50_bf16.jsonl" samples_per_s_overall)
-tf_nofold_tps=$(summary_field "$out/transformer_amp_nofold.jsonl" tokens_per_s_overall)
-tf_nofold_peak=$(summary_field "$out/transformer_amp_nofold.jsonl" peak_bytes)
-tf_stored_tps=$(summary_field "$out/transformer_amp_stored.jsonl" tokens_per_s_overall)
-tf_stored_peak=$(summary_field "$out/transformer_amp_stored.jsonl" peak_bytes)
 tf_unfused_tps=$(summary_field "$out/transformer_amp_unfused.jsonl" tokens_per_s_overall)
-tf_unfused_peak=$(summary_field "$out/transformer_amp_unfused.jsonl" peak_bytes)
 tf_fp32_peak=$(summary_field "$out/transformer_fp32.jsonl" peak_bytes)
 tf_amp_peak=$(summary_field "$out/transformer_amp.jsonl" peak_bytes)
 tf_ratio=$(ratio_of "$tf_fp32_tps" "$tf_amp_tps")
 tf_amp_queue=$(queue_and_step_ms "$out/transformer_amp.jsonl")
 tf_amp_cg_tps=$(summary_field "$out/transformer_amp_cudagraph.jsonl" tokens_per_s_overall)
 tf_amp_cg_queue=$(queue_and_step_ms "$out/transformer_amp_cudagraph.jsonl")
+tf_att_ratio=$(ratio_of "$tf_unfused_tps" "$tf_amp_tps")
+gpt2_att_ratio=$(ratio_of "$(summary_field "$out/gpt2_amp_unfused.jsonl" tokens_per_s_overall)" \
+  "$(summary_field "$out/gpt2_amp.jsonl" tokens_per_s_overall)")
 secs=$(( $(date +%s) - t0 ))
 {
+  # A run --focus left out has no exit status: nounset would stop here at its
+  # line's arguments, which say then leaves out.
+  set +u
   echo "gpu_check summary ($(date -u +%FT%TZ), ${secs} s; exit 124: ran past its limit, 125: not run, past --deadline)"
   conv_note=""
-  [ $conv_tests_rc -eq 125 ] && conv_note=" (test_cuda_conv_ops not run: past --deadline)"
-  [ $conv_tests_rc -eq 124 ] && conv_note=" (test_cuda_conv_ops ran past its time limit)"
-  printf "  %-36s %s\n" "[cuda] tests" "$passed passed, $failed failed, $skipped skipped$conv_note"
-  printf "  %-36s %s\n" "MLP 784-1024-1024-10 FP32 samples/s" "$fp32_sps (exit $fp32_rc)"
-  printf "  %-36s %s\n" "MLP 784-1024-1024-10 AMP samples/s" "$amp_sps (exit $amp_rc)"
-  printf "  %-36s %s\n" "AMP / FP32 speed" "$ratio"
-  printf "  %-36s %s / %s\n" "peak device bytes FP32 / AMP" "$fp32_peak" "$amp_peak"
-  printf "  %-36s %s\n" "ResNet-50 b64 FP32 images/s NCHW" "$r50_fp32_ips (exit $r50_fp32_rc)"
-  printf "  %-36s %s\n" "ResNet-50 b64 FP32 images/s NHWC" "$r50_fp32_nhwc_ips (exit $r50_fp32_nhwc_rc)"
-  printf "  %-36s %s\n" "ResNet-50 b64 AMP images/s NHWC" "$r50_amp_ips (exit $r50_amp_rc)"
-  printf "  %-36s %s\n" "ResNet-50 b64 AMP images/s NCHW" "$r50_nchw_ips (exit $r50_nchw_rc)"
-  printf "  %-36s %s\n" "  graph conv shapes on legacy calls" "$r50_graph_fallbacks"
-  printf "  %-36s %s\n" "ResNet-50 FP32 NCHW, legacy cuDNN" "$r50_fp32_legacy_ips (exit $r50_fp32_legacy_rc)"
-  printf "  %-36s %s\n" "ResNet-50 AMP NHWC, legacy cuDNN" "$r50_amp_legacy_ips (exit $r50_amp_legacy_rc)"
-  printf "  %-36s %s\n" "  legacy AMP / FP32; AMP queue/step" "$r50_legacy_ratio; $r50_amp_legacy_queue"
-  printf "  %-36s %s\n" "  AMP first step s, legacy / graph" "$r50_first_steps"
-  printf "  %-36s %s\n" "ResNet-50 FP32 NCHW, cuda graph" "$r50_fp32_cg_ips (exit $r50_fp32_cg_rc)$r50_fp32_cg_note"
-  printf "  %-36s %s\n" "ResNet-50 AMP NHWC, cuda graph" "$r50_amp_cg_ips (exit $r50_amp_cg_rc)$r50_amp_cg_note"
-  printf "  %-36s %s\n" "  AMP, cuda graph, legacy cuDNN" \
+  [ "$conv_tests_rc" = 125 ] && conv_note=" (test_cuda_conv_ops not run: past --deadline)"
+  [ "$conv_tests_rc" = 124 ] && conv_note=" (test_cuda_conv_ops ran past its time limit)"
+  ran test_cuda_conv_ops || conv_note=" (test_cuda_conv_ops not in --focus $focus)"
+  say cuda_tests "[cuda] tests" "$passed passed, $failed failed, $skipped skipped$conv_note"
+  say train_fp32 "MLP 784-1024-1024-10 FP32 samples/s" "$fp32_sps (exit $fp32_rc)"
+  say train_amp "MLP 784-1024-1024-10 AMP samples/s" "$amp_sps (exit $amp_rc)"
+  say train_amp "AMP / FP32 speed" "$ratio"
+  say train_amp "peak device bytes FP32 / AMP" "$fp32_peak / $amp_peak"
+  say resnet50_fp32 "ResNet-50 b64 FP32 images/s NCHW" "$r50_fp32_ips (exit $r50_fp32_rc)"
+  say resnet50_fp32_nhwc "ResNet-50 b64 FP32 images/s NHWC" "$r50_fp32_nhwc_ips (exit $r50_fp32_nhwc_rc)"
+  say resnet50_amp "ResNet-50 b64 AMP images/s NHWC" "$r50_amp_ips (exit $r50_amp_rc)"
+  say resnet50_amp_nchw "ResNet-50 b64 AMP images/s NCHW" "$r50_nchw_ips (exit $r50_nchw_rc)"
+  say resnet50_amp "  graph conv shapes on legacy calls" "$r50_graph_fallbacks"
+  say resnet50_fp32_legacy "ResNet-50 FP32 NCHW, legacy cuDNN" "$r50_fp32_legacy_ips (exit $r50_fp32_legacy_rc)"
+  say resnet50_amp_legacy "ResNet-50 AMP NHWC, legacy cuDNN" "$r50_amp_legacy_ips (exit $r50_amp_legacy_rc)"
+  say resnet50_amp_legacy "  legacy AMP / FP32; AMP queue/step" "$r50_legacy_ratio; $r50_amp_legacy_queue"
+  say resnet50_amp_legacy "  AMP first step s, legacy / graph" "$r50_first_steps"
+  say resnet50_fp32_cudagraph "ResNet-50 FP32 NCHW, cuda graph" "$r50_fp32_cg_ips (exit $r50_fp32_cg_rc)$r50_fp32_cg_note"
+  say resnet50_amp_cudagraph "ResNet-50 AMP NHWC, cuda graph" "$r50_amp_cg_ips (exit $r50_amp_cg_rc)$r50_amp_cg_note"
+  say resnet50_amp_cudagraph_legacy "  AMP, cuda graph, legacy cuDNN" \
     "$r50_amp_cg_legacy_ips (exit $r50_amp_cg_legacy_rc)$r50_amp_cg_legacy_note"
-  printf "  %-36s %s\n" "  first recording error" "${cg_error:-none}"
-  printf "  %-36s %s\n" "  cuda graph AMP / best FP32 (>= 3)" "$r50_cg_ratio$r50_amp_cg_note"
-  printf "  %-36s %s\n" "  cuda graph AMP queue / step ms" "$r50_amp_cg_queue"
-  printf "  %-36s %s\n" "  --cuda-graph = op by op (e2e)" "${cg_flag:-no verdict} (exit $cg_flag_rc)"
-  printf "  %-36s %s\n" "ResNet-50 FP32 NHWC, cuBLAS 1x1 conv" "$r50_fp32_g11_ips (exit $r50_fp32_g11_rc)"
-  printf "  %-36s %s\n" "ResNet-50 AMP NHWC, cuBLAS 1x1 conv" "$r50_amp_g11_ips (exit $r50_amp_g11_rc)"
-  printf "  %-36s %s\n" "  AMP, cuBLAS 1x1, legacy cuDNN" "$r50_amp_g11_legacy_ips (exit $r50_amp_g11_legacy_rc)"
-  printf "  %-36s %s\n" "  cuBLAS 1x1 AMP / best FP32 (>= 3)" "$r50_g11_ratio"
-  printf "  %-36s %s\n" "  cuBLAS 1x1 AMP queue / step ms" "$r50_amp_g11_queue"
-  printf "  %-36s %s\n" "ResNet-50 AMP NHWC, no-fuse-add-relu" "$r50_nofuse_ips (exit $r50_nofuse_rc)"
-  printf "  %-36s %s\n" "ResNet-50 AMP NHWC, no-fuse-bn-relu" "$r50_nobnfuse_ips (exit $r50_nobnfuse_rc)"
-  printf "  %-36s %s\n" "  same, cuDNN persistent BN" "$r50_bnp_ips (exit $r50_bnp_rc)"
-  printf "  %-36s %s\n" "ResNet-50 AMP NHWC, cudnn benchmark" "$r50_bench_ips (exit $r50_bench_rc)"
-  printf "  %-36s %s\n" "ResNet-50 b256 AMP NHWC images/s" "$r50_b256_ips (exit $r50_b256_rc)"
-  printf "  %-36s %s\n" "ResNet-50 b256 FP32 NCHW images/s" "$r50_fp32_b256_ips (exit $r50_fp32_b256_rc)"
-  printf "  %-36s %s\n" "ResNet-50 AMP 4x64 accum+clip img/s" "$r50_accum_ips (exit $r50_accum_rc)"
+  say resnet50_amp_cudagraph "  first recording error" "${cg_error:-none}"
+  say resnet50_amp_cudagraph "  cuda graph AMP / best FP32 (>= 3)" "$r50_cg_ratio$r50_amp_cg_note"
+  say resnet50_amp_cudagraph "  cuda graph AMP queue / step ms" "$r50_amp_cg_queue"
+  say cuda_graph_flag "  --cuda-graph = op by op (e2e)" "${cg_flag:-no verdict} (exit $cg_flag_rc)"
+  say resnet50_fp32_gemm1x1 "ResNet-50 FP32 NHWC, cuBLAS 1x1 conv" "$r50_fp32_g11_ips (exit $r50_fp32_g11_rc)"
+  say resnet50_amp_gemm1x1 "ResNet-50 AMP NHWC, cuBLAS 1x1 conv" "$r50_amp_g11_ips (exit $r50_amp_g11_rc)"
+  say resnet50_amp_gemm1x1_legacy "  AMP, cuBLAS 1x1, legacy cuDNN" "$r50_amp_g11_legacy_ips (exit $r50_amp_g11_legacy_rc)"
+  say resnet50_amp_gemm1x1 "  cuBLAS 1x1 AMP / best FP32 (>= 3)" "$r50_g11_ratio"
+  say resnet50_amp_gemm1x1 "  cuBLAS 1x1 AMP queue / step ms" "$r50_amp_g11_queue"
+  say resnet50_amp_nofuse "ResNet-50 AMP NHWC, no-fuse-add-relu" "$r50_nofuse_ips (exit $r50_nofuse_rc)"
+  say resnet50_amp_nobnfuse "ResNet-50 AMP NHWC, no-fuse-bn-relu" "$r50_nobnfuse_ips (exit $r50_nobnfuse_rc)"
+  say resnet50_amp_bnp "  same, cuDNN persistent BN" "$r50_bnp_ips (exit $r50_bnp_rc)"
+  say resnet50_amp_bench "ResNet-50 AMP NHWC, cudnn benchmark" "$r50_bench_ips (exit $r50_bench_rc)"
+  say resnet50_amp_b256 "ResNet-50 b256 AMP NHWC images/s" "$r50_b256_ips (exit $r50_b256_rc)"
+  say resnet50_fp32_b256 "ResNet-50 b256 FP32 NCHW images/s" "$r50_fp32_b256_ips (exit $r50_fp32_b256_rc)"
+  say resnet50_amp_accum4 "ResNet-50 AMP 4x64 accum+clip img/s" "$r50_accum_ips (exit $r50_accum_rc)"
   # grad_norm's cost (every step computes it): its share of the profiled AMP step.
-  printf "  %-36s %s\n" "grad_global_norm in the AMP profile" \
+  say resnet50_amp_profile "grad_global_norm in the AMP profile" \
     "$(grep -o "grad_global_norm *[0-9.]* ms/step *[0-9.]*%" "$out/resnet50_amp_profile.log" 2>/dev/null | tr -s ' ' || echo n/a)"
-  printf "  %-36s %s\n" "ResNet-50 b64 AMP from JPEGs images/s" "$r50_jpeg_ips (exit $r50_jpeg_rc, $cores data workers)"
-  printf "  %-36s %s\n" "  JPEG / synthetic; workers needed" "$jpeg_share"
-  printf "  %-36s %s / %s\n" "  mixbench data 1 / $cores workers img/s" "${jpeg_one:-n/a}" "${jpeg_all:-n/a}"
-  printf "  %-36s %s\n" "ResNet-50 b256 AMP / FP32" "$r50_b256_ratio"
-  printf "  %-36s %s\n" "ResNet-50 b256 AMP host queue / step" "$r50_b256_queue"
-  printf "  %-36s %s\n" "ResNet-50 b256 AMP, legacy cuDNN" "$r50_b256_legacy_ips (exit $r50_b256_legacy_rc)"
-  printf "  %-36s %s\n" "ResNet-50 b256 AMP, cuBLAS 1x1 conv" "$r50_b256_g11_ips (exit $r50_b256_g11_rc)"
-  printf "  %-36s %s\n" "ResNet-50 AMP / best FP32 (>= 3)" "$r50_ratio"
-  printf "  %-36s %s / %s\n" "ResNet-50 peak bytes FP32 / AMP" "$r50_fp32_peak" "$r50_amp_peak"
-  printf "  %-36s %s\n" "ResNet-50 AMP host queue / step ms" "$r50_amp_queue"
-  printf "  %-36s %s\n" "Transformer-base FP32 tokens/s" "$tf_fp32_tps (exit $tf_fp32_rc)"
-  printf "  %-36s %s\n" "Transformer-base AMP tokens/s" "$tf_amp_tps (exit $tf_amp_rc)"
-  printf "  %-36s %s\n" "Transformer-base BF16 tokens/s" "$tf_bf16_tps (exit $tf_bf16_rc)"
-  printf "  %-36s %s\n" "ResNet-50 b64 BF16 NHWC images/s" "$r50_bf16_ips (exit $r50_bf16_rc)"
+  say resnet50_amp_jpeg "ResNet-50 b64 AMP from JPEGs images/s" "$r50_jpeg_ips (exit $r50_jpeg_rc, $cores data workers)"
+  say resnet50_amp_jpeg "  JPEG / synthetic; workers needed" "$jpeg_share"
+  say resnet50_amp_jpeg "  mixbench data 1 / $cores workers img/s" "${jpeg_one:-n/a} / ${jpeg_all:-n/a}"
+  say resnet50_fp32_b256 "ResNet-50 b256 AMP / FP32" "$r50_b256_ratio"
+  say resnet50_amp_b256 "ResNet-50 b256 AMP host queue / step" "$r50_b256_queue"
+  say resnet50_amp_b256_legacy "ResNet-50 b256 AMP, legacy cuDNN" "$r50_b256_legacy_ips (exit $r50_b256_legacy_rc)"
+  say resnet50_amp_b256_gemm1x1 "ResNet-50 b256 AMP, cuBLAS 1x1 conv" "$r50_b256_g11_ips (exit $r50_b256_g11_rc)"
+  say resnet50_amp "ResNet-50 AMP / best FP32 (>= 3)" "$r50_ratio"
+  say resnet50_amp "ResNet-50 peak bytes FP32 / AMP" "$r50_fp32_peak / $r50_amp_peak"
+  say resnet50_amp "ResNet-50 AMP host queue / step ms" "$r50_amp_queue"
+  say transformer_fp32 "Transformer-base FP32 tokens/s" "$tf_fp32_tps (exit $tf_fp32_rc)"
+  say transformer_amp "Transformer-base AMP tokens/s" "$tf_amp_tps (exit $tf_amp_rc)"
+  say transformer_bf16 "Transformer-base BF16 tokens/s" "$tf_bf16_tps (exit $tf_bf16_rc)"
+  say resnet50_bf16 "ResNet-50 b64 BF16 NHWC images/s" "$r50_bf16_ips (exit $r50_bf16_rc)"
   for gpt2_row in amp bf16 fp32; do
     gpt2_rc_var="gpt2_${gpt2_row}_rc"
-    printf "  %-36s %s (exit %s), peak bytes %s\n" "GPT-2 124M b8x1024 ${gpt2_row^^} tokens/s" \
-      "$(summary_field "$out/gpt2_$gpt2_row.jsonl" tokens_per_s_overall)" "${!gpt2_rc_var}" \
-      "$(summary_field "$out/gpt2_$gpt2_row.jsonl" peak_bytes)"
+    say "gpt2_$gpt2_row" "GPT-2 124M b8x1024 ${gpt2_row^^} tokens/s" "$(tokens_and_peak "gpt2_$gpt2_row" "${!gpt2_rc_var}")"
   done
-  printf "  %-36s %s\n" "Transformer AMP / FP32 (>= 2.9)" "$tf_ratio"
-  printf "  %-36s %s (exit %s), peak bytes %s\n" "Transformer AMP no-fold-casts tok/s" "$tf_nofold_tps" "$tf_nofold_rc" \
-    "$tf_nofold_peak"
-  printf "  %-36s %s (exit %s), peak bytes %s\n" "Transformer AMP store-softmax tok/s" "$tf_stored_tps" "$tf_stored_rc" \
-    "$tf_stored_peak"
-  printf "  %-36s %s (exit %s), peak bytes %s\n" "Transformer AMP unfused attn tok/s" "$tf_unfused_tps" \
-    "$tf_unfused_rc" "$tf_unfused_peak"
-  printf "  %-36s %s / %s\n" "Transformer peak bytes FP32 / AMP" "$tf_fp32_peak" "$tf_amp_peak"
-  printf "  %-36s %s\n" "Transformer AMP host queue / step ms" "$tf_amp_queue"
-  printf "  %-36s %s (exit %s), queue / step ms %s%s\n" "Transformer AMP, cuda graph tok/s" "$tf_amp_cg_tps" \
-    "$tf_amp_cg_rc" "$tf_amp_cg_queue" "$tf_amp_cg_note"
-  printf "  %-36s %s\n" "resnet-small AMP ms/step overlap" "$rs_ov_ms (exit $rs_ov_rc)"
-  printf "  %-36s %s\n" "resnet-small AMP ms/step no-overlap" "$rs_no_ms (exit $rs_no_rc)"
-  printf "  %-36s %s\n" "no-overlap / overlap step time" "$rs_ratio"
-  printf "  %-36s %s\n" "mixbench allreduce --check (NCCL)" "$bench_wrong (exit $bench_rc)"
-  printf "  %-36s %s\n" "AMP loss scale stuck at the minimum" "$stuck"
-  printf "  %-36s %s\n" "memcheck test_cuda_ops" "$mc_ops"
-  printf "  %-36s %s\n" "memcheck test_cuda_transformer_ops" "$mc_tf"
-  printf "  %-36s %s\n" "memcheck test_cuda_fused_attention" "$mc_att"
-  echo "  ResNet-50 AMP NHWC, GPU time by op type, top 10 (exit $r50_prof_rc):"
-  top_ops "$out/resnet50_amp_profile.log" 10
-  echo "  ResNet-50 AMP NHWC, host time to queue by op type, top 10 (exit $r50_host_prof_rc):"
-  top_ops "$out/resnet50_amp_host_profile.log" 10
-  echo "  same with --no-cudnn-graph-conv (legacy calls), top 5 (exit $r50_legacy_host_prof_rc):"
-  top_ops "$out/resnet50_amp_legacy_host_profile.log" 5
-  echo "  same with --cublas-1x1-conv, top 5 (exit $r50_g11_host_prof_rc):"
-  top_ops "$out/resnet50_amp_gemm1x1_host_profile.log" 5
-  echo "  Transformer-base AMP, GPU time by op type, top 10 (exit $tf_prof_rc):"
-  top_ops "$out/transformer_amp_profile.log" 10
+  say transformer_amp "Transformer AMP / FP32 (>= 2.9)" "$tf_ratio"
+  say transformer_amp_nofold "Transformer AMP no-fold-casts tok/s" "$(tokens_and_peak transformer_amp_nofold "$tf_nofold_rc")"
+  say transformer_amp_stored "Transformer AMP store-softmax tok/s" "$(tokens_and_peak transformer_amp_stored "$tf_stored_rc")"
+  say transformer_amp_unfused "Transformer AMP unfused attn tok/s" "$(tokens_and_peak transformer_amp_unfused "$tf_unfused_rc")"
+  say transformer_amp_unfused "  fused / unfused attention speed" "$tf_att_ratio"
+  say gpt2_amp_unfused "GPT-2 AMP unfused attn tok/s" "$(tokens_and_peak gpt2_amp_unfused "$gpt2_amp_unfused_rc")"
+  say gpt2_amp_unfused "  fused / unfused attention speed" "$gpt2_att_ratio"
+  say transformer_amp "Transformer peak bytes FP32 / AMP" "$tf_fp32_peak / $tf_amp_peak"
+  say transformer_amp "Transformer AMP host queue / step ms" "$tf_amp_queue"
+  say transformer_amp_cudagraph "Transformer AMP, cuda graph tok/s" \
+    "$tf_amp_cg_tps (exit $tf_amp_cg_rc), queue / step ms $tf_amp_cg_queue$tf_amp_cg_note"
+  say resnet_small_overlap "resnet-small AMP ms/step overlap" "$rs_ov_ms (exit $rs_ov_rc)"
+  say resnet_small_no_overlap "resnet-small AMP ms/step no-overlap" "$rs_no_ms (exit $rs_no_rc)"
+  say resnet_small_no_overlap "no-overlap / overlap step time" "$rs_ratio"
+  say mixbench "mixbench allreduce --check (NCCL)" "$bench_wrong (exit $bench_rc)"
+  say stuck "AMP loss scale stuck at the minimum" "$stuck"
+  say memcheck_test_cuda_ops "memcheck test_cuda_ops" "$mc_ops"
+  say memcheck_test_cuda_transformer_ops "memcheck test_cuda_transformer_ops" "$mc_tf"
+  say memcheck_test_cuda_fused_attention "memcheck test_cuda_fused_attention" "$mc_att"
+  say_top_ops resnet50_amp_profile "ResNet-50 AMP NHWC, GPU time by op type" 10 "$r50_prof_rc"
+  say_top_ops resnet50_amp_host_profile "ResNet-50 AMP NHWC, host time to queue by op type" 10 "$r50_host_prof_rc"
+  say_top_ops resnet50_amp_legacy_host_profile "same with --no-cudnn-graph-conv (legacy calls)" 5 \
+    "$r50_legacy_host_prof_rc"
+  say_top_ops resnet50_amp_gemm1x1_host_profile "same with --cublas-1x1-conv" 5 "$r50_g11_host_prof_rc"
+  say_top_ops transformer_amp_profile "Transformer-base AMP, GPU time by op type" 10 "$tf_prof_rc"
+  say_top_ops gpt2_amp_profile "GPT-2 124M AMP, GPU time by op type" 10 "$gpt2_prof_rc"
   # ==== PyTorch on the same card (issue 41): each row beside mixtrain's, the ratio, both MFUs ====
-  /usr/bin/env python3 "$root/scripts/lib/compare_summary.py" --out "$out" --gpu-name "$tc_gpu" --torch-exit "$tc_rc" ||
-    echo "  mixtrain against PyTorch: scripts/lib/compare_summary.py failed"
+  if ran torch_compare; then
+    /usr/bin/env python3 "$root/scripts/lib/compare_summary.py" --out "$out" --rows "$tc_rows" --gpu-name "$tc_gpu" \
+      --torch-exit "$tc_rc" || echo "  mixtrain against PyTorch: scripts/lib/compare_summary.py failed"
+  fi
   # ==== several GPUs: their summary lines ====
-  multi_rows_summary
+  if ran multi_gpu_rows; then multi_rows_summary; fi
   # ==== end of the several-GPU summary ====
 } | tee "$out/summary.txt"
-[ $tests_rc -eq 0 ] && [ $fp32_rc -eq 0 ] && [ $amp_rc -eq 0 ] && [ $r50_fp32_rc -eq 0 ] && [ $r50_amp_rc -eq 0 ] &&
-  [ $r50_jpeg_rc -eq 0 ] &&
-  [ $r50_nchw_rc -eq 0 ] && [ $r50_fp32_nhwc_rc -eq 0 ] && [ $r50_bnp_rc -eq 0 ] && [ $r50_bench_rc -eq 0 ] && [ $r50_nofuse_rc -eq 0 ] && [ $r50_nobnfuse_rc -eq 0 ] &&
-  [ $r50_b256_rc -eq 0 ] && [ $r50_fp32_b256_rc -eq 0 ] && [ $r50_fp32_legacy_rc -eq 0 ] && [ $r50_amp_legacy_rc -eq 0 ] &&
-  [ $r50_b256_legacy_rc -eq 0 ] && [ $r50_fp32_cg_rc -eq 0 ] && [ $r50_amp_cg_rc -eq 0 ] && [ $r50_amp_cg_legacy_rc -eq 0 ] &&
-  [ $r50_fp32_g11_rc -eq 0 ] && [ $r50_amp_g11_rc -eq 0 ] && [ $r50_amp_g11_legacy_rc -eq 0 ] && [ $r50_b256_g11_rc -eq 0 ] &&
-  [ $cg_flag_rc -eq 0 ] &&
-  [ $gpt2_amp_rc -eq 0 ] && [ $gpt2_bf16_rc -eq 0 ] && [ $gpt2_fp32_rc -eq 0 ] &&
-  [ $tf_fp32_rc -eq 0 ] && [ $tf_amp_rc -eq 0 ] && [ $tf_amp_cg_rc -eq 0 ] && [ $tf_nofold_rc -eq 0 ] && [ $tf_stored_rc -eq 0 ] && [ $tf_unfused_rc -eq 0 ] && [ $rs_ov_rc -eq 0 ] && [ $rs_no_rc -eq 0 ] && [ $bench_rc -eq 0 ] &&
-  [ $stuck_ok -eq 0 ] && [ $mc_ops_ok -eq 0 ] && [ $mc_tf_ok -eq 0 ] && [ $mc_att_ok -eq 0 ] &&
+# passed STATUS...: every exit status given is 0, or empty: its run left out by --focus.
+passed() {
+  local rc
+  for rc; do [ "${rc:-0}" -eq 0 ] || return 1; done
+}
+passed "${tests_rc-}" "${fp32_rc-}" "${amp_rc-}" "${r50_fp32_rc-}" "${r50_amp_rc-}" "${r50_jpeg_rc-}" \
+  "${r50_nchw_rc-}" "${r50_fp32_nhwc_rc-}" "${r50_bnp_rc-}" "${r50_bench_rc-}" "${r50_nofuse_rc-}" \
+  "${r50_nobnfuse_rc-}" "${r50_b256_rc-}" "${r50_fp32_b256_rc-}" "${r50_fp32_legacy_rc-}" "${r50_amp_legacy_rc-}" \
+  "${r50_b256_legacy_rc-}" "${r50_fp32_cg_rc-}" "${r50_amp_cg_rc-}" "${r50_amp_cg_legacy_rc-}" "${r50_fp32_g11_rc-}" \
+  "${r50_amp_g11_rc-}" "${r50_amp_g11_legacy_rc-}" "${r50_b256_g11_rc-}" "${cg_flag_rc-}" "${gpt2_amp_rc-}" \
+  "${gpt2_bf16_rc-}" "${gpt2_fp32_rc-}" "${gpt2_amp_unfused_rc-}" "${tf_fp32_rc-}" "${tf_amp_rc-}" \
+  "${tf_amp_cg_rc-}" "${tf_nofold_rc-}" "${tf_stored_rc-}" "${tf_unfused_rc-}" "${rs_ov_rc-}" "${rs_no_rc-}" \
+  "${bench_rc-}" "${stuck_ok-}" "${mc_ops_ok-}" "${mc_tf_ok-}" "${mc_att_ok-}" &&
   multi_rows_ok

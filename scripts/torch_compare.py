@@ -108,6 +108,12 @@ COMPILE_STUB = "MIX_TORCH_COMPARE_COMPILE_STUB"
 WARM_MARK = "torch_compare: warm "
 
 
+def select_rows(patterns):
+    """The rows of ROWS whose names match PATTERNS (comma-separated names or shell patterns), in ROWS' order."""
+    names = [s.strip() for s in patterns.split(",") if s.strip()]
+    return [r for r in ROWS if any(fnmatch.fnmatchcase(r[0], pat) for pat in names)]
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="scripts/torch_compare.py", add_help=False)
     p.add_argument("-h", "--help", action="store_true")
@@ -141,8 +147,7 @@ def parse_args(argv):
         refuse("--steps must be at least 1 and --warmup at least 0")
     if args.compile_budget <= 0 or (args.time_budget is not None and args.time_budget < 0):
         refuse("--compile-budget must be positive and --time-budget not negative")
-    patterns = [s.strip() for s in args.rows.split(",") if s.strip()]
-    args.selected = [r for r in ROWS if any(fnmatch.fnmatchcase(r[0], pat) for pat in patterns)]
+    args.selected = select_rows(args.rows)
     if not args.selected:
         refuse(f"--rows '{args.rows}' matches no row; rows: {', '.join(r[0] for r in ROWS)}")
     return args

@@ -2,13 +2,16 @@
 mixtrain's row of the same name (its metrics file in the check's --out folder), the ratio
 mixtrain / PyTorch, and both MFUs (scripts/lib/mfu.py).
 
-    python3 scripts/lib/compare_summary.py --out DIR [--torch FILE] [--gpu-name NAME] [--torch-exit RC]
+    python3 scripts/lib/compare_summary.py --out DIR [--rows PATTERNS] [--torch FILE] [--gpu-name NAME]
+                                           [--torch-exit RC]
 
 DIR holds mixtrain's NAME.jsonl files (gpu_check's logs); FILE is torch_compare's JSON lines
 (default DIR/torch_compare.jsonl). A torch.compile row (NAME_compile) sits beside mixtrain's
 NAME. Rates are mixtrain's summary line's samples_per_s_overall (images/s) or
-tokens_per_s_overall, and torch_compare's samples_per_s or tokens_per_s. Prints the table on
-stdout; always exits 0 (a missing file is a row that says so).
+tokens_per_s_overall, and torch_compare's samples_per_s or tokens_per_s. --rows takes
+torch_compare's --rows PATTERNS (default: every row), so that the rows the check did not ask
+PyTorch for are left out rather than shown as missing. Prints the table on stdout; always
+exits 0 (a missing file is a row that says so).
 """
 import argparse
 import json
@@ -55,7 +58,7 @@ def mib(b):
     return f"{b / 2**20:.0f}" if isinstance(b, (int, float)) and b > 0 else "n/a"
 
 
-def lines(out_dir, torch_file, gpu_name, torch_exit):
+def lines(out_dir, torch_file, gpu_name, torch_exit, rows="*"):
     tr = torch_rows(torch_file)
     any_row = next(iter(tr.values()), {})
     name = gpu_name or any_row.get("device_name") or ""
@@ -70,7 +73,7 @@ def lines(out_dir, torch_file, gpu_name, torch_exit):
     out = [head,
            f"  {'row':27s} {'batch':>5s} {'unit':6s} {'mixtrain':>10s} {'MFU':>6s} {'PyTorch':>10s} {'MFU':>6s} "
            f"{'mix/PT':>6s}  peak MiB mix / PT"]
-    for row, model, batch, mode in torch_compare.ROWS:
+    for row, model, batch, mode in torch_compare.select_rows(rows):
         cfg = mfu.MODELS[model]
         flops, unit = mfu.flops_per_unit(cfg)
         field = "tokens_per_s_overall" if unit == "token" else "samples_per_s_overall"
@@ -106,11 +109,13 @@ def lines(out_dir, torch_file, gpu_name, torch_exit):
 def main(argv):
     p = argparse.ArgumentParser(prog="compare_summary.py")
     p.add_argument("--out", required=True)
+    p.add_argument("--rows", default="*")
     p.add_argument("--torch", default=None)
     p.add_argument("--gpu-name", default="")
     p.add_argument("--torch-exit", default="n/a")
     a = p.parse_args(argv)
-    print("\n".join(lines(a.out, a.torch or str(Path(a.out) / "torch_compare.jsonl"), a.gpu_name, a.torch_exit)))
+    print("\n".join(lines(a.out, a.torch or str(Path(a.out) / "torch_compare.jsonl"), a.gpu_name, a.torch_exit,
+                          a.rows)))
     return 0
 
 

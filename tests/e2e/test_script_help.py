@@ -10,7 +10,9 @@ for cmake, ctest, apt-get, sudo, dpkg-query, mpirun, ... first on PATH that
 write down any call into that folder; afterwards both folders must still be
 empty. The scripts are found by listing the folder, so a new script without
 --help fails here. The scripts that parse their own flags must also refuse an
-unknown one with exit 2, naming it and pointing to --help.
+unknown one with exit 2, naming it and pointing to --help. gpu_check.sh's
+--focus: its help, a bad value refused, and what --list-rows says each focus
+runs (issue 41's rows for compare, in its order; more for all).
 """
 import os
 import sys
@@ -56,6 +58,47 @@ def run(base, bin_dir, label, args):
     return r, left, calls
 
 
+# What gpu_check.sh --focus compare must run (issue 41): mixtrain's rows that have a PyTorch twin,
+# before torch_compare; then the unfused-attention rows, memcheck of the fused attention, GPT-2's profile.
+COMPARE_TWINS = ("resnet50_amp", "resnet50_fp32", "resnet50_amp_b256", "resnet50_fp32_b256", "transformer_amp",
+                 "transformer_fp32", "gpt2_amp", "gpt2_fp32")
+COMPARE_AFTER = ("torch_compare", "transformer_amp_unfused", "gpt2_amp_unfused",
+                 "memcheck_test_cuda_fused_attention", "gpt2_amp_profile")
+
+
+def check_gpu_check_focus(c, base, bin_dir):
+    """gpu_check.sh's --focus: in its help, a bad value refused, and --list-rows's runs for each focus."""
+    r, _, _ = run(base, bin_dir, "gpu_check-focus-help", ["gpu_check.sh", "--help"])
+    ok = "--focus compare" in r.stdout and "--list-rows" in r.stdout
+    c.check(ok, "scripts/gpu_check.sh --help: describes --focus and --list-rows, with the command for a short lend",
+            "" if ok else r.stdout[:400])
+    r, left, calls = run(base, bin_dir, "gpu_check-focus-bad", ["gpu_check.sh", "--focus", "x"])
+    ok = r.rc == 2 and "'x'" in r.stderr and "compare" in r.stderr and "all" in r.stderr and not left and not calls
+    c.check(ok, "scripts/gpu_check.sh --focus x: exit 2 naming the value and the allowed ones, nothing done",
+            r.stderr.strip() if ok else r.describe(400))
+    listed = {}
+    for focus in ("compare", "all"):
+        r, left, calls = run(base, bin_dir, f"gpu_check-list-{focus}", ["gpu_check.sh", "--focus", focus, "--list-rows"])
+        listed[focus] = r.stdout.split()
+        ok = r.rc == 0 and bool(listed[focus]) and not left and not calls
+        c.check(ok, f"scripts/gpu_check.sh --focus {focus} --list-rows: exit 0, the runs listed, nothing done",
+                f"{len(listed[focus])} runs" if ok else r.describe(400) + "; ".join(left[:5] + [calls[:300]]))
+    rows = listed["compare"]
+    missing = [n for n in ("build", "cuda_tests") + COMPARE_TWINS + COMPARE_AFTER if n not in rows]
+    c.check(not missing, "--focus compare lists the build, the [cuda] tests and issue 41's rows",
+            f"missing {missing} from {rows}")
+    if not missing:
+        order = [rows.index(n) for n in COMPARE_AFTER]
+        c.check(max(rows.index(n) for n in COMPARE_TWINS) < order[0] and order == sorted(order),
+                "--focus compare runs the twins, then torch_compare, the unfused rows, memcheck, the profile",
+                " ".join(rows))
+    c.check(set(rows) < set(listed["all"]), "--focus all lists every run of --focus compare and more",
+            f"compare {len(rows)}, all {len(listed['all'])}; only in compare: {sorted(set(rows) - set(listed['all']))}")
+    r, _, _ = run(base, bin_dir, "gpu_check-list-default", ["gpu_check.sh", "--list-rows"])
+    ok = r.stdout.split() == listed["all"]
+    c.check(ok, "scripts/gpu_check.sh --list-rows: --focus all by default", "" if ok else r.describe(300))
+
+
 def main():
     c = mt.Checks("script_help")
     base = mt.workdir("script_help")
@@ -79,6 +122,7 @@ def main():
         ok = r.rc == 2 and "--no-such-flag" in r.stderr and "--help" in r.stderr and not left and not calls
         c.check(ok, f"scripts/{name} --no-such-flag: exit 2 naming it and --help, nothing done",
                 r.stderr.strip() if ok else r.describe(400))
+    check_gpu_check_focus(c, base, bin_dir)
     # A parser answers --help after other flags too.
     r, left, calls = run(base, bin_dir, "bandwidth.sh-late-help", ["bandwidth.sh", "-n", "2", "--help"])
     ok = r.rc == 0 and r.stdout.startswith("usage: scripts/bandwidth.sh") and not left and not calls
