@@ -90,7 +90,7 @@ a summary table. Logs and summary.txt go to --out DIR. Budget: under 8 minutes o
   NCCL_ROOT, CUDNN_ROOT  NCCL and cuDNN 9 outside the toolkit (default: the toolkit's, else Python's nvidia-* wheels)
   MIX_TORCH_PYTHON       the Python whose PyTorch scripts/torch_compare.py runs with (default: python3)
   MIX_TORCH_COMPARE_BUDGET  seconds for the PyTorch rows (default 360; under --deadline, the time left less 60,
-                         or less 120 with --focus compare, for the runs after them)
+                         or less 150 with --focus compare, for the runs after them)
 For a machine lent for 15 minutes (at most 600 s a command), from a bundle (scripts/gpu_bundle.sh runs/bundle):
   scripts/gpu_check.sh --focus compare --bundle runs/bundle --out /tmp/gc --deadline 530
 (the script's header has the whole command line, which brings the logs back should the call time out)
@@ -524,12 +524,15 @@ step_transformer_casts() {
 # And what one fused_attention op is worth against the matmul, causal softmax,
 # matmul it replaces (docs/models.md, "Attention"): these runs build the latter,
 # the Transformer-base at context 256 and GPT-2 at 1024, where the T x T scores
-# the fused op never stores are 16 times as many a sequence.
-step_attention_unfused() {
-  runs transformer_amp_unfused gpt2_amp_unfused || return 0
-  echo "gpu_check: Transformer and GPT-2 AMP with --no-fused-attention (logs: $out/*_amp_unfused.log)"
+# the fused op never stores are 16 times as many a sequence. Then what its
+# tensor-core kernels are worth: GPT-2 AMP with the op on its FP32 kernels
+# (--no-attention-tensor-cores, docs/design.md "Fused attention").
+step_attention_variants() {
+  runs transformer_amp_unfused gpt2_amp_unfused gpt2_amp_fp32_attention || return 0
+  echo "gpu_check: Transformer and GPT-2 AMP with --no-fused-attention, GPT-2 AMP with --no-attention-tensor-cores"
   train_transformer amp transformer_amp_unfused --no-fused-attention; tf_unfused_rc=$?
   train_gpt2 amp gpt2_amp_unfused --no-fused-attention; gpt2_amp_unfused_rc=$?
+  train_gpt2 amp gpt2_amp_fp32_attention --no-attention-tensor-cores; gpt2_amp_fp32_att_rc=$?
 }
 # Where an AMP step's time goes: the same AMP runs again, each op timed on the
 # GPU (MIX_PROFILE_OPS: an event on the compute stream after each op, read
@@ -644,7 +647,7 @@ case "$focus" in
   all)
     steps=(build cuda_tests mlp resnet50_of_record resnet50_legacy resnet50_cudagraph resnet50_gemm1x1 conv_tests
       cuda_graph_flag transformer_of_record transformer_cudagraph allreduce stuck_scale resnet50_variants
-      resnet50_b256 resnet50_accum gpt2 bf16 jpeg resnet50_b256_variants transformer_casts attention_unfused
+      resnet50_b256 resnet50_accum gpt2 bf16 jpeg resnet50_b256_variants transformer_casts attention_variants
       profiles gpt2_profile overlap torch_compare multi_gpu_rows memcheck_kernels memcheck_attention)
     torch_reserve=60 ;;  # memcheck (the several-GPU rows are not budgeted: give such a lend a later --deadline)
   compare)
@@ -652,8 +655,8 @@ case "$focus" in
     # and FP32, before BF16), PyTorch's twins of them, then what fused
     # attention is worth, memcheck of its kernel, and where GPT-2's time goes.
     steps=(build cuda_tests resnet50_of_record resnet50_b256 transformer_of_record gpt2 bf16 torch_compare
-      attention_unfused memcheck_attention gpt2_profile)
-    torch_reserve=120 ;;  # the two unfused-attention runs, memcheck of the fused attention, the GPT-2 profile
+      attention_variants memcheck_attention gpt2_profile)
+    torch_reserve=150 ;;  # the three attention variants, memcheck of the fused attention, the GPT-2 profile
 esac
 if [ -n "$list_rows" ]; then
   for step in "${steps[@]}"; do "step_$step"; done
@@ -792,8 +795,9 @@ tf_amp_queue=$(queue_and_step_ms "$out/transformer_amp.jsonl")
 tf_amp_cg_tps=$(summary_field "$out/transformer_amp_cudagraph.jsonl" tokens_per_s_overall)
 tf_amp_cg_queue=$(queue_and_step_ms "$out/transformer_amp_cudagraph.jsonl")
 tf_att_ratio=$(ratio_of "$tf_unfused_tps" "$tf_amp_tps")
-gpt2_att_ratio=$(ratio_of "$(summary_field "$out/gpt2_amp_unfused.jsonl" tokens_per_s_overall)" \
-  "$(summary_field "$out/gpt2_amp.jsonl" tokens_per_s_overall)")
+gpt2_amp_tps=$(summary_field "$out/gpt2_amp.jsonl" tokens_per_s_overall)
+gpt2_att_ratio=$(ratio_of "$(summary_field "$out/gpt2_amp_unfused.jsonl" tokens_per_s_overall)" "$gpt2_amp_tps")
+gpt2_tc_ratio=$(ratio_of "$(summary_field "$out/gpt2_amp_fp32_attention.jsonl" tokens_per_s_overall)" "$gpt2_amp_tps")
 secs=$(( $(date +%s) - t0 ))
 {
   # A run --focus left out has no exit status: nounset would stop here at its
@@ -866,6 +870,9 @@ secs=$(( $(date +%s) - t0 ))
   say transformer_amp_unfused "  fused / unfused attention speed" "$tf_att_ratio"
   say gpt2_amp_unfused "GPT-2 AMP unfused attn tok/s" "$(tokens_and_peak gpt2_amp_unfused "$gpt2_amp_unfused_rc")"
   say gpt2_amp_unfused "  fused / unfused attention speed" "$gpt2_att_ratio"
+  say gpt2_amp_fp32_attention "GPT-2 AMP FP32-kernel attn tok/s" \
+    "$(tokens_and_peak gpt2_amp_fp32_attention "$gpt2_amp_fp32_att_rc")"
+  say gpt2_amp_fp32_attention "  tensor-core / FP32 attn kernels" "$gpt2_tc_ratio"
   say transformer_amp "Transformer peak bytes FP32 / AMP" "$tf_fp32_peak / $tf_amp_peak"
   say transformer_amp "Transformer AMP host queue / step ms" "$tf_amp_queue"
   say transformer_amp_cudagraph "Transformer AMP, cuda graph tok/s" \
@@ -904,7 +911,7 @@ passed "${tests_rc-}" "${fp32_rc-}" "${amp_rc-}" "${r50_fp32_rc-}" "${r50_amp_rc
   "${r50_nobnfuse_rc-}" "${r50_b256_rc-}" "${r50_fp32_b256_rc-}" "${r50_fp32_legacy_rc-}" "${r50_amp_legacy_rc-}" \
   "${r50_b256_legacy_rc-}" "${r50_fp32_cg_rc-}" "${r50_amp_cg_rc-}" "${r50_amp_cg_legacy_rc-}" "${r50_fp32_g11_rc-}" \
   "${r50_amp_g11_rc-}" "${r50_amp_g11_legacy_rc-}" "${r50_b256_g11_rc-}" "${cg_flag_rc-}" "${gpt2_amp_rc-}" \
-  "${gpt2_bf16_rc-}" "${gpt2_fp32_rc-}" "${gpt2_amp_unfused_rc-}" "${tf_fp32_rc-}" "${tf_amp_rc-}" \
+  "${gpt2_bf16_rc-}" "${gpt2_fp32_rc-}" "${gpt2_amp_unfused_rc-}" "${gpt2_amp_fp32_att_rc-}" "${tf_fp32_rc-}" "${tf_amp_rc-}" \
   "${tf_amp_cg_rc-}" "${tf_nofold_rc-}" "${tf_stored_rc-}" "${tf_unfused_rc-}" "${rs_ov_rc-}" "${rs_no_rc-}" \
   "${bench_rc-}" "${stuck_ok-}" "${mc_ops_ok-}" "${mc_tf_ok-}" "${mc_att_ok-}" &&
   multi_rows_ok

@@ -59,10 +59,10 @@ def run(base, bin_dir, label, args):
 
 
 # What gpu_check.sh --focus compare must run (issue 41): mixtrain's rows that have a PyTorch twin,
-# before torch_compare; then the unfused-attention rows, memcheck of the fused attention, GPT-2's profile.
+# before torch_compare; then the attention variants, memcheck of the fused attention, GPT-2's profile.
 COMPARE_TWINS = ("resnet50_amp", "resnet50_fp32", "resnet50_amp_b256", "resnet50_fp32_b256", "transformer_amp",
                  "transformer_fp32", "gpt2_amp", "gpt2_fp32")
-COMPARE_AFTER = ("torch_compare", "transformer_amp_unfused", "gpt2_amp_unfused",
+COMPARE_AFTER = ("torch_compare", "transformer_amp_unfused", "gpt2_amp_unfused", "gpt2_amp_fp32_attention",
                  "memcheck_test_cuda_fused_attention", "gpt2_amp_profile")
 
 
@@ -90,7 +90,7 @@ def check_gpu_check_focus(c, base, bin_dir):
     if not missing:
         order = [rows.index(n) for n in COMPARE_AFTER]
         c.check(max(rows.index(n) for n in COMPARE_TWINS) < order[0] and order == sorted(order),
-                "--focus compare runs the twins, then torch_compare, the unfused rows, memcheck, the profile",
+                "--focus compare runs the twins, then torch_compare, the attention variants, memcheck, the profile",
                 " ".join(rows))
     c.check(set(rows) < set(listed["all"]), "--focus all lists every run of --focus compare and more",
             f"compare {len(rows)}, all {len(listed['all'])}; only in compare: {sorted(set(rows) - set(listed['all']))}")
