@@ -163,4 +163,15 @@ inline void expect_near(const Tensor& got, const std::vector<double>& ref, doubl
 // Half an ulp of the stored dtype, relative: the error of its one rounding on store.
 inline double half_ulp(DType t) { return t == DType::f16 ? 0x1p-11 : t == DType::bf16 ? 0x1p-8 : 0x1p-24; }
 
+// What fused_attention's tensor-core kernels' roundings of P and dS add to a
+// result: each term a relative half ulp u, so u times the entry's sum of term
+// magnitudes (Reference::*_terms); in FP16 a term below the normal range
+// instead loses up to half its subnormal step, 2^-25, times the other factor
+// (|v|, |dO| at most 1, |k|, |q| at most 2 times the scale), over at most
+// `terms` terms.
+inline double tensor_core_allowance(DType dt, double terms_magnitude, int64_t terms, double other_factor) {
+  const double subnormal = dt == DType::f16 ? 0x1p-25 * static_cast<double>(terms) * other_factor : 0.0;
+  return half_ulp(dt) * terms_magnitude + subnormal;
+}
+
 }  // namespace mix::testing::attention

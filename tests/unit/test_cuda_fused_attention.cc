@@ -70,16 +70,6 @@ bool on_tensor_cores(const Problem& pb, DType dt, CudaAttentionKernels kernels) 
          (pb.d == 32 || pb.d == 64 || pb.d == 96 || pb.d == 128);
 }
 
-// What the tensor-core kernels' roundings of P and dS add to a result: each
-// term a relative half ulp u, so u times the entry's sum of term magnitudes
-// (Reference::*_terms); in FP16 a term below the normal range instead loses
-// up to half its subnormal step, 2^-25, times the other factor (|v|, |dO| at
-// most 1, |k|, |q| at most 2 times the scale), over at most `terms` terms.
-double tensor_core_allowance(DType dt, double terms_magnitude, int64_t terms, double other_factor) {
-  const double subnormal = dt == DType::f16 ? 0x1p-25 * static_cast<double>(terms) * other_factor : 0.0;
-  return attention::half_ulp(dt) * terms_magnitude + subnormal;
-}
-
 bool differs(const Tensor& a, const Tensor& b) { return a.to_floats() != b.to_floats(); }
 
 // Leaves the process-wide choice at its default whatever a test does.
@@ -113,7 +103,7 @@ TEST_CASE("cuda fused_attention: forward and gradients against the CPU twin", "[
         const bool tensor_cores = on_tensor_cores(pb, dt, kernels);
         INFO((tensor_cores ? "tensor-core kernels" : "FP32 kernels"));
         auto allowance = [&](double terms_magnitude, int64_t terms, double other_factor) {
-          return tensor_cores ? tensor_core_allowance(dt, terms_magnitude, terms, other_factor) : 0.0;
+          return tensor_cores ? attention::tensor_core_allowance(dt, terms_magnitude, terms, other_factor) : 0.0;
         };
 
         OneOp fwd;
@@ -188,8 +178,8 @@ TEST_CASE("cuda fused_attention: only the wanted gradients are written", "[cuda]
       // The bounds of the test above: f32 on the FP32 kernels, f16 on the tensor-core ones.
       const double scaled = dt == DType::f32 ? pb.f32_err() : dv ? u : 4 * u;
       const double extra = dt == DType::f32 ? 0.0
-                           : dv             ? tensor_core_allowance(dt, ref.dv_terms, pb.t, 1.0)
-                                            : tensor_core_allowance(dt, ref.dq_terms, pb.s, 2 * pb.scale());
+                           : dv             ? attention::tensor_core_allowance(dt, ref.dv_terms, pb.t, 1.0)
+                                            : attention::tensor_core_allowance(dt, ref.dq_terms, pb.s, 2 * pb.scale());
       expect_both_near(g.gpu, g.cpu, "d", dv ? ref.dv : ref.dq, scaled, u, extra);
     }
   }
