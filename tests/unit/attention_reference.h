@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -162,6 +163,26 @@ inline void expect_near(const Tensor& got, const std::vector<double>& ref, doubl
 
 // Half an ulp of the stored dtype, relative: the error of its one rounding on store.
 inline double half_ulp(DType t) { return t == DType::f16 ? 0x1p-11 : t == DType::bf16 ? 0x1p-8 : 0x1p-24; }
+
+// Out, LSE and the gradients as kernels left them in plain arrays (values of
+// dtype already, so the conversion is exact), by name, for expect_near.
+template <typename T>
+std::map<std::string, Tensor> results_as_tensors(const Problem& pb, DType dt, const std::vector<T>& out,
+                                                 const std::vector<float>& lse, const std::vector<T>& dq,
+                                                 const std::vector<T>& dk, const std::vector<T>& dv) {
+  const auto tensor = [dt](const Shape& shape, const std::vector<T>& values) {
+    std::vector<float> f(values.size());
+    for (size_t i = 0; i < values.size(); ++i) f[i] = to_float(values[i]);
+    return to_dtype(Tensor::from_floats(shape, f), dt);
+  };
+  Shape lse_shape = pb.lead;
+  lse_shape.push_back(pb.t);
+  return {{"out", tensor(pb.q_shape(), out)},
+          {"lse", Tensor::from_floats(lse_shape, lse)},
+          {"dq", tensor(pb.q_shape(), dq)},
+          {"dk", tensor(pb.kv_shape(), dk)},
+          {"dv", tensor(pb.kv_shape(), dv)}};
+}
 
 // What fused_attention's tensor-core kernels' roundings of P and dS add to a
 // result: each term a relative half ulp u, so u times the entry's sum of term

@@ -14,14 +14,8 @@
 #include "runtime/core/half.h"
 #include "runtime/kernels/attention_row.h"
 #include "runtime/kernels/softmax_row.h"
+#include "runtime/ops/cuda/kernel_unroll.h"
 #include "runtime/ops/fused_attention_shapes.h"
-
-// #pragma unroll for nvcc; the emulation's host compiler has no such pragma.
-#ifdef __CUDACC__
-#define MIX_UNROLL _Pragma("unroll")
-#else
-#define MIX_UNROLL
-#endif
 
 namespace mix::cuda::attention_tensor_cores {
 namespace {
