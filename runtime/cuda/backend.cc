@@ -14,7 +14,6 @@
 #include "runtime/cuda/cuda_graph.h"
 #include "runtime/cuda/device_allocator.h"
 #include "runtime/cuda/stream.h"
-#include "runtime/ops/fused_attention_shapes.h"
 
 namespace mix::cuda {
 
@@ -181,9 +180,7 @@ class CudaBackend final : public DeviceBackend {
     cuda::set_cudnn_benchmark(o.cudnn_benchmark);
     cuda::set_cudnn_graph_conv(o.cudnn_graph_conv);
     cuda::set_cublas_1x1_conv(o.cublas_1x1_conv);
-    attention_rules::set_cuda_attention_kernels(o.attention_tensor_cores
-                                                    ? attention_rules::CudaAttentionKernels::automatic
-                                                    : attention_rules::CudaAttentionKernels::fp32_only);
+    cuda::set_tensor_core_attention(o.attention_tensor_cores);
   }
 
   std::unique_ptr<OpTimer> make_op_timer(int index) override { return std::make_unique<CudaOpTimer>(index); }

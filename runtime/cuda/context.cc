@@ -24,6 +24,7 @@ std::atomic<bool> g_batch_norm_persistent{false};
 std::atomic<bool> g_cudnn_benchmark{false};
 std::atomic<bool> g_cudnn_graph_conv{false};
 std::atomic<bool> g_cublas_1x1_conv{false};
+std::atomic<bool> g_tensor_core_attention{true};
 std::atomic<bool> g_large_tensor_paths{false};
 std::atomic<double> g_hang_timeout_s{0.0};
 
@@ -68,6 +69,9 @@ bool cudnn_graph_conv() { return g_cudnn_graph_conv.load(); }
 
 void set_cublas_1x1_conv(bool on) { g_cublas_1x1_conv.store(on); }
 bool cublas_1x1_conv() { return g_cublas_1x1_conv.load(); }
+
+void set_tensor_core_attention(bool on) { g_tensor_core_attention.store(on); }
+bool tensor_core_attention() { return g_tensor_core_attention.load(); }
 
 void set_large_tensor_paths(bool on) { g_large_tensor_paths.store(on); }
 bool large_tensor_paths() { return g_large_tensor_paths.load(); }

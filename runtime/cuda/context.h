@@ -64,6 +64,14 @@ bool cudnn_graph_conv();
 void set_cublas_1x1_conv(bool on);
 bool cublas_1x1_conv();
 
+/// fused_attention runs its tensor-core kernels where they apply
+/// (runtime/ops/cuda/fused_attention_tensor_cores.cuh: FP16/BF16, head_dim 32,
+/// 64, 96 or 128, sm_80 on), which round P and dS to the input dtype before
+/// their products; off (--no-attention-tensor-cores), always its FP32 kernels,
+/// whose rounding points are the CPU twin's. On by default.
+void set_tensor_core_attention(bool on);
+bool tensor_core_attention();
+
 /// For tests: the code paths meant for tensors past 32-bit limits run at every
 /// size (split's copies row by row, otherwise only for rows over 2 GiB;
 /// broadcasts with 64-bit indices, otherwise only past 2^32 elements), so

@@ -27,7 +27,6 @@
 // SGEMMs; the CUDA kernels sum in another order (online softmax over key
 // tiles, per-thread dot products), so the two differ by FP32 roundings only.
 #include <algorithm>
-#include <atomic>
 #include <string>
 #include <vector>
 
@@ -213,17 +212,6 @@ std::vector<OpDesc> fused_attention_grad_maker(const OpDesc& fwd, GradContext& g
                   outs, fwd.attrs)};
 }
 
-}  // namespace
-
-namespace attention_rules {
-namespace {
-std::atomic<CudaAttentionKernels> g_cuda_attention_kernels{CudaAttentionKernels::automatic};
-}  // namespace
-void set_cuda_attention_kernels(CudaAttentionKernels kernels) { g_cuda_attention_kernels = kernels; }
-CudaAttentionKernels cuda_attention_kernels() { return g_cuda_attention_kernels; }
-}  // namespace attention_rules
-
-namespace {
 MIX_REGISTER_OP("fused_attention", OpInfo{infer_fused_attention, fused_attention_cpu, {}, fused_attention_grad_maker});
 MIX_REGISTER_OP("fused_attention_grad", OpInfo{{}, fused_attention_grad_cpu, {}, {}});
 

@@ -67,20 +67,6 @@ inline AttentionDims dims_of(const OpDesc& op, const Tensor& q, const Tensor& k,
   return {groups, s[n - 2], k.shape()[n - 2], s[n - 1], op.attr<bool>("causal", false), scale_of(op, s[n - 1])};
 }
 
-/// Which CUDA kernels run fused_attention and its grad.
-enum class CudaAttentionKernels {
-  /// The tensor-core kernels where they apply (runtime/ops/cuda/fused_attention_tensor_cores.cuh:
-  /// FP16/BF16, head_dim 32, 64, 96 or 128, sm_80 on), which round P and dS
-  /// to the input dtype before their products; the FP32 kernels elsewhere.
-  automatic,
-  /// Always the FP32 kernels, whose rounding points are the CPU twin's
-  /// (tests compare both kinds with the twin).
-  fp32_only,
-};
-/// The process-wide choice (default automatic).
-void set_cuda_attention_kernels(CudaAttentionKernels kernels);
-CudaAttentionKernels cuda_attention_kernels();
-
 /// LSE's shape: Q's without its last dim (one statistic per query row).
 inline Shape lse_shape(const Shape& q) { return Shape(q.begin(), q.end() - 1); }
 

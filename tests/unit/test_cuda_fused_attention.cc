@@ -5,7 +5,7 @@
 // FP32 kernels (8, 32, 64, 96, 100, 128, 256; 256 needs more than the default
 // 48 KiB of shared memory), token counts of 1, 7, 33, 64, 100 and 130 (several
 // query and key tiles, partial last tiles) and fewer queries than keys. Each
-// case runs with CudaAttentionKernels::fp32_only and with automatic, where
+// case runs with cuda::tensor_core_attention() off and on, where
 // f16 and bf16 at head_dim 32, 64, 96 and 128 take the tensor-core kernels.
 //
 // The forward runs on both devices from the same inputs. The grad op runs on
@@ -38,13 +38,15 @@
 #include <vector>
 
 #include "runtime/core/tensor.h"
-#include "runtime/ops/fused_attention_shapes.h"
 #include "tests/unit/attention_reference.h"
 #include "tests/unit/cuda_compare.h"
 
+#ifdef MIX_HAVE_CUDA
+#include "runtime/cuda/context.h"
+#endif
+
 using namespace mix;
 using namespace mix::testing;
-using mix::attention_rules::CudaAttentionKernels;
 using mix::testing::attention::Inputs;
 using mix::testing::attention::Problem;
 
@@ -62,23 +64,26 @@ void expect_both_near(const std::map<std::string, Tensor>& gpu, const std::map<s
                          "gpu " + name + " vs cpu", gpu_extra);
 }
 
-// Whether the case runs on the tensor-core kernels (their rule,
-// fused_attention_tensor_cores.cuh; the test checks below that they did run,
-// as their results differ from the FP32 kernels').
-bool on_tensor_cores(const Problem& pb, DType dt, CudaAttentionKernels kernels) {
-  return kernels == CudaAttentionKernels::automatic && dt != DType::f32 &&
-         (pb.d == 32 || pb.d == 64 || pb.d == 96 || pb.d == 128);
+// Whether the case runs on the tensor-core kernels, with them allowed or not
+// (their rule, fused_attention_tensor_cores.cuh; the test checks below that
+// they did run, as their results differ from the FP32 kernels').
+bool on_tensor_cores(const Problem& pb, DType dt, bool allowed) {
+  return allowed && dt != DType::f32 && (pb.d == 32 || pb.d == 64 || pb.d == 96 || pb.d == 128);
 }
 
 bool differs(const Tensor& a, const Tensor& b) { return a.to_floats() != b.to_floats(); }
 
-// Leaves the process-wide choice at its default whatever a test does.
-struct KernelsChoice {
-  explicit KernelsChoice(CudaAttentionKernels k) { attention_rules::set_cuda_attention_kernels(k); }
-  ~KernelsChoice() { attention_rules::set_cuda_attention_kernels(CudaAttentionKernels::automatic); }
+// Allows the tensor-core kernels or not (cuda::set_tensor_core_attention)
+// for the life of a scope, then back to the default: allowed.
+struct TensorCoresAllowed {
+  explicit TensorCoresAllowed(bool allowed) { set(allowed); }
+  ~TensorCoresAllowed() { set(true); }
+  static void set([[maybe_unused]] bool allowed) {
+#ifdef MIX_HAVE_CUDA
+    mix::cuda::set_tensor_core_attention(allowed);
+#endif
+  }
 };
-
-constexpr CudaAttentionKernels kKernelChoices[] = {CudaAttentionKernels::fp32_only, CudaAttentionKernels::automatic};
 
 }  // namespace
 
@@ -98,9 +103,9 @@ TEST_CASE("cuda fused_attention: forward and gradients against the CPU twin", "[
       const attention::Reference ref = attention::reference_attention(pb, in);
       const double u = attention::half_ulp(dt), fp32_err = pb.f32_err();
       std::map<std::string, Tensor> fp32_kernels;  // the FP32 kernels' Out and dV, to tell the others ran
-      for (CudaAttentionKernels kernels : kKernelChoices) {
-        const KernelsChoice choice(kernels);
-        const bool tensor_cores = on_tensor_cores(pb, dt, kernels);
+      for (bool allowed : {false, true}) {
+        const TensorCoresAllowed choice(allowed);
+        const bool tensor_cores = on_tensor_cores(pb, dt, allowed);
         INFO((tensor_cores ? "tensor-core kernels" : "FP32 kernels"));
         auto allowance = [&](double terms_magnitude, int64_t terms, double other_factor) {
           return tensor_cores ? attention::tensor_core_allowance(dt, terms_magnitude, terms, other_factor) : 0.0;
@@ -136,7 +141,7 @@ TEST_CASE("cuda fused_attention: forward and gradients against the CPU twin", "[
         expect_both_near(g.gpu, g.cpu, "dv", ref.dv, dt == DType::f32 ? fp32_err : u, u,
                          allowance(ref.dv_terms, pb.t, 1.0));
 
-        if (kernels == CudaAttentionKernels::fp32_only) {
+        if (!allowed) {
           fp32_kernels = {{"out", f.gpu.at("out")}, {"dv", g.gpu.at("dv")}};
         } else if (tensor_cores) {
           // Rounding P to 16 bits changes some bits of Out or dV: the tensor-core kernels did run.

@@ -6,7 +6,7 @@
 //
 // These FP32 kernels run every problem the tensor-core kernels
 // (fused_attention_tensor_cores.cu) do not take: FP32 tensors, other head
-// dims, GPUs before sm_80, CudaAttentionKernels::fp32_only.
+// dims, GPUs before sm_80, cuda::tensor_core_attention() off.
 //
 // Why not cuDNN's fused attention (its SDPA engines through the graph API
 // that the convolutions use, runtime/cuda/cudnn_conv_graph.cc): through the

@@ -43,6 +43,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "runtime/cuda/context.h"
 #include "runtime/cuda/cuda_check.h"
 #include "runtime/ops/cuda/fused_attention_tensor_cores_kernels.cuh"
 
@@ -114,7 +115,7 @@ const uint16_t* bits(const void* p) { return static_cast<const uint16_t*>(p); }
 }  // namespace
 
 bool applies(const AttentionDims& a, DType dtype, std::initializer_list<const void*> tensors) {
-  if (attention_rules::cuda_attention_kernels() != attention_rules::CudaAttentionKernels::automatic) return false;
+  if (!tensor_core_attention()) return false;
   if (dtype != DType::f16 && dtype != DType::bf16) return false;
   if (!with_head_dim(a.d, [](auto) {})) return false;
   for (const void* p : tensors)

@@ -3,7 +3,7 @@
 // called by the op's CUDA functions (fused_attention.cu) for the problems they
 // take: FP16 or BF16 Q, K, V, head_dim 32, 64, 96 or 128, a GPU of compute
 // capability 8.0 or more, 16-byte aligned tensors, and
-// CudaAttentionKernels::automatic (runtime/ops/fused_attention_shapes.h).
+// cuda::tensor_core_attention() on (runtime/cuda/context.h).
 // Everything else runs on the FP32 kernels of fused_attention.cu.
 #include <cuda_runtime.h>
 
