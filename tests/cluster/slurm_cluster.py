@@ -46,6 +46,16 @@ def missing():
     return None
 
 
+def missing_for_training():
+    """missing(), else why this build has nothing for Slurm to launch (no MPI:
+    CTest passes MIX_WITH_MPI=OFF), else None. The tests that train under
+    Slurm skip with this reason."""
+    why = missing()
+    if not why and os.environ.get("MIX_WITH_MPI") == "OFF":
+        why = "this build has no MPI (MIX_WITH_MPI=OFF): nothing to launch under Slurm"
+    return why
+
+
 def _free_port():
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

@@ -26,7 +26,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "e2e"))
 sys.path.insert(0, str(HERE))
 import mixtest  # noqa: E402
-from slurm_cluster import SlurmCluster, SlurmError, missing  # noqa: E402
+from slurm_cluster import SlurmCluster, SlurmError, missing_for_training  # noqa: E402
 
 MIXTRAIN = mixtest.MIXTRAIN
 MIXRUN = mixtest.BUILD_DIR / "mixrun"
@@ -35,7 +35,8 @@ TRAIN_ARGS = ["--model", "mlp", *map(str, mixtest.synthetic(size=256)), "--steps
 SINGLETON = "did not join the others"
 
 failures = []
-timings = []
+timings = mixtest.Timings()
+timed = timings.timed
 
 
 def check(ok, what, detail=""):
@@ -44,14 +45,6 @@ def check(ok, what, detail=""):
         failures.append(what)
         if detail:
             print("     " + detail.replace("\n", "\n     "))
-
-
-def timed(name, fn):
-    t0 = time.monotonic()
-    try:
-        return fn()
-    finally:
-        timings.append((name, time.monotonic() - t0))
 
 
 def quoted(args):
@@ -129,11 +122,9 @@ def srun_without_pmi(cluster):
 
 
 def main():
-    why = missing()
+    why = missing_for_training()
     if why:
         mixtest.skip(why)
-    if os.environ.get("MIX_WITH_MPI") == "OFF":
-        mixtest.skip("this build has no MPI (MIX_WITH_MPI=OFF): nothing to launch under Slurm")
     mixtest.require_mixtrain()
     if not os.access(MIXRUN, os.X_OK):
         print(f"FAIL: {MIXRUN} is not built")
@@ -152,8 +143,7 @@ def main():
         print("slurmctld log:\n" + cluster.log("slurmctld") + "\nslurmd log:\n" + cluster.log("slurmd"))
     finally:
         timed("stop", cluster.stop)
-    for name, secs in timings:
-        print(f"time {secs:6.1f} s  {name}")
+    timings.print()
     print(f"time {time.monotonic() - t0:6.1f} s  in all")
     if failures:
         print(f"FAIL: {len(failures)} check(s) failed")

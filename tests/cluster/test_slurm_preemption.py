@@ -42,7 +42,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "e2e"))
 sys.path.insert(0, str(HERE))
 import mixtest  # noqa: E402
-from slurm_cluster import SlurmCluster, SlurmError, missing  # noqa: E402
+from slurm_cluster import SlurmCluster, SlurmError, missing_for_training  # noqa: E402
 
 MIXRUN = mixtest.BUILD_DIR / "mixrun"
 SCRIPT = mixtest.SOURCE_DIR / "scripts" / "slurm" / "train_1node_8gpu.sbatch"
@@ -59,20 +59,13 @@ STEPS = None  # set by main(), from calibrate()
 STOP_LINE = re.compile(r"stopped by (.*?) at step (\d+) of (\d+); saved (\S+);")
 
 checks = mixtest.Checks("slurm_preemption")
-timings = []
+timings = mixtest.Timings()
+timed = timings.timed
 
 
 def check(ok, what, detail=""):
     """checks.check, with the detail (often the job's output) shown only on failure."""
     return checks.check(ok, what, "" if ok else detail)
-
-
-def timed(name, fn):
-    t0 = time.monotonic()
-    try:
-        return fn()
-    finally:
-        timings.append((name, time.monotonic() - t0))
 
 
 def wait_for(what, ready, timeout, poll=0.1):
@@ -196,9 +189,9 @@ def preempt_and_resume(cluster, name, signal_when, reference, tmp):
     check(not bad and meta.get("step") == str(STEPS),
           f"{name}: final parameters and optimizer state equal the uninterrupted run's, bit for bit",
           f"differ: {bad[:3]}, step {meta.get('step')}")
-    timings.append((f"{name}: submit to signal", t_signal - t_submit))
-    timings.append((f"{name}: signal to requeued", t_requeued - t_signal))
-    timings.append((f"{name}: release to COMPLETED", t_done - t_requeued))
+    timings.add(f"{name}: submit to signal", t_signal - t_submit)
+    timings.add(f"{name}: signal to requeued", t_requeued - t_signal)
+    timings.add(f"{name}: release to COMPLETED", t_done - t_requeued)
 
 
 def calibrate(mixrun):
@@ -222,11 +215,9 @@ def calibrate(mixrun):
 
 def main():
     global STEPS
-    why = missing()
+    why = missing_for_training()
     if why:
         mixtest.skip(why)
-    if os.environ.get("MIX_WITH_MPI") == "OFF":
-        mixtest.skip("this build has no MPI (MIX_WITH_MPI=OFF): nothing to launch under Slurm")
     mixtest.require_mixtrain()
     mixtest.require_mpirun()
     if not os.access(MIXRUN, os.X_OK):
@@ -263,8 +254,7 @@ def main():
         print("slurmctld log:\n" + cluster.log("slurmctld") + "\nslurmd log:\n" + cluster.log("slurmd"))
     finally:
         timed("stop the cluster", cluster.stop)
-    for name, secs in timings:
-        print(f"time {secs:6.1f} s  {name}")
+    timings.print()
     checks.finish()
 
 

@@ -272,6 +272,29 @@ class Checks:
         sys.exit(0)
 
 
+class Timings:
+    """Wall time of a test's named parts, printed at its end: where a slow or
+    stuck run spent its time."""
+
+    def __init__(self):
+        self.parts = []
+
+    def timed(self, name, fn):
+        """fn()'s result; its time is kept under `name` even when it raises."""
+        t0 = time.monotonic()
+        try:
+            return fn()
+        finally:
+            self.add(name, time.monotonic() - t0)
+
+    def add(self, name, secs):
+        self.parts.append((name, secs))
+
+    def print(self):
+        for name, secs in self.parts:
+            print(f"time {secs:6.1f} s  {name}")
+
+
 def load_script(path):
     """A Python script (scripts/NAME.py) as a module named NAME; its main does not run."""
     import importlib.util

@@ -21,20 +21,14 @@
 #include "runtime/core/half.h"
 #include "runtime/exec/executor.h"
 #include "runtime/ir/op_registry.h"
+#include "tests/temp_var.h"
 
 using namespace mix;
+using mix::test::temp_var;
 
 static collective::Communicator* g_comm = nullptr;
 
 namespace {
-
-VarDesc temp_var(const std::string& name, Shape shape, DType dtype) {
-  VarDesc v;
-  v.name = name;
-  v.shape = std::move(shape);
-  v.dtype = dtype;
-  return v;
-}
 
 Tensor i32_tensor(const std::vector<int32_t>& v) {
   Tensor t = Tensor::empty({static_cast<int64_t>(v.size())}, DType::i32);

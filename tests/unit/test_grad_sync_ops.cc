@@ -18,19 +18,13 @@
 #include "runtime/core/half.h"
 #include "runtime/exec/executor.h"
 #include "runtime/ir/op_registry.h"
+#include "tests/temp_var.h"
 
 using namespace mix;
+using mix::test::temp_var;
 using Catch::Contains;
 
 namespace {
-
-VarDesc temp_var(const std::string& name, Shape shape, DType dtype) {
-  VarDesc v;
-  v.name = name;
-  v.shape = std::move(shape);
-  v.dtype = dtype;
-  return v;
-}
 
 std::vector<int32_t> i32_values(const Tensor& t) {
   return std::vector<int32_t>(t.data<int32_t>(), t.data<int32_t>() + t.numel());
