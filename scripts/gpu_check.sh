@@ -11,7 +11,8 @@
 # overlapped gradient all-reduces, checks that an AMP run with a stuck loss scale stops,
 # runs the kernel tests under compute-sanitizer's memcheck in the time left,
 # and prints a summary table last. Logs and summary.txt go to --out DIR.
-# Budget: under 8 minutes on one H200.
+# Budget: --focus compare is sized for one lend of 15 minutes of device time
+# (under --deadline 530, below); --focus all, every row, needs far longer.
 #
 #   scripts/gpu_check.sh [--focus compare|all] [--list-rows] [--out DIR] [--bundle DIR] [--deadline SECONDS]
 #                        [--multi-rank-cpu N]
@@ -70,7 +71,8 @@ usage_if_help "$@" <<'EOF'
 usage: scripts/gpu_check.sh [--focus compare|all] [--list-rows] [--out DIR] [--bundle DIR] [--deadline SECONDS] [--multi-rank-cpu N]
 The GPU check: builds with CUDA, runs every [cuda] test, trains the MLP, ResNet-50 and a Transformer-base
 in FP32 and AMP on the GPU, times overlapped gradient all-reduces, runs memcheck in the time left and prints
-a summary table. Logs and summary.txt go to --out DIR. Budget: under 8 minutes on one H200.
+a summary table. Logs and summary.txt go to --out DIR. Budget: --focus compare fits one 15-minute lend
+(--deadline 530); --focus all needs far longer.
   --focus compare|all    compare: only the build, the [cuda] tests, mixtrain's rows that scripts/torch_compare.py
                          has a twin of and those PyTorch rows (ResNet-50 b64 and b256, Transformer-base, GPT-2;
                          AMP, FP32, BF16), the unfused-attention rows, memcheck of test_cuda_fused_attention and
