@@ -93,13 +93,12 @@ std::map<std::string, Tensor> run_kernels(const Problem& pb, DType dt, const Inp
   return attention::results_as_tensors(pb, dt, out, lse, dq, dk, dv);
 }
 
-// fused_attention.cu's values per lane for the head dim.
+// Through the kernels' own dispatch on the head dim (with_head_chunks).
 template <typename T>
 std::map<std::string, Tensor> run_for_head_dim(const Problem& pb, DType dt, const Inputs& in) {
-  if (pb.d <= 32) return run_kernels<T, 1>(pb, dt, in);
-  if (pb.d <= 64) return run_kernels<T, 2>(pb, dt, in);
-  if (pb.d <= 128) return run_kernels<T, 4>(pb, dt, in);
-  return run_kernels<T, 8>(pb, dt, in);
+  std::map<std::string, Tensor> got;
+  kernels::with_head_chunks(pb.d, [&](auto chunks) { got = run_kernels<T, decltype(chunks)::value>(pb, dt, in); });
+  return got;
 }
 
 }  // namespace

@@ -78,18 +78,12 @@ std::map<std::string, Tensor> run_kernels(const Problem& pb, DType dt, const Inp
   return attention::results_as_tensors(pb, dt, out, lse, dq, dk, dv);
 }
 
+// Through the kernels' own dispatch on the head dim (with_head_dim).
 template <typename T>
 std::map<std::string, Tensor> run_for_head_dim(const Problem& pb, DType dt, const Inputs& in) {
-  switch (pb.d) {
-    case 32:
-      return run_kernels<T, 32>(pb, dt, in);
-    case 64:
-      return run_kernels<T, 64>(pb, dt, in);
-    case 96:
-      return run_kernels<T, 96>(pb, dt, in);
-    default:
-      return run_kernels<T, 128>(pb, dt, in);
-  }
+  std::map<std::string, Tensor> got;
+  REQUIRE(kernels::with_head_dim(pb.d, [&](auto dim) { got = run_kernels<T, decltype(dim)::value>(pb, dt, in); }));
+  return got;
 }
 
 }  // namespace

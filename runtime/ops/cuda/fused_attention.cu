@@ -62,19 +62,6 @@ __device__ float* dynamic_shared_floats() {
 
 // ---- launchers -----------------------------------------------------------------------------
 
-// f(std::integral_constant<int, kChunks>{}): values per lane for head_dim d.
-template <typename F>
-void with_head_chunks(int64_t d, F&& f) {
-  if (d <= 32)
-    f(std::integral_constant<int, 1>{});
-  else if (d <= 64)
-    f(std::integral_constant<int, 2>{});
-  else if (d <= 128)
-    f(std::integral_constant<int, 4>{});
-  else
-    f(std::integral_constant<int, 8>{});
-}
-
 dim3 grid_of(const AttentionDims& a, int64_t rows) {
   return dim3(static_cast<unsigned>(a.groups), static_cast<unsigned>((rows + kBlockRows - 1) / kBlockRows));
 }

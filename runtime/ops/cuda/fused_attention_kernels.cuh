@@ -10,6 +10,7 @@
 // functions of the same names), never one for both.
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "runtime/core/half.h"
 #include "runtime/kernels/attention_row.h"
@@ -295,6 +296,20 @@ __global__ void __launch_bounds__(kThreads)
   });
   store_rows(dq_acc, dq + g * a.t_q * d, first + warp * kRowsPerWarp, a.t_q, d,
              [&](int, float sum) { return sum * a.scale; });
+}
+
+// f(std::integral_constant<int, kChunks>{}): values per lane for head_dim d (the
+// launchers' dispatch).
+template <typename F>
+void with_head_chunks(int64_t d, F&& f) {
+  if (d <= 32)
+    f(std::integral_constant<int, 1>{});
+  else if (d <= 64)
+    f(std::integral_constant<int, 2>{});
+  else if (d <= 128)
+    f(std::integral_constant<int, 4>{});
+  else
+    f(std::integral_constant<int, 8>{});
 }
 
 }  // namespace

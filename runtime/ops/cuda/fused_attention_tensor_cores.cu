@@ -57,27 +57,6 @@ __device__ unsigned char* dynamic_shared() {
 
 // ---- launchers -------------------------------------------------------------------------
 
-// f(std::integral_constant<int, D>{}) for the head dims these kernels take.
-template <typename F>
-bool with_head_dim(int64_t d, F&& f) {
-  switch (d) {
-    case 32:
-      f(std::integral_constant<int, 32>{});
-      return true;
-    case 64:
-      f(std::integral_constant<int, 64>{});
-      return true;
-    case 96:
-      f(std::integral_constant<int, 96>{});
-      return true;
-    case 128:
-      f(std::integral_constant<int, 128>{});
-      return true;
-    default:
-      return false;
-  }
-}
-
 // f(T{}) for FP16 and BF16.
 template <typename F>
 void with_16bit_type(DType dtype, F&& f) {

@@ -10,6 +10,7 @@
 // the emulation's plain functions of the same names), never one for both.
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "runtime/core/half.h"
 #include "runtime/kernels/attention_row.h"
@@ -398,6 +399,15 @@ __global__ void __launch_bounds__(kThreads)
   }
   store_sums<T, kD>(dq_acc, s_w, dq + g * a.t_q * kD, first + warp * kFrag, a.t_q, a.scale);
 #endif
+}
+
+// f(std::integral_constant<int, D>{}) when d is one of the head dims D these
+// kernels are built for; whether it was (the launchers' dispatch and applies()'s rule).
+template <typename F>
+bool with_head_dim(int64_t d, F&& f) {
+  const auto one = [&](auto dim) { return d == decltype(dim)::value && (f(dim), true); };
+  return one(std::integral_constant<int, 32>{}) || one(std::integral_constant<int, 64>{}) ||
+         one(std::integral_constant<int, 96>{}) || one(std::integral_constant<int, 128>{});
 }
 
 }  // namespace
