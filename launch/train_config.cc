@@ -129,6 +129,7 @@ std::vector<std::pair<std::string, std::string>> TrainConfig::fingerprint_fields
           {"cudnn-graph-conv", cudnn_graph_conv ? "on" : "off"},
           {"cublas-1x1-conv", cublas_1x1_conv ? "on" : "off"},
           {"attention-tensor-cores", attention_tensor_cores ? "on" : "off"},
+          {"cudnn-attention", cudnn_attention ? "on" : "off"},
           {"cuda-graph", cuda_graph ? "on" : "off"},
           {"precision", name(precision, amp::kPrecisionNames)},
           {"grad-reduce", name(effective_grad_reduce(), collective::kGradReduceNames)},
@@ -520,7 +521,10 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
   app.add_flag("!--no-attention-tensor-cores", c.attention_tensor_cores,
                "on GPUs, run fused_attention on its FP32 kernels, whose rounding points are the CPU twin's, instead "
                "of its tensor-core kernels (FP16/BF16, head_dim 32, 64, 96 or 128), which round the probabilities "
-               "and dS to 16 bits before their products");
+               "and dS to 16 bits before their products (cuDNN's attention engines, tensor-core ones, are off too)");
+  app.add_flag("!--no-cudnn-attention", c.cudnn_attention,
+               "on GPUs, run fused_attention on mixtrain's own kernels only, instead of trying cuDNN's scaled "
+               "dot-product attention (flash-attention engines; FP16/BF16, head_dim a multiple of 8 up to 256) first");
   app.add_flag("--cuda-graph", c.cuda_graph,
                "on GPUs, record the training step once as a CUDA graph (its second step) and replay it: one launch a "
                "step (MIX_PROFILE_OPS runs, and the CPU, run op by op)");

@@ -123,6 +123,7 @@ struct TrainConfig {
   bool cudnn_graph_conv = true;  // convolutions on cuDNN's graph API with cached plans (off under --cudnn-benchmark)
   bool cublas_1x1_conv = false;      // pointwise channels-last convolutions as cuBLAS GEMMs (runtime/ops/conv_gemm.h)
   bool attention_tensor_cores = true;  // fused_attention's tensor-core kernels (runtime/ops/cuda/fused_attention_tensor_cores.cuh)
+  bool cudnn_attention = true;  // fused_attention on cuDNN's SDPA first (runtime/cuda/cudnn_attention_graph.h)
   bool cuda_graph = false;           // GPU training steps recorded once and replayed (runtime/exec/step_graph.h)
   amp::Precision precision = amp::Precision::amp;
   std::optional<collective::GradReduce> grad_reduce;  // unset: fp16 under AMP, fp32 otherwise

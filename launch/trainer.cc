@@ -324,6 +324,7 @@ DeviceOptions device_options(const TrainConfig& c) {
   options.cudnn_graph_conv = c.cudnn_graph_conv;
   options.cublas_1x1_conv = c.cublas_1x1_conv;
   options.attention_tensor_cores = c.attention_tensor_cores;
+  options.attention_cudnn = c.cudnn_attention;
   return options;
 }
 

@@ -10,6 +10,7 @@
 # DIR/deps/lib     libopenblas.so.0 (+ libgfortran.so.5, libquadmath.so.0 it needs), libz.so.1, libjpeg.so.62, libpng16.so.16,
 #                  libmpi.so.40 and the Open MPI libraries it and the launcher need
 # DIR/deps/openmpi Debian's Open MPI runtime, relocatable: bin/mpirun (starts the ranks), env.sh, plugins, mpi.h
+# DIR/deps/cudnn-frontend.tar.xz  cuDNN's header-only frontend, packed (fused_attention's cuDNN path)
 # DIR/README.txt   how to build from it (cmake -DMIX_BUNDLE_DIR=DIR, or gpu_check.sh --bundle DIR)
 #
 # Run it on a development machine where scripts/setup.sh installed the packages.
@@ -299,6 +300,19 @@ chmod +x "$ompi/bin/mpirun"
 glibc_needed="$(for lib in "$dir"/deps/lib/*; do [ -L "$lib" ] || readelf -V "$lib"; done \
   | grep -o 'GLIBC_[0-9][0-9.]*' | sort -uV | tail -1)"
 
+# ---- (e) cuDNN's frontend, packed: fused_attention's cuDNN SDPA path -------------
+# Header-only, 3 MB of headers, 0.3 MB packed; CMake unpacks it into the build
+# folder (CMakeLists.txt). Where setup.sh could not fetch it, the bundle goes
+# without and the GPU build runs the op on mixtrain's own kernels.
+frontend_dir="${CUDNN_FRONTEND_DIR:-/opt/cudnn-frontend}"
+frontend_note="not carried (no $frontend_dir/include/cudnn_frontend.h here): fused_attention runs its own kernels"
+if [ -f "$frontend_dir/include/cudnn_frontend.h" ]; then
+  tar -C "$frontend_dir" -cJf "$dir/deps/cudnn-frontend.tar.xz" include
+  [ -f "$frontend_dir/LICENSE.txt" ] && cp "$frontend_dir/LICENSE.txt" "$dir/deps/licenses/cudnn-frontend.LICENSE.txt"
+  echo "cudnn-frontend $(cat "$frontend_dir/VERSION" 2>/dev/null || echo unknown)" >>"$dir/deps/VERSIONS.txt"
+  frontend_note="cuDNN frontend $(cat "$frontend_dir/VERSION" 2>/dev/null || echo '?') headers (CMake unpacks them)"
+fi
+
 # ---- README --------------------------------------------------------------------
 commit="$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
 dirty=""
@@ -315,6 +329,7 @@ What is in it
   deps/lib/      shared libraries: $(find "$dir/deps/lib" -mindepth 1 -printf '%f\n' | sort | tr '\n' ' ')
   deps/openmpi/   Open MPI $(pkg_version libopenmpi3) (Debian's, moved): bin/mpirun (the launcher: orterun
                  with env.sh's settings), env.sh, lib/openmpi3/ ($n_plugins plugins), lib/pmix/, share/, etc/, include/mpi.h
+  deps/cudnn-frontend.tar.xz  $frontend_note
   deps/VERSIONS.txt, deps/licenses/   Debian package versions and copyright files
 
 What the GPU machine needs

@@ -20,8 +20,9 @@
 # --focus compare: only what issue 41 needs of a short lend, in its order: the
 # build and the [cuda] tests; mixtrain's rows that scripts/torch_compare.py has
 # a twin of (ResNet-50 batch 64 and 256, the Transformer-base, GPT-2 124M; AMP
-# and FP32, then BF16) and those PyTorch rows; the unfused-attention rows
-# (Transformer-base and GPT-2 AMP, --no-fused-attention); memcheck of
+# and FP32, then BF16) and those PyTorch rows; the attention variants
+# (Transformer-base and GPT-2 AMP with --no-fused-attention, GPT-2 AMP on
+# mixtrain's own kernels and on its FP32 ones); memcheck of
 # test_cuda_fused_attention; the GPT-2 AMP step's op profile. Its summary has
 # the lines of those runs and the comparison table. --focus all (the default)
 # runs everything. --list-rows prints the runs a focus makes, in order, and
@@ -75,7 +76,7 @@ a summary table. Logs and summary.txt go to --out DIR. Budget: --focus compare f
 (--deadline 530); --focus all needs far longer.
   --focus compare|all    compare: only the build, the [cuda] tests, mixtrain's rows that scripts/torch_compare.py
                          has a twin of and those PyTorch rows (ResNet-50 b64 and b256, Transformer-base, GPT-2;
-                         AMP, FP32, BF16), the unfused-attention rows, memcheck of test_cuda_fused_attention and
+                         AMP, FP32, BF16), the attention variants, memcheck of test_cuda_fused_attention and
                          the GPT-2 AMP op profile, in that order; the summary has only their lines.
                          all: everything (default)
   --list-rows            print the runs the --focus makes, in order, and exit (nothing built, run or written)
@@ -526,14 +527,16 @@ step_transformer_casts() {
 # And what one fused_attention op is worth against the matmul, causal softmax,
 # matmul it replaces (docs/models.md, "Attention"): these runs build the latter,
 # the Transformer-base at context 256 and GPT-2 at 1024, where the T x T scores
-# the fused op never stores are 16 times as many a sequence. Then what its
-# tensor-core kernels are worth: GPT-2 AMP with the op on its FP32 kernels
-# (--no-attention-tensor-cores, docs/design.md "Fused attention").
+# the fused op never stores are 16 times as many a sequence. Then what each
+# kind of kernel behind the op is worth (docs/design.md "Fused attention"):
+# GPT-2 AMP on mixtrain's own kernels (--no-cudnn-attention: the tensor-core
+# ones), and on its FP32 kernels (--no-attention-tensor-cores).
 step_attention_variants() {
-  runs transformer_amp_unfused gpt2_amp_unfused gpt2_amp_fp32_attention || return 0
-  echo "gpu_check: Transformer and GPT-2 AMP with --no-fused-attention, GPT-2 AMP with --no-attention-tensor-cores"
+  runs transformer_amp_unfused gpt2_amp_unfused gpt2_amp_own_attention gpt2_amp_fp32_attention || return 0
+  echo "gpu_check: Transformer and GPT-2 AMP with --no-fused-attention, GPT-2 AMP with --no-cudnn-attention and with --no-attention-tensor-cores"
   train_transformer amp transformer_amp_unfused --no-fused-attention; tf_unfused_rc=$?
   train_gpt2 amp gpt2_amp_unfused --no-fused-attention; gpt2_amp_unfused_rc=$?
+  train_gpt2 amp gpt2_amp_own_attention --no-cudnn-attention; gpt2_amp_own_att_rc=$?
   train_gpt2 amp gpt2_amp_fp32_attention --no-attention-tensor-cores; gpt2_amp_fp32_att_rc=$?
 }
 # Where an AMP step's time goes: the same AMP runs again, each op timed on the
@@ -709,6 +712,12 @@ say_top_ops() {  # run, title, count, exit status: the run's top op types by tim
   echo "  $2, top $3 (exit $4):"
   top_ops "$out/$1.log" "$3"
 }
+cudnn_attention_of() {  # run: how many cuDNN SDPA plans its fused_attention built, and cuDNN's first refusal
+  local log="$out/$1.log" built refused
+  built=$(grep -c "cuDNN SDPA plan built" "$log" 2>/dev/null || true)
+  refused=$(grep -m1 -oE "cuDNN (has no plan|refused).*" "$log" 2>/dev/null | cut -c1-200 || true)
+  echo "${built:-0} plans built${refused:+; $refused}"
+}
 tokens_and_peak() {  # run, exit status: "TOKENS/S (exit RC), peak bytes PEAK"
   echo "$(summary_field "$out/$1.jsonl" tokens_per_s_overall) (exit $2), peak bytes $(summary_field "$out/$1.jsonl" peak_bytes)"
 }
@@ -799,7 +808,9 @@ tf_amp_cg_queue=$(queue_and_step_ms "$out/transformer_amp_cudagraph.jsonl")
 tf_att_ratio=$(ratio_of "$tf_unfused_tps" "$tf_amp_tps")
 gpt2_amp_tps=$(summary_field "$out/gpt2_amp.jsonl" tokens_per_s_overall)
 gpt2_att_ratio=$(ratio_of "$(summary_field "$out/gpt2_amp_unfused.jsonl" tokens_per_s_overall)" "$gpt2_amp_tps")
-gpt2_tc_ratio=$(ratio_of "$(summary_field "$out/gpt2_amp_fp32_attention.jsonl" tokens_per_s_overall)" "$gpt2_amp_tps")
+gpt2_own_att_tps=$(summary_field "$out/gpt2_amp_own_attention.jsonl" tokens_per_s_overall)
+gpt2_cudnn_ratio=$(ratio_of "$gpt2_own_att_tps" "$gpt2_amp_tps")
+gpt2_tc_ratio=$(ratio_of "$(summary_field "$out/gpt2_amp_fp32_attention.jsonl" tokens_per_s_overall)" "$gpt2_own_att_tps")
 secs=$(( $(date +%s) - t0 ))
 {
   # A run --focus left out has no exit status: nounset would stop here at its
@@ -865,6 +876,8 @@ secs=$(( $(date +%s) - t0 ))
     gpt2_rc_var="gpt2_${gpt2_row}_rc"
     say "gpt2_$gpt2_row" "GPT-2 124M b8x1024 ${gpt2_row^^} tokens/s" "$(tokens_and_peak "gpt2_$gpt2_row" "${!gpt2_rc_var}")"
   done
+  say transformer_amp "Transformer-base AMP attention on cuDNN" "$(cudnn_attention_of transformer_amp)"
+  say gpt2_amp "GPT-2 AMP attention on cuDNN" "$(cudnn_attention_of gpt2_amp)"
   say transformer_amp "Transformer AMP / FP32 (>= 2.9)" "$tf_ratio"
   say transformer_amp_nofold "Transformer AMP no-fold-casts tok/s" "$(tokens_and_peak transformer_amp_nofold "$tf_nofold_rc")"
   say transformer_amp_stored "Transformer AMP store-softmax tok/s" "$(tokens_and_peak transformer_amp_stored "$tf_stored_rc")"
@@ -872,6 +885,9 @@ secs=$(( $(date +%s) - t0 ))
   say transformer_amp_unfused "  fused / unfused attention speed" "$tf_att_ratio"
   say gpt2_amp_unfused "GPT-2 AMP unfused attn tok/s" "$(tokens_and_peak gpt2_amp_unfused "$gpt2_amp_unfused_rc")"
   say gpt2_amp_unfused "  fused / unfused attention speed" "$gpt2_att_ratio"
+  say gpt2_amp_own_attention "GPT-2 AMP own-kernel attn tok/s" \
+    "$(tokens_and_peak gpt2_amp_own_attention "${gpt2_amp_own_att_rc-}")"
+  say gpt2_amp_own_attention "  cuDNN / own attn kernels" "$gpt2_cudnn_ratio"
   say gpt2_amp_fp32_attention "GPT-2 AMP FP32-kernel attn tok/s" \
     "$(tokens_and_peak gpt2_amp_fp32_attention "$gpt2_amp_fp32_att_rc")"
   say gpt2_amp_fp32_attention "  tensor-core / FP32 attn kernels" "$gpt2_tc_ratio"
@@ -913,7 +929,7 @@ passed "${tests_rc-}" "${fp32_rc-}" "${amp_rc-}" "${r50_fp32_rc-}" "${r50_amp_rc
   "${r50_nobnfuse_rc-}" "${r50_b256_rc-}" "${r50_fp32_b256_rc-}" "${r50_fp32_legacy_rc-}" "${r50_amp_legacy_rc-}" \
   "${r50_b256_legacy_rc-}" "${r50_fp32_cg_rc-}" "${r50_amp_cg_rc-}" "${r50_amp_cg_legacy_rc-}" "${r50_fp32_g11_rc-}" \
   "${r50_amp_g11_rc-}" "${r50_amp_g11_legacy_rc-}" "${r50_b256_g11_rc-}" "${cg_flag_rc-}" "${gpt2_amp_rc-}" \
-  "${gpt2_bf16_rc-}" "${gpt2_fp32_rc-}" "${gpt2_amp_unfused_rc-}" "${gpt2_amp_fp32_att_rc-}" "${tf_fp32_rc-}" "${tf_amp_rc-}" \
+  "${gpt2_bf16_rc-}" "${gpt2_fp32_rc-}" "${gpt2_amp_unfused_rc-}" "${gpt2_amp_own_att_rc-}" "${gpt2_amp_fp32_att_rc-}" "${tf_fp32_rc-}" "${tf_amp_rc-}" \
   "${tf_amp_cg_rc-}" "${tf_nofold_rc-}" "${tf_stored_rc-}" "${tf_unfused_rc-}" "${rs_ov_rc-}" "${rs_no_rc-}" \
   "${bench_rc-}" "${stuck_ok-}" "${mc_ops_ok-}" "${mc_tf_ok-}" "${mc_att_ok-}" &&
   multi_rows_ok

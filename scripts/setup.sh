@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Installs, idempotently, every Debian package the build, the tests and the
-# default run need. Safe to run again: it installs only what is missing.
+# default run need, and where nvcc is, cuDNN's frontend headers (below). Safe
+# to run again: it installs only what is missing.
 set -euo pipefail
 prog=setup.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/args.sh"  # usage_if_help
 usage_if_help "$@" <<'EOF'
 usage: scripts/setup.sh
 Installs, idempotently, every Debian package the build, the tests and the default run need: only what
-is missing, with apt-get (through sudo when not root). Safe to run again.
+is missing, with apt-get (through sudo when not root); where nvcc is, also cuDNN's frontend headers
+(the nvidia-cudnn-frontend wheel, pinned) into $CUDNN_FRONTEND_DIR (default /opt/cudnn-frontend).
+Safe to run again.
 EOF
 
 packages=(
@@ -33,17 +36,69 @@ packages=(
   libpmix2                            # the PMIx library that srun --mpi=pmix and Open MPI's ranks share
 )
 
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -eq 0 ]; then
-  echo "setup: all ${#packages[@]} packages present"
-  exit 0
-fi
-echo "setup: installing ${missing[*]}"
-SUDO=""
-[ "$(id -u)" -eq 0 ] || SUDO="sudo"
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+install_debian_packages() {
+  local missing=() p
+  for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -eq 0 ]; then
+    echo "setup: all ${#packages[@]} packages present"
+    return
+  fi
+  echo "setup: installing ${missing[*]}"
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+}
+
+# cuDNN's frontend (NVIDIA's header-only C++ API for cuDNN's graphs), whose
+# SDPA node runs fused_attention on cuDNN's flash-attention engines
+# (runtime/cuda/cudnn_attention_graph.cc). Only a CUDA build uses it, so only
+# where nvcc is: its headers come from the nvidia-cudnn-frontend wheel on PyPI
+# (no Debian package has them), pinned, into CUDNN_FRONTEND_DIR. Without them
+# (no network) the CUDA build leaves that path out and says so; nothing fails.
+CUDNN_FRONTEND_VERSION=1.32.0
+CUDNN_FRONTEND_DIR=${CUDNN_FRONTEND_DIR:-/opt/cudnn-frontend}
+install_cudnn_frontend() {
+  command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ] || return 0
+  local stamp="$CUDNN_FRONTEND_DIR/VERSION"
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$CUDNN_FRONTEND_VERSION" ] \
+     && [ -f "$CUDNN_FRONTEND_DIR/include/cudnn_frontend.h" ]; then
+    echo "setup: cuDNN frontend $CUDNN_FRONTEND_VERSION present in $CUDNN_FRONTEND_DIR"
+    return
+  fi
+  local py tmp
+  py=$(command -v python3 || true)
+  tmp=$(mktemp -d)
+  # The wheel's headers are the same for every Python and platform tag; pin one.
+  if [ -n "$py" ] && "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.11 \
+       --implementation cp --platform manylinux_2_28_x86_64 -d "$tmp" \
+       "nvidia-cudnn-frontend==$CUDNN_FRONTEND_VERSION" >"$tmp/pip.log" 2>&1; then
+    "$py" - "$tmp" "$CUDNN_FRONTEND_DIR" <<'PY'
+import glob, os, shutil, sys, zipfile
+tmp, dest = sys.argv[1], sys.argv[2]
+wheel = glob.glob(os.path.join(tmp, "*.whl"))[0]
+staging = os.path.join(tmp, "out")
+with zipfile.ZipFile(wheel) as z:
+    members = [m for m in z.namelist() if m.startswith("include/") or "LICENSE" in os.path.basename(m)]
+    z.extractall(staging, members)
+os.makedirs(dest, exist_ok=True)
+shutil.rmtree(os.path.join(dest, "include"), ignore_errors=True)
+shutil.copytree(os.path.join(staging, "include"), os.path.join(dest, "include"))
+for m in members:
+    if "LICENSE" in os.path.basename(m):
+        shutil.copy(os.path.join(staging, m), os.path.join(dest, "LICENSE.txt"))
+PY
+    echo "$CUDNN_FRONTEND_VERSION" >"$stamp"
+    echo "setup: cuDNN frontend $CUDNN_FRONTEND_VERSION headers in $CUDNN_FRONTEND_DIR/include"
+  else
+    echo "setup: WARNING: could not download nvidia-cudnn-frontend==$CUDNN_FRONTEND_VERSION" \
+         "($(tail -1 "$tmp/pip.log" 2>/dev/null)); the CUDA build will run fused_attention on its own kernels only"
+  fi
+  rm -rf "$tmp"
+}
+
+install_debian_packages
+install_cudnn_frontend

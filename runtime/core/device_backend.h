@@ -24,6 +24,8 @@ struct DeviceOptions {
   bool cublas_1x1_conv = false;        // pointwise channels-last convolutions as cuBLAS GEMMs (--cublas-1x1-conv)
   bool attention_tensor_cores = true;  // fused_attention's FP16/BF16 tensor-core kernels where they apply
                                        // (--no-attention-tensor-cores: its FP32 kernels only)
+  bool attention_cudnn = true;         // fused_attention tries cuDNN's SDPA first where it applies
+                                       // (--no-cudnn-attention: its own kernels only)
 };
 
 /// Times ops by the device's own clock, for MIX_PROFILE_OPS on a device whose

@@ -181,6 +181,7 @@ class CudaBackend final : public DeviceBackend {
     cuda::set_cudnn_graph_conv(o.cudnn_graph_conv);
     cuda::set_cublas_1x1_conv(o.cublas_1x1_conv);
     cuda::set_tensor_core_attention(o.attention_tensor_cores);
+    cuda::set_cudnn_attention(o.attention_cudnn);
   }
 
   std::unique_ptr<OpTimer> make_op_timer(int index) override { return std::make_unique<CudaOpTimer>(index); }

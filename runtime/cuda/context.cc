@@ -25,6 +25,7 @@ std::atomic<bool> g_cudnn_benchmark{false};
 std::atomic<bool> g_cudnn_graph_conv{false};
 std::atomic<bool> g_cublas_1x1_conv{false};
 std::atomic<bool> g_tensor_core_attention{true};
+std::atomic<bool> g_cudnn_attention{true};
 std::atomic<bool> g_large_tensor_paths{false};
 std::atomic<double> g_hang_timeout_s{0.0};
 
@@ -72,6 +73,9 @@ bool cublas_1x1_conv() { return g_cublas_1x1_conv.load(); }
 
 void set_tensor_core_attention(bool on) { g_tensor_core_attention.store(on); }
 bool tensor_core_attention() { return g_tensor_core_attention.load(); }
+
+void set_cudnn_attention(bool on) { g_cudnn_attention.store(on); }
+bool cudnn_attention() { return g_cudnn_attention.load(); }
 
 void set_large_tensor_paths(bool on) { g_large_tensor_paths.store(on); }
 bool large_tensor_paths() { return g_large_tensor_paths.load(); }

@@ -72,6 +72,14 @@ bool cublas_1x1_conv();
 void set_tensor_core_attention(bool on);
 bool tensor_core_attention();
 
+/// fused_attention tries cuDNN's scaled dot-product attention first
+/// (runtime/cuda/cudnn_attention_graph.h), where it applies, before its own
+/// kernels; off (--no-cudnn-attention), only its own kernels. cuDNN's engines
+/// are tensor-core ones, so tensor_core_attention() off turns them off too.
+/// On by default.
+void set_cudnn_attention(bool on);
+bool cudnn_attention();
+
 /// For tests: the code paths meant for tensors past 32-bit limits run at every
 /// size (split's copies row by row, otherwise only for rows over 2 GiB;
 /// broadcasts with 64-bit indices, otherwise only past 2^32 elements), so

@@ -458,15 +458,10 @@ bool run_conv_graph(cudnnHandle_t handle, Device device, const ConvGraphShape& s
     return true;
   }
   discard_cudnn_last_error();
-  // Refused while a CUDA graph records the step: an invalidated capture
-  // refuses every call, whatever spoiled it. The legacy call fails too, the
-  // recording is given up, and the op-by-op steps that follow may well run
-  // this plan: it stays.
-  cudaStream_t stream = nullptr;
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (cudnnGetStream(handle, &stream) == CUDNN_STATUS_SUCCESS &&
-      cudaStreamIsCapturing(stream, &capture) == cudaSuccess && capture != cudaStreamCaptureStatusNone)
-    return false;
+  // Refused while a CUDA graph records the step: the legacy call fails too,
+  // the recording is given up, and the op-by-op steps that follow may well
+  // run this plan: it stays.
+  if (cudnn_stream_capturing(handle)) return false;
   // Refused when run: the legacy API from now on for this shape (its own
   // checks then report a real error). An engine of several kernels may have
   // written part of the output; the legacy call overwrites it all (beta 0).

@@ -83,6 +83,13 @@ FilterDescriptor image_filter(DType t, int64_t k, int64_t c, int64_t h, int64_t 
   return d;
 }
 
+bool cudnn_stream_capturing(cudnnHandle_t handle) {
+  cudaStream_t stream = nullptr;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  return cudnnGetStream(handle, &stream) == CUDNN_STATUS_SUCCESS &&
+         cudaStreamIsCapturing(stream, &capture) == cudaSuccess && capture != cudaStreamCaptureStatusNone;
+}
+
 Tensor device_workspace(size_t bytes, Device device) {
   if (bytes == 0) return Tensor{};
   // f32 elements: the allocator hands out blocks aligned far beyond cuDNN's needs.

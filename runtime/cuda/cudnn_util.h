@@ -105,6 +105,11 @@ TensorDescriptor image_tensor(DType t, int64_t n, int64_t c, int64_t h, int64_t 
 /// dtype t, stored [k, c, h, w], or [k, h, w, c] when channels_last.
 FilterDescriptor image_filter(DType t, int64_t k, int64_t c, int64_t h, int64_t w, bool channels_last, const char* op);
 
+/// Whether `handle`'s stream is recording a CUDA graph: a refused cuDNN call
+/// then says nothing about the plan (an invalidated capture refuses every
+/// call, whatever spoiled it), so callers keep the plan for op-by-op steps.
+bool cudnn_stream_capturing(cudnnHandle_t handle);
+
 /// At least `bytes` of scratch on `device`, from the caching device allocator
 /// (so the allocator's peak counts it); an undefined tensor (raw() == nullptr)
 /// for 0 bytes. Released when the tensor goes: safe while cuDNN still runs on

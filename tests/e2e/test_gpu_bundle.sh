@@ -18,7 +18,9 @@
 #      laid out as Python wheels lay them out (include/, lib/ with only the
 #      .so.N) are found through NCCL_ROOT / CUDNN_ROOT ahead of the toolkit's
 #      own copies, by a hidden CUDA configure from the bundle, and the cuDNN
-#      and NCCL sources compile against the wheels' headers (the .d files).
+#      and NCCL sources compile against the wheels' headers (the .d files); the
+#      cuDNN frontend the bundle carries packed is unpacked by CMake, found, and
+#      runtime/cuda/cudnn_attention_graph.cc compiles against it.
 # CUDA is off to keep CI time down; MIX_BUNDLE_TEST_CUDA=1 builds with
 # -DMIX_WITH_CUDA=ON instead (nvcc from /usr/local/cuda/bin; compiles only).
 # Exits 77 (skipped) where no bundle can be written: not a git checkout (e.g. the
@@ -209,14 +211,27 @@ if [ "$cuda" = OFF ] && [ -x "$cuda_home/bin/nvcc" ] && [ -f "$cuda_home/include
     echo "$found"
     [[ "$found" == *"NCCL $wheels/nccl/lib/libnccl.so.2;"* && "$found" == *"cuDNN 9 $wheels/cudnn/lib/libcudnn.so.9"* ]] \
       || fail "NCCL_ROOT / CUDNN_ROOT did not win over the toolkit's libraries: $found"
+    # cuDNN's frontend travels packed in the bundle; CMake unpacks it into the build folder.
+    frontend=""
+    if [ -f "$bundle/deps/cudnn-frontend.tar.xz" ]; then
+      frontend="$cbuild/_deps/cudnn-frontend/include"
+      grep -q "mixtrain: cuDNN frontend $frontend " "$tmp/configure-cuda.log" \
+        || fail "the CUDA configure did not take the bundle's cuDNN frontend: $(grep -m1 'cuDNN frontend' "$tmp/configure-cuda.log")"
+    else
+      echo "the bundle carries no cuDNN frontend (setup.sh could not fetch it): its compile is not checked"
+    fi
     step "compiling the cuDNN and NCCL sources from the bundle"
-    for obj in runtime/ops/cuda/conv2d.cu.o collective/nccl_communicator.cu.o; do
+    objs=(runtime/ops/cuda/conv2d.cu.o collective/nccl_communicator.cu.o)
+    [ -z "$frontend" ] || objs+=(runtime/cuda/cudnn_attention_graph.cc.o)
+    for obj in "${objs[@]}"; do
       if ! (cd "$cbuild" && PATH="$cuda_home/bin:$PATH" make "$obj") >"$tmp/compile-cuda.log" 2>&1; then
         tail -20 "$tmp/compile-cuda.log"
         fail "compiling $obj from the bundle failed"
       fi
     done
-    for pair in conv2d.cu.o.d:"$wheels/cudnn/include/cudnn.h" nccl_communicator.cu.o.d:"$wheels/nccl/include/nccl.h"; do
+    pairs=(conv2d.cu.o.d:"$wheels/cudnn/include/cudnn.h" nccl_communicator.cu.o.d:"$wheels/nccl/include/nccl.h")
+    [ -z "$frontend" ] || pairs+=(cudnn_attention_graph.cc.o.d:"$frontend/cudnn_frontend.h")
+    for pair in "${pairs[@]}"; do
       d=$(find "$cbuild" -name "${pair%%:*}" | head -1)
       grep -q "${pair#*:}" "$d" 2>/dev/null || fail "${pair%%:*} does not record ${pair#*:}"
     done

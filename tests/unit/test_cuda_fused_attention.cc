@@ -5,8 +5,13 @@
 // FP32 kernels (8, 32, 64, 96, 100, 128, 256; 256 needs more than the default
 // 48 KiB of shared memory), token counts of 1, 7, 33, 64, 100 and 130 (several
 // query and key tiles, partial last tiles) and fewer queries than keys. Each
-// case runs with cuda::tensor_core_attention() off and on, where
-// f16 and bf16 at head_dim 32, 64, 96 and 128 take the tensor-core kernels.
+// case runs three times: on the FP32 kernels (cuda::tensor_core_attention()
+// off), with the tensor-core kernels allowed (f16 and bf16 at head_dim 32,
+// 64, 96 and 128 take them) and with cuDNN's SDPA allowed too
+// (runtime/cuda/cudnn_attention_graph.h: f16 and bf16 at head_dim a multiple
+// of 8), where the build has it; cuDNN must have run head_dim 64 and 128,
+// the models' head dims, and may leave others to the own kernels (a warning
+// then names the shape and cuDNN's reason).
 //
 // The forward runs on both devices from the same inputs. The grad op runs on
 // both from the same inputs too, Out and LSE included (the CPU forward's), so
@@ -25,7 +30,8 @@
 // which is the rounding itself), and the two are then compared with each
 // other within the sum of both. The tensor-core kernels round two more
 // things, each P term of Out and dV and each dS term of dQ and dK, to the
-// dtype: their allowance grows by that (tensor_core_allowance). Without a
+// dtype: their allowance grows by that (tensor_core_allowance), and so does
+// cuDNN's, whose engines round at the same points. Without a
 // GPU (or in a build without CUDA) the test exits 77, which CTest reports as
 // skipped.
 #include <catch2/catch.hpp>
@@ -43,6 +49,7 @@
 
 #ifdef MIX_HAVE_CUDA
 #include "runtime/cuda/context.h"
+#include "runtime/cuda/cudnn_attention_graph.h"
 #endif
 
 using namespace mix;
@@ -64,23 +71,51 @@ void expect_both_near(const std::map<std::string, Tensor>& gpu, const std::map<s
                          "gpu " + name + " vs cpu", gpu_extra);
 }
 
-// Whether the case runs on the tensor-core kernels, with them allowed or not
+// The kernels a run allows: only the FP32 ones, the tensor-core ones too,
+// or cuDNN's SDPA first (the default).
+enum class Allowed { fp32, tensor_cores, cudnn };
+
+const char* allowed_name(Allowed a) {
+  return a == Allowed::fp32 ? "FP32 kernels" : a == Allowed::tensor_cores ? "tensor-core kernels allowed" : "cuDNN allowed";
+}
+
+// Whether the case runs on the tensor-core kernels when they are allowed
 // (their rule, fused_attention_tensor_cores.cuh; the test checks below that
 // they did run, as their results differ from the FP32 kernels').
-bool on_tensor_cores(const Problem& pb, DType dt, bool allowed) {
-  return allowed && dt != DType::f32 && (pb.d == 32 || pb.d == 64 || pb.d == 96 || pb.d == 128);
+bool tensor_core_shape(const Problem& pb, DType dt) {
+  return dt != DType::f32 && (pb.d == 32 || pb.d == 64 || pb.d == 96 || pb.d == 128);
+}
+
+// Whether cuDNN's SDPA takes the case when allowed (attention_graph_applies'
+// rule, the GPU's compute capability aside: sm_80 on).
+bool cudnn_shape([[maybe_unused]] const Problem& pb, [[maybe_unused]] DType dt) {
+#ifdef MIX_HAVE_CUDA
+  return mix::cuda::attention_graph_built() && dt != DType::f32 && pb.d % 8 == 0 && pb.d <= 256;
+#else
+  return false;
+#endif
+}
+
+uint64_t cudnn_runs() {
+#ifdef MIX_HAVE_CUDA
+  return mix::cuda::attention_graph_runs();
+#else
+  return 0;
+#endif
 }
 
 bool differs(const Tensor& a, const Tensor& b) { return a.to_floats() != b.to_floats(); }
 
-// Allows the tensor-core kernels or not (cuda::set_tensor_core_attention)
-// for the life of a scope, then back to the default: allowed.
-struct TensorCoresAllowed {
-  explicit TensorCoresAllowed(bool allowed) { set(allowed); }
-  ~TensorCoresAllowed() { set(true); }
-  static void set([[maybe_unused]] bool allowed) {
+// Sets which kernels fused_attention may run (cuda::set_tensor_core_attention,
+// cuda::set_cudnn_attention) for the life of a scope, then back to the
+// default: all of them.
+struct KernelsAllowed {
+  explicit KernelsAllowed(Allowed a) { set(a != Allowed::fp32, a == Allowed::cudnn); }
+  ~KernelsAllowed() { set(true, true); }
+  static void set([[maybe_unused]] bool tensor_cores, [[maybe_unused]] bool cudnn) {
 #ifdef MIX_HAVE_CUDA
-    mix::cuda::set_tensor_core_attention(allowed);
+    mix::cuda::set_tensor_core_attention(tensor_cores);
+    mix::cuda::set_cudnn_attention(cudnn);
 #endif
   }
 };
@@ -103,13 +138,15 @@ TEST_CASE("cuda fused_attention: forward and gradients against the CPU twin", "[
       const attention::Reference ref = attention::reference_attention(pb, in);
       const double u = attention::half_ulp(dt), fp32_err = pb.f32_err();
       std::map<std::string, Tensor> fp32_kernels;  // the FP32 kernels' Out and dV, to tell the others ran
-      for (bool allowed : {false, true}) {
-        const TensorCoresAllowed choice(allowed);
-        const bool tensor_cores = on_tensor_cores(pb, dt, allowed);
-        INFO((tensor_cores ? "tensor-core kernels" : "FP32 kernels"));
+      for (Allowed allowed : {Allowed::fp32, Allowed::tensor_cores, Allowed::cudnn}) {
+        const KernelsAllowed choice(allowed);
+        INFO(allowed_name(allowed));
+        const bool cudnn_expected = allowed == Allowed::cudnn && cudnn_shape(pb, dt);
+        const bool rounds_p = allowed != Allowed::fp32 && (tensor_core_shape(pb, dt) || cudnn_expected);
         auto allowance = [&](double terms_magnitude, int64_t terms, double other_factor) {
-          return tensor_cores ? attention::tensor_core_allowance(dt, terms_magnitude, terms, other_factor) : 0.0;
+          return rounds_p ? attention::tensor_core_allowance(dt, terms_magnitude, terms, other_factor) : 0.0;
         };
+        const uint64_t cudnn_before = cudnn_runs();
 
         OneOp fwd;
         fwd.op = make_op("fused_attention", {{"Q", {"q"}}, {"K", {"k"}}, {"V", {"v"}}},
@@ -141,11 +178,20 @@ TEST_CASE("cuda fused_attention: forward and gradients against the CPU twin", "[
         expect_both_near(g.gpu, g.cpu, "dv", ref.dv, dt == DType::f32 ? fp32_err : u, u,
                          allowance(ref.dv_terms, pb.t, 1.0));
 
-        if (!allowed) {
+        const uint64_t cudnn_passes = cudnn_runs() - cudnn_before;
+        if (allowed == Allowed::fp32) {
           fp32_kernels = {{"out", f.gpu.at("out")}, {"dv", g.gpu.at("dv")}};
-        } else if (tensor_cores) {
+        } else if (allowed == Allowed::tensor_cores && tensor_core_shape(pb, dt)) {
           // Rounding P to 16 bits changes some bits of Out or dV: the tensor-core kernels did run.
           CHECK((differs(f.gpu.at("out"), fp32_kernels.at("out")) || differs(g.gpu.at("dv"), fp32_kernels.at("dv"))));
+        }
+        if (!cudnn_expected) {
+          CHECK(cudnn_passes == 0);
+        } else if (pb.t == pb.s && (pb.d == 64 || pb.d == 128)) {
+          CHECK(cudnn_passes == 2);  // forward and backward on cuDNN
+        } else if (cudnn_passes != 2) {
+          WARN("cuDNN ran " << cudnn_passes << " of the 2 passes of " << pb.describe() << ", " << dname(dt)
+                            << "; the own kernels ran the rest (the log above says why)");
         }
       }
     }

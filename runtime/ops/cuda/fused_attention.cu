@@ -4,21 +4,16 @@
 // never written to memory. The math is runtime/kernels/attention_row.h's, the
 // CPU twin's; only the order of the FP32 sums differs.
 //
-// These FP32 kernels run every problem the tensor-core kernels
-// (fused_attention_tensor_cores.cu) do not take: FP32 tensors, other head
-// dims, GPUs before sm_80, cuda::tensor_core_attention() off.
-//
-// Why not cuDNN's fused attention (its SDPA engines through the graph API
-// that the convolutions use, runtime/cuda/cudnn_conv_graph.cc): through the
-// backend API the forward is a graph of some twenty operations (two matmuls,
-// the scale, the causal mask as index generation, compare and select, the
-// max and sum reductions, exp, log) and the backward twice that, and cuDNN
-// runs it only when the graph matches its SDPA pattern exactly; whether it
-// does can only be seen on a GPU (cuDNN 9.19's single SDPA operation,
-// CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR, takes no causal mask). These
-// kernels and the tensor-core ones are the paths that are tested
-// against the CPU twin; cuDNN's engine, where faster, is to come behind the
-// same op, as the convolutions' graph plans came behind their legacy calls.
+// Which kernels run: cuDNN's scaled dot-product attention first
+// (runtime/cuda/cudnn_attention_graph.h: FP16/BF16, head_dim a multiple of 8
+// up to 256, sm_80 on, where cuDNN has a plan; off with
+// --no-cudnn-attention), then the tensor-core kernels
+// (fused_attention_tensor_cores.cu: FP16/BF16, head_dim 32, 64, 96 or 128),
+// then these FP32 kernels, which take every problem: FP32 tensors, other head
+// dims, GPUs before sm_80, cuda::tensor_core_attention() off
+// (--no-attention-tensor-cores, which turns cuDNN's tensor-core engines off
+// too). The first two round P and dS to the input dtype before their
+// products; these keep the CPU twin's rounding points.
 //
 // Layout: Q [groups, T, D], K and V [groups, S, D] contiguous (groups =
 // batch x heads); D <= kMaxHeadDim. Each warp owns kRowsPerWarp rows (query
@@ -46,6 +41,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "runtime/cuda/cudnn_attention_graph.h"
+#include "runtime/cuda/cudnn_util.h"
 #include "runtime/kernels/attention_row.h"
 #include "runtime/ops/cuda/device_ops.cuh"
 #include "runtime/ops/cuda/fused_attention_kernels.cuh"
@@ -91,6 +88,10 @@ AttentionDims checked_dims(const OpContext& ctx, const Tensor& q, const Tensor& 
   return a;
 }
 
+AttentionGraphShape graph_shape(const AttentionDims& a, DType dtype, bool backward) {
+  return {backward, dtype, a.groups, a.t_q, a.t_k, a.d, a.causal, a.scale};
+}
+
 void fused_attention_cuda(OpContext& ctx) {
   const Tensor q = ctx.in("Q"), k = ctx.in("K"), v = ctx.in("V");
   const AttentionDims a = checked_dims(ctx, q, k, v);
@@ -104,6 +105,11 @@ void fused_attention_cuda(OpContext& ctx) {
     lse = &lse_tmp;
   }
   if (a.groups == 0 || a.t_q == 0) return;
+  const AttentionGraphShape shape = graph_shape(a, q.dtype(), false);
+  if (attention_graph_applies(shape, {q.raw(), k.raw(), v.raw(), out.raw(), lse->raw()}) &&
+      run_attention_graph_forward(cudnn_handle(use_device(ctx.env.device.index)), ctx.env.device, shape, q.raw(),
+                                  k.raw(), v.raw(), out.raw(), lse->data<float>()))
+    return;
   const cudaStream_t stream = compute_stream(ctx);
   if (attention_tensor_cores::applies(a, q.dtype(), {q.raw(), k.raw(), v.raw(), out.raw()})) {
     attention_tensor_cores::forward(a, q.dtype(), q.raw(), k.raw(), v.raw(), out.raw(), lse->data<float>(), stream);
@@ -117,6 +123,29 @@ void fused_attention_cuda(OpContext& ctx) {
                    k.data<T>(), v.data<T>(), out.data<T>(), lse->data<float>(), a);
     });
   });
+}
+
+// The backward on cuDNN's SDPA, where it applies (false: it did not run).
+// cuDNN writes dQ, dK and dV together: an unwanted one goes to scratch.
+bool run_graph_backward(OpContext& ctx, const AttentionDims& a, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor* dq, Tensor* dk, Tensor* dv) {
+  const AttentionGraphShape shape = graph_shape(a, q.dtype(), true);
+  if (a.t_q == 0 || a.t_k == 0) return false;  // nothing to attend: the own kernels write the zeros
+  Tensor dq_tmp, dk_tmp, dv_tmp;
+  auto or_scratch = [&](Tensor* t, Tensor& tmp, const Tensor& like) -> void* {
+    if (t != nullptr) return t->raw();
+    tmp = Tensor::empty(like.shape(), like.dtype(), ctx.env.device);
+    return tmp.raw();
+  };
+  if (!attention_graph_applies(shape, {q.raw(), k.raw(), v.raw(), out.raw(), dout.raw(), lse.raw(),
+                                       dq ? dq->raw() : nullptr, dk ? dk->raw() : nullptr, dv ? dv->raw() : nullptr}))
+    return false;
+  void* dq_ptr = or_scratch(dq, dq_tmp, q);
+  void* dk_ptr = or_scratch(dk, dk_tmp, k);
+  void* dv_ptr = or_scratch(dv, dv_tmp, v);
+  return run_attention_graph_backward(cudnn_handle(use_device(ctx.env.device.index)), ctx.env.device, shape, q.raw(),
+                                      k.raw(), v.raw(), out.raw(), dout.raw(), lse.data<float>(), dq_ptr, dk_ptr,
+                                      dv_ptr);
 }
 
 void fused_attention_grad_cuda(OpContext& ctx) {
@@ -148,6 +177,7 @@ void fused_attention_grad_cuda(OpContext& ctx) {
     }
   }
   if (a.groups == 0) return;
+  if (run_graph_backward(ctx, a, q, k, v, out, lse, dout, dq, dk, dv)) return;
   const cudaStream_t stream = compute_stream(ctx);
   const int64_t rows = a.groups * a.t_q;
   Tensor delta = Tensor::empty({std::max<int64_t>(rows, 1)}, DType::f32, ctx.env.device);
