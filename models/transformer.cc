@@ -111,18 +111,24 @@ class TransformerBuilder {
     std::vector<std::string> parts{p_.unique_name(prefix + ".q"), p_.unique_name(prefix + ".k"),
                                    p_.unique_name(prefix + ".v")};
     p_.append_op(make_op("split", {{"X", {qkv}}}, {{"Out", parts}}, {{"axis", int64_t{-1}}, {"num", int64_t{3}}}));
-    std::vector<std::string> heads_of(3);  // each [B, heads, T, hd]
+    // fused_attention reads the heads where the projection left them, [B, T,
+    // heads, hd] (its "bthd" layout: no copies); the unfused ops want [B,
+    // heads, T, hd], through transposes each way.
+    const bool fused = c_.uses_fused_attention();
+    std::vector<std::string> heads_of(3);
     for (size_t i = 0; i < 3; ++i) {
-      const std::string split = unary("reshape2", parts[i], parts[i] + ".heads",
-                                      {{"shape", std::vector<int64_t>{0, 0, heads, hd}}});
-      heads_of[i] = unary("transpose2", split, parts[i] + ".bhtd", {{"axis", std::vector<int64_t>{0, 2, 1, 3}}});
+      const std::string split =
+          unary("reshape2", parts[i], parts[i] + ".heads", {{"shape", std::vector<int64_t>{0, 0, heads, hd}}});
+      heads_of[i] =
+          fused ? split : unary("transpose2", split, parts[i] + ".bhtd", {{"axis", std::vector<int64_t>{0, 2, 1, 3}}});
     }
     const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
-    const std::string ctx = p_.unique_name(prefix + ".context");  // [B, heads, T, hd]
-    if (c_.uses_fused_attention()) {
+    std::string merged;  // [B, T, heads, hd]
+    if (fused) {
+      merged = p_.unique_name(prefix + ".context");
       p_.append_op(make_op("fused_attention", {{"Q", {heads_of[0]}}, {"K", {heads_of[1]}}, {"V", {heads_of[2]}}},
-                           {{"Out", {ctx}}, {"LSE", {p_.unique_name(prefix + ".lse")}}},
-                           {{"scale", scale}, {"causal", true}}));
+                           {{"Out", {merged}}, {"LSE", {p_.unique_name(prefix + ".lse")}}},
+                           {{"scale", scale}, {"causal", true}, {"layout", std::string("bthd")}}));
     } else {
       // scores [B, heads, T, T] = q k^T / sqrt(hd)
       const std::string scores = p_.unique_name(prefix + ".scores");
@@ -130,12 +136,12 @@ class TransformerBuilder {
                            {{"transpose_Y", true}, {"alpha", scale}}));
       std::string att = unary("softmax", scores, prefix + ".att", {{"axis", int64_t{-1}}, {"causal", true}});
       att = dropout(att, prefix + ".att");
+      const std::string ctx = p_.unique_name(prefix + ".context");  // [B, heads, T, hd]
       p_.append_op(make_op("matmul", {{"X", {att}}, {"Y", {heads_of[2]}}}, {{"Out", {ctx}}}));
+      merged = unary("transpose2", ctx, prefix + ".context_bthd", {{"axis", std::vector<int64_t>{0, 2, 1, 3}}});
     }
-    const std::string merged = unary("transpose2", ctx, prefix + ".context_bthd",
-                                     {{"axis", std::vector<int64_t>{0, 2, 1, 3}}});
-    const std::string flat = unary("reshape2", merged, prefix + ".context_btd",
-                                   {{"shape", std::vector<int64_t>{0, 0, d}}});
+    const std::string flat =
+        unary("reshape2", merged, prefix + ".context_btd", {{"shape", std::vector<int64_t>{0, 0, d}}});
     return dropout(linear(prefix + ".c_proj", flat, d, d, proj_std), prefix + ".resid");
   }
 

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <map>
@@ -45,7 +46,8 @@ bool attention_graph_applies(const AttentionGraphShape& s, std::initializer_list
   if (s.d % 8 != 0 || s.d > 256) return false;
   // cuDNN's dims and strides are int64, but its kernels index in int32.
   constexpr int64_t kInt32 = INT32_MAX;
-  if (s.groups > kInt32 || s.t_q * s.d > kInt32 || s.t_k * s.d > kInt32 || s.groups * s.t_q > kInt32) return false;
+  const int64_t rows = s.heads * std::max(s.t_q, s.t_k);
+  if (s.batch * s.heads > kInt32 || rows * s.d > kInt32 || s.batch * rows > kInt32) return false;
   for (const void* p : tensors)
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
   static const bool capable = compute_capability_8_or_more();
@@ -72,12 +74,18 @@ enum Uid : int64_t { kQ = 1, kK, kV, kOut, kLse, kDOut, kDQ, kDK, kDV };
 
 fe::DataType_t fe_type(DType t) { return t == DType::bf16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF; }
 
-// cuDNN's attention tensors are [batch, heads, tokens, head_dim]; each
-// (batch, head) pair is one of our groups, so batch = groups and heads = 1.
-std::vector<int64_t> dims_of(const AttentionGraphShape& s, int64_t tokens, int64_t last) {
-  return {s.groups, 1, tokens, last};
+// cuDNN's attention tensors have dims [batch, heads, tokens, head_dim] and
+// any strides: dense heads first, or dense tokens first ([batch, tokens,
+// heads, head_dim] in memory). The statistics are [batch, heads, tokens, 1],
+// heads first always.
+std::vector<int64_t> data_dims(const AttentionGraphShape& s, int64_t tokens) { return {s.batch, s.heads, tokens, s.d}; }
+std::vector<int64_t> data_strides(const AttentionGraphShape& s, int64_t tokens) {
+  const int64_t h = s.heads, d = s.d;
+  if (s.tokens_first) return {tokens * h * d, d, h * d, 1};
+  return {h * tokens * d, tokens * d, d, 1};
 }
-std::vector<int64_t> strides_of(int64_t tokens, int64_t last) { return {tokens * last, tokens * last, last, 1}; }
+std::vector<int64_t> stats_dims(const AttentionGraphShape& s) { return {s.batch, s.heads, s.t_q, 1}; }
+std::vector<int64_t> stats_strides(const AttentionGraphShape& s) { return {s.heads * s.t_q, s.t_q, 1, 1}; }
 
 // A built graph, its workspace, or why cuDNN gave none.
 struct Entry {
@@ -109,38 +117,38 @@ std::shared_ptr<Graph> describe_graph(const AttentionGraphShape& s, int target_s
     return g->tensor(Tensor_attributes()
                          .set_name(name)
                          .set_uid(uid)
-                         .set_dim(dims_of(s, tokens, s.d))
-                         .set_stride(strides_of(tokens, s.d)));
+                         .set_dim(data_dims(s, tokens))
+                         .set_stride(data_strides(s, tokens)));
   };
   auto q = input("Q", kQ, s.t_q), k = input("K", kK, s.t_k), v = input("V", kV, s.t_k);
   if (!s.backward) {
-    auto attributes = fe::graph::SDPA_attributes().set_name("fused_attention").set_generate_stats(true).set_attn_scale(
-        s.scale);
+    auto attributes =
+        fe::graph::SDPA_attributes().set_name("fused_attention").set_generate_stats(true).set_attn_scale(s.scale);
     set_mask(s, attributes);
     auto [out, lse] = g->sdpa(q, k, v, attributes);
-    out->set_output(true).set_uid(kOut).set_dim(dims_of(s, s.t_q, s.d)).set_stride(strides_of(s.t_q, s.d));
+    out->set_output(true).set_uid(kOut).set_dim(data_dims(s, s.t_q)).set_stride(data_strides(s, s.t_q));
     lse->set_output(true)
         .set_uid(kLse)
         .set_data_type(fe::DataType_t::FLOAT)
-        .set_dim(dims_of(s, s.t_q, 1))
-        .set_stride(strides_of(s.t_q, 1));
+        .set_dim(stats_dims(s))
+        .set_stride(stats_strides(s));
   } else {
     auto out = input("Out", kOut, s.t_q), dout = input("dOut", kDOut, s.t_q);
     auto lse = g->tensor(Tensor_attributes()
                              .set_name("LSE")
                              .set_uid(kLse)
                              .set_data_type(fe::DataType_t::FLOAT)
-                             .set_dim(dims_of(s, s.t_q, 1))
-                             .set_stride(strides_of(s.t_q, 1)));
+                             .set_dim(stats_dims(s))
+                             .set_stride(stats_strides(s)));
     auto attributes = fe::graph::SDPA_backward_attributes()
                           .set_name("fused_attention_grad")
                           .set_attn_scale(s.scale)
                           .set_deterministic_algorithm(true);
     set_mask(s, attributes);
     auto [dq, dk, dv] = g->sdpa_backward(q, k, v, out, dout, lse, attributes);
-    dq->set_output(true).set_uid(kDQ).set_dim(dims_of(s, s.t_q, s.d)).set_stride(strides_of(s.t_q, s.d));
-    dk->set_output(true).set_uid(kDK).set_dim(dims_of(s, s.t_k, s.d)).set_stride(strides_of(s.t_k, s.d));
-    dv->set_output(true).set_uid(kDV).set_dim(dims_of(s, s.t_k, s.d)).set_stride(strides_of(s.t_k, s.d));
+    dq->set_output(true).set_uid(kDQ).set_dim(data_dims(s, s.t_q)).set_stride(data_strides(s, s.t_q));
+    dk->set_output(true).set_uid(kDK).set_dim(data_dims(s, s.t_k)).set_stride(data_strides(s, s.t_k));
+    dv->set_output(true).set_uid(kDV).set_dim(data_dims(s, s.t_k)).set_stride(data_strides(s, s.t_k));
   }
   return g;
 }
@@ -166,18 +174,23 @@ void build(cudnnHandle_t handle, const AttentionGraphShape& s, Entry& e) {
 }
 
 std::string describe(const AttentionGraphShape& s) {
-  return std::string(s.backward ? "backward" : "forward") + " pass of " + std::string(dtype_name(s.dtype)) + " attention, " +
-         std::to_string(s.groups) + " (batch, head) pairs of " + std::to_string(s.t_q) + " queries and " +
-         std::to_string(s.t_k) + " keys, head_dim " + std::to_string(s.d) + (s.causal ? ", causal" : "");
+  return std::string(s.backward ? "backward" : "forward") + " pass of " + std::string(dtype_name(s.dtype)) +
+         " attention, batch " + std::to_string(s.batch) + " x " + std::to_string(s.heads) + " heads of " +
+         std::to_string(s.t_q) + " queries and " + std::to_string(s.t_k) + " keys, head_dim " + std::to_string(s.d) +
+         (s.tokens_first ? ", tokens first" : "") + (s.causal ? ", causal" : "");
 }
 
-using Key = std::tuple<bool, int, int64_t, int64_t, int64_t, int64_t, bool, uint32_t, int, uintptr_t>;
+using Key = std::tuple<bool, int, int64_t, int64_t, int64_t, int64_t, int64_t, bool, uint32_t, bool, int, uintptr_t>;
 
 Key key_of(const AttentionGraphShape& s, Device device, cudnnHandle_t handle) {
   uint32_t scale_bits = 0;
   std::memcpy(&scale_bits, &s.scale, sizeof scale_bits);
-  return {s.backward, static_cast<int>(s.dtype), s.groups, s.t_q, s.t_k, s.d, s.causal, scale_bits, device.index,
-          reinterpret_cast<uintptr_t>(handle)};
+  return {s.backward,   static_cast<int>(s.dtype),
+          s.batch,      s.heads,
+          s.t_q,        s.t_k,
+          s.d,          s.causal,
+          scale_bits,   s.tokens_first,
+          device.index, reinterpret_cast<uintptr_t>(handle)};
 }
 
 std::mutex g_mu;
@@ -272,10 +285,15 @@ bool run_attention_graph_backward(cudnnHandle_t handle, Device device, const Att
   MIX_CHECK(shape.backward, "run_attention_graph_backward: given a forward shape");
   std::shared_ptr<Entry> e = graph_for(handle, device, shape);
   if (!e->usable) return false;
-  std::unordered_map<int64_t, void*> pack = {
-      {kQ, mutable_ptr(q)},       {kK, mutable_ptr(k)},       {kV, mutable_ptr(v)}, {kOut, mutable_ptr(out)},
-      {kDOut, mutable_ptr(dout)}, {kLse, mutable_ptr(lse)},   {kDQ, dq},            {kDK, dk},
-      {kDV, dv}};
+  std::unordered_map<int64_t, void*> pack = {{kQ, mutable_ptr(q)},
+                                             {kK, mutable_ptr(k)},
+                                             {kV, mutable_ptr(v)},
+                                             {kOut, mutable_ptr(out)},
+                                             {kDOut, mutable_ptr(dout)},
+                                             {kLse, mutable_ptr(lse)},
+                                             {kDQ, dq},
+                                             {kDK, dk},
+                                             {kDV, dv}};
   return execute(handle, device, shape, *e, pack);
 }
 

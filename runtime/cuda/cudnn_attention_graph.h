@@ -40,16 +40,18 @@
 
 namespace mix::cuda {
 
-/// One pass of fused_attention as cuDNN sees it: `groups` (batch x heads)
-/// independent problems of t_q queries against t_k keys of head_dim d; Q,
-/// Out, dOut [groups, t_q, d], K and V [groups, t_k, d] contiguous, LSE
-/// [groups, t_q] FP32.
+/// One pass of fused_attention as cuDNN sees it: batch x heads independent
+/// problems of t_q queries against t_k keys of head_dim d. Q, Out, dOut and
+/// dQ are [batch, heads, t_q, d] (K, V, dK, dV with t_k), or with
+/// tokens_first [batch, t_q, heads, d], dense either way; LSE is [batch,
+/// heads, t_q], FP32.
 struct AttentionGraphShape {
   bool backward = false;
   DType dtype = DType::f16;
-  int64_t groups = 0, t_q = 0, t_k = 0, d = 0;
+  int64_t batch = 0, heads = 1, t_q = 0, t_k = 0, d = 0;
   bool causal = false;
   float scale = 1.f;
+  bool tokens_first = false;
 };
 
 /// Whether the SDPA path was compiled in (the frontend's headers found).

@@ -7,7 +7,10 @@
 //   outputs Out [..., T, D] (Q's dtype) and LSE [..., T] (f32): each query
 //           row's log(sum_j exp(s_ij)), all the backward needs of the softmax
 //   attrs   scale (default 1 / sqrt(D)), causal (default false: query i sees
-//           keys j <= i + (S - T), softmax's causal mask, fn::attention_visible_keys)
+//           keys j <= i + (S - T), softmax's causal mask, fn::attention_visible_keys),
+//           layout (default "bhtd", as above; "bthd": Q, Out [B, T, H, D], K, V
+//           [B, S, H, D], LSE [B, H, T], which the Transformer's projections
+//           give with no transpose; the values are the same either way)
 // Grad (fused_attention_grad): inputs Q, K, V, Out, LSE, Out@GRAD; outputs
 // Q@GRAD, K@GRAD, V@GRAD (each only when wanted). It recomputes the
 // probabilities from Q, K and LSE (p = exp(s - lse)) a tile of queries at a
@@ -22,6 +25,9 @@
 //    rounds the scores and the probabilities to FP16 under AMP; this op does not);
 //  - Out, Q@GRAD, K@GRAD and V@GRAD accumulate in FP32 and are rounded to the
 //    input dtype once, on store; LSE is FP32.
+// A tokens-first ("bthd") problem is computed heads first: its inputs are
+// copied into that layout and its outputs back, so both layouts give the
+// same bits.
 // The CPU twin holds one tile of kQueryTile query rows by their visible keys
 // at a time (its scores, then its probabilities) and runs its products as
 // SGEMMs; the CUDA kernels sum in another order (online softmax over key
@@ -57,7 +63,36 @@ void infer_fused_attention(Program& p, OpDesc& op) {
             "fused_attention: Q, K and V must be of one float dtype, got "
                 << dtype_name(q.dtype) << ", " << dtype_name(k.dtype) << ", " << dtype_name(v.dtype));
   declare_var(p, op.out("Out"), q.shape, q.dtype);
-  if (!op.out_or_empty("LSE").empty()) declare_var(p, op.out("LSE"), lse_shape(q.shape), DType::f32);
+  if (!op.out_or_empty("LSE").empty()) declare_var(p, op.out("LSE"), lse_shape(op, q.shape), DType::f32);
+}
+
+// [B, X, Y, D] -> [B, Y, X, D]: tokens first to heads first (X = T, Y = H), or back (X = H, Y = T).
+void swap_dims_1_and_2(const float* src, float* dst, int64_t b, int64_t x, int64_t y, int64_t d) {
+  for (int64_t i = 0; i < b; ++i)
+    for (int64_t j = 0; j < x; ++j)
+      for (int64_t k = 0; k < y; ++k) std::copy_n(src + ((i * x + j) * y + k) * d, d, dst + ((i * y + k) * x + j) * d);
+}
+
+// A tensor of the op widened to FP32 and heads first ([groups, tokens, D]):
+// cpu::as_f32's view of it, or, tokens first, a copy in that layout.
+const float* heads_first_f32(const Tensor& t, int slot, const AttentionDims& a, std::vector<float>& copy) {
+  const float* f = cpu::as_f32(t, slot);
+  if (!a.tokens_first) return f;
+  const Shape& s = t.shape();  // [B, tokens, H, D]
+  copy.resize(static_cast<size_t>(t.numel()));
+  swap_dims_1_and_2(f, copy.data(), s[0], s[1], s[2], s[3]);
+  return copy.data();
+}
+
+// Rounds `heads_first` ([groups, tokens, D], FP32) into `t`, in t's layout.
+void store_from_heads_first(std::vector<float>& heads_first, Tensor& t, const AttentionDims& a) {
+  if (a.tokens_first) {
+    const Shape& s = t.shape();  // [B, tokens, H, D]
+    std::vector<float> tokens_first(heads_first.size());
+    swap_dims_1_and_2(heads_first.data(), tokens_first.data(), s[0], s[2], s[1], s[3]);
+    heads_first.swap(tokens_first);
+  }
+  cpu::store_f32(heads_first.data(), t);
 }
 
 // A tile of query rows [first, first + rows) of one (batch, head) group and
@@ -87,16 +122,18 @@ void fused_attention_cpu(OpContext& ctx) {
   std::vector<float> lse_tmp;
   float* lse = nullptr;
   if (ctx.wants("LSE")) {
-    lse = ctx.out("LSE", lse_shape(q_t.shape()), DType::f32).data<float>();
+    lse = ctx.out("LSE", lse_shape(ctx.op, q_t.shape()), DType::f32).data<float>();
   } else {
     lse_tmp.resize(static_cast<size_t>(a.groups * a.t_q));
     lse = lse_tmp.data();
   }
-  // FP32 views: the tensors themselves when f32, else widened copies
-  // (cpu::sgemm takes no scratch of its own, so every slot is free here).
-  const float* q = cpu::as_f32(q_t, 0);
-  const float* k = cpu::as_f32(k_t, 1);
-  const float* v = cpu::as_f32(v_t, 2);
+  // FP32 views: the tensors themselves when f32 and heads first, else widened
+  // or moved copies (cpu::sgemm takes no scratch of its own, so every slot is
+  // free here).
+  std::vector<float> q_copy, k_copy, v_copy;
+  const float* q = heads_first_f32(q_t, 0, a, q_copy);
+  const float* k = heads_first_f32(k_t, 1, a, k_copy);
+  const float* v = heads_first_f32(v_t, 2, a, v_copy);
   std::vector<float> out(static_cast<size_t>(out_t.numel()));
   std::vector<float> s, acc, sum_exp;
   for (int64_t g = 0; g < a.groups; ++g) {
@@ -128,7 +165,7 @@ void fused_attention_cpu(OpContext& ctx) {
               fn::attention_output(acc[static_cast<size_t>(r * a.d + c)], sum_exp[static_cast<size_t>(r)]);
     }
   }
-  cpu::store_f32(out.data(), out_t);  // the one rounding of Out
+  store_from_heads_first(out, out_t, a);  // the one rounding of Out
 }
 
 void fused_attention_grad_cpu(OpContext& ctx) {
@@ -140,11 +177,12 @@ void fused_attention_grad_cpu(OpContext& ctx) {
   const Tensor& do_t = ctx.in("Out@GRAD");
   const AttentionDims a = dims_of(ctx.op, q_t, k_t, v_t);
   attention_rules::check_grad_inputs(ctx.op, q_t, o_t, lse_t, do_t);
-  const float* q = cpu::as_f32(q_t, 0);
-  const float* k = cpu::as_f32(k_t, 1);
-  const float* v = cpu::as_f32(v_t, 2);
-  const float* o = cpu::as_f32(o_t, 3);
-  const float* dout = cpu::as_f32(do_t, 4);
+  std::vector<float> q_copy, k_copy, v_copy, o_copy, do_copy;
+  const float* q = heads_first_f32(q_t, 0, a, q_copy);
+  const float* k = heads_first_f32(k_t, 1, a, k_copy);
+  const float* v = heads_first_f32(v_t, 2, a, v_copy);
+  const float* o = heads_first_f32(o_t, 3, a, o_copy);
+  const float* dout = heads_first_f32(do_t, 4, a, do_copy);
   const float* lse = lse_t.data<float>();
   // FP32 accumulators of the three gradients, rounded once on store.
   std::vector<float> dq(static_cast<size_t>(q_t.numel())), dk(static_cast<size_t>(k_t.numel()), 0.f),
@@ -188,9 +226,9 @@ void fused_attention_grad_cpu(OpContext& ctx) {
       cpu::sgemm(true, false, t.keys, a.d, t.rows, a.scale, ds.data(), q_tile, 1.f, dkg);   // dK += scale dS^T Q
     }
   }
-  if (ctx.wants("Q@GRAD")) cpu::store_f32(dq.data(), ctx.out("Q@GRAD", q_t.shape(), q_t.dtype()));
-  if (ctx.wants("K@GRAD")) cpu::store_f32(dk.data(), ctx.out("K@GRAD", k_t.shape(), k_t.dtype()));
-  if (ctx.wants("V@GRAD")) cpu::store_f32(dv.data(), ctx.out("V@GRAD", v_t.shape(), v_t.dtype()));
+  if (ctx.wants("Q@GRAD")) store_from_heads_first(dq, ctx.out("Q@GRAD", q_t.shape(), q_t.dtype()), a);
+  if (ctx.wants("K@GRAD")) store_from_heads_first(dk, ctx.out("K@GRAD", k_t.shape(), k_t.dtype()), a);
+  if (ctx.wants("V@GRAD")) store_from_heads_first(dv, ctx.out("V@GRAD", v_t.shape(), v_t.dtype()), a);
 }
 
 std::vector<OpDesc> fused_attention_grad_maker(const OpDesc& fwd, GradContext& g) {

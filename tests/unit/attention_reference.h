@@ -195,4 +195,20 @@ inline double tensor_core_allowance(DType dt, double terms_magnitude, int64_t te
   return half_ulp(dt) * terms_magnitude + subnormal;
 }
 
+/// [B, X, Y, D] -> [B, Y, X, D] of a host tensor, in its dtype: heads first
+/// to tokens first ("bthd", fused_attention's attr layout) and back. A copy,
+/// exact.
+inline Tensor swap_tokens_and_heads(const Tensor& t) {
+  const Shape& s = t.shape();
+  const std::vector<float> in = t.to_floats();
+  std::vector<float> out(in.size());
+  for (int64_t b = 0; b < s[0]; ++b)
+    for (int64_t x = 0; x < s[1]; ++x)
+      for (int64_t y = 0; y < s[2]; ++y)
+        for (int64_t d = 0; d < s[3]; ++d)
+          out[static_cast<size_t>(((b * s[2] + y) * s[1] + x) * s[3] + d)] =
+              in[static_cast<size_t>(((b * s[1] + x) * s[2] + y) * s[3] + d)];
+  return to_dtype(Tensor::from_floats({s[0], s[2], s[1], s[3]}, out), t.dtype());
+}
+
 }  // namespace mix::testing::attention

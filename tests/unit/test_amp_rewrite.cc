@@ -170,10 +170,12 @@ TEST_CASE("the Transformer's fused_attention under the default lists: FP16 input
   const Program& p = m.program;
   const OpDesc& att = producer_of(p, "transformer.h.0.attn.context");
   REQUIRE(att.type == "fused_attention");
-  // White: its heads come from the FP16 c_attn matmul through gray ops, so no cast is needed.
+  // White: its heads come from the FP16 c_attn matmul through gray ops, so no
+  // cast is needed; it reads them tokens first, as reshape2 leaves them (no transpose).
+  CHECK(att.attr<std::string>("layout", "bhtd") == "bthd");
   for (const char* slot : {"Q", "K", "V"}) {
     CHECK(p.var(att.in(slot)).dtype == DType::f16);
-    CHECK(producer_of(p, att.in(slot)).type == "transpose2");
+    CHECK(producer_of(p, att.in(slot)).type == "reshape2");
   }
   CHECK(p.var(att.out("Out")).dtype == DType::f16);
   CHECK(p.var(att.out("LSE")).dtype == DType::f32);

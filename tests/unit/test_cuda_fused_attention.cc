@@ -4,8 +4,10 @@
 // causal or not, with head dims that fill one to eight values per lane of the
 // FP32 kernels (8, 32, 64, 96, 100, 128, 256; 256 needs more than the default
 // 48 KiB of shared memory), token counts of 1, 7, 33, 64, 100 and 130 (several
-// query and key tiles, partial last tiles) and fewer queries than keys. Each
-// case runs three times: on the FP32 kernels (cuda::tensor_core_attention()
+// query and key tiles, partial last tiles) and fewer queries than keys, in
+// both of the op's layouts (heads first, and the Transformer's tokens first,
+// which cuDNN reads through strides and the own kernels through copies). Each
+// case and layout runs three times: on the FP32 kernels (cuda::tensor_core_attention()
 // off), with the tensor-core kernels allowed (f16 and bf16 at head_dim 32,
 // 64, 96 and 128 take them) and with cuDNN's SDPA allowed too
 // (runtime/cuda/cudnn_attention_graph.h: f16 and bf16 at head_dim a multiple
@@ -76,7 +78,9 @@ void expect_both_near(const std::map<std::string, Tensor>& gpu, const std::map<s
 enum class Allowed { fp32, tensor_cores, cudnn };
 
 const char* allowed_name(Allowed a) {
-  return a == Allowed::fp32 ? "FP32 kernels" : a == Allowed::tensor_cores ? "tensor-core kernels allowed" : "cuDNN allowed";
+  return a == Allowed::fp32           ? "FP32 kernels"
+         : a == Allowed::tensor_cores ? "tensor-core kernels allowed"
+                                      : "cuDNN allowed";
 }
 
 // Whether the case runs on the tensor-core kernels when they are allowed
@@ -137,61 +141,77 @@ TEST_CASE("cuda fused_attention: forward and gradients against the CPU twin", "[
       const Inputs in = attention::make_inputs(pb, dt, seed += 10);
       const attention::Reference ref = attention::reference_attention(pb, in);
       const double u = attention::half_ulp(dt), fp32_err = pb.f32_err();
-      std::map<std::string, Tensor> fp32_kernels;  // the FP32 kernels' Out and dV, to tell the others ran
-      for (Allowed allowed : {Allowed::fp32, Allowed::tensor_cores, Allowed::cudnn}) {
-        const KernelsAllowed choice(allowed);
-        INFO(allowed_name(allowed));
-        const bool cudnn_expected = allowed == Allowed::cudnn && cudnn_shape(pb, dt);
-        const bool rounds_p = allowed != Allowed::fp32 && (tensor_core_shape(pb, dt) || cudnn_expected);
-        auto allowance = [&](double terms_magnitude, int64_t terms, double other_factor) {
-          return rounds_p ? attention::tensor_core_allowance(dt, terms_magnitude, terms, other_factor) : 0.0;
+      for (bool tokens_first : {false, true}) {
+        INFO((tokens_first ? "layout bthd" : "layout bhtd"));
+        auto fed = [&](const Tensor& t) { return tokens_first ? attention::swap_tokens_and_heads(t) : t; };
+        // The results heads first, as the reference has them (LSE is heads first in both layouts).
+        auto heads_first = [&](Both b, std::initializer_list<const char*> names) {
+          if (tokens_first)
+            for (const char* n : names) {
+              b.cpu[n] = attention::swap_tokens_and_heads(b.cpu.at(n));
+              b.gpu[n] = attention::swap_tokens_and_heads(b.gpu.at(n));
+            }
+          return b;
         };
-        const uint64_t cudnn_before = cudnn_runs();
+        std::map<std::string, Tensor> fp32_kernels;  // the FP32 kernels' Out and dV, to tell the others ran
+        for (Allowed allowed : {Allowed::fp32, Allowed::tensor_cores, Allowed::cudnn}) {
+          const KernelsAllowed choice(allowed);
+          INFO(allowed_name(allowed));
+          const bool cudnn_expected = allowed == Allowed::cudnn && cudnn_shape(pb, dt);
+          const bool rounds_p = allowed != Allowed::fp32 && (tensor_core_shape(pb, dt) || cudnn_expected);
+          auto allowance = [&](double terms_magnitude, int64_t terms, double other_factor) {
+            return rounds_p ? attention::tensor_core_allowance(dt, terms_magnitude, terms, other_factor) : 0.0;
+          };
+          const uint64_t cudnn_before = cudnn_runs();
 
-        OneOp fwd;
-        fwd.op = make_op("fused_attention", {{"Q", {"q"}}, {"K", {"k"}}, {"V", {"v"}}},
-                         {{"Out", {"out"}}, {"LSE", {"lse"}}}, {{"scale", pb.scale()}, {"causal", pb.causal}});
-        fwd.feeds = {{"q", to_dtype(in.q, dt)}, {"k", to_dtype(in.k, dt)}, {"v", to_dtype(in.v, dt)}};
-        const Both f = run_both(fwd, {"out", "lse"});
-        REQUIRE(f.gpu.at("out").dtype() == dt);
-        REQUIRE(f.gpu.at("lse").dtype() == DType::f32);
-        expect_both_near(f.gpu, f.cpu, "out", ref.out, fp32_err, u, allowance(ref.out_terms, pb.s, 1.0));
-        // LSE comes from the FP32 scores and sums on either kernel.
-        expect_both_near(f.gpu, f.cpu, "lse", ref.lse, fp32_err, fp32_err);
+          OneOp fwd;
+          const std::string layout = tokens_first ? "bthd" : "bhtd";
+          fwd.op = make_op("fused_attention", {{"Q", {"q"}}, {"K", {"k"}}, {"V", {"v"}}},
+                           {{"Out", {"out"}}, {"LSE", {"lse"}}},
+                           {{"scale", pb.scale()}, {"causal", pb.causal}, {"layout", layout}});
+          fwd.feeds = {{"q", fed(to_dtype(in.q, dt))}, {"k", fed(to_dtype(in.k, dt))}, {"v", fed(to_dtype(in.v, dt))}};
+          const Both f_as_run = run_both(fwd, {"out", "lse"});
+          const Both f = heads_first(f_as_run, {"out"});
+          REQUIRE(f.gpu.at("out").dtype() == dt);
+          REQUIRE(f.gpu.at("lse").dtype() == DType::f32);
+          expect_both_near(f.gpu, f.cpu, "out", ref.out, fp32_err, u, allowance(ref.out_terms, pb.s, 1.0));
+          // LSE comes from the FP32 scores and sums on either kernel.
+          expect_both_near(f.gpu, f.cpu, "lse", ref.lse, fp32_err, fp32_err);
 
-        OneOp grad;
-        grad.op = make_op(
-            "fused_attention_grad",
-            {{"Q", {"q"}}, {"K", {"k"}}, {"V", {"v"}}, {"Out", {"out"}}, {"LSE", {"lse"}}, {"Out@GRAD", {"dout"}}},
-            {{"Q@GRAD", {"dq"}}, {"K@GRAD", {"dk"}}, {"V@GRAD", {"dv"}}},
-            {{"scale", pb.scale()}, {"causal", pb.causal}});
-        grad.feeds = fwd.feeds;
-        grad.feeds.emplace_back("out", f.cpu.at("out"));
-        grad.feeds.emplace_back("lse", f.cpu.at("lse"));
-        grad.feeds.emplace_back("dout", to_dtype(in.r, dt));
-        const Both g = run_both(grad, {"dq", "dk", "dv"});
-        // As in test_fused_attention.cc: dQ and dK read the stored Out through
-        // delta, a few half ulps of the terms; dV only its own rounding.
-        const double grad_scaled = dt == DType::f32 ? fp32_err : 4 * u;
-        expect_both_near(g.gpu, g.cpu, "dq", ref.dq, grad_scaled, u, allowance(ref.dq_terms, pb.s, 2 * pb.scale()));
-        expect_both_near(g.gpu, g.cpu, "dk", ref.dk, grad_scaled, u, allowance(ref.dk_terms, pb.t, 2 * pb.scale()));
-        expect_both_near(g.gpu, g.cpu, "dv", ref.dv, dt == DType::f32 ? fp32_err : u, u,
-                         allowance(ref.dv_terms, pb.t, 1.0));
+          OneOp grad;
+          grad.op = make_op(
+              "fused_attention_grad",
+              {{"Q", {"q"}}, {"K", {"k"}}, {"V", {"v"}}, {"Out", {"out"}}, {"LSE", {"lse"}}, {"Out@GRAD", {"dout"}}},
+              {{"Q@GRAD", {"dq"}}, {"K@GRAD", {"dk"}}, {"V@GRAD", {"dv"}}},
+              {{"scale", pb.scale()}, {"causal", pb.causal}, {"layout", layout}});
+          grad.feeds = fwd.feeds;
+          grad.feeds.emplace_back("out", f_as_run.cpu.at("out"));
+          grad.feeds.emplace_back("lse", f_as_run.cpu.at("lse"));
+          grad.feeds.emplace_back("dout", fed(to_dtype(in.r, dt)));
+          const Both g = heads_first(run_both(grad, {"dq", "dk", "dv"}), {"dq", "dk", "dv"});
+          // As in test_fused_attention.cc: dQ and dK read the stored Out through
+          // delta, a few half ulps of the terms; dV only its own rounding.
+          const double grad_scaled = dt == DType::f32 ? fp32_err : 4 * u;
+          expect_both_near(g.gpu, g.cpu, "dq", ref.dq, grad_scaled, u, allowance(ref.dq_terms, pb.s, 2 * pb.scale()));
+          expect_both_near(g.gpu, g.cpu, "dk", ref.dk, grad_scaled, u, allowance(ref.dk_terms, pb.t, 2 * pb.scale()));
+          expect_both_near(g.gpu, g.cpu, "dv", ref.dv, dt == DType::f32 ? fp32_err : u, u,
+                           allowance(ref.dv_terms, pb.t, 1.0));
 
-        const uint64_t cudnn_passes = cudnn_runs() - cudnn_before;
-        if (allowed == Allowed::fp32) {
-          fp32_kernels = {{"out", f.gpu.at("out")}, {"dv", g.gpu.at("dv")}};
-        } else if (allowed == Allowed::tensor_cores && tensor_core_shape(pb, dt)) {
-          // Rounding P to 16 bits changes some bits of Out or dV: the tensor-core kernels did run.
-          CHECK((differs(f.gpu.at("out"), fp32_kernels.at("out")) || differs(g.gpu.at("dv"), fp32_kernels.at("dv"))));
-        }
-        if (!cudnn_expected) {
-          CHECK(cudnn_passes == 0);
-        } else if (pb.t == pb.s && (pb.d == 64 || pb.d == 128)) {
-          CHECK(cudnn_passes == 2);  // forward and backward on cuDNN
-        } else if (cudnn_passes != 2) {
-          WARN("cuDNN ran " << cudnn_passes << " of the 2 passes of " << pb.describe() << ", " << dname(dt)
-                            << "; the own kernels ran the rest (the log above says why)");
+          const uint64_t cudnn_passes = cudnn_runs() - cudnn_before;
+          if (allowed == Allowed::fp32) {
+            fp32_kernels = {{"out", f.gpu.at("out")}, {"dv", g.gpu.at("dv")}};
+          } else if (allowed == Allowed::tensor_cores && tensor_core_shape(pb, dt)) {
+            // Rounding P to 16 bits changes some bits of Out or dV: the tensor-core kernels did run.
+            CHECK((differs(f.gpu.at("out"), fp32_kernels.at("out")) || differs(g.gpu.at("dv"), fp32_kernels.at("dv"))));
+          }
+          if (!cudnn_expected) {
+            CHECK(cudnn_passes == 0);
+          } else if (pb.t == pb.s && (pb.d == 64 || pb.d == 128)) {
+            CHECK(cudnn_passes == 2);  // forward and backward on cuDNN
+          } else if (cudnn_passes != 2) {
+            WARN("cuDNN ran " << cudnn_passes << " of the 2 passes of " << pb.describe() << ", " << dname(dt)
+                              << "; the own kernels ran the rest (the log above says why)");
+          }
         }
       }
     }

@@ -36,25 +36,28 @@ void require_frontend() {
 }
 
 std::string describe(const AttentionGraphShape& s) {
-  return std::string(s.backward ? "backward" : "forward") + (s.dtype == DType::bf16 ? " bf16" : " f16") + " groups " +
-         std::to_string(s.groups) + " T " + std::to_string(s.t_q) + " S " + std::to_string(s.t_k) + " d " +
-         std::to_string(s.d) + (s.causal ? " causal" : "");
+  return std::string(s.backward ? "backward" : "forward") + (s.dtype == DType::bf16 ? " bf16" : " f16") + " batch " +
+         std::to_string(s.batch) + " heads " + std::to_string(s.heads) + " T " + std::to_string(s.t_q) + " S " +
+         std::to_string(s.t_k) + " d " + std::to_string(s.d) + (s.causal ? " causal" : "") +
+         (s.tokens_first ? " tokens first" : "");
 }
 
 }  // namespace
 
 TEST_CASE("cuDNN attention graphs: the models' shapes pass the frontend's validation", "[attention][cudnn]") {
   require_frontend();
-  // GPT-2 124M (batch 8 x 12 heads, context 1024, head_dim 64), the
-  // Transformer-base (32 x 8 heads, context 256), head_dim 128, a causal
-  // problem with fewer queries than keys (bottom-right aligned), a non-causal
-  // one and odd lengths.
+  // GPT-2 124M (batch 8 x 12 heads, context 1024, head_dim 64) and the
+  // Transformer-base (32 x 8 heads, context 256) as the models lay them out
+  // (tokens first), the same heads first, head_dim 128, a causal problem with
+  // fewer queries than keys (bottom-right aligned), a non-causal one and odd
+  // lengths.
   const AttentionGraphShape shapes[] = {
-      {false, DType::f16, 96, 1024, 1024, 64, true, 0.125f},
-      {false, DType::f16, 256, 256, 256, 64, true, 0.125f},
-      {false, DType::f16, 4, 100, 100, 128, true, 0.0883883f},
-      {false, DType::f16, 4, 20, 45, 64, true, 0.125f},
-      {false, DType::f16, 6, 33, 33, 32, false, 0.1767767f},
+      {false, DType::f16, 8, 12, 1024, 1024, 64, true, 0.125f, true},
+      {false, DType::f16, 32, 8, 256, 256, 64, true, 0.125f, true},
+      {false, DType::f16, 8, 12, 1024, 1024, 64, true, 0.125f, false},
+      {false, DType::f16, 4, 1, 100, 100, 128, true, 0.0883883f, false},
+      {false, DType::f16, 2, 2, 20, 45, 64, true, 0.125f, true},
+      {false, DType::f16, 6, 1, 33, 33, 32, false, 0.1767767f, false},
   };
   for (const AttentionGraphShape& base : shapes) {
     for (DType dt : {DType::f16, DType::bf16}) {
@@ -80,11 +83,12 @@ TEST_CASE("cuDNN attention graphs: what cuDNN cannot take is refused by the vali
   // says so before any GPU is involved (its backward's validation has no
   // architecture check), so the validation above is not one that passes
   // everything, and it does take the target it is given.
-  const AttentionGraphShape odd_dim_forward{false, DType::f16, 2, 64, 64, 12, true, 0.2886751f};
+  const AttentionGraphShape odd_dim_forward{false, DType::f16, 2, 1, 64, 64, 12, true, 0.2886751f};
   AttentionGraphShape odd_dim_backward = odd_dim_forward;
   odd_dim_backward.backward = true;
-  const AttentionGraphShape forward{false, DType::f16, 2, 64, 64, 64, true, 0.125f};
-  for (const auto& [s, sm] : {std::pair{odd_dim_forward, 90}, std::pair{odd_dim_backward, 90}, std::pair{forward, 75}}) {
+  const AttentionGraphShape forward{false, DType::f16, 2, 1, 64, 64, 64, true, 0.125f};
+  for (const auto& [s, sm] :
+       {std::pair{odd_dim_forward, 90}, std::pair{odd_dim_backward, 90}, std::pair{forward, 75}}) {
     INFO(describe(s) << " on sm_" << sm);
     const std::string why = validate_attention_graph(s, sm);
     INFO(why);

@@ -40,19 +40,26 @@ struct Results {
 
 // L = sum(Out * R) through the fused op or the unfused composition in dtype
 // dt; Out and the gradients of Q, K and V (all in dt), and LSE for the fused op.
-Results run_attention(bool fused, const Problem& pb, DType dt, const Inputs& in) {
+// tokens_first (fused only, lead [B, H]): the op in its "bthd" layout, fed
+// the inputs moved tokens first, its results moved back heads first.
+Results run_attention(bool fused, const Problem& pb, DType dt, const Inputs& in, bool tokens_first = false) {
+  auto layout = [&](const Shape& heads_first) {
+    return tokens_first ? Shape{heads_first[0], heads_first[2], heads_first[1], heads_first[3]} : heads_first;
+  };
+  auto fed = [&](const Tensor& t) { return tokens_first ? swap_tokens_and_heads(t) : t.clone(); };
   Program p;
   for (const char* name : {"q", "k", "v"}) {
-    VarDesc v = var_desc(name, std::string(name) == "q" ? pb.q_shape() : pb.kv_shape(), dt);
+    VarDesc v = var_desc(name, layout(std::string(name) == "q" ? pb.q_shape() : pb.kv_shape()), dt);
     v.is_parameter = v.persistable = true;
     p.add_var(v);
   }
-  VarDesc r = var_desc("r", pb.q_shape(), DType::f32);
+  VarDesc r = var_desc("r", layout(pb.q_shape()), DType::f32);
   r.stop_gradient = true;
   p.add_var(r);
   if (fused) {
-    p.append_op(make_op("fused_attention", {{"Q", {"q"}}, {"K", {"k"}}, {"V", {"v"}}},
-                        {{"Out", {"out"}}, {"LSE", {"lse"}}}, {{"scale", pb.scale()}, {"causal", pb.causal}}));
+    p.append_op(make_op(
+        "fused_attention", {{"Q", {"q"}}, {"K", {"k"}}, {"V", {"v"}}}, {{"Out", {"out"}}, {"LSE", {"lse"}}},
+        {{"scale", pb.scale()}, {"causal", pb.causal}, {"layout", std::string(tokens_first ? "bthd" : "bhtd")}}));
   } else {
     p.append_op(make_op("matmul", {{"X", {"q"}}, {"Y", {"k"}}}, {{"Out", {"scores"}}},
                         {{"transpose_Y", true}, {"alpha", pb.scale()}}));
@@ -79,18 +86,22 @@ Results run_attention(bool fused, const Problem& pb, DType dt, const Inputs& in)
     keep.insert(grad);
   }
   Scope scope;
-  scope.set("q", to_dtype(in.q, dt));
-  scope.set("k", to_dtype(in.k, dt));
-  scope.set("v", to_dtype(in.v, dt));
-  scope.set("r", in.r.clone());
+  scope.set("q", fed(to_dtype(in.q, dt)));
+  scope.set("k", fed(to_dtype(in.k, dt)));
+  scope.set("v", fed(to_dtype(in.v, dt)));
+  scope.set("r", fed(in.r));
   ExecEnv env;
   Executor(p, keep).run(scope, env);
+  auto back = [&](const std::string& name) {
+    const Tensor& t = scope.get(name);
+    return tokens_first ? swap_tokens_and_heads(t) : t;
+  };
   Results res;
-  res.out = scope.get("out");
-  if (fused) res.lse = scope.get("lse");
-  res.dq = scope.get(grad_of.at("q"));
-  res.dk = scope.get(grad_of.at("k"));
-  res.dv = scope.get(grad_of.at("v"));
+  res.out = back("out");
+  if (fused) res.lse = scope.get("lse");  // [B, H, T] in either layout
+  res.dq = back(grad_of.at("q"));
+  res.dk = back(grad_of.at("k"));
+  res.dv = back(grad_of.at("v"));
   return res;
 }
 
@@ -184,6 +195,31 @@ TEST_CASE("grad: fused_attention against central differences, causal and not", "
   }
 }
 
+TEST_CASE("fused_attention: the tokens-first layout gives the heads-first layout's bits",
+          "[ops][transformer][fused_attention]") {
+  // The "bthd" layout the Transformer uses ([B, T, H, D], no transposes
+  // around the op) must compute exactly what the default layout computes
+  // from the same numbers: Out, LSE and the three gradients, bit for bit.
+  const std::vector<Problem> problems = {
+      {{2, 3}, 7, 7, 8, true}, {{1, 2}, 33, 33, 16, true}, {{2, 2}, 5, 9, 8, true}, {{2, 3}, 6, 6, 4, false}};
+  uint64_t seed = 900;
+  for (const Problem& pb : problems) {
+    for (DType dt : {DType::f32, DType::f16, DType::bf16}) {
+      INFO(pb.describe() << ", " << dtype_name(dt));
+      const Inputs in = make_inputs(pb, dt, seed += 7);
+      const Results heads_first = run_attention(true, pb, dt, in, false);
+      const Results tokens_first = run_attention(true, pb, dt, in, true);
+      CHECK(tokens_first.out.shape() == heads_first.out.shape());
+      CHECK(tokens_first.lse.shape() == heads_first.lse.shape());
+      CHECK(tokens_first.out.to_floats() == heads_first.out.to_floats());
+      CHECK(tokens_first.lse.to_floats() == heads_first.lse.to_floats());
+      CHECK(tokens_first.dq.to_floats() == heads_first.dq.to_floats());
+      CHECK(tokens_first.dk.to_floats() == heads_first.dk.to_floats());
+      CHECK(tokens_first.dv.to_floats() == heads_first.dv.to_floats());
+    }
+  }
+}
+
 TEST_CASE("fused_attention: inference keeps -1 batch dims; bad shapes name the problem",
           "[ops][transformer][fused_attention][errors]") {
   Program p;
@@ -211,4 +247,22 @@ TEST_CASE("fused_attention: inference keeps -1 batch dims; bad shapes name the p
   CHECK_THROWS_WITH(build({2, 5, 8}, {2, 3, 8}, {2, 3, 8}, true), Contains("T = 5 > S = 3"));
   CHECK_THROWS_WITH(build({2, 5, 8}, {2, 5, 8}, {2, 5, 8}, false, DType::f16), Contains("one float dtype"));
   CHECK_NOTHROW(build({2, 5, 8}, {2, 3, 8}, {2, 3, 8}, false));  // fewer keys is fine without the mask
+
+  // The tokens-first layout: [B, T, H, D], LSE [B, H, T].
+  auto tokens_first = [](const Shape& q, const Shape& k, const std::string& layout = "bthd") {
+    Program t;
+    t.add_var(var_desc("q", q, DType::f16));
+    t.add_var(var_desc("k", k, DType::f16));
+    t.add_var(var_desc("v", k, DType::f16));
+    t.append_op(make_op("fused_attention", {{"Q", {"q"}}, {"K", {"k"}}, {"V", {"v"}}}, {{"Out", {"o"}}, {"LSE", {"l"}}},
+                        {{"causal", true}, {"layout", layout}}));
+    return t;
+  };
+  const Program t = tokens_first({-1, 7, 4, 16}, {-1, 9, 4, 16});
+  CHECK(t.var("o").shape == Shape{-1, 7, 4, 16});
+  CHECK(t.var("l").shape == Shape{-1, 4, 7});
+  CHECK_THROWS_WITH(tokens_first({2, 7, 16}, {2, 7, 16}), Contains("[batch, tokens, heads, head_dim]"));
+  CHECK_THROWS_WITH(tokens_first({2, 7, 4, 16}, {2, 7, 3, 16}), Contains("batch and head dims"));
+  CHECK_THROWS_WITH(tokens_first({2, 9, 4, 16}, {2, 7, 4, 16}), Contains("T = 9 > S = 7"));
+  CHECK_THROWS_WITH(tokens_first({2, 7, 4, 16}, {2, 7, 4, 16}, "tbhd"), Contains("attr layout must be"));
 }

@@ -15,8 +15,10 @@
 // too). The first two round P and dS to the input dtype before their
 // products; these keep the CPU twin's rounding points.
 //
-// Layout: Q [groups, T, D], K and V [groups, S, D] contiguous (groups =
-// batch x heads); D <= kMaxHeadDim. Each warp owns kRowsPerWarp rows (query
+// Layout: cuDNN reads either of the op's layouts through strides; the own
+// kernels take Q [groups, T, D], K and V [groups, S, D] contiguous (groups =
+// batch x heads), so a tokens-first ("bthd") problem reaches them through
+// heads-first copies (own_forward, own_backward); D <= kMaxHeadDim. Each warp owns kRowsPerWarp rows (query
 // rows, or key rows in the dK/dV kernel) and each lane kChunks of their D
 // values (columns lane, lane + 32, ...); the other side of the product comes
 // in tiles of 32 rows through shared memory, one row per lane, so that a
@@ -40,6 +42,7 @@
 // this file launches them.
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "runtime/cuda/cudnn_attention_graph.h"
 #include "runtime/cuda/cudnn_util.h"
@@ -89,7 +92,50 @@ AttentionDims checked_dims(const OpContext& ctx, const Tensor& q, const Tensor& 
 }
 
 AttentionGraphShape graph_shape(const AttentionDims& a, DType dtype, bool backward) {
-  return {backward, dtype, a.groups, a.t_q, a.t_k, a.d, a.causal, a.scale};
+  // Heads first, any leading dims: each group is a batch entry of one head.
+  const int64_t heads = a.tokens_first ? a.heads : 1;
+  return {backward, dtype, a.groups / heads, heads, a.t_q, a.t_k, a.d, a.causal, a.scale, a.tokens_first};
+}
+
+// The own kernels take heads-first tensors ([groups, tokens, D]): a
+// tokens-first problem ([B, T, H, D]) runs on heads-first copies of its
+// inputs, into heads-first scratch moved back into its outputs afterwards
+// (the transposes the model would otherwise have run around the op).
+const std::vector<int64_t> kSwapTokensAndHeads = {0, 2, 1, 3};
+
+Tensor heads_first(OpContext& ctx, const AttentionDims& a, const Tensor& t) {
+  if (!a.tokens_first) return t;
+  Tensor copy = Tensor::empty(attention_rules::swap_tokens_and_heads(t.shape()), t.dtype(), ctx.env.device);
+  permute_into(t, kSwapTokensAndHeads, copy, compute_stream(ctx), ctx.op.type);
+  return copy;
+}
+
+// Where the own kernels write output `t`: t itself, or heads-first scratch (move_back copies it into t).
+Tensor heads_first_output(OpContext& ctx, const AttentionDims& a, const Tensor& t) {
+  if (!a.tokens_first) return t;
+  return Tensor::empty(attention_rules::swap_tokens_and_heads(t.shape()), t.dtype(), ctx.env.device);
+}
+
+void move_back(OpContext& ctx, const AttentionDims& a, const Tensor& written, Tensor& t) {
+  if (a.tokens_first) permute_into(written, kSwapTokensAndHeads, t, compute_stream(ctx), ctx.op.type);
+}
+
+// The forward on mixtrain's own kernels: heads-first q, k, v, out.
+void own_forward(OpContext& ctx, const AttentionDims& a, const Tensor& q, const Tensor& k, const Tensor& v,
+                 const Tensor& out, float* lse) {
+  const cudaStream_t stream = compute_stream(ctx);
+  if (attention_tensor_cores::applies(a, q.dtype(), {q.raw(), k.raw(), v.raw(), out.raw()})) {
+    attention_tensor_cores::forward(a, q.dtype(), q.raw(), k.raw(), v.raw(), out.raw(), lse, stream);
+    return;
+  }
+  const int64_t floats = kBlockRows * a.d + kTile * (a.d + 1) + kTile * a.d;
+  dispatch_floating(q.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    with_head_chunks(a.d, [&](auto chunks) {
+      launch_tiles(attention_forward<T, decltype(chunks)::value>, grid_of(a, a.t_q), floats, stream, q.data<T>(),
+                   k.data<T>(), v.data<T>(), out.data<T>(), lse, a);
+    });
+  });
 }
 
 void fused_attention_cuda(OpContext& ctx) {
@@ -99,7 +145,7 @@ void fused_attention_cuda(OpContext& ctx) {
   Tensor lse_tmp;
   Tensor* lse = nullptr;
   if (ctx.wants("LSE")) {
-    lse = &ctx.out("LSE", attention_rules::lse_shape(q.shape()), DType::f32);
+    lse = &ctx.out("LSE", attention_rules::lse_shape(ctx.op, q.shape()), DType::f32);
   } else {
     lse_tmp = Tensor::empty({a.groups * a.t_q}, DType::f32, ctx.env.device);
     lse = &lse_tmp;
@@ -110,19 +156,10 @@ void fused_attention_cuda(OpContext& ctx) {
       run_attention_graph_forward(cudnn_handle(use_device(ctx.env.device.index)), ctx.env.device, shape, q.raw(),
                                   k.raw(), v.raw(), out.raw(), lse->data<float>()))
     return;
-  const cudaStream_t stream = compute_stream(ctx);
-  if (attention_tensor_cores::applies(a, q.dtype(), {q.raw(), k.raw(), v.raw(), out.raw()})) {
-    attention_tensor_cores::forward(a, q.dtype(), q.raw(), k.raw(), v.raw(), out.raw(), lse->data<float>(), stream);
-    return;
-  }
-  const int64_t floats = kBlockRows * a.d + kTile * (a.d + 1) + kTile * a.d;
-  dispatch_floating(q.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    with_head_chunks(a.d, [&](auto chunks) {
-      launch_tiles(attention_forward<T, decltype(chunks)::value>, grid_of(a, a.t_q), floats, stream, q.data<T>(),
-                   k.data<T>(), v.data<T>(), out.data<T>(), lse->data<float>(), a);
-    });
-  });
+  const Tensor out_heads_first = heads_first_output(ctx, a, out);
+  own_forward(ctx, a, heads_first(ctx, a, q), heads_first(ctx, a, k), heads_first(ctx, a, v), out_heads_first,
+              lse->data<float>());
+  move_back(ctx, a, out_heads_first, out);
 }
 
 // The backward on cuDNN's SDPA, where it applies (false: it did not run).
@@ -148,36 +185,10 @@ bool run_graph_backward(OpContext& ctx, const AttentionDims& a, const Tensor& q,
                                       dv_ptr);
 }
 
-void fused_attention_grad_cuda(OpContext& ctx) {
-  const Tensor q = ctx.in("Q"), k = ctx.in("K"), v = ctx.in("V");
-  const Tensor out = ctx.in("Out"), lse = ctx.in("LSE"), dout = ctx.in("Out@GRAD");
-  const AttentionDims a = checked_dims(ctx, q, k, v);
-  attention_rules::check_grad_inputs(ctx.op, q, out, lse, dout);
-  check_on_device(ctx, out, "Out");
-  check_on_device(ctx, lse, "LSE");
-  check_on_device(ctx, dout, "Out@GRAD");
-  const bool want_q = ctx.wants("Q@GRAD"), want_kv = ctx.wants("K@GRAD") || ctx.wants("V@GRAD");
-  // The kernels write dK and dV together: an unwanted one goes to scratch.
-  Tensor dk_tmp, dv_tmp;
-  Tensor* dq = want_q ? &ctx.out("Q@GRAD", q.shape(), q.dtype()) : nullptr;
-  Tensor* dk = nullptr;
-  Tensor* dv = nullptr;
-  if (want_kv) {
-    if (ctx.wants("K@GRAD")) {
-      dk = &ctx.out("K@GRAD", k.shape(), k.dtype());
-    } else {
-      dk_tmp = Tensor::empty(k.shape(), k.dtype(), ctx.env.device);
-      dk = &dk_tmp;
-    }
-    if (ctx.wants("V@GRAD")) {
-      dv = &ctx.out("V@GRAD", v.shape(), v.dtype());
-    } else {
-      dv_tmp = Tensor::empty(v.shape(), v.dtype(), ctx.env.device);
-      dv = &dv_tmp;
-    }
-  }
-  if (a.groups == 0) return;
-  if (run_graph_backward(ctx, a, q, k, v, out, lse, dout, dq, dk, dv)) return;
+// The backward on mixtrain's own kernels: every tensor heads first; dq (when
+// not null) and dk, dv (both or neither) written.
+void own_backward(OpContext& ctx, const AttentionDims& a, const Tensor& q, const Tensor& k, const Tensor& v,
+                  const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor* dq, Tensor* dk, Tensor* dv) {
   const cudaStream_t stream = compute_stream(ctx);
   const int64_t rows = a.groups * a.t_q;
   Tensor delta = Tensor::empty({std::max<int64_t>(rows, 1)}, DType::f32, ctx.env.device);
@@ -202,17 +213,60 @@ void fused_attention_grad_cuda(OpContext& ctx) {
     with_head_chunks(a.d, [&](auto chunks) {
       constexpr int kChunks = decltype(chunks)::value;
       const int64_t padded = a.d + 1;
-      if (want_kv && a.t_k > 0)  // with no query, the kernel writes zeros
+      if (dk != nullptr && a.t_k > 0)  // with no query, the kernel writes zeros
         launch_tiles(attention_grad_kv<T, kChunks>, grid_of(a, a.t_k),
                      2 * kBlockRows * a.d + 2 * kTile * padded + 2 * kTile, stream, q.data<T>(), k.data<T>(),
                      v.data<T>(), dout.data<T>(), lse.data<float>(), delta.data<float>(), dk->data<T>(), dv->data<T>(),
                      a);
-      if (want_q && a.t_q > 0)
+      if (dq != nullptr && a.t_q > 0)
         launch_tiles(attention_grad_q<T, kChunks>, grid_of(a, a.t_q), 2 * kBlockRows * a.d + 2 * kTile * padded, stream,
                      q.data<T>(), k.data<T>(), v.data<T>(), dout.data<T>(), lse.data<float>(), delta.data<float>(),
                      dq->data<T>(), a);
     });
   });
+}
+
+void fused_attention_grad_cuda(OpContext& ctx) {
+  const Tensor q = ctx.in("Q"), k = ctx.in("K"), v = ctx.in("V");
+  const Tensor out = ctx.in("Out"), lse = ctx.in("LSE"), dout = ctx.in("Out@GRAD");
+  const AttentionDims a = checked_dims(ctx, q, k, v);
+  attention_rules::check_grad_inputs(ctx.op, q, out, lse, dout);
+  check_on_device(ctx, out, "Out");
+  check_on_device(ctx, lse, "LSE");
+  check_on_device(ctx, dout, "Out@GRAD");
+  const bool want_q = ctx.wants("Q@GRAD"), want_kv = ctx.wants("K@GRAD") || ctx.wants("V@GRAD");
+  // The own kernels write dK and dV together: an unwanted one goes to scratch.
+  Tensor dk_tmp, dv_tmp;
+  Tensor* dq = want_q ? &ctx.out("Q@GRAD", q.shape(), q.dtype()) : nullptr;
+  Tensor* dk = nullptr;
+  Tensor* dv = nullptr;
+  if (want_kv) {
+    if (ctx.wants("K@GRAD")) {
+      dk = &ctx.out("K@GRAD", k.shape(), k.dtype());
+    } else {
+      dk_tmp = Tensor::empty(k.shape(), k.dtype(), ctx.env.device);
+      dk = &dk_tmp;
+    }
+    if (ctx.wants("V@GRAD")) {
+      dv = &ctx.out("V@GRAD", v.shape(), v.dtype());
+    } else {
+      dv_tmp = Tensor::empty(v.shape(), v.dtype(), ctx.env.device);
+      dv = &dv_tmp;
+    }
+  }
+  if (a.groups == 0) return;
+  if (run_graph_backward(ctx, a, q, k, v, out, lse, dout, dq, dk, dv)) return;
+  // Heads-first outputs for the own kernels: the gradients themselves, or scratch moved back below.
+  Tensor dq_h, dk_h, dv_h;
+  if (dq) dq_h = heads_first_output(ctx, a, *dq);
+  if (dk) dk_h = heads_first_output(ctx, a, *dk);
+  if (dv) dv_h = heads_first_output(ctx, a, *dv);
+  own_backward(ctx, a, heads_first(ctx, a, q), heads_first(ctx, a, k), heads_first(ctx, a, v),
+               heads_first(ctx, a, out), lse, heads_first(ctx, a, dout), dq ? &dq_h : nullptr, dk ? &dk_h : nullptr,
+               dv ? &dv_h : nullptr);
+  if (dq) move_back(ctx, a, dq_h, *dq);
+  if (dk) move_back(ctx, a, dk_h, *dk);
+  if (dv) move_back(ctx, a, dv_h, *dv);
 }
 
 const bool registered = OpRegistry::instance().add_cuda_kernel("fused_attention", fused_attention_cuda) &&
