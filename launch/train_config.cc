@@ -107,6 +107,7 @@ std::vector<std::pair<std::string, std::string>> TrainConfig::fingerprint_fields
           {"data-format", is_resnet() ? (resnet_channels_last() ? "nhwc" : "nchw") : "-"},
           {"fuse-add-relu", fuse_add_relu ? "on" : "off"},
           {"fuse-bn-relu", fuse_bn_relu ? "on" : "off"},
+          {"fuse-matmul-bias", fuse_matmul_bias ? "on" : "off"},
           {"recompute-softmax", recompute_softmax ? "on" : "off"},
           {"layers", is_language_model() ? num(layers) : "-"},
           {"d-model", is_language_model() ? num(d_model) : "-"},
@@ -529,7 +530,7 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
                "on GPUs, record the training step once as a CUDA graph (its second step) and replay it: one launch a "
                "step (MIX_PROFILE_OPS runs, and the CPU, run op by op)");
 
-  app.option_defaults()->group("Whole-step passes (the same values; each on by default)");
+  app.option_defaults()->group("Whole-step passes (each on by default; the same values but where one says)");
   app.add_flag("!--store-softmax", c.recompute_softmax,
                "softmax_with_cross_entropy stores its softmax for the gradient, as Paddle does, instead of the "
                "gradient recomputing it from the logits");
@@ -537,6 +538,9 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
                "keep each elementwise_add + relu, and each gradient sum + relu_grad, as two ops");
   app.add_flag("!--no-fuse-bn-relu", c.fuse_bn_relu,
                "keep each batch_norm + relu, and each relu_grad + batch_norm_grad, as two ops");
+  app.add_flag("!--no-fuse-matmul-bias", c.fuse_matmul_bias,
+               "keep each linear layer's matmul and bias add as two ops, instead of the bias added in the GEMM's "
+               "epilogue (the same values in FP32; in FP16 and BF16 the fused op rounds once, not twice)");
   app.add_flag("!--no-fuse-param-casts", c.fuse_param_casts,
                "amp: keep one cast op per weight for its FP16 copy instead of one fused_cast op for all");
 

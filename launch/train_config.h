@@ -70,6 +70,8 @@ struct TrainConfig {
   bool fuse_add_relu = true;
   /// Fuse batch norms with the relu after them, forward and backward (runtime/passes/fuse_bn_relu.h; --no-fuse-bn-relu: off).
   bool fuse_bn_relu = true;
+  /// Fuse each linear layer's matmul and bias add (runtime/passes/fuse_matmul_bias.h; --no-fuse-matmul-bias: off).
+  bool fuse_matmul_bias = true;
   /// softmax_with_cross_entropy's grad recomputes the softmax (runtime/passes/recompute_softmax.h; --store-softmax: off).
   bool recompute_softmax = true;
   // the Transformer language model (models::TransformerConfig); --model gpt2

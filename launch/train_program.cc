@@ -15,6 +15,7 @@
 #include "runtime/ir/op_registry.h"
 #include "runtime/optim/clip_grad.h"
 #include "runtime/passes/fuse_add_relu.h"
+#include "runtime/passes/fuse_matmul_bias.h"
 #include "runtime/passes/fuse_bn_relu.h"
 #include "runtime/passes/recompute_softmax.h"
 
@@ -281,6 +282,10 @@ TrainProgram build_train_program(Program& p, const std::string& loss, const Trai
       {"amp::fuse_param_casts: the weights' low-precision casts as one op", "amp/fuse_param_casts.cc",
        amp_only("--no-fuse-param-casts", o.passes.fuse_param_casts),
        [&] { return count(amp::fuse_param_casts(p), "cast fused", "casts fused"); }, "--no-fuse-param-casts"},
+      // After fuse_param_casts: until then a bias's FP16 cast sits between its matmul and add.
+      {"fuse_matmul_bias: matmul + bias add as one op", "runtime/passes/fuse_matmul_bias.cc",
+       o.passes.fuse_matmul_bias ? "" : "--no-fuse-matmul-bias",
+       [&] { return count(fuse_matmul_bias(p, t.read_back), "pair", "pairs"); }, "--no-fuse-matmul-bias"},
       {"fuse_bn_relu: batch_norm + relu as one op", "runtime/passes/fuse_bn_relu.cc",
        o.passes.fuse_bn_relu ? "" : "--no-fuse-bn-relu",
        [&] {

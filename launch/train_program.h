@@ -35,15 +35,17 @@ struct AmpSettings {
   std::optional<amp::InjectOverflow> inject;
 };
 
-/// The whole-step rewrites after the optimizer: the same values, less memory
-/// traffic. Each is on by default and has a flag that turns it off.
+/// The whole-step rewrites after the optimizer: less memory traffic, the same
+/// values (fuse_matmul_bias: the same in FP32, one rounding fewer in FP16 and
+/// BF16). Each is on by default and has a flag that turns it off.
 struct StepPasses {
   bool recompute_softmax = true;  // --store-softmax: off
   bool fuse_add_relu = true;      // --no-fuse-add-relu: off
   bool fuse_param_casts = true;   // AMP only; --no-fuse-param-casts: off
   bool fuse_bn_relu = true;       // --no-fuse-bn-relu: off
+  bool fuse_matmul_bias = true;   // --no-fuse-matmul-bias: off
   /// Every pass off: the program as autodiff and the optimizer leave it.
-  static StepPasses none() { return {false, false, false, false}; }
+  static StepPasses none() { return {false, false, false, false, false}; }
 };
 
 struct TrainProgramOptions {

@@ -2,6 +2,7 @@
 // Per-device CUDA state: the compute stream every kernel of the step runs on,
 // the communication stream NCCL runs on, the cuBLAS handle and workspace, and
 // the cuDNN handle.
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <cudnn.h>
@@ -21,6 +22,9 @@ struct DeviceContext {
   cublasHandle_t cublas = nullptr;  // bound to `compute`
   void* cublas_workspace = nullptr;
   size_t cublas_workspace_bytes = 0;
+  // cuBLASLt (GEMMs with a bias epilogue, runtime/cuda/gemm.h), created on first
+  // use; its calls share the cuBLAS workspace, on the same stream.
+  cublasLtHandle_t cublaslt = nullptr;
   // Bound to `compute`, created on first use (cudnn_handle() in cudnn_util.h).
   // No workspace of its own: each cuDNN call takes one from the device allocator.
   cudnnHandle_t cudnn = nullptr;

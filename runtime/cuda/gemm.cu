@@ -6,16 +6,27 @@
 // transpose flags; every leading dimension is a row length of the row-major buffer.
 #include "runtime/cuda/gemm.h"
 
+#include <cublasLt.h>
+
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
+#include <cstring>
+#include <map>
+#include <memory>
 #include <mutex>
+#include <string>
+#include <tuple>
 
 #include "runtime/core/check.h"
 #include "runtime/cuda/cublas_check.h"
 #include "runtime/cuda/cuda_check.h"
+#include "runtime/core/half.h"
+#include "runtime/core/tensor.h"
 #include "runtime/cuda/device_allocator.h"  // DeviceGuard
+#include "runtime/cuda/launch.cuh"
 
 namespace mix::cuda {
 
@@ -142,6 +153,188 @@ void gemm_mixed(DeviceContext& ctx, bool trans_a, bool trans_b, int64_t m, int64
 void gemm(DeviceContext& ctx, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
           const void* b, float beta, void* c, DType dtype, const GemmBatch& batch) {
   gemm_mixed(ctx, trans_a, trans_b, m, n, k, alpha, a, b, beta, c, dtype, dtype, batch);
+}
+
+// ---- gemm_bias: cuBLASLt's bias epilogue ------------------------------------------------
+//
+// In the column-major view above, C^T[n, m] = op(B)^T . A^T: cuBLASLt's "A" is
+// our B ([n, k] read as [k, n] transposed, or [k, n] as [n, k]), its "B" our A,
+// and the bias, of length n, runs down D's rows, which is what
+// CUBLASLT_EPILOGUE_BIAS broadcasts over D's columns.
+
+namespace {
+
+cublasLtHandle_t cublaslt_handle(DeviceContext& ctx) {
+  std::lock_guard<std::mutex> lock(handle_mutex());
+  if (!ctx.cublaslt) {
+    DeviceGuard guard(ctx.device);
+    MIX_CUBLAS_CHECK(cublasLtCreate(&ctx.cublaslt));
+  }
+  return ctx.cublaslt;
+}
+
+// The largest power of two, up to 256, that divides every address: what
+// cuBLASLt may assume of the operands (its default assumes 256).
+uint32_t alignment_of(std::initializer_list<const void*> ptrs) {
+  uint32_t a = 256;
+  for (const void* p : ptrs)
+    while (a > 1 && reinterpret_cast<uintptr_t>(p) % a != 0) a /= 2;
+  return a;
+}
+
+// A shape's descriptors and the algorithm cuBLASLt's heuristic chose, made
+// once (the heuristic costs the host more than the launch); never destroyed,
+// as the convolutions' plans are not.
+struct LtPlan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  size_t workspace = 0;
+  bool usable = false;
+  std::string why;  // when not usable
+};
+
+using LtKey = std::tuple<int, int64_t, int64_t, int64_t, bool, int, int, uint32_t>;
+std::mutex g_lt_mu;
+std::map<LtKey, std::shared_ptr<LtPlan>>& g_lt_plans = *new std::map<LtKey, std::shared_ptr<LtPlan>>;
+std::atomic<uint64_t> g_epilogue_runs{0};
+
+// Sets up `p` for the shape (cuBLASLt's column-major dims: cm x cn = op(B)^T[cm, ck] . A^T[ck, cn]);
+// on failure p.usable stays false and p.why says where.
+void make_lt_plan(cublasLtHandle_t lt, LtPlan& p, bool trans_b, int cm, int cn, int ck, int ld_b, int ld_a,
+                  cudaDataType type, cublasComputeType_t compute, uint32_t alignment, size_t workspace_limit) {
+  auto ok = [&p](cublasStatus_t st, const char* what) {
+    if (st == CUBLAS_STATUS_SUCCESS) return true;
+    p.why = std::string(what) + ": " + cublas_status_text(st);
+    return false;
+  };
+  const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, op_a = CUBLAS_OP_N;
+  const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+  const int32_t bias_type = type;
+  if (!ok(cublasLtMatmulDescCreate(&p.op, compute, CUDA_R_32F), "cublasLtMatmulDescCreate") ||
+      !ok(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_b, sizeof op_b), "TRANSA") ||
+      !ok(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_a, sizeof op_a), "TRANSB") ||
+      !ok(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue),
+          "EPILOGUE") ||
+      !ok(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type),
+          "BIAS_DATA_TYPE"))
+    return;
+  // Each operand as stored: rows x cols with its leading dimension.
+  if (!ok(cublasLtMatrixLayoutCreate(&p.a, type, trans_b ? ck : cm, trans_b ? cm : ck, ld_b), "layout of B") ||
+      !ok(cublasLtMatrixLayoutCreate(&p.b, type, ck, cn, ld_a), "layout of A") ||
+      !ok(cublasLtMatrixLayoutCreate(&p.c, type, cm, cn, cm), "layout of C"))
+    return;
+  cublasLtMatmulPreference_t pref = nullptr;
+  if (!ok(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate")) return;
+  const uint64_t ws = workspace_limit;
+  // As the cuBLAS handle's math mode: split-K partial sums never rounded to a 16-bit C.
+  const uint32_t reductions = CUBLASLT_REDUCTION_SCHEME_MASK & ~CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
+  bool set = ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
+                "MAX_WORKSPACE_BYTES") &&
+             ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reductions,
+                                                     sizeof reductions),
+                "REDUCTION_SCHEME_MASK");
+  for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+    set = set && ok(cublasLtMatmulPreferenceSetAttribute(pref, attr, &alignment, sizeof alignment), "MIN_ALIGNMENT");
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  if (set && ok(cublasLtMatmulAlgoGetHeuristic(lt, p.op, p.a, p.b, p.c, p.c, pref, 1, &result, &found),
+                "cublasLtMatmulAlgoGetHeuristic")) {
+    if (found > 0) {
+      p.algo = result.algo;
+      p.workspace = result.workspaceSize;
+      p.usable = true;
+    } else {
+      p.why = "cuBLASLt's heuristic found no algorithm";
+    }
+  }
+  MIX_CUBLAS_CHECK_NOTHROW(cublasLtMatmulPreferenceDestroy(pref));
+}
+
+// c[i] = round(sums[i] + bias[i % n]) to T: the fallback's epilogue, the
+// same rounding point as cuBLASLt's.
+template <typename T>
+void add_bias_as(const float* sums, const void* bias, void* c, int64_t total, int64_t n, cudaStream_t stream) {
+  const T* b = static_cast<const T*>(bias);
+  T* out = static_cast<T*>(c);
+  launch_grid_stride(total, stream,
+                     [=] __device__(int64_t i) { out[i] = from_float<T>(sums[i] + to_float(b[i % n])); });
+}
+
+void add_bias_and_round(const float* sums, const void* bias, void* c, DType dtype, int64_t rows, int64_t n,
+                        cudaStream_t stream) {
+  switch (dtype) {
+    case DType::f32: return add_bias_as<float>(sums, bias, c, rows * n, n, stream);
+    case DType::f16: return add_bias_as<half_t>(sums, bias, c, rows * n, n, stream);
+    case DType::bf16: return add_bias_as<bf16_t>(sums, bias, c, rows * n, n, stream);
+    default: MIX_FAIL("gemm_bias: dtype " << dtype_name(dtype) << " is not a GEMM type (expected f32, f16 or bf16)");
+  }
+}
+
+}  // namespace
+
+uint64_t gemm_bias_epilogue_runs() { return g_epilogue_runs.load(std::memory_order_relaxed); }
+
+void gemm_bias(DeviceContext& ctx, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
+               const void* b, const void* bias, void* c, DType dtype) {
+  const cudaDataType type = cuda_type(dtype);
+  MIX_CHECK(m >= 0 && n >= 0 && k >= 0, "gemm_bias: negative size m=" << m << " n=" << n << " k=" << k);
+  if (m == 0 || n == 0) return;
+  MIX_CHECK(c && bias && (k == 0 || (a && b)), "gemm_bias: null device pointer (m=" << m << " n=" << n << " k=" << k
+                                                                                 << ")");
+  DeviceGuard on_device(ctx.device);
+  cublas_handle(ctx);  // the workspace, which cuBLASLt's calls share
+  const cudaStream_t stream = ctx.compute.get();
+  const int cm = checked_int(n, "n", m, n, k, 1), cn = checked_int(m, "m", m, n, k, 1);
+  const int ck = checked_int(k, "k", m, n, k, 1);
+  const int ld_b = checked_int(std::max<int64_t>(1, trans_b ? k : n), "ldb", m, n, k, 1);
+  const int ld_a = checked_int(std::max<int64_t>(1, k), "lda", m, n, k, 1);
+  const cublasComputeType_t compute = gemm_compute_type(dtype);
+  const uint32_t alignment = alignment_of({a, b, c});
+  // cuBLASLt reads the bias with vector loads: an unaligned one (never from
+  // the allocator, whose blocks are far more aligned) takes the fallback.
+  const bool bias_aligned = reinterpret_cast<uintptr_t>(bias) % 16 == 0;
+  std::shared_ptr<LtPlan> plan;
+  if (k > 0 && bias_aligned) {
+    const LtKey key{ctx.device, m, n, k, trans_b, static_cast<int>(dtype), static_cast<int>(compute), alignment};
+    std::lock_guard<std::mutex> lock(g_lt_mu);
+    auto it = g_lt_plans.find(key);
+    if (it == g_lt_plans.end()) {
+      auto fresh = std::make_shared<LtPlan>();
+      make_lt_plan(cublaslt_handle(ctx), *fresh, trans_b, cm, cn, ck, ld_b, ld_a, type, compute, alignment,
+                   ctx.cublas_workspace_bytes);
+      if (!fresh->usable)
+        log_warning("gemm_bias: no cuBLASLt bias epilogue for " + std::to_string(m) + " x " + std::to_string(n) +
+                    " x " + std::to_string(k) + " " + std::string(dtype_name(dtype)) + " (" + fresh->why +
+                    "); adding the bias in a kernel of its own");
+      it = g_lt_plans.emplace(key, fresh).first;
+    }
+    plan = it->second;
+  }
+  if (plan && plan->usable) {
+    const float beta = 0.f;
+    cublasStatus_t st = cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmul(cublaslt_handle(ctx), plan->op, &alpha, b, plan->a, a, plan->b, &beta, c, plan->c, c,
+                          plan->c, &plan->algo, ctx.cublas_workspace, plan->workspace, stream);
+    if (st == CUBLAS_STATUS_SUCCESS) {
+      g_epilogue_runs.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &capture) == cudaSuccess && capture != cudaStreamCaptureStatusNone)
+      MIX_CUBLAS_CHECK(st);  // an invalidated recording refuses everything: the recording gives up
+    log_warning("gemm_bias: cuBLASLt refused its plan for " + std::to_string(m) + " x " + std::to_string(n) + " x " +
+                std::to_string(k) + " " + std::string(dtype_name(dtype)) + " (" + cublas_status_text(st) +
+                "); adding the bias in a kernel of its own from now on");
+    std::lock_guard<std::mutex> lock(g_lt_mu);
+    plan->usable = false;
+  }
+  // The fallback: FP32 sums in scratch (beta 0; k == 0 writes zeros), then the bias and the one rounding.
+  Tensor sums = Tensor::empty({m * n}, DType::f32, Device{DeviceKind::cuda, ctx.device});
+  gemm_mixed(ctx, false, trans_b, m, n, k, alpha, a, b, 0.f, sums.raw(), dtype, DType::f32);
+  add_bias_and_round(sums.data<float>(), bias, c, dtype, m, n, stream);
 }
 
 }  // namespace mix::cuda

@@ -54,4 +54,19 @@ void gemm_mixed(DeviceContext& ctx, bool trans_a, bool trans_b, int64_t m, int64
                 const void* a, const void* b, float beta, void* c, DType ab_dtype, DType c_dtype,
                 const GemmBatch& batch = {});
 
+/// Row-major C[m, n] = alpha * A[m, k] . op(B) + bias[n], op(B) = B[k, n] or,
+/// with trans_b, B[n, k] transposed; A, B, bias and C of `dtype`, device
+/// buffers, enqueued on ctx.compute. The bias is added to the FP32 sums before
+/// C's one rounding: cuBLASLt's bias epilogue (CUBLASLT_EPILOGUE_BIAS), as
+/// PyTorch's addmm adds a linear layer's bias. Where cuBLASLt offers no
+/// algorithm for the shape, or refuses to run one, the same numbers come from
+/// a GEMM into FP32 scratch and a kernel that adds the bias and rounds (warned
+/// once per shape). Throws as gemm() does.
+void gemm_bias(DeviceContext& ctx, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
+               const void* b, const void* bias, void* c, DType dtype);
+
+/// gemm_bias calls that ran on cuBLASLt's epilogue in this process (tests
+/// tell by it which path ran).
+uint64_t gemm_bias_epilogue_runs();
+
 }  // namespace mix::cuda

@@ -1,4 +1,4 @@
-// [cuda] The cuBLAS GEMM ops (mul, mul_grad, matmul, matmul_grad) on cuda:0
+// [cuda] The cuBLAS GEMM ops (mul, mul_grad, matmul, matmul_grad, fused_matmul_bias) on cuda:0
 // against their CPU kernels, as one-op Programs run by the Executor on each
 // device with the same inputs, in f32, f16 and bf16, over odd sizes, every
 // transpose combination, batch dims, a shared 2-D Y and alpha.
@@ -45,6 +45,7 @@
 
 #ifdef MIX_HAVE_CUDA
 #include "runtime/cuda/context.h"
+#include "runtime/cuda/gemm.h"
 #endif
 
 using namespace mix;
@@ -141,10 +142,14 @@ struct Precision {
 Precision precision_of(DType dt, bool tf32) {
   const double u24 = std::ldexp(1.0, -24), u23 = std::ldexp(1.0, -23);
   switch (dt) {
-    case DType::f32: return {u24 + (tf32 ? u23 : u24), u23, 0.0};
-    case DType::f16: return {u24 + u23, u23 + std::ldexp(1.0, -10), std::ldexp(1.0, -24)};
-    case DType::bf16: return {u24 + u23, u23 + std::ldexp(1.0, -7), 0.0};
-    default: FAIL("no GEMM precision for " << dtype_name(dt));
+    case DType::f32:
+      return {u24 + (tf32 ? u23 : u24), u23, 0.0};
+    case DType::f16:
+      return {u24 + u23, u23 + std::ldexp(1.0, -10), std::ldexp(1.0, -24)};
+    case DType::bf16:
+      return {u24 + u23, u23 + std::ldexp(1.0, -7), 0.0};
+    default:
+      FAIL("no GEMM precision for " << dtype_name(dt));
   }
   return {};
 }
@@ -169,11 +174,10 @@ void expect_gemm_close(const Tensor& got, const Tensor& ref, const Tensor& mag, 
       worst = i;
     }
   }
-  if (std::getenv("MIX_GRADCHECK_VERBOSE"))
-    std::printf("%-70s worst err/tol %.3g\n", what.c_str(), worst_ratio);
+  if (std::getenv("MIX_GRADCHECK_VERBOSE")) std::printf("%-70s worst err/tol %.3g\n", what.c_str(), worst_ratio);
   INFO(bad << " of " << g.size() << " elements outside the tolerance; worst at " << worst << ": gpu "
-            << (g.empty() ? 0.f : g[worst]) << " cpu " << (r.empty() ? 0.f : r[worst]) << " mag "
-            << (m.empty() ? 0.f : m[worst]) << " (err/tol " << worst_ratio << ")");
+           << (g.empty() ? 0.f : g[worst]) << " cpu " << (r.empty() ? 0.f : r[worst]) << " mag "
+           << (m.empty() ? 0.f : m[worst]) << " (err/tol " << worst_ratio << ")");
   CHECK(bad == 0);
 }
 
@@ -202,8 +206,8 @@ struct MulCase {
   int64_t out;
 };
 const MulCase kMulCases[] = {
-    {{1, 1}, 1, 1},     {{7, 13}, 1, 5},     {{33, 65}, 1, 17},     {{2, 5, 7}, 2, 3},
-    {{4, 3, 5}, 1, 9},  {{128, 257}, 1, 96}, {{300, 1024}, 1, 130},
+    {{1, 1}, 1, 1},    {{7, 13}, 1, 5},     {{33, 65}, 1, 17},     {{2, 5, 7}, 2, 3},
+    {{4, 3, 5}, 1, 9}, {{128, 257}, 1, 96}, {{300, 1024}, 1, 130},
 };
 
 std::string mul_name(const MulCase& c) {
@@ -268,8 +272,8 @@ std::vector<MatmulCase> matmul_cases() {
   size_t i = 0;
   for (auto& s : sizes)
     for (auto& b : batches)
-      for (int t = 0; t < 4; ++t, ++i) r.push_back({b.batch, b.shared, s.m, s.k, s.n, (t & 1) != 0, (t & 2) != 0,
-                                                     alphas[i % 3]});
+      for (int t = 0; t < 4; ++t, ++i)
+        r.push_back({b.batch, b.shared, s.m, s.k, s.n, (t & 1) != 0, (t & 2) != 0, alphas[i % 3]});
   return r;
 }
 
@@ -319,6 +323,55 @@ TEST_CASE("CUDA matmul: K = 0 gives zeros, like the CPU kernel", "[cuda][gemm][m
   }
 }
 
+static uint64_t epilogue_runs() {
+#ifdef MIX_HAVE_CUDA
+  return cuda::gemm_bias_epilogue_runs();
+#else
+  return 0;
+#endif
+}
+
+TEST_CASE("CUDA fused_matmul_bias matches the CPU kernel, on cuBLASLt's bias epilogue", "[cuda][gemm][matmul]") {
+  require_gpu();
+  // The bias is one more term of each sum (K + 1), its magnitude in mag. Odd
+  // sizes, batch dims, alpha, transpose_Y or not, K = 0 (the bias alone), and
+  // two linear layers of the Transformer's shapes, which must take cuBLASLt's
+  // epilogue (the others may take the fallback: FP32 sums, then a kernel).
+  struct Case {
+    Shape batch;
+    int64_t m, k, n;
+    bool ty;
+    double alpha;
+    bool epilogue;  // must run on cuBLASLt's epilogue
+  };
+  const Case cases[] = {
+      {{}, 1, 1, 1, false, 1.0, false},        {{3}, 5, 7, 3, true, 0.5, false},
+      {{2, 3}, 17, 33, 9, false, -1.5, false}, {{2, 4}, 64, 128, 96, true, 1.0, true},
+      {{4}, 64, 512, 1536, true, 1.0, true},   {{3}, 8, 0, 16, true, 1.0, false},
+  };
+  uint64_t seed = 9000;
+  for (DType dt : kDtypes) {
+    for (const Case& c : cases) {
+      Shape xs = c.batch, os = c.batch;
+      xs.insert(xs.end(), {c.m, c.k});
+      os.insert(os.end(), {c.m, c.n});
+      const Tensor x = random_input(xs, dt, seed += 10),
+                   y = random_input(c.ty ? Shape{c.n, c.k} : Shape{c.k, c.n}, dt, seed + 1);
+      const Tensor b = random_input({c.n}, dt, seed + 2);
+      const std::string what = "fused_matmul_bias batch" + shape_str(c.batch) + " m=" + std::to_string(c.m) +
+                               " k=" + std::to_string(c.k) + " n=" + std::to_string(c.n) + (c.ty ? " tY" : "");
+      const uint64_t before = epilogue_runs();
+      compare_devices({"fused_matmul_bias",
+                       {{"X", x}, {"Y", y}, {"Bias", b}},
+                       {"Out"},
+                       {{"transpose_Y", c.ty}, {"alpha", c.alpha}}},
+                      {{"Out", c.k + 1}}, what);
+      INFO(what << " " << dtype_name(dt));
+      if (c.epilogue) CHECK(epilogue_runs() > before);
+    }
+  }
+}
+
 TEST_CASE("CUDA FP32 GEMMs use TF32 only under --allow-tf32", "[cuda][gemm][tf32]") {
   require_gpu();
   REQUIRE_FALSE(tf32_allowed());  // the default
@@ -354,7 +407,7 @@ TEST_CASE("CUDA GEMM ops name a tensor on the wrong device", "[cuda][gemm][error
   p.add_var(var_desc("y", {4, 5}, DType::f32));
   p.append_op(make_op("matmul", {{"X", {"x"}}, {"Y", {"y"}}}, {{"Out", {"o"}}}));
   Scope scope;
-  scope.set("x", x);            // left on the host
+  scope.set("x", x);  // left on the host
   scope.set("y", y.to(kGpu));
   ExecEnv env;
   env.device = kGpu;

@@ -63,6 +63,7 @@ const std::vector<std::string> kStepOrder = {"amp::rewrite",
                                              "recompute_softmax",
                                              "fuse_add_relu",
                                              "amp::fuse_param_casts",
+                                             "fuse_matmul_bias",
                                              "fuse_bn_relu"};
 
 }  // namespace
@@ -105,7 +106,7 @@ TEST_CASE("the pipeline runs the AMP step's passes in order, each once", "[train
   const std::string listed = t.describe_passes();
   CHECK(listed.rfind("passes, in order", 0) == 0);
   CHECK_THAT(listed, Catch::Contains("  1. amp::rewrite") && Catch::Contains("(amp/rewrite.cc)") &&
-                         Catch::Contains("  20. fuse_bn_relu"));
+                         Catch::Contains("  21. fuse_bn_relu"));
 }
 
 TEST_CASE("in FP32 the AMP passes are off, and the list says why", "[train_program]") {
@@ -122,7 +123,7 @@ TEST_CASE("in FP32 the AMP passes are off, and the list says why", "[train_progr
     CHECK(pass(t, amp_pass).off_by == "--precision fp32");
   }
   for (const std::string step : {"seed_loss_gradient", "append_backward", "insert_grad_allreduce", "optimizer",
-                                 "recompute_softmax", "fuse_add_relu", "fuse_bn_relu"})
+                                 "recompute_softmax", "fuse_add_relu", "fuse_matmul_bias", "fuse_bn_relu"})
     CHECK(pass(t, step).ran);
   CHECK(pass(t, "insert_grad_allreduce").name == "insert_grad_allreduce: gradient all-reduce in fp32");
   CHECK(t.found_inf.empty());
@@ -148,6 +149,7 @@ TEST_CASE("each flag that turns a pass off is named in the list, and the pass le
   CHECK(pass(t, "amp::fold_casts_into_producers").off_by == "--no-fold-casts");
   CHECK(pass(t, "recompute_softmax").off_by == "--store-softmax");
   CHECK(pass(t, "fuse_add_relu").off_by == "--no-fuse-add-relu");
+  CHECK(pass(t, "fuse_matmul_bias").off_by == "--no-fuse-matmul-bias");
   CHECK(pass(t, "amp::fuse_param_casts").off_by == "--no-fuse-param-casts");
   CHECK(pass(t, "fuse_bn_relu").off_by == "--no-fuse-bn-relu");
   // The ops they would have fused are still there, and more of them.

@@ -37,6 +37,7 @@ struct TrainOptions {
   bool fuse_bn_relu = true;
   bool recompute_softmax = true;
   bool fuse_param_casts = true;   // AMP only
+  bool fuse_matmul_bias = true;
   Device device = cpu_device();
   int steps = 2;
   int64_t batch = 3;
@@ -74,7 +75,7 @@ inline TrainedModel train_steps(models::Model model, const TrainOptions& o) {
   po.precision = !o.amp ? amp::Precision::fp32 : o.low == DType::bf16 ? amp::Precision::bf16 : amp::Precision::amp;
   po.amp.fold_casts = o.fold_casts;
   po.amp.inject = o.inject;
-  po.passes = {o.recompute_softmax, o.fuse_add_relu, o.fuse_param_casts, o.fuse_bn_relu};
+  po.passes = {o.recompute_softmax, o.fuse_add_relu, o.fuse_param_casts, o.fuse_bn_relu, o.fuse_matmul_bias};
   r.train = launch::build_train_program(r.model.program, r.model.loss, po);
   const std::set<std::string>& keep = r.train.read_back;
 
