@@ -108,29 +108,31 @@ class TransformerBuilder {
   std::string attention(const std::string& prefix, const std::string& x, double proj_std) {
     const int64_t d = c_.d_model, heads = c_.heads, hd = d / heads;
     const std::string qkv = linear(prefix + ".c_attn", x, d, 3 * d, kStd);  // [B, T, 3d]
-    std::vector<std::string> parts{p_.unique_name(prefix + ".q"), p_.unique_name(prefix + ".k"),
-                                   p_.unique_name(prefix + ".v")};
-    p_.append_op(make_op("split", {{"X", {qkv}}}, {{"Out", parts}}, {{"axis", int64_t{-1}}, {"num", int64_t{3}}}));
-    // fused_attention reads the heads where the projection left them, [B, T,
-    // heads, hd] (its "bthd" layout: no copies); the unfused ops want [B,
-    // heads, T, hd], through transposes each way.
-    const bool fused = c_.uses_fused_attention();
-    std::vector<std::string> heads_of(3);
-    for (size_t i = 0; i < 3; ++i) {
-      const std::string split =
-          unary("reshape2", parts[i], parts[i] + ".heads", {{"shape", std::vector<int64_t>{0, 0, heads, hd}}});
-      heads_of[i] =
-          fused ? split : unary("transpose2", split, parts[i] + ".bhtd", {{"axis", std::vector<int64_t>{0, 2, 1, 3}}});
-    }
     const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
     std::string merged;  // [B, T, heads, hd]
-    if (fused) {
+    if (c_.uses_fused_attention()) {
+      // fused_attention reads q, k and v where the projection left them, as
+      // one [B, T, 3, heads, hd] tensor (attr layout "bthd", input QKV: no
+      // split, no transposes; cuDNN reads it through strides), and writes
+      // [B, T, heads, hd] for c_proj.
+      const std::string packed =
+          unary("reshape2", qkv, prefix + ".qkv_heads", {{"shape", std::vector<int64_t>{0, 0, 3, heads, hd}}});
       merged = p_.unique_name(prefix + ".context");
-      p_.append_op(make_op("fused_attention", {{"Q", {heads_of[0]}}, {"K", {heads_of[1]}}, {"V", {heads_of[2]}}},
+      p_.append_op(make_op("fused_attention", {{"QKV", {packed}}},
                            {{"Out", {merged}}, {"LSE", {p_.unique_name(prefix + ".lse")}}},
                            {{"scale", scale}, {"causal", true}, {"layout", std::string("bthd")}}));
     } else {
-      // scores [B, heads, T, T] = q k^T / sqrt(hd)
+      // The reference: q, k, v split and moved to [B, heads, T, hd], scores
+      // [B, heads, T, T] = q k^T / sqrt(hd), the causal softmax, its product with v.
+      std::vector<std::string> parts{p_.unique_name(prefix + ".q"), p_.unique_name(prefix + ".k"),
+                                     p_.unique_name(prefix + ".v")};
+      p_.append_op(make_op("split", {{"X", {qkv}}}, {{"Out", parts}}, {{"axis", int64_t{-1}}, {"num", int64_t{3}}}));
+      std::vector<std::string> heads_of(3);
+      for (size_t i = 0; i < 3; ++i) {
+        const std::string split =
+            unary("reshape2", parts[i], parts[i] + ".heads", {{"shape", std::vector<int64_t>{0, 0, heads, hd}}});
+        heads_of[i] = unary("transpose2", split, parts[i] + ".bhtd", {{"axis", std::vector<int64_t>{0, 2, 1, 3}}});
+      }
       const std::string scores = p_.unique_name(prefix + ".scores");
       p_.append_op(make_op("matmul", {{"X", {heads_of[0]}}, {"Y", {heads_of[1]}}}, {{"Out", {scores}}},
                            {{"transpose_Y", true}, {"alpha", scale}}));

@@ -46,8 +46,8 @@ bool attention_graph_applies(const AttentionGraphShape& s, std::initializer_list
   if (s.d % 8 != 0 || s.d > 256) return false;
   // cuDNN's dims and strides are int64, but its kernels index in int32.
   constexpr int64_t kInt32 = INT32_MAX;
-  const int64_t rows = s.heads * std::max(s.t_q, s.t_k);
-  if (s.batch * s.heads > kInt32 || rows * s.d > kInt32 || s.batch * rows > kInt32) return false;
+  const int64_t per_batch = s.heads * std::max(s.t_q, s.t_k) * s.d * (s.packed ? 3 : 1);
+  if (s.batch * s.heads > kInt32 || per_batch > kInt32 || s.batch * per_batch > kInt32) return false;
   for (const void* p : tensors)
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
   static const bool capable = compute_capability_8_or_more();
@@ -84,6 +84,13 @@ std::vector<int64_t> data_strides(const AttentionGraphShape& s, int64_t tokens) 
   if (s.tokens_first) return {tokens * h * d, d, h * d, 1};
   return {h * tokens * d, tokens * d, d, 1};
 }
+// Q, K and V (and their gradients): packed, a row of the [batch, tokens, 3,
+// heads, head_dim] tensor holds all three.
+std::vector<int64_t> qkv_strides(const AttentionGraphShape& s, int64_t tokens) {
+  if (!s.packed) return data_strides(s, tokens);
+  const int64_t h = s.heads, d = s.d;
+  return {tokens * 3 * h * d, d, 3 * h * d, 1};
+}
 std::vector<int64_t> stats_dims(const AttentionGraphShape& s) { return {s.batch, s.heads, s.t_q, 1}; }
 std::vector<int64_t> stats_strides(const AttentionGraphShape& s) { return {s.heads * s.t_q, s.t_q, 1, 1}; }
 
@@ -113,14 +120,14 @@ std::shared_ptr<Graph> describe_graph(const AttentionGraphShape& s, int target_s
   g->set_io_data_type(fe_type(s.dtype))
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
-  auto input = [&](const char* name, Uid uid, int64_t tokens) {
+  auto input = [&](const char* name, Uid uid, int64_t tokens, bool part_of_qkv) {
     return g->tensor(Tensor_attributes()
                          .set_name(name)
                          .set_uid(uid)
                          .set_dim(data_dims(s, tokens))
-                         .set_stride(data_strides(s, tokens)));
+                         .set_stride(part_of_qkv ? qkv_strides(s, tokens) : data_strides(s, tokens)));
   };
-  auto q = input("Q", kQ, s.t_q), k = input("K", kK, s.t_k), v = input("V", kV, s.t_k);
+  auto q = input("Q", kQ, s.t_q, true), k = input("K", kK, s.t_k, true), v = input("V", kV, s.t_k, true);
   if (!s.backward) {
     auto attributes =
         fe::graph::SDPA_attributes().set_name("fused_attention").set_generate_stats(true).set_attn_scale(s.scale);
@@ -133,7 +140,7 @@ std::shared_ptr<Graph> describe_graph(const AttentionGraphShape& s, int target_s
         .set_dim(stats_dims(s))
         .set_stride(stats_strides(s));
   } else {
-    auto out = input("Out", kOut, s.t_q), dout = input("dOut", kDOut, s.t_q);
+    auto out = input("Out", kOut, s.t_q, false), dout = input("dOut", kDOut, s.t_q, false);
     auto lse = g->tensor(Tensor_attributes()
                              .set_name("LSE")
                              .set_uid(kLse)
@@ -146,9 +153,9 @@ std::shared_ptr<Graph> describe_graph(const AttentionGraphShape& s, int target_s
                           .set_deterministic_algorithm(true);
     set_mask(s, attributes);
     auto [dq, dk, dv] = g->sdpa_backward(q, k, v, out, dout, lse, attributes);
-    dq->set_output(true).set_uid(kDQ).set_dim(data_dims(s, s.t_q)).set_stride(data_strides(s, s.t_q));
-    dk->set_output(true).set_uid(kDK).set_dim(data_dims(s, s.t_k)).set_stride(data_strides(s, s.t_k));
-    dv->set_output(true).set_uid(kDV).set_dim(data_dims(s, s.t_k)).set_stride(data_strides(s, s.t_k));
+    dq->set_output(true).set_uid(kDQ).set_dim(data_dims(s, s.t_q)).set_stride(qkv_strides(s, s.t_q));
+    dk->set_output(true).set_uid(kDK).set_dim(data_dims(s, s.t_k)).set_stride(qkv_strides(s, s.t_k));
+    dv->set_output(true).set_uid(kDV).set_dim(data_dims(s, s.t_k)).set_stride(qkv_strides(s, s.t_k));
   }
   return g;
 }
@@ -177,20 +184,31 @@ std::string describe(const AttentionGraphShape& s) {
   return std::string(s.backward ? "backward" : "forward") + " pass of " + std::string(dtype_name(s.dtype)) +
          " attention, batch " + std::to_string(s.batch) + " x " + std::to_string(s.heads) + " heads of " +
          std::to_string(s.t_q) + " queries and " + std::to_string(s.t_k) + " keys, head_dim " + std::to_string(s.d) +
-         (s.tokens_first ? ", tokens first" : "") + (s.causal ? ", causal" : "");
+         (s.packed         ? ", packed"
+          : s.tokens_first ? ", tokens first"
+                           : "") +
+         (s.causal ? ", causal" : "");
 }
 
-using Key = std::tuple<bool, int, int64_t, int64_t, int64_t, int64_t, int64_t, bool, uint32_t, bool, int, uintptr_t>;
+using Key =
+    std::tuple<bool, int, int64_t, int64_t, int64_t, int64_t, int64_t, bool, uint32_t, bool, bool, int, uintptr_t>;
 
 Key key_of(const AttentionGraphShape& s, Device device, cudnnHandle_t handle) {
   uint32_t scale_bits = 0;
   std::memcpy(&scale_bits, &s.scale, sizeof scale_bits);
-  return {s.backward,   static_cast<int>(s.dtype),
-          s.batch,      s.heads,
-          s.t_q,        s.t_k,
-          s.d,          s.causal,
-          scale_bits,   s.tokens_first,
-          device.index, reinterpret_cast<uintptr_t>(handle)};
+  return {s.backward,
+          static_cast<int>(s.dtype),
+          s.batch,
+          s.heads,
+          s.t_q,
+          s.t_k,
+          s.d,
+          s.causal,
+          scale_bits,
+          s.tokens_first,
+          s.packed,
+          device.index,
+          reinterpret_cast<uintptr_t>(handle)};
 }
 
 std::mutex g_mu;

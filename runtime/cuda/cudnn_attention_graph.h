@@ -43,8 +43,10 @@ namespace mix::cuda {
 /// One pass of fused_attention as cuDNN sees it: batch x heads independent
 /// problems of t_q queries against t_k keys of head_dim d. Q, Out, dOut and
 /// dQ are [batch, heads, t_q, d] (K, V, dK, dV with t_k), or with
-/// tokens_first [batch, t_q, heads, d], dense either way; LSE is [batch,
-/// heads, t_q], FP32.
+/// tokens_first [batch, t_q, heads, d], dense either way; with packed (tokens
+/// first, t_q = t_k) Q, K and V, and dQ, dK and dV, are the three parts of one
+/// [batch, t_q, 3, heads, d] tensor each (rows 3 * heads * d apart, the
+/// parts heads * d). LSE is [batch, heads, t_q], FP32.
 struct AttentionGraphShape {
   bool backward = false;
   DType dtype = DType::f16;
@@ -52,6 +54,7 @@ struct AttentionGraphShape {
   bool causal = false;
   float scale = 1.f;
   bool tokens_first = false;
+  bool packed = false;
 };
 
 /// Whether the SDPA path was compiled in (the frontend's headers found).

@@ -11,6 +11,9 @@
 //           layout (default "bhtd", as above; "bthd": Q, Out [B, T, H, D], K, V
 //           [B, S, H, D], LSE [B, H, T], which the Transformer's projections
 //           give with no transpose; the values are the same either way)
+//   or      QKV [B, T, 3, H, D] instead of Q, K and V (layout "bthd" only): the
+//           Transformer's [B, T, 3 * H * D] projection reshaped, no split; its
+//           gradient is QKV@GRAD
 // Grad (fused_attention_grad): inputs Q, K, V, Out, LSE, Out@GRAD; outputs
 // Q@GRAD, K@GRAD, V@GRAD (each only when wanted). It recomputes the
 // probabilities from Q, K and LSE (p = exp(s - lse)) a tile of queries at a
@@ -55,6 +58,15 @@ using attention_rules::lse_shape;
 constexpr int64_t kQueryTile = 64;
 
 void infer_fused_attention(Program& p, OpDesc& op) {
+  if (attention_rules::packed(op)) {
+    const VarDesc& qkv = p.var(op.in("QKV"));
+    attention_rules::check_packed(op, qkv.shape);
+    MIX_CHECK(is_floating(qkv.dtype), "fused_attention: QKV must be of a float dtype, got " << dtype_name(qkv.dtype));
+    const Shape q = attention_rules::unpacked_shape(qkv.shape);
+    declare_var(p, op.out("Out"), q, qkv.dtype);
+    if (!op.out_or_empty("LSE").empty()) declare_var(p, op.out("LSE"), lse_shape(op, q), DType::f32);
+    return;
+  }
   const VarDesc& q = p.var(op.in("Q"));
   const VarDesc& k = p.var(op.in("K"));
   const VarDesc& v = p.var(op.in("V"));
@@ -82,6 +94,43 @@ const float* heads_first_f32(const Tensor& t, int slot, const AttentionDims& a, 
   copy.resize(static_cast<size_t>(t.numel()));
   swap_dims_1_and_2(f, copy.data(), s[0], s[1], s[2], s[3]);
   return copy.data();
+}
+
+// The op's Q, K and V widened to FP32 and heads first, each [groups, tokens,
+// D]: views of the inputs, or copies held in `copies`. A packed QKV [B, T, 3,
+// H, D] gives three copies.
+struct HeadsFirstQkv {
+  const float* part[3];
+  std::vector<float> copies[3];
+};
+void heads_first_qkv(const OpContext& ctx, const AttentionDims& a, HeadsFirstQkv& r) {
+  if (!a.packed) {
+    int slot = 0;
+    for (const char* name : {"Q", "K", "V"}) {
+      r.part[slot] = heads_first_f32(ctx.in(name), slot, a, r.copies[slot]);
+      ++slot;
+    }
+    return;
+  }
+  const Tensor& qkv = ctx.in("QKV");
+  const float* f = cpu::as_f32(qkv, 0);
+  const int64_t b_count = qkv.shape()[0], t_count = a.t_q, h_count = a.heads, d = a.d;
+  for (int64_t p = 0; p < 3; ++p) {
+    std::vector<float>& dst = r.copies[p];
+    dst.resize(static_cast<size_t>(b_count * h_count * t_count * d));
+    for (int64_t b = 0; b < b_count; ++b)
+      for (int64_t t = 0; t < t_count; ++t)
+        for (int64_t h = 0; h < h_count; ++h)
+          std::copy_n(f + (((b * t_count + t) * 3 + p) * h_count + h) * d, d,
+                      dst.data() + ((b * h_count + h) * t_count + t) * d);
+    r.part[p] = dst.data();
+  }
+}
+
+// The problem's dims from the op's inputs (packed or not).
+AttentionDims attention_dims(const OpContext& ctx) {
+  if (attention_rules::packed(ctx.op)) return attention_rules::dims_of_packed(ctx.op, ctx.in("QKV"));
+  return dims_of(ctx.op, ctx.in("Q"), ctx.in("K"), ctx.in("V"));
 }
 
 // Rounds `heads_first` ([groups, tokens, D], FP32) into `t`, in t's layout.
@@ -114,15 +163,14 @@ void tile_scores(const AttentionDims& a, const QueryTile& t, const float* q, con
 }
 
 void fused_attention_cpu(OpContext& ctx) {
-  const Tensor& q_t = ctx.in("Q");
-  const Tensor& k_t = ctx.in("K");
-  const Tensor& v_t = ctx.in("V");
-  const AttentionDims a = dims_of(ctx.op, q_t, k_t, v_t);
-  Tensor& out_t = ctx.out("Out", q_t.shape(), q_t.dtype());
+  const AttentionDims a = attention_dims(ctx);
+  const Tensor& q_or_qkv = ctx.in(a.packed ? "QKV" : "Q");
+  const Shape q_shape = attention_rules::q_shape_of(ctx.op, q_or_qkv.shape());
+  Tensor& out_t = ctx.out("Out", q_shape, q_or_qkv.dtype());
   std::vector<float> lse_tmp;
   float* lse = nullptr;
   if (ctx.wants("LSE")) {
-    lse = ctx.out("LSE", lse_shape(ctx.op, q_t.shape()), DType::f32).data<float>();
+    lse = ctx.out("LSE", lse_shape(ctx.op, q_shape), DType::f32).data<float>();
   } else {
     lse_tmp.resize(static_cast<size_t>(a.groups * a.t_q));
     lse = lse_tmp.data();
@@ -130,10 +178,9 @@ void fused_attention_cpu(OpContext& ctx) {
   // FP32 views: the tensors themselves when f32 and heads first, else widened
   // or moved copies (cpu::sgemm takes no scratch of its own, so every slot is
   // free here).
-  std::vector<float> q_copy, k_copy, v_copy;
-  const float* q = heads_first_f32(q_t, 0, a, q_copy);
-  const float* k = heads_first_f32(k_t, 1, a, k_copy);
-  const float* v = heads_first_f32(v_t, 2, a, v_copy);
+  HeadsFirstQkv in;
+  heads_first_qkv(ctx, a, in);
+  const float *q = in.part[0], *k = in.part[1], *v = in.part[2];
   std::vector<float> out(static_cast<size_t>(out_t.numel()));
   std::vector<float> s, acc, sum_exp;
   for (int64_t g = 0; g < a.groups; ++g) {
@@ -169,24 +216,24 @@ void fused_attention_cpu(OpContext& ctx) {
 }
 
 void fused_attention_grad_cpu(OpContext& ctx) {
-  const Tensor& q_t = ctx.in("Q");
-  const Tensor& k_t = ctx.in("K");
-  const Tensor& v_t = ctx.in("V");
   const Tensor& o_t = ctx.in("Out");
   const Tensor& lse_t = ctx.in("LSE");
   const Tensor& do_t = ctx.in("Out@GRAD");
-  const AttentionDims a = dims_of(ctx.op, q_t, k_t, v_t);
-  attention_rules::check_grad_inputs(ctx.op, q_t, o_t, lse_t, do_t);
-  std::vector<float> q_copy, k_copy, v_copy, o_copy, do_copy;
-  const float* q = heads_first_f32(q_t, 0, a, q_copy);
-  const float* k = heads_first_f32(k_t, 1, a, k_copy);
-  const float* v = heads_first_f32(v_t, 2, a, v_copy);
+  const AttentionDims a = attention_dims(ctx);
+  const Tensor& q_or_qkv = ctx.in(a.packed ? "QKV" : "Q");
+  attention_rules::check_grad_inputs(ctx.op, attention_rules::q_shape_of(ctx.op, q_or_qkv.shape()), q_or_qkv.dtype(),
+                                     o_t, lse_t, do_t);
+  HeadsFirstQkv in;
+  heads_first_qkv(ctx, a, in);
+  const float *q = in.part[0], *k = in.part[1], *v = in.part[2];
+  std::vector<float> o_copy, do_copy;
   const float* o = heads_first_f32(o_t, 3, a, o_copy);
   const float* dout = heads_first_f32(do_t, 4, a, do_copy);
   const float* lse = lse_t.data<float>();
   // FP32 accumulators of the three gradients, rounded once on store.
-  std::vector<float> dq(static_cast<size_t>(q_t.numel())), dk(static_cast<size_t>(k_t.numel()), 0.f),
-      dv(static_cast<size_t>(v_t.numel()), 0.f);
+  const size_t q_elems = static_cast<size_t>(a.groups * a.t_q * a.d),
+               kv_elems = static_cast<size_t>(a.groups * a.t_k * a.d);
+  std::vector<float> dq(q_elems), dk(kv_elems, 0.f), dv(kv_elems, 0.f);
   std::vector<float> p, ds;
   for (int64_t g = 0; g < a.groups; ++g) {
     const float* qg = q + g * a.t_q * a.d;
@@ -226,6 +273,25 @@ void fused_attention_grad_cpu(OpContext& ctx) {
       cpu::sgemm(true, false, t.keys, a.d, t.rows, a.scale, ds.data(), q_tile, 1.f, dkg);   // dK += scale dS^T Q
     }
   }
+  if (a.packed) {
+    if (!ctx.wants("QKV@GRAD")) return;
+    // dQ, dK and dV back into [B, T, 3, H, D].
+    const Tensor& qkv = ctx.in("QKV");
+    const int64_t b_count = qkv.shape()[0], t_count = a.t_q, h_count = a.heads, d = a.d;
+    std::vector<float> packed(static_cast<size_t>(qkv.numel()));
+    const std::vector<float>* parts[3] = {&dq, &dk, &dv};
+    for (int64_t part = 0; part < 3; ++part)
+      for (int64_t b = 0; b < b_count; ++b)
+        for (int64_t t = 0; t < t_count; ++t)
+          for (int64_t h = 0; h < h_count; ++h)
+            std::copy_n(parts[part]->data() + ((b * h_count + h) * t_count + t) * d, d,
+                        packed.data() + (((b * t_count + t) * 3 + part) * h_count + h) * d);
+    cpu::store_f32(packed.data(), ctx.out("QKV@GRAD", qkv.shape(), qkv.dtype()));
+    return;
+  }
+  const Tensor& q_t = ctx.in("Q");
+  const Tensor& k_t = ctx.in("K");
+  const Tensor& v_t = ctx.in("V");
   if (ctx.wants("Q@GRAD")) store_from_heads_first(dq, ctx.out("Q@GRAD", q_t.shape(), q_t.dtype()), a);
   if (ctx.wants("K@GRAD")) store_from_heads_first(dk, ctx.out("K@GRAD", k_t.shape(), k_t.dtype()), a);
   if (ctx.wants("V@GRAD")) store_from_heads_first(dv, ctx.out("V@GRAD", v_t.shape(), v_t.dtype()), a);
@@ -234,20 +300,21 @@ void fused_attention_grad_cpu(OpContext& ctx) {
 std::vector<OpDesc> fused_attention_grad_maker(const OpDesc& fwd, GradContext& g) {
   const std::string dout = g.grad_of_output(fwd.out("Out"));
   if (dout.empty()) return {};
-  std::map<std::string, std::vector<std::string>> outs;
-  for (const char* slot : {"Q", "K", "V"})
-    if (const std::string d = g.grad_for_input(fwd.in(slot)); !d.empty()) outs[std::string(slot) + "@GRAD"] = {d};
+  const bool packed = attention_rules::packed(fwd);
+  const std::vector<std::string> slots =
+      packed ? std::vector<std::string>{"QKV"} : std::vector<std::string>{"Q", "K", "V"};
+  std::map<std::string, std::vector<std::string>> ins, outs;
+  for (const std::string& slot : slots) {
+    ins[slot] = {fwd.in(slot)};
+    if (const std::string d = g.grad_for_input(fwd.in(slot)); !d.empty()) outs[slot + "@GRAD"] = {d};
+  }
   if (outs.empty()) return {};
   MIX_CHECK(!fwd.out_or_empty("LSE").empty(),
             "fused_attention: output LSE is needed for the gradient (of " << fwd.out("Out") << ")");
-  return {make_op("fused_attention_grad",
-                  {{"Q", {fwd.in("Q")}},
-                   {"K", {fwd.in("K")}},
-                   {"V", {fwd.in("V")}},
-                   {"Out", {fwd.out("Out")}},
-                   {"LSE", {fwd.out("LSE")}},
-                   {"Out@GRAD", {dout}}},
-                  outs, fwd.attrs)};
+  ins["Out"] = {fwd.out("Out")};
+  ins["LSE"] = {fwd.out("LSE")};
+  ins["Out@GRAD"] = {dout};
+  return {make_op("fused_attention_grad", ins, outs, fwd.attrs)};
 }
 
 MIX_REGISTER_OP("fused_attention", OpInfo{infer_fused_attention, fused_attention_cpu, {}, fused_attention_grad_maker});

@@ -25,6 +25,7 @@ struct AttentionDims {
   float scale;
   bool tokens_first = false;
   int64_t heads = 1;
+  bool packed = false;  // Q, K and V in one input, QKV (below)
 };
 
 /// How Q, K, V and Out (and their gradients) lie in memory, attr layout:
@@ -41,6 +42,23 @@ inline AttentionLayout layout_of(const OpDesc& op) {
   MIX_CHECK(l == "bhtd" || l == "bthd",
             op.type << ": attr layout must be \"bhtd\" ([..., T, D]) or \"bthd\" ([B, T, H, D]), got \"" << l << "\"");
   return l == "bthd" ? AttentionLayout::tokens_first : AttentionLayout::heads_first;
+}
+
+/// Whether Q, K and V come packed in one input, QKV [B, T, 3, H, D]: the
+/// Transformer's [B, T, 3 * H * D] projection reshaped, with no copy (no
+/// split), which cuDNN reads through strides; its gradient is QKV@GRAD. Only
+/// in the tokens-first layout.
+inline bool packed(const OpDesc& op) { return !op.in_or_empty("QKV").empty(); }
+
+/// Q's shape (K's and V's too) of a packed QKV [B, T, 3, H, D]: [B, T, H, D].
+inline Shape unpacked_shape(const Shape& qkv) { return {qkv[0], qkv[1], qkv[3], qkv[4]}; }
+
+inline void check_packed(const OpDesc& op, const Shape& qkv) {
+  MIX_CHECK(layout_of(op) == AttentionLayout::tokens_first,
+            op.type << ": a packed QKV input needs attr layout \"bthd\"");
+  MIX_CHECK(
+      qkv.size() == 5 && qkv[2] == 3 && qkv[4] > 0,
+      op.type << ": QKV must be [batch, tokens, 3, heads, head_dim] (Q, K, V along dim 2), got " << shape_str(qkv));
 }
 
 /// [B, T, H, D] -> [B, H, T, D] (and back: the same swap of dims 1 and 2).
@@ -90,6 +108,14 @@ inline float scale_of(const OpDesc& op, int64_t head_dim) {
 }
 
 /// The kernels' view of Q, K and V (real shapes), after the checks.
+/// The kernels' view of a packed QKV (real shape), after the checks.
+inline AttentionDims dims_of_packed(const OpDesc& op, const Tensor& qkv) {
+  check_packed(op, qkv.shape());
+  MIX_CHECK(is_floating(qkv.dtype()), op.type << ": QKV must be of a float dtype, got " << dtype_name(qkv.dtype()));
+  const Shape& s = qkv.shape();  // [B, T, 3, H, D]
+  return {s[0] * s[3], s[1], s[1], s[4], op.attr<bool>("causal", false), scale_of(op, s[4]), true, s[3], true};
+}
+
 inline AttentionDims dims_of(const OpDesc& op, const Tensor& q, const Tensor& k, const Tensor& v) {
   check_shapes(op, q.shape(), k.shape(), v.shape());
   MIX_CHECK(q.dtype() == k.dtype() && q.dtype() == v.dtype() && is_floating(q.dtype()),
@@ -112,16 +138,20 @@ inline Shape lse_shape(const OpDesc& op, const Shape& q) {
   return Shape(q.begin(), q.end() - 1);
 }
 
-/// The grad's extra inputs: Out and Out@GRAD as Q, LSE FP32 [..., T].
-inline void check_grad_inputs(const OpDesc& op, const Tensor& q, const Tensor& out, const Tensor& lse,
+/// Q's shape and dtype: Q's own, or a packed QKV's per part.
+inline Shape q_shape_of(const OpDesc& op, const Shape& q_or_qkv) {
+  return packed(op) ? unpacked_shape(q_or_qkv) : q_or_qkv;
+}
+
+/// The grad's extra inputs: Out and Out@GRAD as Q (shape `q`, dtype `dt`), LSE FP32.
+inline void check_grad_inputs(const OpDesc& op, const Shape& q, DType dt, const Tensor& out, const Tensor& lse,
                               const Tensor& dout) {
-  MIX_CHECK(
-      out.shape() == q.shape() && out.dtype() == q.dtype() && dout.shape() == q.shape() && dout.dtype() == q.dtype(),
-      op.type << ": Out " << dtype_name(out.dtype()) << shape_str(out.shape()) << " and Out@GRAD "
-              << dtype_name(dout.dtype()) << shape_str(dout.shape()) << " must match Q " << dtype_name(q.dtype())
-              << shape_str(q.shape()));
-  MIX_CHECK(lse.dtype() == DType::f32 && lse.shape() == lse_shape(op, q.shape()),
-            op.type << ": LSE must be f32" << shape_str(lse_shape(op, q.shape())) << ", got " << dtype_name(lse.dtype())
+  MIX_CHECK(out.shape() == q && out.dtype() == dt && dout.shape() == q && dout.dtype() == dt,
+            op.type << ": Out " << dtype_name(out.dtype()) << shape_str(out.shape()) << " and Out@GRAD "
+                    << dtype_name(dout.dtype()) << shape_str(dout.shape()) << " must match Q " << dtype_name(dt)
+                    << shape_str(q));
+  MIX_CHECK(lse.dtype() == DType::f32 && lse.shape() == lse_shape(op, q),
+            op.type << ": LSE must be f32" << shape_str(lse_shape(op, q)) << ", got " << dtype_name(lse.dtype())
                     << shape_str(lse.shape()));
 }
 

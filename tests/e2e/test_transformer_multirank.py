@@ -117,10 +117,12 @@ def main():
     # ---- 5: where the attention softmax runs ---------------------------------------------------------
     r = mt.mixtrain([*TINY, "--data", "synthetic", "--print-program"])
     lines = [l for l in r.stdout.splitlines() if re.search(r"= fused_attention\(", l)]
-    # Tokens first ([B, T, heads, head_dim], layout bthd: no transposes around it), LSE [B, heads, T].
+    # Packed QKV in, tokens first out ([B, T, heads, head_dim], layout bthd: no split or transposes), LSE [B, heads, T].
     c.check(r.rc == 0 and len(lines) == 2 and all(".context:f16[?, 32, 4, 8]" in l and ".lse:f32[?, 4, 32]" in l
-                                                  and "causal=true" in l and 'layout="bthd"' in l for l in lines),
-            "by default: one fused_attention a layer, tokens first, FP16 output, FP32 LSE", "; ".join(lines)[:400])
+                                                  and "(QKV=" in l and "causal=true" in l and 'layout="bthd"' in l
+                                                  for l in lines),
+            "by default: one fused_attention a layer, packed QKV, tokens first, FP16 output, FP32 LSE",
+            "; ".join(lines)[:400])
     c.check(r.rc == 0 and not re.search(r"\[\?, 4, 32, 32\]", r.stdout) and " softmax(" not in r.stdout,
             "by default: no [T, T] scores or probabilities, no attention softmax", "")
     for extra, dtype, want_input, what in (

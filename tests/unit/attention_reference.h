@@ -211,4 +211,34 @@ inline Tensor swap_tokens_and_heads(const Tensor& t) {
   return to_dtype(Tensor::from_floats({s[0], s[2], s[1], s[3]}, out), t.dtype());
 }
 
+/// Q, K and V heads first ([B, H, T, D] each, one dtype) packed as
+/// fused_attention's QKV input, [B, T, 3, H, D]; a copy, exact.
+inline Tensor pack_qkv(const Tensor& q, const Tensor& k, const Tensor& v) {
+  const Shape& s = q.shape();  // [B, H, T, D]
+  const std::vector<float> parts[3] = {q.to_floats(), k.to_floats(), v.to_floats()};
+  std::vector<float> out(parts[0].size() * 3);
+  for (int64_t p = 0; p < 3; ++p)
+    for (int64_t b = 0; b < s[0]; ++b)
+      for (int64_t h = 0; h < s[1]; ++h)
+        for (int64_t t = 0; t < s[2]; ++t)
+          for (int64_t d = 0; d < s[3]; ++d)
+            out[static_cast<size_t>((((b * s[2] + t) * 3 + p) * s[1] + h) * s[3] + d)] =
+                parts[p][static_cast<size_t>(((b * s[1] + h) * s[2] + t) * s[3] + d)];
+  return to_dtype(Tensor::from_floats({s[0], s[2], 3, s[1], s[3]}, out), q.dtype());
+}
+
+/// pack_qkv's inverse: part p (0 Q, 1 K, 2 V) of [B, T, 3, H, D], heads first [B, H, T, D].
+inline Tensor unpack_qkv(const Tensor& qkv, int64_t p) {
+  const Shape& s = qkv.shape();  // [B, T, 3, H, D]
+  const std::vector<float> in = qkv.to_floats();
+  std::vector<float> out(in.size() / 3);
+  for (int64_t b = 0; b < s[0]; ++b)
+    for (int64_t h = 0; h < s[3]; ++h)
+      for (int64_t t = 0; t < s[1]; ++t)
+        for (int64_t d = 0; d < s[4]; ++d)
+          out[static_cast<size_t>(((b * s[3] + h) * s[1] + t) * s[4] + d)] =
+              in[static_cast<size_t>((((b * s[1] + t) * 3 + p) * s[3] + h) * s[4] + d)];
+  return to_dtype(Tensor::from_floats({s[0], s[3], s[1], s[4]}, out), qkv.dtype());
+}
+
 }  // namespace mix::testing::attention

@@ -80,8 +80,8 @@ TEST_CASE("a gray op with a black producer runs in FP32 even next to a white one
   Program p;
   p.add_var(VarDesc{"x", {-1, 4}, DType::f32, false, false, true, {}});
   p.add_var(VarDesc{"w", {4, 4}, DType::f32, true, true, false, {}});
-  p.append_op(make_op("mul", {{"X", {"x"}}, {"Y", {"w"}}}, {{"Out", {"a"}}}));      // white -> f16
-  p.append_op(make_op("softmax", {{"X", {"x"}}}, {{"Out", {"b"}}}));                // black -> f32
+  p.append_op(make_op("mul", {{"X", {"x"}}, {"Y", {"w"}}}, {{"Out", {"a"}}}));              // white -> f16
+  p.append_op(make_op("softmax", {{"X", {"x"}}}, {{"Out", {"b"}}}));                        // black -> f32
   p.append_op(make_op("elementwise_add", {{"X", {"a"}}, {"Y", {"b"}}}, {{"Out", {"c"}}}));  // gray
   amp::rewrite(p, amp::AmpLists::defaults());
   CHECK(p.var("a").dtype == DType::f16);
@@ -170,13 +170,13 @@ TEST_CASE("the Transformer's fused_attention under the default lists: FP16 input
   const Program& p = m.program;
   const OpDesc& att = producer_of(p, "transformer.h.0.attn.context");
   REQUIRE(att.type == "fused_attention");
-  // White: its heads come from the FP16 c_attn matmul through gray ops, so no
-  // cast is needed; it reads them tokens first, as reshape2 leaves them (no transpose).
+  // White: its heads come from the FP16 c_attn matmul through a gray
+  // reshape2, so no cast is needed; it reads them packed, as reshape2 leaves
+  // the projection ([B, T, 3, heads, hd]: no split, no transpose).
   CHECK(att.attr<std::string>("layout", "bhtd") == "bthd");
-  for (const char* slot : {"Q", "K", "V"}) {
-    CHECK(p.var(att.in(slot)).dtype == DType::f16);
-    CHECK(producer_of(p, att.in(slot)).type == "reshape2");
-  }
+  CHECK(p.var(att.in("QKV")).dtype == DType::f16);
+  CHECK(p.var(att.in("QKV")).shape == Shape{-1, 8, 3, 2, 8});
+  CHECK(producer_of(p, att.in("QKV")).type == "reshape2");
   CHECK(p.var(att.out("Out")).dtype == DType::f16);
   CHECK(p.var(att.out("LSE")).dtype == DType::f32);
   CHECK_FALSE(p.has_var("transformer.h.0.attn.scores"));

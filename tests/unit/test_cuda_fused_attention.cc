@@ -5,8 +5,9 @@
 // FP32 kernels (8, 32, 64, 96, 100, 128, 256; 256 needs more than the default
 // 48 KiB of shared memory), token counts of 1, 7, 33, 64, 100 and 130 (several
 // query and key tiles, partial last tiles) and fewer queries than keys, in
-// both of the op's layouts (heads first, and the Transformer's tokens first,
-// which cuDNN reads through strides and the own kernels through copies). Each
+// every way of feeding it: Q, K and V heads first or tokens first, and one
+// packed QKV (the Transformer's; T = S), which cuDNN reads through strides and
+// the own kernels through copies. Each
 // case and layout runs on the FP32 kernels (cuda::tensor_core_attention()
 // off) and with the tensor-core kernels allowed (f16 and bf16 at head_dim 32,
 // 64, 96 and 128 take them); a subset (cudnn_case) runs with cuDNN's SDPA
@@ -100,15 +101,24 @@ bool cudnn_shape([[maybe_unused]] const Problem& pb, [[maybe_unused]] DType dt) 
 #endif
 }
 
+// How the op is fed: Q, K, V heads first or tokens first, or one packed QKV
+// [B, T, 3, H, D] (the Transformer's; T = S only).
+enum class Feed { heads_first, tokens_first, packed };
+
+const char* feed_name(Feed f) {
+  return f == Feed::heads_first ? "layout bhtd" : f == Feed::tokens_first ? "layout bthd" : "packed QKV";
+}
+
 // cuDNN builds a plan per shape and pass, which can take it seconds (its
 // attention engines may be compiled at run time), and a GPU lend is short:
 // cuDNN runs a subset of the cases that covers its variants (head_dim 32, 64,
 // 96 and 128; causal with T = S, causal bottom-right aligned with T < S, and
-// not causal; both layouts), each in f16 and bf16.
-bool cudnn_case(const Problem& pb, bool tokens_first) {
-  if (pb.d == 64 && pb.t == 33 && pb.s == 33) return true;  // both layouts
-  if (!tokens_first) return pb.d == 128;
-  return (pb.d == 32 && !pb.causal) || (pb.causal && pb.t < pb.s && pb.d == 64) || pb.d == 96;
+// not causal; every way of feeding it), each in f16 and bf16.
+bool cudnn_case(const Problem& pb, Feed feed) {
+  if (pb.d == 64 && pb.t == 33 && pb.s == 33) return true;  // every feed
+  if (feed == Feed::heads_first) return pb.d == 128;
+  if (feed == Feed::packed) return pb.d == 96 || (pb.d == 32 && !pb.causal);
+  return (pb.d == 32 && !pb.causal) || (pb.causal && pb.t < pb.s && pb.d == 64);
 }
 
 uint64_t cudnn_runs() {
@@ -152,8 +162,10 @@ TEST_CASE("cuda fused_attention: forward and gradients against the CPU twin", "[
       const Inputs in = attention::make_inputs(pb, dt, seed += 10);
       const attention::Reference ref = attention::reference_attention(pb, in);
       const double u = attention::half_ulp(dt), fp32_err = pb.f32_err();
-      for (bool tokens_first : {false, true}) {
-        INFO((tokens_first ? "layout bthd" : "layout bhtd"));
+      for (Feed feed : {Feed::heads_first, Feed::tokens_first, Feed::packed}) {
+        if (feed == Feed::packed && pb.t != pb.s) continue;  // Q, K and V share their tokens
+        const bool tokens_first = feed != Feed::heads_first, packed = feed == Feed::packed;
+        INFO(feed_name(feed));
         auto fed = [&](const Tensor& t) { return tokens_first ? attention::swap_tokens_and_heads(t) : t; };
         // The results heads first, as the reference has them (LSE is heads first in both layouts).
         auto heads_first = [&](Both b, std::initializer_list<const char*> names) {
@@ -166,7 +178,7 @@ TEST_CASE("cuda fused_attention: forward and gradients against the CPU twin", "[
         };
         std::map<std::string, Tensor> fp32_kernels;  // the FP32 kernels' Out and dV, to tell the others ran
         for (Allowed allowed : {Allowed::fp32, Allowed::tensor_cores, Allowed::cudnn}) {
-          if (allowed == Allowed::cudnn && !cudnn_case(pb, tokens_first)) continue;
+          if (allowed == Allowed::cudnn && !cudnn_case(pb, feed)) continue;
           const KernelsAllowed choice(allowed);
           INFO(allowed_name(allowed));
           const bool cudnn_expected = allowed == Allowed::cudnn && cudnn_shape(pb, dt);
@@ -178,10 +190,16 @@ TEST_CASE("cuda fused_attention: forward and gradients against the CPU twin", "[
 
           OneOp fwd;
           const std::string layout = tokens_first ? "bthd" : "bhtd";
-          fwd.op = make_op("fused_attention", {{"Q", {"q"}}, {"K", {"k"}}, {"V", {"v"}}},
-                           {{"Out", {"out"}}, {"LSE", {"lse"}}},
+          const std::map<std::string, std::vector<std::string>> qkv_slots =
+              packed ? std::map<std::string, std::vector<std::string>>{{"QKV", {"qkv"}}}
+                     : std::map<std::string, std::vector<std::string>>{{"Q", {"q"}}, {"K", {"k"}}, {"V", {"v"}}};
+          fwd.op = make_op("fused_attention", qkv_slots, {{"Out", {"out"}}, {"LSE", {"lse"}}},
                            {{"scale", pb.scale()}, {"causal", pb.causal}, {"layout", layout}});
-          fwd.feeds = {{"q", fed(to_dtype(in.q, dt))}, {"k", fed(to_dtype(in.k, dt))}, {"v", fed(to_dtype(in.v, dt))}};
+          if (packed)
+            fwd.feeds = {{"qkv", attention::pack_qkv(to_dtype(in.q, dt), to_dtype(in.k, dt), to_dtype(in.v, dt))}};
+          else
+            fwd.feeds = {
+                {"q", fed(to_dtype(in.q, dt))}, {"k", fed(to_dtype(in.k, dt))}, {"v", fed(to_dtype(in.v, dt))}};
           const Both f_as_run = run_both(fwd, {"out", "lse"});
           const Both f = heads_first(f_as_run, {"out"});
           REQUIRE(f.gpu.at("out").dtype() == dt);
@@ -191,16 +209,30 @@ TEST_CASE("cuda fused_attention: forward and gradients against the CPU twin", "[
           expect_both_near(f.gpu, f.cpu, "lse", ref.lse, fp32_err, fp32_err);
 
           OneOp grad;
-          grad.op = make_op(
-              "fused_attention_grad",
-              {{"Q", {"q"}}, {"K", {"k"}}, {"V", {"v"}}, {"Out", {"out"}}, {"LSE", {"lse"}}, {"Out@GRAD", {"dout"}}},
-              {{"Q@GRAD", {"dq"}}, {"K@GRAD", {"dk"}}, {"V@GRAD", {"dv"}}},
-              {{"scale", pb.scale()}, {"causal", pb.causal}, {"layout", layout}});
+          std::map<std::string, std::vector<std::string>> grad_ins = qkv_slots;
+          grad_ins.insert({{"Out", {"out"}}, {"LSE", {"lse"}}, {"Out@GRAD", {"dout"}}});
+          grad.op = make_op("fused_attention_grad", grad_ins,
+                            packed ? std::map<std::string, std::vector<std::string>>{{"QKV@GRAD", {"dqkv"}}}
+                                   : std::map<std::string, std::vector<std::string>>{{"Q@GRAD", {"dq"}},
+                                                                                     {"K@GRAD", {"dk"}},
+                                                                                     {"V@GRAD", {"dv"}}},
+                            {{"scale", pb.scale()}, {"causal", pb.causal}, {"layout", layout}});
           grad.feeds = fwd.feeds;
           grad.feeds.emplace_back("out", f_as_run.cpu.at("out"));
           grad.feeds.emplace_back("lse", f_as_run.cpu.at("lse"));
           grad.feeds.emplace_back("dout", fed(to_dtype(in.r, dt)));
-          const Both g = heads_first(run_both(grad, {"dq", "dk", "dv"}), {"dq", "dk", "dv"});
+          Both g;
+          if (packed) {
+            // dQ, dK and dV are the parts of QKV@GRAD, heads first.
+            const Both dqkv = run_both(grad, {"dqkv"});
+            const char* names[3] = {"dq", "dk", "dv"};
+            for (int64_t part = 0; part < 3; ++part) {
+              g.cpu[names[part]] = attention::unpack_qkv(dqkv.cpu.at("dqkv"), part);
+              g.gpu[names[part]] = attention::unpack_qkv(dqkv.gpu.at("dqkv"), part);
+            }
+          } else {
+            g = heads_first(run_both(grad, {"dq", "dk", "dv"}), {"dq", "dk", "dv"});
+          }
           // As in test_fused_attention.cc: dQ and dK read the stored Out through
           // delta, a few half ulps of the terms; dV only its own rounding.
           const double grad_scaled = dt == DType::f32 ? fp32_err : 4 * u;

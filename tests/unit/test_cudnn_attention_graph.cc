@@ -39,7 +39,9 @@ std::string describe(const AttentionGraphShape& s) {
   return std::string(s.backward ? "backward" : "forward") + (s.dtype == DType::bf16 ? " bf16" : " f16") + " batch " +
          std::to_string(s.batch) + " heads " + std::to_string(s.heads) + " T " + std::to_string(s.t_q) + " S " +
          std::to_string(s.t_k) + " d " + std::to_string(s.d) + (s.causal ? " causal" : "") +
-         (s.tokens_first ? " tokens first" : "");
+         (s.packed         ? " packed"
+          : s.tokens_first ? " tokens first"
+                           : "");
 }
 
 }  // namespace
@@ -47,13 +49,14 @@ std::string describe(const AttentionGraphShape& s) {
 TEST_CASE("cuDNN attention graphs: the models' shapes pass the frontend's validation", "[attention][cudnn]") {
   require_frontend();
   // GPT-2 124M (batch 8 x 12 heads, context 1024, head_dim 64) and the
-  // Transformer-base (32 x 8 heads, context 256) as the models lay them out
-  // (tokens first), the same heads first, head_dim 128, a causal problem with
-  // fewer queries than keys (bottom-right aligned), a non-causal one and odd
-  // lengths.
+  // Transformer-base (32 x 8 heads, context 256) as the models feed them
+  // (packed QKV, tokens first), GPT-2 tokens first and heads first, head_dim
+  // 128, a causal problem with fewer queries than keys (bottom-right aligned),
+  // a non-causal one and odd lengths.
   const AttentionGraphShape shapes[] = {
+      {false, DType::f16, 8, 12, 1024, 1024, 64, true, 0.125f, true, true},
+      {false, DType::f16, 32, 8, 256, 256, 64, true, 0.125f, true, true},
       {false, DType::f16, 8, 12, 1024, 1024, 64, true, 0.125f, true},
-      {false, DType::f16, 32, 8, 256, 256, 64, true, 0.125f, true},
       {false, DType::f16, 8, 12, 1024, 1024, 64, true, 0.125f, false},
       {false, DType::f16, 4, 1, 100, 100, 128, true, 0.0883883f, false},
       {false, DType::f16, 2, 2, 20, 45, 64, true, 0.125f, true},

@@ -38,27 +38,42 @@ struct Results {
   Tensor out, lse, dq, dk, dv;
 };
 
+// How the fused op is fed: heads first (Q, K, V [B, H, T, D]), tokens first
+// ([B, T, H, D], layout "bthd"), or packed (one QKV [B, T, 3, H, D]).
+enum class Feed { heads_first, tokens_first, packed };
+
 // L = sum(Out * R) through the fused op or the unfused composition in dtype
 // dt; Out and the gradients of Q, K and V (all in dt), and LSE for the fused op.
-// tokens_first (fused only, lead [B, H]): the op in its "bthd" layout, fed
-// the inputs moved tokens first, its results moved back heads first.
-Results run_attention(bool fused, const Problem& pb, DType dt, const Inputs& in, bool tokens_first = false) {
+// Tokens first and packed (fused only, lead [B, H]): the inputs moved into
+// that layout, the results moved back heads first.
+Results run_attention(bool fused, const Problem& pb, DType dt, const Inputs& in, Feed feed = Feed::heads_first) {
+  const bool tokens_first = feed != Feed::heads_first;
   auto layout = [&](const Shape& heads_first) {
     return tokens_first ? Shape{heads_first[0], heads_first[2], heads_first[1], heads_first[3]} : heads_first;
   };
   auto fed = [&](const Tensor& t) { return tokens_first ? swap_tokens_and_heads(t) : t.clone(); };
   Program p;
-  for (const char* name : {"q", "k", "v"}) {
-    VarDesc v = var_desc(name, layout(std::string(name) == "q" ? pb.q_shape() : pb.kv_shape()), dt);
+  auto add_param = [&](const std::string& name, const Shape& shape) {
+    VarDesc v = var_desc(name, shape, dt);
     v.is_parameter = v.persistable = true;
     p.add_var(v);
+  };
+  if (feed == Feed::packed) {
+    add_param("qkv", {pb.lead[0], pb.t, 3, pb.lead[1], pb.d});
+  } else {
+    for (const char* name : {"q", "k", "v"})
+      add_param(name, layout(std::string(name) == "q" ? pb.q_shape() : pb.kv_shape()));
   }
   VarDesc r = var_desc("r", layout(pb.q_shape()), DType::f32);
   r.stop_gradient = true;
   p.add_var(r);
   if (fused) {
+    const std::map<std::string, std::vector<std::string>> inputs =
+        feed == Feed::packed
+            ? std::map<std::string, std::vector<std::string>>{{"QKV", {"qkv"}}}
+            : std::map<std::string, std::vector<std::string>>{{"Q", {"q"}}, {"K", {"k"}}, {"V", {"v"}}};
     p.append_op(make_op(
-        "fused_attention", {{"Q", {"q"}}, {"K", {"k"}}, {"V", {"v"}}}, {{"Out", {"out"}}, {"LSE", {"lse"}}},
+        "fused_attention", inputs, {{"Out", {"out"}}, {"LSE", {"lse"}}},
         {{"scale", pb.scale()}, {"causal", pb.causal}, {"layout", std::string(tokens_first ? "bthd" : "bhtd")}}));
   } else {
     p.append_op(make_op("matmul", {{"X", {"q"}}, {"Y", {"k"}}}, {{"Out", {"scores"}}},
@@ -86,9 +101,14 @@ Results run_attention(bool fused, const Problem& pb, DType dt, const Inputs& in,
     keep.insert(grad);
   }
   Scope scope;
-  scope.set("q", fed(to_dtype(in.q, dt)));
-  scope.set("k", fed(to_dtype(in.k, dt)));
-  scope.set("v", fed(to_dtype(in.v, dt)));
+  const Tensor q = to_dtype(in.q, dt), k = to_dtype(in.k, dt), v = to_dtype(in.v, dt);
+  if (feed == Feed::packed) {
+    scope.set("qkv", pack_qkv(q, k, v));
+  } else {
+    scope.set("q", fed(q));
+    scope.set("k", fed(k));
+    scope.set("v", fed(v));
+  }
   scope.set("r", fed(in.r));
   ExecEnv env;
   Executor(p, keep).run(scope, env);
@@ -98,10 +118,17 @@ Results run_attention(bool fused, const Problem& pb, DType dt, const Inputs& in,
   };
   Results res;
   res.out = back("out");
-  if (fused) res.lse = scope.get("lse");  // [B, H, T] in either layout
-  res.dq = back(grad_of.at("q"));
-  res.dk = back(grad_of.at("k"));
-  res.dv = back(grad_of.at("v"));
+  if (fused) res.lse = scope.get("lse");  // [B, H, T] in every layout
+  if (feed == Feed::packed) {
+    const Tensor& dqkv = scope.get(grad_of.at("qkv"));
+    res.dq = unpack_qkv(dqkv, 0);
+    res.dk = unpack_qkv(dqkv, 1);
+    res.dv = unpack_qkv(dqkv, 2);
+  } else {
+    res.dq = back(grad_of.at("q"));
+    res.dk = back(grad_of.at("k"));
+    res.dv = back(grad_of.at("v"));
+  }
   return res;
 }
 
@@ -195,11 +222,13 @@ TEST_CASE("grad: fused_attention against central differences, causal and not", "
   }
 }
 
-TEST_CASE("fused_attention: the tokens-first layout gives the heads-first layout's bits",
+TEST_CASE("fused_attention: the tokens-first layout and packed QKV give the heads-first layout's bits",
           "[ops][transformer][fused_attention]") {
-  // The "bthd" layout the Transformer uses ([B, T, H, D], no transposes
-  // around the op) must compute exactly what the default layout computes
-  // from the same numbers: Out, LSE and the three gradients, bit for bit.
+  // The Transformer feeds the op one packed QKV [B, T, 3, H, D] ("bthd": no
+  // split or transposes around it); Q, K, V tokens first ([B, T, H, D]) is the
+  // other way to use the layout. Both must compute exactly what the default
+  // layout computes from the same numbers: Out, LSE and the three gradients,
+  // bit for bit. (Packed needs T = S: Q, K and V share the tokens.)
   const std::vector<Problem> problems = {
       {{2, 3}, 7, 7, 8, true}, {{1, 2}, 33, 33, 16, true}, {{2, 2}, 5, 9, 8, true}, {{2, 3}, 6, 6, 4, false}};
   uint64_t seed = 900;
@@ -207,15 +236,19 @@ TEST_CASE("fused_attention: the tokens-first layout gives the heads-first layout
     for (DType dt : {DType::f32, DType::f16, DType::bf16}) {
       INFO(pb.describe() << ", " << dtype_name(dt));
       const Inputs in = make_inputs(pb, dt, seed += 7);
-      const Results heads_first = run_attention(true, pb, dt, in, false);
-      const Results tokens_first = run_attention(true, pb, dt, in, true);
-      CHECK(tokens_first.out.shape() == heads_first.out.shape());
-      CHECK(tokens_first.lse.shape() == heads_first.lse.shape());
-      CHECK(tokens_first.out.to_floats() == heads_first.out.to_floats());
-      CHECK(tokens_first.lse.to_floats() == heads_first.lse.to_floats());
-      CHECK(tokens_first.dq.to_floats() == heads_first.dq.to_floats());
-      CHECK(tokens_first.dk.to_floats() == heads_first.dk.to_floats());
-      CHECK(tokens_first.dv.to_floats() == heads_first.dv.to_floats());
+      const Results heads_first = run_attention(true, pb, dt, in, Feed::heads_first);
+      for (Feed feed : {Feed::tokens_first, Feed::packed}) {
+        if (feed == Feed::packed && pb.t != pb.s) continue;
+        INFO((feed == Feed::packed ? "packed QKV" : "tokens first"));
+        const Results other = run_attention(true, pb, dt, in, feed);
+        CHECK(other.out.shape() == heads_first.out.shape());
+        CHECK(other.lse.shape() == heads_first.lse.shape());
+        CHECK(other.out.to_floats() == heads_first.out.to_floats());
+        CHECK(other.lse.to_floats() == heads_first.lse.to_floats());
+        CHECK(other.dq.to_floats() == heads_first.dq.to_floats());
+        CHECK(other.dk.to_floats() == heads_first.dk.to_floats());
+        CHECK(other.dv.to_floats() == heads_first.dv.to_floats());
+      }
     }
   }
 }
@@ -265,4 +298,18 @@ TEST_CASE("fused_attention: inference keeps -1 batch dims; bad shapes name the p
   CHECK_THROWS_WITH(tokens_first({2, 7, 4, 16}, {2, 7, 3, 16}), Contains("batch and head dims"));
   CHECK_THROWS_WITH(tokens_first({2, 9, 4, 16}, {2, 7, 4, 16}), Contains("T = 9 > S = 7"));
   CHECK_THROWS_WITH(tokens_first({2, 7, 4, 16}, {2, 7, 4, 16}, "tbhd"), Contains("attr layout must be"));
+
+  // Packed: QKV [B, T, 3, H, D] gives Out [B, T, H, D] and LSE [B, H, T]; only tokens first.
+  auto packed = [](const Shape& qkv, const std::string& layout = "bthd") {
+    Program prog;
+    prog.add_var(var_desc("qkv", qkv, DType::f16));
+    prog.append_op(make_op("fused_attention", {{"QKV", {"qkv"}}}, {{"Out", {"o"}}, {"LSE", {"l"}}},
+                           {{"causal", true}, {"layout", layout}}));
+    return prog;
+  };
+  const Program pk = packed({-1, 7, 3, 4, 16});
+  CHECK(pk.var("o").shape == Shape{-1, 7, 4, 16});
+  CHECK(pk.var("l").shape == Shape{-1, 4, 7});
+  CHECK_THROWS_WITH(packed({2, 7, 2, 4, 16}), Contains("[batch, tokens, 3, heads, head_dim]"));
+  CHECK_THROWS_WITH(packed({2, 7, 3, 4, 16}, "bhtd"), Contains("needs attr layout \"bthd\""));
 }

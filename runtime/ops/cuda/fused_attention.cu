@@ -77,37 +77,102 @@ void launch_tiles(Kernel kernel, dim3 grid, int64_t floats, cudaStream_t stream,
   MIX_CUDA_CHECK(cudaGetLastError());
 }
 
-AttentionDims checked_dims(const OpContext& ctx, const Tensor& q, const Tensor& k, const Tensor& v) {
-  check_on_device(ctx, q, "Q");
-  check_on_device(ctx, k, "K");
-  check_on_device(ctx, v, "V");
-  const AttentionDims a = attention_rules::dims_of(ctx.op, q, k, v);
-  MIX_CHECK(a.d <= kMaxHeadDim, ctx.op.type << ": the CUDA kernels take head_dim up to " << kMaxHeadDim << ", got "
-                                            << a.d << " (" << attention_rules::describe(q.shape(), k.shape(), v.shape())
-                                            << ")");
+// The op's Q, K and V: three tensors, or one packed QKV [B, T, 3, H, D].
+struct QkvInputs {
+  AttentionDims a;
+  DType dtype = DType::f32;
+  Shape q_shape;   // Q's, K's and V's (and Out's) own shape
+  Tensor q, k, v;  // unpacked
+  Tensor packed;   // QKV
+};
+
+QkvInputs qkv_inputs(const OpContext& ctx) {
+  QkvInputs in;
+  std::string what;
+  if (attention_rules::packed(ctx.op)) {
+    in.packed = ctx.in("QKV");
+    check_on_device(ctx, in.packed, "QKV");
+    in.a = attention_rules::dims_of_packed(ctx.op, in.packed);
+    in.dtype = in.packed.dtype();
+    in.q_shape = attention_rules::unpacked_shape(in.packed.shape());
+    what = "QKV " + shape_str(in.packed.shape());
+  } else {
+    in.q = ctx.in("Q"), in.k = ctx.in("K"), in.v = ctx.in("V");
+    check_on_device(ctx, in.q, "Q");
+    check_on_device(ctx, in.k, "K");
+    check_on_device(ctx, in.v, "V");
+    in.a = attention_rules::dims_of(ctx.op, in.q, in.k, in.v);
+    in.dtype = in.q.dtype();
+    in.q_shape = in.q.shape();
+    what = attention_rules::describe(in.q.shape(), in.k.shape(), in.v.shape());
+  }
+  const AttentionDims& a = in.a;
+  MIX_CHECK(a.d <= kMaxHeadDim,
+            ctx.op.type << ": the CUDA kernels take head_dim up to " << kMaxHeadDim << ", got " << a.d << " (" << what << ")");
   MIX_CHECK(a.groups <= INT32_MAX && (std::max(a.t_q, a.t_k) + kBlockRows - 1) / kBlockRows <= 65535,
-            ctx.op.type << ": too many (batch, head) pairs or tokens for one launch: "
-                        << attention_rules::describe(q.shape(), k.shape(), v.shape()));
-  return a;
+            ctx.op.type << ": too many (batch, head) pairs or tokens for one launch: " << what);
+  return in;
+}
+
+// Where the three parts of a packed tensor ([B, T, 3, H, D]) start: H * D elements apart.
+std::array<void*, 3> packed_parts(const Tensor& t, const AttentionDims& a) {
+  char* base = static_cast<char*>(t.raw());
+  const size_t part = static_cast<size_t>(a.heads * a.d) * dtype_size(t.dtype());
+  return {base, base + part, base + 2 * part};
+}
+
+// Where cuDNN reads Q, K and V.
+std::array<const void*, 3> qkv_pointers(const QkvInputs& in) {
+  if (!in.a.packed) return {in.q.raw(), in.k.raw(), in.v.raw()};
+  const std::array<void*, 3> p = packed_parts(in.packed, in.a);
+  return {p[0], p[1], p[2]};
 }
 
 AttentionGraphShape graph_shape(const AttentionDims& a, DType dtype, bool backward) {
   // Heads first, any leading dims: each group is a batch entry of one head.
   const int64_t heads = a.tokens_first ? a.heads : 1;
-  return {backward, dtype, a.groups / heads, heads, a.t_q, a.t_k, a.d, a.causal, a.scale, a.tokens_first};
+  return {backward, dtype, a.groups / heads, heads, a.t_q, a.t_k, a.d, a.causal, a.scale, a.tokens_first, a.packed};
 }
 
 // The own kernels take heads-first tensors ([groups, tokens, D]): a
 // tokens-first problem ([B, T, H, D]) runs on heads-first copies of its
 // inputs, into heads-first scratch moved back into its outputs afterwards
-// (the transposes the model would otherwise have run around the op).
+// (the transposes the model would otherwise have run around the op); a packed
+// one's parts are split out of, and back into, its one tensor the same way.
 const std::vector<int64_t> kSwapTokensAndHeads = {0, 2, 1, 3};
+const std::vector<int64_t> kUnpack = {2, 0, 3, 1, 4};  // [B, T, 3, H, D] -> [3, B, H, T, D]
+const std::vector<int64_t> kPack = {1, 3, 0, 2, 4};    // and back
 
 Tensor heads_first(OpContext& ctx, const AttentionDims& a, const Tensor& t) {
   if (!a.tokens_first) return t;
   Tensor copy = Tensor::empty(attention_rules::swap_tokens_and_heads(t.shape()), t.dtype(), ctx.env.device);
   permute_into(t, kSwapTokensAndHeads, copy, compute_stream(ctx), ctx.op.type);
   return copy;
+}
+
+// [3, B, H, T, D] <-> three [B, H, T, D] tensors (device copies on the compute stream).
+void copy_thirds(OpContext& ctx, const Tensor& all, const std::array<Tensor, 3>& parts, bool into_parts) {
+  const size_t bytes = all.bytes() / 3;
+  for (size_t p = 0; p < 3; ++p) {
+    char* whole = static_cast<char*>(all.raw()) + p * bytes;
+    MIX_CUDA_CHECK(cudaMemcpyAsync(into_parts ? parts[p].raw() : whole, into_parts ? whole : parts[p].raw(), bytes,
+                                   cudaMemcpyDeviceToDevice, compute_stream(ctx)));
+  }
+}
+
+Shape heads_first_part_shape(const Shape& packed) { return {packed[0], packed[3], packed[1], packed[4]}; }
+
+// Q, K and V heads first, for the own kernels.
+std::array<Tensor, 3> heads_first_qkv(OpContext& ctx, const QkvInputs& in) {
+  const AttentionDims& a = in.a;
+  if (!a.packed) return {heads_first(ctx, a, in.q), heads_first(ctx, a, in.k), heads_first(ctx, a, in.v)};
+  const Shape& s = in.packed.shape();
+  Tensor all = Tensor::empty({3, s[0], s[3], s[1], s[4]}, in.dtype, ctx.env.device);
+  permute_into(in.packed, kUnpack, all, compute_stream(ctx), ctx.op.type);
+  std::array<Tensor, 3> parts;
+  for (Tensor& t : parts) t = Tensor::empty(heads_first_part_shape(s), in.dtype, ctx.env.device);
+  copy_thirds(ctx, all, parts, true);
+  return parts;
 }
 
 // Where the own kernels write output `t`: t itself, or heads-first scratch (move_back copies it into t).
@@ -139,50 +204,44 @@ void own_forward(OpContext& ctx, const AttentionDims& a, const Tensor& q, const 
 }
 
 void fused_attention_cuda(OpContext& ctx) {
-  const Tensor q = ctx.in("Q"), k = ctx.in("K"), v = ctx.in("V");
-  const AttentionDims a = checked_dims(ctx, q, k, v);
-  Tensor& out = ctx.out("Out", q.shape(), q.dtype());
+  const QkvInputs in = qkv_inputs(ctx);
+  const AttentionDims& a = in.a;
+  Tensor& out = ctx.out("Out", in.q_shape, in.dtype);
   Tensor lse_tmp;
   Tensor* lse = nullptr;
   if (ctx.wants("LSE")) {
-    lse = &ctx.out("LSE", attention_rules::lse_shape(ctx.op, q.shape()), DType::f32);
+    lse = &ctx.out("LSE", attention_rules::lse_shape(ctx.op, in.q_shape), DType::f32);
   } else {
     lse_tmp = Tensor::empty({a.groups * a.t_q}, DType::f32, ctx.env.device);
     lse = &lse_tmp;
   }
   if (a.groups == 0 || a.t_q == 0) return;
-  const AttentionGraphShape shape = graph_shape(a, q.dtype(), false);
-  if (attention_graph_applies(shape, {q.raw(), k.raw(), v.raw(), out.raw(), lse->raw()}) &&
-      run_attention_graph_forward(cudnn_handle(use_device(ctx.env.device.index)), ctx.env.device, shape, q.raw(),
-                                  k.raw(), v.raw(), out.raw(), lse->data<float>()))
+  const AttentionGraphShape shape = graph_shape(a, in.dtype, false);
+  const std::array<const void*, 3> qkv = qkv_pointers(in);
+  if (attention_graph_applies(shape, {qkv[0], qkv[1], qkv[2], out.raw(), lse->raw()}) &&
+      run_attention_graph_forward(cudnn_handle(use_device(ctx.env.device.index)), ctx.env.device, shape, qkv[0],
+                                  qkv[1], qkv[2], out.raw(), lse->data<float>()))
     return;
+  const std::array<Tensor, 3> h = heads_first_qkv(ctx, in);
   const Tensor out_heads_first = heads_first_output(ctx, a, out);
-  own_forward(ctx, a, heads_first(ctx, a, q), heads_first(ctx, a, k), heads_first(ctx, a, v), out_heads_first,
-              lse->data<float>());
+  own_forward(ctx, a, h[0], h[1], h[2], out_heads_first, lse->data<float>());
   move_back(ctx, a, out_heads_first, out);
 }
 
-// The backward on cuDNN's SDPA, where it applies (false: it did not run).
-// cuDNN writes dQ, dK and dV together: an unwanted one goes to scratch.
-bool run_graph_backward(OpContext& ctx, const AttentionDims& a, const Tensor& q, const Tensor& k, const Tensor& v,
-                        const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor* dq, Tensor* dk, Tensor* dv) {
-  const AttentionGraphShape shape = graph_shape(a, q.dtype(), true);
+// The backward on cuDNN's SDPA, where it applies (false: it did not run):
+// dQ, dK and dV at `grads`, written together.
+bool run_graph_backward(OpContext& ctx, const QkvInputs& in, const Tensor& out, const Tensor& lse, const Tensor& dout,
+                        const std::array<void*, 3>& grads) {
+  const AttentionDims& a = in.a;
+  const AttentionGraphShape shape = graph_shape(a, in.dtype, true);
   if (a.t_q == 0 || a.t_k == 0) return false;  // nothing to attend: the own kernels write the zeros
-  Tensor dq_tmp, dk_tmp, dv_tmp;
-  auto or_scratch = [&](Tensor* t, Tensor& tmp, const Tensor& like) -> void* {
-    if (t != nullptr) return t->raw();
-    tmp = Tensor::empty(like.shape(), like.dtype(), ctx.env.device);
-    return tmp.raw();
-  };
-  if (!attention_graph_applies(shape, {q.raw(), k.raw(), v.raw(), out.raw(), dout.raw(), lse.raw(),
-                                       dq ? dq->raw() : nullptr, dk ? dk->raw() : nullptr, dv ? dv->raw() : nullptr}))
+  const std::array<const void*, 3> qkv = qkv_pointers(in);
+  if (!attention_graph_applies(shape, {qkv[0], qkv[1], qkv[2], out.raw(), dout.raw(), lse.raw(), grads[0], grads[1],
+                                       grads[2]}))
     return false;
-  void* dq_ptr = or_scratch(dq, dq_tmp, q);
-  void* dk_ptr = or_scratch(dk, dk_tmp, k);
-  void* dv_ptr = or_scratch(dv, dv_tmp, v);
-  return run_attention_graph_backward(cudnn_handle(use_device(ctx.env.device.index)), ctx.env.device, shape, q.raw(),
-                                      k.raw(), v.raw(), out.raw(), dout.raw(), lse.data<float>(), dq_ptr, dk_ptr,
-                                      dv_ptr);
+  return run_attention_graph_backward(cudnn_handle(use_device(ctx.env.device.index)), ctx.env.device, shape, qkv[0],
+                                      qkv[1], qkv[2], out.raw(), dout.raw(), lse.data<float>(), grads[0], grads[1],
+                                      grads[2]);
 }
 
 // The backward on mixtrain's own kernels: every tensor heads first; dq (when
@@ -226,14 +285,36 @@ void own_backward(OpContext& ctx, const AttentionDims& a, const Tensor& q, const
   });
 }
 
+// The packed gradient, QKV@GRAD [B, T, 3, H, D] (scratch when not wanted):
+// cuDNN writes its three parts in place, the own kernels into heads-first
+// scratch packed afterwards.
+void packed_grad(OpContext& ctx, const QkvInputs& in, const Tensor& out, const Tensor& lse, const Tensor& dout) {
+  const AttentionDims& a = in.a;
+  Tensor dqkv = ctx.wants("QKV@GRAD") ? ctx.out("QKV@GRAD", in.packed.shape(), in.dtype)
+                                      : Tensor::empty(in.packed.shape(), in.dtype, ctx.env.device);
+  if (a.groups == 0) return;
+  if (run_graph_backward(ctx, in, out, lse, dout, packed_parts(dqkv, a))) return;
+  const std::array<Tensor, 3> h = heads_first_qkv(ctx, in);
+  std::array<Tensor, 3> grads;
+  for (Tensor& t : grads) t = Tensor::empty(heads_first_part_shape(in.packed.shape()), in.dtype, ctx.env.device);
+  own_backward(ctx, a, h[0], h[1], h[2], heads_first(ctx, a, out), lse, heads_first(ctx, a, dout), &grads[0],
+               &grads[1], &grads[2]);
+  const Shape& s = in.packed.shape();
+  Tensor all = Tensor::empty({3, s[0], s[3], s[1], s[4]}, in.dtype, ctx.env.device);
+  copy_thirds(ctx, all, grads, false);
+  permute_into(all, kPack, dqkv, compute_stream(ctx), ctx.op.type);
+}
+
 void fused_attention_grad_cuda(OpContext& ctx) {
-  const Tensor q = ctx.in("Q"), k = ctx.in("K"), v = ctx.in("V");
+  const QkvInputs in = qkv_inputs(ctx);
+  const AttentionDims& a = in.a;
   const Tensor out = ctx.in("Out"), lse = ctx.in("LSE"), dout = ctx.in("Out@GRAD");
-  const AttentionDims a = checked_dims(ctx, q, k, v);
-  attention_rules::check_grad_inputs(ctx.op, q, out, lse, dout);
+  attention_rules::check_grad_inputs(ctx.op, in.q_shape, in.dtype, out, lse, dout);
   check_on_device(ctx, out, "Out");
   check_on_device(ctx, lse, "LSE");
   check_on_device(ctx, dout, "Out@GRAD");
+  if (a.packed) return packed_grad(ctx, in, out, lse, dout);
+  const Tensor &q = in.q, &k = in.k, &v = in.v;
   const bool want_q = ctx.wants("Q@GRAD"), want_kv = ctx.wants("K@GRAD") || ctx.wants("V@GRAD");
   // The own kernels write dK and dV together: an unwanted one goes to scratch.
   Tensor dk_tmp, dv_tmp;
@@ -255,15 +336,21 @@ void fused_attention_grad_cuda(OpContext& ctx) {
     }
   }
   if (a.groups == 0) return;
-  if (run_graph_backward(ctx, a, q, k, v, out, lse, dout, dq, dk, dv)) return;
+  {
+    // cuDNN writes dQ, dK and dV together: an unwanted dQ goes to scratch too.
+    Tensor dq_tmp = dq ? *dq : Tensor::empty(q.shape(), q.dtype(), ctx.env.device);
+    Tensor dk_all = dk ? *dk : Tensor::empty(k.shape(), k.dtype(), ctx.env.device);
+    Tensor dv_all = dv ? *dv : Tensor::empty(v.shape(), v.dtype(), ctx.env.device);
+    if (run_graph_backward(ctx, in, out, lse, dout, {dq_tmp.raw(), dk_all.raw(), dv_all.raw()})) return;
+  }
   // Heads-first outputs for the own kernels: the gradients themselves, or scratch moved back below.
   Tensor dq_h, dk_h, dv_h;
   if (dq) dq_h = heads_first_output(ctx, a, *dq);
   if (dk) dk_h = heads_first_output(ctx, a, *dk);
   if (dv) dv_h = heads_first_output(ctx, a, *dv);
-  own_backward(ctx, a, heads_first(ctx, a, q), heads_first(ctx, a, k), heads_first(ctx, a, v),
-               heads_first(ctx, a, out), lse, heads_first(ctx, a, dout), dq ? &dq_h : nullptr, dk ? &dk_h : nullptr,
-               dv ? &dv_h : nullptr);
+  const std::array<Tensor, 3> h = heads_first_qkv(ctx, in);
+  own_backward(ctx, a, h[0], h[1], h[2], heads_first(ctx, a, out), lse, heads_first(ctx, a, dout),
+               dq ? &dq_h : nullptr, dk ? &dk_h : nullptr, dv ? &dv_h : nullptr);
   if (dq) move_back(ctx, a, dq_h, *dq);
   if (dk) move_back(ctx, a, dk_h, *dk);
   if (dv) move_back(ctx, a, dv_h, *dv);
