@@ -301,8 +301,8 @@ glibc_needed="$(for lib in "$dir"/deps/lib/*; do [ -L "$lib" ] || readelf -V "$l
   | grep -o 'GLIBC_[0-9][0-9.]*' | sort -uV | tail -1)"
 
 # ---- (e) cuDNN's frontend, packed: fused_attention's cuDNN SDPA path -------------
-# Header-only, 3 MB of headers, 0.3 MB packed; CMake unpacks it into the build
-# folder (CMakeLists.txt). Where setup.sh could not fetch it, the bundle goes
+# Header-only text, carried packed (xz); CMake unpacks it into
+# the build folder (CMakeLists.txt). Where setup.sh could not fetch it, the bundle goes
 # without and the GPU build runs the op on mixtrain's own kernels.
 frontend_dir="${CUDNN_FRONTEND_DIR:-/opt/cudnn-frontend}"
 frontend_note="not carried (no $frontend_dir/include/cudnn_frontend.h here): fused_attention runs its own kernels"

@@ -10,10 +10,8 @@
 //
 // Why: the product is never written and read back. On CUDA the bias is added
 // in the GEMM's epilogue (cuBLASLt), as PyTorch's addmm adds a linear layer's
-// bias. For GPT-2 124M at 8 x 1024 tokens in AMP that is 48 bias-add kernels
-// and about 2.7 GB of memory traffic a step fewer (a layer's four linear
-// outputs, 6,912 columns of 8,192 FP16 rows, each written by the GEMM, then
-// read and written again by the add).
+// bias: one kernel and one [rows, N] write and read fewer per linear layer
+// (what that is worth for GPT-2: docs/design.md, "Fused matmul + bias").
 //
 // Values: the same in FP32; in FP16 and BF16 one rounding instead of two (the
 // sum of product and bias is rounded once, not the product first), nearer the

@@ -336,8 +336,9 @@ void fused_attention_grad_cuda(OpContext& ctx) {
     }
   }
   if (a.groups == 0) return;
-  {
-    // cuDNN writes dQ, dK and dV together: an unwanted dQ goes to scratch too.
+  if (attention_graph_applies(graph_shape(a, in.dtype, true), {out.raw(), dout.raw(), lse.raw()})) {
+    // cuDNN writes dQ, dK and dV together: unwanted ones go to scratch, made
+    // only where cuDNN may take the problem.
     Tensor dq_tmp = dq ? *dq : Tensor::empty(q.shape(), q.dtype(), ctx.env.device);
     Tensor dk_all = dk ? *dk : Tensor::empty(k.shape(), k.dtype(), ctx.env.device);
     Tensor dv_all = dv ? *dv : Tensor::empty(v.shape(), v.dtype(), ctx.env.device);
