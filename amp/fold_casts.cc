@@ -69,16 +69,33 @@ int fold(Program& p, OpRole role, Accepts accepts, Rewire rewire) {
 int fold_widening_casts(Program& p) {
   // The input slots whose op widens every value on load and can store FP32
   // outputs from a narrower input (the kernels honour out_dtype there).
-  const auto accepts = [](const OpDesc& r, const std::string& slot) {
+  const auto row_op_accepts = [](const OpDesc& r, const std::string& slot) {
     const bool widens =
         (r.type == "softmax" && slot == "X") || (r.type == "softmax_with_cross_entropy" && slot == "Logits");
-    return widens && r.role == OpRole::forward &&
-           (!r.has_attr("out_dtype") || r.attr<std::string>("out_dtype", "") == kF32);
+    return widens && (!r.has_attr("out_dtype") || r.attr<std::string>("out_dtype", "") == kF32);
   };
-  const auto rewire = [&p](OpDesc& r, const std::string& slot, const std::string& narrow) {
-    r.inputs[slot] = {narrow};
-    r.attrs["out_dtype"] = kF32;
-    infer_op(p, r);  // its outputs stay FP32 (out_dtype): nothing after it changes
+  // elementwise_add takes a narrower Y beside an FP32 X of the same shape (a
+  // residual add); a cast feeding X trades places with Y, as addition commutes.
+  const auto other_slot = [](const std::string& slot) { return slot == "X" ? std::string("Y") : std::string("X"); };
+  const auto add_accepts = [&](const OpDesc& r, const std::string& slot) {
+    if (r.type != "elementwise_add" || (slot != "X" && slot != "Y") || r.ins(other_slot(slot)).size() != 1)
+      return false;
+    const VarDesc& wide = p.var(r.in(slot));
+    const VarDesc& other = p.var(r.in(other_slot(slot)));
+    return other.dtype == DType::f32 && other.shape == wide.shape;
+  };
+  const auto accepts = [&](const OpDesc& r, const std::string& slot) {
+    return r.role == OpRole::forward && (row_op_accepts(r, slot) || add_accepts(r, slot));
+  };
+  const auto rewire = [&](OpDesc& r, const std::string& slot, const std::string& narrow) {
+    if (r.type == "elementwise_add") {
+      r.inputs["X"] = {r.in(other_slot(slot))};
+      r.inputs["Y"] = {narrow};
+    } else {
+      r.inputs[slot] = {narrow};
+      r.attrs["out_dtype"] = kF32;
+    }
+    infer_op(p, r);  // its outputs stay FP32: nothing after it changes
   };
   return fold(p, OpRole::forward, accepts, rewire);
 }
@@ -94,9 +111,15 @@ int fold_widening_grad_casts(Program& p) {
 }
 
 int fold_casts_into_producers(Program& p) {
-  // The ops that compute in FP32 and round once on store to attr out_dtype,
-  // whichever floating dtype it names (their CPU and CUDA kernels alike).
-  const auto rounds_on_store = [](const OpDesc& op) { return op.type == "image_normalize"; };
+  // The ops that compute in FP32 and round once on store to attr out_dtype
+  // (their CPU and CUDA kernels alike), and the output slot it applies to:
+  // image_normalize's Out, any floating dtype; layer_norm's Y, FP16 or BF16
+  // from an FP32 X (the statistics stay FP32).
+  const auto rounded_slot = [](const OpDesc& op) -> std::string {
+    if (op.type == "image_normalize") return "Out";
+    if (op.type == "layer_norm") return "Y";
+    return {};
+  };
   std::set<size_t> removed;
   for (size_t i = 0; i < p.ops().size(); ++i) {
     const OpDesc& cast = p.ops()[i];
@@ -112,10 +135,13 @@ int fold_casts_into_producers(Program& p) {
     const std::optional<size_t> j = p.producer(wide, i);
     if (!j) continue;  // a feed
     OpDesc& producer = p.ops()[*j];
-    if (!rounds_on_store(producer) || producer.role != OpRole::forward || producer.outs("Out").size() != 1 ||
-        producer.out("Out") != wide)
+    const std::string slot = rounded_slot(producer);
+    if (slot.empty() || producer.role != OpRole::forward || producer.outs(slot).size() != 1 ||
+        producer.out(slot) != wide)
       continue;
-    producer.outputs["Out"] = {narrow};
+    if (producer.type == "layer_norm" && p.var(narrow).dtype != DType::f16 && p.var(narrow).dtype != DType::bf16)
+      continue;
+    producer.outputs[slot] = {narrow};
     producer.attrs["out_dtype"] = std::string(dtype_name(p.var(narrow).dtype));
     infer_op(p, producer);  // declares `narrow` as it was: the cast's shape and dtype
     removed.insert(i);

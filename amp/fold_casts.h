@@ -4,7 +4,10 @@
 // has that reader take the FP16 variable itself with attr out_dtype "f32"
 // (runtime/ops/widening.h). The readers that can: softmax's X and
 // softmax_with_cross_entropy's Logits, the black-list ops that follow FP16
-// matmuls in attention and at the loss. A cast with several readers stays:
+// matmuls in attention and at the loss; and elementwise_add beside an FP32
+// operand of the same shape, a Transformer's residual add of a block's FP16
+// output (the add reads that output as its Y, FP16, and writes FP32; its
+// gradient rounds dY once to FP16). A cast with several readers stays:
 // their gradients must be added in FP32 and rounded to FP16 once, by the
 // cast's gradient.
 //
@@ -32,10 +35,14 @@
 // amp::fold_casts_into_producers, after amp::fold_widening_casts, folds a cast
 // the other way: into the op that writes its input. image_normalize is in no
 // AMP list, so amp::rewrite keeps it FP32 and casts its output to FP16 for the
-// white conv2d after it. image_normalize computes each value in FP32 and
-// rounds once on store to its out_dtype, so writing FP16 itself gives the
-// cast's bits, and the batch's FP32 copy is never written or read (a ResNet's
-// input: 8 bytes of traffic per element, and its bytes off the planned peak).
+// white conv2d after it; layer_norm is black, so its FP32 output is cast to
+// FP16 for the white matmul after it (each Transformer block's two, and the
+// final one). Both compute each value in FP32 and round once on store to
+// their out_dtype, so writing FP16 themselves gives the cast's bits, and the
+// FP32 copy is never written or read (8 bytes of traffic per element, and its
+// bytes off the planned peak). layer_norm's gradient then reads the FP16
+// gradient of its output and widens it on load, as the removed cast's
+// gradient widened it: 8 bytes per element less again, the same bits.
 // Folded only where the cast is the FP32 value's one reader.
 //
 // `--no-fold-casts` turns all three off, keeping amp::rewrite's program as

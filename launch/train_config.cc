@@ -362,8 +362,9 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
            "amp: ops to keep in FP32 besides the black list's (softmax, mean, lookup_table, ...), comma separated")
       ->default_str("");
   app.add_flag("!--no-fold-casts", c.fold_casts,
-               "amp: keep the FP32 casts before softmax and softmax_with_cross_entropy (and before softmax_grad), as "
-               "Paddle does; by default those ops read the FP16 values directly (the same results)");
+               "amp: keep the casts that Paddle's lists make around softmax, softmax_with_cross_entropy, residual "
+               "adds, layer_norm and image_normalize; by default those ops read or write the FP16 values directly "
+               "(the same results)");
 
   app.option_defaults()->group("Loss scaling (amp, bf16)");
   add_choice(app, "--loss-scaling", c.loss_scaling, amp::kLossScalingNames,

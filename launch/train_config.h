@@ -162,7 +162,7 @@ struct TrainConfig {
   // Whether these flags with defaults were given: a flag that does nothing is
   // warned about only when the user wrote it (ignored_scaler_flags).
   bool loss_scaling_given = false, loss_scaling_preset_given = false, on_min_scale_given = false;
-  bool fold_casts = true;  // amp::fold_widening_casts and _grad_casts (amp/fold_casts.h; --no-fold-casts: off)
+  bool fold_casts = true;        // the three folds of amp/fold_casts.h (--no-fold-casts: off)
   bool fuse_param_casts = true;  // amp::fuse_param_casts (amp/fuse_param_casts.h; --no-fuse-param-casts: off)
   std::vector<std::string> amp_white_list;
   std::vector<std::string> amp_black_list;

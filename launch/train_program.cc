@@ -151,11 +151,11 @@ TrainProgram build_train_program(Program& p, const std::string& loss, const Trai
          const amp::RewriteResult r = amp::rewrite(p, lists, amp::low_dtype(o.precision));
          return count(r.casts_inserted, "cast", "casts");
        }},
-      {"amp::fold_widening_casts: softmax and cross-entropy read the low-precision tensor", "amp/fold_casts.cc",
-       amp_only("--no-fold-casts", o.amp.fold_casts),
+      {"amp::fold_widening_casts: softmax, cross-entropy and residual adds read the low-precision tensor",
+       "amp/fold_casts.cc", amp_only("--no-fold-casts", o.amp.fold_casts),
        [&] { return count(amp::fold_widening_casts(p), "cast folded", "casts folded"); }},
-      {"amp::fold_casts_into_producers: image_normalize stores the low-precision input", "amp/fold_casts.cc",
-       amp_only("--no-fold-casts", o.amp.fold_casts),
+      {"amp::fold_casts_into_producers: image_normalize and layer_norm store the low-precision output",
+       "amp/fold_casts.cc", amp_only("--no-fold-casts", o.amp.fold_casts),
        [&] { return count(amp::fold_casts_into_producers(p), "cast folded", "casts folded"); }},
       // The loss gradient: the loss scale under AMP (the scaler's state is declared here), 1 in FP32.
       {amp ? "seed_loss_gradient: loss@GRAD = the loss scale" : "seed_loss_gradient: loss@GRAD = 1",

@@ -115,10 +115,11 @@ void unary(const T* x, T* out, int64_t n, Op op) {
   }
 }
 
-/// out[i] = op(a[i], b[i]) (out may alias a or b).
-template <typename T, typename Op>
-void binary(const T* a, const T* b, T* out, int64_t n, Op op) {
-  if constexpr (std::is_same_v<T, float>) {
+/// out[i] = op(a[i], b[i]) (out may alias a or b). b may be narrower than a
+/// and out (an FP16 b beside FP32 a: widened on load, which is exact).
+template <typename T, typename Op, typename TB = T>
+void binary(const T* a, const TB* b, T* out, int64_t n, Op op) {
+  if constexpr (std::is_same_v<T, float> && std::is_same_v<TB, float>) {
     for (int64_t i = 0; i < n; ++i) out[i] = op(a[i], b[i]);
   } else {
     float fa[kChunk], fb[kChunk];

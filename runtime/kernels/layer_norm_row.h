@@ -67,20 +67,23 @@ MIX_HD LayerNormStats layer_norm_row_stats(const T* x, int64_t n) {
 }
 
 /// y = layer_norm(x) over one row; returns the row's statistics (stored as
-/// Mean and Variance). scale / bias may be null.
-template <typename T>
-MIX_HD LayerNormStats layer_norm_row(const T* x, T* y, int64_t n, const float* scale, const float* bias, float eps) {
+/// Mean and Variance). scale / bias may be null. Y may be narrower than X (an
+/// FP16 y of an FP32 x: each value rounded once, on store).
+template <typename TX, typename TY>
+MIX_HD LayerNormStats layer_norm_row(const TX* x, TY* y, int64_t n, const float* scale, const float* bias, float eps) {
   const LayerNormStats st = layer_norm_row_stats(x, n);
   const LayerNormNormalize f{st.mean, ln_inv_std(st.var, eps)};
-  for (int64_t i = 0; i < n; ++i) y[i] = from_float<T>(f(to_float(x[i]), scale ? scale[i] : 1.f, bias ? bias[i] : 0.f));
+  for (int64_t i = 0; i < n; ++i)
+    y[i] = from_float<TY>(f(to_float(x[i]), scale ? scale[i] : 1.f, bias ? bias[i] : 0.f));
   return st;
 }
 
 /// dx over one row from the forward's saved mean and variance (scale may be
 /// null). Scale@GRAD and Bias@GRAD are column sums over rows, which the caller
-/// accumulates (ln_xhat * dy and dy).
-template <typename T>
-MIX_HD void layer_norm_grad_row(const T* x, const T* dy, T* dx, int64_t n, const float* scale, float mean, float var,
+/// accumulates (ln_xhat * dy and dy). dy may be narrower than x and dx (the
+/// gradient of a narrower y: widened on load, exact).
+template <typename T, typename TDY>
+MIX_HD void layer_norm_grad_row(const T* x, const TDY* dy, T* dx, int64_t n, const float* scale, float mean, float var,
                                 float eps) {
   const float inv_std = ln_inv_std(var, eps);
   double sg = 0.0, sgx = 0.0;

@@ -17,6 +17,7 @@
 
 #include "runtime/core/check.h"
 #include "runtime/ir/op_registry.h"
+#include "runtime/ops/elementwise_add_shapes.h"
 
 namespace mix {
 
@@ -51,14 +52,14 @@ inline std::string add_grad_viewed_input(const OpDesc& op, const std::string& ou
 struct AddGradLeft {
   bool x = false, y = false;
 };
-inline AddGradLeft bind_add_grad_views(OpContext& ctx, const Tensor& dout, const Tensor& y) {
+inline AddGradLeft bind_add_grad_views(OpContext& ctx, const Tensor& dout, const add_rules::AddGradY& y) {
   AddGradLeft left;
   if (ctx.wants("X@GRAD")) {
     left.x = !ctx.attr<bool>("x_grad_is_view", false);
     if (!left.x) ctx.scope.set(ctx.op.out("X@GRAD"), dout);
   }
   if (ctx.wants("Y@GRAD")) {
-    left.y = !(ctx.attr<bool>("y_grad_is_view", false) && y.shape() == dout.shape() && y.dtype() == dout.dtype());
+    left.y = !(ctx.attr<bool>("y_grad_is_view", false) && y.shape == dout.shape() && y.dtype == dout.dtype());
     if (!left.y) ctx.scope.set(ctx.op.out("Y@GRAD"), dout);
   }
   return left;

@@ -61,6 +61,19 @@ inline void check_broadcast_desc(const Shape& x, const Shape& y, int axis, const
   }
 }
 
+/// Y's run-time shape from its declared one, where X has its run-time shape:
+/// each -1 (the batch) in Y takes the size of the X dim it is aligned with.
+/// (Every -1 of a program is the same batch size, so an aligned -1 in X holds it.)
+inline Shape resolve_batch_dims(const Shape& x, Shape y, int axis, const std::string& op) {
+  MIX_CHECK(y.size() <= x.size(), op << ": Y " << shape_str(y) << " has more dims than X " << shape_str(x));
+  const size_t a = axis < 0 ? x.size() - y.size() : static_cast<size_t>(axis);
+  MIX_CHECK(a + y.size() <= x.size(), op << ": axis " << axis << " does not place Y " << shape_str(y) << " inside X "
+                                         << shape_str(x) << " (need 0 <= axis <= X.ndim - Y.ndim)");
+  for (size_t i = 0; i < y.size(); ++i)
+    if (y[i] < 0) y[i] = x[a + i];
+  return y;
+}
+
 /// The [pre, n, post] factorisation of X for a Y of concrete shape.
 inline BroadcastDims broadcast_dims(const Shape& x, const Shape& y, int axis, const std::string& op) {
   check_broadcast_desc(x, y, axis, op);

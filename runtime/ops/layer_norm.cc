@@ -1,10 +1,15 @@
 // layer_norm over the trailing dims, with Paddle's slots:
 //   inputs  X [..., D...] (f32, f16 or bf16), Scale [D] and Bias [D] (f32, each optional)
-//   outputs Y (X's shape and dtype), Mean [rows] and Variance [rows] (f32; the
-//           grad reads them, so a program that differentiates needs both)
+//   outputs Y (X's shape and dtype, or attr out_dtype's), Mean [rows] and
+//           Variance [rows] (f32; the grad reads them, so a program that
+//           differentiates needs both)
 //   attrs   begin_norm_axis (int64, default 1; negative counts from the end):
 //           each row is X's dims [begin_norm_axis, ndim) flattened (D values),
-//           rows = the product of the leading dims; epsilon (default 1e-5)
+//           rows = the product of the leading dims; epsilon (default 1e-5);
+//           out_dtype (optional): f16 or bf16 for an f32 X, set by
+//           amp::fold_casts_into_producers where AMP cast Y for a white op:
+//           Y is then rounded once, on store, to the cast's bits, and no FP32
+//           copy is written and read back
 // y = (x - mean) / sqrt(var + eps) * scale + bias per row, var biased (divided
 // by D) and stored as such, as Paddle does (PyTorch stores 1/std instead).
 // Scale, Bias and the statistics stay FP32 when X is FP16 (docs/design.md, "Precision rules"): the row
@@ -12,8 +17,9 @@
 // runtime/kernels/layer_norm_row.h.
 //
 // Grad (layer_norm_grad): inputs X, Scale (when the forward has one), Mean,
-// Variance, Y@GRAD; outputs X@GRAD (X's dtype), Scale@GRAD and Bias@GRAD (f32),
-// each only when wanted. With xhat = (x - mean) inv_std and g = dy * scale:
+// Variance, Y@GRAD (Y's dtype: an f16 Y's gradient is widened on load, as the
+// removed cast's FP32 gradient was exact); outputs X@GRAD (X's dtype),
+// Scale@GRAD and Bias@GRAD (f32), each only when wanted. With xhat = (x - mean) inv_std and g = dy * scale:
 //   dX = inv_std * (g - mean_row(g) - xhat * mean_row(g * xhat))
 //   Scale@GRAD = sum over rows of dy * xhat,   Bias@GRAD = sum over rows of dy
 // (the column sums in double).
@@ -48,7 +54,7 @@ void infer_layer_norm(Program& p, OpDesc& op) {
   const NormDims d = norm_dims(op, x.shape);
   check_param_desc(p, op, "Scale", d.cols);
   check_param_desc(p, op, "Bias", d.cols);
-  declare_var(p, op.out("Y"), x.shape, x.dtype);
+  declare_var(p, op.out("Y"), x.shape, layer_norm_rules::y_dtype(op, x.dtype));
   for (const char* slot : {"Mean", "Variance"})
     if (!op.out_or_empty(slot).empty()) declare_var(p, op.out(slot), {d.rows}, DType::f32);
 }
@@ -59,7 +65,7 @@ void layer_norm_cpu(OpContext& ctx) {
   const float* scale = param(ctx, "Scale", d.cols);
   const float* bias = param(ctx, "Bias", d.cols);
   const float eps = ctx.attr<float>("epsilon", 1e-5f);
-  Tensor& y = ctx.out("Y", x.shape(), x.dtype());
+  Tensor& y = ctx.out("Y", x.shape(), layer_norm_rules::y_dtype(ctx.op, x.dtype()));
   std::vector<float> mean_tmp, var_tmp;
   auto stats = [&](const char* slot, std::vector<float>& tmp) {
     if (ctx.wants(slot)) return ctx.out(slot, {d.rows}, DType::f32).data<float>();
@@ -68,10 +74,9 @@ void layer_norm_cpu(OpContext& ctx) {
   };
   float* mean = stats("Mean", mean_tmp);
   float* var = stats("Variance", var_tmp);
-  cpu::dispatch_floating(x.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    const T* xs = x.data<T>();
-    T* ys = y.data<T>();
+  widening::dispatch(y.dtype(), x.dtype(), [&](auto y_tag, auto x_tag) {
+    const auto* xs = x.data<decltype(x_tag)>();
+    auto* ys = y.data<decltype(y_tag)>();
     for (int64_t r = 0; r < d.rows; ++r) {
       const fn::LayerNormStats st = fn::layer_norm_row(xs + r * d.cols, ys + r * d.cols, d.cols, scale, bias, eps);
       mean[r] = st.mean;
@@ -97,11 +102,12 @@ void layer_norm_grad_cpu(OpContext& ctx) {
   std::vector<double> dscale(want_scale ? static_cast<size_t>(d.cols) : 0),
       dbias(want_bias ? static_cast<size_t>(d.cols) : 0);
   Tensor* dx = ctx.wants("X@GRAD") ? &ctx.out("X@GRAD", x.shape(), x.dtype()) : nullptr;
-  cpu::dispatch_floating(x.dtype(), [&](auto tag) {
-    using T = decltype(tag);
+  widening::dispatch(dy.dtype(), x.dtype(), [&](auto dy_tag, auto x_tag) {
+    using T = decltype(x_tag);
+    using TDY = decltype(dy_tag);
     for (int64_t r = 0; r < d.rows; ++r) {
       const T* xr = x.data<T>() + r * d.cols;
-      const T* dyr = dy.data<T>() + r * d.cols;
+      const TDY* dyr = dy.data<TDY>() + r * d.cols;
       if (dx) fn::layer_norm_grad_row(xr, dyr, dx->data<T>() + r * d.cols, d.cols, scale, mean[r], var[r], eps);
       if (!want_scale && !want_bias) continue;
       const float inv_std = fn::ln_inv_std(var[r], eps);

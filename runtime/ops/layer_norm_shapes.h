@@ -9,6 +9,7 @@
 #include "runtime/core/tensor.h"
 #include "runtime/ir/op_registry.h"
 #include "runtime/ir/program.h"
+#include "runtime/ops/widening.h"
 
 namespace mix::layer_norm_rules {
 
@@ -54,11 +55,24 @@ inline const float* param(const OpContext& ctx, const char* slot, int64_t cols) 
   return t->data<float>();
 }
 
-/// layer_norm_grad's Y@GRAD must match X.
+/// Y's dtype for an X of dtype `x`: attr out_dtype, which may name FP16 or
+/// BF16 for an FP32 X (amp::fold_casts_into_producers: Y rounded once on
+/// store, as the cast it replaces would round it), or X's own dtype.
+inline DType y_dtype(const OpDesc& op, DType x) {
+  if (!op.has_attr("out_dtype")) return x;
+  const DType y = parse_dtype(op.attr<std::string>("out_dtype", ""));
+  MIX_CHECK(widening::allowed(y, x), op.type << ": out_dtype " << dtype_name(y) << " with an " << dtype_name(x)
+                                             << " X is not supported (X's dtype, or f16/bf16 for an f32 X)");
+  return y;
+}
+
+/// layer_norm_grad's Y@GRAD must have X's shape, and X's dtype or Y's
+/// narrower one (f16/bf16 beside an f32 X).
 inline void check_grad_input(const Tensor& x, const Tensor& dy) {
-  MIX_CHECK(dy.shape() == x.shape() && dy.dtype() == x.dtype(),
+  MIX_CHECK(dy.shape() == x.shape() && widening::allowed(dy.dtype(), x.dtype()),
             "layer_norm_grad: Y@GRAD " << dtype_name(dy.dtype()) << shape_str(dy.shape()) << " does not match X "
-                                       << dtype_name(x.dtype()) << shape_str(x.shape()));
+                                       << dtype_name(x.dtype()) << shape_str(x.shape())
+                                       << " (X's shape; X's dtype, or f16/bf16 for an f32 X)");
 }
 
 /// layer_norm_grad's saved statistics: f32[rows] each.

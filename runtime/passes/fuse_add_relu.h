@@ -22,10 +22,6 @@
 // reads and writes, and 31 kernel launches fewer. The values are the same
 // bits (runtime/ops/fused_add_relu.cc says why).
 //
-// Each fused add's gradient (elementwise_add_grad), which reads Y for its
-// shape and dtype alone, then reads the fused op's Out, which has both: Y's
-// storage need not live until backward.
-//
 // Run after autodiff, on the program the executor runs: relu's gradient reads
 // relu's output, not t, so t has one reader there; fused ops have no gradient.
 // mixtrain runs it unless `--no-fuse-add-relu`; `--print-program` shows the
@@ -39,9 +35,8 @@ namespace mix {
 
 /// How many pairs fuse_add_relu fused.
 struct FusedAddRelu {
-  int forward = 0;            // elementwise_add + relu -> fused_add_relu
-  int backward = 0;           // sum + relu_grad -> fused_sum_relu_grad
-  int grads_reading_out = 0;  // elementwise_add_grad reading the fused Out's shape for Y's
+  int forward = 0;   // elementwise_add + relu -> fused_add_relu
+  int backward = 0;  // sum + relu_grad -> fused_sum_relu_grad
 };
 
 /// Fuses the pairs described above in `p`; `keep` names variables the caller

@@ -721,3 +721,15 @@ TEST_CASE("softmax and cross-entropy with out_dtype f32 on the GPU: the values o
       check_widening_cross_entropy(kGpu, narrow, s);
   }
 }
+
+TEST_CASE("residual add and layer_norm with narrow operands on the GPU: the values of the ops on the FP32 casts",
+          "[cuda][layer_norm][elementwise][fold]") {
+  require_gpu();
+  // Bit for bit on one device (tests/unit/widening_check.h): the packed and
+  // unpacked paths of the mixed add (sizes that are and are not multiples of
+  // the pack), and layer_norm's warp-per-row and block-per-row paths.
+  for (DType narrow : {DType::f16, DType::bf16}) {
+    for (const Shape& s : {Shape{7, 10}, Shape{8, 1024}, Shape{3, 1030}}) check_narrow_residual_add(kGpu, narrow, s);
+    for (const Shape& s : {Shape{7, 10}, Shape{33, 768}, Shape{4, 1100}}) check_narrowing_layer_norm(kGpu, narrow, s);
+  }
+}

@@ -433,6 +433,46 @@ TEST_CASE("elementwise_add_grad passes gradients through as views, except a para
   CHECK(Executor(copies, {}).plan(2).peak_temporary_bytes >= with_views);
 }
 
+TEST_CASE("elementwise_add_grad reads no forward tensor: the add's inputs go when the forward is done with them",
+          "[autodiff][executor]") {
+  // a = 2x, b = 3x (scale's gradient reads nothing of the forward either);
+  // c = a + b; d = c + bias (a broadcast parameter); loss = mean(d). The
+  // gradients need the inputs' shapes and dtypes only, which the grad maker
+  // records (attrs y_shape, y_dtype): a and b are released at the add.
+  Program p;
+  p.add_var(VarDesc{"x", {4, 8}, DType::f32, true, true, false, {}});  // a parameter: its gradient is checked
+  p.add_var(VarDesc{"bias", {8}, DType::f32, true, true, false, {}});
+  p.append_op(make_op("scale", {{"X", {"x"}}}, {{"Out", {"a"}}}, {{"scale", 2.0}}));
+  p.append_op(make_op("scale", {{"X", {"x"}}}, {{"Out", {"b"}}}, {{"scale", 3.0}}));
+  p.append_op(make_op("elementwise_add", {{"X", {"a"}}, {"Y", {"b"}}}, {{"Out", {"c"}}}));
+  p.append_op(make_op("elementwise_add", {{"X", {"c"}}, {"Y", {"bias"}}}, {{"Out", {"d"}}}));
+  p.append_op(make_op("mean", {{"X", {"d"}}}, {{"Out", {"loss"}}}));
+  seed_loss_gradient(p, "loss");
+  append_backward(p, "loss");
+  for (const OpDesc& op : p.ops())
+    if (op.type == "elementwise_add_grad") CHECK(op.all_inputs() == std::vector<std::string>{op.in("Out@GRAD")});
+  const MemoryPlan plan = Executor(p, {"x@GRAD", "bias@GRAD"}).plan(4);
+  auto released_after = [&](const std::string& name) {
+    for (size_t k = 0; k < plan.release_after.size(); ++k)
+      for (const std::string& n : plan.release_after[k])
+        if (n == name) return k;
+    return SIZE_MAX;
+  };
+  CHECK(released_after("a") == 2);
+  CHECK(released_after("b") == 2);
+  CHECK(released_after("c") == 3);
+
+  // And the gradients are right without them: dx = (2 + 3) / numel, dbias = rows / numel.
+  Scope s;
+  s.set("x", Tensor::from_floats({4, 8}, std::vector<float>(32, 0.5f)));
+  s.set("bias", Tensor::from_floats({8}, std::vector<float>(8, 1.f)));
+  ExecEnv env;
+  Executor(p, {"x@GRAD", "bias@GRAD"}).run(s, env);
+  for (float v : s.get("x@GRAD").to_floats()) CHECK(v == Approx(5.f / 32));
+  CHECK(s.get("bias@GRAD").shape() == Shape{8});
+  for (float v : s.get("bias@GRAD").to_floats()) CHECK(v == Approx(4.f / 32));
+}
+
 TEST_CASE("the memory plan keeps a view's storage until the view's last use", "[executor][views]") {
   // y = relu(x); z = reshape2(y) (a view of y); a = tanh(x); b = z + a; loss = mean(b).
   // y's last use is the reshape, but its storage lives on in z until b is made:

@@ -44,7 +44,8 @@ std::multiset<std::string> casts_of(const Program& p) {
 
 }  // namespace
 
-TEST_CASE("fold_widening_casts: softmax and cross-entropy read the FP16 values; no other cast moves", "[amp][fold]") {
+TEST_CASE("fold_widening_casts: softmax, cross-entropy and residual adds read the FP16 values; no other cast moves",
+          "[amp][fold]") {
   SECTION("MLP: the logits") {
     models::Model m = small_mlp();
     amp::rewrite(m.program, amp::AmpLists::defaults());
@@ -67,11 +68,11 @@ TEST_CASE("fold_widening_casts: softmax and cross-entropy read the FP16 values; 
     // Running it again finds nothing left to fold.
     CHECK(amp::fold_widening_casts(m.program) == 0);
   }
-  SECTION("Transformer: each layer's attention scores and the logits") {
+  SECTION("Transformer: each layer's attention scores and residual adds, and the logits") {
     models::Model m = models::build_transformer(kTinyTransformer);
     amp::rewrite(m.program, amp::AmpLists::defaults());
     const std::multiset<std::string> before = casts_of(m.program);
-    CHECK(amp::fold_widening_casts(m.program) == kTinyTransformer.layers + 1);
+    CHECK(amp::fold_widening_casts(m.program) == 3 * kTinyTransformer.layers + 1);
     const Program& p = m.program;
     std::multiset<std::string> want = before;
     want.erase("logits.cast_fp32");
@@ -85,6 +86,17 @@ TEST_CASE("fold_widening_casts: softmax and cross-entropy read the FP16 values; 
       CHECK(p.var(h + "att").dtype == DType::f32);
       // The probabilities still reach the next (white) matmul through an FP16 cast.
       CHECK(producer_of(p, h + "context").in("X") == h + "att.cast_fp16");
+      // Each residual add reads its branch's FP16 output as Y and writes FP32.
+      const std::string block = "transformer.h." + std::to_string(l) + ".";
+      for (const char* branch : {"attn", "mlp"}) {
+        const std::string out = block + branch + ".c_proj.out";
+        want.erase(out + ".cast_fp32");
+        const OpDesc& add = producer_of(p, block + (std::string(branch) == "attn" ? "resid_attn" : "resid_mlp"));
+        CHECK(add.in("Y") == out);
+        CHECK(p.var(out).dtype == DType::f16);
+        CHECK(p.var(add.in("X")).dtype == DType::f32);
+        CHECK(p.var(add.out("Out")).dtype == DType::f32);
+      }
     }
     CHECK(casts_of(p) == want);
     CHECK(producer_of(p, "loss.per_example").in("Logits") == "logits");
@@ -135,8 +147,41 @@ TEST_CASE("fold_widening_casts keeps casts with another reader, or several widen
   // With softmax in the custom white list there is no cast to fold.
   models::Model m = models::build_transformer(kTinyTransformer);
   amp::rewrite(m.program, amp::AmpLists::defaults().with_custom({"softmax"}, {}));
-  CHECK(amp::fold_widening_casts(m.program) == 1);  // the logits only
+  CHECK(amp::fold_widening_casts(m.program) == 1 + 2 * kTinyTransformer.layers);  // the logits and residual adds
   CHECK(m.program.var("transformer.h.0.attn.att").dtype == DType::f16);
+}
+
+TEST_CASE("fold_widening_casts: a residual add takes the FP16 operand as Y; a broadcast or FP16 partner keeps the cast",
+          "[amp][fold]") {
+  const auto f16_feed = [](Program& p, const std::string& name, Shape shape) {
+    p.add_var(VarDesc{name, std::move(shape), DType::f16, false, false, true, {}});
+  };
+  const auto widen = [](Program& p, const std::string& in) {
+    p.append_op(make_op("cast", {{"X", {in}}}, {{"Out", {in + ".cast_fp32"}}}, {{"out_dtype", std::string("f32")}}));
+  };
+  Program p;
+  p.add_var(VarDesc{"x", {-1, 4}, DType::f32, false, false, true, {}});
+  for (const char* n : {"a", "c", "d"}) f16_feed(p, n, {-1, 4});
+  f16_feed(p, "bias", {4});
+  for (const char* n : {"a", "c", "d", "bias"}) widen(p, n);
+  // The cast on X: the add commutes, so the FP16 value becomes its Y.
+  p.append_op(make_op("elementwise_add", {{"X", {"a.cast_fp32"}}, {"Y", {"x"}}}, {{"Out", {"r1"}}}));
+  // Two casts into one add: the first folds; then the other operand is FP16, so the second stays.
+  p.append_op(make_op("elementwise_add", {{"X", {"c.cast_fp32"}}, {"Y", {"d.cast_fp32"}}}, {{"Out", {"r2"}}}));
+  // A broadcast bias: a narrow Y must have X's shape.
+  p.append_op(make_op("elementwise_add", {{"X", {"r1"}}, {"Y", {"bias.cast_fp32"}}}, {{"Out", {"r3"}}}));
+  CHECK(amp::fold_widening_casts(p) == 2);
+  const OpDesc& r1 = producer_of(p, "r1");
+  CHECK(r1.in("X") == "x");
+  CHECK(r1.in("Y") == "a");
+  CHECK(p.var("r1").dtype == DType::f32);
+  const OpDesc& r2 = producer_of(p, "r2");
+  CHECK(r2.in("X") == "d.cast_fp32");
+  CHECK(r2.in("Y") == "c");
+  CHECK(producer_of(p, "d.cast_fp32").type == "cast");
+  CHECK(producer_of(p, "r3").in("Y") == "bias.cast_fp32");
+  CHECK(producer_of(p, "bias.cast_fp32").type == "cast");
+  CHECK(amp::fold_widening_casts(p) == 0);
 }
 
 TEST_CASE("fold_widening_casts keeps a cast whose input is written before its reader", "[amp][fold]") {
@@ -226,6 +271,76 @@ TEST_CASE("fold_casts_into_producers keeps a cast the FP32 value has other reade
   CHECK(amp::fold_casts_into_producers(p) == 1);  // not vacuous: folded otherwise
 }
 
+TEST_CASE("fold_casts_into_producers: layer_norm stores the FP16 or BF16 input of the linear layer after it",
+          "[amp][fold]") {
+  for (DType low : {DType::f16, DType::bf16}) {
+    INFO(dtype_name(low));
+    models::Model m = models::build_transformer(kTinyTransformer);
+    amp::rewrite(m.program, amp::AmpLists::defaults(), low);
+    amp::fold_widening_casts(m.program);
+    std::vector<std::string> norms;
+    for (int l = 0; l < kTinyTransformer.layers; ++l)
+      for (const char* n : {".ln_1", ".ln_2"}) norms.push_back("transformer.h." + std::to_string(l) + n);
+    norms.push_back("transformer.ln_f");
+    for (const std::string& n : norms)
+      REQUIRE(producer_of(m.program, amp::cast_var_name(n + ".out", low)).type == "cast");
+    const size_t casts = casts_of(m.program).size();
+    CHECK(amp::fold_casts_into_producers(m.program) == static_cast<int>(norms.size()));
+    CHECK(casts_of(m.program).size() == casts - norms.size());
+    for (const std::string& n : norms) {
+      const std::string narrow = amp::cast_var_name(n + ".out", low);
+      const OpDesc& ln = producer_of(m.program, narrow);
+      CHECK(ln.type == "layer_norm");
+      CHECK(ln.attr<std::string>("out_dtype", "") == dtype_name(low));
+      CHECK(m.program.var(narrow).dtype == low);
+      CHECK(m.program.var(ln.in("X")).dtype == DType::f32);
+      CHECK(m.program.var(ln.out("Mean")).dtype == DType::f32);
+      CHECK(m.program.readers(n + ".out").empty());
+    }
+    CHECK(amp::fold_casts_into_producers(m.program) == 0);  // nothing left to fold
+    // The gradient reads the narrow output's gradient itself: no cast to FP32 before it.
+    seed_loss_gradient(m.program, m.loss, "");
+    append_backward(m.program, m.loss);
+    for (const std::string& n : norms) {
+      const std::string dy = amp::cast_var_name(n + ".out", low) + "@GRAD";
+      const auto readers = m.program.readers(dy);
+      REQUIRE(readers.size() == 1);
+      const OpDesc& g = m.program.ops()[readers.front().first];
+      CHECK(g.type == "layer_norm_grad");
+      CHECK(m.program.var(dy).dtype == low);
+      CHECK(m.program.var(g.out("X@GRAD")).dtype == DType::f32);
+    }
+  }
+}
+
+TEST_CASE("residual add and layer_norm with narrow operands on the CPU: the values of the ops on the FP32 casts",
+          "[amp][fold]") {
+  for (DType narrow : {DType::f16, DType::bf16}) {
+    for (const Shape& s : {Shape{7, 10}, Shape{2, 3, 64}, Shape{3, 1030}})
+      mix::testing::check_narrow_residual_add(cpu_device(), narrow, s);
+    for (const Shape& s : {Shape{7, 10}, Shape{2, 3, 64}, Shape{4, 1100}})
+      mix::testing::check_narrowing_layer_norm(cpu_device(), narrow, s);
+  }
+}
+
+TEST_CASE("layer_norm's out_dtype and its gradient's dtypes: what is not supported is an error",
+          "[amp][fold][errors]") {
+  Program p;
+  p.add_var(VarDesc{"x16", {-1, 4}, DType::f16, false, false, true, {}});
+  CHECK_THROWS_WITH(p.append_op(make_op("layer_norm", {{"X", {"x16"}}}, {{"Y", {"y"}}},
+                                        {{"begin_norm_axis", int64_t{1}}, {"out_dtype", std::string("f32")}})),
+                    Catch::Contains("out_dtype f32 with an f16 X is not supported"));
+  const Tensor x = mix::testing::random_tensor({2, 4}, DType::f16, 1);
+  const Tensor dy = mix::testing::random_tensor({2, 4}, DType::f32, 2);
+  const Tensor stats = mix::testing::random_tensor({2}, DType::f32, 3, 0.5f, 1.f);
+  CHECK_THROWS_WITH(
+      mix::testing::run_ops_on(
+          {make_op("layer_norm_grad", {{"X", {"x"}}, {"Mean", {"m"}}, {"Variance", {"v"}}, {"Y@GRAD", {"dy"}}},
+                   {{"X@GRAD", {"dx"}}}, {{"begin_norm_axis", int64_t{1}}})},
+          {{"x", x}, {"m", stats}, {"v", stats}, {"dy", dy}}, cpu_device(), ExecEnv{}, {"dx"}),
+      Catch::Contains("Y@GRAD f32[2, 4] does not match X f16[2, 4]"));
+}
+
 TEST_CASE("fold_widening_grad_casts: softmax_grad reads the FP16 gradient of attention's probabilities",
           "[amp][fold]") {
   for (double dropout : {0.0, 0.1}) {
@@ -306,13 +421,16 @@ TEST_CASE("AMP training with folded casts is bit-identical to training with the 
   // The MLP: the logits' cast and its gradient's cast back.
   SECTION("MLP") { check_same_training(small_mlp, 2); }
   // The Transformer: those two for the logits and for each layer's scores,
-  // and the cast of each layer's probability gradient before softmax_grad.
+  // the cast of each layer's probability gradient before softmax_grad, and
+  // two for each cast a residual add or a layer_norm no longer needs (its
+  // gradient's cast goes with it): two adds and two layer norms a layer, and
+  // the final layer norm.
+  const int transformer_casts = 3 * kTinyTransformer.layers + 2 + 2 * (4 * kTinyTransformer.layers + 1);
   SECTION("Transformer") {
-    check_same_training([] { return models::build_transformer(kTinyTransformer); }, 3 * kTinyTransformer.layers + 2);
+    check_same_training([] { return models::build_transformer(kTinyTransformer); }, transformer_casts);
   }
   SECTION("Transformer in BF16") {
-    check_same_training([] { return models::build_transformer(kTinyTransformer); }, 3 * kTinyTransformer.layers + 2,
-                        DType::bf16);
+    check_same_training([] { return models::build_transformer(kTinyTransformer); }, transformer_casts, DType::bf16);
   }
   // A ResNet fed 8-bit pixels: the logits' two casts, and the input's cast
   // folded into image_normalize (channels first and last).
@@ -331,6 +449,6 @@ TEST_CASE("AMP training with folded casts is bit-identical to training with the 
   SECTION("Transformer with dropout") {
     models::TransformerConfig tc = kTinyTransformer;
     tc.dropout = 0.1;
-    check_same_training([tc] { return models::build_transformer(tc); }, 2 * tc.layers + 2);
+    check_same_training([tc] { return models::build_transformer(tc); }, 2 * tc.layers + 2 + 2 * (4 * tc.layers + 1));
   }
 }

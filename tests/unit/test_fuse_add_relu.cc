@@ -97,23 +97,10 @@ TEST_CASE("fuse_add_relu fuses every residual add and gradient sum of the ResNet
       const FusedAddRelu n = fuse_add_relu(fused, {});
       CHECK(n.forward == c.forward);
       CHECK(n.backward == c.backward);
-      // Each fused add's gradient reads the fused Out for Y's shape, never Y.
-      CHECK(n.grads_reading_out == c.forward);
-      std::map<std::string, std::string> y_before;  // a gradient's Out@GRAD -> the Y it read
-      for (const OpDesc& op : plain.ops())
-        if (op.type == "elementwise_add_grad") y_before[op.in("Out@GRAD")] = op.in("Y");
-      std::map<std::string, std::set<std::string>> inputs_of_out;  // fused Out -> its X and Y
+      // An add's gradient reads no forward tensor (elementwise_add.cc), so
+      // the fused op is the only reader of the add's inputs before backward.
       for (const OpDesc& op : fused.ops())
-        if (op.type == "fused_add_relu") inputs_of_out[op.out("Out")] = {op.in("X"), op.in("Y")};
-      int reading_out = 0;
-      for (const OpDesc& op : fused.ops()) {
-        if (op.type != "elementwise_add_grad") continue;
-        const auto it = inputs_of_out.find(op.in("Y"));
-        if (it == inputs_of_out.end()) continue;
-        ++reading_out;
-        CHECK(it->second.count(y_before.at(op.in("Out@GRAD"))) == 1);  // the Out of the add whose Y it read
-      }
-      CHECK(reading_out == c.forward);
+        if (op.type == "elementwise_add_grad") CHECK(op.all_inputs() == std::vector<std::string>{op.in("Out@GRAD")});
       CHECK(count_ops(fused, "fused_add_relu") == static_cast<size_t>(c.forward));
       CHECK(count_ops(fused, "fused_sum_relu_grad") == static_cast<size_t>(c.backward));
       CHECK(fused.ops().size() == plain.ops().size() - static_cast<size_t>(n.forward + n.backward));
@@ -157,13 +144,10 @@ TEST_CASE("fuse_add_relu fuses every residual add and gradient sum of the ResNet
       }
       CHECK(expected == c.forward + c.backward);
 
-      // The intermediates are gone, so the planned peak cannot grow; in
-      // ResNet-50 the downsampling blocks' shortcuts no longer live until
-      // backward, so it falls.
+      // The intermediates are gone, so the planned peak cannot grow.
       const size_t peak_plain = Executor(plain, {}).plan(8).peak_temporary_bytes;
       const size_t peak_fused = Executor(fused, {}).plan(8).peak_temporary_bytes;
       CHECK(peak_fused <= peak_plain);
-      if (std::string(c.name) == "resnet50") CHECK(peak_fused < peak_plain);
     }
 }
 
@@ -300,76 +284,6 @@ TEST_CASE("fuse_add_relu leaves alone what it cannot fuse", "[fuse]") {
     p.append_op(make_op("sum", {{"X", {"b", "c"}}}, {{"Out", {"g"}}}));
     p.append_op(make_op("tanh_grad", {{"Out", {"a"}}, {"Out@GRAD", {"g"}}}, {{"X@GRAD", {"dx"}}}));
     CHECK(fuses(p) == 0);
-  }
-}
-
-TEST_CASE("each fused add's gradient reads its own fused Out for Y's shape", "[fuse]") {
-  // Two adds share Y = b; their gradients come in reverse order. Each must
-  // read the Out of its own add (found through the relu_grad before it),
-  // not the last fused op that reads b.
-  Program p;
-  for (const char* n : {"a", "b", "c", "g1", "g2"}) p.add_var(var(n, {-1, 8}));
-  p.append_op(make_op("elementwise_add", {{"X", {"a"}}, {"Y", {"b"}}}, {{"Out", {"t1"}}}));
-  p.append_op(make_op("relu", {{"X", {"t1"}}}, {{"Out", {"o1"}}}));
-  p.append_op(make_op("elementwise_add", {{"X", {"c"}}, {"Y", {"b"}}}, {{"Out", {"t2"}}}));
-  p.append_op(make_op("relu", {{"X", {"t2"}}}, {{"Out", {"o2"}}}));
-  for (const char* n : {"t1@GRAD", "t2@GRAD"}) p.add_var(var(n, {-1, 8}));
-  p.append_op(make_op("relu_grad", {{"Out", {"o2"}}, {"Out@GRAD", {"g2"}}}, {{"X@GRAD", {"t2@GRAD"}}}));
-  p.append_op(make_op("elementwise_add_grad", {{"Y", {"b"}}, {"Out@GRAD", {"t2@GRAD"}}}, {{"X@GRAD", {"dc"}}}));
-  p.append_op(make_op("relu_grad", {{"Out", {"o1"}}, {"Out@GRAD", {"g1"}}}, {{"X@GRAD", {"t1@GRAD"}}}));
-  p.append_op(make_op("elementwise_add_grad", {{"Y", {"b"}}, {"Out@GRAD", {"t1@GRAD"}}}, {{"X@GRAD", {"da"}}}));
-  const FusedAddRelu n = fuse_add_relu(p, {});
-  CHECK(n.forward == 2);
-  CHECK(n.grads_reading_out == 2);
-  std::map<std::string, std::string> y_of;  // Out@GRAD -> Y
-  for (const OpDesc& op : p.ops())
-    if (op.type == "elementwise_add_grad") y_of[op.in("Out@GRAD")] = op.in("Y");
-  CHECK(y_of.at("t1@GRAD") == "o1");
-  CHECK(y_of.at("t2@GRAD") == "o2");
-}
-
-TEST_CASE("a gradient that is not the fused add's keeps its Y", "[fuse]") {
-  // t = a + b fuses into o = fused_add_relu(a, b); relu's gradient then
-  // feeds an elementwise_add_grad that is not that add's.
-  auto program = [] {
-    Program p;
-    for (const char* n : {"a", "b", "g", "t@GRAD"}) p.add_var(var(n, {-1, 8}));
-    p.add_var(var("bias", {8}));
-    return p;
-  };
-  auto forward = [](Program& p) {
-    p.append_op(make_op("elementwise_add", {{"X", {"a"}}, {"Y", {"b"}}}, {{"Out", {"t"}}}));
-    p.append_op(make_op("relu", {{"X", {"t"}}}, {{"Out", {"o"}}}));
-  };
-  auto backward = [](Program& p, const std::string& y) {
-    p.append_op(make_op("relu_grad", {{"Out", {"o"}}, {"Out@GRAD", {"g"}}}, {{"X@GRAD", {"t@GRAD"}}}));
-    p.append_op(make_op("elementwise_add_grad", {{"Y", {y}}, {"Out@GRAD", {"t@GRAD"}}}, {{"X@GRAD", {"da"}}}));
-  };
-  auto y_of_grad = [](const Program& p) {
-    for (const OpDesc& op : p.ops())
-      if (op.type == "elementwise_add_grad") return op.in("Y");
-    return std::string();
-  };
-  SECTION("its Y is none of the fused op's inputs") {
-    // A bias: the fused Out has not its shape.
-    Program p = program();
-    forward(p);
-    backward(p, "bias");
-    const FusedAddRelu n = fuse_add_relu(p, {});
-    CHECK(n.forward == 1);
-    CHECK(n.grads_reading_out == 0);
-    CHECK(y_of_grad(p) == "bias");
-  }
-  SECTION("it runs before the fused op") {
-    // o is not yet the fused op's output there.
-    Program p = program();
-    p.add_var(var("o", {-1, 8}));
-    backward(p, "b");
-    forward(p);
-    const FusedAddRelu n = fuse_add_relu(p, {});
-    CHECK(n.forward == 1);
-    CHECK(n.grads_reading_out == 0);
-    CHECK(y_of_grad(p) == "b");
   }
 }
 

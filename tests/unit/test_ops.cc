@@ -219,7 +219,12 @@ TEST_CASE("elementwise ops: mismatched shapes and dtypes are errors", "[ops][ele
   p.add_var(var_desc("x", {-1, 4}, DType::f16));
   p.add_var(var_desc("b", {4}, DType::f32));
   CHECK_THROWS_WITH(p.append_op(make_op("elementwise_add", {{"X", {"x"}}, {"Y", {"b"}}}, {{"Out", {"o"}}})),
-                    Contains("X x is f16 but Y b is f32"));
+                    Contains("X is f16 but Y is f32"));
+  // A narrower Y beside an f32 X only where it has X's shape.
+  p.add_var(var_desc("x32", {-1, 4}, DType::f32));
+  p.add_var(var_desc("bias16", {4}, DType::f16));
+  CHECK_THROWS_WITH(p.append_op(make_op("elementwise_add", {{"X", {"x32"}}, {"Y", {"bias16"}}}, {{"Out", {"o"}}})),
+                    Contains("must have X's shape"));
   // A -1 batch dim matches at build time.
   p.add_var(var_desc("b16", {4}, DType::f16));
   p.append_op(make_op("elementwise_add", {{"X", {"x"}}, {"Y", {"b16"}}}, {{"Out", {"o"}}}));

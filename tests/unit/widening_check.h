@@ -118,4 +118,83 @@ inline void check_widening_cross_entropy(Device device, DType narrow, const Shap
                    "Logits@GRAD x_grad_dtype vs cast(grad) " + what);
 }
 
+/// elementwise_add of an FP32 X and an FP16/BF16 Y of its shape (the residual
+/// add amp::fold_widening_casts makes) gives, bit for bit, the add of Y cast to
+/// FP32; its gradient writes dY as dOut rounded once to Y's dtype, the cast's
+/// gradient, and dX as dOut.
+inline void check_narrow_residual_add(Device device, DType narrow, const Shape& s) {
+  const std::string what = std::string(dtype_name(narrow)) + " " + shape_str(s);
+  INFO("elementwise_add with a narrow Y " << what);
+  const Tensor x = with_specials(random_tensor(s, DType::f32, 81, -4.f, 4.f), DType::f32);
+  const Tensor y = random_tensor(s, narrow, 82, -4.f, 4.f);
+  const auto add = [](const std::string& y_name) {
+    return make_op("elementwise_add", {{"X", {"x"}}, {"Y", {y_name}}}, {{"Out", {"out"}}});
+  };
+  const auto folded = run_ops_on({add("y")}, {{"x", x}, {"y", y}}, device, ExecEnv{}, {"out"});
+  const auto cast =
+      run_ops_on({make_op("cast", {{"X", {"y"}}}, {{"Out", {"yw"}}}, {{"out_dtype", std::string("f32")}}), add("yw")},
+                 {{"x", x}, {"y", y}}, device, ExecEnv{}, {"out"});
+  CHECK(folded.at("out").dtype() == DType::f32);
+  expect_identical(folded.at("out"), cast.at("out"), "add(x, narrow y) vs add(x, cast(y)) " + what);
+
+  // The grad maker's attrs as elementwise_add's would set them for this Y
+  // (declared with a -1 batch, resolved against Out@GRAD).
+  Shape declared = s;
+  declared[0] = -1;
+  const Tensor dout = with_specials(random_tensor(s, DType::f32, 83, -70000.f, 70000.f), DType::f32);
+  const auto grad =
+      run_ops_on({make_op("elementwise_add_grad", {{"Out@GRAD", {"dout"}}}, {{"X@GRAD", {"dx"}}, {"Y@GRAD", {"dy"}}},
+                          {{"y_shape", declared}, {"y_dtype", std::string(dtype_name(narrow))}})},
+                 {{"dout", dout}}, device, ExecEnv{}, {"dx", "dy"});
+  CHECK(grad.at("dy").dtype() == narrow);
+  CHECK(grad.at("dy").shape() == s);
+  expect_identical(grad.at("dy"), to_dtype(dout, narrow), "dY of a narrow Y vs dOut cast " + what);
+  expect_identical(grad.at("dx"), dout, "dX of the residual add " + what);
+}
+
+/// layer_norm of an FP32 X with out_dtype FP16/BF16 (amp::fold_casts_into_producers)
+/// gives, bit for bit, the FP32 op's Y cast to that dtype and the same
+/// statistics; layer_norm_grad reading that narrow Y's gradient gives what it
+/// gives on the gradient widened to FP32.
+inline void check_narrowing_layer_norm(Device device, DType narrow, const Shape& s) {
+  const std::string what = std::string(dtype_name(narrow)) + " " + shape_str(s);
+  INFO("layer_norm out_dtype " << what);
+  const int64_t cols = s.back();
+  const Tensor x = random_tensor(s, DType::f32, 91, -3.f, 5.f);
+  const Tensor scale = random_tensor({cols}, DType::f32, 92, 0.5f, 1.5f);
+  const Tensor bias = random_tensor({cols}, DType::f32, 93, -0.5f, 0.5f);
+  const std::vector<std::pair<std::string, Tensor>> feeds{{"x", x}, {"scale", scale}, {"bias", bias}};
+  const int64_t axis = static_cast<int64_t>(s.size()) - 1;
+  const auto ln = [&](std::map<std::string, Attr> attrs) {
+    attrs["begin_norm_axis"] = axis;
+    return make_op("layer_norm", {{"X", {"x"}}, {"Scale", {"scale"}}, {"Bias", {"bias"}}},
+                   {{"Y", {"y"}}, {"Mean", {"mean"}}, {"Variance", {"var"}}}, attrs);
+  };
+  const auto folded = run_ops_on({ln({{"out_dtype", std::string(dtype_name(narrow))}})}, feeds, device, ExecEnv{},
+                                 {"y", "mean", "var"});
+  const auto wide = run_ops_on({ln({})}, feeds, device, ExecEnv{}, {"y", "mean", "var"});
+  CHECK(folded.at("y").dtype() == narrow);
+  expect_identical(folded.at("y"), to_dtype(wide.at("y"), narrow), "layer_norm out_dtype vs cast(layer_norm) " + what);
+  for (const char* stat : {"mean", "var"})
+    expect_identical(folded.at(stat), wide.at(stat), std::string(stat) + " " + what);
+
+  const Tensor dy = random_tensor(s, narrow, 94, -2.f, 2.f);
+  const auto grad = [&](const Tensor& dy_value) {
+    std::vector<std::pair<std::string, Tensor>> f = feeds;
+    f.emplace_back("mean", wide.at("mean"));
+    f.emplace_back("var", wide.at("var"));
+    f.emplace_back("dy", dy_value);
+    return run_ops_on(
+        {make_op("layer_norm_grad",
+                 {{"X", {"x"}}, {"Scale", {"scale"}}, {"Mean", {"mean"}}, {"Variance", {"var"}}, {"Y@GRAD", {"dy"}}},
+                 {{"X@GRAD", {"dx"}}, {"Scale@GRAD", {"dscale"}}, {"Bias@GRAD", {"dbias"}}},
+                 {{"begin_norm_axis", axis}})},
+        f, device, ExecEnv{}, {"dx", "dscale", "dbias"});
+  };
+  const auto gnarrow = grad(dy), gwidened = grad(to_dtype(dy, DType::f32));
+  CHECK(gnarrow.at("dx").dtype() == DType::f32);
+  for (const char* g : {"dx", "dscale", "dbias"})
+    expect_identical(gnarrow.at(g), gwidened.at(g), std::string(g) + " from a narrow Y@GRAD vs its widening " + what);
+}
+
 }  // namespace mix::testing

@@ -13,22 +13,6 @@ namespace {
 // ---- kernels -------------------------------------------------------------------------
 
 template <typename From, typename To>
-struct FloatCast {
-  const From* x;
-  To* out;
-  __device__ void operator()(int64_t i) const { out[i] = from_float<To>(to_float(x[i])); }
-  template <int V>
-  __device__ void pack(int64_t i) const {
-    const Pack<From, V> xs = load_pack<V>(x, i);
-    Pack<To, V> r;
-#pragma unroll
-    for (int k = 0; k < V; ++k) r.v[k] = from_float<To>(to_float(xs.v[k]));
-    store_pack<V>(out, i, r);
-  }
-  bool packable(int v) const { return pack_aligned(x, v) && pack_aligned(out, v); }
-};
-
-template <typename From, typename To>
 struct IntCast {
   const From* x;
   To* out;
@@ -65,16 +49,7 @@ void cast_cuda(OpContext& ctx) {
   Tensor& out = ctx.out("Out", x.shape(), to);
   const cudaStream_t stream = compute_stream(ctx);
   if (x.dtype() == to) return copy_on_stream(out.raw(), x.raw(), x.bytes(), stream);
-  if (is_floating(x.dtype()) && is_floating(to)) {
-    dispatch_floating(x.dtype(), [&](auto in_tag) {
-      using From = decltype(in_tag);
-      dispatch_floating(to, [&](auto out_tag) {
-        using To = decltype(out_tag);
-        launch_packed<kPackWidth<From, To>>(x.numel(), stream, FloatCast<From, To>{x.data<From>(), out.data<To>()});
-      });
-    });
-    return;
-  }
+  if (is_floating(x.dtype()) && is_floating(to)) return float_cast(ctx, x, out);
   if (x.dtype() == DType::i64 && to == DType::i32) return int_cast<int64_t, int32_t>(x, out, stream);
   if (x.dtype() == DType::i32 && to == DType::i64) return int_cast<int32_t, int64_t>(x, out, stream);
   if (x.dtype() == DType::i64 && to == DType::f32) return int_cast<int64_t, float>(x, out, stream);

@@ -135,17 +135,20 @@ struct UnaryMap {
   bool packable(int v) const { return pack_aligned(x, v) && pack_aligned(out, v); }
 };
 
-/// out[i] = op(a[i], b[i]); out may alias a or b.
-template <typename T, typename Op>
+/// out[i] = op(a[i], b[i]); out may alias a or b. b may be narrower than a
+/// and out (TB half_t or bf16_t beside float: widened on load, exact); packs
+/// then hold kPackWidth<T, TB> elements.
+template <typename T, typename Op, typename TB = T>
 struct BinaryMap {
   const T* a;
-  const T* b;
+  const TB* b;
   T* out;
   Op op;
   __device__ void operator()(int64_t i) const { out[i] = from_float<T>(op(to_float(a[i]), to_float(b[i]))); }
   template <int V>
   __device__ void pack(int64_t i) const {
-    const Pack<T, V> as = load_pack<V>(a, i), bs = load_pack<V>(b, i);
+    const Pack<T, V> as = load_pack<V>(a, i);
+    const Pack<TB, V> bs = load_pack<V>(b, i);
     Pack<T, V> r;
 #pragma unroll
     for (int k = 0; k < V; ++k) r.v[k] = from_float<T>(op(to_float(as.v[k]), to_float(bs.v[k])));
@@ -153,6 +156,40 @@ struct BinaryMap {
   }
   bool packable(int v) const { return pack_aligned(a, v) && pack_aligned(b, v) && pack_aligned(out, v); }
 };
+
+/// out[i] = To(x[i]) between floating types: widening is exact, narrowing
+/// rounds once to nearest even (from_float), as the CPU's bulk converters.
+template <typename From, typename To>
+struct FloatCast {
+  const From* x;
+  To* out;
+  __device__ void operator()(int64_t i) const { out[i] = from_float<To>(to_float(x[i])); }
+  template <int V>
+  __device__ void pack(int64_t i) const {
+    const Pack<From, V> xs = load_pack<V>(x, i);
+    Pack<To, V> r;
+#pragma unroll
+    for (int k = 0; k < V; ++k) r.v[k] = from_float<To>(to_float(xs.v[k]));
+    store_pack<V>(out, i, r);
+  }
+  bool packable(int v) const { return pack_aligned(x, v) && pack_aligned(out, v); }
+};
+
+/// out = x converted to out's floating dtype (same number of elements), on the compute stream.
+inline void float_cast(const OpContext& ctx, const Tensor& x, Tensor& out) {
+  MIX_CHECK(x.numel() == out.numel() && is_floating(x.dtype()) && is_floating(out.dtype()),
+            ctx.op.type << ": cannot convert " << dtype_name(x.dtype()) << shape_str(x.shape()) << " to "
+                        << dtype_name(out.dtype()) << shape_str(out.shape()));
+  const cudaStream_t stream = compute_stream(ctx);
+  if (x.dtype() == out.dtype()) return copy_on_stream(out.raw(), x.raw(), x.bytes(), stream);
+  dispatch_floating(x.dtype(), [&](auto in_tag) {
+    using From = decltype(in_tag);
+    dispatch_floating(out.dtype(), [&](auto out_tag) {
+      using To = decltype(out_tag);
+      launch_packed<kPackWidth<From, To>>(x.numel(), stream, FloatCast<From, To>{x.data<From>(), out.data<To>()});
+    });
+  });
+}
 
 /// Runs a unary functor over a floating tensor (out: x's shape and dtype), as cpu::unary_tensor.
 template <typename Op>

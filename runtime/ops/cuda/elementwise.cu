@@ -19,6 +19,7 @@
 #include "runtime/ops/add_grad_views.h"
 #include "runtime/ops/broadcast.h"
 #include "runtime/ops/cuda/device_ops.cuh"
+#include "runtime/ops/elementwise_add_shapes.h"
 
 namespace mix::cuda {
 namespace {
@@ -210,19 +211,28 @@ void broadcast_reduce(const OpContext& ctx, const Tensor& a, const Tensor* b, Te
 void add_cuda(OpContext& ctx) {
   const Tensor x = ctx.in("X");  // by value: Out may replace X's scope entry
   const Tensor y = ctx.in("Y");
-  check_same_dtype(x, y, "elementwise_add");
   check_on_device(ctx, x, "X");
   check_on_device(ctx, y, "Y");
   const BroadcastDims d = broadcast_dims(x.shape(), y.shape(), ctx.attr<int>("axis", -1), "elementwise_add");
+  add_rules::check_dtypes(x.dtype(), y.dtype(), d.same_shape());
   Tensor& out = ctx.out("Out", x.shape(), x.dtype());
+  if (x.dtype() != y.dtype()) {  // a narrower Y of X's shape (checked above), widened on load
+    dispatch_floating(y.dtype(), [&](auto tag) {
+      using TY = decltype(tag);
+      launch_packed<kPackWidth<float, TY>>(
+          x.numel(), compute_stream(ctx),
+          BinaryMap<float, fn::Add, TY>{x.data<float>(), y.data<TY>(), out.data<float>(), fn::Add{}});
+    });
+    return;
+  }
   broadcast_binary(ctx, x, y, out, d, fn::Add{});
 }
 
 void add_grad_cuda(OpContext& ctx) {
-  const Tensor y = ctx.in("Y");  // read for its shape and dtype only
   const Tensor dout = ctx.in("Out@GRAD");
   check_on_device(ctx, dout, "Out@GRAD");
-  const BroadcastDims d = broadcast_dims(dout.shape(), y.shape(), ctx.attr<int>("axis", -1), "elementwise_add_grad");
+  const add_rules::AddGradY y = add_rules::grad_y(ctx, dout);
+  const BroadcastDims d = broadcast_dims(dout.shape(), y.shape, ctx.attr<int>("axis", -1), "elementwise_add_grad");
   const cudaStream_t stream = compute_stream(ctx);
   const AddGradLeft left = bind_add_grad_views(ctx, dout, y);  // views: no data touched
   if (left.x) {
@@ -231,13 +241,8 @@ void add_grad_cuda(OpContext& ctx) {
     copy_on_stream(dx.raw(), dout.raw(), dout.bytes(), stream);
   }
   if (left.y) {
-    Tensor& dy = ctx.out("Y@GRAD", y.shape(), y.dtype());
-    if (d.same_shape()) {
-      MIX_CHECK(dy.bytes() == dout.bytes(), "elementwise_add_grad: Y " << dtype_name(y.dtype()) << " and Out@GRAD "
-                                                                       << dtype_name(dout.dtype()) << " differ");
-      copy_on_stream(dy.raw(), dout.raw(), dout.bytes(), stream);
-      return;
-    }
+    Tensor& dy = ctx.out("Y@GRAD", y.shape, y.dtype);
+    if (d.same_shape()) return float_cast(ctx, dout, dy);  // a copy, or dOut rounded once to a narrower Y's dtype
     broadcast_reduce(ctx, dout, nullptr, dy, d, fn::TakeFirst{});
   }
 }

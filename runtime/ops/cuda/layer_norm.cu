@@ -34,16 +34,17 @@ constexpr int64_t kMaxChunks = 1024;
 
 // ---- kernels -------------------------------------------------------------------------
 
-// Y, Mean and Variance (the latter two may be null) of each row.
-template <typename T, int kThreads>
-__global__ void layer_norm_rows(const T* x, T* y, float* mean_out, float* var_out, const float* scale,
+// Y, Mean and Variance (the latter two may be null) of each row. Y may be
+// narrower than X (attr out_dtype), rounded once on store.
+template <typename T, typename TY, int kThreads>
+__global__ void layer_norm_rows(const T* x, TY* y, float* mean_out, float* var_out, const float* scale,
                                 const float* bias, int64_t rows, int64_t cols, float eps) {
   using G = RowGroup<kThreads>;
   __shared__ float shared[kBlock / kWarp];
   const float n = static_cast<float>(cols);
   for (int64_t r = G::first_row(); r < rows; r += G::row_stride()) {
     const T* xr = x + r * cols;
-    T* yr = y + r * cols;
+    TY* yr = y + r * cols;
     float s = 0.f;
     for (int64_t j = G::tid(); j < cols; j += kThreads) s = __fadd_rn(s, to_float(xr[j]));
     const float mean = __fdiv_rn(G::reduce(s, shared, AddRn{}), n);
@@ -55,7 +56,7 @@ __global__ void layer_norm_rows(const T* x, T* y, float* mean_out, float* var_ou
     const float var = __fdiv_rn(G::reduce(ss, shared, AddRn{}), n);
     const fn::LayerNormNormalize f{mean, fn::ln_inv_std(var, eps)};
     for (int64_t j = G::tid(); j < cols; j += kThreads)
-      yr[j] = from_float<T>(f(to_float(xr[j]), scale ? scale[j] : 1.f, bias ? bias[j] : 0.f));
+      yr[j] = from_float<TY>(f(to_float(xr[j]), scale ? scale[j] : 1.f, bias ? bias[j] : 0.f));
     if (G::tid() == 0) {
       if (mean_out) mean_out[r] = mean;
       if (var_out) var_out[r] = var;
@@ -63,16 +64,17 @@ __global__ void layer_norm_rows(const T* x, T* y, float* mean_out, float* var_ou
   }
 }
 
-// X@GRAD of each row from the saved statistics (fn::LayerNormBackward).
-template <typename T, int kThreads>
-__global__ void layer_norm_grad_rows(const T* x, const T* dy, T* dx, const float* scale, const float* mean_in,
+// X@GRAD of each row from the saved statistics (fn::LayerNormBackward). dy
+// may be narrower than x and dx (a narrower Y's gradient), widened on load.
+template <typename T, typename TDY, int kThreads>
+__global__ void layer_norm_grad_rows(const T* x, const TDY* dy, T* dx, const float* scale, const float* mean_in,
                                      const float* var_in, int64_t rows, int64_t cols, float eps) {
   using G = RowGroup<kThreads>;
   __shared__ float shared[kBlock / kWarp];
   const float n = static_cast<float>(cols);
   for (int64_t r = G::first_row(); r < rows; r += G::row_stride()) {
     const T* xr = x + r * cols;
-    const T* dyr = dy + r * cols;
+    const TDY* dyr = dy + r * cols;
     const float mean = mean_in[r], inv_std = fn::ln_inv_std(var_in[r], eps);
     float sg = 0.f, sgx = 0.f;
     for (int64_t j = G::tid(); j < cols; j += kThreads) {
@@ -92,8 +94,8 @@ __global__ void layer_norm_grad_rows(const T* x, const T* dy, T* dx, const float
 // Column partial sums over one chunk of rows (blockIdx.y), in double: Bias@GRAD's
 // dy and Scale@GRAD's dy·xhat (either output may be skipped: null).
 // partial_* are [chunks, cols].
-template <typename T>
-__global__ void layer_norm_param_partials(const T* x, const T* dy, const float* mean_in, const float* var_in,
+template <typename T, typename TDY>
+__global__ void layer_norm_param_partials(const T* x, const TDY* dy, const float* mean_in, const float* var_in,
                                           int64_t rows, int64_t cols, int64_t rows_per_chunk, float eps,
                                           double* partial_scale, double* partial_bias) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kBlock + threadIdx.x;
@@ -128,17 +130,18 @@ void layer_norm_cuda(OpContext& ctx) {
   if (scale) check_on_device(ctx, *ctx.in_opt("Scale"), "Scale");
   if (bias) check_on_device(ctx, *ctx.in_opt("Bias"), "Bias");
   const float eps = ctx.attr<float>("epsilon", 1e-5f);
-  Tensor& y = ctx.out("Y", x.shape(), x.dtype());
+  Tensor& y = ctx.out("Y", x.shape(), layer_norm_rules::y_dtype(ctx.op, x.dtype()));
   float* mean = ctx.wants("Mean") ? ctx.out("Mean", {d.rows}, DType::f32).data<float>() : nullptr;
   float* var = ctx.wants("Variance") ? ctx.out("Variance", {d.rows}, DType::f32).data<float>() : nullptr;
   if (d.rows == 0) return;
   const cudaStream_t stream = compute_stream(ctx);
-  dispatch_floating(x.dtype(), [&](auto tag) {
-    using T = decltype(tag);
+  widening::dispatch(y.dtype(), x.dtype(), [&](auto y_tag, auto x_tag) {
+    using T = decltype(x_tag);
+    using TY = decltype(y_tag);
     with_row_group(d.cols, [&](auto threads) {
       constexpr int kThreads = decltype(threads)::value;
-      layer_norm_rows<T, kThreads><<<row_group_blocks<kThreads>(d.rows), kBlock, 0, stream>>>(
-          x.data<T>(), y.data<T>(), mean, var, scale, bias, d.rows, d.cols, eps);
+      layer_norm_rows<T, TY, kThreads><<<row_group_blocks<kThreads>(d.rows), kBlock, 0, stream>>>(
+          x.data<T>(), y.data<TY>(), mean, var, scale, bias, d.rows, d.cols, eps);
       MIX_CUDA_CHECK(cudaGetLastError());
     });
   });
@@ -180,21 +183,23 @@ void layer_norm_grad_cuda(OpContext& ctx) {
   if (want_bias) partial_bias = Tensor::empty({chunks, d.cols}, DType::i64, ctx.env.device);
   auto* ps = want_scale ? static_cast<double*>(partial_scale.raw()) : nullptr;
   auto* pb = want_bias ? static_cast<double*>(partial_bias.raw()) : nullptr;
-  dispatch_floating(x.dtype(), [&](auto tag) {
-    using T = decltype(tag);
+  widening::dispatch(dy.dtype(), x.dtype(), [&](auto dy_tag, auto x_tag) {
+    using T = decltype(x_tag);
+    using TDY = decltype(dy_tag);
     if (dx) {
       with_row_group(d.cols, [&](auto threads) {
         constexpr int kThreads = decltype(threads)::value;
-        layer_norm_grad_rows<T, kThreads><<<row_group_blocks<kThreads>(d.rows), kBlock, 0, stream>>>(
-            x.data<T>(), dy.data<T>(), dx->data<T>(), scale, mean.data<float>(), var.data<float>(), d.rows, d.cols,
+        layer_norm_grad_rows<T, TDY, kThreads><<<row_group_blocks<kThreads>(d.rows), kBlock, 0, stream>>>(
+            x.data<T>(), dy.data<TDY>(), dx->data<T>(), scale, mean.data<float>(), var.data<float>(), d.rows, d.cols,
             eps);
         MIX_CUDA_CHECK(cudaGetLastError());
       });
     }
     if ((!want_scale && !want_bias) || d.cols == 0) return;  // cols 0: empty dscale/dbias, and no 0-wide grid
     const dim3 grid(static_cast<unsigned>((d.cols + kBlock - 1) / kBlock), static_cast<unsigned>(chunks));
-    layer_norm_param_partials<T><<<grid, kBlock, 0, stream>>>(
-        x.data<T>(), dy.data<T>(), mean.data<float>(), var.data<float>(), d.rows, d.cols, rows_per_chunk, eps, ps, pb);
+    layer_norm_param_partials<T, TDY><<<grid, kBlock, 0, stream>>>(x.data<T>(), dy.data<TDY>(), mean.data<float>(),
+                                                                   var.data<float>(), d.rows, d.cols, rows_per_chunk,
+                                                                   eps, ps, pb);
     MIX_CUDA_CHECK(cudaGetLastError());
     using Sum = ChunkColumnSum<double, AddRnDouble, float>;
     if (want_scale) launch_grid_stride(d.cols, stream, Sum{ps, dscale, chunks, d.cols});
