@@ -283,7 +283,7 @@ TrainProgram build_train_program(Program& p, const std::string& loss, const Trai
        amp_only("--no-fuse-param-casts", o.passes.fuse_param_casts),
        [&] { return count(amp::fuse_param_casts(p), "cast fused", "casts fused"); }, "--no-fuse-param-casts"},
       // After fuse_param_casts: until then a bias's FP16 cast sits between its matmul and add.
-      {"fuse_matmul_bias: matmul + bias add as one op", "runtime/passes/fuse_matmul_bias.cc",
+      {"fuse_matmul_bias: a linear layer's product + bias add as one op", "runtime/passes/fuse_matmul_bias.cc",
        o.passes.fuse_matmul_bias ? "" : "--no-fuse-matmul-bias",
        [&] { return count(fuse_matmul_bias(p, t.read_back), "pair", "pairs"); }, "--no-fuse-matmul-bias"},
       {"fuse_bn_relu: batch_norm + relu as one op", "runtime/passes/fuse_bn_relu.cc",

@@ -4,7 +4,8 @@
 //   t = matmul(X, W);  out = elementwise_add(t, b)   (b a 1-D bias over t's last dim)
 // becomes one
 //   out = fused_matmul_bias(X, W, b)                 (runtime/ops/fused_matmul_bias.cc)
-// when W is a 2-D weight shared by the batch, X is not transposed, t has no
+// and so does each t = mul(X, W) with a 2-D X (the MLP's layers: X W^T, so
+// fused with transpose_Y), when W is a 2-D weight shared by the batch, X is not transposed, t has no
 // other reader, is neither persistable nor kept by the caller, and nothing but
 // collective ops lies between the two (runtime/passes/fuse_pairs.h).
 //

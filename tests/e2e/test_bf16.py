@@ -67,9 +67,10 @@ def main():
     # 1. The program.
     r = mt.mixtrain([*small, "--precision", "bf16", "--print-program"], timeout=60)
     ops = mt.program_ops(r.out)
-    muls = [op for op in ops.values() if op.type == "mul"]
+    # The MLP's linear layers: mul, run with its bias add as one fused_matmul_bias.
+    muls = [op for op in ops.values() if op.type in ("mul", "fused_matmul_bias")]
     c.check(r.rc == 0 and muls and all(".cast_bf16" in op.ins_text for op in muls),
-            "every mul reads BF16 casts", r.describe(300) if r.rc else "")
+            "every linear layer reads BF16 casts", r.describe(300) if r.rc else "")
     c.check(":f16[" not in r.out and ":bf16[" in r.out, "BF16 values, no FP16 one")
     c.check("none scaler, initial scale 1" in r.out, "no loss scaling by default")
 

@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <functional>
 #include <set>
 #include <string>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "runtime/exec/executor.h"
 #include "runtime/ir/op_registry.h"
 #include "runtime/passes/fuse_matmul_bias.h"
+#include "tests/unit/amp_test_programs.h"
 #include "tests/unit/cuda_compare.h"
 #include "tests/unit/gradcheck.h"
 #include "tests/unit/train_steps.h"
@@ -144,6 +146,32 @@ TEST_CASE("fuse_matmul_bias fuses every linear layer of the Transformer, and not
   }
 }
 
+TEST_CASE("fuse_matmul_bias fuses each layer of the MLP (mul + bias)", "[fuse]") {
+  for (bool use_amp : {false, true}) {
+    INFO((use_amp ? "AMP" : "FP32"));
+    models::Model m = small_mlp();
+    launch::TrainProgramOptions o = program_options(use_amp);
+    o.passes.fuse_param_casts = true;
+    launch::TrainProgram t = launch::build_train_program(m.program, m.loss, o);
+    REQUIRE(count_ops(m.program, "mul") == 2);
+    CHECK(fuse_matmul_bias(m.program, t.read_back) == 2);
+    CHECK(count_ops(m.program, "mul") == 0);
+    for (const OpDesc& op : m.program.ops())
+      if (op.type == "fused_matmul_bias") CHECK(op.attr<bool>("transpose_Y", false));  // mul's Y is [out, in]
+  }
+  // A mul whose X is flattened after x_num_col_dims is not fused_matmul_bias's product.
+  Program wide;
+  wide.add_var(var_desc("x", {-1, 3, 4}, DType::f32));
+  for (const auto& [name, shape] : std::vector<std::pair<std::string, Shape>>{{"w", {5, 12}}, {"b", {5}}}) {
+    VarDesc v = var_desc(name, shape, DType::f32);
+    v.persistable = true;
+    wide.add_var(v);
+  }
+  wide.append_op(make_op("mul", {{"X", {"x"}}, {"Y", {"w"}}}, {{"Out", {"t"}}}, {{"x_num_col_dims", int64_t{1}}}));
+  wide.append_op(make_op("elementwise_add", {{"X", {"t"}}, {"Y", {"b"}}}, {{"Out", {"out"}}}));
+  CHECK(fuse_matmul_bias(wide, {}) == 0);
+}
+
 TEST_CASE("fuse_matmul_bias leaves alone a product read elsewhere or kept", "[fuse]") {
   auto program = [](bool second_reader) {
     Program p;
@@ -174,13 +202,18 @@ TEST_CASE("fuse_matmul_bias leaves alone a product read elsewhere or kept", "[fu
 
 TEST_CASE("FP32 training with the bias fused gives the bits of training without; AMP the same losses within FP16",
           "[fuse]") {
-  TrainOptions o{.steps = 3, .batch = 2};
-  TrainedModel fused = train_steps(tiny_gpt(), o);
-  o.fuse_matmul_bias = false;
-  TrainedModel apart = train_steps(tiny_gpt(), o);
-  CHECK(count_ops(fused.model.program, "fused_matmul_bias") == 8);
-  CHECK(count_ops(apart.model.program, "fused_matmul_bias") == 0);
-  expect_same_training(fused, apart);
+  // FP32, the pass on and off: `layers` fused, and the same bits.
+  const auto same_fp32_training = [](const std::function<models::Model()>& build, int layers) {
+    TrainOptions o{.steps = 3, .batch = 2};
+    TrainedModel fused = train_steps(build(), o);
+    o.fuse_matmul_bias = false;
+    TrainedModel apart = train_steps(build(), o);
+    CHECK(count_ops(fused.model.program, "fused_matmul_bias") == layers);
+    CHECK(count_ops(apart.model.program, "fused_matmul_bias") == 0);
+    expect_same_training(fused, apart);
+  };
+  same_fp32_training(tiny_gpt, 8);
+  same_fp32_training(small_mlp, 2);  // the MLP's mul + bias
 
   // AMP: one rounding fewer per linear layer, so not the same bits, but the
   // same training: each step's loss within a few FP16 roundings of the other's.
