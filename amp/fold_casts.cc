@@ -113,8 +113,9 @@ int fold_widening_grad_casts(Program& p) {
 int fold_casts_into_producers(Program& p) {
   // The ops that compute in FP32 and round once on store to attr out_dtype
   // (their CPU and CUDA kernels alike), and the output slot it applies to:
-  // image_normalize's Out, any floating dtype; layer_norm's Y, FP16 or BF16
-  // from an FP32 X (the statistics stay FP32).
+  // image_normalize's Out, any floating dtype; layer_norm's Y, any floating
+  // dtype from the FP32 X that the cast's FP32 input implies (its statistics
+  // stay FP32; layer_norm_rules::y_dtype).
   const auto rounded_slot = [](const OpDesc& op) -> std::string {
     if (op.type == "image_normalize") return "Out";
     if (op.type == "layer_norm") return "Y";
@@ -138,8 +139,6 @@ int fold_casts_into_producers(Program& p) {
     const std::string slot = rounded_slot(producer);
     if (slot.empty() || producer.role != OpRole::forward || producer.outs(slot).size() != 1 ||
         producer.out(slot) != wide)
-      continue;
-    if (producer.type == "layer_norm" && p.var(narrow).dtype != DType::f16 && p.var(narrow).dtype != DType::bf16)
       continue;
     producer.outputs[slot] = {narrow};
     producer.attrs["out_dtype"] = std::string(dtype_name(p.var(narrow).dtype));
