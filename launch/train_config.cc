@@ -108,6 +108,7 @@ std::vector<std::pair<std::string, std::string>> TrainConfig::fingerprint_fields
           {"fuse-add-relu", fuse_add_relu ? "on" : "off"},
           {"fuse-bn-relu", fuse_bn_relu ? "on" : "off"},
           {"fuse-matmul-bias", fuse_matmul_bias ? "on" : "off"},
+          {"fold-grad-sums", fold_grad_sums ? "on" : "off"},
           {"recompute-softmax", recompute_softmax ? "on" : "off"},
           {"layers", is_language_model() ? num(layers) : "-"},
           {"d-model", is_language_model() ? num(d_model) : "-"},
@@ -187,7 +188,9 @@ std::vector<std::pair<std::string, std::string>> TrainConfig::fingerprint_fields
           // would leave the others waiting. Paths may differ between nodes.
           {"save", save.empty() ? "not given" : "given"},
           {"save-every", num(save_every)},
-          {"resume", resume.empty() ? "not given" : resume_auto() ? "auto" : "given"},
+          {"resume", resume.empty()  ? "not given"
+                     : resume_auto() ? "auto"
+                                     : "given"},
           {"keep-checkpoints", num(keep_checkpoints)},
           {"collective-timeout", num(collective_timeout)},
           {"init-from", init_from.empty() ? "not given" : "given"},
@@ -542,6 +545,9 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
   app.add_flag("!--no-fuse-matmul-bias", c.fuse_matmul_bias,
                "keep each linear layer's matmul and bias add as two ops, instead of the bias added in the GEMM's "
                "epilogue (the same values in FP32; in FP16 and BF16 the fused op rounds once, not twice)");
+  app.add_flag("!--no-fold-grad-sums", c.fold_grad_sums,
+               "keep each sum of a gradient's two parts as its own op, instead of layer_norm_grad or "
+               "lookup_table_grad adding the other part as it writes its own (the same values)");
   app.add_flag("!--no-fuse-param-casts", c.fuse_param_casts,
                "amp: keep one cast op per weight for its FP16 copy instead of one fused_cast op for all");
 

@@ -72,6 +72,8 @@ struct TrainConfig {
   bool fuse_bn_relu = true;
   /// Fuse each linear layer's matmul and bias add (runtime/passes/fuse_matmul_bias.h; --no-fuse-matmul-bias: off).
   bool fuse_matmul_bias = true;
+  /// Fold gradient sums into the op writing the last part (runtime/passes/fold_grad_sums.h; --no-fold-grad-sums: off).
+  bool fold_grad_sums = true;
   /// softmax_with_cross_entropy's grad recomputes the softmax (runtime/passes/recompute_softmax.h; --store-softmax: off).
   bool recompute_softmax = true;
   // the Transformer language model (models::TransformerConfig); --model gpt2

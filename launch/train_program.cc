@@ -14,9 +14,10 @@
 #include "runtime/ir/autodiff.h"
 #include "runtime/ir/op_registry.h"
 #include "runtime/optim/clip_grad.h"
+#include "runtime/passes/fold_grad_sums.h"
 #include "runtime/passes/fuse_add_relu.h"
-#include "runtime/passes/fuse_matmul_bias.h"
 #include "runtime/passes/fuse_bn_relu.h"
+#include "runtime/passes/fuse_matmul_bias.h"
 #include "runtime/passes/recompute_softmax.h"
 
 namespace mix::launch {
@@ -293,6 +294,15 @@ TrainProgram build_train_program(Program& p, const std::string& loss, const Trai
          return pairs(f.forward + f.forward_add, f.backward);
        },
        "--no-fuse-bn-relu"},
+      {"fold_grad_sums: a gradient's two parts added by the op that writes the second",
+       "runtime/passes/fold_grad_sums.cc", o.passes.fold_grad_sums ? "" : "--no-fold-grad-sums",
+       [&] {
+         const FoldedGradSums f = fold_grad_sums(p, t.read_back);
+         Did did = count(f.sums, "sum", "sums");
+         if (f.casts > 0) did.what += " and " + count(f.casts, "cast", "casts").what;
+         return did;
+       },
+       "--no-fold-grad-sums"},
   };
   for (const Pass& pass : pipeline) {
     PassRun r{pass.name, pass.file, pass.off_by.empty(), pass.off_by, "", pass.whole_step_flag, false};

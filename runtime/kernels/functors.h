@@ -102,6 +102,22 @@ struct TakeFirst {
   MIX_HD float operator()(float a, float) const { return a; }
 };
 
+// ---- gradient parts ----------------------------------------------------------------
+/// A gradient op's own part of a gradient plus the gradient's other part, for
+/// an op that takes that part as input Accumulate (runtime/passes/fold_grad_sums.h):
+/// its own part rounded to T as the op alone would store it, then the FP32 sum
+/// of the two rounded to T as `sum` adds them: the bits of the op followed by
+/// `sum` (an FP32 sum of two values does not depend on their order). Spelled
+/// __fadd_rn on the device so that no multiply before it is contracted into it.
+template <typename T>
+MIX_HD T add_grad_part(float own, float other) {
+#ifdef __CUDA_ARCH__
+  return from_float<T>(__fadd_rn(to_float(from_float<T>(own)), other));
+#else
+  return from_float<T>(to_float(from_float<T>(own)) + other);
+#endif
+}
+
 // ---- mean ------------------------------------------------------------------------
 /// The mean from a sum taken in double: one rounding, to float, at the end.
 MIX_HD float mean_from_sum(double sum, int64_t n) { return static_cast<float>(sum / static_cast<double>(n)); }

@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "runtime/core/half.h"
+#include "runtime/kernels/functors.h"
 
 namespace mix::fn {
 
@@ -81,10 +82,12 @@ MIX_HD LayerNormStats layer_norm_row(const TX* x, TY* y, int64_t n, const float*
 /// dx over one row from the forward's saved mean and variance (scale may be
 /// null). Scale@GRAD and Bias@GRAD are column sums over rows, which the caller
 /// accumulates (ln_xhat * dy and dy). dy may be narrower than x and dx (the
-/// gradient of a narrower y: widened on load, exact).
+/// gradient of a narrower y: widened on load, exact). With `acc` (input
+/// Accumulate, else null), dx is that other part of x's gradient plus this
+/// one, as fn::add_grad_part adds them.
 template <typename T, typename TDY>
 MIX_HD void layer_norm_grad_row(const T* x, const TDY* dy, T* dx, int64_t n, const float* scale, float mean, float var,
-                                float eps) {
+                                float eps, const T* acc = nullptr) {
   const float inv_std = ln_inv_std(var, eps);
   double sg = 0.0, sgx = 0.0;
   for (int64_t i = 0; i < n; ++i) {
@@ -94,7 +97,10 @@ MIX_HD void layer_norm_grad_row(const T* x, const TDY* dy, T* dx, int64_t n, con
   }
   const LayerNormBackward b{mean, inv_std, static_cast<float>(sg / static_cast<double>(n)),
                             static_cast<float>(sgx / static_cast<double>(n))};
-  for (int64_t i = 0; i < n; ++i) dx[i] = from_float<T>(b(to_float(x[i]), to_float(dy[i]), scale ? scale[i] : 1.f));
+  for (int64_t i = 0; i < n; ++i) {
+    const float own = b(to_float(x[i]), to_float(dy[i]), scale ? scale[i] : 1.f);
+    dx[i] = acc ? add_grad_part<T>(own, to_float(acc[i])) : from_float<T>(own);
+  }
 }
 
 }  // namespace mix::fn

@@ -18,7 +18,10 @@
 //
 // Grad (layer_norm_grad): inputs X, Scale (when the forward has one), Mean,
 // Variance, Y@GRAD (Y's dtype: an f16 Y's gradient is widened on load, as the
-// removed cast's FP32 gradient was exact); outputs X@GRAD (X's dtype),
+// removed cast's FP32 gradient was exact), and optionally Accumulate (X's
+// shape and dtype: the other part of X's gradient, the residual stream's,
+// added to dX as `sum` would add it, fn::add_grad_part; set by
+// runtime/passes/fold_grad_sums.h); outputs X@GRAD (X's dtype),
 // Scale@GRAD and Bias@GRAD (f32), each only when wanted. With xhat = (x - mean) inv_std and g = dy * scale:
 //   dX = inv_std * (g - mean_row(g) - xhat * mean_row(g * xhat))
 //   Scale@GRAD = sum over rows of dy * xhat,   Bias@GRAD = sum over rows of dy
@@ -30,6 +33,7 @@
 #include "runtime/ir/op_registry.h"
 #include "runtime/kernels/cpu_loops.h"
 #include "runtime/kernels/layer_norm_row.h"
+#include "runtime/ops/accumulate_input.h"
 #include "runtime/ops/layer_norm_shapes.h"
 
 namespace mix {
@@ -101,6 +105,8 @@ void layer_norm_grad_cpu(OpContext& ctx) {
   MIX_CHECK(!want_scale || scale, "layer_norm_grad: Scale@GRAD is wanted but the op has no Scale");
   std::vector<double> dscale(want_scale ? static_cast<size_t>(d.cols) : 0),
       dbias(want_bias ? static_cast<size_t>(d.cols) : 0);
+  const Tensor* acc = grad_part::accumulate(ctx, "X@GRAD", x.shape(), x.dtype(), false);
+  MIX_CHECK(!acc || ctx.wants("X@GRAD"), "layer_norm_grad: Accumulate is given but X@GRAD is not wanted");
   Tensor* dx = ctx.wants("X@GRAD") ? &ctx.out("X@GRAD", x.shape(), x.dtype()) : nullptr;
   widening::dispatch(dy.dtype(), x.dtype(), [&](auto dy_tag, auto x_tag) {
     using T = decltype(x_tag);
@@ -108,7 +114,9 @@ void layer_norm_grad_cpu(OpContext& ctx) {
     for (int64_t r = 0; r < d.rows; ++r) {
       const T* xr = x.data<T>() + r * d.cols;
       const TDY* dyr = dy.data<TDY>() + r * d.cols;
-      if (dx) fn::layer_norm_grad_row(xr, dyr, dx->data<T>() + r * d.cols, d.cols, scale, mean[r], var[r], eps);
+      if (dx)
+        fn::layer_norm_grad_row(xr, dyr, dx->data<T>() + r * d.cols, d.cols, scale, mean[r], var[r], eps,
+                                acc ? acc->data<T>() + r * d.cols : nullptr);
       if (!want_scale && !want_bias) continue;
       const float inv_std = fn::ln_inv_std(var[r], eps);
       for (int64_t j = 0; j < d.cols; ++j) {

@@ -13,6 +13,11 @@
 // occurrence of an id adds its Out@GRAD row (duplicate ids sum), accumulated
 // in FP32 and rounded once. Ids get no gradient. lookup_table is on the AMP
 // black list, so W is normally the FP32 master and W@GRAD FP32.
+// Optional input Accumulate (W's shape; W's dtype, or f16/bf16 for an f32 W,
+// widened on load): the other part of W's gradient, added to every row as
+// `sum` would add it (fn::add_grad_part). A tied output layer's FP16 gradient
+// is that part: runtime/passes/fold_grad_sums.h folds its cast to FP32 and
+// the sum of the two parts into this op.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -20,7 +25,9 @@
 #include "runtime/core/check.h"
 #include "runtime/ir/op_registry.h"
 #include "runtime/kernels/cpu_loops.h"
+#include "runtime/kernels/functors.h"
 #include "runtime/kernels/lookup_row.h"
+#include "runtime/ops/accumulate_input.h"
 #include "runtime/ops/gemm.h"
 #include "runtime/ops/lookup_table_shapes.h"
 
@@ -97,6 +104,7 @@ void lookup_table_grad_cpu(OpContext& ctx) {
   const int64_t padding_idx = ctx.attr<int64_t>("padding_idx", -1);
   check_ids("lookup_table_grad", ids, v);
   lookup_rules::check_grad_input(w, ids, dout);
+  const Tensor* other = grad_part::accumulate(ctx, "W@GRAD", w.shape(), w.dtype(), true);
   Tensor& dw = ctx.out("W@GRAD", w.shape(), w.dtype());
   std::vector<float> tmp;
   float* acc = dw.dtype() == DType::f32 ? dw.data<float>() : (tmp.resize(static_cast<size_t>(v * d)), tmp.data());
@@ -109,7 +117,18 @@ void lookup_table_grad_cpu(OpContext& ctx) {
       if (!fn::lookup_is_padding(id, padding_idx)) fn::lookup_grad_row_add(acc + id * d, g + i * d, d);
     }
   });
-  if (dw.dtype() != DType::f32) cpu::store_f32(acc, dw);
+  if (other) {
+    // Every row, those no id names too: the unfolded sum adds their zeros.
+    widening::dispatch(other->dtype(), dw.dtype(), [&](auto other_tag, auto w_tag) {
+      using TA = decltype(other_tag);
+      using T = decltype(w_tag);
+      const TA* a = other->data<TA>();
+      T* out = dw.data<T>();
+      for (int64_t i = 0; i < v * d; ++i) out[i] = fn::add_grad_part<T>(acc[i], to_float(a[i]));
+    });
+  } else if (dw.dtype() != DType::f32) {
+    cpu::store_f32(acc, dw);
+  }
 }
 
 std::vector<OpDesc> lookup_table_grad_maker(const OpDesc& fwd, GradContext& g) {

@@ -52,6 +52,7 @@
 #include "runtime/ir/op_registry.h"
 #include "runtime/ir/program.h"
 #include "tests/unit/cuda_compare.h"
+#include "tests/unit/grad_sum_check.h"
 #include "tests/unit/gradcheck.h"
 #include "tests/unit/widening_check.h"
 
@@ -731,5 +732,22 @@ TEST_CASE("residual add and layer_norm with narrow operands on the GPU: the valu
   for (DType narrow : {DType::f16, DType::bf16}) {
     for (const Shape& s : {Shape{7, 10}, Shape{8, 1024}, Shape{3, 1030}}) check_narrow_residual_add(kGpu, narrow, s);
     for (const Shape& s : {Shape{7, 10}, Shape{33, 768}, Shape{4, 1100}}) check_narrowing_layer_norm(kGpu, narrow, s);
+  }
+}
+
+TEST_CASE("layer_norm_grad and lookup_table_grad with Accumulate on the GPU: the bits of the op followed by sum",
+          "[cuda][layer_norm][lookup_table][fold_grad_sums]") {
+  require_gpu();
+  // Bit for bit on one device (tests/unit/grad_sum_check.h): layer_norm_grad's
+  // warp-per-row and block-per-row paths, and lookup_table_grad's fill and
+  // runs kernels with the other part in W's dtype or widened from FP16/BF16.
+  for (DType dt : kFloatTypes)
+    for (const Shape& s : {Shape{7, 10}, Shape{33, 768}, Shape{4, 1100}})
+      check_layer_norm_grad_accumulate(kGpu, dt, dt, s);
+  for (DType narrow : {DType::f16, DType::bf16}) check_layer_norm_grad_accumulate(kGpu, DType::f32, narrow, {33, 768});
+  check_lookup_table_grad_accumulate(kGpu, DType::f32, DType::f32);
+  for (DType narrow : {DType::f16, DType::bf16}) {
+    check_lookup_table_grad_accumulate(kGpu, DType::f32, narrow);
+    check_lookup_table_grad_accumulate(kGpu, narrow, narrow);
   }
 }

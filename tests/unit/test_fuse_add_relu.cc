@@ -25,12 +25,6 @@ using namespace mix::testing;
 
 namespace {
 
-size_t count_ops(const Program& p, const std::string& type) {
-  size_t n = 0;
-  for (const OpDesc& op : p.ops()) n += op.type == type;
-  return n;
-}
-
 VarDesc var(const std::string& name, const Shape& s, DType t = DType::f32) { return var_desc(name, s, t); }
 
 }  // namespace
@@ -101,8 +95,8 @@ TEST_CASE("fuse_add_relu fuses every residual add and gradient sum of the ResNet
       // the fused op is the only reader of the add's inputs before backward.
       for (const OpDesc& op : fused.ops())
         if (op.type == "elementwise_add_grad") CHECK(op.all_inputs() == std::vector<std::string>{op.in("Out@GRAD")});
-      CHECK(count_ops(fused, "fused_add_relu") == static_cast<size_t>(c.forward));
-      CHECK(count_ops(fused, "fused_sum_relu_grad") == static_cast<size_t>(c.backward));
+      CHECK(count_ops(fused, "fused_add_relu") == c.forward);
+      CHECK(count_ops(fused, "fused_sum_relu_grad") == c.backward);
       CHECK(fused.ops().size() == plain.ops().size() - static_cast<size_t>(n.forward + n.backward));
       // A fused op takes its second op's role: evaluation runs the forward
       // ops alone, and a fused gradient marked forward would run there.

@@ -28,12 +28,6 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-int count_ops(const Program& p, const std::string& type) {
-  int n = 0;
-  for (const OpDesc& op : p.ops()) n += op.type == type;
-  return n;
-}
-
 // Runs `ops` on the CPU from `feeds` and returns `result`.
 Tensor run_cpu(const std::vector<OpDesc>& ops, const std::vector<std::pair<std::string, Tensor>>& feeds,
                const std::string& result) {

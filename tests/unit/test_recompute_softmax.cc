@@ -33,12 +33,6 @@ namespace {
 
 const models::TransformerConfig kTiny{.layers = 2, .d_model = 16, .heads = 2, .context = 8, .vocab = 40};
 
-size_t count_ops(const Program& p, const std::string& type) {
-  size_t n = 0;
-  for (const OpDesc& op : p.ops()) n += op.type == type;
-  return n;
-}
-
 }  // namespace
 
 TEST_CASE("the recomputed softmax gives the gradient of the stored one, bit for bit", "[recompute_softmax]") {

@@ -64,7 +64,8 @@ const std::vector<std::string> kStepOrder = {"amp::rewrite",
                                              "fuse_add_relu",
                                              "amp::fuse_param_casts",
                                              "fuse_matmul_bias",
-                                             "fuse_bn_relu"};
+                                             "fuse_bn_relu",
+                                             "fold_grad_sums"};
 
 }  // namespace
 
@@ -122,8 +123,9 @@ TEST_CASE("in FP32 the AMP passes are off, and the list says why", "[train_progr
     CHECK_FALSE(pass(t, amp_pass).ran);
     CHECK(pass(t, amp_pass).off_by == "--precision fp32");
   }
-  for (const std::string step : {"seed_loss_gradient", "append_backward", "insert_grad_allreduce", "optimizer",
-                                 "recompute_softmax", "fuse_add_relu", "fuse_matmul_bias", "fuse_bn_relu"})
+  for (const std::string step :
+       {"seed_loss_gradient", "append_backward", "insert_grad_allreduce", "optimizer", "recompute_softmax",
+        "fuse_add_relu", "fuse_matmul_bias", "fuse_bn_relu", "fold_grad_sums"})
     CHECK(pass(t, step).ran);
   CHECK(pass(t, "insert_grad_allreduce").name == "insert_grad_allreduce: gradient all-reduce in fp32");
   CHECK(t.found_inf.empty());
@@ -152,6 +154,7 @@ TEST_CASE("each flag that turns a pass off is named in the list, and the pass le
   CHECK(pass(t, "fuse_matmul_bias").off_by == "--no-fuse-matmul-bias");
   CHECK(pass(t, "amp::fuse_param_casts").off_by == "--no-fuse-param-casts");
   CHECK(pass(t, "fuse_bn_relu").off_by == "--no-fuse-bn-relu");
+  CHECK(pass(t, "fold_grad_sums").off_by == "--no-fold-grad-sums");
   // The ops they would have fused are still there, and more of them.
   auto count = [](const Program& p, const std::string& type) {
     int n = 0;

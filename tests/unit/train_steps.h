@@ -38,6 +38,7 @@ struct TrainOptions {
   bool recompute_softmax = true;
   bool fuse_param_casts = true;   // AMP only
   bool fuse_matmul_bias = true;
+  bool fold_grad_sums = true;
   Device device = cpu_device();
   int steps = 2;
   int64_t batch = 3;
@@ -75,7 +76,8 @@ inline TrainedModel train_steps(models::Model model, const TrainOptions& o) {
   po.precision = !o.amp ? amp::Precision::fp32 : o.low == DType::bf16 ? amp::Precision::bf16 : amp::Precision::amp;
   po.amp.fold_casts = o.fold_casts;
   po.amp.inject = o.inject;
-  po.passes = {o.recompute_softmax, o.fuse_add_relu, o.fuse_param_casts, o.fuse_bn_relu, o.fuse_matmul_bias};
+  po.passes = {o.recompute_softmax, o.fuse_add_relu,    o.fuse_param_casts,
+               o.fuse_bn_relu,      o.fuse_matmul_bias, o.fold_grad_sums};
   r.train = launch::build_train_program(r.model.program, r.model.loss, po);
   const std::set<std::string>& keep = r.train.read_back;
 
@@ -130,6 +132,13 @@ inline TrainedModel train_steps(models::Model model, const TrainOptions& o) {
     if (!r.train.found_inf.empty()) r.found_inf.push_back(r.scope.get(r.train.found_inf).item_float());
   }
   return r;
+}
+
+/// How many ops of `type` the program has.
+inline int count_ops(const Program& p, const std::string& type) {
+  int n = 0;
+  for (const OpDesc& op : p.ops()) n += op.type == type;
+  return n;
 }
 
 /// The options of `m`'s training program as mixtrain makes it for one rank

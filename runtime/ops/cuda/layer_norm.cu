@@ -22,6 +22,7 @@
 #include <cstdint>
 
 #include "runtime/kernels/layer_norm_row.h"
+#include "runtime/ops/accumulate_input.h"
 #include "runtime/ops/cuda/device_ops.cuh"
 #include "runtime/ops/layer_norm_shapes.h"
 
@@ -66,9 +67,11 @@ __global__ void layer_norm_rows(const T* x, TY* y, float* mean_out, float* var_o
 
 // X@GRAD of each row from the saved statistics (fn::LayerNormBackward). dy
 // may be narrower than x and dx (a narrower Y's gradient), widened on load.
+// With acc (input Accumulate, else null), X's gradient's other part is added
+// (fn::add_grad_part).
 template <typename T, typename TDY, int kThreads>
-__global__ void layer_norm_grad_rows(const T* x, const TDY* dy, T* dx, const float* scale, const float* mean_in,
-                                     const float* var_in, int64_t rows, int64_t cols, float eps) {
+__global__ void layer_norm_grad_rows(const T* x, const TDY* dy, T* dx, const T* acc, const float* scale,
+                                     const float* mean_in, const float* var_in, int64_t rows, int64_t cols, float eps) {
   using G = RowGroup<kThreads>;
   __shared__ float shared[kBlock / kWarp];
   const float n = static_cast<float>(cols);
@@ -86,8 +89,11 @@ __global__ void layer_norm_grad_rows(const T* x, const TDY* dy, T* dx, const flo
     sgx = G::reduce(sgx, shared, AddRn{});
     const fn::LayerNormBackward b{mean, inv_std, __fdiv_rn(sg, n), __fdiv_rn(sgx, n)};
     T* dxr = dx + r * cols;
-    for (int64_t j = G::tid(); j < cols; j += kThreads)
-      dxr[j] = from_float<T>(b(to_float(xr[j]), to_float(dyr[j]), scale ? scale[j] : 1.f));
+    const T* accr = acc ? acc + r * cols : nullptr;
+    for (int64_t j = G::tid(); j < cols; j += kThreads) {
+      const float own = b(to_float(xr[j]), to_float(dyr[j]), scale ? scale[j] : 1.f);
+      dxr[j] = accr ? fn::add_grad_part<T>(own, to_float(accr[j])) : from_float<T>(own);
+    }
   }
 }
 
@@ -165,6 +171,10 @@ void layer_norm_grad_cuda(OpContext& ctx) {
   const float eps = ctx.attr<float>("epsilon", 1e-5f);
   const bool want_scale = ctx.wants("Scale@GRAD"), want_bias = ctx.wants("Bias@GRAD");
   MIX_CHECK(!want_scale || scale, "layer_norm_grad: Scale@GRAD is wanted but the op has no Scale");
+  const Tensor* acc_in = grad_part::accumulate(ctx, "X@GRAD", x.shape(), x.dtype(), false);
+  MIX_CHECK(!acc_in || ctx.wants("X@GRAD"), "layer_norm_grad: Accumulate is given but X@GRAD is not wanted");
+  const Tensor acc = acc_in ? *acc_in : Tensor();  // by value: X@GRAD may replace scope entries
+  if (acc_in) check_on_device(ctx, acc, "Accumulate");
   Tensor* dx = ctx.wants("X@GRAD") ? &ctx.out("X@GRAD", x.shape(), x.dtype()) : nullptr;
   float* dscale = want_scale ? ctx.out("Scale@GRAD", {d.cols}, DType::f32).data<float>() : nullptr;
   float* dbias = want_bias ? ctx.out("Bias@GRAD", {d.cols}, DType::f32).data<float>() : nullptr;
@@ -190,8 +200,8 @@ void layer_norm_grad_cuda(OpContext& ctx) {
       with_row_group(d.cols, [&](auto threads) {
         constexpr int kThreads = decltype(threads)::value;
         layer_norm_grad_rows<T, TDY, kThreads><<<row_group_blocks<kThreads>(d.rows), kBlock, 0, stream>>>(
-            x.data<T>(), dy.data<TDY>(), dx->data<T>(), scale, mean.data<float>(), var.data<float>(), d.rows, d.cols,
-            eps);
+            x.data<T>(), dy.data<TDY>(), dx->data<T>(), acc_in ? acc.data<T>() : nullptr, scale, mean.data<float>(),
+            var.data<float>(), d.rows, d.cols, eps);
         MIX_CUDA_CHECK(cudaGetLastError());
       });
     }

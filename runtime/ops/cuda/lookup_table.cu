@@ -24,12 +24,17 @@
 //      the run's rows in position order: the same FP32 additions in the same
 //      order as the CPU's loop (fn::lookup_grad_row_add), hence bit-identical
 //      to the CPU, and identical run to run.
+// With input Accumulate (the gradient's other part), step 0 writes every row
+// as that part plus 0 instead of zeros, and step 3 adds it to each run's sum,
+// both through fn::add_grad_part, as the CPU does.
 #include <cub/device/device_radix_sort.cuh>
 
 #include <cstdint>
 #include <limits>
 
+#include "runtime/kernels/functors.h"
 #include "runtime/kernels/lookup_row.h"
+#include "runtime/ops/accumulate_input.h"
 #include "runtime/ops/cuda/device_ops.cuh"
 #include "runtime/ops/lookup_table_shapes.h"
 
@@ -82,9 +87,11 @@ struct GradKeys {
 // One block per run of equal sorted keys (the block whose index starts the
 // run does the work), threads over the columns: dw[id, c] = sum over the
 // run's positions p, ascending, of dout[p, c], in FP32.
-template <typename T>
-__global__ void lookup_grad_runs(const uint32_t* keys, const int32_t* pos, const T* dout, T* dw, int64_t n,
-                                 uint32_t none, int64_t d) {
+// With `other` (input Accumulate, of type TA; else null) the gradient's other
+// part is added to each sum (fn::add_grad_part).
+template <typename T, typename TA>
+__global__ void lookup_grad_runs(const uint32_t* keys, const int32_t* pos, const T* dout, const TA* other, T* dw,
+                                 int64_t n, uint32_t none, int64_t d) {
   for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
     const uint32_t k = keys[i];
     if (k == none || (i > 0 && keys[i - 1] == k)) continue;  // the same for the whole block
@@ -92,10 +99,20 @@ __global__ void lookup_grad_runs(const uint32_t* keys, const int32_t* pos, const
       float acc = 0.f;
       for (int64_t j = i; j < n && keys[j] == k; ++j)
         acc = __fadd_rn(acc, to_float(dout[static_cast<int64_t>(pos[j]) * d + c]));
-      dw[static_cast<int64_t>(k) * d + c] = from_float<T>(acc);
+      const int64_t at = static_cast<int64_t>(k) * d + c;
+      dw[at] = other ? fn::add_grad_part<T>(acc, to_float(other[at])) : from_float<T>(acc);
     }
   }
 }
+
+// Step 0 with Accumulate: every row of dw is the other part plus a zero sum,
+// the value of the rows no id names (the runs overwrite the others).
+template <typename T, typename TA>
+struct OtherPartOnly {
+  const TA* other;
+  T* dw;
+  __device__ void operator()(int64_t i) const { dw[i] = fn::add_grad_part<T>(0.f, to_float(other[i])); }
+};
 
 // ---- launchers -----------------------------------------------------------------------
 
@@ -180,10 +197,22 @@ void lookup_table_grad_cuda(OpContext& ctx) {
   MIX_CHECK(v < std::numeric_limits<uint32_t>::max() && n <= std::numeric_limits<int32_t>::max(),
             "lookup_table_grad: the CUDA kernel handles tables of < 2^32 - 1 rows and < 2^31 ids, got W "
                 << shape_str(w.shape()) << " and Ids " << shape_str(ids.shape()));
+  const Tensor* other_in = grad_part::accumulate(ctx, "W@GRAD", w.shape(), w.dtype(), true);
+  const Tensor other = other_in ? *other_in : Tensor();  // by value: W@GRAD may replace scope entries
+  if (other_in) check_on_device(ctx, other, "Accumulate");
   Tensor& dw = ctx.out("W@GRAD", w.shape(), w.dtype());
-  dw.fill_zero();  // rows no id names (and the padding row) stay 0; on the compute stream
-  if (n == 0 || d == 0) return;
   const cudaStream_t stream = compute_stream(ctx);
+  // Rows no id names (and the padding row) stay 0, or the other part plus 0; on the compute stream.
+  if (!other_in) {
+    dw.fill_zero();
+  } else if (dw.numel() > 0) {
+    widening::dispatch(other.dtype(), dw.dtype(), [&](auto other_tag, auto w_tag) {
+      using TA = decltype(other_tag);
+      using T = decltype(w_tag);
+      launch_grid_stride(dw.numel(), stream, OtherPartOnly<T, TA>{other.data<TA>(), dw.data<T>()});
+    });
+  }
+  if (n == 0 || d == 0) return;
   const Device dev = ctx.env.device;
 
   // 1. keys and positions; 2. sorted by key (stable: positions stay ascending within a key).
@@ -207,10 +236,13 @@ void lookup_table_grad_cuda(OpContext& ctx) {
   // 3. one block per run of equal ids.
   const int threads = static_cast<int>(std::clamp<int64_t>((d + kWarp - 1) / kWarp * kWarp, kWarp, kBlock));
   const auto blocks = static_cast<unsigned>(std::min<int64_t>(n, 65535));
-  dispatch_floating(w.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    lookup_grad_runs<T><<<blocks, threads, 0, stream>>>(keys_p, pos.data<int32_t>(), dout.data<T>(), dw.data<T>(), n,
-                                                        static_cast<uint32_t>(v), d);
+  // Without Accumulate the other part's type is T's, never read.
+  widening::dispatch(other_in ? other.dtype() : w.dtype(), w.dtype(), [&](auto other_tag, auto w_tag) {
+    using TA = decltype(other_tag);
+    using T = decltype(w_tag);
+    lookup_grad_runs<T, TA><<<blocks, threads, 0, stream>>>(keys_p, pos.data<int32_t>(), dout.data<T>(),
+                                                            other_in ? other.data<TA>() : nullptr, dw.data<T>(), n,
+                                                            static_cast<uint32_t>(v), d);
     MIX_CUDA_CHECK(cudaGetLastError());
   });
 }
