@@ -109,6 +109,7 @@ std::vector<std::pair<std::string, std::string>> TrainConfig::fingerprint_fields
           {"fuse-bn-relu", fuse_bn_relu ? "on" : "off"},
           {"fuse-matmul-bias", fuse_matmul_bias ? "on" : "off"},
           {"fold-grad-sums", fold_grad_sums ? "on" : "off"},
+          {"fuse-add-layer-norm", fuse_add_layer_norm ? "on" : "off"},
           {"recompute-softmax", recompute_softmax ? "on" : "off"},
           {"layers", is_language_model() ? num(layers) : "-"},
           {"d-model", is_language_model() ? num(d_model) : "-"},
@@ -548,6 +549,9 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
   app.add_flag("!--no-fold-grad-sums", c.fold_grad_sums,
                "keep each sum of a gradient's two parts as its own op, instead of layer_norm_grad or "
                "lookup_table_grad adding the other part as it writes its own (the same values)");
+  app.add_flag("!--no-fuse-add-layer-norm", c.fuse_add_layer_norm,
+               "keep each residual elementwise_add and the layer_norm reading its output as two ops, instead of one "
+               "op that normalises the sum as it writes it (the same values)");
   app.add_flag("!--no-fuse-param-casts", c.fuse_param_casts,
                "amp: keep one cast op per weight for its FP16 copy instead of one fused_cast op for all");
 

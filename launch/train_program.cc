@@ -15,6 +15,7 @@
 #include "runtime/ir/op_registry.h"
 #include "runtime/optim/clip_grad.h"
 #include "runtime/passes/fold_grad_sums.h"
+#include "runtime/passes/fuse_add_layer_norm.h"
 #include "runtime/passes/fuse_add_relu.h"
 #include "runtime/passes/fuse_bn_relu.h"
 #include "runtime/passes/fuse_matmul_bias.h"
@@ -303,6 +304,9 @@ TrainProgram build_train_program(Program& p, const std::string& loss, const Trai
          return did;
        },
        "--no-fold-grad-sums"},
+      {"fuse_add_layer_norm: a residual add + the layer_norm reading it as one op",
+       "runtime/passes/fuse_add_layer_norm.cc", o.passes.fuse_add_layer_norm ? "" : "--no-fuse-add-layer-norm",
+       [&] { return count(fuse_add_layer_norm(p), "pair", "pairs"); }, "--no-fuse-add-layer-norm"},
   };
   for (const Pass& pass : pipeline) {
     PassRun r{pass.name, pass.file, pass.off_by.empty(), pass.off_by, "", pass.whole_step_flag, false};

@@ -45,8 +45,9 @@ struct StepPasses {
   bool fuse_bn_relu = true;       // --no-fuse-bn-relu: off
   bool fuse_matmul_bias = true;   // --no-fuse-matmul-bias: off
   bool fold_grad_sums = true;     // --no-fold-grad-sums: off
+  bool fuse_add_layer_norm = true;  // --no-fuse-add-layer-norm: off
   /// Every pass off: the program as autodiff and the optimizer leave it.
-  static StepPasses none() { return {false, false, false, false, false, false}; }
+  static StepPasses none() { return {false, false, false, false, false, false, false}; }
 };
 
 struct TrainProgramOptions {

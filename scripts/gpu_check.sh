@@ -539,8 +539,8 @@ step_resnet50_b256_variants() {
   r50_b256_g11_rc=$?
 }
 step_transformer_casts() {
-  runs transformer_amp_nofold transformer_amp_stored transformer_amp_unfused_bias transformer_amp_unfolded_sums ||
-    return 0
+  runs transformer_amp_nofold transformer_amp_stored transformer_amp_unfused_bias transformer_amp_unfolded_sums \
+    transformer_amp_unfused_add_ln || return 0
   # What folding the FP32 casts before softmax and the loss is worth (README,
   # "Folded casts"): the default AMP run above folds them, this one keeps them.
   echo "gpu_check: Transformer AMP with --no-fold-casts (log: $out/transformer_amp_nofold.log)"
@@ -557,6 +557,10 @@ step_transformer_casts() {
   # is worth (docs/design.md, "Folded gradient sums"): this run keeps the sums.
   echo "gpu_check: Transformer AMP with --no-fold-grad-sums (log: $out/transformer_amp_unfolded_sums.log)"
   train_transformer amp transformer_amp_unfolded_sums --no-fold-grad-sums; tf_unfolded_sums_rc=$?
+  # And what normalising each residual sum as it is written is worth
+  # (docs/design.md, "Fused add + layer norm"): this run keeps the two ops.
+  echo "gpu_check: Transformer AMP with --no-fuse-add-layer-norm (log: $out/transformer_amp_unfused_add_ln.log)"
+  train_transformer amp transformer_amp_unfused_add_ln --no-fuse-add-layer-norm; tf_unfused_add_ln_rc=$?
 }
 # And what one fused_attention op is worth against the matmul, causal softmax,
 # matmul it replaces (docs/models.md, "Attention"): these runs build the latter,
@@ -927,6 +931,10 @@ secs=$(( $(date +%s) - t0 ))
     "$(tokens_and_peak transformer_amp_unfolded_sums "$tf_unfolded_sums_rc")"
   say transformer_amp_unfolded_sums "  folded / unfolded sums speed" \
     "$(ratio_of "$(summary_field "$out/transformer_amp_unfolded_sums.jsonl" tokens_per_s_overall)" "$tf_amp_tps")"
+  say transformer_amp_unfused_add_ln "Transformer AMP unfused add + LN tok/s" \
+    "$(tokens_and_peak transformer_amp_unfused_add_ln "$tf_unfused_add_ln_rc")"
+  say transformer_amp_unfused_add_ln "  fused / unfused add + LN speed" \
+    "$(ratio_of "$(summary_field "$out/transformer_amp_unfused_add_ln.jsonl" tokens_per_s_overall)" "$tf_amp_tps")"
   say transformer_amp_unfused "Transformer AMP unfused attn tok/s" "$(tokens_and_peak transformer_amp_unfused "$tf_unfused_rc")"
   say transformer_amp_unfused "  fused / unfused attention speed" "$tf_att_ratio"
   say gpt2_amp_unfused "GPT-2 AMP unfused attn tok/s" "$(tokens_and_peak gpt2_amp_unfused "$gpt2_amp_unfused_rc")"
@@ -976,6 +984,6 @@ passed "${tests_rc-}" "${fp32_rc-}" "${amp_rc-}" "${r50_fp32_rc-}" "${r50_amp_rc
   "${r50_b256_legacy_rc-}" "${r50_fp32_cg_rc-}" "${r50_amp_cg_rc-}" "${r50_amp_cg_legacy_rc-}" "${r50_fp32_g11_rc-}" \
   "${r50_amp_g11_rc-}" "${r50_amp_g11_legacy_rc-}" "${r50_b256_g11_rc-}" "${cg_flag_rc-}" "${gpt2_amp_rc-}" \
   "${gpt2_bf16_rc-}" "${gpt2_fp32_rc-}" "${gpt2_amp_unfused_rc-}" "${gpt2_amp_own_att_rc-}" "${gpt2_amp_fp32_att_rc-}" "${tf_fp32_rc-}" "${tf_amp_rc-}" \
-  "${tf_amp_cg_rc-}" "${tf_nofold_rc-}" "${tf_stored_rc-}" "${tf_unfused_bias_rc-}" "${tf_unfolded_sums_rc-}" "${tf_unfused_rc-}" "${rs_ov_rc-}" "${rs_no_rc-}" \
+  "${tf_amp_cg_rc-}" "${tf_nofold_rc-}" "${tf_stored_rc-}" "${tf_unfused_bias_rc-}" "${tf_unfolded_sums_rc-}" "${tf_unfused_add_ln_rc-}" "${tf_unfused_rc-}" "${rs_ov_rc-}" "${rs_no_rc-}" \
   "${bench_rc-}" "${stuck_ok-}" "${mc_ops_ok-}" "${mc_tf_ok-}" "${mc_att_ok-}" &&
   multi_rows_ok

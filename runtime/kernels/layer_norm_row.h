@@ -79,6 +79,19 @@ MIX_HD LayerNormStats layer_norm_row(const TX* x, TY* y, int64_t n, const float*
   return st;
 }
 
+/// layer_norm over `rows` rows of n values (the CPU kernels' loop, for
+/// layer_norm and fused_add_layer_norm): each row's statistics into mean[r]
+/// and var[r].
+template <typename TX, typename TY>
+void layer_norm_rows(const TX* x, TY* y, int64_t rows, int64_t n, const float* scale, const float* bias, float eps,
+                     float* mean, float* var) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const LayerNormStats st = layer_norm_row(x + r * n, y + r * n, n, scale, bias, eps);
+    mean[r] = st.mean;
+    var[r] = st.var;
+  }
+}
+
 /// dx over one row from the forward's saved mean and variance (scale may be
 /// null). Scale@GRAD and Bias@GRAD are column sums over rows, which the caller
 /// accumulates (ln_xhat * dy and dy). dy may be narrower than x and dx (the

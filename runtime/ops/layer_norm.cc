@@ -79,13 +79,8 @@ void layer_norm_cpu(OpContext& ctx) {
   float* mean = stats("Mean", mean_tmp);
   float* var = stats("Variance", var_tmp);
   widening::dispatch(y.dtype(), x.dtype(), [&](auto y_tag, auto x_tag) {
-    const auto* xs = x.data<decltype(x_tag)>();
-    auto* ys = y.data<decltype(y_tag)>();
-    for (int64_t r = 0; r < d.rows; ++r) {
-      const fn::LayerNormStats st = fn::layer_norm_row(xs + r * d.cols, ys + r * d.cols, d.cols, scale, bias, eps);
-      mean[r] = st.mean;
-      var[r] = st.var;
-    }
+    fn::layer_norm_rows(x.data<decltype(x_tag)>(), y.data<decltype(y_tag)>(), d.rows, d.cols, scale, bias, eps, mean,
+                        var);
   });
 }
 

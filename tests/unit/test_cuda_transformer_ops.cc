@@ -51,6 +51,7 @@
 #include "runtime/exec/executor.h"
 #include "runtime/ir/op_registry.h"
 #include "runtime/ir/program.h"
+#include "tests/unit/add_layer_norm_check.h"
 #include "tests/unit/cuda_compare.h"
 #include "tests/unit/grad_sum_check.h"
 #include "tests/unit/gradcheck.h"
@@ -750,4 +751,18 @@ TEST_CASE("layer_norm_grad and lookup_table_grad with Accumulate on the GPU: the
     check_lookup_table_grad_accumulate(kGpu, DType::f32, narrow);
     check_lookup_table_grad_accumulate(kGpu, narrow, narrow);
   }
+}
+
+TEST_CASE("fused_add_layer_norm on the GPU: the bits of elementwise_add then layer_norm", "[cuda][layer_norm][fuse]") {
+  require_gpu();
+  // Bit for bit on one device (tests/unit/add_layer_norm_check.h), the
+  // warp-per-row and block-per-row paths, Y of X's shape or trailing dims.
+  for (DType dt : kFloatTypes)
+    for (const Shape& s : {Shape{7, 10}, Shape{33, 768}, Shape{4, 1100}})
+      check_fused_add_layer_norm(kGpu, dt, dt, dt, s, s);
+  for (DType narrow : {DType::f16, DType::bf16}) {
+    check_fused_add_layer_norm(kGpu, DType::f32, narrow, narrow, {2, 16, 768}, {2, 16, 768});
+    check_fused_add_layer_norm(kGpu, DType::f32, narrow, DType::f32, {5, 1100}, {5, 1100});
+  }
+  check_fused_add_layer_norm(kGpu, DType::f32, DType::f32, DType::f16, {3, 16, 768}, {16, 768});
 }

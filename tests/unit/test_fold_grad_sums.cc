@@ -25,11 +25,6 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-models::Model tiny_gpt(bool tied, double dropout = 0.0) {
-  return models::build_transformer(models::TransformerConfig{
-      .layers = 2, .d_model = 16, .heads = 2, .context = 8, .vocab = 40, .tie_weights = tied, .dropout = dropout});
-}
-
 // A layer_norm_grad writing part `b` of `g = sum(a, b)`, every variable
 // declared (gradient ops declare none themselves); `extra` ops go between the
 // two, and `parts` are the sum's inputs.
@@ -55,10 +50,6 @@ Program ln_grad_then_sum(const std::vector<OpDesc>& extra = {}, const std::vecto
   for (const OpDesc& op : extra) p.append_op(op);
   p.append_op(make_op("sum", {{"X", parts}}, {{"Out", {"g"}}}));
   return p;
-}
-
-OpDesc scale_op(const std::string& x, const std::string& out) {
-  return make_op("scale", {{"X", {x}}}, {{"Out", {out}}}, {{"scale", 2.0}, {"bias", 0.0}});
 }
 
 }  // namespace
@@ -123,7 +114,7 @@ TEST_CASE("fold_grad_sums folds the Transformer's residual-stream sums, and a ti
                         Case{false, amp::Precision::amp, 4, 0}, Case{true, amp::Precision::amp, 5, 1},
                         Case{true, amp::Precision::bf16, 5, 1}}) {
     INFO((c.tied ? "tied, " : "untied, ") << amp::to_string(c.precision));
-    models::Model m = tiny_gpt(c.tied);
+    models::Model m = tiny_gpt_model(c.tied);
     launch::TrainProgramOptions o = program_options(false);
     o.precision = c.precision;
     launch::TrainProgram t = launch::build_train_program(m.program, m.loss, o);
@@ -162,23 +153,23 @@ TEST_CASE("fold_grad_sums leaves alone what it must", "[fold_grad_sums]") {
 
   Program kept = ln_grad_then_sum();
   CHECK(fold_grad_sums(kept, {"b"}).sums == 0);  // the caller reads the part
-  Program read_twice = ln_grad_then_sum({scale_op("b", "c")});
+  Program read_twice = ln_grad_then_sum({doubling_op("b", "c")});
   CHECK(fold_grad_sums(read_twice, {}).sums == 0);
   Program three_parts = ln_grad_then_sum({}, {"a", "b", "a2"});
   CHECK(fold_grad_sums(three_parts, {}).sums == 0);
   // The other part written in place between the op and the sum: the op would read it too early.
-  Program other_written = ln_grad_then_sum({scale_op("a", "a")});
+  Program other_written = ln_grad_then_sum({doubling_op("a", "a")});
   CHECK(fold_grad_sums(other_written, {}).sums == 0);
   // The other part written after the op: the op that writes last is the scale, which cannot add.
-  Program other_later = ln_grad_then_sum({scale_op("x", "a")});
+  Program other_later = ln_grad_then_sum({doubling_op("x", "a")});
   CHECK(fold_grad_sums(other_later, {}).sums == 0);
   // The sum's output touched between the two.
-  Program out_touched = ln_grad_then_sum({scale_op("x", "g")});
+  Program out_touched = ln_grad_then_sum({doubling_op("x", "g")});
   CHECK(fold_grad_sums(out_touched, {}).sums == 0);
   // A sum of parts no accumulating op writes.
   Program no_op;
   for (const char* n : {"x", "a", "b"}) no_op.add_var(var_desc(n, {2}, DType::f32));
-  no_op.append_op(scale_op("x", "b"));
+  no_op.append_op(doubling_op("x", "b"));
   no_op.append_op(make_op("sum", {{"X", {"a", "b"}}}, {{"Out", {"g"}}}));
   CHECK(fold_grad_sums(no_op, {}).sums == 0);
 
@@ -197,7 +188,7 @@ TEST_CASE("fold_grad_sums leaves alone what it must", "[fold_grad_sums]") {
     }
     for (const char* n : {"a", "b", "c"}) p.add_var(var_desc(n, {5, 3}, DType::f32));
     p.append_op(make_op("cast", {{"X", {"h"}}}, {{"Out", {"a"}}}, {{"out_dtype", std::string("f32")}}));
-    if (other_reader) p.append_op(scale_op("a", "c"));
+    if (other_reader) p.append_op(doubling_op("a", "c"));
     p.append_op(
         make_op("lookup_table_grad", {{"W", {"w"}}, {"Ids", {"ids"}}, {"Out@GRAD", {"dout"}}}, {{"W@GRAD", {"b"}}}));
     p.append_op(make_op("sum", {{"X", {"a", "b"}}}, {{"Out", {"g"}}}));
@@ -229,9 +220,9 @@ TEST_CASE("training with the gradient sums folded gives the bits of training wit
         Case{true, true, DType::bf16, 0.0}, Case{true, true, DType::f16, 0.1}}) {
     INFO((c.tied ? "tied" : "untied") << (c.amp ? ", AMP " + dname(c.low) : ", FP32") << ", dropout " << c.dropout);
     TrainOptions o{.amp = c.amp, .low = c.low, .steps = 3, .batch = 2};
-    TrainedModel folded = train_steps(tiny_gpt(c.tied, c.dropout), o);
+    TrainedModel folded = train_steps(tiny_gpt_model(c.tied, c.dropout), o);
     o.fold_grad_sums = false;
-    TrainedModel apart = train_steps(tiny_gpt(c.tied, c.dropout), o);
+    TrainedModel apart = train_steps(tiny_gpt_model(c.tied, c.dropout), o);
     CHECK(count_ops(folded.model.program, "sum") < count_ops(apart.model.program, "sum"));
     expect_same_training(folded, apart);
   }

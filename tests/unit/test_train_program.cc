@@ -65,7 +65,8 @@ const std::vector<std::string> kStepOrder = {"amp::rewrite",
                                              "amp::fuse_param_casts",
                                              "fuse_matmul_bias",
                                              "fuse_bn_relu",
-                                             "fold_grad_sums"};
+                                             "fold_grad_sums",
+                                             "fuse_add_layer_norm"};
 
 }  // namespace
 
@@ -125,7 +126,7 @@ TEST_CASE("in FP32 the AMP passes are off, and the list says why", "[train_progr
   }
   for (const std::string step :
        {"seed_loss_gradient", "append_backward", "insert_grad_allreduce", "optimizer", "recompute_softmax",
-        "fuse_add_relu", "fuse_matmul_bias", "fuse_bn_relu", "fold_grad_sums"})
+        "fuse_add_relu", "fuse_matmul_bias", "fuse_bn_relu", "fold_grad_sums", "fuse_add_layer_norm"})
     CHECK(pass(t, step).ran);
   CHECK(pass(t, "insert_grad_allreduce").name == "insert_grad_allreduce: gradient all-reduce in fp32");
   CHECK(t.found_inf.empty());
@@ -155,6 +156,7 @@ TEST_CASE("each flag that turns a pass off is named in the list, and the pass le
   CHECK(pass(t, "amp::fuse_param_casts").off_by == "--no-fuse-param-casts");
   CHECK(pass(t, "fuse_bn_relu").off_by == "--no-fuse-bn-relu");
   CHECK(pass(t, "fold_grad_sums").off_by == "--no-fold-grad-sums");
+  CHECK(pass(t, "fuse_add_layer_norm").off_by == "--no-fuse-add-layer-norm");
   // The ops they would have fused are still there, and more of them.
   auto count = [](const Program& p, const std::string& type) {
     int n = 0;

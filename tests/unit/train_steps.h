@@ -39,6 +39,7 @@ struct TrainOptions {
   bool fuse_param_casts = true;   // AMP only
   bool fuse_matmul_bias = true;
   bool fold_grad_sums = true;
+  bool fuse_add_layer_norm = true;
   Device device = cpu_device();
   int steps = 2;
   int64_t batch = 3;
@@ -76,8 +77,8 @@ inline TrainedModel train_steps(models::Model model, const TrainOptions& o) {
   po.precision = !o.amp ? amp::Precision::fp32 : o.low == DType::bf16 ? amp::Precision::bf16 : amp::Precision::amp;
   po.amp.fold_casts = o.fold_casts;
   po.amp.inject = o.inject;
-  po.passes = {o.recompute_softmax, o.fuse_add_relu,    o.fuse_param_casts,
-               o.fuse_bn_relu,      o.fuse_matmul_bias, o.fold_grad_sums};
+  po.passes = {o.recompute_softmax, o.fuse_add_relu,  o.fuse_param_casts,   o.fuse_bn_relu,
+               o.fuse_matmul_bias,  o.fold_grad_sums, o.fuse_add_layer_norm};
   r.train = launch::build_train_program(r.model.program, r.model.loss, po);
   const std::set<std::string>& keep = r.train.read_back;
 
@@ -132,6 +133,19 @@ inline TrainedModel train_steps(models::Model model, const TrainOptions& o) {
     if (!r.train.found_inf.empty()) r.found_inf.push_back(r.scope.get(r.train.found_inf).item_float());
   }
   return r;
+}
+
+/// A tiny GPT for the whole-step passes' tests: 2 blocks, d_model 16, 2
+/// heads, context 8, vocabulary 40; `tied`: the output layer reuses wte.
+inline models::Model tiny_gpt_model(bool tied, double dropout = 0.0) {
+  return models::build_transformer(models::TransformerConfig{
+      .layers = 2, .d_model = 16, .heads = 2, .context = 8, .vocab = 40, .tie_weights = tied, .dropout = dropout});
+}
+
+/// out = 2 x: an op that reads `x` and writes `out` (in place when they are
+/// one), for the passes' tests of what may lie between two ops.
+inline OpDesc doubling_op(const std::string& x, const std::string& out) {
+  return make_op("scale", {{"X", {x}}}, {{"Out", {out}}}, {{"scale", 2.0}, {"bias", 0.0}});
 }
 
 /// How many ops of `type` the program has.

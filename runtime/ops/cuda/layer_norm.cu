@@ -24,6 +24,7 @@
 #include "runtime/kernels/layer_norm_row.h"
 #include "runtime/ops/accumulate_input.h"
 #include "runtime/ops/cuda/device_ops.cuh"
+#include "runtime/ops/cuda/layer_norm_kernels.cuh"
 #include "runtime/ops/layer_norm_shapes.h"
 
 namespace mix::cuda {
@@ -34,36 +35,6 @@ constexpr int64_t kRowsPerChunk = 32;
 constexpr int64_t kMaxChunks = 1024;
 
 // ---- kernels -------------------------------------------------------------------------
-
-// Y, Mean and Variance (the latter two may be null) of each row. Y may be
-// narrower than X (attr out_dtype), rounded once on store.
-template <typename T, typename TY, int kThreads>
-__global__ void layer_norm_rows(const T* x, TY* y, float* mean_out, float* var_out, const float* scale,
-                                const float* bias, int64_t rows, int64_t cols, float eps) {
-  using G = RowGroup<kThreads>;
-  __shared__ float shared[kBlock / kWarp];
-  const float n = static_cast<float>(cols);
-  for (int64_t r = G::first_row(); r < rows; r += G::row_stride()) {
-    const T* xr = x + r * cols;
-    TY* yr = y + r * cols;
-    float s = 0.f;
-    for (int64_t j = G::tid(); j < cols; j += kThreads) s = __fadd_rn(s, to_float(xr[j]));
-    const float mean = __fdiv_rn(G::reduce(s, shared, AddRn{}), n);
-    float ss = 0.f;
-    for (int64_t j = G::tid(); j < cols; j += kThreads) {
-      const float d = __fsub_rn(to_float(xr[j]), mean);
-      ss = __fadd_rn(ss, __fmul_rn(d, d));
-    }
-    const float var = __fdiv_rn(G::reduce(ss, shared, AddRn{}), n);
-    const fn::LayerNormNormalize f{mean, fn::ln_inv_std(var, eps)};
-    for (int64_t j = G::tid(); j < cols; j += kThreads)
-      yr[j] = from_float<TY>(f(to_float(xr[j]), scale ? scale[j] : 1.f, bias ? bias[j] : 0.f));
-    if (G::tid() == 0) {
-      if (mean_out) mean_out[r] = mean;
-      if (var_out) var_out[r] = var;
-    }
-  }
-}
 
 // X@GRAD of each row from the saved statistics (fn::LayerNormBackward). dy
 // may be narrower than x and dx (a narrower Y's gradient), widened on load.
@@ -146,8 +117,8 @@ void layer_norm_cuda(OpContext& ctx) {
     using TY = decltype(y_tag);
     with_row_group(d.cols, [&](auto threads) {
       constexpr int kThreads = decltype(threads)::value;
-      layer_norm_rows<T, TY, kThreads><<<row_group_blocks<kThreads>(d.rows), kBlock, 0, stream>>>(
-          x.data<T>(), y.data<TY>(), mean, var, scale, bias, d.rows, d.cols, eps);
+      layer_norm_rows<T, TY, T, kThreads><<<row_group_blocks<kThreads>(d.rows), kBlock, 0, stream>>>(
+          x.data<T>(), ResidualAdd<T, T>{}, y.data<TY>(), mean, var, scale, bias, d.rows, d.cols, eps);
       MIX_CUDA_CHECK(cudaGetLastError());
     });
   });

@@ -1,0 +1,66 @@
+#pragma once
+// The forward layer_norm kernel, shared by layer_norm (layer_norm.cu) and
+// fused_add_layer_norm (fused_add_layer_norm.cu), which first adds a residual
+// operand to X and normalises the stored sums. Row sums and element steps as
+// layer_norm.cu's header describes them.
+#include <cstdint>
+
+#include "runtime/kernels/layer_norm_row.h"
+#include "runtime/ops/cuda/device_ops.cuh"
+
+namespace mix::cuda {
+
+/// fused_add_layer_norm's add before the norm: Out = X + Y, rounded to X's
+/// type T as elementwise_add stores it, Y (of type TA) repeating every
+/// `period` values (X's shape, or its trailing dims). `y` null: no add (plain
+/// layer_norm).
+template <typename T, typename TA>
+struct ResidualAdd {
+  const TA* y = nullptr;
+  int64_t period = 0;
+  T* out = nullptr;
+};
+
+/// Norm, Mean and Variance (the latter two may be null) of each row of x, or
+/// with add.y of each row of x + add.y, written to add.out first: each thread
+/// stores its sums and reads back only those it stored, so the row is read
+/// once from memory, and the statistics and Norm come from the stored (rounded)
+/// values, as layer_norm computes them from elementwise_add's output. Norm may
+/// be narrower than X (attr out_dtype), rounded once on store.
+template <typename T, typename TY, typename TA, int kThreads>
+__global__ void layer_norm_rows(const T* x, ResidualAdd<T, TA> add, TY* y, float* mean_out, float* var_out,
+                                const float* scale, const float* bias, int64_t rows, int64_t cols, float eps) {
+  using G = RowGroup<kThreads>;
+  __shared__ float shared[kBlock / kWarp];
+  const float n = static_cast<float>(cols);
+  for (int64_t r = G::first_row(); r < rows; r += G::row_stride()) {
+    const T* xr = x + r * cols;
+    const T* src = add.y ? add.out + r * cols : xr;  // the row normalised
+    TY* yr = y + r * cols;
+    float s = 0.f;
+    for (int64_t j = G::tid(); j < cols; j += kThreads) {
+      if (add.y) {
+        const int64_t at = r * cols + j;
+        const int64_t i = add.period == rows * cols ? at : at % add.period;
+        add.out[at] = from_float<T>(__fadd_rn(to_float(xr[j]), to_float(add.y[i])));
+      }
+      s = __fadd_rn(s, to_float(src[j]));
+    }
+    const float mean = __fdiv_rn(G::reduce(s, shared, AddRn{}), n);
+    float ss = 0.f;
+    for (int64_t j = G::tid(); j < cols; j += kThreads) {
+      const float d = __fsub_rn(to_float(src[j]), mean);
+      ss = __fadd_rn(ss, __fmul_rn(d, d));
+    }
+    const float var = __fdiv_rn(G::reduce(ss, shared, AddRn{}), n);
+    const fn::LayerNormNormalize f{mean, fn::ln_inv_std(var, eps)};
+    for (int64_t j = G::tid(); j < cols; j += kThreads)
+      yr[j] = from_float<TY>(f(to_float(src[j]), scale ? scale[j] : 1.f, bias ? bias[j] : 0.f));
+    if (G::tid() == 0) {
+      if (mean_out) mean_out[r] = mean;
+      if (var_out) var_out[r] = var;
+    }
+  }
+}
+
+}  // namespace mix::cuda
