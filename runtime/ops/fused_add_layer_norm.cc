@@ -34,14 +34,7 @@ void infer_fused_add_layer_norm(Program& p, OpDesc& op) {
   const VarDesc& y = p.var(op.in("Y"));
   add_layer_norm_rules::check_operands(op.type, x.shape, x.dtype, y.shape, y.dtype);
   const NormDims d = layer_norm_rules::norm_dims(op, x.shape);
-  for (const char* slot : {"Scale", "Bias"}) {
-    const std::string name = op.in_or_empty(slot);
-    if (name.empty()) continue;
-    const VarDesc& v = p.var(name);
-    MIX_CHECK(v.dtype == DType::f32 && v.shape == Shape{d.cols}, op.type << ": " << slot << " " << name
-                                                                         << " must be f32[" << d.cols << "], got "
-                                                                         << dtype_name(v.dtype) << shape_str(v.shape));
-  }
+  layer_norm_rules::check_params(p, op, d.cols);
   declare_var(p, op.out("Out"), x.shape, x.dtype);
   declare_var(p, op.out("Norm"), x.shape, layer_norm_rules::y_dtype(op, x.dtype));
   declare_var(p, op.out("Mean"), {d.rows}, DType::f32);

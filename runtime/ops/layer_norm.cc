@@ -43,21 +43,11 @@ using layer_norm_rules::norm_dims;
 using layer_norm_rules::NormDims;
 using layer_norm_rules::param;
 
-void check_param_desc(const Program& p, const OpDesc& op, const char* slot, int64_t cols) {
-  const std::string name = op.in_or_empty(slot);
-  if (name.empty()) return;
-  const VarDesc& v = p.var(name);
-  MIX_CHECK(v.dtype == DType::f32 && v.shape == Shape{cols},
-            "layer_norm: " << slot << " " << name << " must be f32[" << cols << "] (one per normalised value), got "
-                           << dtype_name(v.dtype) << shape_str(v.shape));
-}
-
 void infer_layer_norm(Program& p, OpDesc& op) {
   const VarDesc& x = p.var(op.in("X"));
   MIX_CHECK(is_floating(x.dtype), "layer_norm: X " << x.name << " must be a float tensor, got " << dtype_name(x.dtype));
   const NormDims d = norm_dims(op, x.shape);
-  check_param_desc(p, op, "Scale", d.cols);
-  check_param_desc(p, op, "Bias", d.cols);
+  layer_norm_rules::check_params(p, op, d.cols);
   declare_var(p, op.out("Y"), x.shape, layer_norm_rules::y_dtype(op, x.dtype));
   for (const char* slot : {"Mean", "Variance"})
     if (!op.out_or_empty(slot).empty()) declare_var(p, op.out(slot), {d.rows}, DType::f32);

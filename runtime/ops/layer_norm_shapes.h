@@ -1,9 +1,11 @@
 #pragma once
 // layer_norm's view of X and its parameter checks, shared by its CPU kernels
 // (runtime/ops/layer_norm.cc) and its CUDA launchers
-// (runtime/ops/cuda/layer_norm.cu): X as [rows, cols] around begin_norm_axis.
+// (runtime/ops/cuda/layer_norm.cu), and by fused_add_layer_norm: X as [rows,
+// cols] around begin_norm_axis.
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "runtime/core/check.h"
 #include "runtime/core/tensor.h"
@@ -42,6 +44,18 @@ inline NormDims norm_dims(const OpDesc& op, const Shape& x) {
   MIX_CHECK(d.cols > 0,
             op.type << ": X " << shape_str(x) << " has no values to normalise per row (begin_norm_axis " << a << ")");
   return d;
+}
+
+/// Scale and Bias, where the op has them, as the program declares them: f32 [cols].
+inline void check_params(const Program& p, const OpDesc& op, int64_t cols) {
+  for (const char* slot : {"Scale", "Bias"}) {
+    const std::string name = op.in_or_empty(slot);
+    if (name.empty()) continue;
+    const VarDesc& v = p.var(name);
+    MIX_CHECK(v.dtype == DType::f32 && v.shape == Shape{cols}, op.type << ": " << slot << " " << name << " must be f32["
+                                                                       << cols << "] (one per normalised value), got "
+                                                                       << dtype_name(v.dtype) << shape_str(v.shape));
+  }
 }
 
 /// Scale or Bias as an FP32 [cols] pointer (host or device memory, wherever

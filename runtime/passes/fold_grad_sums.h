@@ -16,9 +16,9 @@
 // Accumulate on load), so the FP16 part, not an FP32 copy, waits through
 // backward for the embedding's gradient.
 //
-// Why: each folded sum is a kernel fewer, and the part it read is never
-// written and read back (for GPT-2 at 8 x 1024 tokens about 1.2 GB of
-// traffic a step; docs/design.md, "Folded gradient sums").
+// Why: each folded sum is a kernel fewer, and the part the op wrote is never
+// written and read back (what that is worth for GPT-2: docs/design.md,
+// "Folded gradient sums").
 //
 // Values: the op rounds its own part as it would have stored it and adds the
 // other in FP32, rounded once, as `sum` adds them (fn::add_grad_part): the

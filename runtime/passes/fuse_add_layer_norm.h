@@ -13,9 +13,8 @@
 //
 // Why: the layer norm reads the sum as the add writes it instead of reading it
 // back from memory, and one kernel runs instead of two, as llm.c's fused
-// residual + layernorm forward and torch.compile's fusion do (for GPT-2 at 8 x
-// 1024 tokens, by count 25 kernels and about 0.6 GB of traffic a step fewer;
-// docs/design.md, "Fused add + layer norm").
+// residual + layernorm forward and torch.compile's fusion do (what that is
+// worth for GPT-2: docs/design.md, "Fused add + layer norm").
 //
 // Values: the same bits (the op stores each rounded sum and normalises the
 // stored values). Fused where the add is a residual add elementwise_add takes
