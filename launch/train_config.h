@@ -74,7 +74,7 @@ struct TrainConfig {
   bool fuse_matmul_bias = true;
   /// Fold gradient sums into the op writing the last part (runtime/passes/fold_grad_sums.h; --no-fold-grad-sums: off).
   bool fold_grad_sums = true;
-  /// Fuse residual adds with the layer_norm after them (runtime/passes/fuse_add_layer_norm.h).
+  /// Fuse residual adds with their layer_norm (runtime/passes/fuse_add_layer_norm.h; --no-fuse-add-layer-norm: off).
   bool fuse_add_layer_norm = true;
   /// softmax_with_cross_entropy's grad recomputes the softmax (runtime/passes/recompute_softmax.h; --store-softmax: off).
   bool recompute_softmax = true;

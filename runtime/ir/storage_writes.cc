@@ -40,4 +40,14 @@ bool storage_written_between(const Program& p, const std::string& var, size_t fr
   return false;
 }
 
+bool named_between(const Program& p, const std::string& var, size_t from, size_t to) {
+  for (size_t k = from + 1; k < to; ++k) {
+    const OpDesc& op = p.ops()[k];
+    for (const auto& names : {op.all_inputs(), op.all_outputs()})
+      for (const auto& v : names)
+        if (v == var) return true;
+  }
+  return false;
+}
+
 }  // namespace mix

@@ -19,4 +19,9 @@ namespace mix {
 /// those). Making a view is not a write.
 bool storage_written_between(const Program& p, const std::string& var, size_t from, size_t to);
 
+/// Whether an op strictly between `from` and `to` reads or writes `var` by
+/// name: what a pass must know before it makes an op write `var` earlier or
+/// later than the op that wrote it.
+bool named_between(const Program& p, const std::string& var, size_t from, size_t to);
+
 }  // namespace mix

@@ -27,18 +27,6 @@ const Accumulating* accumulating(const OpDesc& op) {
   return nullptr;
 }
 
-// Whether an op strictly between `from` and `to` reads or writes `var` by name.
-bool named_between(const Program& p, const std::string& var, size_t from, size_t to) {
-  for (size_t k = from + 1; k < to; ++k) {
-    const OpDesc& op = p.ops()[k];
-    for (const auto& v : op.all_inputs())
-      if (v == var) return true;
-    for (const auto& v : op.all_outputs())
-      if (v == var) return true;
-  }
-  return false;
-}
-
 // Whether `var` can be dropped from the program: a temporary only the op at
 // `reader` reads and one op writes.
 bool private_temporary(const Program& p, const std::set<std::string>& keep, const std::string& var, size_t reader) {
@@ -48,52 +36,54 @@ bool private_temporary(const Program& p, const std::set<std::string>& keep, cons
 }
 
 // If the cast that widens `part` (an FP16/BF16 gradient cast to FP32) can be
-// folded into the op at `at`, which now reads `part` as Accumulate: makes the
-// op read the cast's input and returns the cast's index.
-std::optional<size_t> foldable_cast(Program& p, const std::set<std::string>& keep, const std::string& part, size_t at) {
+// folded into the op at `at`, which reads `part` as Accumulate: makes the op
+// read the cast's input, removes the cast and returns true.
+bool fold_widening_cast(Program& p, const std::set<std::string>& keep, const std::string& part, size_t at) {
   const std::optional<size_t> c = p.producer(part, at);
-  if (!c) return std::nullopt;
+  if (!c) return false;
   const OpDesc& cast = p.ops()[*c];
-  if (cast.type != "cast" || !private_temporary(p, keep, part, at)) return std::nullopt;
+  if (cast.type != "cast" || !private_temporary(p, keep, part, at)) return false;
   const std::string narrow = cast.in("X");
   if (!widening::allowed(p.var(narrow).dtype, p.var(part).dtype) || p.var(narrow).dtype == p.var(part).dtype)
-    return std::nullopt;
-  if (storage_written_between(p, narrow, *c, at)) return std::nullopt;
+    return false;
+  if (storage_written_between(p, narrow, *c, at)) return false;
   p.ops()[at].inputs["Accumulate"] = {narrow};
-  return c;
+  p.ops().erase(p.ops().begin() + static_cast<std::ptrdiff_t>(*c));
+  return true;
 }
 
+// What fold_at removed: the sum, and the other part's widening cast (before it).
+struct Folded {
+  bool sum = false, cast = false;
+};
+
 // Folds the sum at `s` into the op that writes its last part, if it can; then
-// the other part's widening cast, if it can. Returns the cast's index when
-// one was folded; sets `folded`.
-std::optional<size_t> fold_at(Program& p, const std::set<std::string>& keep, size_t s, bool& folded) {
-  folded = false;
+// the other part's widening cast, if it can.
+Folded fold_at(Program& p, const std::set<std::string>& keep, size_t s) {
   const OpDesc& sum = p.ops()[s];
-  if (sum.type != "sum" || sum.ins("X").size() != 2) return std::nullopt;
+  if (sum.type != "sum" || sum.ins("X").size() != 2) return {};
   const std::string out = sum.out("Out");
   const std::vector<std::string> parts = sum.ins("X");
-  if (parts[0] == parts[1] || out == parts[0] || out == parts[1]) return std::nullopt;
+  if (parts[0] == parts[1] || out == parts[0] || out == parts[1]) return {};
   const std::optional<size_t> w0 = p.producer(parts[0], s), w1 = p.producer(parts[1], s);
-  if (!w0 && !w1) return std::nullopt;
+  if ((!w0 && !w1) || (w0 && w1 && *w0 == *w1)) return {};
   // The op that writes its part last can read the other (a part no op writes
   // is there from the start).
   const bool second_last = !w0 || (w1 && *w1 > *w0);
   const size_t j = second_last ? *w1 : *w0;
-  if (w0 && w1 && *w0 == *w1) return std::nullopt;
   const std::string& own = parts[second_last ? 1 : 0];
   const std::string& other = parts[second_last ? 0 : 1];
   OpDesc& op = p.ops()[j];
   const Accumulating* a = accumulating(op);
-  if (!a || op.out_or_empty(a->slot) != own || !op.in_or_empty("Accumulate").empty()) return std::nullopt;
-  if (!private_temporary(p, keep, own, s)) return std::nullopt;
+  if (!a || op.out_or_empty(a->slot) != own || !op.in_or_empty("Accumulate").empty()) return {};
+  if (!private_temporary(p, keep, own, s)) return {};
   const VarDesc &ov = p.var(own), &tv = p.var(other);
-  if (ov.dtype != tv.dtype || ov.shape != tv.shape) return std::nullopt;
-  if (storage_written_between(p, other, j, s) || named_between(p, out, j, s)) return std::nullopt;
+  if (ov.dtype != tv.dtype || ov.shape != tv.shape) return {};
+  if (storage_written_between(p, other, j, s) || named_between(p, out, j, s)) return {};
   op.inputs["Accumulate"] = {other};
   op.outputs[a->slot] = {out};
   p.ops().erase(p.ops().begin() + static_cast<std::ptrdiff_t>(s));
-  folded = true;
-  return a->narrower_ok ? foldable_cast(p, keep, other, j) : std::nullopt;
+  return {true, a->narrower_ok && fold_widening_cast(p, keep, other, j)};
 }
 
 }  // namespace
@@ -101,15 +91,14 @@ std::optional<size_t> fold_at(Program& p, const std::set<std::string>& keep, siz
 FoldedGradSums fold_grad_sums(Program& p, const std::set<std::string>& keep) {
   FoldedGradSums r;
   for (size_t s = 0; s < p.ops().size();) {
-    bool folded = false;
-    const std::optional<size_t> cast = fold_at(p, keep, s, folded);
-    if (!folded) {
+    const Folded f = fold_at(p, keep, s);
+    if (!f.sum) {
       ++s;
       continue;
     }
-    ++r.sums;  // the sum at s is gone: s is the next op, or the one after it once the cast goes
-    if (cast) {
-      p.ops().erase(p.ops().begin() + static_cast<std::ptrdiff_t>(*cast));
+    // The sum at s is gone, so s is the next op; one earlier still when the cast before it went too.
+    ++r.sums;
+    if (f.cast) {
       ++r.casts;
       --s;
     }

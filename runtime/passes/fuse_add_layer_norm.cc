@@ -42,14 +42,8 @@ std::optional<size_t> layer_norm_of(const Program& p, const std::string& var, si
 // Whether the layer norm at `j` can run at `i` instead: no op between touches
 // its outputs by name or writes its Scale or Bias.
 bool can_run_earlier(const Program& p, const OpDesc& ln, size_t i, size_t j) {
-  const std::vector<std::string> outs = ln.all_outputs();
-  for (size_t k = i + 1; k < j; ++k) {
-    const OpDesc& op = p.ops()[k];
-    for (const auto& names : {op.all_inputs(), op.all_outputs()})
-      for (const auto& v : names)
-        for (const auto& o : outs)
-          if (v == o) return false;
-  }
+  for (const std::string& out : ln.all_outputs())
+    if (named_between(p, out, i, j)) return false;
   for (const char* slot : {"Scale", "Bias"}) {
     const std::string param = ln.in_or_empty(slot);
     if (!param.empty() && storage_written_between(p, param, i, j)) return false;

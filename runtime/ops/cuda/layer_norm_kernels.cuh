@@ -5,6 +5,7 @@
 // layer_norm.cu's header describes them.
 #include <cstdint>
 
+#include "runtime/kernels/functors.h"
 #include "runtime/kernels/layer_norm_row.h"
 #include "runtime/ops/cuda/device_ops.cuh"
 
@@ -42,7 +43,7 @@ __global__ void layer_norm_rows(const T* x, ResidualAdd<T, TA> add, TY* y, float
       if (add.y) {
         const int64_t at = r * cols + j;
         const int64_t i = add.period == rows * cols ? at : at % add.period;
-        add.out[at] = from_float<T>(__fadd_rn(to_float(xr[j]), to_float(add.y[i])));
+        add.out[at] = from_float<T>(fn::Add{}(to_float(xr[j]), to_float(add.y[i])));  // elementwise_add's functor
       }
       s = __fadd_rn(s, to_float(src[j]));
     }
