@@ -56,8 +56,10 @@ Program micro_batch_program(const Program& step) {
   Program micro = step;
   std::vector<OpDesc> ops;
   for (const OpDesc& op : step.ops()) {
-    if (op.type == "grad_accumulate") continue;  // the step's "finish": the start after it becomes an "add"
-    if (is_gradient_start(op)) {
+    // The step's "finish" of a bucket becomes an "add" of the same gradients
+    // (found by the finish, not the start after it, which one rank's program
+    // no longer has: collective/elide_single_rank_sync.h).
+    if (op.type == "grad_accumulate") {
       ops.push_back(accumulate_op(op.ins("X"), "add"));
       continue;
     }

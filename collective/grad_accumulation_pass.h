@@ -13,7 +13,7 @@
 // bytes a step stay those of K = 1 and half of FP32's.
 //
 // micro_batch_program() derives from that program the one the K - 1 earlier
-// micro-batches run: its forward and backward, each bucket's start replaced
+// micro-batches run: its forward and backward, each bucket's "finish" replaced
 // by a grad_accumulate "add" of the bucket's gradients into their FP32
 // accumulators, and nothing after backward (no all-reduce, unscale, scaler
 // update or optimizer). Every whole-step pass has run by then, so both

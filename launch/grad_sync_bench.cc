@@ -51,6 +51,7 @@ GradSyncResult run_grad_sync_bench(const GradSyncBenchConfig& c, collective::Com
   // bytes alone, with no backward to hide them behind.
   sync.overlap = false;
   options.grad_sync = sync;
+  options.passes.elide_single_rank_sync = false;  // one rank's sync is timed too (-n 1)
   build_train_program(program, model.loss, options);
 
   // The gradients the all-reduces read, zero-filled (values do not change the time).

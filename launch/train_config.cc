@@ -163,6 +163,7 @@ std::vector<std::pair<std::string, std::string>> TrainConfig::fingerprint_fields
           {"on-min-scale", name(on_min_scale, amp::kOnMinScaleNames)},
           {"bucket-mb", num(bucket_mb)},
           {"overlap", overlap ? "true" : "false"},
+          {"elide-single-rank-sync", elide_single_rank_sync ? "on" : "off"},
           {"synthetic-size", data == DataSet::synthetic ? opt(synthetic_size) : "-"},
           {"synthetic-features", data == DataSet::synthetic ? num(synthetic_features) : "-"},
           {"synthetic-classes", data == DataSet::synthetic ? num(synthetic_classes) : "-"},
@@ -404,6 +405,9 @@ std::optional<int> parse_train_config(int argc, char** argv, TrainConfig& c) {
   app.add_flag("!--no-overlap", c.overlap,
                "all-reduce the gradient buckets after backward, one at a time, instead of starting each as soon as "
                "backward has written it (for comparison)");
+  app.add_flag("!--no-elide-single-rank-sync", c.elide_single_rank_sync,
+               "one rank: keep the gradient all-reduce ops, which pack, sum over one rank and unpack each bucket, "
+               "instead of taking them out (the same values; to time a sync on one rank)");
   app.add_option("--collective-timeout", c.collective_timeout,
                  "seconds a collective waits for the other ranks before the job is aborted, naming the ranks it "
                  "waited for (also NCCL's watchdog; MIX_NCCL_TIMEOUT_S is an older name for it)")

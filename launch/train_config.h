@@ -76,6 +76,8 @@ struct TrainConfig {
   bool fold_grad_sums = true;
   /// Fuse residual adds with their layer_norm (runtime/passes/fuse_add_layer_norm.h; --no-fuse-add-layer-norm: off).
   bool fuse_add_layer_norm = true;
+  /// One rank: no gradient all-reduce ops (collective/elide_single_rank_sync.h; --no-elide-single-rank-sync: off).
+  bool elide_single_rank_sync = true;
   /// softmax_with_cross_entropy's grad recomputes the softmax (runtime/passes/recompute_softmax.h; --store-softmax: off).
   bool recompute_softmax = true;
   // the Transformer language model (models::TransformerConfig); --model gpt2

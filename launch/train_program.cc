@@ -8,6 +8,7 @@
 #include "amp/fuse_param_casts.h"
 #include "amp/lists.h"
 #include "amp/rewrite.h"
+#include "collective/elide_single_rank_sync.h"
 #include "collective/grad_accumulation_pass.h"
 #include "launch/worker_main.h"
 #include "runtime/core/check.h"
@@ -142,6 +143,12 @@ TrainProgram build_train_program(Program& p, const std::string& loss, const Trai
   const std::string fp32 = "--precision " + std::string(amp::to_string(o.precision));
   auto amp_only = [&](const char* flag_off, bool on) { return !amp ? fp32 : on ? std::string() : flag_off; };
   const std::string no_sync = "no data-parallel pass";
+  // Pass 24 runs on one rank, where the data-parallel pass put all-reduces in.
+  auto single_rank_off = [&]() -> std::string {
+    if (!o.grad_sync) return no_sync;
+    if (o.grad_sync->world_size > 1) return std::to_string(o.grad_sync->world_size) + " ranks";
+    return o.passes.elide_single_rank_sync ? "" : "--no-elide-single-rank-sync";
+  };
 
   // The AMP step, in order. Under --precision fp32 the AMP passes are off and
   // the rest is the FP32 step: forward, backward, all-reduce, optimizer.
@@ -307,6 +314,11 @@ TrainProgram build_train_program(Program& p, const std::string& loss, const Trai
       {"fuse_add_layer_norm: a residual add + the layer_norm reading it as one op",
        "runtime/passes/fuse_add_layer_norm.cc", o.passes.fuse_add_layer_norm ? "" : "--no-fuse-add-layer-norm",
        [&] { return count(fuse_add_layer_norm(p), "pair", "pairs"); }, "--no-fuse-add-layer-norm"},
+      // Last: the unscale and the accumulation found the buckets by their all-reduces.
+      {"elide_single_rank_sync: one rank's gradient all-reduces taken out", "collective/elide_single_rank_sync.cc",
+       single_rank_off(),
+       [&] { return count(collective::elide_single_rank_sync(p), "bucket's all-reduce", "buckets' all-reduces"); },
+       "--no-elide-single-rank-sync"},
   };
   for (const Pass& pass : pipeline) {
     PassRun r{pass.name, pass.file, pass.off_by.empty(), pass.off_by, "", pass.whole_step_flag, false};

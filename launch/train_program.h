@@ -46,8 +46,10 @@ struct StepPasses {
   bool fuse_matmul_bias = true;   // --no-fuse-matmul-bias: off
   bool fold_grad_sums = true;     // --no-fold-grad-sums: off
   bool fuse_add_layer_norm = true;  // --no-fuse-add-layer-norm: off
+  /// World size 1 only (collective/elide_single_rank_sync.h); --no-elide-single-rank-sync: off.
+  bool elide_single_rank_sync = true;
   /// Every pass off: the program as autodiff and the optimizer leave it.
-  static StepPasses none() { return {false, false, false, false, false, false, false}; }
+  static StepPasses none() { return {false, false, false, false, false, false, false, false}; }
 };
 
 struct TrainProgramOptions {

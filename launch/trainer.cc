@@ -232,6 +232,7 @@ TrainProgramOptions train_program_options(const TrainConfig& c, const models::Mo
   o.passes.fuse_matmul_bias = c.fuse_matmul_bias;
   o.passes.fold_grad_sums = c.fold_grad_sums;
   o.passes.fuse_add_layer_norm = c.fuse_add_layer_norm;
+  o.passes.elide_single_rank_sync = c.elide_single_rank_sync;
   // Evaluation reads the logits after a step's forward pass.
   o.grad_accum_steps = c.grad_accum_steps;
   o.clip_grad_norm = c.clip_grad_norm;

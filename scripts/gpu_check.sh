@@ -307,11 +307,13 @@ run_transformer() {  # precision, log name, extra flags...
 # resnet-small (32x32 images) under AMP, gradient all-reduces overlapped with
 # backward (the default: c_allreduce_start/wait, NCCL on its own stream) and
 # not (--no-overlap: every bucket after backward). One GPU, so NCCL moves no
-# bytes: the row checks that the overlapped path costs no step time and runs.
+# bytes: the row checks that the overlapped path costs no step time and runs
+# (--no-elide-single-rank-sync: one rank's all-reduces are kept for it).
 train_resnet_small() {  # log name, extra flags...
   local name="$1"; shift
   limit 120 "$build/mixtrain" --device cuda --precision amp --model resnet-small --data synthetic \
-    --synthetic-size 4096 --batch-size 128 --bucket-mb 0.1 --benchmark --benchmark-warmup 10 --steps 40 --eval false "$@" \
+    --synthetic-size 4096 --batch-size 128 --bucket-mb 0.1 --no-elide-single-rank-sync --benchmark \
+    --benchmark-warmup 10 --steps 40 --eval false "$@" \
     --metrics "$out/$name.jsonl" >"$out/$name.log" 2>&1
 }
 # The host's time to queue a timed step, and the step's time (the summary's
@@ -540,7 +542,7 @@ step_resnet50_b256_variants() {
 }
 step_transformer_casts() {
   runs transformer_amp_nofold transformer_amp_stored transformer_amp_unfused_bias transformer_amp_unfolded_sums \
-    transformer_amp_unfused_add_ln || return 0
+    transformer_amp_unfused_add_ln transformer_amp_single_rank_sync || return 0
   # What folding the FP32 casts before softmax and the loss is worth (README,
   # "Folded casts"): the default AMP run above folds them, this one keeps them.
   echo "gpu_check: Transformer AMP with --no-fold-casts (log: $out/transformer_amp_nofold.log)"
@@ -561,6 +563,10 @@ step_transformer_casts() {
   # (docs/design.md, "Fused add + layer norm"): this run keeps the two ops.
   echo "gpu_check: Transformer AMP with --no-fuse-add-layer-norm (log: $out/transformer_amp_unfused_add_ln.log)"
   train_transformer amp transformer_amp_unfused_add_ln --no-fuse-add-layer-norm; tf_unfused_add_ln_rc=$?
+  # And what taking one rank's gradient all-reduces out is worth (docs/design.md,
+  # "One rank"): this run packs, reduces over NCCL's one rank and unpacks each bucket.
+  echo "gpu_check: Transformer AMP with --no-elide-single-rank-sync (log: $out/transformer_amp_single_rank_sync.log)"
+  train_transformer amp transformer_amp_single_rank_sync --no-elide-single-rank-sync; tf_single_rank_sync_rc=$?
 }
 # And what one fused_attention op is worth against the matmul, causal softmax,
 # matmul it replaces (docs/models.md, "Attention"): these runs build the latter,
@@ -935,6 +941,10 @@ secs=$(( $(date +%s) - t0 ))
     "$(tokens_and_peak transformer_amp_unfused_add_ln "$tf_unfused_add_ln_rc")"
   say transformer_amp_unfused_add_ln "  fused / unfused add + LN speed" \
     "$(ratio_of "$(summary_field "$out/transformer_amp_unfused_add_ln.jsonl" tokens_per_s_overall)" "$tf_amp_tps")"
+  say transformer_amp_single_rank_sync "Transformer AMP one rank's sync kept tok/s" \
+    "$(tokens_and_peak transformer_amp_single_rank_sync "$tf_single_rank_sync_rc")"
+  say transformer_amp_single_rank_sync "  elided / kept one rank's sync speed" \
+    "$(ratio_of "$(summary_field "$out/transformer_amp_single_rank_sync.jsonl" tokens_per_s_overall)" "$tf_amp_tps")"
   say transformer_amp_unfused "Transformer AMP unfused attn tok/s" "$(tokens_and_peak transformer_amp_unfused "$tf_unfused_rc")"
   say transformer_amp_unfused "  fused / unfused attention speed" "$tf_att_ratio"
   say gpt2_amp_unfused "GPT-2 AMP unfused attn tok/s" "$(tokens_and_peak gpt2_amp_unfused "$gpt2_amp_unfused_rc")"
@@ -984,6 +994,6 @@ passed "${tests_rc-}" "${fp32_rc-}" "${amp_rc-}" "${r50_fp32_rc-}" "${r50_amp_rc
   "${r50_b256_legacy_rc-}" "${r50_fp32_cg_rc-}" "${r50_amp_cg_rc-}" "${r50_amp_cg_legacy_rc-}" "${r50_fp32_g11_rc-}" \
   "${r50_amp_g11_rc-}" "${r50_amp_g11_legacy_rc-}" "${r50_b256_g11_rc-}" "${cg_flag_rc-}" "${gpt2_amp_rc-}" \
   "${gpt2_bf16_rc-}" "${gpt2_fp32_rc-}" "${gpt2_amp_unfused_rc-}" "${gpt2_amp_own_att_rc-}" "${gpt2_amp_fp32_att_rc-}" "${tf_fp32_rc-}" "${tf_amp_rc-}" \
-  "${tf_amp_cg_rc-}" "${tf_nofold_rc-}" "${tf_stored_rc-}" "${tf_unfused_bias_rc-}" "${tf_unfolded_sums_rc-}" "${tf_unfused_add_ln_rc-}" "${tf_unfused_rc-}" "${rs_ov_rc-}" "${rs_no_rc-}" \
+  "${tf_amp_cg_rc-}" "${tf_nofold_rc-}" "${tf_stored_rc-}" "${tf_unfused_bias_rc-}" "${tf_unfolded_sums_rc-}" "${tf_unfused_add_ln_rc-}" "${tf_single_rank_sync_rc-}" "${tf_unfused_rc-}" "${rs_ov_rc-}" "${rs_no_rc-}" \
   "${bench_rc-}" "${stuck_ok-}" "${mc_ops_ok-}" "${mc_tf_ok-}" "${mc_att_ok-}" &&
   multi_rows_ok

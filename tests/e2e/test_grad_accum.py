@@ -19,7 +19,9 @@ examples make each step whichever way they are split):
      --grad-accum-steps 4); with K=4 it ends with the bits of a run that never
      stopped;
   6. --print-program lists the accumulation pass, "off" when K is 1, and the
-     program has one grad_accumulate "finish" right before each bucket's start;
+     program has one grad_accumulate "finish" right before each bucket's start
+     (one rank, --no-elide-single-rank-sync; test_single_rank_sync.py trains
+     with and without it);
   7. the summary counts micro_batches; a K above an epoch's micro-batches, and
      --cuda-graph with K > 1, are refused with exit 2.
 """
@@ -110,8 +112,10 @@ def main():
         if cont and full:
             c.check(all(mt.bit_identical(tf[k], tc[k]) for k in tf), "--resume with K=4: the bits of the unbroken run")
 
-    # 6. The pass and the program.
-    r = mt.mixtrain([*DATA, "--batch-size", 8, "--grad-accum-steps", 4, "--print-program"], timeout=60)
+    # 6. The pass and the program (one rank's all-reduces kept: elide_single_rank_sync
+    # would take the starts out, leaving the finishes where they were put).
+    r = mt.mixtrain([*DATA, "--batch-size", 8, "--grad-accum-steps", 4, "--no-elide-single-rank-sync",
+                     "--print-program"], timeout=60)
     text = r.out
     ops = mt.program_ops(text)
     finish = [i for i, op in ops.items() if op.type == "grad_accumulate" and op.attr("mode") == '"finish"']

@@ -96,6 +96,7 @@ TEST_CASE("with K micro-batches the step's program accumulates before each all-r
     o.precision = precision;
     o.grad_accum_steps = 4;
     o.grad_sync->bucket_bytes = 64;  // several buckets
+    o.grad_sync->world_size = 2;     // all-reduces that stay (one rank's are elided)
     const launch::TrainProgram t = launch::build_train_program(m.program, m.loss, o);
     REQUIRE(t.micro_batch_program);
     CHECK(t.grad_accum_steps == 4);

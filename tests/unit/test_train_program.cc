@@ -66,7 +66,8 @@ const std::vector<std::string> kStepOrder = {"amp::rewrite",
                                              "fuse_matmul_bias",
                                              "fuse_bn_relu",
                                              "fold_grad_sums",
-                                             "fuse_add_layer_norm"};
+                                             "fuse_add_layer_norm",
+                                             "elide_single_rank_sync"};
 
 }  // namespace
 
@@ -124,9 +125,9 @@ TEST_CASE("in FP32 the AMP passes are off, and the list says why", "[train_progr
     CHECK_FALSE(pass(t, amp_pass).ran);
     CHECK(pass(t, amp_pass).off_by == "--precision fp32");
   }
-  for (const std::string step :
-       {"seed_loss_gradient", "append_backward", "insert_grad_allreduce", "optimizer", "recompute_softmax",
-        "fuse_add_relu", "fuse_matmul_bias", "fuse_bn_relu", "fold_grad_sums", "fuse_add_layer_norm"})
+  for (const std::string step : {"seed_loss_gradient", "append_backward", "insert_grad_allreduce", "optimizer",
+                                 "recompute_softmax", "fuse_add_relu", "fuse_matmul_bias", "fuse_bn_relu",
+                                 "fold_grad_sums", "fuse_add_layer_norm", "elide_single_rank_sync"})
     CHECK(pass(t, step).ran);
   CHECK(pass(t, "insert_grad_allreduce").name == "insert_grad_allreduce: gradient all-reduce in fp32");
   CHECK(t.found_inf.empty());
@@ -157,6 +158,7 @@ TEST_CASE("each flag that turns a pass off is named in the list, and the pass le
   CHECK(pass(t, "fuse_bn_relu").off_by == "--no-fuse-bn-relu");
   CHECK(pass(t, "fold_grad_sums").off_by == "--no-fold-grad-sums");
   CHECK(pass(t, "fuse_add_layer_norm").off_by == "--no-fuse-add-layer-norm");
+  CHECK(pass(t, "elide_single_rank_sync").off_by == "--no-elide-single-rank-sync");
   // The ops they would have fused are still there, and more of them.
   auto count = [](const Program& p, const std::string& type) {
     int n = 0;

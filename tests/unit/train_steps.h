@@ -40,6 +40,9 @@ struct TrainOptions {
   bool fuse_matmul_bias = true;
   bool fold_grad_sums = true;
   bool fuse_add_layer_norm = true;
+  bool elide_single_rank_sync = true;
+  size_t bucket_bytes = 25u << 20;  // the gradient all-reduce's (collective::GradSyncOptions)
+  bool overlap = true;
   Device device = cpu_device();
   int steps = 2;
   int64_t batch = 3;
@@ -77,8 +80,10 @@ inline TrainedModel train_steps(models::Model model, const TrainOptions& o) {
   po.precision = !o.amp ? amp::Precision::fp32 : o.low == DType::bf16 ? amp::Precision::bf16 : amp::Precision::amp;
   po.amp.fold_casts = o.fold_casts;
   po.amp.inject = o.inject;
-  po.passes = {o.recompute_softmax, o.fuse_add_relu,  o.fuse_param_casts,   o.fuse_bn_relu,
-               o.fuse_matmul_bias,  o.fold_grad_sums, o.fuse_add_layer_norm};
+  po.passes = {o.recompute_softmax, o.fuse_add_relu,  o.fuse_param_casts,    o.fuse_bn_relu,
+               o.fuse_matmul_bias,  o.fold_grad_sums, o.fuse_add_layer_norm, o.elide_single_rank_sync};
+  po.grad_sync->bucket_bytes = o.bucket_bytes;
+  po.grad_sync->overlap = o.overlap;
   r.train = launch::build_train_program(r.model.program, r.model.loss, po);
   const std::set<std::string>& keep = r.train.read_back;
 
@@ -87,7 +92,7 @@ inline TrainedModel train_steps(models::Model model, const TrainOptions& o) {
   for (const VarDesc& v : r.model.program.vars())
     if (v.persistable) r.scope.set(v.name, r.scope.get(v.name).to(o.device));
 
-  auto comm = collective::make_local_communicator();  // world 1: the all-reduces are the identity
+  auto comm = collective::make_local_communicator();  // world 1: the all-reduces, where kept, are the identity
   Executor step(r.model.program, keep);
   std::unique_ptr<StepGraph> graph;
   if (o.make_graph)
