@@ -101,7 +101,8 @@ struct TrainProgram {
   optim::ParamGrads param_grads;
   /// The global overflow flag (i32 [1]); empty in FP32 training, where every step applies.
   std::string found_inf;
-  /// The gradient buckets, in the order their all-reduces start.
+  /// The gradient buckets, in the order their all-reduces start (on one rank
+  /// the buckets the data-parallel pass made, whose all-reduces pass 24 took out).
   std::vector<collective::GradBucket> buckets;
   /// What a step's caller may read back (the options' read_back, the loss
   /// and, under AMP, the flags): the executor's fetch list.
