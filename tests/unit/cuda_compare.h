@@ -174,14 +174,14 @@ inline void expect_identical(const Tensor& gpu, const Tensor& cpu, const std::st
 }
 
 /// The terms of a GPU row sum over n values for an error bound (sequential
-/// adds per thread plus tree levels, runtime/ops/cuda/device_ops.cuh): by a
+/// adds per thread plus tree levels, runtime/ops/cuda/row_group.cuh): by a
 /// block, ceil(n / 256) per thread then 8 levels; by a warp, ceil(n / 32) per
 /// lane then 5.
 inline int64_t gpu_block_row_terms(int64_t n) { return (n + 255) / 256 + 8; }
 inline int64_t gpu_warp_row_terms(int64_t n) { return (n + 31) / 32 + 5; }
 /// The row kernels (softmax, softmax_grad, layer_norm, layer_norm_grad) give
 /// rows of up to 1024 columns a warp each, longer ones a block (RowGroup in
-/// runtime/ops/cuda/device_ops.cuh); n of the row's cols are summed.
+/// runtime/ops/cuda/row_group.cuh); n of the row's cols are summed.
 inline int64_t gpu_row_terms(int64_t n, int64_t cols) {
   return cols <= 1024 ? gpu_warp_row_terms(n) : gpu_block_row_terms(n);
 }

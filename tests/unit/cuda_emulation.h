@@ -1,10 +1,10 @@
 #pragma once
 // Runs CUDA kernel source on the CPU, for the tests that emulate mixtrain's
-// hand-written kernels where no GPU is lent (test_attention_*_emulated.cc):
-// the few CUDA features those kernels use, and a grid launcher.
+// hand-written kernels where no GPU is lent (test_*_emulated.cc): the few
+// CUDA features those kernels use, and a grid launcher.
 //
-// A block is 128 std::threads (threadIdx, blockIdx thread-local, gridDim
-// global), __syncthreads and __syncwarp barriers, __shfl_xor_sync and
+// A block is 128 std::threads by default, 256 for the row kernels (threadIdx,
+// blockIdx thread-local, gridDim global), __syncthreads and __syncwarp barriers, __shfl_xor_sync and
 // __shfl_sync an exchange through memory between warp barriers. A WMMA
 // fragment holds its whole 16 x 16 matrix in every lane (the kernels never
 // touch fragment elements, so their layout does not matter); mma_sync sums in
@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <stdexcept>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -34,10 +35,11 @@ struct Index {
 };
 thread_local Index thread_index, block_index;
 
-constexpr int kBlockThreads = 128;  // every emulated kernel's block size
+constexpr int kBlockThreads = 128;     // the attention kernels' block size, run_grid's default
+constexpr int kMaxBlockThreads = 256;  // the row kernels' (kBlock)
 std::unique_ptr<std::barrier<>> g_block;
 std::vector<std::unique_ptr<std::barrier<>>> g_warps;
-float g_exchange[kBlockThreads];
+float g_exchange[kMaxBlockThreads];
 Index g_grid;                                     // gridDim
 alignas(128) unsigned char g_shared[256 * 1024];  // more than any kernel here asks
 
@@ -45,17 +47,19 @@ int warp_of_thread() { return static_cast<int>(thread_index.x) / 32; }
 void block_barrier() { g_block->arrive_and_wait(); }
 void warp_barrier() { g_warps[static_cast<size_t>(warp_of_thread())]->arrive_and_wait(); }
 
-// Runs kernel() as a grid of (gx, gy) blocks of kBlockThreads threads, one block at a time.
+// Runs kernel() as a grid of (gx, gy) blocks of `block_threads` threads (whole
+// warps, at most kMaxBlockThreads), one block at a time.
 template <typename Kernel>
-void run_grid(unsigned gx, unsigned gy, Kernel kernel) {
+void run_grid(unsigned gx, unsigned gy, Kernel kernel, int block_threads = kBlockThreads) {
+  if (block_threads % 32 != 0 || block_threads > kMaxBlockThreads) throw std::invalid_argument("emulated block size");
   g_grid = {gx, gy, 1};
-  g_block = std::make_unique<std::barrier<>>(kBlockThreads);
+  g_block = std::make_unique<std::barrier<>>(block_threads);
   g_warps.clear();
-  for (int w = 0; w < kBlockThreads / 32; ++w) g_warps.push_back(std::make_unique<std::barrier<>>(32));
+  for (int w = 0; w < block_threads / 32; ++w) g_warps.push_back(std::make_unique<std::barrier<>>(32));
   // The block's threads are made once and run the blocks in turn, shared
   // memory refilled with garbage between two of them.
   std::vector<std::thread> threads;
-  for (unsigned t = 0; t < kBlockThreads; ++t)
+  for (unsigned t = 0; t < static_cast<unsigned>(block_threads); ++t)
     threads.emplace_back([&, t] {
       thread_index.x = t;
       for (unsigned bx = 0; bx < gx; ++bx)
@@ -77,6 +81,10 @@ void run_grid(unsigned gx, unsigned gy, Kernel kernel) {
 
 #define __global__
 #define __device__
+// A kernel's static shared array: one per kernel instantiation, which the
+// block running holds (blocks run one at a time). Unlike g_shared it is not
+// refilled with garbage between blocks.
+#define __shared__ static
 #define __forceinline__ inline
 #define __launch_bounds__(threads)
 #define threadIdx emulated::thread_index
@@ -114,7 +122,12 @@ inline float __shfl_xor_sync(unsigned, float value, int lane_mask) {
   return emulated::exchange(value, (static_cast<int>(threadIdx.x) & 31) ^ lane_mask);
 }
 inline float __shfl_sync(unsigned, float value, int lane) { return emulated::exchange(value, lane); }
+// Rounded as the device intrinsics round: one IEEE operation each (the host
+// build contracts nothing into an FMA: no -ffp-contract=fast, no -mfma).
 inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
 
 namespace nvcuda::wmma {
 struct matrix_a {};

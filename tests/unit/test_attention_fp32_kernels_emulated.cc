@@ -23,23 +23,7 @@
 // The emulation, then the kernels (cuda_emulation.h defines CUDA's keywords as macros).
 #include "tests/unit/cuda_emulation.h"
 
-// What the kernels take from runtime/ops/cuda/device_ops.cuh, which is CUDA's
-// alone: the emulation's copies, the same steps.
-namespace mix::cuda {
-inline constexpr int kWarp = 32;
-struct AddRn {
-  float operator()(float a, float b) const { return __fadd_rn(a, b); }
-};
-struct MaxOf {
-  float operator()(float a, float b) const { return fn::max_of(a, b); }
-};
-template <typename V, typename Op>
-V warp_reduce(V v, Op op) {
-  for (int o = kWarp / 2; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-}  // namespace mix::cuda
-
+// They reduce with row_group.cuh's warp_reduce, the GPU build's own.
 #include "runtime/ops/cuda/fused_attention_kernels.cuh"
 
 namespace mix::cuda {

@@ -2,10 +2,10 @@
 // The FP32 kernels of fused_attention.cu and what they share (that file's
 // header comment says what they compute and how), in a header of their own
 // so that tests/unit/test_attention_fp32_kernels_emulated.cc can run this
-// same code on the CPU. Before including it, the includer provides kWarp,
-// warp_reduce, AddRn and MaxOf in mix::cuda (runtime/ops/cuda/device_ops.cuh,
-// or the emulation's), CUDA's warp and block primitives, and after it defines
-// dynamic_shared_floats(). Everything here is in an unnamed namespace: each
+// same code on the CPU. Before including it, the includer provides CUDA's
+// warp and block primitives (nvcc, or tests/unit/cuda_emulation.h), and after
+// it defines dynamic_shared_floats(); kWarp, warp_reduce, AddRn and MaxOf
+// come from row_group.cuh. Everything here is in an unnamed namespace: each
 // includer has its own copy (the CUDA kernels, or the emulation's plain
 // functions of the same names), never one for both.
 #include <algorithm>
@@ -15,6 +15,7 @@
 #include "runtime/core/half.h"
 #include "runtime/kernels/attention_row.h"
 #include "runtime/ops/cuda/kernel_unroll.h"
+#include "runtime/ops/cuda/row_group.cuh"
 #include "runtime/ops/fused_attention_shapes.h"
 
 namespace mix::cuda {

@@ -36,38 +36,6 @@ constexpr int64_t kMaxChunks = 1024;
 
 // ---- kernels -------------------------------------------------------------------------
 
-// X@GRAD of each row from the saved statistics (fn::LayerNormBackward). dy
-// may be narrower than x and dx (a narrower Y's gradient), widened on load.
-// With acc (input Accumulate, else null), X's gradient's other part is added
-// (fn::add_grad_part).
-template <typename T, typename TDY, int kThreads>
-__global__ void layer_norm_grad_rows(const T* x, const TDY* dy, T* dx, const T* acc, const float* scale,
-                                     const float* mean_in, const float* var_in, int64_t rows, int64_t cols, float eps) {
-  using G = RowGroup<kThreads>;
-  __shared__ float shared[kBlock / kWarp];
-  const float n = static_cast<float>(cols);
-  for (int64_t r = G::first_row(); r < rows; r += G::row_stride()) {
-    const T* xr = x + r * cols;
-    const TDY* dyr = dy + r * cols;
-    const float mean = mean_in[r], inv_std = fn::ln_inv_std(var_in[r], eps);
-    float sg = 0.f, sgx = 0.f;
-    for (int64_t j = G::tid(); j < cols; j += kThreads) {
-      const float g = __fmul_rn(to_float(dyr[j]), scale ? scale[j] : 1.f);
-      sg = __fadd_rn(sg, g);
-      sgx = __fadd_rn(sgx, __fmul_rn(g, fn::ln_xhat(to_float(xr[j]), mean, inv_std)));
-    }
-    sg = G::reduce(sg, shared, AddRn{});
-    sgx = G::reduce(sgx, shared, AddRn{});
-    const fn::LayerNormBackward b{mean, inv_std, __fdiv_rn(sg, n), __fdiv_rn(sgx, n)};
-    T* dxr = dx + r * cols;
-    const T* accr = acc ? acc + r * cols : nullptr;
-    for (int64_t j = G::tid(); j < cols; j += kThreads) {
-      const float own = b(to_float(xr[j]), to_float(dyr[j]), scale ? scale[j] : 1.f);
-      dxr[j] = accr ? fn::add_grad_part<T>(own, to_float(accr[j])) : from_float<T>(own);
-    }
-  }
-}
-
 // Column partial sums over one chunk of rows (blockIdx.y), in double: Bias@GRAD's
 // dy and Scale@GRAD's dy·xhat (either output may be skipped: null).
 // partial_* are [chunks, cols].
