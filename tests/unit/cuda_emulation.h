@@ -3,8 +3,8 @@
 // hand-written kernels where no GPU is lent (test_*_emulated.cc): the few
 // CUDA features those kernels use, and a grid launcher.
 //
-// A block is 128 std::threads by default, 256 for the row kernels (threadIdx,
-// blockIdx thread-local, gridDim global), __syncthreads and __syncwarp barriers, __shfl_xor_sync and
+// A block is 128 std::threads by default, up to 256 (threadIdx, blockIdx
+// thread-local, gridDim and blockDim global), __syncthreads and __syncwarp barriers, __shfl_xor_sync and
 // __shfl_sync an exchange through memory between warp barriers. A WMMA
 // fragment holds its whole 16 x 16 matrix in every lane (the kernels never
 // touch fragment elements, so their layout does not matter); mma_sync sums in
@@ -41,6 +41,7 @@ std::unique_ptr<std::barrier<>> g_block;
 std::vector<std::unique_ptr<std::barrier<>>> g_warps;
 float g_exchange[kMaxBlockThreads];
 Index g_grid;                                     // gridDim
+Index g_block_dim;                                // blockDim
 alignas(128) unsigned char g_shared[256 * 1024];  // more than any kernel here asks
 
 int warp_of_thread() { return static_cast<int>(thread_index.x) / 32; }
@@ -53,6 +54,7 @@ template <typename Kernel>
 void run_grid(unsigned gx, unsigned gy, Kernel kernel, int block_threads = kBlockThreads) {
   if (block_threads % 32 != 0 || block_threads > kMaxBlockThreads) throw std::invalid_argument("emulated block size");
   g_grid = {gx, gy, 1};
+  g_block_dim = {static_cast<unsigned>(block_threads), 1, 1};
   g_block = std::make_unique<std::barrier<>>(block_threads);
   g_warps.clear();
   for (int w = 0; w < block_threads / 32; ++w) g_warps.push_back(std::make_unique<std::barrier<>>(32));
@@ -90,6 +92,7 @@ void run_grid(unsigned gx, unsigned gy, Kernel kernel, int block_threads = kBloc
 #define threadIdx emulated::thread_index
 #define blockIdx emulated::block_index
 #define gridDim emulated::g_grid
+#define blockDim emulated::g_block_dim
 
 struct uint4 {
   unsigned x, y, z, w;
