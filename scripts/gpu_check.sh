@@ -751,6 +751,11 @@ for step in "${steps[@]}"; do "step_$step"; done
 say() {  # run, label, value: one line of the summary, for a run this check made
   if ran "$1"; then printf "  %-36s %s\n" "$2" "$3"; fi
 }
+say_transformer_variant() {  # run, label, exit status, ratio label: a Transformer AMP variant's
+  # tok/s and peak, then the default AMP run's speed over the variant's
+  say "$1" "Transformer AMP $2 tok/s" "$(tokens_and_peak "$1" "$3")"
+  say "$1" "  $4 speed" "$(ratio_of "$(summary_field "$out/$1.jsonl" tokens_per_s_overall)" "$tf_amp_tps")"
+}
 say_top_ops() {  # run, title, count, exit status: the run's top op types by time (MIX_PROFILE_OPS) under a heading
   ran "$1" || return 0
   echo "  $2, top $3 (exit $4):"
@@ -929,22 +934,13 @@ secs=$(( $(date +%s) - t0 ))
   say transformer_amp "Transformer AMP / FP32 (>= 2.9)" "$tf_ratio"
   say transformer_amp_nofold "Transformer AMP no-fold-casts tok/s" "$(tokens_and_peak transformer_amp_nofold "$tf_nofold_rc")"
   say transformer_amp_stored "Transformer AMP store-softmax tok/s" "$(tokens_and_peak transformer_amp_stored "$tf_stored_rc")"
-  say transformer_amp_unfused_bias "Transformer AMP unfused bias tok/s" \
-    "$(tokens_and_peak transformer_amp_unfused_bias "$tf_unfused_bias_rc")"
-  say transformer_amp_unfused_bias "  fused / unfused bias speed" \
-    "$(ratio_of "$(summary_field "$out/transformer_amp_unfused_bias.jsonl" tokens_per_s_overall)" "$tf_amp_tps")"
-  say transformer_amp_unfolded_sums "Transformer AMP unfolded grad sums tok/s" \
-    "$(tokens_and_peak transformer_amp_unfolded_sums "$tf_unfolded_sums_rc")"
-  say transformer_amp_unfolded_sums "  folded / unfolded sums speed" \
-    "$(ratio_of "$(summary_field "$out/transformer_amp_unfolded_sums.jsonl" tokens_per_s_overall)" "$tf_amp_tps")"
-  say transformer_amp_unfused_add_ln "Transformer AMP unfused add + LN tok/s" \
-    "$(tokens_and_peak transformer_amp_unfused_add_ln "$tf_unfused_add_ln_rc")"
-  say transformer_amp_unfused_add_ln "  fused / unfused add + LN speed" \
-    "$(ratio_of "$(summary_field "$out/transformer_amp_unfused_add_ln.jsonl" tokens_per_s_overall)" "$tf_amp_tps")"
-  say transformer_amp_single_rank_sync "Transformer AMP one rank's sync kept tok/s" \
-    "$(tokens_and_peak transformer_amp_single_rank_sync "$tf_single_rank_sync_rc")"
-  say transformer_amp_single_rank_sync "  elided / kept one rank's sync speed" \
-    "$(ratio_of "$(summary_field "$out/transformer_amp_single_rank_sync.jsonl" tokens_per_s_overall)" "$tf_amp_tps")"
+  say_transformer_variant transformer_amp_unfused_bias "unfused bias" "$tf_unfused_bias_rc" "fused / unfused bias"
+  say_transformer_variant transformer_amp_unfolded_sums "unfolded grad sums" "$tf_unfolded_sums_rc" \
+    "folded / unfolded sums"
+  say_transformer_variant transformer_amp_unfused_add_ln "unfused add + LN" "$tf_unfused_add_ln_rc" \
+    "fused / unfused add + LN"
+  say_transformer_variant transformer_amp_single_rank_sync "one rank's sync kept" "$tf_single_rank_sync_rc" \
+    "elided / kept one rank's sync"
   say transformer_amp_unfused "Transformer AMP unfused attn tok/s" "$(tokens_and_peak transformer_amp_unfused "$tf_unfused_rc")"
   say transformer_amp_unfused "  fused / unfused attention speed" "$tf_att_ratio"
   say gpt2_amp_unfused "GPT-2 AMP unfused attn tok/s" "$(tokens_and_peak gpt2_amp_unfused "$gpt2_amp_unfused_rc")"

@@ -22,12 +22,7 @@ using namespace mix::testing;
 
 namespace {
 
-const launch::PassRun& elision(const launch::TrainProgram& t) {
-  for (const launch::PassRun& r : t.passes)
-    if (r.name.rfind("elide_single_rank_sync", 0) == 0) return r;
-  FAIL("no elide_single_rank_sync in the pipeline");
-  throw;
-}
+const launch::PassRun& elision(const launch::TrainProgram& t) { return pass_named(t, "elide_single_rank_sync"); }
 
 // The MLP's program for `world` ranks, its gradients in several buckets.
 struct MlpProgram {

@@ -12,10 +12,12 @@
 #include "launch/worker_main.h"
 #include "models/model.h"
 #include "runtime/ir/op_registry.h"
+#include "tests/unit/train_steps.h"
 
 using namespace mix;
 using launch::PassRun;
 using launch::TrainProgramOptions;
+using testing::pass_named;
 
 namespace {
 
@@ -25,14 +27,6 @@ models::Model resnet() {
   c.blocks = {1, 1};
   c.image_size = 8;
   return models::build_resnet(c, "resnet-small");
-}
-
-// The pass whose name starts with `prefix` (each name starts with the function it calls).
-const PassRun& pass(const launch::TrainProgram& t, const std::string& prefix) {
-  for (const PassRun& p : t.passes)
-    if (p.name.rfind(prefix, 0) == 0) return p;
-  FAIL("no pass named " << prefix);
-  return t.passes.front();
 }
 
 // The names' positions in the pipeline, in the order given.
@@ -89,11 +83,11 @@ TEST_CASE("the pipeline runs the AMP step's passes in order, each once", "[train
     if (!accumulation && !clip) CHECK(p.off_by.empty());
   }
   // What they did, on a ResNet under AMP: the fusions all find their pairs.
-  CHECK(pass(t, "fuse_add_relu").changed);
-  CHECK(pass(t, "fuse_bn_relu").changed);
-  CHECK(pass(t, "amp::fuse_param_casts").changed);
-  CHECK(pass(t, "insert_grad_allreduce").result == std::to_string(t.buckets.size()) +
-                                                       (t.buckets.size() == 1 ? " bucket" : " buckets"));
+  CHECK(pass_named(t, "fuse_add_relu").changed);
+  CHECK(pass_named(t, "fuse_bn_relu").changed);
+  CHECK(pass_named(t, "amp::fuse_param_casts").changed);
+  CHECK(pass_named(t, "insert_grad_allreduce").result ==
+        std::to_string(t.buckets.size()) + (t.buckets.size() == 1 ? " bucket" : " buckets"));
   CHECK(t.found_inf == "found_inf");
   CHECK(t.read_back.count(m.loss));
   CHECK(t.read_back.count("found_inf.ranks"));
@@ -122,14 +116,14 @@ TEST_CASE("in FP32 the AMP passes are off, and the list says why", "[train_progr
         "amp::insert_unscale", "amp::append_found_inf_allreduce", "amp::append_update_loss_scaling",
         "amp::fuse_param_casts"}) {
     INFO(amp_pass);
-    CHECK_FALSE(pass(t, amp_pass).ran);
-    CHECK(pass(t, amp_pass).off_by == "--precision fp32");
+    CHECK_FALSE(pass_named(t, amp_pass).ran);
+    CHECK(pass_named(t, amp_pass).off_by == "--precision fp32");
   }
   for (const std::string step : {"seed_loss_gradient", "append_backward", "insert_grad_allreduce", "optimizer",
                                  "recompute_softmax", "fuse_add_relu", "fuse_matmul_bias", "fuse_bn_relu",
                                  "fold_grad_sums", "fuse_add_layer_norm", "elide_single_rank_sync"})
-    CHECK(pass(t, step).ran);
-  CHECK(pass(t, "insert_grad_allreduce").name == "insert_grad_allreduce: gradient all-reduce in fp32");
+    CHECK(pass_named(t, step).ran);
+  CHECK(pass_named(t, "insert_grad_allreduce").name == "insert_grad_allreduce: gradient all-reduce in fp32");
   CHECK(t.found_inf.empty());
   for (const OpDesc& op : m.program.ops()) {
     INFO(op.type);
@@ -148,17 +142,17 @@ TEST_CASE("each flag that turns a pass off is named in the list, and the pass le
   o.amp.fold_casts = false;
   o.passes = launch::StepPasses::none();
   const launch::TrainProgram t = launch::build_train_program(off.program, off.loss, o);
-  CHECK(pass(t, "amp::fold_widening_casts").off_by == "--no-fold-casts");
-  CHECK(pass(t, "amp::fold_widening_grad_casts").off_by == "--no-fold-casts");
-  CHECK(pass(t, "amp::fold_casts_into_producers").off_by == "--no-fold-casts");
-  CHECK(pass(t, "recompute_softmax").off_by == "--store-softmax");
-  CHECK(pass(t, "fuse_add_relu").off_by == "--no-fuse-add-relu");
-  CHECK(pass(t, "fuse_matmul_bias").off_by == "--no-fuse-matmul-bias");
-  CHECK(pass(t, "amp::fuse_param_casts").off_by == "--no-fuse-param-casts");
-  CHECK(pass(t, "fuse_bn_relu").off_by == "--no-fuse-bn-relu");
-  CHECK(pass(t, "fold_grad_sums").off_by == "--no-fold-grad-sums");
-  CHECK(pass(t, "fuse_add_layer_norm").off_by == "--no-fuse-add-layer-norm");
-  CHECK(pass(t, "elide_single_rank_sync").off_by == "--no-elide-single-rank-sync");
+  CHECK(pass_named(t, "amp::fold_widening_casts").off_by == "--no-fold-casts");
+  CHECK(pass_named(t, "amp::fold_widening_grad_casts").off_by == "--no-fold-casts");
+  CHECK(pass_named(t, "amp::fold_casts_into_producers").off_by == "--no-fold-casts");
+  CHECK(pass_named(t, "recompute_softmax").off_by == "--store-softmax");
+  CHECK(pass_named(t, "fuse_add_relu").off_by == "--no-fuse-add-relu");
+  CHECK(pass_named(t, "fuse_matmul_bias").off_by == "--no-fuse-matmul-bias");
+  CHECK(pass_named(t, "amp::fuse_param_casts").off_by == "--no-fuse-param-casts");
+  CHECK(pass_named(t, "fuse_bn_relu").off_by == "--no-fuse-bn-relu");
+  CHECK(pass_named(t, "fold_grad_sums").off_by == "--no-fold-grad-sums");
+  CHECK(pass_named(t, "fuse_add_layer_norm").off_by == "--no-fuse-add-layer-norm");
+  CHECK(pass_named(t, "elide_single_rank_sync").off_by == "--no-elide-single-rank-sync");
   // The ops they would have fused are still there, and more of them.
   auto count = [](const Program& p, const std::string& type) {
     int n = 0;
@@ -176,8 +170,8 @@ TEST_CASE("without a data-parallel pass the unscale runs once, after backward", 
   TrainProgramOptions o;
   o.grad_sync.reset();
   const launch::TrainProgram t = launch::build_train_program(m.program, m.loss, o);
-  CHECK(pass(t, "insert_grad_allreduce").off_by == "no data-parallel pass");
-  CHECK(pass(t, "amp::insert_unscale").result == "1 unscale op");
+  CHECK(pass_named(t, "insert_grad_allreduce").off_by == "no data-parallel pass");
+  CHECK(pass_named(t, "amp::insert_unscale").result == "1 unscale op");
   CHECK(t.buckets.empty());
   for (const OpDesc& op : m.program.ops()) CHECK(op.type.rfind("c_allreduce_start", 0) != 0);
   // The optimizer reads autodiff's gradients, unscaled in place.

@@ -153,6 +153,15 @@ inline OpDesc doubling_op(const std::string& x, const std::string& out) {
   return make_op("scale", {{"X", {x}}}, {{"Out", {out}}}, {{"scale", 2.0}, {"bias", 0.0}});
 }
 
+/// The pipeline step whose name starts with `prefix` ("fold_grad_sums"); a
+/// failed check when there is none.
+inline const launch::PassRun& pass_named(const launch::TrainProgram& t, const std::string& prefix) {
+  for (const launch::PassRun& p : t.passes)
+    if (p.name.rfind(prefix, 0) == 0) return p;
+  FAIL("no pass named " << prefix);
+  return t.passes.front();
+}
+
 /// How many ops of `type` the program has.
 inline int count_ops(const Program& p, const std::string& type) {
   int n = 0;
