@@ -47,14 +47,15 @@
 #include "runtime/core/tensor.h"
 #include "runtime/exec/executor.h"
 #include "runtime/ir/op_registry.h"
-#include "runtime/ops/grad_accumulate.h"
 #include "runtime/ir/program.h"
 #include "runtime/kernels/multi_tensor_plan.h"
 #include "runtime/ops/broadcast.h"
+#include "runtime/ops/grad_accumulate.h"
 #include "tests/unit/cuda_compare.h"
 #include "tests/unit/gradcheck.h"
 #include "tests/unit/padded_classes_check.h"
 #include "tests/unit/recompute_softmax_check.h"
+#include "tests/unit/softmax_reference.h"
 #include "tests/unit/top1_check.h"
 
 #ifdef MIX_HAVE_CUDA
@@ -589,43 +590,12 @@ TEST_CASE("mean and mean_grad match the CPU", "[cuda][mean]") {
 
 namespace {
 
-// Softmax rows and their log-sum-exp in double from float logits, with x - max
-// rounded in float as the kernels round it (the kernels' defined input to exp).
-struct SoftmaxRef {
-  std::vector<double> y, max, lse;  // y per element; max, log(sum exp(x - max)) per row
-};
-SoftmaxRef softmax_ref(const std::vector<float>& x, int64_t rows, int64_t cols) {
-  SoftmaxRef r;
-  r.y.resize(x.size());
-  for (int64_t i = 0; i < rows; ++i) {
-    const float* xr = x.data() + i * cols;
-    float m = -std::numeric_limits<float>::infinity();
-    for (int64_t k = 0; k < cols; ++k) m = xr[k] > m ? xr[k] : m;
-    double s = 0.0;
-    for (int64_t k = 0; k < cols; ++k) s += std::exp(static_cast<double>(xr[k] - m));
-    for (int64_t k = 0; k < cols; ++k) r.y[i * cols + k] = std::exp(static_cast<double>(xr[k] - m)) / s;
-    r.max.push_back(m);
-    r.lse.push_back(std::log(s));
-  }
-  return r;
-}
-
-// Relative error bound of a softmax output whose row sum adds `terms` values in
-// sequence: expf within 2 ulp (4u) in the term and in the output, the sum's
-// terms·u plus its terms' 4u, 1/sum and the multiply u each (+ slack).
-double softmax_rel(int64_t terms) { return static_cast<double>(terms + 20) * kU; }
-
 // Softmax rows of both twins (output `out`) against `ref`, each within the bound
-// of its own row sum: gpu_terms on the GPU, cols on the CPU.
-void expect_softmax_rows(const Both& r, const std::string& out, const SoftmaxRef& ref, int64_t cols, int64_t gpu_terms,
+// of its own row sum (softmax_reference.h): gpu_terms on the GPU, the CPU's sequence.
+void expect_softmax_rows(const Both& r, const std::string& out, const SoftmaxRef& ref, const SumTerms& gpu_terms,
                          DType dt, const std::string& what) {
-  const auto bound = [&](int64_t terms) {
-    return [&, terms](int64_t i) {
-      return (softmax_rel(terms) + store_rel(dt)) * std::fabs(ref.y[i]) + store_abs(dt);
-    };
-  };
-  expect_within(r.gpu.at(out), ref.y, bound(gpu_terms), "softmax (GPU) " + what);
-  expect_within(r.cpu.at(out), ref.y, bound(cols), "softmax (CPU) " + what);
+  expect_within(r.gpu.at(out), ref.y, softmax_bound(ref, dt, gpu_terms), "softmax (GPU) " + what);
+  expect_within(r.cpu.at(out), ref.y, softmax_bound(ref, dt, cpu_sum_terms), "softmax (CPU) " + what);
 }
 
 }  // namespace
@@ -650,7 +620,8 @@ TEST_CASE("softmax and softmax_grad match the CPU and a double reference", "[cud
       const OneOp c{make_op("softmax", {{"X", {"x"}}}, {{"Out", {"y"}}}), {{"x", x}}};
       const Both r = run_both(c, {"y"});
       const SoftmaxRef ref = softmax_ref(xv, rows, cols);
-      expect_softmax_rows(r, "y", ref, cols, gpu_row_terms(cols, cols), dt, what);
+      const SumTerms gpu_terms = [cols](int64_t n) { return gpu_row_terms(n, cols); };
+      expect_softmax_rows(r, "y", ref, gpu_terms, dt, what);
 
       // The gradient from the same Out (the CPU's) and a random dOut.
       const Tensor y = r.cpu.at("y");
@@ -658,30 +629,13 @@ TEST_CASE("softmax and softmax_grad match the CPU and a double reference", "[cud
       const OneOp g{make_op("softmax_grad", {{"Out", {"y"}}, {"Out@GRAD", {"dy"}}}, {{"X@GRAD", {"dx"}}}),
                     {{"y", y}, {"dy", dy}}};
       const Both rg = run_both(g, {"dx"});
-      // dot = sum(dy * y) in double of the float products (rounded alike on both
-      // sides: the GPU's adds are __fadd_rn, never fused); its FP32 summation
-      // error terms·u·sum|dy·y| reaches dx_i scaled by |y_i|; dy_i - dot and the
-      // multiply round once each.
+      // dx against the double reference, each twin within the bound of its own dot sum (softmax_reference.h).
       const std::vector<float> yv = y.to_floats(), dyv = dy.to_floats();
-      std::vector<double> dref(yv.size()), dot(static_cast<size_t>(rows)), mag(static_cast<size_t>(rows));
-      for (int64_t i = 0; i < rows; ++i) {
-        for (int64_t k = 0; k < cols; ++k) {
-          const float term = dyv[i * cols + k] * yv[i * cols + k];
-          dot[i] += term;
-          mag[i] += std::fabs(term);
-        }
-        for (int64_t k = 0; k < cols; ++k) dref[i * cols + k] = yv[i * cols + k] * (dyv[i * cols + k] - dot[i]);
-      }
-      const auto gbound = [&](int64_t terms) {
-        return [&, terms](int64_t e) {
-          const int64_t i = e / cols;
-          return std::fabs(yv[e]) *
-                     (static_cast<double>(terms) * kU * mag[i] + 2 * kU * (std::fabs(dyv[e]) + std::fabs(dot[i]))) +
-                 (2 * kU + store_rel(dt)) * std::fabs(dref[e]) + store_abs(dt);
-        };
-      };
-      expect_within(rg.gpu.at("dx"), dref, gbound(gpu_row_terms(cols, cols)), "softmax_grad (GPU) " + what);
-      expect_within(rg.cpu.at("dx"), dref, gbound(cols), "softmax_grad (CPU) " + what);
+      const SoftmaxGradRef gref = softmax_grad_ref(ref, yv, dyv);
+      expect_within(rg.gpu.at("dx"), gref.dx, softmax_grad_bound(ref, gref, yv, dyv, dt, gpu_terms),
+                    "softmax_grad (GPU) " + what);
+      expect_within(rg.cpu.at("dx"), gref.dx, softmax_grad_bound(ref, gref, yv, dyv, dt, cpu_sum_terms),
+                    "softmax_grad (CPU) " + what);
     }
 }
 
@@ -717,26 +671,13 @@ TEST_CASE("softmax_with_cross_entropy and its gradient match the CPU and a doubl
 
       const SoftmaxRef ref = softmax_ref(xv, rows, cols);
       // A block per row, whatever its length (cross_entropy.cu).
-      expect_softmax_rows(r, "sm", ref, cols, gpu_block_row_terms(cols), dt, what);
-      // loss = log(s) + max - x[label]: the sum's relative error becomes an absolute
-      // error of log(s) (terms·u + 4u for the expf terms); logf within 1 ulp, and
-      // two adds: 4u times the magnitudes involved (+ slack); ignored rows are 0.
-      std::vector<double> lref(static_cast<size_t>(rows));
-      std::vector<double> lmag(static_cast<size_t>(rows));
-      for (int64_t i = 0; i < rows; ++i) {
-        if (labels[i] == k.ignore) continue;
-        const double xl = xv[i * cols + labels[i]];
-        lref[i] = ref.lse[i] + ref.max[i] - xl;
-        lmag[i] = std::fabs(ref.lse[i]) + std::fabs(ref.max[i]) + std::fabs(xl);
-      }
-      const auto lbound = [&](int64_t terms) {
-        return [&, terms](int64_t i) {
-          return static_cast<double>(terms + 8) * kU + 4 * kU * lmag[i] + store_rel(dt) * std::fabs(lref[i]) +
-                 store_abs(dt);
-        };
-      };
-      expect_within(r.gpu.at("loss"), lref, lbound(gpu_block_row_terms(cols)), "loss (GPU) " + what);
-      expect_within(r.cpu.at("loss"), lref, lbound(cols), "loss (CPU) " + what);
+      expect_softmax_rows(r, "sm", ref, gpu_block_row_terms, dt, what);
+      // The loss against the double reference (softmax_reference.h); ignored rows are 0.
+      const LossRef lref = cross_entropy_loss_ref(ref, xv, labels, k.ignore);
+      expect_within(r.gpu.at("loss"), lref.loss, cross_entropy_loss_bound(ref, lref, dt, gpu_block_row_terms),
+                    "loss (GPU) " + what);
+      expect_within(r.cpu.at("loss"), lref.loss, cross_entropy_loss_bound(ref, lref, dt, cpu_sum_terms),
+                    "loss (CPU) " + what);
 
       // The gradient from the same Softmax (the CPU's): (y - onehot) * dloss is a
       // subtract and a multiply, no FMA: identical.

@@ -55,6 +55,7 @@
 #include "tests/unit/cuda_compare.h"
 #include "tests/unit/grad_sum_check.h"
 #include "tests/unit/gradcheck.h"
+#include "tests/unit/softmax_reference.h"
 #include "tests/unit/widening_check.h"
 
 #ifdef MIX_HAVE_CUDA
@@ -91,25 +92,6 @@ Tensor ids_tensor(const Shape& s, const std::vector<int64_t>& v, DType t) {
   REQUIRE(x.numel() == static_cast<int64_t>(v.size()));
   for (size_t i = 0; i < v.size(); ++i) x.data<int32_t>()[i] = static_cast<int32_t>(v[i]);
   return x;
-}
-
-// ---- comparisons --------------------------------------------------------------------------
-
-// Every element of t at the listed flat positions is exactly +0 (bit pattern 0).
-void expect_exact_zeros(const Tensor& t, const std::vector<int64_t>& at, const std::string& what) {
-  INFO(what);
-  const size_t es = mix::dtype_size(t.dtype());
-  int64_t bad = 0;
-  for (int64_t i : at) {
-    const auto* p = static_cast<const unsigned char*>(t.raw()) + static_cast<size_t>(i) * es;
-    for (size_t b = 0; b < es; ++b)
-      if (p[b] != 0) {
-        ++bad;
-        break;
-      }
-  }
-  INFO(bad << " of " << at.size() << " masked elements are not +0");
-  CHECK(bad == 0);
 }
 
 }  // namespace
@@ -634,34 +616,16 @@ TEST_CASE("causal softmax and its gradient match the CPU and a double reference;
       const Both r = run_both(c, {"y"});
 
       // Reference over each row's visible prefix (query i sees keys j <= i + S - T),
-      // with x - max rounded in float as the kernels round it.
-      std::vector<int64_t> valid(static_cast<size_t>(rows)), masked;
-      std::vector<double> yref(xv.size(), 0.0);
-      for (int64_t i = 0; i < rows; ++i) {
-        valid[i] = i % t + (cols - t) + 1;
-        const float* xr = xv.data() + i * cols;
-        float m = -std::numeric_limits<float>::infinity();
-        for (int64_t k = 0; k < valid[i]; ++k) m = xr[k] > m ? xr[k] : m;
-        double sum = 0;
-        for (int64_t k = 0; k < valid[i]; ++k) sum += std::exp(static_cast<double>(xr[k] - m));
-        for (int64_t k = 0; k < valid[i]; ++k) yref[i * cols + k] = std::exp(static_cast<double>(xr[k] - m)) / sum;
-        for (int64_t k = valid[i]; k < cols; ++k) masked.push_back(i * cols + k);
-      }
-      // As softmax in test_cuda_ops.cc: expf within 2 ulp (4u) in each term and
-      // in the output, the sum's chained adds (valid on the CPU; on the GPU
-      // gpu_row_terms: a warp's or, past 1024 keys, a block's strided sums and
-      // tree) u each, 1/sum and the multiply u each, + slack; half an ulp of T
-      // on store. Masked entries are exactly 0 (the reference's 0 passes with
+      // bounds as softmax's in test_cuda_ops.cc (softmax_reference.h): the
+      // sum's chained adds are the prefix's on the CPU, gpu_row_terms (a warp's
+      // or, past 1024 keys, a block's strided sums and tree) on the GPU.
+      // Masked entries are exactly 0 (the reference's 0 passes with
       // store_abs, checked exactly below).
-      const auto bound = [&](bool gpu) {
-        return [&, gpu](int64_t e) {
-          const int64_t n = valid[e / cols];
-          const int64_t terms = gpu ? gpu_row_terms(n, cols) : n;
-          return (static_cast<double>(terms + 20) * kU + store_rel(dt)) * std::fabs(yref[e]) + store_abs(dt);
-        };
-      };
-      expect_within(r.gpu.at("y"), yref, bound(true), "causal softmax (GPU) " + what);
-      expect_within(r.cpu.at("y"), yref, bound(false), "causal softmax (CPU) " + what);
+      const SoftmaxRef ref = softmax_ref(xv, rows, cols, [&](int64_t i) { return i % t + (cols - t) + 1; });
+      const std::vector<int64_t> masked = ref.masked_entries();
+      const SumTerms gpu_terms = [cols](int64_t n) { return gpu_row_terms(n, cols); };
+      expect_within(r.gpu.at("y"), ref.y, softmax_bound(ref, dt, gpu_terms), "causal softmax (GPU) " + what);
+      expect_within(r.cpu.at("y"), ref.y, softmax_bound(ref, dt, cpu_sum_terms), "causal softmax (CPU) " + what);
       expect_exact_zeros(r.gpu.at("y"), masked, "causal softmax masked keys (GPU) " + what);
       expect_exact_zeros(r.cpu.at("y"), masked, "causal softmax masked keys (CPU) " + what);
 
@@ -677,29 +641,11 @@ TEST_CASE("causal softmax and its gradient match the CPU and a double reference;
                     {{"y", y}, {"dy", dy}}};
       const Both rg = run_both(g, {"dx"});
       const std::vector<float> yv = y.to_floats();
-      std::vector<double> dref(yv.size(), 0.0), dot(static_cast<size_t>(rows)), mag(static_cast<size_t>(rows));
-      for (int64_t i = 0; i < rows; ++i) {
-        for (int64_t k = 0; k < valid[i]; ++k) {
-          const float term = dyv[i * cols + k] * yv[i * cols + k];
-          dot[i] += term;
-          mag[i] += std::fabs(term);
-        }
-        for (int64_t k = 0; k < valid[i]; ++k) dref[i * cols + k] = yv[i * cols + k] * (dyv[i * cols + k] - dot[i]);
-      }
-      // As softmax_grad in test_cuda_ops.cc: the dot's FP32 summation error
-      // terms·u·sum|dy·y| scaled by |y_i|, dy_i - dot and the multiply u each.
-      const auto gbound = [&](bool gpu) {
-        return [&, gpu](int64_t e) {
-          const int64_t i = e / cols, n = valid[i];
-          if (e % cols >= n) return 0.0;  // a masked key: exactly 0 (dOut there may be inf or NaN)
-          const int64_t terms = gpu ? gpu_row_terms(n, cols) : n;
-          return std::fabs(yv[e]) *
-                     (static_cast<double>(terms) * kU * mag[i] + 2 * kU * (std::fabs(dyv[e]) + std::fabs(dot[i]))) +
-                 (2 * kU + store_rel(dt)) * std::fabs(dref[e]) + store_abs(dt);
-        };
-      };
-      expect_within(rg.gpu.at("dx"), dref, gbound(true), "causal softmax_grad (GPU) " + what);
-      expect_within(rg.cpu.at("dx"), dref, gbound(false), "causal softmax_grad (CPU) " + what);
+      const SoftmaxGradRef gref = softmax_grad_ref(ref, yv, dyv);
+      expect_within(rg.gpu.at("dx"), gref.dx, softmax_grad_bound(ref, gref, yv, dyv, dt, gpu_terms),
+                    "causal softmax_grad (GPU) " + what);
+      expect_within(rg.cpu.at("dx"), gref.dx, softmax_grad_bound(ref, gref, yv, dyv, dt, cpu_sum_terms),
+                    "causal softmax_grad (CPU) " + what);
       expect_exact_zeros(rg.gpu.at("dx"), masked, "causal softmax_grad masked keys (GPU) " + what);
       expect_exact_zeros(rg.cpu.at("dx"), masked, "causal softmax_grad masked keys (CPU) " + what);
     }

@@ -34,9 +34,11 @@
 #include "runtime/kernels/functors.h"
 #include "runtime/kernels/layer_norm_row.h"
 #include "tests/unit/cuda_compare.h"
+#include "tests/unit/emulated_tensors.h"
 
-// The emulation, then the kernels (cuda_emulation.h defines CUDA's keywords as macros).
-#include "tests/unit/cuda_emulation.h"
+// The emulation and its row launch, then the kernels (cuda_emulation.h defines
+// CUDA's keywords as macros).
+#include "tests/unit/emulated_row_launch.h"
 
 #include "runtime/ops/cuda/layer_norm_kernels.cuh"  // and row_group.cuh, the warp and block trees
 
@@ -65,27 +67,10 @@ std::string what_of(const Rows& r, DType x, DType y) {
          (r.strided ? ", one block" : "");
 }
 
-// The kernel's launch: blocks and the group size, as layer_norm.cu launches it.
+// The kernel's launch, as layer_norm.cu launches it.
 template <typename Kernel>
 void launch_rows(const Rows& r, Kernel kernel) {
-  kernels::with_row_group(r.cols, [&](auto threads) {
-    constexpr int kThreads = decltype(threads)::value;
-    const unsigned blocks = r.strided ? 1u : kernels::row_group_blocks<kThreads>(r.rows);
-    emulated::run_grid(
-        blocks, 1, [&] { kernel(std::integral_constant<int, kThreads>{}); }, kernels::kBlock);
-  });
-}
-
-template <typename T>
-std::vector<T> values_of(const Tensor& t) {
-  const T* p = t.data<T>();
-  return std::vector<T>(p, p + t.numel());
-}
-template <typename T>
-Tensor tensor_of(const std::vector<T>& v, const Shape& shape, DType dt) {
-  Tensor t = Tensor::empty(shape, dt);
-  std::memcpy(t.raw(), v.data(), v.size() * sizeof(T));
-  return t;
+  launch_row_groups(r.rows, r.cols, r.strided, kernel);
 }
 
 // What the forward kernel wrote: the sum (with a residual add), Norm, Mean, Variance.
@@ -113,15 +98,6 @@ Forward<T, TY> forward(const Rows& r, const std::vector<T>& x, const std::vector
         x.data(), add, f.norm.data(), f.mean.data(), f.var.data(), scale.data(), bias.data(), r.rows, r.cols, kEps);
   });
   return f;
-}
-
-template <typename T>
-void expect_same_bits(const std::vector<T>& a, const std::vector<T>& b, const std::string& what) {
-  INFO(what);
-  REQUIRE(a.size() == b.size());
-  size_t differing = 0;
-  for (size_t i = 0; i < a.size(); ++i) differing += std::memcmp(&a[i], &b[i], sizeof(T)) != 0;
-  CHECK(differing == 0);
 }
 
 // |got - cpu| <= 1e-4 x magnitude(i) + an ulp of the output's type at cpu (the header says why).

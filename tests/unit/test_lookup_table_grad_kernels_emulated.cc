@@ -25,6 +25,7 @@
 #include "runtime/kernels/functors.h"
 #include "runtime/kernels/lookup_row.h"
 #include "tests/unit/cuda_compare.h"
+#include "tests/unit/emulated_tensors.h"
 
 // The emulation, then the kernels (cuda_emulation.h defines CUDA's keywords as macros).
 #include "tests/unit/cuda_emulation.h"
@@ -41,12 +42,6 @@ constexpr int64_t kRows = 11, kPadding = 3;
 // 40 positions over 11 rows: repeats, the padding id, and rows 6 and 9 named by none.
 const std::vector<int64_t> kIds = {0, 4, 4, 10, 3, 1, 4, 7, 0, 2,  8, 3, 4, 5, 10, 10, 1, 2, 7, 8,
                                    0, 0, 4, 3,  5, 5, 1, 7, 2, 10, 8, 4, 4, 0, 1,  2,  3, 7, 8, 5};
-
-template <typename T>
-std::vector<T> values_of(const Tensor& t) {
-  const T* p = t.data<T>();
-  return std::vector<T>(p, p + t.numel());
-}
 
 // W@GRAD from the emulated kernels; `other` empty: no Accumulate.
 template <typename T, typename TA>

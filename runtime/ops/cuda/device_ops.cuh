@@ -37,8 +37,8 @@
 #include "runtime/cuda/launch.cuh"
 #include "runtime/ir/op_registry.h"
 #include "runtime/kernels/cpu_loops.h"
-#include "runtime/kernels/softmax_row.h"
 #include "runtime/ops/cuda/row_group.cuh"
+#include "runtime/ops/cuda/scalar_ref.cuh"
 #include "runtime/ops/cuda/strided_copy.h"
 
 namespace mix::cuda {
@@ -78,40 +78,9 @@ inline void copy_on_stream(void* dst, const void* src, size_t bytes, cudaStream_
   MIX_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
 }
 
-// ---- scalars that live in device memory ---------------------------------------------
-
-/// A one-element tensor read by a kernel (a flag, the learning rate, Loss@GRAD):
-/// its address and dtype. p == nullptr stands for an absent optional input.
-struct ScalarRef {
-  const void* p = nullptr;
-  DType dtype = DType::f32;
-};
+// ---- scalars that live in device memory (ScalarRef: scalar_ref.cuh) --------------------
 
 inline ScalarRef scalar_ref(const Tensor* t) { return t ? ScalarRef{t->raw(), t->dtype()} : ScalarRef{}; }
-
-/// Element i widened to float, as Tensor::item_float does on the host.
-__device__ __forceinline__ float load_as_float(const void* p, DType t, int64_t i) {
-  switch (t) {
-    case DType::f32:
-      return static_cast<const float*>(p)[i];
-    case DType::f16:
-      return to_float(static_cast<const half_t*>(p)[i]);
-    case DType::bf16:
-      return to_float(static_cast<const bf16_t*>(p)[i]);
-    case DType::i32:
-      return static_cast<float>(static_cast<const int32_t*>(p)[i]);
-    case DType::i64:
-      return static_cast<float>(static_cast<const int64_t*>(p)[i]);
-    case DType::u8:
-      return static_cast<float>(static_cast<const uint8_t*>(p)[i]);
-  }
-  return 0.f;
-}
-__device__ __forceinline__ float load_as_float(ScalarRef s, int64_t i = 0) { return load_as_float(s.p, s.dtype, i); }
-
-/// A flag such as SkipUpdate or FoundInfinite: set when present and nonzero
-/// (a NaN counts as set), as the CPU kernels' item_float(0) != 0.
-__device__ __forceinline__ bool flag_set(ScalarRef s) { return s.p != nullptr && load_as_float(s) != 0.f; }
 
 // ---- elementwise maps (run by launch_packed, runtime/cuda/launch.cuh) -------------------
 
@@ -250,31 +219,5 @@ struct ChunkColumnSum {
     out[c] = from_float<TOut>(static_cast<float>(s));
   }
 };
-
-/// Softmax of one row by a RowGroup<kThreads>: y = softmax(x) through the
-/// shared row steps (max, exp_shifted, softmax_normalizer). Returns the row's
-/// max and sum of exponentials, which cross-entropy also needs. Every thread
-/// of the group calls it. The sum adds ceil(cols / kThreads) terms per thread
-/// in order, then the group's fixed tree (5 levels in a warp, 8 in a block).
-/// X and Y are the storage types of x and y: the same, or FP16/BF16 x with
-/// FP32 y (runtime/ops/widening.h).
-struct RowSoftmax {
-  float max, sum;
-};
-template <int kThreads, typename X, typename Y>
-__device__ RowSoftmax softmax_row(const X* xr, Y* yr, int64_t cols, float* shared) {
-  using G = RowGroup<kThreads>;
-  float m = -INFINITY;
-  for (int64_t i = G::tid(); i < cols; i += kThreads) m = fn::max_of(m, to_float(xr[i]));
-  m = G::reduce(m, shared, MaxOf{});
-  float s = 0.f;
-  for (int64_t i = G::tid(); i < cols; i += kThreads) s = __fadd_rn(s, fn::exp_shifted(to_float(xr[i]), m));
-  s = G::reduce(s, shared, AddRn{});
-  if (yr != nullptr) {  // null: only the max and sum are wanted (cross-entropy without a stored softmax)
-    const fn::SoftmaxNormalize f = fn::softmax_normalizer(m, s);
-    for (int64_t i = G::tid(); i < cols; i += kThreads) yr[i] = from_float<Y>(f(to_float(xr[i])));
-  }
-  return {m, s};
-}
 
 }  // namespace mix::cuda

@@ -14,60 +14,19 @@
 // Attr out_dtype "f32" (runtime/ops/widening.h): FP16/BF16 X, FP32 Out, and
 // the grad's X@GRAD in X's dtype, as in the CPU kernels; the grad also reads
 // an FP16/BF16 Out@GRAD of an FP32 Out.
+//
+// The kernels are in softmax_kernels.cuh, which the emulated test runs on the
+// CPU; this file holds the launchers.
 #include <string>
 
 #include "runtime/kernels/softmax_row.h"
 #include "runtime/ops/cuda/device_ops.cuh"
+#include "runtime/ops/cuda/softmax_kernels.cuh"
 #include "runtime/ops/softmax_shapes.h"
 #include "runtime/ops/widening.h"
 
 namespace mix::cuda {
 namespace {
-
-// ---- kernels (rows of length cols; grid-stride over rows) ------------------------------
-// t is the causal query count (dim -2 of X), or 0 for a plain softmax: row r
-// then keeps valid = causal_valid_cols(r, t, cols) columns.
-
-__device__ __forceinline__ int64_t row_valid(int64_t r, int64_t t, int64_t cols) {
-  return t > 0 ? fn::causal_valid_cols(r, t, cols) : cols;
-}
-
-// y = softmax of each row (its valid prefix; zeros after it), a row per
-// RowGroup<kThreads>.
-template <typename X, typename Y, int kThreads>
-__global__ void softmax_rows(const X* x, Y* y, int64_t rows, int64_t cols, int64_t t) {
-  using G = RowGroup<kThreads>;
-  __shared__ float shared[kBlock / kWarp];
-  for (int64_t r = G::first_row(); r < rows; r += G::row_stride()) {
-    const X* xr = x + r * cols;
-    Y* yr = y + r * cols;
-    const int64_t valid = row_valid(r, t, cols);
-    softmax_row<kThreads>(xr, yr, valid, shared);
-    for (int64_t i = valid + G::tid(); i < cols; i += kThreads) yr[i] = from_float<Y>(0.f);
-  }
-}
-
-// dx of each row: dot = sum(y * dy) over the valid prefix, then
-// SoftmaxGradElem there and zeros after it; dy in DY (Y's storage type, or
-// FP16/BF16 for an FP32 y), dx in DX (X's storage type).
-template <typename Y, typename DY, typename DX, int kThreads>
-__global__ void softmax_grad_rows(const Y* y, const DY* dy, DX* dx, int64_t rows, int64_t cols, int64_t t) {
-  using G = RowGroup<kThreads>;
-  __shared__ float shared[kBlock / kWarp];
-  for (int64_t r = G::first_row(); r < rows; r += G::row_stride()) {
-    const Y* yr = y + r * cols;
-    const DY* dyr = dy + r * cols;
-    DX* dxr = dx + r * cols;
-    const int64_t valid = row_valid(r, t, cols);
-    float dot = 0.f;
-    for (int64_t i = G::tid(); i < valid; i += kThreads)
-      dot = __fadd_rn(dot, fn::softmax_grad_dot_term(to_float(yr[i]), to_float(dyr[i])));
-    dot = G::reduce(dot, shared, AddRn{});
-    const fn::SoftmaxGradElem f{dot};
-    for (int64_t i = G::tid(); i < valid; i += kThreads) dxr[i] = from_float<DX>(f(to_float(yr[i]), to_float(dyr[i])));
-    for (int64_t i = valid + G::tid(); i < cols; i += kThreads) dxr[i] = from_float<DX>(0.f);
-  }
-}
 
 // ---- launchers -----------------------------------------------------------------------
 
