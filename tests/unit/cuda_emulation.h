@@ -3,9 +3,16 @@
 // hand-written kernels where no GPU is lent (test_*_emulated.cc): the few
 // CUDA features those kernels use, and a grid launcher.
 //
-// A block is 128 std::threads by default, up to 256 (threadIdx, blockIdx
-// thread-local, gridDim and blockDim global), __syncthreads and __syncwarp barriers, __shfl_xor_sync and
-// __shfl_sync an exchange through memory between warp barriers. A WMMA
+// A block is 128 threads by default, up to 256, each a fiber (ucontext) of
+// one OS thread, run cooperatively: a thread runs until it reaches a barrier
+// (__syncthreads, __syncwarp, a shuffle, a WMMA *_sync), then another runs,
+// so a barrier costs user-space switches instead of the OS waking 256
+// threads. The scheduler lets one warp run ahead of the rest as far as the
+// barriers allow (run_block says how), so a missing barrier shows; a block
+// whose threads wait at a barrier that can never fill (a __syncthreads some
+// threads skip) throws instead of hanging. threadIdx and blockIdx are the
+// running thread's, gridDim and blockDim global; __shfl_xor_sync and
+// __shfl_sync are an exchange through memory between warp barriers. A WMMA
 // fragment holds its whole 16 x 16 matrix in every lane (the kernels never
 // touch fragment elements, so their layout does not matter); mma_sync sums in
 // FP32, as the tensor cores' FP32 accumulation does; every load and store of a
@@ -17,12 +24,13 @@
 // Include it before the kernels' header; it defines the CUDA keywords
 // (__global__, __device__, threadIdx, ...) as macros, so include every other
 // header first.
-#include <barrier>
+#include <ucontext.h>
+
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <stdexcept>
-#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -33,48 +41,140 @@ namespace emulated {
 struct Index {
   unsigned x = 0, y = 0, z = 0;
 };
-thread_local Index thread_index, block_index;
+inline Index thread_index, block_index;  // the running thread's
 
 constexpr int kBlockThreads = 128;     // the attention kernels' block size, run_grid's default
 constexpr int kMaxBlockThreads = 256;  // the row kernels' (kBlock)
-std::unique_ptr<std::barrier<>> g_block;
-std::vector<std::unique_ptr<std::barrier<>>> g_warps;
-float g_exchange[kMaxBlockThreads];
-Index g_grid;                                     // gridDim
-Index g_block_dim;                                // blockDim
-alignas(128) unsigned char g_shared[256 * 1024];  // more than any kernel here asks
+inline float g_exchange[kMaxBlockThreads];
+inline Index g_grid;                                     // gridDim
+inline Index g_block_dim;                                // blockDim
+alignas(128) inline unsigned char g_shared[256 * 1024];  // more than any kernel here asks
 
-int warp_of_thread() { return static_cast<int>(thread_index.x) / 32; }
-void block_barrier() { g_block->arrive_and_wait(); }
-void warp_barrier() { g_warps[static_cast<size_t>(warp_of_thread())]->arrive_and_wait(); }
+// A barrier of `expected` threads: the last to arrive opens it (a new
+// generation) and goes on; the others wait until the generation moves.
+struct Barrier {
+  int expected = 0, arrived = 0;
+  uint64_t generation = 0;
+};
+
+struct Fiber {
+  ucontext_t context;
+  const Barrier* waiting_on = nullptr;
+  uint64_t waiting_generation = 0;
+  bool done = false;
+};
+
+// Each thread's stack: a kernel's locals, WMMA fragments (1 KiB each) among them.
+constexpr size_t kStackBytes = 256 * 1024;
+
+struct Block {
+  std::vector<Fiber> fibers;
+  std::vector<std::unique_ptr<char[]>> stacks;
+  Barrier block_barrier;
+  std::vector<Barrier> warp_barriers;
+  ucontext_t scheduler;
+  int current = 0;
+  uint64_t openings = 0;  // barriers opened so far
+  const std::function<void()>* kernel = nullptr;
+};
+inline Block g_run;
+
+inline int warp_of_thread() { return static_cast<int>(thread_index.x) / 32; }
+
+// The running thread arrives at b and, unless it is the last, gives way until b opens.
+inline void arrive_and_wait(Barrier& b) {
+  const uint64_t generation = b.generation;
+  if (++b.arrived == b.expected) {
+    b.arrived = 0;
+    ++b.generation;
+    ++g_run.openings;
+    return;
+  }
+  Fiber& me = g_run.fibers[static_cast<size_t>(g_run.current)];
+  me.waiting_on = &b;
+  me.waiting_generation = generation;
+  swapcontext(&me.context, &g_run.scheduler);
+}
+inline void block_barrier() { arrive_and_wait(g_run.block_barrier); }
+inline void warp_barrier() { arrive_and_wait(g_run.warp_barriers[static_cast<size_t>(warp_of_thread())]); }
+
+inline void run_thread() {
+  (*g_run.kernel)();
+  g_run.fibers[static_cast<size_t>(g_run.current)].done = true;
+}  // returns to the scheduler (uc_link)
+
+// Runs one block of the kernel: every thread from its start to its end. The
+// scheduler always resumes the first thread, in the block's order, that can
+// run: so the first warp runs as far ahead of the others as the barriers let
+// it, and a value that some thread reads before the barrier that should
+// order it shows unwritten (or already overwritten). Even blocks order their
+// threads from 0 up, odd blocks from the last down, so both sides of such a
+// race are tried.
+inline void run_block() {
+  const int threads = static_cast<int>(g_block_dim.x);
+  for (int t = 0; t < threads; ++t) {
+    Fiber& f = g_run.fibers[static_cast<size_t>(t)];
+    f = Fiber{};
+    getcontext(&f.context);
+    f.context.uc_stack.ss_sp = g_run.stacks[static_cast<size_t>(t)].get();
+    f.context.uc_stack.ss_size = kStackBytes;
+    f.context.uc_link = &g_run.scheduler;
+    makecontext(&f.context, run_thread, 0);
+  }
+  g_run.block_barrier = Barrier{threads};
+  for (Barrier& w : g_run.warp_barriers) w = Barrier{32};
+  const bool from_first = (block_index.x + block_index.y) % 2 == 0;
+  int done = 0;
+  bool ran = false;  // in this pass over the threads
+  for (int k = 0; done < threads;) {
+    if (k == threads) {  // a pass in which no barrier opened
+      if (!ran)
+        throw std::logic_error(
+            "emulated block deadlocked: its threads wait at barriers that the others never reach (a "
+            "__syncthreads or a warp's *_sync that not every thread calls)");
+      k = 0;
+      ran = false;
+      continue;
+    }
+    const int t = from_first ? k : threads - 1 - k;
+    Fiber& f = g_run.fibers[static_cast<size_t>(t)];
+    if (f.done || (f.waiting_on != nullptr && f.waiting_on->generation == f.waiting_generation)) {
+      ++k;
+      continue;
+    }
+    f.waiting_on = nullptr;
+    g_run.current = t;
+    thread_index.x = static_cast<unsigned>(t);
+    const uint64_t openings = g_run.openings;
+    swapcontext(&g_run.scheduler, &f.context);
+    ran = true;
+    done += f.done ? 1 : 0;
+    // A barrier opened: threads before this one may run again.
+    k = g_run.openings != openings ? 0 : k + 1;
+  }
+}
 
 // Runs kernel() as a grid of (gx, gy) blocks of `block_threads` threads (whole
-// warps, at most kMaxBlockThreads), one block at a time.
+// warps, at most kMaxBlockThreads), one block at a time, shared memory
+// refilled with garbage before each.
 template <typename Kernel>
 void run_grid(unsigned gx, unsigned gy, Kernel kernel, int block_threads = kBlockThreads) {
   if (block_threads % 32 != 0 || block_threads > kMaxBlockThreads) throw std::invalid_argument("emulated block size");
   g_grid = {gx, gy, 1};
   g_block_dim = {static_cast<unsigned>(block_threads), 1, 1};
-  g_block = std::make_unique<std::barrier<>>(block_threads);
-  g_warps.clear();
-  for (int w = 0; w < block_threads / 32; ++w) g_warps.push_back(std::make_unique<std::barrier<>>(32));
-  // The block's threads are made once and run the blocks in turn, shared
-  // memory refilled with garbage between two of them.
-  std::vector<std::thread> threads;
-  for (unsigned t = 0; t < static_cast<unsigned>(block_threads); ++t)
-    threads.emplace_back([&, t] {
-      thread_index.x = t;
-      for (unsigned bx = 0; bx < gx; ++bx)
-        for (unsigned by = 0; by < gy; ++by) {
-          if (t == 0) std::memset(g_shared, 0xCD, sizeof g_shared);
-          block_barrier();
-          block_index.x = bx;
-          block_index.y = by;
-          kernel();
-          block_barrier();
-        }
-    });
-  for (std::thread& t : threads) t.join();
+  const std::function<void()> body = kernel;
+  g_run.kernel = &body;
+  g_run.fibers.resize(static_cast<size_t>(block_threads));
+  while (g_run.stacks.size() < static_cast<size_t>(block_threads))
+    g_run.stacks.emplace_back(new char[kStackBytes]);  // not zeroed: pages only a deep stack touches stay free
+  g_run.warp_barriers.resize(static_cast<size_t>(block_threads / 32));
+  for (unsigned bx = 0; bx < gx; ++bx)
+    for (unsigned by = 0; by < gy; ++by) {
+      std::memset(g_shared, 0xCD, sizeof g_shared);
+      block_index = {bx, by, 0};
+      run_block();
+    }
+  g_run.kernel = nullptr;
 }
 
 }  // namespace emulated
@@ -89,6 +189,7 @@ void run_grid(unsigned gx, unsigned gy, Kernel kernel, int block_threads = kBloc
 #define __shared__ static
 #define __forceinline__ inline
 #define __launch_bounds__(threads)
+#define __grid_constant__
 #define threadIdx emulated::thread_index
 #define blockIdx emulated::block_index
 #define gridDim emulated::g_grid
@@ -106,6 +207,12 @@ struct __nv_bfloat16 {
 };
 inline float operand_value(__half h) { return mix::half_bits_to_float(h.bits); }
 inline float operand_value(__nv_bfloat16 b) { return mix::bf16_bits_to_float(b.bits); }
+
+// CUDA's device min (an overload per arithmetic type; the kernels call it on int64_t).
+template <typename T>
+inline T min(T a, T b) {
+  return b < a ? b : a;
+}
 
 inline void __syncthreads() { emulated::block_barrier(); }
 inline void __syncwarp(unsigned = 0xffffffffu) { emulated::warp_barrier(); }

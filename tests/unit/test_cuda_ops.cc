@@ -282,11 +282,16 @@ TEST_CASE("the gradient norm and the clips on CUDA: the CPU's norm to an FP32 ul
           "[cuda][clip]") {
   require_gpu();
   // 131 FP32 gradients as above (one launch's table and more, an empty one, one
-  // launched alone), values up to 7e4: squares far past FP32's sums' precision.
+  // launched alone), and every tenth from number 3 over two chunks of 16384 and
+  // a bit (as test_multi_tensor_kernels_emulated), values up to 7e4: squares
+  // far past FP32's sums' precision.
   std::vector<std::string> gs;
   std::vector<std::pair<std::string, Tensor>> feeds;
   for (int i = 0; i < 131; ++i) {
-    const int64_t n = i == 7 ? 0 : i == 100 ? (int64_t{1} << 22) + 5 : 1 + (i * 397) % 5000;
+    const int64_t n = i == 7        ? 0
+                      : i == 100    ? (int64_t{1} << 22) + 5
+                      : i % 10 == 3 ? 2 * 16384 + 1 + i
+                                    : 1 + (i * 397) % 5000;
     gs.push_back(numbered("g", static_cast<size_t>(i)));
     feeds.push_back({gs.back(), uniform_tensor({n}, 700 + static_cast<uint64_t>(i), -7e4f, 7e4f)});
   }

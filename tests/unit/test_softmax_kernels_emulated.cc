@@ -341,7 +341,7 @@ TEST_CASE("softmax's and softmax_grad's kernels, emulated: within the bound of t
 }
 
 TEST_CASE(
-    "softmax_with_cross_entropy's kernels, emulated: a padded vocabulary, ignored and out-of-range labels, and "
+    "softmax_with_cross_entropy's kernels, emulated: a padded vocabulary, ignored labels and labels out of range, and "
     "the CPU's gradient bits",
     "[cross_entropy][emulated]") {
   check_cross_entropy<float, float>(DType::f32, DType::f32);

@@ -9,6 +9,9 @@
 // the slots by one block in a fixed order. The CPU kernel sums in FP64 in
 // element order instead; both round the same FP64 sum to FP32 once, so they
 // agree to an FP32 ulp (test_cuda_ops states the bound).
+//
+// The kernels and the multi-tensor bodies are in clip_grad_kernels.cuh, which
+// the emulated test runs on the CPU; this file holds the launchers.
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -19,52 +22,10 @@
 #include "runtime/ir/op_registry.h"
 #include "runtime/kernels/functors.h"
 #include "runtime/ops/cuda/device_ops.cuh"
+#include "runtime/optim/cuda/clip_grad_kernels.cuh"
 
 namespace mix::cuda {
 namespace {
-
-// Elements a partial sum covers: divides both multi_tensor::kChunk and kAloneChunk,
-// so a block's range is whole runs (the last one of a tensor cut short).
-constexpr int64_t kRun = 1024;
-static_assert(multi_tensor::kChunk % kRun == 0 && multi_tensor::kAloneChunk % kRun == 0);
-
-// Block-wide sum of one value per thread (kMultiTensorThreads of them), in a fixed tree.
-__device__ double block_sum(double v, double* shared) {
-  shared[threadIdx.x] = v;
-  __syncthreads();
-  for (int half = kMultiTensorThreads / 2; half > 0; half /= 2) {
-    if (static_cast<int>(threadIdx.x) < half) shared[threadIdx.x] += shared[threadIdx.x + half];
-    __syncthreads();
-  }
-  const double total = shared[0];
-  __syncthreads();  // the next call may overwrite shared[]
-  return total;
-}
-
-// Slot pointers: the gradient, and its tensor's first partial-sum slot.
-struct SquareSums {
-  __device__ void operator()(const TensorSlot<2>& s, int64_t begin, int64_t end) const {
-    __shared__ double shared[kMultiTensorThreads];
-    const float* x = static_cast<const float*>(s.ptr[0]);
-    double* partial = static_cast<double*>(s.ptr[1]);
-    for (int64_t run = begin; run < end; run += kRun) {
-      const int64_t run_end = min(run + kRun, end);
-      double v = 0;
-      for (int64_t i = run + threadIdx.x; i < run_end; i += blockDim.x) v += static_cast<double>(x[i]) * x[i];
-      const double total = block_sum(v, shared);
-      if (threadIdx.x == 0) partial[run / kRun] = total;
-    }
-  }
-};
-
-// One block: norm = sqrt(sum of the partial sums), in a fixed order.
-__global__ void __launch_bounds__(kMultiTensorThreads) finish_norm(const double* partial, int64_t n, float* norm) {
-  __shared__ double shared[kMultiTensorThreads];
-  double v = 0;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) v += partial[i];
-  const double total = block_sum(v, shared);
-  if (threadIdx.x == 0) *norm = static_cast<float>(sqrt(total));
-}
 
 void grad_global_norm_cuda(OpContext& ctx) {
   const std::vector<const Tensor*> xs = ctx.ins("X");
@@ -88,24 +49,6 @@ void grad_global_norm_cuda(OpContext& ctx) {
   MIX_CUDA_CHECK(cudaGetLastError());
 }
 
-// found_out = (found_in or 0) | !isfinite(norm): the flag of the AMP step, or the clip's own in FP32.
-__global__ void raise_if_not_finite(const float* norm, const int32_t* found_in, int32_t* found_out) {
-  *found_out = (found_in ? *found_in : 0) | (fn::is_finite(*norm) ? 0 : 1);
-}
-
-// Slot pointer: the gradient, scaled in place by the clip coefficient (nothing on a non-finite norm).
-struct ScaleByCoefficient {
-  const float* norm;
-  float max_norm;
-  __device__ void operator()(const TensorSlot<1>& s, int64_t begin, int64_t end) const {
-    const float n = *norm;
-    if (!fn::is_finite(n)) return;
-    const float coef = fn::clip_coefficient(n, max_norm);
-    float* g = static_cast<float*>(s.ptr[0]);
-    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) g[i] = g[i] * coef;
-  }
-};
-
 void clip_by_global_norm_cuda(OpContext& ctx) {
   const Tensor& norm = ctx.in("Norm");
   check_on_device(ctx, norm, "Norm");
@@ -124,14 +67,6 @@ void clip_by_global_norm_cuda(OpContext& ctx) {
   launch_multi_tensor<1>(list, stream,
                          ScaleByCoefficient{norm.data<float>(), static_cast<float>(ctx.attr<double>("max_norm", 0))});
 }
-
-struct ClampChunk {
-  fn::ClipByValue f;
-  __device__ void operator()(const TensorSlot<1>& s, int64_t begin, int64_t end) const {
-    float* g = static_cast<float*>(s.ptr[0]);
-    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) g[i] = f(g[i]);
-  }
-};
 
 void clip_by_value_cuda(OpContext& ctx) {
   TensorList<1> list;

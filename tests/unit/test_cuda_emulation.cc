@@ -1,0 +1,110 @@
+// The CUDA emulation itself (tests/unit/cuda_emulation.h), on which every
+// test_*_emulated.cc rests: its barriers order what they must, its shuffles
+// exchange the lanes' values, a read that no barrier orders shows the
+// unwritten value, and a block whose barrier can never fill fails instead of
+// hanging.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <vector>
+
+#include "tests/unit/cuda_emulation.h"
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr unsigned char kGarbage = 0xCD;  // run_grid's fill of shared memory
+
+float garbage_float() {
+  float f;
+  std::memset(&f, kGarbage, sizeof f);
+  return f;
+}
+
+// Each thread writes its slot of shared memory, then reads its neighbours',
+// with or without a barrier between.
+std::vector<float> neighbours(bool barrier) {
+  std::vector<float> got(2 * kThreads, 0.f);
+  emulated::run_grid(
+      2, 1,
+      [&] {
+        auto* shared = reinterpret_cast<float*>(emulated::g_shared);
+        const int t = static_cast<int>(threadIdx.x);
+        shared[t] = static_cast<float>(t + 1000 * static_cast<int>(blockIdx.x));
+        if (barrier) __syncthreads();
+        const int next = (t + 1) % kThreads, prev = (t + kThreads - 1) % kThreads;
+        const float a = shared[next], b = shared[prev];
+        __syncthreads();  // a second round, in the other order
+        got[static_cast<size_t>(static_cast<int>(blockIdx.x) * kThreads + t)] = a + b;
+      },
+      kThreads);
+  return got;
+}
+
+}  // namespace
+
+TEST_CASE("the emulation's __syncthreads orders shared memory; a missing one shows the unwritten value", "[emulated]") {
+  const std::vector<float> ordered = neighbours(true);
+  for (int b = 0; b < 2; ++b)
+    for (int t = 0; t < kThreads; ++t) {
+      const float base = 1000.f * static_cast<float>(b);
+      const float want =
+          base + static_cast<float>((t + 1) % kThreads) + base + static_cast<float>((t + kThreads - 1) % kThreads);
+      CHECK(ordered[static_cast<size_t>(b * kThreads + t)] == want);
+    }
+  // Without the barrier, a thread that runs before its neighbour reads the
+  // neighbour's slot unwritten: garbage, not a value that would hide the bug.
+  const std::vector<float> racy = neighbours(false);
+  int garbage = 0;
+  for (float v : racy) garbage += v != v || std::fabs(v) >= std::fabs(garbage_float()) / 2;
+  CHECK(garbage > 0);
+}
+
+TEST_CASE("the emulation's shuffles exchange the lanes' values within each warp", "[emulated]") {
+  std::vector<float> sums(kThreads), firsts(kThreads);
+  emulated::run_grid(
+      1, 1,
+      [&] {
+        const int t = static_cast<int>(threadIdx.x);
+        float v = static_cast<float>(t);
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        sums[static_cast<size_t>(t)] = v;
+        firsts[static_cast<size_t>(t)] = __shfl_sync(0xffffffffu, static_cast<float>(t), 0);
+      },
+      kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    const int w = t / 32;
+    CHECK(sums[static_cast<size_t>(t)] == static_cast<float>(32 * 32 * w + 31 * 32 / 2));  // lanes 32w .. 32w + 31
+    CHECK(firsts[static_cast<size_t>(t)] == static_cast<float>(32 * w));
+  }
+}
+
+TEST_CASE("an emulated block whose barrier some threads never reach fails instead of hanging", "[emulated]") {
+  auto skip = [](bool warp) {
+    emulated::run_grid(
+        1, 1,
+        [&] {
+          if (threadIdx.x == 3) return;  // this thread never arrives
+          if (warp)
+            __syncwarp();
+          else
+            __syncthreads();
+        },
+        64);
+  };
+  CHECK_THROWS_AS(skip(false), std::logic_error);
+  CHECK_THROWS_AS(skip(true), std::logic_error);
+  // And the emulation still runs a sound kernel after a failed one.
+  int ran = 0;
+  emulated::run_grid(
+      1, 1,
+      [&] {
+        __syncthreads();
+        if (threadIdx.x == 0) ++ran;
+      },
+      64);
+  CHECK(ran == 1);
+}

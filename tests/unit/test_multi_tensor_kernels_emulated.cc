@@ -1,0 +1,177 @@
+// The multi-tensor launch's kernels (runtime/cuda/multi_tensor_kernels.cuh)
+// and the bodies of grad_global_norm, clip_by_global_norm and clip_by_value
+// (runtime/optim/cuda/clip_grad_kernels.cuh), their very source, run on the
+// CPU (tests/unit/cuda_emulation.h) in the launches that
+// for_each_multi_tensor_launch plans, as launch_multi_tensor launches them
+// on the GPU. The gradients are 131, so the shared launches need two tables
+// of up to 128: an empty one; sizes under one run of 1024 elements, of
+// several runs, and of two chunks of 16384 and a bit, each cut short; and one
+// past multi_tensor::kLargeTensor, launched alone in blocks of 1024. Compared
+// with the CPU twins as test_cuda_ops compares the GPU: the norm to an FP32
+// ulp (both round an FP64 sum to FP32 once), the clips bit for bit (the same
+// functors on the same values). grad_global_norm runs in every training
+// step, so this is its kernels' check on every build; test_cuda_ops checks
+// the GPU itself where one is lent.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "runtime/kernels/multi_tensor_plan.h"
+#include "tests/unit/cuda_compare.h"
+#include "tests/unit/emulated_tensors.h"
+
+// The emulation, then the kernels (cuda_emulation.h defines CUDA's keywords as macros).
+#include "tests/unit/cuda_emulation.h"
+
+#include "runtime/optim/cuda/clip_grad_kernels.cuh"  // and multi_tensor_kernels.cuh
+
+using namespace mix;
+using namespace mix::testing;
+namespace kernels = mix::cuda;
+
+namespace {
+
+// The launches an emulated launch_multi_tensor made, to show the test reaches both paths.
+struct Launches {
+  int alone = 0, shared = 0;
+};
+
+// launch_multi_tensor (runtime/cuda/multi_tensor.cuh) with each launch run by the emulation.
+template <int kPointers, typename Body>
+Launches launch_multi_tensor(const kernels::TensorList<kPointers>& list, const Body& body) {
+  Launches n;
+  kernels::for_each_multi_tensor_launch(
+      list,
+      [&](const kernels::TensorSlot<kPointers>& slot, int64_t numel, unsigned blocks) {
+        ++n.alone;
+        emulated::run_grid(
+            blocks, 1, [&] { kernels::single_tensor_kernel<kPointers>(slot, numel, body); },
+            kernels::kMultiTensorThreads);
+      },
+      [&](const kernels::MultiTensorArgs<kPointers>& args, unsigned blocks) {
+        ++n.shared;
+        emulated::run_grid(
+            blocks, 1, [&] { kernels::multi_tensor_kernel<kPointers>(args, body); }, kernels::kMultiTensorThreads);
+      });
+  return n;
+}
+
+struct Gradients {
+  std::vector<std::string> names;
+  std::vector<std::pair<std::string, Tensor>> feeds;
+};
+// 131 FP32 gradients, values up to 7e4 (squares far past FP32's sums'
+// precision): number 7 empty, number 100 launched alone, every tenth from
+// number 3 over two chunks and a bit of a third, the rest 1 to 5000 elements.
+Gradients gradients() {
+  Gradients g;
+  for (int i = 0; i < 131; ++i) {
+    const int64_t n = i == 7        ? 0
+                      : i == 100    ? multi_tensor::kLargeTensor + 5
+                      : i % 10 == 3 ? 2 * multi_tensor::kChunk + 1 + i
+                                    : 1 + (i * 397) % 5000;
+    g.names.push_back("g" + std::to_string(i));
+    g.feeds.push_back({g.names.back(), uniform_tensor({n}, 700 + static_cast<uint64_t>(i), -7e4f, 7e4f)});
+  }
+  return g;
+}
+
+std::vector<std::vector<float>> values(const std::vector<std::pair<std::string, Tensor>>& feeds) {
+  std::vector<std::vector<float>> v;
+  for (const auto& [name, t] : feeds) v.push_back(values_of<float>(t));
+  return v;
+}
+
+// grad_global_norm as clip_grad.cu runs it: each tensor's runs of kRun
+// elements into slots of their own, then one block over the slots. The slots
+// start as NaN (the launcher zeroes them), so a run no block wrote shows.
+float emulated_norm(std::vector<std::vector<float>>& gs, Launches& launches) {
+  std::vector<int64_t> first_slot;
+  int64_t slots = 0;
+  for (const auto& g : gs) {
+    first_slot.push_back(slots);
+    slots += (static_cast<int64_t>(g.size()) + kernels::kRun - 1) / kernels::kRun;
+  }
+  std::vector<double> partial(static_cast<size_t>(slots), NAN);
+  kernels::TensorList<2> list;
+  for (size_t i = 0; i < gs.size(); ++i)
+    list.add({gs[i].data(), partial.data() + first_slot[i]}, static_cast<int64_t>(gs[i].size()));
+  launches = launch_multi_tensor<2>(list, kernels::SquareSums{});
+  float norm = NAN;
+  emulated::run_grid(
+      1, 1, [&] { kernels::finish_norm(partial.data(), slots, &norm); }, kernels::kMultiTensorThreads);
+  return norm;
+}
+
+kernels::TensorList<1> list_of(std::vector<std::vector<float>>& gs) {
+  kernels::TensorList<1> list;
+  for (auto& g : gs) list.add({g.data()}, static_cast<int64_t>(g.size()));
+  return list;
+}
+
+void expect_gradients(const std::vector<std::vector<float>>& got, const std::map<std::string, Tensor>& cpu,
+                      const Gradients& g, const std::string& what) {
+  for (size_t i = 0; i < got.size(); ++i)
+    expect_same_bits(got[i], values_of<float>(cpu.at(g.names[i])), what + " " + g.names[i]);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "grad_global_norm and the clips, emulated over many tensors: the CPU's norm to an FP32 ulp, the clips bit for "
+    "bit",
+    "[clip][multi_tensor][emulated]") {
+  const Gradients g = gradients();
+
+  std::vector<std::vector<float>> gs = values(g.feeds);
+  Launches launches;
+  const float norm = emulated_norm(gs, launches);
+  CHECK(launches.alone == 1);   // number 100
+  CHECK(launches.shared == 2);  // 129 tensors in tables of 128
+  const OpDesc norm_op = make_op("grad_global_norm", {{"X", g.names}}, {{"Norm", {"norm"}}});
+  const float cpu_norm = run_ops_on({norm_op}, g.feeds, cpu_device(), ExecEnv{}, {"norm"}).at("norm").data<float>()[0];
+  // As test_cuda_ops: both round an FP64 sum of ~4.5e6 squares to FP32, in
+  // different orders, ~4.5e6 * 2^-53 apart relative, far below FP32's half
+  // ulp: the same FP32 value or, at a tie's edge, the next.
+  INFO("norm " << norm << ", the CPU's " << cpu_norm);
+  CHECK(std::fabs(norm - cpu_norm) <= std::nextafter(cpu_norm, INFINITY) - cpu_norm);
+
+  // clip_by_global_norm from one norm on both twins (finite, then infinite:
+  // nothing scaled, the flag raised), with no incoming flag and with the AMP
+  // step's raised.
+  for (const float n : {cpu_norm, INFINITY}) {
+    INFO("norm " << n);
+    std::vector<std::pair<std::string, Tensor>> with_norm = g.feeds;
+    with_norm.push_back({"norm", Tensor::from_floats({1}, {n})});
+    const OpDesc clip = make_op("clip_by_global_norm", {{"X", g.names}, {"Norm", {"norm"}}},
+                                {{"Out", g.names}, {"FoundInfiniteOut", {"found_inf"}}}, {{"max_norm", 1e3}});
+    std::vector<std::string> results = g.names;
+    results.push_back("found_inf");
+    const auto cpu = run_ops_on({clip}, with_norm, cpu_device(), ExecEnv{}, results);
+
+    std::vector<std::vector<float>> clipped = values(g.feeds);
+    int32_t found = -1;
+    kernels::raise_if_not_finite(&n, nullptr, &found);
+    CHECK(found == cpu.at("found_inf").data<int32_t>()[0]);
+    CHECK(found == (std::isfinite(n) ? 0 : 1));
+    const int32_t amp_found = 1;
+    kernels::raise_if_not_finite(&n, &amp_found, &found);
+    CHECK(found == 1);
+    launch_multi_tensor<1>(list_of(clipped), kernels::ScaleByCoefficient{&n, 1e3f});
+    expect_gradients(clipped, cpu, g, "clip_by_global_norm");
+  }
+
+  // clip_by_value, with NaN, infinities and signed zeros among the values.
+  std::vector<std::pair<std::string, Tensor>> special;
+  for (const auto& [name, t] : g.feeds) special.push_back({name, with_specials(t, DType::f32)});
+  const OpDesc clamp = make_op("clip_by_value", {{"X", g.names}}, {{"Out", g.names}}, {{"max_value", 1e4}});
+  const auto cpu = run_ops_on({clamp}, special, cpu_device(), ExecEnv{}, g.names);
+  std::vector<std::vector<float>> clamped = values(special);
+  launch_multi_tensor<1>(list_of(clamped), kernels::ClampChunk{fn::ClipByValue{1e4f}});
+  expect_gradients(clamped, cpu, g, "clip_by_value");
+}
