@@ -21,13 +21,16 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/kernels/cpu_loops.h"
 #include "runtime/kernels/multi_tensor_plan.h"
+#include "runtime/ops/grad_accumulate.h"
 #include "tests/unit/cuda_compare.h"
 #include "tests/unit/emulated_tensors.h"
 
 // The emulation, then the kernels (cuda_emulation.h defines CUDA's keywords as macros).
 #include "tests/unit/cuda_emulation.h"
 
+#include "runtime/ops/cuda/grad_accumulate_kernels.cuh"
 #include "runtime/optim/cuda/clip_grad_kernels.cuh"  // and multi_tensor_kernels.cuh
 
 using namespace mix;
@@ -174,4 +177,78 @@ TEST_CASE(
   std::vector<std::vector<float>> clamped = values(special);
   launch_multi_tensor<1>(list_of(clamped), kernels::ClampChunk{fn::ClipByValue{1e4f}});
   expect_gradients(clamped, cpu, g, "clip_by_value");
+}
+
+TEST_CASE("grad_accumulate's body, emulated over many tensors: the CPU's bits, add and finish",
+          "[grad_accum][multi_tensor][emulated]") {
+  // The gradients above but the one launched alone (its launch is the clips'
+  // and the norm's above; this body indexes it as it indexes the others, and
+  // three dtypes of it would take the emulation long), as X of the three
+  // micro-batches, with overflow, NaN and signed zeros; the accumulators
+  // start from FP32 values of their own. Two micro-batches added, then the
+  // last one's finish: X = Accum + X rounded once, Accum zeroed.
+  Gradients g = gradients();
+  g.names.erase(g.names.begin() + 100);
+  g.feeds.erase(g.feeds.begin() + 100);
+  std::vector<std::string> accs;
+  std::vector<std::pair<std::string, Tensor>> acc_feeds;
+  for (size_t i = 0; i < g.names.size(); ++i) {
+    accs.push_back(grad_accumulator_name(g.names[i]));
+    acc_feeds.push_back({accs.back(), uniform_tensor(g.feeds[i].second.shape(), 900 + i, -1e3f, 1e3f)});
+  }
+  for (DType dt : kFloatTypes) {
+    INFO(dname(dt));
+    // Micro-batch m's X: the gradients in dt, with specials, each batch its own values.
+    std::vector<std::vector<std::pair<std::string, Tensor>>> batches(3);
+    for (int m = 0; m < 3; ++m)
+      for (size_t i = 0; i < g.names.size(); ++i)
+        batches[m].push_back(
+            {g.names[i] + "_" + std::to_string(m),
+             with_specials(uniform_tensor(g.feeds[i].second.shape(), 300 + 200 * m + i, -7e4f, 7e4f), dt)});
+    std::vector<std::pair<std::string, Tensor>> feeds = acc_feeds;
+    std::vector<std::string> last;
+    for (int m = 0; m < 3; ++m)
+      for (const auto& [name, t] : batches[m]) {
+        feeds.push_back({name, t});
+        if (m == 2) last.push_back(name);
+      }
+    auto accumulate = [&](int m, const char* mode) {
+      std::vector<std::string> xs;
+      for (const auto& [name, t] : batches[m]) xs.push_back(name);
+      std::map<std::string, std::vector<std::string>> outs{{"AccumOut", accs}};
+      if (std::string(mode) == "finish") outs["Out"] = xs;
+      return make_op("grad_accumulate", {{"X", xs}, {"Accum", accs}}, outs, {{"mode", std::string(mode)}});
+    };
+    std::vector<std::string> results = accs;
+    results.insert(results.end(), last.begin(), last.end());
+    const auto cpu_adds =
+        run_ops_on({accumulate(0, "add"), accumulate(1, "add")}, feeds, cpu_device(), ExecEnv{}, accs);
+    const auto cpu = run_ops_on({accumulate(0, "add"), accumulate(1, "add"), accumulate(2, "finish")}, feeds,
+                                cpu_device(), ExecEnv{}, results);
+
+    cpu::dispatch_floating(dt, [&](auto tag) {
+      using T = decltype(tag);
+      std::vector<std::vector<float>> acc = values(acc_feeds);
+      std::vector<std::vector<std::vector<T>>> xs(3);
+      for (int m = 0; m < 3; ++m)
+        for (const auto& [name, t] : batches[m]) xs[m].push_back(values_of<T>(t));
+      for (int m = 0; m < 3; ++m) {
+        kernels::TensorList<2> list;
+        for (size_t i = 0; i < acc.size(); ++i)
+          list.add({xs[m][i].data(), acc[i].data()}, static_cast<int64_t>(acc[i].size()));
+        if (m < 2)
+          launch_multi_tensor<2>(list, kernels::AccumulateChunk<T, false>{});
+        else
+          launch_multi_tensor<2>(list, kernels::AccumulateChunk<T, true>{});
+        if (m == 1)
+          for (size_t i = 0; i < acc.size(); ++i)
+            expect_same_bits(acc[i], values_of<float>(cpu_adds.at(accs[i])),
+                             "the accumulator after two adds, " + accs[i]);
+      }
+      for (size_t i = 0; i < acc.size(); ++i) {
+        expect_same_bits(acc[i], values_of<float>(cpu.at(accs[i])), "the accumulator after finish (zeros), " + accs[i]);
+        expect_same_bits(xs[2][i], values_of<T>(cpu.at(last[i])), "X after finish, " + last[i]);
+      }
+    });
+  }
 }

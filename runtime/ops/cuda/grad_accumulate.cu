@@ -2,7 +2,8 @@
 // modes, semantics): every (X[i], Accum[i]) in one multi-tensor launch
 // (runtime/cuda/multi_tensor.cuh). Each element is widened with to_float
 // (exact), added in FP32 with fn::Add as the CPU kernel adds it, and, in
-// "finish", rounded once with from_float<T>: the CPU's bits.
+// "finish", rounded once with from_float<T>: the CPU's bits. The body is in
+// grad_accumulate_kernels.cuh, which the emulated test runs on the CPU.
 #include <string>
 #include <vector>
 
@@ -10,27 +11,10 @@
 #include "runtime/ir/op_registry.h"
 #include "runtime/kernels/functors.h"
 #include "runtime/ops/cuda/device_ops.cuh"
+#include "runtime/ops/cuda/grad_accumulate_kernels.cuh"
 
 namespace mix::cuda {
 namespace {
-
-// A block's chunk of one tensor (slot pointers: X, Accum). kFinish: X = Accum + X, Accum = 0; else Accum += X.
-template <typename T, bool kFinish>
-struct AccumulateChunk {
-  __device__ void operator()(const TensorSlot<2>& s, int64_t begin, int64_t end) const {
-    T* x = static_cast<T*>(s.ptr[0]);
-    float* acc = static_cast<float*>(s.ptr[1]);
-    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-      const float sum = fn::Add{}(acc[i], to_float(x[i]));
-      if constexpr (kFinish) {
-        x[i] = from_float<T>(sum);
-        acc[i] = 0.f;
-      } else {
-        acc[i] = sum;
-      }
-    }
-  }
-};
 
 void grad_accumulate_cuda(OpContext& ctx) {
   const bool finish = ctx.attr<std::string>("mode", "") == "finish";
