@@ -194,15 +194,19 @@ struct LtPlan {
   std::string why;  // when not usable
 };
 
-using LtKey = std::tuple<int, int64_t, int64_t, int64_t, bool, int, int, uint32_t>;
+// Device, m, n, k, trans_b, dtype, compute type, the operands' alignment, the bias's.
+using LtKey = std::tuple<int, int64_t, int64_t, int64_t, bool, int, int, uint32_t, uint32_t>;
 std::mutex g_lt_mu;
 std::map<LtKey, std::shared_ptr<LtPlan>>& g_lt_plans = *new std::map<LtKey, std::shared_ptr<LtPlan>>;
 std::atomic<uint64_t> g_epilogue_runs{0};
 
 // Sets up `p` for the shape (cuBLASLt's column-major dims: cm x cn = op(B)^T[cm, ck] . A^T[ck, cn]);
-// on failure p.usable stays false and p.why says where.
+// on failure p.usable stays false and p.why says where. `bias` is this call's:
+// the heuristic reads the bias pointer's alignment from the descriptor (the
+// plan is kept for biases of the same alignment, which its key holds).
 void make_lt_plan(cublasLtHandle_t lt, LtPlan& p, bool trans_b, int cm, int cn, int ck, int ld_b, int ld_a,
-                  cudaDataType type, cublasComputeType_t compute, uint32_t alignment, size_t workspace_limit) {
+                  cudaDataType type, cublasComputeType_t compute, uint32_t alignment, const void* bias,
+                  size_t workspace_limit) {
   auto ok = [&p](cublasStatus_t st, const char* what) {
     if (st == CUBLAS_STATUS_SUCCESS) return true;
     p.why = std::string(what) + ": " + cublas_status_text(st);
@@ -217,7 +221,8 @@ void make_lt_plan(cublasLtHandle_t lt, LtPlan& p, bool trans_b, int cm, int cn, 
       !ok(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue),
           "EPILOGUE") ||
       !ok(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type),
-          "BIAS_DATA_TYPE"))
+          "BIAS_DATA_TYPE") ||
+      !ok(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias), "BIAS_POINTER"))
     return;
   // Each operand as stored: rows x cols with its leading dimension.
   if (!ok(cublasLtMatrixLayoutCreate(&p.a, type, trans_b ? ck : cm, trans_b ? cm : ck, ld_b), "layout of B") ||
@@ -227,8 +232,13 @@ void make_lt_plan(cublasLtHandle_t lt, LtPlan& p, bool trans_b, int cm, int cn, 
   cublasLtMatmulPreference_t pref = nullptr;
   if (!ok(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate")) return;
   const uint64_t ws = workspace_limit;
-  // As the cuBLAS handle's math mode: split-K partial sums never rounded to a 16-bit C.
-  const uint32_t reductions = CUBLASLT_REDUCTION_SCHEME_MASK & ~CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
+  // As the cuBLAS handle's math mode: split-K partial sums never rounded to a
+  // 16-bit C. Both INPLACE (partial sums added in D, in D's type) and
+  // OUTPUT_TYPE keep them in C's type, so only an FP32 C may have INPLACE;
+  // COMPUTE_TYPE keeps them in FP32. An algorithm without split-K (scheme
+  // NONE) passes any mask.
+  uint32_t reductions = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+  if (type == CUDA_R_32F) reductions |= CUBLASLT_REDUCTION_SCHEME_INPLACE;
   bool set = ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
                 "MAX_WORKSPACE_BYTES") &&
              ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reductions,
@@ -295,14 +305,17 @@ void gemm_bias(DeviceContext& ctx, bool trans_b, int64_t m, int64_t n, int64_t k
   // cuBLASLt reads the bias with vector loads: an unaligned one (never from
   // the allocator, whose blocks are far more aligned) takes the fallback.
   const bool bias_aligned = reinterpret_cast<uintptr_t>(bias) % 16 == 0;
-  std::shared_ptr<LtPlan> plan;
   if (k > 0 && bias_aligned) {
-    const LtKey key{ctx.device, m, n, k, trans_b, static_cast<int>(dtype), static_cast<int>(compute), alignment};
+    const uint32_t bias_alignment = alignment_of({bias});
+    const LtKey key = std::make_tuple(ctx.device, m, n, k, trans_b, static_cast<int>(dtype), static_cast<int>(compute),
+                                      alignment, bias_alignment);
+    // Held until the launch is queued: the plan's descriptor carries this
+    // call's bias pointer from the attribute set to cublasLtMatmul.
     std::lock_guard<std::mutex> lock(g_lt_mu);
     auto it = g_lt_plans.find(key);
     if (it == g_lt_plans.end()) {
       auto fresh = std::make_shared<LtPlan>();
-      make_lt_plan(cublaslt_handle(ctx), *fresh, trans_b, cm, cn, ck, ld_b, ld_a, type, compute, alignment,
+      make_lt_plan(cublaslt_handle(ctx), *fresh, trans_b, cm, cn, ck, ld_b, ld_a, type, compute, alignment, bias,
                    ctx.cublas_workspace_bytes);
       if (!fresh->usable)
         log_warning("gemm_bias: no cuBLASLt bias epilogue for " + std::to_string(m) + " x " + std::to_string(n) +
@@ -310,26 +323,26 @@ void gemm_bias(DeviceContext& ctx, bool trans_b, int64_t m, int64_t n, int64_t k
                     "); adding the bias in a kernel of its own");
       it = g_lt_plans.emplace(key, fresh).first;
     }
-    plan = it->second;
-  }
-  if (plan && plan->usable) {
-    const float beta = 0.f;
-    cublasStatus_t st = cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
-    if (st == CUBLAS_STATUS_SUCCESS)
-      st = cublasLtMatmul(cublaslt_handle(ctx), plan->op, &alpha, b, plan->a, a, plan->b, &beta, c, plan->c, c,
-                          plan->c, &plan->algo, ctx.cublas_workspace, plan->workspace, stream);
-    if (st == CUBLAS_STATUS_SUCCESS) {
-      g_epilogue_runs.fetch_add(1, std::memory_order_relaxed);
-      return;
+    LtPlan& plan = *it->second;
+    if (plan.usable) {
+      const float beta = 0.f;
+      cublasStatus_t st =
+          cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
+      if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmul(cublaslt_handle(ctx), plan.op, &alpha, b, plan.a, a, plan.b, &beta, c, plan.c, c, plan.c,
+                            &plan.algo, ctx.cublas_workspace, plan.workspace, stream);
+      if (st == CUBLAS_STATUS_SUCCESS) {
+        g_epilogue_runs.fetch_add(1, std::memory_order_relaxed);
+        return;
+      }
+      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+      if (cudaStreamIsCapturing(stream, &capture) == cudaSuccess && capture != cudaStreamCaptureStatusNone)
+        MIX_CUBLAS_CHECK(st);  // an invalidated recording refuses everything: the recording gives up
+      log_warning("gemm_bias: cuBLASLt refused its plan for " + std::to_string(m) + " x " + std::to_string(n) + " x " +
+                  std::to_string(k) + " " + std::string(dtype_name(dtype)) + " (" + cublas_status_text(st) +
+                  "); adding the bias in a kernel of its own from now on");
+      plan.usable = false;
     }
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(stream, &capture) == cudaSuccess && capture != cudaStreamCaptureStatusNone)
-      MIX_CUBLAS_CHECK(st);  // an invalidated recording refuses everything: the recording gives up
-    log_warning("gemm_bias: cuBLASLt refused its plan for " + std::to_string(m) + " x " + std::to_string(n) + " x " +
-                std::to_string(k) + " " + std::string(dtype_name(dtype)) + " (" + cublas_status_text(st) +
-                "); adding the bias in a kernel of its own from now on");
-    std::lock_guard<std::mutex> lock(g_lt_mu);
-    plan->usable = false;
   }
   // The fallback: FP32 sums in scratch (beta 0; k == 0 writes zeros), then the bias and the one rounding.
   Tensor sums = Tensor::empty({m * n}, DType::f32, Device{DeviceKind::cuda, ctx.device});

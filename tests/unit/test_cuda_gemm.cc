@@ -30,8 +30,10 @@
 #include "tests/unit/require_gpu.h"
 
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <set>
 #include <string>
@@ -370,6 +372,88 @@ TEST_CASE("CUDA fused_matmul_bias matches the CPU kernel, on cuBLASLt's bias epi
       if (c.epilogue) CHECK(epilogue_runs() > before);
     }
   }
+}
+
+#ifdef MIX_HAVE_CUDA
+// Values k/8 with |k| <= 16: exact in f16 and bf16, their products exact
+// multiples of 1/64 below 4 in magnitude.
+static Tensor eighths(const Shape& shape, uint64_t seed, DType dtype) {
+  std::vector<float> v(static_cast<size_t>(shape_numel(shape)));
+  for (auto& x : v) {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    x = static_cast<float>(static_cast<int>((seed >> 33) % 33) - 16) / 8.f;
+  }
+  return to_dtype(Tensor::from_floats(shape, v), dtype);
+}
+
+static bool same_bytes(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.shape() == b.shape() && std::memcmp(a.raw(), b.raw(), a.bytes()) == 0;
+}
+#endif
+
+TEST_CASE("CUDA gemm_bias gives the CPU's bits where every partial sum is exact in FP32, split-K shapes included",
+          "[cuda][gemm][matmul]") {
+  require_gpu();
+#ifdef MIX_HAVE_CUDA
+  // With eighths (above) every partial sum of up to 16384 products is a
+  // multiple of 1/64 below 2^16, exact in FP32 in any order, so the one
+  // rounding of the sum plus the bias is the whole error and the GPU must
+  // give the CPU's bits. Few outputs over a long K is where cuBLASLt splits
+  // K: a split whose partial sums were kept in a 16-bit C (reduction schemes
+  // INPLACE or OUTPUT_TYPE) rounds each of them, here to fewer bits than
+  // they hold. The same shapes run again with the bias 16 bytes past an
+  // aligned one: the plan chosen for the first bias must not be reused for
+  // it (cuBLASLt's heuristic assumes the bias pointer's alignment).
+  struct Case {
+    int64_t m, k, n;
+    bool ty;
+  };
+  const Case cases[] = {{8, 8192, 64, false}, {8, 8192, 64, true}, {4, 16384, 32, true}, {64, 4096, 96, false}};
+  cuda::DeviceContext& dc = cuda::use_device(kGpu.index);
+  uint64_t seed = 12000;
+  for (DType dt : kDtypes) {
+    for (const Case& c : cases) {
+      const std::string what = std::string(dtype_name(dt)) + " m=" + std::to_string(c.m) + " k=" + std::to_string(c.k) +
+                               " n=" + std::to_string(c.n) + (c.ty ? " tY" : "");
+      INFO(what);
+      const Tensor x = eighths({c.m, c.k}, seed += 10, dt);
+      const Tensor y = eighths(c.ty ? Shape{c.n, c.k} : Shape{c.k, c.n}, seed + 1, dt);
+      const Tensor b = eighths({c.n}, seed + 2, dt);
+      // The exact sums, rounded once: what the CPU twin must give too.
+      const std::vector<float> xv = x.to_floats(), yv = y.to_floats(), bv = b.to_floats();
+      std::vector<float> exact(static_cast<size_t>(c.m * c.n));
+      for (int64_t i = 0; i < c.m; ++i)
+        for (int64_t j = 0; j < c.n; ++j) {
+          double sum = bv[j];
+          for (int64_t p = 0; p < c.k; ++p) sum += double(xv[i * c.k + p]) * yv[c.ty ? j * c.k + p : p * c.n + j];
+          exact[i * c.n + j] = static_cast<float>(sum);
+          REQUIRE(double(exact[i * c.n + j]) == sum);  // the premise: exact in FP32
+        }
+      const Tensor want = to_dtype(Tensor::from_floats({c.m, c.n}, exact), dt);
+      const auto cpu = run_on(
+          {"fused_matmul_bias", {{"X", x}, {"Y", y}, {"Bias", b}}, {"Out"}, {{"transpose_Y", c.ty}}}, cpu_device());
+      REQUIRE(same_bytes(cpu.at("Out"), want));
+
+      // The bias at an aligned address, then 16 bytes past one, as gemm_bias's callers could pass a view.
+      const int64_t pad = 16 / static_cast<int64_t>(dtype_size(dt));
+      std::vector<float> padded(static_cast<size_t>(pad), 0.f);
+      padded.insert(padded.end(), bv.begin(), bv.end());
+      const Tensor gx = x.to(kGpu), gy = y.to(kGpu), gb = b.to(kGpu);
+      const Tensor gb_padded = to_dtype(Tensor::from_floats({pad + c.n}, padded), dt).to(kGpu);
+      const void* aligned_bias = gb.raw();
+      const void* offset_bias = static_cast<const char*>(gb_padded.raw()) + 16;
+      REQUIRE(reinterpret_cast<uintptr_t>(offset_bias) % 32 == 16);
+      for (const void* bias : {aligned_bias, offset_bias}) {
+        INFO((bias == aligned_bias ? "bias aligned" : "bias 16 bytes off"));
+        Tensor out = Tensor::empty({c.m, c.n}, dt, kGpu);
+        const uint64_t before = epilogue_runs();
+        cuda::gemm_bias(dc, c.ty, c.m, c.n, c.k, 1.f, gx.raw(), gy.raw(), bias, out.raw(), dt);
+        CHECK(same_bytes(out.to(cpu_device()), want));
+        if (epilogue_runs() == before) WARN(what << ": gemm_bias took its fallback, not cuBLASLt's epilogue");
+      }
+    }
+  }
+#endif
 }
 
 TEST_CASE("CUDA FP32 GEMMs use TF32 only under --allow-tf32", "[cuda][gemm][tf32]") {
