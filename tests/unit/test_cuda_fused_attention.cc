@@ -41,6 +41,7 @@
 
 #include "tests/unit/require_gpu.h"
 
+#include <cstring>
 #include <map>
 #include <string>
 #include <utility>
@@ -265,10 +266,19 @@ TEST_CASE("cuda fused_attention: forward and gradients against the CPU twin", "[
 TEST_CASE("cuda fused_attention: only the wanted gradients are written", "[cuda][fused_attention]") {
   require_gpu();
   // dV alone (the dK/dV kernels write dK to scratch), and dQ alone, on the
-  // FP32 kernels (f32, head_dim 16) and the tensor-core ones (f16, head_dim 32).
-  for (const auto& [pb, dt] :
-       {std::pair{Problem{{2}, 9, 9, 16, true}, DType::f32}, std::pair{Problem{{2}, 9, 9, 32, true}, DType::f16}}) {
-    INFO(pb.describe() << ", " << dname(dt));
+  // FP32 kernels (f32, head_dim 16), and in f16 (head_dim 32) on the
+  // tensor-core ones and then with cuDNN allowed (its pass writes all three,
+  // the unwanted ones to scratch).
+  struct Run {
+    Problem pb;
+    DType dt;
+    Allowed allowed;
+  };
+  for (const auto& [pb, dt, allowed] : {Run{{{2}, 9, 9, 16, true}, DType::f32, Allowed::fp32},
+                                        Run{{{2}, 9, 9, 32, true}, DType::f16, Allowed::tensor_cores},
+                                        Run{{{2}, 9, 9, 32, true}, DType::f16, Allowed::cudnn}}) {
+    INFO(pb.describe() << ", " << dname(dt) << ", " << allowed_name(allowed));
+    const KernelsAllowed choice(allowed);
     const Inputs in = attention::make_inputs(pb, dt, 3);
     const attention::Reference ref = attention::reference_attention(pb, in);
     const double u = dt == DType::f32 ? 0x1p-24 : attention::half_ulp(dt);
@@ -290,12 +300,52 @@ TEST_CASE("cuda fused_attention: only the wanted gradients are written", "[cuda]
       grad.feeds.emplace_back("lse", f.cpu.at("lse"));
       grad.feeds.emplace_back("dout", to_dtype(in.r, dt));
       const Both g = run_both(grad, {"d"});
-      // The bounds of the test above: f32 on the FP32 kernels, f16 on the tensor-core ones.
+      // The bounds of the test above: f32 on the FP32 kernels, f16 on the tensor-core ones (or cuDNN's).
       const double scaled = dt == DType::f32 ? pb.f32_err() : dv ? u : 4 * u;
       const double extra = dt == DType::f32 ? 0.0
                            : dv             ? attention::tensor_core_allowance(dt, ref.dv_terms, pb.t, 1.0)
                                             : attention::tensor_core_allowance(dt, ref.dq_terms, pb.s, 2 * pb.scale());
       expect_both_near(g.gpu, g.cpu, "d", dv ? ref.dv : ref.dq, scaled, u, extra);
+    }
+  }
+}
+
+TEST_CASE("cuda fused_attention: the backward gives the same bits when run again", "[cuda][fused_attention]") {
+  require_gpu();
+  // Steps are reproducible bit for bit (docs/design.md): the own kernels
+  // use no atomics, and cuDNN is asked for its deterministic algorithm
+  // (cudnn_attention_graph.cc). Each backward runs twice on the same inputs.
+  const Problem pb{{1, 2}, 33, 33, 64, true};
+  for (DType dt : {DType::f16, DType::bf16}) {
+    for (Allowed allowed : {Allowed::tensor_cores, Allowed::cudnn}) {
+      INFO(pb.describe() << ", " << dname(dt) << ", " << allowed_name(allowed));
+      const KernelsAllowed choice(allowed);
+      const Inputs in = attention::make_inputs(pb, dt, 77);
+      OneOp fwd;
+      fwd.op = make_op("fused_attention", {{"Q", {"q"}}, {"K", {"k"}}, {"V", {"v"}}},
+                       {{"Out", {"out"}}, {"LSE", {"lse"}}}, {{"causal", true}});
+      fwd.feeds = {{"q", to_dtype(in.q, dt)}, {"k", to_dtype(in.k, dt)}, {"v", to_dtype(in.v, dt)}};
+      const Both f = run_both(fwd, {"out", "lse"});
+      OneOp grad;
+      grad.op = make_op(
+          "fused_attention_grad",
+          {{"Q", {"q"}}, {"K", {"k"}}, {"V", {"v"}}, {"Out", {"out"}}, {"LSE", {"lse"}}, {"Out@GRAD", {"dout"}}},
+          {{"Q@GRAD", {"dq"}}, {"K@GRAD", {"dk"}}, {"V@GRAD", {"dv"}}}, {{"causal", true}});
+      grad.feeds = fwd.feeds;
+      grad.feeds.emplace_back("out", f.cpu.at("out"));
+      grad.feeds.emplace_back("lse", f.cpu.at("lse"));
+      grad.feeds.emplace_back("dout", to_dtype(in.r, dt));
+      const uint64_t cudnn_before = cudnn_runs();
+      const Both first = run_both(grad, {"dq", "dk", "dv"});
+      const Both again = run_both(grad, {"dq", "dk", "dv"});
+      if (allowed == Allowed::cudnn && cudnn_shape(pb, dt)) CHECK(cudnn_runs() - cudnn_before == 2);
+      for (const char* name : {"dq", "dk", "dv"}) {
+        INFO(name);
+        const Tensor& a = first.gpu.at(name);
+        const Tensor& b = again.gpu.at(name);
+        REQUIRE(a.bytes() == b.bytes());
+        CHECK(std::memcmp(a.raw(), b.raw(), a.bytes()) == 0);
+      }
     }
   }
 }

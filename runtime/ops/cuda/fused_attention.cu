@@ -218,9 +218,10 @@ void fused_attention_cuda(OpContext& ctx) {
   if (a.groups == 0 || a.t_q == 0) return;
   const AttentionGraphShape shape = graph_shape(a, in.dtype, false);
   const std::array<const void*, 3> qkv = qkv_pointers(in);
-  if (attention_graph_applies(shape, {qkv[0], qkv[1], qkv[2], out.raw(), lse->raw()}) &&
-      run_attention_graph_forward(cudnn_handle(use_device(ctx.env.device.index)), ctx.env.device, shape, qkv[0],
-                                  qkv[1], qkv[2], out.raw(), lse->data<float>()))
+  // No keys (S = 0, not causal): the own kernels write the empty rows, as the backward leaves it to them.
+  if (a.t_k > 0 && attention_graph_applies(shape, {qkv[0], qkv[1], qkv[2], out.raw(), lse->raw()}) &&
+      run_attention_graph_forward(cudnn_handle(use_device(ctx.env.device.index)), ctx.env.device, shape, qkv[0], qkv[1],
+                                  qkv[2], out.raw(), lse->data<float>()))
     return;
   const std::array<Tensor, 3> h = heads_first_qkv(ctx, in);
   const Tensor out_heads_first = heads_first_output(ctx, a, out);
