@@ -46,11 +46,13 @@
 #include "runtime/exec/executor.h"
 #include "runtime/ir/op_registry.h"
 #include "runtime/ir/program.h"
+#include "tests/unit/gpu_stand_in.h"
 #include "tests/unit/gradcheck.h"
 
 namespace mix::testing {
 
-inline const Device kGpu{DeviceKind::cuda, 0};
+/// cuda:0, or the CPU where it stands in for the GPU (require_gpu.h).
+inline const Device kGpu = cpu_stands_in_for_gpu() ? cpu_device() : Device{DeviceKind::cuda, 0};
 inline constexpr DType kFloatTypes[] = {DType::f32, DType::f16, DType::bf16};
 
 /// FP32 unit roundoff: one rounding moves a value by at most kU·|value|.

@@ -1,10 +1,13 @@
 #pragma once
 // [cuda] tests call require_gpu() first: in a build without CUDA, or on a
 // machine without a visible GPU, the test exits 77, which CTest reports as
-// skipped (Catch2 2.x has no SKIP) — never as passed. Also shared GPU test
-// helpers (hold_stream).
+// skipped (Catch2 2.x has no SKIP) — never as passed; it returns where the
+// CPU stands in for the GPU (gpu_stand_in.h). Also shared GPU test helpers
+// (hold_stream).
 #include <catch2/catch.hpp>
 #include <cstdlib>
+
+#include "tests/unit/gpu_stand_in.h"
 
 #ifdef MIX_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -18,6 +21,7 @@
 namespace mix::testing {
 
 inline void require_gpu() {
+  if (cpu_stands_in_for_gpu()) return;
 #ifndef MIX_HAVE_CUDA
   WARN("this build has no CUDA: skipped");
   std::exit(77);

@@ -89,14 +89,14 @@ const char* allowed_name(Allowed a) {
 // (their rule, fused_attention_tensor_cores.cuh; the test checks below that
 // they did run, as their results differ from the FP32 kernels').
 bool tensor_core_shape(const Problem& pb, DType dt) {
-  return dt != DType::f32 && (pb.d == 32 || pb.d == 64 || pb.d == 96 || pb.d == 128);
+  return on_real_gpu() && dt != DType::f32 && (pb.d == 32 || pb.d == 64 || pb.d == 96 || pb.d == 128);
 }
 
 // Whether cuDNN's SDPA takes the case when allowed (attention_graph_applies'
 // rule, the GPU's compute capability aside: sm_80 on).
 bool cudnn_shape([[maybe_unused]] const Problem& pb, [[maybe_unused]] DType dt) {
 #ifdef MIX_HAVE_CUDA
-  return mix::cuda::attention_graph_built() && dt != DType::f32 && pb.d % 8 == 0 && pb.d <= 256;
+  return on_real_gpu() && mix::cuda::attention_graph_built() && dt != DType::f32 && pb.d % 8 == 0 && pb.d <= 256;
 #else
   return false;
 #endif

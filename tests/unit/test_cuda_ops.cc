@@ -500,7 +500,10 @@ TEST_CASE("elementwise_add/mul and their gradients match the CPU", "[cuda][eleme
           ins["X"] = {"x"};
           feeds.push_back({"x", x});
         }
-        const OneOp bwd{make_op(type + "_grad", ins, {{"X@GRAD", {"dx"}}, {"Y@GRAD", {"dy"}}}, attrs), feeds};
+        // elementwise_add_grad knows Y by the grad maker's attrs, not by reading it.
+        std::map<std::string, Attr> grad_attrs = attrs;
+        if (!mul) grad_attrs.insert({{"y_shape", k.y}, {"y_dtype", dname(dt)}});
+        const OneOp bwd{make_op(type + "_grad", ins, {{"X@GRAD", {"dx"}}, {"Y@GRAD", {"dy"}}}, grad_attrs), feeds};
         const Both b = run_both(bwd, {"dx", "dy"});
         // dX is a copy (add) or one multiply (mul): identical.
         expect_identical(b.gpu.at("dx"), b.cpu.at("dx"), type + "_grad dX " + what);
@@ -727,7 +730,7 @@ TEST_CASE("softmax_with_cross_entropy and top1_correct on CUDA ignore a padded v
 }
 
 TEST_CASE("softmax_with_cross_entropy on CUDA: an out-of-range label poisons its row with NaN",
-          "[cuda][cross_entropy]") {
+          "[cuda][gpu_only][cross_entropy]") {
   require_gpu();
   // The CPU kernel throws naming the row; the GPU cannot without a host round
   // trip, so the row's loss and gradient are NaN (see cross_entropy.cu).
@@ -1055,7 +1058,7 @@ TEST_CASE("check_finite_and_unscale and the fused cast twin match the CPU, flag 
     }
 }
 
-TEST_CASE("check_finite_and_unscale on CUDA: an invalid scale raises found_inf", "[cuda][amp]") {
+TEST_CASE("check_finite_and_unscale on CUDA: an invalid scale raises found_inf", "[cuda][gpu_only][amp]") {
   require_gpu();
   // The CPU op throws; the device cannot, so the step is flagged (see amp_ops.cu).
   const OneOp c{make_op("check_finite_and_unscale", {{"X", {"g"}}, {"Scale", {"scale"}}},
@@ -1167,7 +1170,7 @@ TEST_CASE("update_loss_scaling on the device takes the CPU's decisions step by s
 
 // The CUDA op makes no host round trip: it writes the stuck state, and the
 // host check after the step raises the CPU op's error from it.
-TEST_CASE("update_loss_scaling on CUDA leaves the scaler's stuck error to the host check", "[cuda][amp]") {
+TEST_CASE("update_loss_scaling on CUDA leaves the scaler's stuck error to the host check", "[cuda][gpu_only][amp]") {
   require_gpu();
   mix::amp::LossScalerConfig config = mix::amp::preset("paddle");
   config.init_loss_scaling = 1.f;

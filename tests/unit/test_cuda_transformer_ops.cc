@@ -139,7 +139,8 @@ TEST_CASE("lookup_table and lookup_table_grad are identical to the CPU", "[cuda]
         }
 }
 
-TEST_CASE("lookup_table on CUDA: an out-of-range id gives a NaN row and no gradient", "[cuda][lookup_table][bad_ids]") {
+TEST_CASE("lookup_table on CUDA: an out-of-range id gives a NaN row and no gradient",
+          "[cuda][gpu_only][lookup_table][bad_ids]") {
   require_gpu();
   // The CPU kernel throws naming the id; the GPU cannot without a host round
   // trip, so the row is NaN and the id sends no gradient (see lookup_table.cu).
@@ -433,7 +434,7 @@ TEST_CASE("transpose2 and transpose2_grad are identical to the CPU, any dtype", 
 // under --cublas-1x1-conv), against their CPU twins. Each starts from a
 // destination filled with other bytes, so a scatter that writes past its
 // view, or a gather that misses an element, differs.
-TEST_CASE("gather_into and scatter_into are identical to their CPU twins", "[cuda][transpose2]") {
+TEST_CASE("gather_into and scatter_into are identical to their CPU twins", "[cuda][gpu_only][transpose2]") {
   require_gpu();
 #ifdef MIX_HAVE_CUDA
   struct Case {
