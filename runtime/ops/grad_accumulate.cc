@@ -10,16 +10,17 @@
 #include "runtime/kernels/functors.h"
 
 namespace mix {
-namespace {
 
-bool finishing(const OpDesc& op) {
+bool grad_accumulate_finishes(const OpDesc& op) {
   const std::string mode = op.attr<std::string>("mode", "");
   MIX_CHECK(mode == "add" || mode == "finish", "grad_accumulate: mode must be add or finish, got '" << mode << "'");
   return mode == "finish";
 }
 
+namespace {
+
 void infer_grad_accumulate(Program& p, OpDesc& op) {
-  finishing(op);
+  grad_accumulate_finishes(op);
   const auto& xs = op.ins("X");
   const auto& accs = op.ins("Accum");
   MIX_CHECK(xs.size() == accs.size() && op.outs("AccumOut") == accs,
@@ -33,7 +34,7 @@ void infer_grad_accumulate(Program& p, OpDesc& op) {
     MIX_CHECK(a.dtype == DType::f32 && shape_numel(a.shape) == shape_numel(x.shape),
               "grad_accumulate: " << accs[i] << " must be FP32 of " << xs[i] << "'s size");
   }
-  if (finishing(op)) MIX_CHECK(op.outs("Out") == xs, "grad_accumulate finish: Out must be X (in place)");
+  if (grad_accumulate_finishes(op)) MIX_CHECK(op.outs("Out") == xs, "grad_accumulate finish: Out must be X (in place)");
 }
 
 // Accum += X, chunk by chunk (X widened to float as it is read).
@@ -63,7 +64,7 @@ void finish_into(T* x, float* acc, int64_t n) {
 }
 
 void grad_accumulate_cpu(OpContext& ctx) {
-  const bool finish = finishing(ctx.op);
+  const bool finish = grad_accumulate_finishes(ctx.op);
   for (size_t i = 0; i < ctx.op.ins("X").size(); ++i) {
     Tensor& acc = ctx.out_existing("AccumOut", i);
     const Tensor& x = *ctx.ins("X")[i];

@@ -16,6 +16,12 @@
 
 namespace mix {
 
+struct OpDesc;
+
+/// Whether the op's mode is "finish" (false: "add"); any other mode throws,
+/// on the CPU and on CUDA alike.
+bool grad_accumulate_finishes(const OpDesc& op);
+
 /// The accumulator of gradient variable `grad`: persistable, zero between
 /// optimizer steps, and not saved in checkpoints (io/checkpoint.cc).
 inline constexpr const char* kGradAccumPrefix = "grad_accum.";

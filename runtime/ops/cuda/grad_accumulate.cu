@@ -12,12 +12,13 @@
 #include "runtime/kernels/functors.h"
 #include "runtime/ops/cuda/device_ops.cuh"
 #include "runtime/ops/cuda/grad_accumulate_kernels.cuh"
+#include "runtime/ops/grad_accumulate.h"
 
 namespace mix::cuda {
 namespace {
 
 void grad_accumulate_cuda(OpContext& ctx) {
-  const bool finish = ctx.attr<std::string>("mode", "") == "finish";
+  const bool finish = grad_accumulate_finishes(ctx.op);
   const std::vector<const Tensor*> xs = ctx.ins("X");
   if (xs.empty()) return;
   const DType dtype = xs[0]->dtype();

@@ -53,6 +53,7 @@ void clip_by_global_norm_cuda(OpContext& ctx) {
   const Tensor& norm = ctx.in("Norm");
   check_on_device(ctx, norm, "Norm");
   const Tensor* before = ctx.in_opt("FoundInfinite");
+  if (before) check_on_device(ctx, *before, "FoundInfinite");
   Tensor& found = ctx.out("FoundInfiniteOut", {1}, DType::i32);
   const cudaStream_t stream = compute_stream(ctx);
   raise_if_not_finite<<<1, 1, 0, stream>>>(norm.data<float>(), before ? before->data<int32_t>() : nullptr,
