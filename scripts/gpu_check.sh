@@ -631,9 +631,11 @@ step_overlap() {
 # every row says why, and nothing fails. --focus all runs every row; another
 # focus only those whose mixtrain twins it made (their names, as --rows).
 tc_rows='*'
-torch_twins() {  # the runs made so far that torch_compare has a row of, comma separated
+torch_twins() {  # the runs made so far that torch_compare has a row of, and their torch.compile rows, comma separated
+  # The compile rows come last in torch_compare's order, so they take only
+  # what the eager rows leave of its budget.
   /usr/bin/env python3 "$root/scripts/torch_compare.py" --list | awk '{ print $1 }' |
-    grep -Fx -f <(printf '%s\n' "${made[@]}") | paste -sd, -
+    grep -Fx -f <(printf '%s\n' "${made[@]}" | sed 'p; s/$/_compile/') | paste -sd, -
 }
 step_torch_compare() {
   runs torch_compare || return 0

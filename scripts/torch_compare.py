@@ -27,14 +27,18 @@ bf16 (BF16 autocast, no scaler; channels_last), fp32 (TF32 off), amp_compile
 TF32 is off in every row (cuBLAS and cuDNN), as in mixtrain's;
 cudnn.benchmark is on. Synthetic data made on the
 device (256 images, or 256 sequences of random tokens, taken in turn). Each
-row: WARMUP untimed steps, then STEPS steps between two torch.cuda.synchronize.
+row: WARMUP untimed steps, then STEPS steps, each timed from its start to a
+torch.cuda.synchronize after it and the times added, as mixtrain's trainer
+times its steps (it syncs to read each step's loss).
 A torch.compile row runs in a child process, given --compile-budget seconds
 for its warm-up (the compile): longer, and the row says so and the next runs.
 
 Output: one JSON line per row on stdout and in --out FILE (appended as each
 row ends): row, model, mode, batch, samples_per_s (and tokens_per_s), step_ms,
 peak_bytes (torch.cuda.max_memory_allocated over the row, model and optimizer
-included), flops_per_unit, achieved_tflops, peak_tflops, mfu, status (ok,
+included, less the synthetic data's data_bytes, as mixtrain's peak leaves out
+its data set; peak_bytes_with_data keeps them), skipped_steps and
+final_loss_scale (amp rows), flops_per_unit, achieved_tflops, peak_tflops, mfu, status (ok,
 skipped, error) and error; then a readable table. MFU as scripts/lib/mfu.py
 counts it (nanoGPT's 6N + 12LHQT per token; 3 x forward per image).
 
@@ -87,9 +91,10 @@ ROWS = [
     ("resnet50_bf16", "resnet50", 64, "bf16"),
     ("transformer_bf16", "transformer", 32, "bf16"),
     ("gpt2_bf16", "gpt2", 8, "bf16"),
-    ("transformer_amp_compile", "transformer", 32, "amp_compile"),
+    # torch.compile last, GPT-2 first: a short budget reaches the rows in this order.
     ("gpt2_amp_compile", "gpt2", 8, "amp_compile"),
     ("resnet50_amp_compile", "resnet50", 64, "amp_compile"),
+    ("transformer_amp_compile", "transformer", 32, "amp_compile"),
     ("resnet50_amp_b256_compile", "resnet50", 256, "amp_compile"),
     # nanoGPT's own defaults: BF16 and torch.compile.
     ("gpt2_bf16_compile", "gpt2", 8, "bf16_compile"),
@@ -316,10 +321,19 @@ def make_resnet50(torch, impl, classes):
         try:
             import torchvision
             return torchvision.models.resnet50(num_classes=classes), f"torchvision {torchvision.__version__}"
-        except ImportError:
+        except Exception as e:  # absent, or built for another torch (its ops fail to register on import)
             if impl == "torchvision":
                 raise
+            why = f"; torchvision unusable: {type(e).__name__}: {first_line(e)}"
+            return build_models(torch)[1](classes), f"written out (torchvision's resnet50){why}"
     return build_models(torch)[1](classes), "written out (torchvision's resnet50)"
+
+
+def first_line(e, limit=200):
+    """The line of an exception's message that says what failed: the last non-empty one (torch.compile's
+    BackendCompilerFailed puts the cause after a first line naming the backend), cut at `limit`."""
+    text = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return text[-1][:limit] if text else ""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -442,11 +456,15 @@ def run_row(torch, row, args, peak, announce=None):
         if announce:
             announce(rec["warmup_s"])
         scale0 = scaler.get_scale() if scaler is not None else None
-        t0 = time.perf_counter()
+        # Each step timed to its synchronize and the times added, as mixtrain's trainer times its steps
+        # (it reads the loss after every step, as nanoGPT and llm.c do): the host's queueing of a step
+        # cannot overlap the previous one's kernels on either side.
+        secs = 0.0
         for _ in range(args.steps):
+            t0 = time.perf_counter()
             step()
-        sync()
-        secs = time.perf_counter() - t0
+            sync()
+            secs += time.perf_counter() - t0
         if scaler is not None:  # each overflow halves the scale; it grows only after 2000 clean steps
             rec["skipped_steps"] = max(0, round(math.log2(scale0 / scaler.get_scale())))
             rec["final_loss_scale"] = scaler.get_scale()
@@ -457,13 +475,14 @@ def run_row(torch, row, args, peak, announce=None):
             rec["tokens_per_s"] = rate = rec["samples_per_s"] * cfg["context"]
         rec["rate"] = rate
         rec.update(flops_fields(model_name, cfg, batch, rate, peak))
-        if cuda:
-            rec["peak_bytes"] = torch.cuda.max_memory_allocated()
+        if cuda:  # the synthetic data left out, as mixtrain's peak_bytes leaves out its data set
+            rec["peak_bytes_with_data"] = torch.cuda.max_memory_allocated()
+            rec["peak_bytes"] = rec["peak_bytes_with_data"] - notes["data_bytes"]
             rec["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
         rec["status"] = "ok"
         return rec
     except Exception as e:  # an out-of-memory or an op this torch lacks: the row says it, the next runs
-        return dict(rec, status="error", error=f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
+        return dict(rec, status="error", error=f"{type(e).__name__}: {first_line(e, 300)}")
     finally:
         step = scaler = None
         gc.collect()
@@ -578,18 +597,21 @@ def main(argv):
             out.write(line + "\n")
             out.flush()
 
-    torch, why_not = None, None
+    torch, why_not, fp32_not = None, None, None
     if not args.dry_run:
         try:
             import torch
         except Exception as e:  # not installed, or a broken install: every row says so
             why_not = f"PyTorch not importable: {type(e).__name__}: {e}"
     if torch is not None:  # true FP32 wherever FP32 is computed, as mixtrain's rows; cuDNN picks by timing
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
-        torch.backends.cudnn.benchmark = True
-        if hasattr(torch, "set_float32_matmul_precision"):
-            torch.set_float32_matmul_precision("highest")
+        try:
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
+            torch.backends.cudnn.benchmark = True
+            if hasattr(torch, "set_float32_matmul_precision"):
+                torch.set_float32_matmul_precision("highest")
+        except Exception as e:  # a torch whose settings moved: its FP32 rows would not be mixtrain's FP32
+            fp32_not = f"torch {torch.__version__} refused TF32 off: {type(e).__name__}: {first_line(e)}"
     device_name, peak, peak_label = args.gpu_name or args.device, args.peak_tflops, "--peak-tflops"
     if torch is not None and args.device == "cuda":
         if not torch.cuda.is_available():
@@ -599,8 +621,8 @@ def main(argv):
     if peak is None:
         peak, peak_label = mfu.peak_tflops(device_name) if args.device == "cuda" else (None, "no peak for the CPU")
     if args.child:  # one row, the WARM_MARK line once warm, then its JSON line
-        if why_not:
-            print(why_not, file=sys.stderr)
+        if why_not or (fp32_not and args.selected[0][3] == "fp32"):
+            print(why_not or fp32_not, file=sys.stderr)
             return 1
 
         def announce(secs):
@@ -617,8 +639,8 @@ def main(argv):
         batch = row_batch(row[2], args.smoke)
         if args.dry_run:
             rec = dict(base_record(row, cfg, batch, args), status="skipped", error="--dry-run")
-        elif why_not:
-            rec = dict(base_record(row, cfg, batch, args), status="skipped", error=why_not)
+        elif why_not or (fp32_not and row[3] == "fp32"):
+            rec = dict(base_record(row, cfg, batch, args), status="skipped", error=why_not or fp32_not)
         else:
             elapsed = time.monotonic() - t_start
             left = None if args.time_budget is None else args.time_budget - elapsed

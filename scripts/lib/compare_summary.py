@@ -94,6 +94,10 @@ def lines(out_dir, torch_file, gpu_name, torch_exit, rows="*"):
         line = (f"  {row:27s} {batch:5d} {('tok/s' if unit == 'token' else 'img/s'):6s} {mix_s} "
                 f"{pct(mfu.mfu(mix, flops, peak))} {pt_s} {pct(mfu.mfu(pt, pt_flops, peak))} {ratio}  "
                 f"{mib(s.get('peak_bytes') if s else None)} / {mib(t.get('peak_bytes') if t else None)}")
+        skips = [s.get("skipped_steps") if s else None, t.get("skipped_steps") if t else None]
+        if any(isinstance(n, int) and n > 0 for n in skips):  # skipped steps run shorter: say so beside the rate
+            line += f"  (skipped steps mix {skips[0] if skips[0] is not None else 'n/a'} / PT " \
+                    f"{skips[1] if skips[1] is not None else 'n/a'})"
         if mix is None:
             line += f"  (no mixtrain figure in {base}.jsonl)"
         if t is None:

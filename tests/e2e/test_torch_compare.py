@@ -19,9 +19,13 @@ shapes) and the GPU check's table that puts its rows beside mixtrain's
 - a Python whose torch cannot be imported: every row skipped, saying so, exit 0;
 - the written-out ResNet-50 has torchvision's names and shapes (when
   torchvision is importable);
+- a torchvision that fails on import (built for another torch): the ResNet-50
+  rows run the written-out network and say why; an error's reason is its
+  message's last line (torch.compile's first names only the backend);
 - the summary table: ratio mixtrain / PyTorch and both MFUs against
   hand-computed figures, the compile row beside mixtrain's row of the same
-  base name, a missing mixtrain file and a skipped PyTorch row said as such.
+  base name, a missing mixtrain file and a skipped PyTorch row said as such,
+  and both sides' skipped steps where either skipped any.
 """
 import json
 import sys
@@ -138,21 +142,41 @@ def check_resnet_impl(c, tc):
     c.check(same, f"the written-out ResNet-50: torchvision's {len(theirs)} state_dict names and shapes, in order")
 
 
+def check_broken_torchvision(c, work):
+    fake = work / "broken_torchvision"
+    fake.mkdir()
+    # What a torchvision built for another torch does on import.
+    (fake / "torchvision.py").write_text("raise RuntimeError('operator torchvision::nms does not exist')\n")
+    r = run(["--device", "cpu", "--smoke", "--steps", "1", "--warmup", "1", "--rows", "resnet50_fp32"],
+            env={"PYTHONPATH": str(fake)})
+    rows = json_lines(r.stdout)
+    ok = (r.rc == 0 and len(rows) == 1 and rows[0]["status"] == "ok"
+          and rows[0]["impl"].startswith("written out")
+          and "torchvision unusable: RuntimeError: operator torchvision::nms does not exist" in rows[0]["impl"])
+    c.check(ok, "a torchvision that fails on import: ResNet-50 written out, saying why", "" if ok else r.describe(1500))
+
+
+def check_first_line(c, tc):
+    e = RuntimeError("backend='inductor' raised:\nRuntimeError: Failed to find C compiler\n\n")
+    got = tc.first_line(e)
+    c.check(got == "RuntimeError: Failed to find C compiler", "an error's reason: its last non-empty line", got)
+
+
 def check_summary(c, work):
     d = work / "gc"
     d.mkdir()
     (d / "resnet50_amp.jsonl").write_text('{"step": 1}\n{"summary": true, "samples_per_s_overall": 3000.0, '
-                                          '"peak_bytes": 5368709120}\n')
+                                          '"peak_bytes": 5368709120, "skipped_steps": 2}\n')
     (d / "gpt2_amp.jsonl").write_text('{"summary": true, "tokens_per_s_overall": 400000.0}\n')
     rows = [{"row": "resnet50_amp", "status": "ok", "samples_per_s": 2500.0, "peak_bytes": 6442450944,
-             "torch": "9.9", "device_name": "NVIDIA H100 80GB HBM3", "flops_per_unit": 24_535_105_536},
+             "skipped_steps": 0, "torch": "9.9", "device_name": "NVIDIA H100 80GB HBM3", "flops_per_unit": 24_535_105_536},
             {"row": "resnet50_amp_compile", "status": "ok", "samples_per_s": 3750.0},
             {"row": "gpt2_amp", "status": "skipped", "error": "did not compile (test)"},
             {"row": "transformer_amp", "status": "ok", "samples_per_s": 10.0, "tokens_per_s": 2560.0}]
     (d / "torch_compare.jsonl").write_text("".join(json.dumps(x) + "\n" for x in rows))
     r = mt.launch([sys.executable, SUMMARY, "--out", d, "--torch-exit", "0"], timeout=60)
     lines = {ln.split()[0]: ln for ln in r.stdout.splitlines()[2:] if ln.strip()}
-    want = {"resnet50_amp": ["3000.0", "7.4%", "2500.0", "6.2%", "1.20", "5120 / 6144"],
+    want = {"resnet50_amp": ["3000.0", "7.4%", "2500.0", "6.2%", "1.20", "5120 / 6144", "(skipped steps mix 2 / PT 0)"],
             "resnet50_amp_compile": ["3000.0", "7.4%", "3750.0", "9.3%", "0.80"],
             "gpt2_amp": ["400000.0", "34.6%", "PyTorch skipped: did not compile (test)"],
             "transformer_amp": ["2560.0", "0.1%", "no mixtrain figure in transformer_amp.jsonl"]}
@@ -163,6 +187,8 @@ def check_summary(c, work):
         line = lines.get(row, "")
         c.check(all(p in line for p in parts), f"summary row {row}: {', '.join(parts)}", line)
     c.check("gpt2_fp32" not in lines, "summary: a row that ran on neither side is left out")
+    c.check("skipped steps" not in lines.get("gpt2_amp", "x skipped steps"), "summary: no skipped steps, no note",
+            lines.get("gpt2_amp", ""))
 
 
 def main():
@@ -177,6 +203,8 @@ def main():
     check_summary(c, work)
     check_no_torch(c, work)
     check_resnet_impl(c, tc)
+    check_broken_torchvision(c, work)
+    check_first_line(c, tc)
     check_smoke(c, tc, work)
     check_compile(c, work)
     c.finish()
