@@ -16,7 +16,9 @@
 #     fused_attention is not rerun with --no-cudnn-attention;
 #   - the comparison table with every PyTorch row the focus asks for, the
 #     torch.compile rows of the twins included.
-# Exits 77 where this build has no mixtrain. About half a minute.
+# Then --focus all the same way: no error of its own, through to its summary,
+# the several-GPU rows saying they need 2 GPUs.
+# Exits 77 where this build has no mixtrain. About a minute.
 set -uo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -98,9 +100,27 @@ for row in resnet50_amp resnet50_fp32 gpt2_amp gpt2_bf16 gpt2_amp_compile resnet
 done
 grep -q "^  every PyTorch row skipped" "$out/summary.txt" || fail "the PyTorch rows' one reason is not said"
 
+# --focus all, every row (a longer lend's check), the same way: through to its
+# summary without an error of its own, the several-GPU rows saying they need 2.
+all="$tmp/gc_all"
+PATH="$tmp/bin:$PATH" MIX_GPU_CHECK_PREBUILT=1 MIX_BUILD_DIR="$tmp/build" MIX_TORCH_PYTHON="$torch_python" \
+  "$root/scripts/gpu_check.sh" --focus all --out "$all" --deadline 800 >"$tmp/run_all.log" 2>&1
+rc_all=$?
+echo "gpu_check --focus all: exit $rc_all after $(( $(date +%s) - t0 )) s in all"
+if grep -rnE "(gpu_check\.sh|/lib/[a-z_]+\.(sh|py)|compare_summary\.py): line [0-9]+:|unbound variable|syntax error|Traceback \(most recent call last\)" \
+     "$tmp/run_all.log" "$all"/*.log "$all"/*.txt 2>/dev/null | grep -v "cudnn_failed"; then
+  fail "--focus all: a shell or Python error of the script's own (above)"
+fi
+[ "$rc_all" -eq 1 ] || fail "--focus all: exit $rc_all, not 1"
+grep -q "exit 125" "$all/summary.txt" && fail "--focus all: a step was cut by --deadline 800"
+for line in "MLP" "ResNet-50 AMP scaling efficiency         needs 2+ GPUs (1 visible)" "memcheck test_cuda_ops" \
+            "mixtrain against PyTorch"; do
+  grep -qF "$line" "$all/summary.txt" || fail "--focus all: the summary has no line \"$line\""
+done
+
 if [ "$failures" -gt 0 ]; then
   echo "--- gpu_check output"; cat "$tmp/run.log"
   echo "FAIL: $failures problem(s)"
   exit 1
 fi
-echo "PASS: gpu_check --focus compare rehearsed without a GPU"
+echo "PASS: gpu_check --focus compare and --focus all rehearsed without a GPU"
