@@ -52,7 +52,7 @@
 namespace mix::testing {
 
 /// cuda:0, or the CPU where it stands in for the GPU (require_gpu.h).
-inline const Device kGpu = cpu_stands_in_for_gpu() ? cpu_device() : Device{DeviceKind::cuda, 0};
+inline const Device kGpu = gpu_or_stand_in();
 inline constexpr DType kFloatTypes[] = {DType::f32, DType::f16, DType::bf16};
 
 /// FP32 unit roundoff: one rounding moves a value by at most kU·|value|.

@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <string>
 
+#include "runtime/core/device.h"
+
 namespace mix::testing {
 
 /// MIX_CUDA_TESTS_ON_CPU=1: [cuda] tests run with the CPU standing in for
@@ -19,5 +21,8 @@ inline bool cpu_stands_in_for_gpu() {
 }
 
 inline bool on_real_gpu() { return !cpu_stands_in_for_gpu(); }
+
+/// cuda:0, or the CPU where it stands in for the GPU.
+inline Device gpu_or_stand_in() { return on_real_gpu() ? Device{DeviceKind::cuda, 0} : cpu_device(); }
 
 }  // namespace mix::testing

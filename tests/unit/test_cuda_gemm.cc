@@ -58,7 +58,7 @@ namespace {
 
 using mix::testing::require_gpu;
 
-const Device kGpu = cpu_stands_in_for_gpu() ? cpu_device() : Device{DeviceKind::cuda, 0};  // require_gpu.h
+const Device kGpu = gpu_or_stand_in();
 
 bool tf32_allowed() {
 #ifdef MIX_HAVE_CUDA
