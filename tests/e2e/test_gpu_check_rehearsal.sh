@@ -18,7 +18,7 @@
 #     torch.compile rows of the twins included.
 # Then --focus all the same way: no error of its own, through to its summary,
 # the several-GPU rows saying they need 2 GPUs.
-# Exits 77 where this build has no mixtrain. About a minute.
+# Exits 77 where this build has no mixtrain.
 set -uo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -53,23 +53,33 @@ for f in "$build"/*; do
   if [ -f "$f" ] && [ -x "$f" ]; then ln -s "$f" "$tmp/build/"; fi
 done
 
-out="$tmp/gc"
 torch_python=/usr/bin/python3
 [ -x "$torch_python" ] || torch_python=python3
-t0=$(date +%s)
-PATH="$tmp/bin:$PATH" MIX_GPU_CHECK_PREBUILT=1 MIX_BUILD_DIR="$tmp/build" MIX_TORCH_PYTHON="$torch_python" \
-  "$root/scripts/gpu_check.sh" --focus compare --out "$out" --deadline 500 >"$tmp/run.log" 2>&1
-rc=$?
-echo "gpu_check --focus compare: exit $rc after $(( $(date +%s) - t0 )) s"
+# Runs gpu_check.sh --focus FOCUS into OUT under --deadline SECONDS, its output
+# in LOG, and checks what every focus must do here: no shell or Python error
+# of the script's own, exit 1 (every run failed without a GPU, and the script
+# must say so), a summary, and no step cut by the deadline.
+rehearse() {  # focus, out, deadline, log
+  local focus="$1" dir="$2" deadline="$3" log="$4" rc t0
+  t0=$(date +%s)
+  PATH="$tmp/bin:$PATH" MIX_GPU_CHECK_PREBUILT=1 MIX_BUILD_DIR="$tmp/build" MIX_TORCH_PYTHON="$torch_python" \
+    "$root/scripts/gpu_check.sh" --focus "$focus" --out "$dir" --deadline "$deadline" >"$log" 2>&1
+  rc=$?
+  echo "gpu_check --focus $focus: exit $rc after $(( $(date +%s) - t0 )) s"
+  if grep -rnE "(gpu_check\.sh|/lib/[a-z_]+\.(sh|py)|compare_summary\.py): line [0-9]+:|unbound variable|syntax error|Traceback \(most recent call last\)" \
+       "$log" "$dir"/*.log "$dir"/*.txt 2>/dev/null | grep -v "cudnn_failed"; then
+    fail "--focus $focus: a shell or Python error of the script's own (above)"
+  fi
+  [ "$rc" -eq 1 ] || fail "--focus $focus: exit $rc, not 1"
+  [ -s "$dir/summary.txt" ] || { cat "$log"; fail "--focus $focus: no summary.txt"; return; }
+  grep -q "exit 125" "$dir/summary.txt" && fail "--focus $focus: a step was cut by --deadline $deadline"
+  return 0
+}
 
-if grep -rnE "(gpu_check\.sh|/lib/[a-z_]+\.(sh|py)|compare_summary\.py): line [0-9]+:|unbound variable|syntax error|Traceback \(most recent call last\)" \
-     "$tmp/run.log" "$out"/*.log "$out"/*.txt 2>/dev/null | grep -v "cudnn_failed"; then
-  fail "a shell or Python error of the script's own (above)"
-fi
-[ "$rc" -eq 1 ] || fail "exit $rc, not 1: every run failed without a GPU, and the script must say so"
-[ -s "$out/summary.txt" ] || { cat "$tmp/run.log"; fail "no summary.txt"; }
+out="$tmp/gc"
+rehearse compare "$out" 500 "$tmp/run.log"
 
-# Every step of the focus ran (announced, or left a log) and none was cut by the deadline.
+# Every step of the focus ran (announced, or left a log).
 while read -r row; do
   case "$row" in
     build) grep -q "MIX_GPU_CHECK_PREBUILT" "$tmp/run.log" || fail "the build step did not take the prebuilt build" ;;
@@ -79,7 +89,6 @@ while read -r row; do
     *) [ -s "$out/$row.log" ] || fail "row $row left no log" ;;
   esac
 done < <(PATH="$tmp/bin:$PATH" "$root/scripts/gpu_check.sh" --focus compare --list-rows)
-grep -q "exit 125" "$out/summary.txt" && fail "a step was cut by --deadline 500 (exit 125), though every run fails at once"
 
 for line in "[cuda] tests" "ResNet-50 b64 AMP images/s" "ResNet-50 b256 FP32 NCHW images/s" "Transformer-base AMP tokens/s" \
             "GPT-2 124M b8x1024 AMP tokens/s" "GPT-2 124M b8x1024 BF16 tokens/s" "GPT-2 AMP own-kernel attn tok/s" \
@@ -103,16 +112,7 @@ grep -q "^  every PyTorch row skipped" "$out/summary.txt" || fail "the PyTorch r
 # --focus all, every row (a longer lend's check), the same way: through to its
 # summary without an error of its own, the several-GPU rows saying they need 2.
 all="$tmp/gc_all"
-PATH="$tmp/bin:$PATH" MIX_GPU_CHECK_PREBUILT=1 MIX_BUILD_DIR="$tmp/build" MIX_TORCH_PYTHON="$torch_python" \
-  "$root/scripts/gpu_check.sh" --focus all --out "$all" --deadline 800 >"$tmp/run_all.log" 2>&1
-rc_all=$?
-echo "gpu_check --focus all: exit $rc_all after $(( $(date +%s) - t0 )) s in all"
-if grep -rnE "(gpu_check\.sh|/lib/[a-z_]+\.(sh|py)|compare_summary\.py): line [0-9]+:|unbound variable|syntax error|Traceback \(most recent call last\)" \
-     "$tmp/run_all.log" "$all"/*.log "$all"/*.txt 2>/dev/null | grep -v "cudnn_failed"; then
-  fail "--focus all: a shell or Python error of the script's own (above)"
-fi
-[ "$rc_all" -eq 1 ] || fail "--focus all: exit $rc_all, not 1"
-grep -q "exit 125" "$all/summary.txt" && fail "--focus all: a step was cut by --deadline 800"
+rehearse all "$all" 800 "$tmp/run_all.log"
 for line in "MLP" "ResNet-50 AMP scaling efficiency         needs 2+ GPUs (1 visible)" "memcheck test_cuda_ops" \
             "mixtrain against PyTorch"; do
   grep -qF "$line" "$all/summary.txt" || fail "--focus all: the summary has no line \"$line\""
