@@ -6,12 +6,24 @@ set -euo pipefail
 prog=setup.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/args.sh"  # usage_if_help
 usage_if_help "$@" <<'EOF'
-usage: scripts/setup.sh
+usage: scripts/setup.sh [--tests]
 Installs, idempotently, every Debian package the build, the tests and the default run need: only what
 is missing, with apt-get (through sudo when not root); where nvcc is, also cuDNN's frontend headers
 (the nvidia-cudnn-frontend wheel, pinned) into $CUDNN_FRONTEND_DIR (default /opt/cudnn-frontend).
 Safe to run again.
+  --tests   also what only the tests use (scripts/test.sh passes it): a recent PyTorch from PyPI,
+            pinned, in a virtual environment of its own, $MIX_TORCH2_DIR (default /opt/mixtrain-torch2;
+            several GB), on which tests/e2e/test_torch_compare.py runs scripts/torch_compare.py's
+            PyTorch 2.x paths (torch.compile, torch.amp.GradScaler, fused AdamW). Debian's
+            python3-torch is older. Without network the test says so and skips that part.
 EOF
+with_tests=0
+for arg in "$@"; do
+  case "$arg" in
+    --tests) with_tests=1 ;;
+    *) die "unknown argument '$arg' (see --help)" ;;
+  esac
+done
 
 packages=(
   build-essential cmake pkg-config
@@ -100,5 +112,33 @@ PY
   rm -rf "$tmp"
 }
 
+# A recent PyTorch for the tests alone: the GPU check runs scripts/torch_compare.py with the GPU
+# machine's PyTorch, a 2.x, whose paths (torch.compile in a child process, torch.amp.GradScaler,
+# fused AdamW, the per-op TF32 settings) Debian's python3-torch cannot reach. PyPI's wheel is the
+# CUDA build (it runs on the CPU too); pinned, so a new release cannot change the test under us.
+TORCH2_VERSION=2.15.0
+MIX_TORCH2_DIR=${MIX_TORCH2_DIR:-/opt/mixtrain-torch2}
+install_torch2() {
+  local stamp="$MIX_TORCH2_DIR/MIXTRAIN_TORCH_VERSION" py log
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$TORCH2_VERSION" ] && [ -x "$MIX_TORCH2_DIR/bin/python" ]; then
+    echo "setup: PyTorch $TORCH2_VERSION for the tests present in $MIX_TORCH2_DIR"
+    return
+  fi
+  py=$(command -v python3 || true)
+  log=$(mktemp)
+  rm -rf "$MIX_TORCH2_DIR"
+  if [ -n "$py" ] && "$py" -m venv "$MIX_TORCH2_DIR" >"$log" 2>&1 \
+     && "$MIX_TORCH2_DIR/bin/python" -m pip install -q --no-input "torch==$TORCH2_VERSION" numpy >>"$log" 2>&1; then
+    echo "$TORCH2_VERSION" >"$stamp"
+    echo "setup: PyTorch $TORCH2_VERSION for the tests installed in $MIX_TORCH2_DIR"
+  else
+    echo "setup: WARNING: could not install PyTorch $TORCH2_VERSION in $MIX_TORCH2_DIR" \
+         "($(tail -1 "$log" 2>/dev/null)); test_torch_compare will skip its PyTorch 2.x part"
+    rm -rf "$MIX_TORCH2_DIR"
+  fi
+  rm -f "$log"
+}
+
 install_debian_packages
 install_cudnn_frontend
+[ "$with_tests" -eq 0 ] || install_torch2

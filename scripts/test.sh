@@ -6,7 +6,7 @@ prog=test.sh
 source "$root/scripts/lib/args.sh"  # usage_if_help
 usage_if_help "$@" <<'EOF'
 usage: scripts/test.sh [CTEST ARGS...]
-The test command: scripts/setup.sh, scripts/build.sh, then every test through CTest
+The test command: scripts/setup.sh --tests, scripts/build.sh, then every test through CTest
 (ctest --output-on-failure --timeout 900) in the build folder.
   CTEST ARGS       go to ctest, e.g. -L unit, -LE unit, -R e2e.layers, -j 2
   MIX_BUILD_DIR    the build folder (default: build/ of this checkout)
@@ -15,7 +15,7 @@ The test command: scripts/setup.sh, scripts/build.sh, then every test through CT
                    minutes); otherwise they report skipped
 Only a first argument -h or --help is this script's; ctest's own help: ctest --help.
 EOF
-"$root/scripts/setup.sh"
+"$root/scripts/setup.sh" --tests
 "$root/scripts/build.sh"
 build="${MIX_BUILD_DIR:-$root/build}"
 cd "$build"

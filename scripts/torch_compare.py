@@ -16,15 +16,15 @@ summary puts them side by side, scripts/lib/compare_summary.py):
   attention through F.scaled_dot_product_attention when torch has it, exact
   GELU), 6 layers, d_model 512, 8 heads, context 256, vocabulary 32768, untied
   output layer as the row trains it, batch 32, AdamW (lr 0.05, betas 0.9,
-  0.999, eps 1e-8, weight decay 0.01: mixtrain's defaults; fused on CUDA when
-  torch has it, as nanoGPT);
+  0.999, eps 1e-8, weight decay 0.01: mixtrain's defaults; fused where the
+  torch fuses it for the device, as nanoGPT asks);
 - gpt2: GPT-2 124M as nanoGPT builds it: 12 x 768, 12 heads, context 1024,
   vocabulary 50257 padded to 50304, tied embeddings, batch 8, AdamW.
 
 Modes: amp (torch.autocast FP16 and GradScaler; channels_last for ResNet-50),
 bf16 (BF16 autocast, no scaler; channels_last), fp32 (TF32 off), amp_compile
 (amp with torch.compile of the model), bf16_compile (nanoGPT's defaults).
-TF32 is off in every row (cuBLAS and cuDNN), as in mixtrain's;
+TF32 is off in every row (cuBLAS and cuDNN), as in mixtrain's, and read back;
 cudnn.benchmark is on. Synthetic data made on the
 device (256 images, or 256 sequences of random tokens, taken in turn). Each
 row: WARMUP untimed steps, then STEPS steps, each timed from its start to a
@@ -37,8 +37,8 @@ Output: one JSON line per row on stdout and in --out FILE (appended as each
 row ends): row, model, mode, batch, samples_per_s (and tokens_per_s), step_ms,
 peak_bytes (torch.cuda.max_memory_allocated over the row, model and optimizer
 included, less the synthetic data's data_bytes, as mixtrain's peak leaves out
-its data set; peak_bytes_with_data keeps them), skipped_steps and
-final_loss_scale (amp rows), flops_per_unit, achieved_tflops, peak_tflops, mfu, status (ok,
+its data set; peak_bytes_with_data keeps them), skipped_steps, warmup_loss_scale
+and final_loss_scale (amp rows), flops_per_unit, achieved_tflops, peak_tflops, mfu, status (ok,
 skipped, error) and error; then a readable table. MFU as scripts/lib/mfu.py
 counts it (nanoGPT's 6N + 12LHQT per token; 3 x forward per image).
 
@@ -329,6 +329,33 @@ def make_resnet50(torch, impl, classes):
     return build_models(torch)[1](classes), "written out (torchvision's resnet50)"
 
 
+def turn_tf32_off(torch):
+    """Turns TF32 off for cuBLAS and cuDNN, then reads back what this torch will do, by the API it has:
+    torch 2.9 on keeps a precision per backend and op ("none" defers to the backend's, then the generic
+    one; none of them set means no TF32), and its legacy flags write those; earlier ones keep the two flags.
+    Raises when any still says TF32; returns the state read, e.g. {"matmul": "ieee", "conv": "none", ...}."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    if hasattr(torch, "set_float32_matmul_precision"):
+        torch.set_float32_matmul_precision("highest")
+    precision_of = getattr(torch._C, "_get_fp32_precision_getter", None)
+    if precision_of is not None:
+        def resolved(op):
+            for backend, name in (("cuda", op), ("cuda", "all"), ("generic", "all")):
+                value = precision_of(backend, name)
+                if value != "none":
+                    return value
+            return "none"
+        state = {op: resolved(op) for op in ("matmul", "conv", "rnn")}
+    else:
+        state = {"matmul": "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee",
+                 "conv": "tf32" if torch.backends.cudnn.allow_tf32 else "ieee"}
+    still_on = [op for op, value in state.items() if value == "tf32"]
+    if still_on:
+        raise RuntimeError(f"TF32 still on for {', '.join(still_on)} after turning it off: {state}")
+    return state
+
+
 def first_line(e, limit=200):
     """The line of an exception's message that says what failed: the last non-empty one (torch.compile's
     BackendCompilerFailed puts the cause after a first line naming the backend), cut at `limit`."""
@@ -384,20 +411,14 @@ def train_setup(torch, model_name, cfg, batch, mode, args):
         ys = torch.randint(cfg["vocab_real"], (pool, cfg["context"]), device=dev, generator=gen)
         notes["attention"] = ("F.scaled_dot_product_attention" if hasattr(torch.nn.functional,
                               "scaled_dot_product_attention") else "written out (no scaled_dot_product_attention)")
-        fused = dev.type == "cuda" and "fused" in _signature(torch.optim.AdamW)
-        opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
-                                **({"fused": True} if fused else {}))
-        notes["optimizer"] = "AdamW(fused)" if fused else "AdamW"
+        opt, notes["optimizer"] = make_adamw(torch, model)
         loss_of = lambda m, x, y: m(x, y)  # noqa: E731
     notes["data_bytes"] = xs.element_size() * xs.nelement() + ys.element_size() * ys.nelement()
     model.train()
     forward = model
     if mode.endswith("_compile"):
         forward = compile_fn(torch)(model)
-    scaler = None
-    if amp:
-        scaler = (torch.amp.GradScaler("cuda") if hasattr(torch.amp, "GradScaler")
-                  else torch.cuda.amp.GradScaler())
+    scaler = make_grad_scaler(torch, dev.type) if amp else None
     dtype = {"amp": torch.float16, "bf16": torch.bfloat16}.get(mode.replace("_compile", ""))
     autocast = (lambda: torch.autocast(dev.type, dtype=dtype)) if dtype else contextlib.nullcontext
     state = {"i": 0}
@@ -420,6 +441,33 @@ def train_setup(torch, model_name, cfg, batch, mode, args):
     return step, scaler, notes
 
 
+def make_adamw(torch, model):
+    """(AdamW, its description): fused, as nanoGPT asks for it, wherever this torch fuses it for the
+    parameters' device (CUDA since torch 2.0, the CPU since 2.4), so that a CPU run of a recent torch goes
+    through the fused path that GradScaler treats apart; else the default implementation."""
+    kwargs = dict(lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+    if "fused" not in _signature(torch.optim.AdamW):
+        return torch.optim.AdamW(model.parameters(), **kwargs), "AdamW"
+    try:
+        return torch.optim.AdamW(model.parameters(), fused=True, **kwargs), "AdamW(fused)"
+    except RuntimeError as e:  # this torch fuses it for CUDA only
+        return torch.optim.AdamW(model.parameters(), **kwargs), f"AdamW (not fused here: {first_line(e, 120)})"
+
+
+def make_grad_scaler(torch, device_type):
+    """FP16's GradScaler for the device, or None where this torch has none for it (before torch 2.3,
+    torch.cuda.amp.GradScaler alone, for CUDA)."""
+    if hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler"):
+        scaler = torch.amp.GradScaler(device_type)
+    elif device_type == "cuda":
+        scaler = torch.cuda.amp.GradScaler()
+    else:
+        return None
+    if not scaler.is_enabled():  # it would warn and pass FP16 gradients through unscaled: not PyTorch's AMP
+        raise RuntimeError(f"GradScaler for {device_type} is disabled in torch {torch.__version__}")
+    return scaler
+
+
 def _signature(fn):
     import inspect
     try:
@@ -434,8 +482,9 @@ def run_row(torch, row, args, peak, announce=None):
     cfg = model_config(model_name, args.smoke)
     batch = row_batch(batch, args.smoke)
     rec = base_record(row, cfg, batch, args)
-    if mode.startswith("amp") and args.device != "cuda":
-        return dict(rec, status="skipped", error="cuda only: FP16 autocast with GradScaler")
+    if mode.startswith("amp") and args.device != "cuda" and not hasattr(getattr(torch, "amp", None), "GradScaler"):
+        return dict(rec, status="skipped", error=f"cuda only in torch {torch.__version__}: FP16 autocast with "
+                                                 "GradScaler")
     if mode.endswith("_compile") and compile_fn(torch) is None:
         return dict(rec, status="skipped", error=f"no torch.compile in torch {torch.__version__}")
     cuda = args.device == "cuda"
@@ -467,6 +516,7 @@ def run_row(torch, row, args, peak, announce=None):
             secs += time.perf_counter() - t0
         if scaler is not None:  # each overflow halves the scale; it grows only after 2000 clean steps
             rec["skipped_steps"] = max(0, round(math.log2(scale0 / scaler.get_scale())))
+            rec["warmup_loss_scale"] = scale0
             rec["final_loss_scale"] = scaler.get_scale()
         rec["step_ms"] = 1e3 * secs / args.steps
         rec["samples_per_s"] = batch * args.steps / secs
@@ -603,13 +653,11 @@ def main(argv):
             import torch
         except Exception as e:  # not installed, or a broken install: every row says so
             why_not = f"PyTorch not importable: {type(e).__name__}: {e}"
+    fp32_state = None
     if torch is not None:  # true FP32 wherever FP32 is computed, as mixtrain's rows; cuDNN picks by timing
         try:
-            torch.backends.cuda.matmul.allow_tf32 = False
-            torch.backends.cudnn.allow_tf32 = False
             torch.backends.cudnn.benchmark = True
-            if hasattr(torch, "set_float32_matmul_precision"):
-                torch.set_float32_matmul_precision("highest")
+            fp32_state = turn_tf32_off(torch)
         except Exception as e:  # a torch whose settings moved: its FP32 rows would not be mixtrain's FP32
             fp32_not = f"torch {torch.__version__} refused TF32 off: {type(e).__name__}: {first_line(e)}"
     device_name, peak, peak_label = args.gpu_name or args.device, args.peak_tflops, "--peak-tflops"
@@ -632,7 +680,7 @@ def main(argv):
         print(json.dumps(rec, sort_keys=True), flush=True)
         return 0
     about = {"device_name": device_name, "peak_tflops": peak, "peak_what": peak_label,
-             "torch": getattr(torch, "__version__", None)}
+             "torch": getattr(torch, "__version__", None), "fp32_precision": fp32_state}
     records, failed = [], False
     for row in args.selected:
         cfg = model_config(row[1], args.smoke)

@@ -7,7 +7,9 @@ shapes) and the GPU check's table that puts its rows beside mixtrain's
   stdout and in --out alike; the FP32 and BF16 rows ok with positive rates,
   tokens/s = sequences/s x context, FLOPs per unit as scripts/lib/mfu.py counts
   them and MFU = rate x FLOPs / --peak-tflops; the FP16 GradScaler rows
-  skipped as "cuda only"; the readable table names every row; exit 0;
+  skipped as "cuda only" where the torch has no torch.amp.GradScaler (before
+  2.3), else run on the CPU with their skipped steps and loss scale; the
+  readable table names every row; exit 0;
 - a torch.compile row through its child process, with the test's stand-in
   compile (MIX_TORCH_COMPARE_COMPILE_STUB: a sleep, for a torch without
   torch.compile): ok within --compile-budget, and skipped with the reason in
@@ -22,12 +24,19 @@ shapes) and the GPU check's table that puts its rows beside mixtrain's
 - a torchvision that fails on import (built for another torch): the ResNet-50
   rows run the written-out network and say why; an error's reason is its
   message's last line (torch.compile's first names only the backend);
+- TF32 off, read back through either API (the legacy flags, or torch 2.9's
+  per-op precisions): a torch that keeps TF32 on for an op is refused, naming
+  the op;
 - the summary table: ratio mixtrain / PyTorch and both MFUs against
   hand-computed figures, the compile row beside mixtrain's row of the same
   base name, a missing mixtrain file and a skipped PyTorch row said as such,
   and both sides' skipped steps where either skipped any.
+
+test_torch_compare_torch2.py runs the torch-dependent checks again on a
+PyTorch 2.x (scripts/setup.sh --tests), with a real torch.compile.
 """
 import json
+import math
 import sys
 
 import mixtest as mt
@@ -42,17 +51,28 @@ def json_lines(text):
     return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
 
 
-def run(args, timeout=120, env=None):
-    return mt.launch([sys.executable, SCRIPT, *args], timeout=timeout, env=env)
+def run(args, timeout=120, env=None, python=sys.executable):
+    return mt.launch([python, SCRIPT, *args], timeout=timeout, env=env)
 
 
-def check_smoke(c, tc, work):
+def torch_facts(python=sys.executable):
+    """What the torch of `python` has, asked in a process of its own: version, compile, amp_scaler."""
+    probe = ("import json, torch; print(json.dumps({'version': torch.__version__, 'compile': hasattr(torch, "
+             "'compile'), 'amp_scaler': hasattr(getattr(torch, 'amp', None), 'GradScaler')}))")
+    r = mt.launch([python, "-c", probe], timeout=120)
+    return json.loads(r.stdout.strip().splitlines()[-1]) if r.rc == 0 and r.stdout.strip() else None
+
+
+def check_smoke(c, tc, work, python=sys.executable, facts=None):
+    """Every row but torch.compile's, on the torch of `python` (facts: its torch_facts)."""
+    facts = facts or torch_facts(python)
     names = [r[0] for r in tc.ROWS if not r[3].endswith("_compile")]
-    out = work / "rows.jsonl"
+    out = work / f"rows_{facts['version']}.jsonl"
     r = run(["--device", "cpu", "--smoke", "--steps", "2", "--warmup", "1", "--peak-tflops", "1", "--rows",
-             ",".join(names), "--out", out], timeout=240)
-    if not c.ok_run(r, "torch_compare --device cpu --smoke, every row but torch.compile's"):
-        return
+             ",".join(names), "--out", out], timeout=240, python=python)
+    if not c.ok_run(r, f"torch_compare --device cpu --smoke on torch {facts['version']}, every row but "
+                       "torch.compile's"):
+        return []
     rows = json_lines(r.stdout)
     c.check([d["row"] for d in rows] == names, "one JSON line per row, in order", " ".join(d["row"] for d in rows))
     c.check(json_lines(out.read_text()) == rows, "--out holds the same lines")
@@ -62,10 +82,19 @@ def check_smoke(c, tc, work):
         common = (d["model"] in mfu.MODELS and d["batch"] > 0 and d["unit"] == unit and d["flops_per_unit"] == flops
                   and d["flops_per_step"] == flops * d["batch"] * cfg.get("context", 1) and d["smoke"] is True
                   and d["device"] == "cpu" and d["peak_tflops"] == 1.0)
-        if d["mode"].startswith("amp"):
+        if d["mode"].startswith("amp") and not facts["amp_scaler"]:
             c.check(common and d["status"] == "skipped" and "cuda only" in d["error"],
                     f"{d['row']}: skipped, cuda only", d.get("error") or "")
             continue
+        if d["mode"].startswith("amp"):
+            # GradScaler starts at 2^16 and halves at each overflow, at most once a step (ResNet-50's first
+            # steps overflow); it grows only after 2000 clean steps, so the timed steps' skips are the
+            # halvings since the warm-up. A disabled scaler would say 1.0 throughout.
+            skipped, warm, final = d.get("skipped_steps"), d.get("warmup_loss_scale", 0), d.get("final_loss_scale", 0)
+            ok = (isinstance(skipped, int) and 0 <= skipped <= d["steps"] and final * 2 ** skipped == warm
+                  and 2.0 ** (16 - d["warmup"]) <= warm <= 2.0 ** 16 and math.log2(warm).is_integer())
+            c.check(ok, f"{d['row']}: the GradScaler's skipped steps and loss scale",
+                    f"skipped {skipped}, scale {warm} after the warm-up, {final} at the end")
         rate = d.get("tokens_per_s") if unit == "token" else d.get("samples_per_s")
         ok = (common and d["status"] == "ok" and d["error"] is None and rate and rate > 0 and d["rate"] == rate
               and d["step_ms"] > 0 and abs(d["mfu"] - rate * flops / 1e12) <= 1e-9 * d["mfu"]
@@ -75,6 +104,10 @@ def check_smoke(c, tc, work):
         c.check(ok, f"{d['row']}: ok, rate {rate and round(rate, 1)}/s > 0, FLOPs and MFU as mfu.py counts them",
                 "" if ok else json.dumps(d)[:600])
     c.check(all(n in r.stdout.split("torch_compare: torch", 1)[-1] for n in names), "the table names every row")
+    state = rows[0].get("fp32_precision") if rows else None
+    c.check(bool(state) and "tf32" not in state.values() and all(d.get("fp32_precision") == state for d in rows),
+            f"every row: TF32 off, as read back ({state})")
+    return rows
 
 
 def check_compile(c, work):
@@ -142,18 +175,58 @@ def check_resnet_impl(c, tc):
     c.check(same, f"the written-out ResNet-50: torchvision's {len(theirs)} state_dict names and shapes, in order")
 
 
-def check_broken_torchvision(c, work):
+def check_broken_torchvision(c, work, python=sys.executable):
     fake = work / "broken_torchvision"
     fake.mkdir()
     # What a torchvision built for another torch does on import.
     (fake / "torchvision.py").write_text("raise RuntimeError('operator torchvision::nms does not exist')\n")
     r = run(["--device", "cpu", "--smoke", "--steps", "1", "--warmup", "1", "--rows", "resnet50_fp32"],
-            env={"PYTHONPATH": str(fake)})
+            env={"PYTHONPATH": str(fake)}, python=python)
     rows = json_lines(r.stdout)
     ok = (r.rc == 0 and len(rows) == 1 and rows[0]["status"] == "ok"
           and rows[0]["impl"].startswith("written out")
           and "torchvision unusable: RuntimeError: operator torchvision::nms does not exist" in rows[0]["impl"])
     c.check(ok, "a torchvision that fails on import: ResNet-50 written out, saying why", "" if ok else r.describe(1500))
+
+
+def check_tf32_refused(c, tc):
+    from types import SimpleNamespace as NS
+
+    class Flag:
+        """A legacy allow_tf32 flag; `stuck` ignores writes, as a torch whose settings moved might."""
+
+        def __init__(self, stuck):
+            self.stuck, self.value = stuck, True
+
+        def __get__(self, obj, owner):
+            return self.value
+
+        def __set__(self, obj, value):
+            if not self.stuck:
+                self.value = value
+
+    def fake_torch(cudnn_stuck=False, precisions=None):
+        matmul = type("Matmul", (), {"allow_tf32": Flag(False)})()
+        cudnn = type("Cudnn", (), {"allow_tf32": Flag(cudnn_stuck)})()
+        c_api = NS(**({"_get_fp32_precision_getter": lambda b, op: precisions.get((b, op), "none")}
+                      if precisions is not None else {}))
+        return NS(backends=NS(cuda=NS(matmul=matmul), cudnn=cudnn), _C=c_api)
+
+    def refusal(torch):
+        try:
+            return f"accepted: {tc.turn_tf32_off(torch)}"
+        except RuntimeError as e:
+            return str(e)
+    c.check(tc.turn_tf32_off(fake_torch()) == {"matmul": "ieee", "conv": "ieee"}, "TF32 off, legacy flags read back")
+    got = refusal(fake_torch(cudnn_stuck=True))
+    c.check(got.startswith("TF32 still on for conv"), "a cuDNN flag that stays on: refused, naming conv", got)
+    new_api = {("cuda", "matmul"): "ieee", ("generic", "all"): "tf32"}
+    got = refusal(fake_torch(precisions=new_api))
+    c.check(got.startswith("TF32 still on for conv, rnn"),
+            "torch 2.9's precisions: conv and rnn deferring to a generic tf32 are refused", got)
+    got = tc.turn_tf32_off(fake_torch(precisions={("cuda", "matmul"): "ieee"}))
+    c.check(got == {"matmul": "ieee", "conv": "none", "rnn": "none"}, "torch 2.9's precisions: none set is no TF32",
+            str(got))
 
 
 def check_first_line(c, tc):
@@ -205,6 +278,7 @@ def main():
     check_resnet_impl(c, tc)
     check_broken_torchvision(c, work)
     check_first_line(c, tc)
+    check_tf32_refused(c, tc)
     check_smoke(c, tc, work)
     check_compile(c, work)
     c.finish()
