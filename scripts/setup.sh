@@ -39,6 +39,7 @@ packages=(
   dataset-fashion-mnist               # the default data set
   fortunes                            # English text for the Transformer language model
   python3-numpy python3-torch         # reference values and parity tests (/usr/bin/python3)
+  python3-venv                        # the tests' own PyTorch 2.x environment (setup.sh --tests)
   python3-pil python3-torchvision     # image-folder tests: JPEGs written, transforms checked against torchvision
   python3-matplotlib                  # the plots of scripts/bandwidth.sh and scripts/plot_metrics.py
   munge                               # Slurm's authentication, for tests/cluster/test_slurm.py's own cluster
