@@ -13,9 +13,9 @@ is missing, with apt-get (through sudo when not root); where nvcc is, also cuDNN
 Safe to run again.
   --tests   also what only the tests use (scripts/test.sh passes it): a recent PyTorch from PyPI,
             pinned, in a virtual environment of its own, $MIX_TORCH2_DIR (default /opt/mixtrain-torch2;
-            several GB), on which tests/e2e/test_torch_compare.py runs scripts/torch_compare.py's
-            PyTorch 2.x paths (torch.compile, torch.amp.GradScaler, fused AdamW). Debian's
-            python3-torch is older. Without network the test says so and skips that part.
+            several GB), on which tests/e2e/test_torch_compare_torch2.py runs
+            scripts/torch_compare.py's PyTorch 2.x paths (torch.compile, torch.amp.GradScaler,
+            fused AdamW). Debian's python3-torch is older. Without network that test skips.
 EOF
 with_tests=0
 for arg in "$@"; do
@@ -40,6 +40,7 @@ packages=(
   fortunes                            # English text for the Transformer language model
   python3-numpy python3-torch         # reference values and parity tests (/usr/bin/python3)
   python3-venv                        # the tests' own PyTorch 2.x environment (setup.sh --tests)
+  python3-dev                         # Python.h, which torch.compile's CPU kernels include (the same tests)
   python3-pil python3-torchvision     # image-folder tests: JPEGs written, transforms checked against torchvision
   python3-matplotlib                  # the plots of scripts/bandwidth.sh and scripts/plot_metrics.py
   munge                               # Slurm's authentication, for tests/cluster/test_slurm.py's own cluster
@@ -116,26 +117,38 @@ PY
 # A recent PyTorch for the tests alone: the GPU check runs scripts/torch_compare.py with the GPU
 # machine's PyTorch, a 2.x, whose paths (torch.compile in a child process, torch.amp.GradScaler,
 # fused AdamW, the per-op TF32 settings) Debian's python3-torch cannot reach. PyPI's wheel is the
-# CUDA build (it runs on the CPU too); pinned, so a new release cannot change the test under us.
+# CUDA build (it runs on the CPU too); pinned, with numpy, so a new release cannot change the test
+# under us. It is built beside the folder and moved in only once complete, so a failed download
+# (no network) leaves the folder as it was; a folder that setup.sh did not make is never touched.
 TORCH2_VERSION=2.15.0
+TORCH2_NUMPY_VERSION=2.4.6
 MIX_TORCH2_DIR=${MIX_TORCH2_DIR:-/opt/mixtrain-torch2}
 install_torch2() {
-  local stamp="$MIX_TORCH2_DIR/MIXTRAIN_TORCH_VERSION" py log
+  local stamp="$MIX_TORCH2_DIR/MIXTRAIN_TORCH_VERSION" partial="$MIX_TORCH2_DIR.partial" py log
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$TORCH2_VERSION" ] && [ -x "$MIX_TORCH2_DIR/bin/python" ]; then
     echo "setup: PyTorch $TORCH2_VERSION for the tests present in $MIX_TORCH2_DIR"
     return
   fi
+  if [ -e "$MIX_TORCH2_DIR" ] && [ ! -f "$stamp" ]; then
+    echo "setup: WARNING: $MIX_TORCH2_DIR exists but was not made by setup.sh; left alone, so" \
+         "tests/e2e/test_torch_compare_torch2.py may skip (MIX_TORCH2_DIR names another folder)"
+    return
+  fi
   py=$(command -v python3 || true)
   log=$(mktemp)
-  rm -rf "$MIX_TORCH2_DIR"
-  if [ -n "$py" ] && "$py" -m venv "$MIX_TORCH2_DIR" >"$log" 2>&1 \
-     && "$MIX_TORCH2_DIR/bin/python" -m pip install -q --no-input "torch==$TORCH2_VERSION" numpy >>"$log" 2>&1; then
-    echo "$TORCH2_VERSION" >"$stamp"
+  rm -rf "$partial"
+  if [ -n "$py" ] && "$py" -m venv "$partial" >"$log" 2>&1 \
+     && "$partial/bin/python" -m pip install -q --no-input --no-cache-dir --retries 1 --timeout 60 \
+          "torch==$TORCH2_VERSION" "numpy==$TORCH2_NUMPY_VERSION" >>"$log" 2>&1; then
+    echo "$TORCH2_VERSION" >"$partial/MIXTRAIN_TORCH_VERSION"
+    rm -rf "$MIX_TORCH2_DIR"  # an older one of setup.sh's (checked above)
+    mv "$partial" "$MIX_TORCH2_DIR"
     echo "setup: PyTorch $TORCH2_VERSION for the tests installed in $MIX_TORCH2_DIR"
   else
     echo "setup: WARNING: could not install PyTorch $TORCH2_VERSION in $MIX_TORCH2_DIR" \
-         "($(tail -1 "$log" 2>/dev/null)); test_torch_compare will skip its PyTorch 2.x part"
-    rm -rf "$MIX_TORCH2_DIR"
+         "($(tail -1 "$log" 2>/dev/null)); tests/e2e/test_torch_compare_torch2.py will skip," \
+         "or run on the older one left there"
+    rm -rf "$partial"
   fi
   rm -f "$log"
 }

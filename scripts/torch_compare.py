@@ -16,8 +16,8 @@ summary puts them side by side, scripts/lib/compare_summary.py):
   attention through F.scaled_dot_product_attention when torch has it, exact
   GELU), 6 layers, d_model 512, 8 heads, context 256, vocabulary 32768, untied
   output layer as the row trains it, batch 32, AdamW (lr 0.05, betas 0.9,
-  0.999, eps 1e-8, weight decay 0.01: mixtrain's defaults; fused where the
-  torch fuses it for the device, as nanoGPT asks);
+  0.999, eps 1e-8, weight decay 0.01: mixtrain's defaults; fused on CUDA,
+  as nanoGPT, and on the CPU where the torch fuses it there);
 - gpt2: GPT-2 124M as nanoGPT builds it: 12 x 768, 12 heads, context 1024,
   vocabulary 50257 padded to 50304, tied embeddings, batch 8, AdamW.
 
@@ -330,26 +330,23 @@ def make_resnet50(torch, impl, classes):
 
 
 def turn_tf32_off(torch):
-    """Turns TF32 off for cuBLAS and cuDNN, then reads back what this torch will do, by the API it has:
-    torch 2.9 on keeps a precision per backend and op ("none" defers to the backend's, then the generic
-    one; none of them set means no TF32), and its legacy flags write those; earlier ones keep the two flags.
-    Raises when any still says TF32; returns the state read, e.g. {"matmul": "ieee", "conv": "none", ...}."""
+    """Turns TF32 off for cuBLAS and cuDNN, then reads back what this torch will do, by the API it has.
+    Torch 2.9 on keeps a precision per backend and op, which its legacy flags write, but the cuDNN flag
+    leaves conv and rnn at "none", which defers to a generic setting: there each op is also set to
+    "ieee" itself. Earlier torches keep the two flags. Raises when an op still says TF32; returns the
+    state read, e.g. {"matmul": "ieee", "conv": "ieee", "rnn": "ieee"}."""
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     if hasattr(torch, "set_float32_matmul_precision"):
         torch.set_float32_matmul_precision("highest")
     precision_of = getattr(torch._C, "_get_fp32_precision_getter", None)
-    if precision_of is not None:
-        def resolved(op):
-            for backend, name in (("cuda", op), ("cuda", "all"), ("generic", "all")):
-                value = precision_of(backend, name)
-                if value != "none":
-                    return value
-            return "none"
-        state = {op: resolved(op) for op in ("matmul", "conv", "rnn")}
-    else:
+    if precision_of is None:
         state = {"matmul": "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee",
                  "conv": "tf32" if torch.backends.cudnn.allow_tf32 else "ieee"}
+    else:
+        for setting in (torch.backends.cuda.matmul, torch.backends.cudnn.conv, torch.backends.cudnn.rnn):
+            setting.fp32_precision = "ieee"
+        state = {op: precision_of("cuda", op) for op in ("matmul", "conv", "rnn")}
     still_on = [op for op, value in state.items() if value == "tf32"]
     if still_on:
         raise RuntimeError(f"TF32 still on for {', '.join(still_on)} after turning it off: {state}")
@@ -442,9 +439,10 @@ def train_setup(torch, model_name, cfg, batch, mode, args):
 
 
 def make_adamw(torch, model):
-    """(AdamW, its description): fused, as nanoGPT asks for it, wherever this torch fuses it for the
-    parameters' device (CUDA since torch 2.0, the CPU since 2.4), so that a CPU run of a recent torch goes
-    through the fused path that GradScaler treats apart; else the default implementation."""
+    """(AdamW, its description): fused wherever this torch fuses it for the parameters' device (CUDA
+    since torch 2.0, the CPU since 2.4), else the default implementation. nanoGPT fuses it on CUDA; on
+    the CPU this script fuses it too, so that a CPU run of a recent torch goes through the fused path,
+    which GradScaler treats apart, that the GPU run takes."""
     kwargs = dict(lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
     if "fused" not in _signature(torch.optim.AdamW):
         return torch.optim.AdamW(model.parameters(), **kwargs), "AdamW"
@@ -455,14 +453,14 @@ def make_adamw(torch, model):
 
 
 def make_grad_scaler(torch, device_type):
-    """FP16's GradScaler for the device, or None where this torch has none for it (before torch 2.3,
-    torch.cuda.amp.GradScaler alone, for CUDA)."""
+    """FP16's GradScaler for the device; before torch 2.3 there is torch.cuda.amp.GradScaler alone, for
+    CUDA."""
     if hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler"):
         scaler = torch.amp.GradScaler(device_type)
     elif device_type == "cuda":
         scaler = torch.cuda.amp.GradScaler()
-    else:
-        return None
+    else:  # run_row skips such a row first; FP16 must never run unscaled
+        raise RuntimeError(f"no GradScaler for {device_type} in torch {torch.__version__}")
     if not scaler.is_enabled():  # it would warn and pass FP16 gradients through unscaled: not PyTorch's AMP
         raise RuntimeError(f"GradScaler for {device_type} is disabled in torch {torch.__version__}")
     return scaler
@@ -680,7 +678,7 @@ def main(argv):
         print(json.dumps(rec, sort_keys=True), flush=True)
         return 0
     about = {"device_name": device_name, "peak_tflops": peak, "peak_what": peak_label,
-             "torch": getattr(torch, "__version__", None), "fp32_precision": fp32_state}
+             "torch": getattr(torch, "__version__", None), "fp32_precision": fp32_state, "tf32_refused": fp32_not}
     records, failed = [], False
     for row in args.selected:
         cfg = model_config(row[1], args.smoke)

@@ -66,6 +66,8 @@ def torch_facts(python=sys.executable):
 def check_smoke(c, tc, work, python=sys.executable, facts=None):
     """Every row but torch.compile's, on the torch of `python` (facts: its torch_facts)."""
     facts = facts or torch_facts(python)
+    if not c.check(facts is not None, f"{python} imports torch and says what it has"):
+        return []
     names = [r[0] for r in tc.ROWS if not r[3].endswith("_compile")]
     out = work / f"rows_{facts['version']}.jsonl"
     r = run(["--device", "cpu", "--smoke", "--steps", "2", "--warmup", "1", "--peak-tflops", "1", "--rows",
@@ -192,24 +194,31 @@ def check_broken_torchvision(c, work, python=sys.executable):
 def check_tf32_refused(c, tc):
     from types import SimpleNamespace as NS
 
-    class Flag:
-        """A legacy allow_tf32 flag; `stuck` ignores writes, as a torch whose settings moved might."""
+    class Setting:
+        """A TF32 setting (a legacy allow_tf32 flag, or an op's fp32_precision) that keeps a value in
+        `store` under `key`; a key in `stuck` ignores writes, as in a torch whose settings moved."""
 
-        def __init__(self, stuck):
-            self.stuck, self.value = stuck, True
+        def __init__(self, store, key, stuck):
+            self.store, self.key, self.stuck = store, key, stuck
 
         def __get__(self, obj, owner):
-            return self.value
+            return self.store[self.key]
 
         def __set__(self, obj, value):
-            if not self.stuck:
-                self.value = value
+            if self.key not in self.stuck:
+                self.store[self.key] = value
 
-    def fake_torch(cudnn_stuck=False, precisions=None):
-        matmul = type("Matmul", (), {"allow_tf32": Flag(False)})()
-        cudnn = type("Cudnn", (), {"allow_tf32": Flag(cudnn_stuck)})()
-        c_api = NS(**({"_get_fp32_precision_getter": lambda b, op: precisions.get((b, op), "none")}
-                      if precisions is not None else {}))
+    def fake_torch(stuck=(), new_api=False):
+        """Legacy flags start on; torch 2.9's per-op precisions start at tf32 for conv, none elsewhere."""
+        store = {"allow_matmul": True, "allow_cudnn": True, "matmul": "none", "conv": "tf32", "rnn": "none"}
+
+        def holder(name, **settings):
+            return type(name, (), {k: Setting(store, key, stuck) for k, key in settings.items()})()
+        matmul = holder("Matmul", allow_tf32="allow_matmul", **({"fp32_precision": "matmul"} if new_api else {}))
+        cudnn = holder("Cudnn", allow_tf32="allow_cudnn")
+        if new_api:
+            cudnn.conv, cudnn.rnn = holder("Conv", fp32_precision="conv"), holder("Rnn", fp32_precision="rnn")
+        c_api = NS(**({"_get_fp32_precision_getter": lambda backend, op: store[op]} if new_api else {}))
         return NS(backends=NS(cuda=NS(matmul=matmul), cudnn=cudnn), _C=c_api)
 
     def refusal(torch):
@@ -217,16 +226,16 @@ def check_tf32_refused(c, tc):
             return f"accepted: {tc.turn_tf32_off(torch)}"
         except RuntimeError as e:
             return str(e)
-    c.check(tc.turn_tf32_off(fake_torch()) == {"matmul": "ieee", "conv": "ieee"}, "TF32 off, legacy flags read back")
-    got = refusal(fake_torch(cudnn_stuck=True))
+    got = refusal(fake_torch())
+    c.check(got == "accepted: {'matmul': 'ieee', 'conv': 'ieee'}", "TF32 off, the legacy flags read back", got)
+    got = refusal(fake_torch(stuck=("allow_cudnn",)))
     c.check(got.startswith("TF32 still on for conv"), "a cuDNN flag that stays on: refused, naming conv", got)
-    new_api = {("cuda", "matmul"): "ieee", ("generic", "all"): "tf32"}
-    got = refusal(fake_torch(precisions=new_api))
-    c.check(got.startswith("TF32 still on for conv, rnn"),
-            "torch 2.9's precisions: conv and rnn deferring to a generic tf32 are refused", got)
-    got = tc.turn_tf32_off(fake_torch(precisions={("cuda", "matmul"): "ieee"}))
-    c.check(got == {"matmul": "ieee", "conv": "none", "rnn": "none"}, "torch 2.9's precisions: none set is no TF32",
-            str(got))
+    got = refusal(fake_torch(new_api=True))
+    c.check(got == "accepted: {'matmul': 'ieee', 'conv': 'ieee', 'rnn': 'ieee'}",
+            "torch 2.9's per-op precisions: each set to ieee and read back", got)
+    got = refusal(fake_torch(stuck=("conv",), new_api=True))
+    c.check(got.startswith("TF32 still on for conv after"),
+            "torch 2.9's precisions: a conv that stays tf32 is refused, naming conv", got)
 
 
 def check_first_line(c, tc):
