@@ -22,8 +22,8 @@
 # a twin of (ResNet-50 batch 64 and 256, the Transformer-base, GPT-2 124M; AMP
 # and FP32, then BF16) and those PyTorch rows; the attention variants
 # (Transformer-base and GPT-2 AMP with --no-fused-attention, GPT-2 AMP on
-# mixtrain's own kernels and on its FP32 ones); memcheck of
-# test_cuda_fused_attention; the GPT-2 AMP step's op profile. Its summary has
+# mixtrain's own kernels and on its FP32 ones); the GPT-2 AMP step's op
+# profile; memcheck of test_cuda_fused_attention in the time left. Its summary has
 # the lines of those runs and the comparison table. --focus all (the default)
 # runs everything. --list-rows prints the runs a focus makes, in order, and
 # exits: nothing built, run or written. A run --focus leaves out is no failure.
@@ -76,8 +76,8 @@ a summary table. Logs and summary.txt go to --out DIR. Budget: --focus compare f
 (--deadline 530); --focus all needs far longer.
   --focus compare|all    compare: only the build, the [cuda] tests, mixtrain's rows that scripts/torch_compare.py
                          has a twin of and those PyTorch rows (ResNet-50 b64 and b256, Transformer-base, GPT-2;
-                         AMP, FP32, BF16), the attention variants, memcheck of test_cuda_fused_attention and
-                         the GPT-2 AMP op profile, in that order; the summary has only their lines.
+                         AMP, FP32, BF16), the attention variants, the GPT-2 AMP op profile and memcheck of
+                         test_cuda_fused_attention, in that order; the summary has only their lines.
                          all: everything (default)
   --list-rows            print the runs the --focus makes, in order, and exit (nothing built, run or written)
   --out DIR              (default: runs/gpu_check of this checkout)
@@ -93,7 +93,7 @@ a summary table. Logs and summary.txt go to --out DIR. Budget: --focus compare f
   NCCL_ROOT, CUDNN_ROOT  NCCL and cuDNN 9 outside the toolkit (default: the toolkit's, else Python's nvidia-* wheels)
   MIX_TORCH_PYTHON       the Python whose PyTorch scripts/torch_compare.py runs with (default: python3)
   MIX_TORCH_COMPARE_BUDGET  seconds for the PyTorch rows (default 360; under --deadline, the time left less 60,
-                         or less 150 with --focus compare, for the runs after them)
+                         or less 75 with --focus compare, for the runs after them)
 For a machine lent for 15 minutes (at most 600 s a command), from a bundle (scripts/gpu_bundle.sh runs/bundle):
   scripts/gpu_check.sh --focus compare --bundle runs/bundle --out /tmp/gc --deadline 530
 (the script's header has the whole command line, which brings the logs back should the call time out)
@@ -712,10 +712,13 @@ case "$focus" in
   compare)
     # Issue 41's order: the rows mixtrain is compared on (those of record, AMP
     # and FP32, before BF16), PyTorch's twins of them, then what fused
-    # attention is worth, memcheck of its kernel, and where GPT-2's time goes.
+    # attention is worth and where GPT-2's time goes; memcheck of the attention
+    # kernels last, in whatever time is left, so that it never takes the
+    # PyTorch rows' time (the [cuda] tests have already compared those kernels
+    # with their twin).
     steps=(build cuda_tests resnet50_of_record resnet50_b256 transformer_of_record gpt2 bf16 torch_compare
-      attention_variants memcheck_attention gpt2_profile)
-    torch_reserve=150 ;;  # the three attention variants, memcheck of the fused attention, the GPT-2 profile
+      attention_variants gpt2_profile memcheck_attention)
+    torch_reserve=75 ;;  # the four attention variants' runs and the GPT-2 profile
 esac
 if [ -n "$list_rows" ]; then
   for step in "${steps[@]}"; do "step_$step"; done

@@ -59,11 +59,12 @@ def run(base, bin_dir, label, args):
 
 
 # What gpu_check.sh --focus compare must run (issue 41): mixtrain's rows that have a PyTorch twin,
-# before torch_compare; then the attention variants, memcheck of the fused attention, GPT-2's profile.
+# before torch_compare; then the attention variants, GPT-2's profile, and last memcheck of the fused
+# attention, which gets only the time left.
 COMPARE_TWINS = ("resnet50_amp", "resnet50_fp32", "resnet50_amp_b256", "resnet50_fp32_b256", "transformer_amp",
                  "transformer_fp32", "gpt2_amp", "gpt2_fp32")
 COMPARE_AFTER = ("torch_compare", "transformer_amp_unfused", "gpt2_amp_unfused", "gpt2_amp_own_attention",
-                 "gpt2_amp_fp32_attention", "memcheck_test_cuda_fused_attention", "gpt2_amp_profile")
+                 "gpt2_amp_fp32_attention", "gpt2_amp_profile", "memcheck_test_cuda_fused_attention")
 
 
 def check_gpu_check_focus(c, base, bin_dir):
