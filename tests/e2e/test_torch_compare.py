@@ -89,9 +89,9 @@ def check_smoke(c, tc, work, python=sys.executable, facts=None):
                     f"{d['row']}: skipped, cuda only", d.get("error") or "")
             continue
         if d["mode"].startswith("amp"):
-            # GradScaler starts at 2^16 and halves at each overflow, at most once a step (ResNet-50's first
-            # steps overflow); it grows only after 2000 clean steps, so the timed steps' skips are the
-            # halvings since the warm-up. A disabled scaler would say 1.0 throughout.
+            # GradScaler starts at 2^16 and halves at each overflow, at most once a step (the smoke
+            # ResNet-50 may overflow at every one); it grows only after 2000 clean steps, so the timed
+            # steps' skips are the halvings since the warm-up. A disabled scaler would say 1.0 throughout.
             skipped, warm, final = d.get("skipped_steps"), d.get("warmup_loss_scale", 0), d.get("final_loss_scale", 0)
             ok = (isinstance(skipped, int) and 0 <= skipped <= d["steps"] and final * 2 ** skipped == warm
                   and 2.0 ** (16 - d["warmup"]) <= warm <= 2.0 ** 16 and math.log2(warm).is_integer())

@@ -57,8 +57,8 @@ def main():
     facts = ttc.torch_facts(PYTHON)
     if facts is None:
         mt.skip(f"{PYTHON} cannot import torch")
-    major = int(facts["version"].split(".")[0])
-    c.check(major >= 2 and facts["compile"] and facts["amp_scaler"],
+    version = tuple(int(x) for x in facts["version"].split("+")[0].split(".")[:2])
+    c.check(version >= (2, 0) and facts["compile"] and facts["amp_scaler"],
             f"torch {facts['version']}: torch.compile and torch.amp.GradScaler")
     work = mt.workdir("torch_compare_torch2")
     tc = mt.load_script(ttc.SCRIPT)
@@ -67,7 +67,6 @@ def main():
     c.check(bool(rows) and all(d.get("fp32_precision") == want for d in rows),
             "TF32 off through torch 2.9's per-op precisions: matmul, conv and rnn ieee",
             str(rows[0].get("fp32_precision")) if rows else "")
-    version = tuple(int(x) for x in facts["version"].split("+")[0].split(".")[:2])
     gpt = [d for d in rows if d["model"] != "resnet50"]
     if version >= (2, 4):
         c.check(gpt and all(d["optimizer"] == "AdamW(fused)" for d in gpt), "AdamW fused on the CPU (torch 2.4 on)",
