@@ -146,8 +146,13 @@ def remove_stale():
 class Cluster:
     """The namespaces, the bridge and the hosts files of one run."""
 
-    def __init__(self, hosts):
+    def __init__(self, hosts, session_dir):
         self.hosts = hosts
+        # Open MPI's session directories and its shared-memory segments (some
+        # MB a host), in the test's work folder, not in /tmp and /dev/shm: the
+        # host-loss check kills hostB's orted and ranks before they can remove
+        # their own.
+        self.session_dir = session_dir
         self.bridge = f"{TAG}br"
         self.ns = {h: f"{TAG}-{h}" for h in hosts}
         self.addr = {h: f"{SUBNET}.{i + 1}" for i, h in enumerate(hosts)}
@@ -208,6 +213,8 @@ class Cluster:
             "OMPI_MCA_plm_rsh_no_tree_spawn": "1",
             "OMPI_MCA_btl_tcp_if_include": f"{SUBNET}.0/24",
             "OMPI_MCA_oob_tcp_if_include": f"{SUBNET}.0/24",
+            "OMPI_MCA_orte_tmpdir_base": str(self.session_dir),
+            "OMPI_MCA_btl_vader_backing_directory": str(self.session_dir),
             "NETNS_AGENT_HOSTS": " ".join(f"{h}={self.ns[h]}" for h in self.hosts if h != "head"),
         }
 
@@ -366,7 +373,7 @@ def main():
     checks = mixtest.Checks("several_hosts")
     work = mixtest.workdir("several_hosts")
     remove_stale()
-    cluster = Cluster(HOSTS)
+    cluster = Cluster(HOSTS, work / "ompi")
     try:
         t0 = time.monotonic()
         try:
@@ -375,13 +382,21 @@ def main():
             mixtest.skip(f"cannot build the namespaces: {e}")
         print(f"namespaces {', '.join(cluster.ns.values())} on bridge {cluster.bridge}: "
               f"{time.monotonic() - t0:.1f} s")
-        for name in ("two", "one", "loss"):
+        for name in ("two", "one", "loss", "ompi"):
             (work / name).mkdir()
         checkpoint = check_two_hosts(checks, cluster, work / "two")
         check_one_host(checks, cluster, work / "one", checkpoint)
         t0 = time.monotonic()
         check_host_loss(checks, cluster, work / "loss")
         print(f"host loss: {time.monotonic() - t0:.1f} s")
+        # hostB's orted and ranks, killed above, could not remove their session
+        # directory and shared memory: they must be in the work folder, which
+        # goes at exit, not in /tmp and /dev/shm.
+        in_work = sorted(d.name for d in (work / "ompi").iterdir())
+        checks.check(any(name.startswith("ompi.hostB.") for name in in_work)
+                     and any(name.startswith("vader_segment.hostB.") for name in in_work),
+                     "Open MPI's session directories and shared memory, killed hostB's included, are in the work "
+                     "folder", ", ".join(in_work) or "none")
     finally:
         t0 = time.monotonic()
         cluster.destroy()

@@ -7,7 +7,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from mixtest import SOURCE_DIR, Checks
+from mixtest import SOURCE_DIR, Checks, workdir
 
 SCRIPT = SOURCE_DIR / "scripts" / "check_layers.py"
 
@@ -17,9 +17,12 @@ def run(root):
     return r.returncode, r.stdout + r.stderr
 
 
+WORK = workdir("layers")  # removed at exit, with every made-up tree in it
+
+
 def tree(files):
     """A made-up repository: {path: text}."""
-    d = Path(tempfile.mkdtemp(prefix="mix_layers_"))
+    d = Path(tempfile.mkdtemp(dir=WORK))
     for path, text in files.items():
         (d / path).parent.mkdir(parents=True, exist_ok=True)
         (d / path).write_text(text)
