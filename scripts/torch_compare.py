@@ -452,10 +452,15 @@ def make_adamw(torch, model):
         return torch.optim.AdamW(model.parameters(), **kwargs), f"AdamW (not fused here: {first_line(e, 120)})"
 
 
+def has_device_grad_scaler(torch):
+    """Whether this torch has torch.amp.GradScaler(device) (2.3 on), not torch.cuda.amp's alone."""
+    return hasattr(getattr(torch, "amp", None), "GradScaler")
+
+
 def make_grad_scaler(torch, device_type):
     """FP16's GradScaler for the device; before torch 2.3 there is torch.cuda.amp.GradScaler alone, for
     CUDA."""
-    if hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler"):
+    if has_device_grad_scaler(torch):
         scaler = torch.amp.GradScaler(device_type)
     elif device_type == "cuda":
         scaler = torch.cuda.amp.GradScaler()
@@ -480,7 +485,7 @@ def run_row(torch, row, args, peak, announce=None):
     cfg = model_config(model_name, args.smoke)
     batch = row_batch(batch, args.smoke)
     rec = base_record(row, cfg, batch, args)
-    if mode.startswith("amp") and args.device != "cuda" and not hasattr(getattr(torch, "amp", None), "GradScaler"):
+    if mode.startswith("amp") and args.device != "cuda" and not has_device_grad_scaler(torch):
         return dict(rec, status="skipped", error=f"cuda only in torch {torch.__version__}: FP16 autocast with "
                                                  "GradScaler")
     if mode.endswith("_compile") and compile_fn(torch) is None:
