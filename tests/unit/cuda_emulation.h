@@ -21,6 +21,13 @@
 // so a value read before it was written shows. What it cannot check is the GPU
 // itself: WMMA's hardware, shared-memory banks, alignment, timing.
 //
+// Dynamic shared memory is g_shared, of which a launch gives the kernel the
+// bytes its host code asks for (run_grid's last argument): a write past them
+// fails the launch, and under AddressSanitizer (scripts/sanitize.sh) so does
+// a read, as compute-sanitizer's memcheck would on the GPU. A kernel's static
+// __shared__ arrays are static arrays here, bounded by ASan's redzones. The
+// fibers tell ASan when they switch stacks, so that it follows each one.
+//
 // Include it before the kernels' header; it defines the CUDA keywords
 // (__global__, __device__, threadIdx, ...) as macros, so include every other
 // header first.
@@ -31,10 +38,23 @@
 #include <functional>
 #include <memory>
 #include <stdexcept>
+#include <string>
 #include <type_traits>
 #include <vector>
 
 #include "runtime/core/half.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define MIX_EMULATION_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define MIX_EMULATION_ASAN 1
+#endif
+#endif
+#ifdef MIX_EMULATION_ASAN
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#endif
 
 namespace emulated {
 
@@ -79,6 +99,41 @@ struct Block {
 };
 inline Block g_run;
 
+// AddressSanitizer follows the switches between the scheduler's stack and
+// the fibers' through these (nothing without it): the side switching away
+// saves its fake stack (ASan's frames of stack-use-after-return checking)
+// and names the stack it goes to; the side arriving restores its own.
+struct StackBounds {
+  const void* bottom = nullptr;
+  size_t size = 0;
+};
+inline StackBounds g_scheduler_stack;  // as the first fiber to run learns it
+
+// From the scheduler into thread t's fiber, until it gives way or ends.
+inline void switch_to_fiber(int t) {
+  Fiber& f = g_run.fibers[static_cast<size_t>(t)];
+#ifdef MIX_EMULATION_ASAN
+  void* fake_stack = nullptr;
+  __sanitizer_start_switch_fiber(&fake_stack, g_run.stacks[static_cast<size_t>(t)].get(), kStackBytes);
+  swapcontext(&g_run.scheduler, &f.context);
+  __sanitizer_finish_switch_fiber(fake_stack, nullptr, nullptr);
+#else
+  swapcontext(&g_run.scheduler, &f.context);
+#endif
+}
+
+// From the running fiber back to the scheduler; returns when it is resumed.
+inline void switch_to_scheduler(Fiber& me) {
+#ifdef MIX_EMULATION_ASAN
+  void* fake_stack = nullptr;
+  __sanitizer_start_switch_fiber(&fake_stack, g_scheduler_stack.bottom, g_scheduler_stack.size);
+  swapcontext(&me.context, &g_run.scheduler);
+  __sanitizer_finish_switch_fiber(fake_stack, &g_scheduler_stack.bottom, &g_scheduler_stack.size);
+#else
+  swapcontext(&me.context, &g_run.scheduler);
+#endif
+}
+
 inline int warp_of_thread() { return static_cast<int>(thread_index.x) / 32; }
 
 // The running thread arrives at b and, unless it is the last, gives way until b opens.
@@ -93,14 +148,20 @@ inline void arrive_and_wait(Barrier& b) {
   Fiber& me = g_run.fibers[static_cast<size_t>(g_run.current)];
   me.waiting_on = &b;
   me.waiting_generation = generation;
-  swapcontext(&me.context, &g_run.scheduler);
+  switch_to_scheduler(me);
 }
 inline void block_barrier() { arrive_and_wait(g_run.block_barrier); }
 inline void warp_barrier() { arrive_and_wait(g_run.warp_barriers[static_cast<size_t>(warp_of_thread())]); }
 
 inline void run_thread() {
+#ifdef MIX_EMULATION_ASAN
+  __sanitizer_finish_switch_fiber(nullptr, &g_scheduler_stack.bottom, &g_scheduler_stack.size);
+#endif
   (*g_run.kernel)();
   g_run.fibers[static_cast<size_t>(g_run.current)].done = true;
+#ifdef MIX_EMULATION_ASAN
+  __sanitizer_start_switch_fiber(nullptr, g_scheduler_stack.bottom, g_scheduler_stack.size);  // this fiber ends
+#endif
 }  // returns to the scheduler (uc_link)
 
 // Runs one block of the kernel: every thread from its start to its end. The
@@ -146,7 +207,7 @@ inline void run_block() {
     g_run.current = t;
     thread_index.x = static_cast<unsigned>(t);
     const uint64_t openings = g_run.openings;
-    swapcontext(&g_run.scheduler, &f.context);
+    switch_to_fiber(t);
     ran = true;
     done += f.done ? 1 : 0;
     // A barrier opened: threads before this one may run again.
@@ -154,12 +215,55 @@ inline void run_block() {
   }
 }
 
+// g_shared past a launch's dynamic shared memory, for one block: garbage
+// that must stay as it is, and under ASan unreadable and unwritable.
+class SharedBeyondLaunch {
+ public:
+  explicit SharedBeyondLaunch(size_t launch_bytes) : from_(launch_bytes) {
+    std::memset(g_shared, kSharedGarbage, sizeof g_shared);
+#ifdef MIX_EMULATION_ASAN
+    ASAN_POISON_MEMORY_REGION(g_shared + from_, sizeof g_shared - from_);
+#endif
+  }
+  ~SharedBeyondLaunch() {
+#ifdef MIX_EMULATION_ASAN
+    ASAN_UNPOISON_MEMORY_REGION(g_shared + from_, sizeof g_shared - from_);
+#endif
+  }
+  SharedBeyondLaunch(const SharedBeyondLaunch&) = delete;
+  SharedBeyondLaunch& operator=(const SharedBeyondLaunch&) = delete;
+
+  // Throws if the block wrote past the launch's bytes.
+  void check_untouched() const {
+#ifdef MIX_EMULATION_ASAN
+    ASAN_UNPOISON_MEMORY_REGION(g_shared + from_, sizeof g_shared - from_);
+#endif
+    for (size_t i = from_; i < sizeof g_shared; ++i)
+      if (g_shared[i] != kSharedGarbage)
+        throw std::logic_error("emulated kernel wrote byte " + std::to_string(i) +
+                               " of dynamic shared memory, past the " + std::to_string(from_) +
+                               " bytes its launch gives it (block " + std::to_string(block_index.x) + ", " +
+                               std::to_string(block_index.y) + ")");
+  }
+
+  static constexpr unsigned char kSharedGarbage = 0xCD;
+
+ private:
+  size_t from_;
+};
+
 // Runs kernel() as a grid of (gx, gy) blocks of `block_threads` threads (whole
-// warps, at most kMaxBlockThreads), one block at a time, shared memory
-// refilled with garbage before each.
+// warps, at most kMaxBlockThreads), one block at a time, with the first
+// `dynamic_shared_bytes` of g_shared (none by default, as <<<grid, block>>>),
+// refilled with garbage before each block; a block that writes past them throws.
 template <typename Kernel>
-void run_grid(unsigned gx, unsigned gy, Kernel kernel, int block_threads = kBlockThreads) {
+void run_grid(unsigned gx, unsigned gy, Kernel kernel, int block_threads = kBlockThreads,
+              size_t dynamic_shared_bytes = 0) {
   if (block_threads % 32 != 0 || block_threads > kMaxBlockThreads) throw std::invalid_argument("emulated block size");
+  if (dynamic_shared_bytes > sizeof g_shared)
+    throw std::invalid_argument("emulated launch of " + std::to_string(dynamic_shared_bytes) +
+                                " bytes of dynamic shared memory, more than g_shared's " +
+                                std::to_string(sizeof g_shared));
   g_grid = {gx, gy, 1};
   g_block_dim = {static_cast<unsigned>(block_threads), 1, 1};
   const std::function<void()> body = kernel;
@@ -170,9 +274,10 @@ void run_grid(unsigned gx, unsigned gy, Kernel kernel, int block_threads = kBloc
   g_run.warp_barriers.resize(static_cast<size_t>(block_threads / 32));
   for (unsigned bx = 0; bx < gx; ++bx)
     for (unsigned by = 0; by < gy; ++by) {
-      std::memset(g_shared, 0xCD, sizeof g_shared);
       block_index = {bx, by, 0};
+      const SharedBeyondLaunch beyond(dynamic_shared_bytes);
       run_block();
+      beyond.check_untouched();
     }
   g_run.kernel = nullptr;
 }

@@ -48,7 +48,7 @@ namespace {
 template <typename T, int kChunks>
 std::map<std::string, Tensor> run_kernels(const Problem& pb, DType dt, const Inputs& in) {
   const Tensor q = to_dtype(in.q, dt), k = to_dtype(in.k, dt), v = to_dtype(in.v, dt), dout = to_dtype(in.r, dt);
-  const int64_t groups = pb.groups(), d = pb.d, padded = d + 1;
+  const int64_t groups = pb.groups(), d = pb.d;
   const attention_rules::AttentionDims a{groups, pb.t, pb.s, d, pb.causal, static_cast<float>(pb.scale())};
   const T unwritten = from_float<T>(NAN);
   std::vector<T> out(static_cast<size_t>(groups * pb.t * d), unwritten), dq(out.size(), unwritten),
@@ -57,23 +57,27 @@ std::map<std::string, Tensor> run_kernels(const Problem& pb, DType dt, const Inp
   const auto tiles = [](int64_t rows) {
     return static_cast<unsigned>((rows + kernels::kBlockRows - 1) / kernels::kBlockRows);
   };
+  // Each launch gets the dynamic shared memory fused_attention.cu gives it, and no more.
+  const auto shared_bytes = [](int64_t floats) { return static_cast<size_t>(floats) * sizeof(float); };
   const T *qd = q.data<T>(), *kd = k.data<T>(), *vd = v.data<T>(), *dod = dout.data<T>();
-  emulated::run_grid(static_cast<unsigned>(groups), tiles(pb.t),
-                     [&] { kernels::attention_forward<T, kChunks>(qd, kd, vd, out.data(), lse.data(), a); });
+  emulated::run_grid(
+      static_cast<unsigned>(groups), tiles(pb.t),
+      [&] { kernels::attention_forward<T, kChunks>(qd, kd, vd, out.data(), lse.data(), a); }, kernels::kThreads,
+      shared_bytes(kernels::forward_shared_floats(d)));
   const int64_t rows = groups * pb.t;
-  emulated::run_grid(static_cast<unsigned>(std::max<int64_t>((rows + kernels::kWarps - 1) / kernels::kWarps, 1)), 1,
-                     [&] { kernels::attention_delta<T>(out.data(), dod, delta.data(), rows, d); });
-  emulated::run_grid(static_cast<unsigned>(groups), tiles(pb.s), [&] {
-    kernels::attention_grad_kv<T, kChunks>(qd, kd, vd, dod, lse.data(), delta.data(), dk.data(), dv.data(), a);
-  });
-  emulated::run_grid(static_cast<unsigned>(groups), tiles(pb.t), [&] {
-    kernels::attention_grad_q<T, kChunks>(qd, kd, vd, dod, lse.data(), delta.data(), dq.data(), a);
-  });
-  // The launches' shared memory, as fused_attention.cu sizes it, fits the emulation's.
-  const int64_t most_floats =
-      std::max({kernels::kBlockRows * d + kernels::kTile * padded + kernels::kTile * d,
-                2 * kernels::kBlockRows * d + 2 * kernels::kTile * padded + 2 * kernels::kTile});
-  REQUIRE(most_floats * static_cast<int64_t>(sizeof(float)) <= static_cast<int64_t>(sizeof emulated::g_shared));
+  emulated::run_grid(
+      static_cast<unsigned>(std::max<int64_t>((rows + kernels::kWarps - 1) / kernels::kWarps, 1)), 1,
+      [&] { kernels::attention_delta<T>(out.data(), dod, delta.data(), rows, d); }, kernels::kThreads, 0);
+  emulated::run_grid(
+      static_cast<unsigned>(groups), tiles(pb.s),
+      [&] {
+        kernels::attention_grad_kv<T, kChunks>(qd, kd, vd, dod, lse.data(), delta.data(), dk.data(), dv.data(), a);
+      },
+      kernels::kThreads, shared_bytes(kernels::grad_kv_shared_floats(d)));
+  emulated::run_grid(
+      static_cast<unsigned>(groups), tiles(pb.t),
+      [&] { kernels::attention_grad_q<T, kChunks>(qd, kd, vd, dod, lse.data(), delta.data(), dq.data(), a); },
+      kernels::kThreads, shared_bytes(kernels::grad_q_shared_floats(d)));
   return attention::results_as_tensors(pb, dt, out, lse, dq, dk, dv);
 }
 

@@ -53,9 +53,11 @@ std::map<std::string, Tensor> run_kernels(const Problem& pb, DType dt, const Inp
       dk(static_cast<size_t>(groups * pb.s * pb.d), unwritten), dv(dk.size(), unwritten);
   std::vector<float> lse(static_cast<size_t>(groups * pb.t), NAN);
   const auto tiles = [](int64_t rows) { return static_cast<unsigned>((rows + kernels::kRows - 1) / kernels::kRows); };
-  emulated::run_grid(static_cast<unsigned>(groups), tiles(pb.t), [&] {
-    kernels::forward_kernel<T, kD>(bits_of(q), bits_of(k), bits_of(v), out.data(), lse.data(), a);
-  });
+  // Each launch gets the dynamic shared memory fused_attention_tensor_cores.cu gives it, and no more.
+  emulated::run_grid(
+      static_cast<unsigned>(groups), tiles(pb.t),
+      [&] { kernels::forward_kernel<T, kD>(bits_of(q), bits_of(k), bits_of(v), out.data(), lse.data(), a); },
+      kernels::kThreads, kernels::ForwardShared<kD>::bytes());
   // delta = dO . O over each row in FP32, as fused_attention.cu's attention_delta.
   std::vector<float> delta(lse.size());
   const std::vector<float> dout_f = dout.to_floats();
@@ -67,14 +69,20 @@ std::map<std::string, Tensor> run_kernels(const Problem& pb, DType dt, const Inp
     }
     delta[row] = sum;
   }
-  emulated::run_grid(static_cast<unsigned>(groups), tiles(pb.s), [&] {
-    kernels::grad_kv_kernel<T, kD>(bits_of(q), bits_of(k), bits_of(v), bits_of(dout), lse.data(), delta.data(),
-                                   dk.data(), dv.data(), a);
-  });
-  emulated::run_grid(static_cast<unsigned>(groups), tiles(pb.t), [&] {
-    kernels::grad_q_kernel<T, kD>(bits_of(q), bits_of(k), bits_of(v), bits_of(dout), lse.data(), delta.data(),
-                                  dq.data(), a);
-  });
+  emulated::run_grid(
+      static_cast<unsigned>(groups), tiles(pb.s),
+      [&] {
+        kernels::grad_kv_kernel<T, kD>(bits_of(q), bits_of(k), bits_of(v), bits_of(dout), lse.data(), delta.data(),
+                                       dk.data(), dv.data(), a);
+      },
+      kernels::kThreads, kernels::GradKvShared<kD>::bytes());
+  emulated::run_grid(
+      static_cast<unsigned>(groups), tiles(pb.t),
+      [&] {
+        kernels::grad_q_kernel<T, kD>(bits_of(q), bits_of(k), bits_of(v), bits_of(dout), lse.data(), delta.data(),
+                                      dq.data(), a);
+      },
+      kernels::kThreads, kernels::GradQShared<kD>::bytes());
   return attention::results_as_tensors(pb, dt, out, lse, dq, dk, dv);
 }
 

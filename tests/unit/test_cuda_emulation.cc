@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "tests/unit/cuda_emulation.h"
@@ -16,7 +17,7 @@
 namespace {
 
 constexpr int kThreads = 256;
-constexpr unsigned char kGarbage = 0xCD;  // run_grid's fill of shared memory
+constexpr unsigned char kGarbage = emulated::SharedBeyondLaunch::kSharedGarbage;  // run_grid's fill of shared memory
 
 float garbage_float() {
   float f;
@@ -40,7 +41,7 @@ std::vector<float> neighbours(bool barrier) {
         __syncthreads();  // a second round, in the other order
         got[static_cast<size_t>(static_cast<int>(blockIdx.x) * kThreads + t)] = a + b;
       },
-      kThreads);
+      kThreads, kThreads * sizeof(float));
   return got;
 }
 
@@ -108,3 +109,57 @@ TEST_CASE("an emulated block whose barrier some threads never reach fails instea
       64);
   CHECK(ran == 1);
 }
+
+#ifndef MIX_EMULATION_ASAN
+// A kernel writing float `index` of dynamic shared memory, launched with `floats` of it.
+void write_shared_float(int index, int floats) {
+  emulated::run_grid(
+      1, 2,
+      [&] {
+        if (threadIdx.x == 0) reinterpret_cast<float*>(emulated::g_shared)[index] = 1.f;
+      },
+      32, static_cast<size_t>(floats) * sizeof(float));
+}
+
+TEST_CASE("an emulated kernel that writes past its launch's dynamic shared memory fails", "[emulated]") {
+  write_shared_float(99, 100);  // its last float: fine
+  try {
+    write_shared_float(100, 100);  // one past it
+    FAIL("the write past the launch's 400 bytes went unnoticed");
+  } catch (const std::logic_error& e) {
+    const std::string what = e.what();
+    CHECK(what.find("wrote byte 400 of dynamic shared memory, past the 400 bytes its launch gives it") !=
+          std::string::npos);
+    CHECK(what.find("(block 0, 0)") != std::string::npos);
+  }
+  // With no dynamic shared memory asked for (the default), none may be written.
+  CHECK_THROWS_AS(emulated::run_grid(
+                      1, 1, [&] { emulated::g_shared[0] = 1; }, 32),
+                  std::logic_error);
+  // A launch asking for more than the emulation holds is refused before it runs.
+  CHECK_THROWS_AS(emulated::run_grid(
+                      1, 1, [] {}, 32, sizeof emulated::g_shared + 1),
+                  std::invalid_argument);
+}
+#else
+// Under AddressSanitizer a write past the launch's bytes would end the
+// process at once, as it should; here the bytes past them are checked to be
+// poisoned while the kernel runs, and the launch's own not.
+TEST_CASE("under ASan, dynamic shared memory past the launch's bytes is poisoned while the kernel runs", "[emulated]") {
+  bool last_poisoned = true, past_poisoned = false, first_poisoned_by_default = false;
+  emulated::run_grid(
+      1, 1,
+      [&] {
+        if (threadIdx.x != 0) return;
+        last_poisoned = __asan_address_is_poisoned(emulated::g_shared + 399) != 0;
+        past_poisoned = __asan_address_is_poisoned(emulated::g_shared + 400) != 0;
+      },
+      32, 400);
+  emulated::run_grid(
+      1, 1, [&] { first_poisoned_by_default = __asan_address_is_poisoned(emulated::g_shared) != 0; }, 32);
+  CHECK_FALSE(last_poisoned);
+  CHECK(past_poisoned);
+  CHECK(first_poisoned_by_default);
+  CHECK_FALSE(__asan_address_is_poisoned(emulated::g_shared + 400));  // and open again after the launch
+}
+#endif

@@ -193,12 +193,11 @@ void own_forward(OpContext& ctx, const AttentionDims& a, const Tensor& q, const 
     attention_tensor_cores::forward(a, q.dtype(), q.raw(), k.raw(), v.raw(), out.raw(), lse, stream);
     return;
   }
-  const int64_t floats = kBlockRows * a.d + kTile * (a.d + 1) + kTile * a.d;
   dispatch_floating(q.dtype(), [&](auto tag) {
     using T = decltype(tag);
     with_head_chunks(a.d, [&](auto chunks) {
-      launch_tiles(attention_forward<T, decltype(chunks)::value>, grid_of(a, a.t_q), floats, stream, q.data<T>(),
-                   k.data<T>(), v.data<T>(), out.data<T>(), lse, a);
+      launch_tiles(attention_forward<T, decltype(chunks)::value>, grid_of(a, a.t_q), forward_shared_floats(a.d), stream,
+                   q.data<T>(), k.data<T>(), v.data<T>(), out.data<T>(), lse, a);
     });
   });
 }
@@ -272,16 +271,14 @@ void own_backward(OpContext& ctx, const AttentionDims& a, const Tensor& q, const
     }
     with_head_chunks(a.d, [&](auto chunks) {
       constexpr int kChunks = decltype(chunks)::value;
-      const int64_t padded = a.d + 1;
       if (dk != nullptr && a.t_k > 0)  // with no query, the kernel writes zeros
-        launch_tiles(attention_grad_kv<T, kChunks>, grid_of(a, a.t_k),
-                     2 * kBlockRows * a.d + 2 * kTile * padded + 2 * kTile, stream, q.data<T>(), k.data<T>(),
-                     v.data<T>(), dout.data<T>(), lse.data<float>(), delta.data<float>(), dk->data<T>(), dv->data<T>(),
-                     a);
+        launch_tiles(attention_grad_kv<T, kChunks>, grid_of(a, a.t_k), grad_kv_shared_floats(a.d), stream, q.data<T>(),
+                     k.data<T>(), v.data<T>(), dout.data<T>(), lse.data<float>(), delta.data<float>(), dk->data<T>(),
+                     dv->data<T>(), a);
       if (dq != nullptr && a.t_q > 0)
-        launch_tiles(attention_grad_q<T, kChunks>, grid_of(a, a.t_q), 2 * kBlockRows * a.d + 2 * kTile * padded, stream,
-                     q.data<T>(), k.data<T>(), v.data<T>(), dout.data<T>(), lse.data<float>(), delta.data<float>(),
-                     dq->data<T>(), a);
+        launch_tiles(attention_grad_q<T, kChunks>, grid_of(a, a.t_q), grad_q_shared_floats(a.d), stream, q.data<T>(),
+                     k.data<T>(), v.data<T>(), dout.data<T>(), lse.data<float>(), delta.data<float>(), dq->data<T>(),
+                     a);
     });
   });
 }

@@ -37,6 +37,13 @@ constexpr unsigned kFullMask = 0xffffffffu;
 
 // ---- tiles in shared memory --------------------------------------------------------------
 
+// Floats of dynamic shared memory each kernel's launch gives it, for head dim
+// d: the layouts at the top of the kernels below. fused_attention.cu launches
+// with them, and the emulated test holds the kernels to them.
+constexpr int64_t forward_shared_floats(int64_t d) { return kBlockRows * d + kTile * (d + 1) + kTile * d; }
+constexpr int64_t grad_kv_shared_floats(int64_t d) { return 2 * kBlockRows * d + 2 * kTile * (d + 1) + 2 * kTile; }
+constexpr int64_t grad_q_shared_floats(int64_t d) { return 2 * kBlockRows * d + 2 * kTile * (d + 1); }
+
 // rows [first, first + count) of a [total, d] tensor into a [count][stride]
 // FP32 tile (stride d or d + 1), zeros past `total`.
 template <typename T>

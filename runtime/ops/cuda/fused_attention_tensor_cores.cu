@@ -109,9 +109,8 @@ void forward(const AttentionDims& a, DType dtype, const void* q, const void* k, 
     using T = decltype(tag);
     with_head_dim(a.d, [&](auto dim) {
       constexpr int kD = decltype(dim)::value;
-      using S = Strides<kD>;
-      const size_t bytes = S::tiles(kRows + 2 * kCols) + S::forward_floats() + S::warp_probs(1);
-      launch<forward_kernel<T, kD>>(a, a.t_q, bytes, stream, bits(q), bits(k), bits(v), static_cast<T*>(out), lse, a);
+      launch<forward_kernel<T, kD>>(a, a.t_q, ForwardShared<kD>::bytes(), stream, bits(q), bits(k), bits(v),
+                                    static_cast<T*>(out), lse, a);
     });
   });
 }

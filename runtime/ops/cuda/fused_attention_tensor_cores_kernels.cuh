@@ -176,6 +176,14 @@ struct BackwardShared {
   }
 };
 
+// The forward's dynamic shared memory, as forward_kernel lays it out: the
+// Q, K and V tiles, each warp's FP32 scores and output sums, its 16-bit P.
+template <int kD>
+struct ForwardShared {
+  using S = Strides<kD>;
+  static constexpr size_t bytes() { return S::tiles(kRows + 2 * kCols) + S::forward_floats() + S::warp_probs(1); }
+};
+
 template <int kD>
 using GradKvShared = BackwardShared<kD, 2, 2>;  // P^T and dS^T; LSE and delta of the query tile
 template <int kD>
