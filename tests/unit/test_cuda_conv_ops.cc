@@ -502,9 +502,9 @@ TEST_CASE(
     "bit",
     "[cuda][gpu_only][conv2d]") {
   require_gpu();
-  const DType dt = EACH_FLOAT_TYPE();
   disable_tf32();
 #ifdef MIX_HAVE_CUDA
+  const DType dt = EACH_FLOAT_TYPE();
   const ScopedSwitch gemm(kCublas1x1Conv, true);
   struct Case {
     int64_t n, h, w, c, oc, stride;
