@@ -65,8 +65,10 @@ Taps bilinear_taps(double in0, double in1, int lo, int hi, int out_total, int fi
 
 // The resampling passes run the same integer loop on every host; the AVX2
 // copy is picked at load time where the CPU has it (the results are the same
-// bits: integer arithmetic), the plain one elsewhere.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// bits: integer arithmetic), the plain one elsewhere. Not under
+// ThreadSanitizer (scripts/sanitize.sh --thread): it instruments the load-time
+// picker too, which then runs before TSan's runtime has started, and crashes.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 #define MIX_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define MIX_VECTOR_CLONES

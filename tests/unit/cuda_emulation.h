@@ -164,6 +164,19 @@ inline void run_thread() {
 #endif
 }  // returns to the scheduler (uc_link)
 
+// Thread t's fiber, ready to run the kernel from its start on its own stack.
+// (A function of its own: getcontext returns twice, as setjmp does, which
+// would leave a caller's loop counter in doubt.)
+inline void start_fiber(int t) {
+  Fiber& f = g_run.fibers[static_cast<size_t>(t)];
+  f = Fiber{};
+  getcontext(&f.context);
+  f.context.uc_stack.ss_sp = g_run.stacks[static_cast<size_t>(t)].get();
+  f.context.uc_stack.ss_size = kStackBytes;
+  f.context.uc_link = &g_run.scheduler;
+  makecontext(&f.context, run_thread, 0);
+}
+
 // Runs one block of the kernel: every thread from its start to its end. The
 // scheduler always resumes the first thread, in the block's order, that can
 // run: so the first warp runs as far ahead of the others as the barriers let
@@ -173,15 +186,7 @@ inline void run_thread() {
 // race are tried.
 inline void run_block() {
   const int threads = static_cast<int>(g_block_dim.x);
-  for (int t = 0; t < threads; ++t) {
-    Fiber& f = g_run.fibers[static_cast<size_t>(t)];
-    f = Fiber{};
-    getcontext(&f.context);
-    f.context.uc_stack.ss_sp = g_run.stacks[static_cast<size_t>(t)].get();
-    f.context.uc_stack.ss_size = kStackBytes;
-    f.context.uc_link = &g_run.scheduler;
-    makecontext(&f.context, run_thread, 0);
-  }
+  for (int t = 0; t < threads; ++t) start_fiber(t);
   g_run.block_barrier = Barrier{threads};
   for (Barrier& w : g_run.warp_barriers) w = Barrier{32};
   const bool from_first = (block_index.x + block_index.y) % 2 == 0;
