@@ -4,7 +4,8 @@
 # arguments go to ctest (default: -L unit, the unit tests, the emulated CUDA
 # kernels among them; `-LE unit` runs the end-to-end and multi-rank ones,
 # which take longer). Not part of scripts/test.sh: the instrumented build
-# takes most of an hour on 2 cores. Any sanitizer report fails its test.
+# and unit tests take about half an hour on 2 cores, `-LE unit` some 20 minutes
+# more. Any sanitizer report fails its test.
 # Leak checking is off: Open MPI and OpenBLAS keep memory to the end on purpose.
 #
 # --thread: ThreadSanitizer instead, into build-tsan/, over the tests of the
@@ -19,7 +20,7 @@ source "$root/scripts/lib/args.sh"  # usage_if_help
 usage_if_help "$@" <<'EOF'
 usage: scripts/sanitize.sh [--thread] [CTEST ARGS...]
 After scripts/setup.sh, builds the CPU code with AddressSanitizer and UndefinedBehaviorSanitizer and runs the
-tests there; any sanitizer report fails its test (leak checking is off). Most of an hour on 2 cores.
+tests there; any sanitizer report fails its test (leak checking is off). About half an hour on 2 cores.
   --thread         ThreadSanitizer instead (build-tsan/): by default only the data readers' threads and the stop
                    signals' handler (unit.test_data, unit.test_image_folder, unit.test_stop_signals), only their
                    targets built
