@@ -5,6 +5,21 @@
 
 #include "runtime/core/check.h"
 
+// Under AddressSanitizer (scripts/sanitize.sh) a block's rounding tail and a
+// cached block are poisoned, so that a read or write past a tensor's bytes,
+// or into a freed tensor whose block waits in the cache for reuse, is
+// reported as it would be for malloc's own blocks.
+#if defined(__SANITIZE_ADDRESS__)
+#define MIX_ALLOCATOR_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define MIX_ALLOCATOR_ASAN 1
+#endif
+#endif
+#ifdef MIX_ALLOCATOR_ASAN
+#include <sanitizer/asan_interface.h>
+#endif
+
 namespace mix {
 
 void Allocator::count_alloc(size_t bytes) {
@@ -16,6 +31,23 @@ void Allocator::count_alloc(size_t bytes) {
 
 namespace {
 size_t rounded_size(size_t bytes) { return (bytes + 63) / 64 * 64; }
+
+// [p, p + n) open to reads and writes, or closed, under ASan (nothing without it).
+void mark(void* p, size_t n, bool open) {
+#ifdef MIX_ALLOCATOR_ASAN
+  if (open)
+    ASAN_UNPOISON_MEMORY_REGION(p, n);
+  else
+    ASAN_POISON_MEMORY_REGION(p, n);
+#else
+  (void)p, (void)n, (void)open;
+#endif
+}
+// p's first `bytes` open, the rest of its rounded block closed.
+void open_block(void* p, size_t bytes) {
+  mark(p, bytes, true);
+  mark(static_cast<char*>(p) + bytes, rounded_size(bytes) - bytes, false);
+}
 }  // namespace
 
 CpuAllocator::~CpuAllocator() { release_cache(); }
@@ -31,6 +63,7 @@ void* CpuAllocator::allocate(size_t bytes) {
       it->second.pop_back();
       cached_ -= rounded;
       count_alloc(bytes);
+      open_block(p, bytes);
       return p;
     }
   }
@@ -41,6 +74,7 @@ void* CpuAllocator::allocate(size_t bytes) {
   }
   if (!p) MIX_FAIL("out of host memory allocating " << bytes << " bytes (" << live_bytes() << " bytes live)");
   count_alloc(bytes);
+  open_block(p, bytes);
   return p;
 }
 
@@ -50,13 +84,16 @@ void CpuAllocator::deallocate(void* p, size_t bytes) noexcept {
   const size_t rounded = rounded_size(bytes);
   std::lock_guard<std::mutex> lock(mu_);
   if (cached_ + rounded > kMaxCachedBytes) {
+    mark(p, rounded, true);
     std::free(p);
     return;
   }
   try {
     free_[rounded].push_back(p);
     cached_ += rounded;
+    mark(p, rounded, false);  // cached: closed until handed out again
   } catch (...) {
+    mark(p, rounded, true);
     std::free(p);  // no memory for the bookkeeping: give the block back instead
   }
 }
@@ -69,7 +106,10 @@ size_t CpuAllocator::cached_bytes() const {
 void CpuAllocator::release_cache() noexcept {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& [size, blocks] : free_)
-    for (void* b : blocks) std::free(b);
+    for (void* b : blocks) {
+      mark(b, size, true);
+      std::free(b);
+    }
   free_.clear();
   cached_ = 0;
 }

@@ -16,6 +16,10 @@
 #include "runtime/ir/autodiff.h"
 #include "runtime/ir/op_registry.h"
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#endif
+
 using namespace mix;
 
 namespace {
@@ -208,6 +212,26 @@ TEST_CASE("the CPU allocator reuses a freed block of the same size class, and ca
   a.deallocate(big, CpuAllocator::kMaxCachedBytes);
   CHECK(a.cached_bytes() == 64);
 }
+
+#if defined(__SANITIZE_ADDRESS__)
+// scripts/sanitize.sh: a tensor's overrun into its block's rounding, or a use
+// of a freed tensor whose block waits in the cache, must show as for malloc's.
+TEST_CASE("under ASan, the CPU allocator closes a block's rounding tail and its cached blocks", "[allocator]") {
+  CpuAllocator a;
+  auto* p = static_cast<char*>(a.allocate(1000));  // a 1024-byte block
+  CHECK_FALSE(__asan_address_is_poisoned(p + 999));
+  CHECK(__asan_address_is_poisoned(p + 1000));
+  CHECK(__asan_address_is_poisoned(p + 1023));
+  a.deallocate(p, 1000);
+  CHECK(__asan_address_is_poisoned(p));  // cached, not free()d: closed all the same
+  auto* q = static_cast<char*>(a.allocate(1010));
+  REQUIRE(q == p);  // the cached block, reopened to its new size
+  CHECK_FALSE(__asan_address_is_poisoned(q + 1009));
+  CHECK(__asan_address_is_poisoned(q + 1010));
+  a.deallocate(q, 1010);
+  a.release_cache();
+}
+#endif
 
 TEST_CASE("a variable used twice gets the sum of both gradient contributions", "[autodiff]") {
   // loss = mean(w * w) with w a parameter: d loss / dw = 2 w / n.
