@@ -3,9 +3,9 @@
 # into build-sanitize/ (or $MIX_BUILD_DIR) and runs the tests there; extra
 # arguments go to ctest (default: -L unit, the unit tests, the emulated CUDA
 # kernels among them; `-LE unit` runs the end-to-end and multi-rank ones,
-# which take longer). Not part of scripts/test.sh: the instrumented build
-# and unit tests take about half an hour on 2 cores, `-LE unit` some 20 minutes
-# more. Any sanitizer report fails its test.
+# which take longer). Not part of scripts/test.sh: the instrumented build is
+# long (docs/design.md, "Tests and oracles", gives its measured time). Any
+# sanitizer report fails its test.
 # Leak checking is off: Open MPI and OpenBLAS keep memory to the end on purpose.
 #
 # --thread: ThreadSanitizer instead, into build-tsan/, over the tests of the
@@ -20,7 +20,7 @@ source "$root/scripts/lib/args.sh"  # usage_if_help
 usage_if_help "$@" <<'EOF'
 usage: scripts/sanitize.sh [--thread] [CTEST ARGS...]
 After scripts/setup.sh, builds the CPU code with AddressSanitizer and UndefinedBehaviorSanitizer and runs the
-tests there; any sanitizer report fails its test (leak checking is off). About half an hour on 2 cores.
+tests there; any sanitizer report fails its test (leak checking is off). Long: docs/design.md gives its time.
   --thread         ThreadSanitizer instead (build-tsan/): by default only the data readers' threads and the stop
                    signals' handler (unit.test_data, unit.test_image_folder, unit.test_stop_signals), only their
                    targets built
@@ -38,11 +38,11 @@ if [ "${1:-}" = --thread ]; then
 fi
 "$root/scripts/setup.sh"
 export OPENBLAS_NUM_THREADS=1  # OpenBLAS's own threads are not instrumented; the tests need none
+targets=()  # cmake --build's targets: all of them unless --thread picks its tests' own
 if [ "$sanitizer" = thread ]; then
   build="${MIX_BUILD_DIR:-$root/build-tsan}"
   flags="-fsanitize=thread -fno-omit-frame-pointer"
   link_flags="-fsanitize=thread"
-  targets=()
   if [ $# -eq 0 ]; then
     targets=(--target test_data test_image_folder test_stop_signals)
     set -- -R '^unit\.(test_data|test_image_folder|test_stop_signals)$'
@@ -51,7 +51,6 @@ else
   build="${MIX_BUILD_DIR:-$root/build-sanitize}"
   flags="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
   link_flags="-fsanitize=address,undefined"
-  targets=()
   if [ $# -eq 0 ]; then set -- -L unit; fi
 fi
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMIX_WITH_CUDA=OFF \

@@ -3,22 +3,13 @@
 #include <cstdlib>
 #include <new>
 
+#include "runtime/core/asan.h"
 #include "runtime/core/check.h"
 
 // Under AddressSanitizer (scripts/sanitize.sh) a block's rounding tail and a
-// cached block are poisoned, so that a read or write past a tensor's bytes,
+// cached block are closed, so that a read or write past a tensor's bytes,
 // or into a freed tensor whose block waits in the cache for reuse, is
 // reported as it would be for malloc's own blocks.
-#if defined(__SANITIZE_ADDRESS__)
-#define MIX_ALLOCATOR_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define MIX_ALLOCATOR_ASAN 1
-#endif
-#endif
-#ifdef MIX_ALLOCATOR_ASAN
-#include <sanitizer/asan_interface.h>
-#endif
 
 namespace mix {
 
@@ -32,21 +23,10 @@ void Allocator::count_alloc(size_t bytes) {
 namespace {
 size_t rounded_size(size_t bytes) { return (bytes + 63) / 64 * 64; }
 
-// [p, p + n) open to reads and writes, or closed, under ASan (nothing without it).
-void mark(void* p, size_t n, bool open) {
-#ifdef MIX_ALLOCATOR_ASAN
-  if (open)
-    ASAN_UNPOISON_MEMORY_REGION(p, n);
-  else
-    ASAN_POISON_MEMORY_REGION(p, n);
-#else
-  (void)p, (void)n, (void)open;
-#endif
-}
 // p's first `bytes` open, the rest of its rounded block closed.
 void open_block(void* p, size_t bytes) {
-  mark(p, bytes, true);
-  mark(static_cast<char*>(p) + bytes, rounded_size(bytes) - bytes, false);
+  asan_mark(p, bytes, true);
+  asan_mark(static_cast<char*>(p) + bytes, rounded_size(bytes) - bytes, false);
 }
 }  // namespace
 
@@ -84,16 +64,16 @@ void CpuAllocator::deallocate(void* p, size_t bytes) noexcept {
   const size_t rounded = rounded_size(bytes);
   std::lock_guard<std::mutex> lock(mu_);
   if (cached_ + rounded > kMaxCachedBytes) {
-    mark(p, rounded, true);
+    asan_mark(p, rounded, true);
     std::free(p);
     return;
   }
   try {
     free_[rounded].push_back(p);
     cached_ += rounded;
-    mark(p, rounded, false);  // cached: closed until handed out again
+    asan_mark(p, rounded, false);  // cached: closed until handed out again
   } catch (...) {
-    mark(p, rounded, true);
+    asan_mark(p, rounded, true);
     std::free(p);  // no memory for the bookkeeping: give the block back instead
   }
 }
@@ -107,7 +87,7 @@ void CpuAllocator::release_cache() noexcept {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& [size, blocks] : free_)
     for (void* b : blocks) {
-      mark(b, size, true);
+      asan_mark(b, size, true);
       std::free(b);
     }
   free_.clear();

@@ -42,19 +42,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "runtime/core/asan.h"
 #include "runtime/core/half.h"
-
-#if defined(__SANITIZE_ADDRESS__)
-#define MIX_EMULATION_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define MIX_EMULATION_ASAN 1
-#endif
-#endif
-#ifdef MIX_EMULATION_ASAN
-#include <sanitizer/asan_interface.h>
-#include <sanitizer/common_interface_defs.h>
-#endif
 
 namespace emulated {
 
@@ -112,7 +101,7 @@ inline StackBounds g_scheduler_stack;  // as the first fiber to run learns it
 // From the scheduler into thread t's fiber, until it gives way or ends.
 inline void switch_to_fiber(int t) {
   Fiber& f = g_run.fibers[static_cast<size_t>(t)];
-#ifdef MIX_EMULATION_ASAN
+#ifdef MIX_ASAN
   void* fake_stack = nullptr;
   __sanitizer_start_switch_fiber(&fake_stack, g_run.stacks[static_cast<size_t>(t)].get(), kStackBytes);
   swapcontext(&g_run.scheduler, &f.context);
@@ -124,7 +113,7 @@ inline void switch_to_fiber(int t) {
 
 // From the running fiber back to the scheduler; returns when it is resumed.
 inline void switch_to_scheduler(Fiber& me) {
-#ifdef MIX_EMULATION_ASAN
+#ifdef MIX_ASAN
   void* fake_stack = nullptr;
   __sanitizer_start_switch_fiber(&fake_stack, g_scheduler_stack.bottom, g_scheduler_stack.size);
   swapcontext(&me.context, &g_run.scheduler);
@@ -154,12 +143,12 @@ inline void block_barrier() { arrive_and_wait(g_run.block_barrier); }
 inline void warp_barrier() { arrive_and_wait(g_run.warp_barriers[static_cast<size_t>(warp_of_thread())]); }
 
 inline void run_thread() {
-#ifdef MIX_EMULATION_ASAN
+#ifdef MIX_ASAN
   __sanitizer_finish_switch_fiber(nullptr, &g_scheduler_stack.bottom, &g_scheduler_stack.size);
 #endif
   (*g_run.kernel)();
   g_run.fibers[static_cast<size_t>(g_run.current)].done = true;
-#ifdef MIX_EMULATION_ASAN
+#ifdef MIX_ASAN
   __sanitizer_start_switch_fiber(nullptr, g_scheduler_stack.bottom, g_scheduler_stack.size);  // this fiber ends
 #endif
 }  // returns to the scheduler (uc_link)
@@ -226,23 +215,15 @@ class SharedBeyondLaunch {
  public:
   explicit SharedBeyondLaunch(size_t launch_bytes) : from_(launch_bytes) {
     std::memset(g_shared, kSharedGarbage, sizeof g_shared);
-#ifdef MIX_EMULATION_ASAN
-    ASAN_POISON_MEMORY_REGION(g_shared + from_, sizeof g_shared - from_);
-#endif
+    mix::asan_mark(g_shared + from_, sizeof g_shared - from_, false);
   }
-  ~SharedBeyondLaunch() {
-#ifdef MIX_EMULATION_ASAN
-    ASAN_UNPOISON_MEMORY_REGION(g_shared + from_, sizeof g_shared - from_);
-#endif
-  }
+  ~SharedBeyondLaunch() { mix::asan_mark(g_shared + from_, sizeof g_shared - from_, true); }
   SharedBeyondLaunch(const SharedBeyondLaunch&) = delete;
   SharedBeyondLaunch& operator=(const SharedBeyondLaunch&) = delete;
 
-  // Throws if the block wrote past the launch's bytes.
+  // Throws if the block wrote past the launch's bytes (opening them to look).
   void check_untouched() const {
-#ifdef MIX_EMULATION_ASAN
-    ASAN_UNPOISON_MEMORY_REGION(g_shared + from_, sizeof g_shared - from_);
-#endif
+    mix::asan_mark(g_shared + from_, sizeof g_shared - from_, true);
     for (size_t i = from_; i < sizeof g_shared; ++i)
       if (g_shared[i] != kSharedGarbage)
         throw std::logic_error("emulated kernel wrote byte " + std::to_string(i) +

@@ -110,7 +110,7 @@ TEST_CASE("an emulated block whose barrier some threads never reach fails instea
   CHECK(ran == 1);
 }
 
-#ifndef MIX_EMULATION_ASAN
+#ifndef MIX_ASAN
 // A kernel writing float `index` of dynamic shared memory, launched with `floats` of it.
 void write_shared_float(int index, int floats) {
   emulated::run_grid(

@@ -9,16 +9,13 @@
 
 #include "models/model.h"
 #include "runtime/core/allocator.h"
+#include "runtime/core/asan.h"
 #include "runtime/core/check.h"
 #include "runtime/core/device_backend.h"
 #include "runtime/exec/executor.h"
 #include "runtime/exec/init.h"
 #include "runtime/ir/autodiff.h"
 #include "runtime/ir/op_registry.h"
-
-#if defined(__SANITIZE_ADDRESS__)
-#include <sanitizer/asan_interface.h>
-#endif
 
 using namespace mix;
 
@@ -213,7 +210,7 @@ TEST_CASE("the CPU allocator reuses a freed block of the same size class, and ca
   CHECK(a.cached_bytes() == 64);
 }
 
-#if defined(__SANITIZE_ADDRESS__)
+#ifdef MIX_ASAN
 // scripts/sanitize.sh: a tensor's overrun into its block's rounding, or a use
 // of a freed tensor whose block waits in the cache, must show as for malloc's.
 TEST_CASE("under ASan, the CPU allocator closes a block's rounding tail and its cached blocks", "[allocator]") {
