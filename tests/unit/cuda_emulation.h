@@ -52,9 +52,9 @@ struct Index {
 };
 inline Index thread_index, block_index;  // the running thread's
 
-constexpr int kBlockThreads = 128;     // the attention kernels' block size, run_grid's default
-constexpr int kMaxBlockThreads = 256;  // the row kernels' (kBlock)
-inline float g_exchange[kMaxBlockThreads];
+constexpr int kBlockThreads = 128;                       // the attention kernels' block size, run_grid's default
+constexpr int kMaxBlockThreads = 256;                    // the row kernels' (kBlock)
+inline uint64_t g_exchange[kMaxBlockThreads];            // a shuffle's values, up to 8 bytes each
 inline Index g_grid;                                     // gridDim
 inline Index g_block_dim;                                // blockDim
 alignas(128) inline unsigned char g_shared[256 * 1024];  // more than any kernel here asks
@@ -309,26 +309,41 @@ inline void __syncthreads() { emulated::block_barrier(); }
 inline void __syncwarp(unsigned = 0xffffffffu) { emulated::warp_barrier(); }
 namespace emulated {
 // Every lane of the warp posts its value; each takes lane `from`'s.
-inline float exchange(float value, int from) {
+template <typename V>
+V exchange(V value, int from) {
+  static_assert(std::is_trivially_copyable_v<V> && sizeof(V) <= sizeof(uint64_t), "a shuffle moves up to 8 bytes");
   const int me = static_cast<int>(thread_index.x);
   warp_barrier();
-  g_exchange[me] = value;
+  std::memcpy(&g_exchange[me], &value, sizeof(V));
   warp_barrier();
-  const float got = g_exchange[(me & ~31) | (from & 31)];
+  V got;
+  std::memcpy(&got, &g_exchange[(me & ~31) | (from & 31)], sizeof(V));
   warp_barrier();
   return got;
 }
 }  // namespace emulated
-inline float __shfl_xor_sync(unsigned, float value, int lane_mask) {
+template <typename V>
+V __shfl_xor_sync(unsigned, V value, int lane_mask) {
   return emulated::exchange(value, (static_cast<int>(threadIdx.x) & 31) ^ lane_mask);
 }
-inline float __shfl_sync(unsigned, float value, int lane) { return emulated::exchange(value, lane); }
+template <typename V>
+V __shfl_sync(unsigned, V value, int lane) {
+  return emulated::exchange(value, lane);
+}
+// Blocks and their threads take turns on one OS thread, so a plain add is atomic here.
+inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
+  const unsigned long long old = *p;
+  *p = old + v;
+  return old;
+}
 // Rounded as the device intrinsics round: one IEEE operation each (the host
 // build contracts nothing into an FMA: no -ffp-contract=fast, no -mfma).
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
+inline double __dadd_rn(double a, double b) { return a + b; }
+inline double __dmul_rn(double a, double b) { return a * b; }
 
 namespace nvcuda::wmma {
 struct matrix_a {};

@@ -4,35 +4,15 @@
 // thread 0 adds the row's hit to the count with an integer atomic. Integer
 // maxima and sums do not depend on order, so the count equals the CPU's on
 // every input. Only the first attr valid_classes columns are searched, as on
-// the CPU.
+// the CPU. The kernel is in top1_correct_kernels.cuh.
 #include <algorithm>
 
-#include "runtime/kernels/argmax_key.h"
 #include "runtime/ops/cuda/device_ops.cuh"
+#include "runtime/ops/cuda/top1_correct_kernels.cuh"
 #include "runtime/ops/top1_correct.h"
 
 namespace mix::cuda {
 namespace {
-
-struct MaxU64 {
-  __device__ unsigned long long operator()(unsigned long long a, unsigned long long b) const { return a > b ? a : b; }
-};
-
-template <typename T, typename L>
-__global__ void top1_correct_rows(const T* logits, const L* label, int64_t rows, int64_t classes, int64_t valid,
-                                  unsigned long long* correct) {
-  __shared__ unsigned long long shared[kBlock / kWarp];
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const T* row = logits + r * classes;
-    unsigned long long best = 0;  // below every key, as on the CPU
-    for (int64_t j = threadIdx.x; j < valid; j += kBlock) {
-      const unsigned long long key = fn::argmax_key(to_float(row[j]), j);
-      best = key > best ? key : best;
-    }
-    best = block_reduce(best, shared, MaxU64{});
-    if (threadIdx.x == 0 && fn::argmax_hits(best, static_cast<int64_t>(label[r]))) atomicAdd(correct, 1ull);
-  }
-}
 
 void top1_correct_cuda(OpContext& ctx) {
   const Tensor logits = ctx.in("Logits");
