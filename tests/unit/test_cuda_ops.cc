@@ -51,6 +51,7 @@
 #include "runtime/kernels/multi_tensor_plan.h"
 #include "runtime/ops/broadcast.h"
 #include "runtime/ops/grad_accumulate.h"
+#include "tests/unit/column_sum_check.h"
 #include "tests/unit/cuda_compare.h"
 #include "tests/unit/gradcheck.h"
 #include "tests/unit/padded_classes_check.h"
@@ -523,29 +524,18 @@ TEST_CASE("elementwise_add/mul and their gradients match the CPU", "[cuda][eleme
         //  - otherwise per-thread partial sums of ceil(m/256) terms, then an
         //    8-level tree: (ceil(m/256) + 8)·u·sum|terms|.
         const std::vector<float> xv = x.to_floats(), dv = dout.to_floats();
-        std::vector<double> ref(static_cast<size_t>(d.n), 0.0), mag(static_cast<size_t>(d.n), 0.0);
-        for (int64_t p = 0; p < d.pre; ++p)
-          for (int64_t j = 0; j < d.n; ++j)
-            for (int64_t q = 0; q < d.post; ++q) {
-              const int64_t i = (p * d.n + j) * d.post + q;
-              const float term = mul ? dv[i] * xv[i] : dv[i];
-              ref[j] += term;
-              mag[j] += std::fabs(term);
-            }
-        const auto bound = [&](double terms) {
-          return
-              [&, terms](int64_t j) { return terms * kU * mag[j] + store_rel(dt) * std::fabs(ref[j]) + store_abs(dt); };
-        };
+        const ColumnSumRef ref = column_sum_ref(d, dv, mul ? &xv : nullptr);
+        const auto bound = [&](double terms) { return column_sum_bound(ref, terms, dt); };
         if (d.post == 1) {
           const int64_t chunks = std::clamp<int64_t>((d.pre + 63) / 64, 1, 1024);
           const int64_t rows_per_chunk = (d.pre + chunks - 1) / chunks;
-          expect_within(b.gpu.at("dy"), ref, bound(static_cast<double>(rows_per_chunk + chunks)),
+          expect_within(b.gpu.at("dy"), ref.sum, bound(static_cast<double>(rows_per_chunk + chunks)),
                         type + "_grad dY (GPU row chunks) " + what);
         } else {
-          expect_within(b.gpu.at("dy"), ref, bound(static_cast<double>((m + 255) / 256 + 8)),
+          expect_within(b.gpu.at("dy"), ref.sum, bound(static_cast<double>((m + 255) / 256 + 8)),
                         type + "_grad dY (GPU tree) " + what);
         }
-        expect_within(b.cpu.at("dy"), ref, bound(static_cast<double>(m)), type + "_grad dY (CPU) " + what);
+        expect_within(b.cpu.at("dy"), ref.sum, bound(static_cast<double>(m)), type + "_grad dY (CPU) " + what);
       }
     }
 }

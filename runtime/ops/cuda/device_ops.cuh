@@ -1,8 +1,10 @@
 #pragma once
 // Launch plumbing shared by the CUDA kernels of the ops (runtime/ops/cuda/,
 // runtime/optim/cuda/, amp/cuda/): the compute stream, device checks, loads of
-// scalars that live in device memory, elementwise maps and deterministic block
-// reductions. There is no math here: every value is computed by a MIX_HD
+// scalars that live in device memory, and the launches of elementwise maps
+// (maps.cuh) and deterministic reductions (row_group.cuh, column_sums.cuh),
+// which need no CUDA header, so the *_emulated tests run them on the CPU.
+// There is no math here: every value is computed by a MIX_HD
 // functor or function of runtime/kernels/ (or amp/loss_scaling_math.h), the
 // same code the CPU kernels run.
 //
@@ -37,6 +39,8 @@
 #include "runtime/cuda/launch.cuh"
 #include "runtime/ir/op_registry.h"
 #include "runtime/kernels/cpu_loops.h"
+#include "runtime/ops/cuda/column_sums.cuh"
+#include "runtime/ops/cuda/maps.cuh"
 #include "runtime/ops/cuda/row_group.cuh"
 #include "runtime/ops/cuda/scalar_ref.cuh"
 #include "runtime/ops/cuda/strided_copy.h"
@@ -82,66 +86,6 @@ inline void copy_on_stream(void* dst, const void* src, size_t bytes, cudaStream_
 
 inline ScalarRef scalar_ref(const Tensor* t) { return t ? ScalarRef{t->raw(), t->dtype()} : ScalarRef{}; }
 
-// ---- elementwise maps (run by launch_packed, runtime/cuda/launch.cuh) -------------------
-
-/// out[i] = op(x[i]); out may alias x.
-template <typename T, typename Op>
-struct UnaryMap {
-  const T* x;
-  T* out;
-  Op op;
-  __device__ void operator()(int64_t i) const { out[i] = from_float<T>(op(to_float(x[i]))); }
-  template <int V>
-  __device__ void pack(int64_t i) const {
-    const Pack<T, V> xs = load_pack<V>(x, i);
-    Pack<T, V> r;
-#pragma unroll
-    for (int k = 0; k < V; ++k) r.v[k] = from_float<T>(op(to_float(xs.v[k])));
-    store_pack<V>(out, i, r);
-  }
-  bool packable(int v) const { return pack_aligned(x, v) && pack_aligned(out, v); }
-};
-
-/// out[i] = op(a[i], b[i]); out may alias a or b. b may be narrower than a
-/// and out (TB half_t or bf16_t beside float: widened on load, exact); packs
-/// then hold kPackWidth<T, TB> elements.
-template <typename T, typename Op, typename TB = T>
-struct BinaryMap {
-  const T* a;
-  const TB* b;
-  T* out;
-  Op op;
-  __device__ void operator()(int64_t i) const { out[i] = from_float<T>(op(to_float(a[i]), to_float(b[i]))); }
-  template <int V>
-  __device__ void pack(int64_t i) const {
-    const Pack<T, V> as = load_pack<V>(a, i);
-    const Pack<TB, V> bs = load_pack<V>(b, i);
-    Pack<T, V> r;
-#pragma unroll
-    for (int k = 0; k < V; ++k) r.v[k] = from_float<T>(op(to_float(as.v[k]), to_float(bs.v[k])));
-    store_pack<V>(out, i, r);
-  }
-  bool packable(int v) const { return pack_aligned(a, v) && pack_aligned(b, v) && pack_aligned(out, v); }
-};
-
-/// out[i] = To(x[i]) between floating types: widening is exact, narrowing
-/// rounds once to nearest even (from_float), as the CPU's bulk converters.
-template <typename From, typename To>
-struct FloatCast {
-  const From* x;
-  To* out;
-  __device__ void operator()(int64_t i) const { out[i] = from_float<To>(to_float(x[i])); }
-  template <int V>
-  __device__ void pack(int64_t i) const {
-    const Pack<From, V> xs = load_pack<V>(x, i);
-    Pack<To, V> r;
-#pragma unroll
-    for (int k = 0; k < V; ++k) r.v[k] = from_float<To>(to_float(xs.v[k]));
-    store_pack<V>(out, i, r);
-  }
-  bool packable(int v) const { return pack_aligned(x, v) && pack_aligned(out, v); }
-};
-
 /// out = x converted to out's floating dtype (same number of elements), on the compute stream.
 inline void float_cast(const OpContext& ctx, const Tensor& x, Tensor& out) {
   MIX_CHECK(x.numel() == out.numel() && is_floating(x.dtype()) && is_floating(out.dtype()),
@@ -182,42 +126,5 @@ void binary_tensor(const OpContext& ctx, const Tensor& a, const Tensor& b, Tenso
     launch_packed<kPackWidth<T>>(a.numel(), stream, BinaryMap<T, Op>{a.data<T>(), b.data<T>(), out.data<T>(), op});
   });
 }
-
-// ---- block reductions (the warp and block trees are in row_group.cuh) ------------------
-
-/// FP64 sum step (mean's accumulator).
-struct AddRnDouble {
-  __device__ double operator()(double a, double b) const { return __dadd_rn(a, b); }
-};
-
-// ---- column sums in row chunks ----------------------------------------------------------
-
-/// How a deterministic column sum over `rows` splits into chunks: a first pass
-/// adds each chunk's rows in order (threads over columns, blockIdx.y over
-/// chunks, so a warp reads adjacent columns), a second (ChunkColumnSum) adds
-/// the chunks in order. About `target` rows per chunk, at most `max_chunks`;
-/// the split depends on the shape only, never on the GPU.
-struct RowChunks {
-  int64_t chunks, rows_per_chunk;
-};
-inline RowChunks row_chunks(int64_t rows, int64_t target, int64_t max_chunks) {
-  const int64_t chunks = std::clamp<int64_t>((rows + target - 1) / target, 1, max_chunks);
-  return {chunks, (rows + chunks - 1) / chunks};
-}
-
-/// The second pass: out[c] = column c's chunk partials (partial is [chunks, cols],
-/// Acc float or double) added in chunk order with Add (AddRn, AddRnDouble),
-/// rounded once to TOut.
-template <typename Acc, typename Add, typename TOut>
-struct ChunkColumnSum {
-  const Acc* partial;
-  TOut* out;
-  int64_t chunks, cols;
-  __device__ void operator()(int64_t c) const {
-    Acc s = 0;
-    for (int64_t k = 0; k < chunks; ++k) s = Add{}(s, partial[k * cols + c]);
-    out[c] = from_float<TOut>(static_cast<float>(s));
-  }
-};
 
 }  // namespace mix::cuda

@@ -3,15 +3,16 @@
 // meets Y's element j = (i / post) % n.
 //
 // The Y gradients (bias gradients) reduce over pre and post in FP32. Columns of
-// up to kSequentialMax terms get one thread each, adding in the CPU's order
+// up to kColumnSumSequentialMax terms get one thread each, adding in the CPU's order
 // (p-major, then q), so they are bit-identical to the CPU. Longer columns:
 //  - post == 1 (a bias of [rows, n] data, every linear layer): threads run over
 //    columns, so a warp reads consecutive addresses, and blocks over chunks of
-//    kRowsPerChunk rows; a second pass adds each column's chunk sums in order;
+//    kColumnSumRowsPerChunk rows; a second pass adds each column's chunk sums in order;
 //  - otherwise a block per column, threads strided over its pre x post terms
 //    (consecutive q are adjacent in memory), then a fixed tree.
 // Both are deterministic (no atomics; the partition depends on the shape only),
-// and their order of additions differs from the CPU's.
+// and their order of additions differs from the CPU's. The kernels, and which
+// of them a shape takes, are in elementwise_kernels.cuh.
 #include <cstdint>
 #include <cstring>
 
@@ -19,146 +20,29 @@
 #include "runtime/ops/add_grad_views.h"
 #include "runtime/ops/broadcast.h"
 #include "runtime/ops/cuda/device_ops.cuh"
+#include "runtime/ops/cuda/elementwise_kernels.cuh"
 #include "runtime/ops/elementwise_add_shapes.h"
 
 namespace mix::cuda {
 namespace {
 
-// Longest column (pre * post terms) reduced by a single thread.
-constexpr int64_t kSequentialMax = 1024;
-// post == 1 columns: rows per chunk (before the cap on the number of chunks).
-constexpr int64_t kRowsPerChunk = 64;
-constexpr int64_t kMaxChunks = 1024;
-
-// ---- kernels -------------------------------------------------------------------------
-
-// Which Y element X's element i meets, j = (i / post) % n, computed with only
-// the divisions the shape needs (a same-shape Y needs none: BinaryMap). An integer division is a sequence of
-// instructions on the GPU, not one (a 64-bit one is several times longer than
-// a 32-bit one), and at two per element an FP16 add spent more time on index
-// arithmetic than on moving its bytes; hence the cases, and 32-bit indices
-// wherever every index fits.
-enum class YIndex {
-  rows,     // post == 1, a bias on rows: j = i % n
-  blocks,   // pre == 1, Y on X's leading dims: j = i / post
-  general,  // j = (i / post) % n
-};
-
-// out[p, j, q] = f(x[p, j, q], y[j]); out may alias x. I: the index type
-// (uint32_t where X's elements number at most 2^32 - 1, else int64_t).
-//
-// In packs of V (launch_packed): a bias on rows whose length n is a multiple
-// of V meets V consecutive Y elements, read as a pack too; otherwise, when
-// post is a multiple of V, the V elements share one Y element.
-template <typename T, typename F, typename I, YIndex kY>
-struct BroadcastMap {
-  const T* x;
-  const T* y;
-  T* out;
-  I n, post;
-  F f;
-  __device__ I y_index(int64_t i64) const {
-    const I i = static_cast<I>(i64);
-    if constexpr (kY == YIndex::rows)
-      return i % n;
-    else if constexpr (kY == YIndex::blocks)
-      return i / post;
-    else
-      return i / post % n;
-  }
-  __device__ void operator()(int64_t i) const { out[i] = from_float<T>(f(to_float(x[i]), to_float(y[y_index(i)]))); }
-  template <int V>
-  __device__ void pack(int64_t i) const {
-    const Pack<T, V> xs = load_pack<V>(x, i);
-    Pack<T, V> r;
-    if constexpr (kY == YIndex::rows) {
-      const Pack<T, V> ys = load_pack<V>(y, y_index(i));
-#pragma unroll
-      for (int k = 0; k < V; ++k) r.v[k] = from_float<T>(f(to_float(xs.v[k]), to_float(ys.v[k])));
-    } else {
-      const float yj = to_float(y[y_index(i)]);
-#pragma unroll
-      for (int k = 0; k < V; ++k) r.v[k] = from_float<T>(f(to_float(xs.v[k]), yj));
-    }
-    store_pack<V>(out, i, r);
-  }
-  bool packable(int v) const {
-    if (!pack_aligned(x, v) || !pack_aligned(out, v)) return false;
-    if constexpr (kY == YIndex::rows)
-      return n % static_cast<I>(v) == 0 && pack_aligned(y, v);
-    else
-      return post % static_cast<I>(v) == 0;
-  }
-};
-
-// The term f(a, b) of column j at (p, q); b may be null (f(a, 0)), as broadcast_reduce.
-template <typename T, typename F>
-__device__ __forceinline__ float column_term(const T* a, const T* b, const BroadcastDims& d, F f, int64_t j, int64_t p,
-                                             int64_t q) {
-  const int64_t idx = (p * d.n + j) * d.post + q;
-  return f(to_float(a[idx]), b ? to_float(b[idx]) : 0.f);
-}
-
-// acc[j] = sum over p, q of f(a, b), one thread per column, in the CPU's order.
-template <typename T, typename TOut, typename F>
-struct ColumnSumSequential {
-  const T* a;
-  const T* b;
-  TOut* out;
-  BroadcastDims d;
-  F f;
-  __device__ void operator()(int64_t j) const {
-    float acc = 0.f;
-    for (int64_t p = 0; p < d.pre; ++p)
-      for (int64_t q = 0; q < d.post; ++q) acc = __fadd_rn(acc, column_term(a, b, d, f, j, p, q));
-    out[j] = from_float<TOut>(acc);
-  }
-};
-
-// The same sum, one block per column: thread-strided partial sums, then a tree.
-template <typename T, typename TOut, typename F>
-__global__ void column_sum_tree(const T* a, const T* b, TOut* out, BroadcastDims d, F f) {
-  __shared__ float shared[kBlock];
-  const int64_t m = d.pre * d.post;
-  for (int64_t j = blockIdx.x; j < d.n; j += gridDim.x) {
-    float acc = 0.f;
-    for (int64_t k = threadIdx.x; k < m; k += kBlock)
-      acc = __fadd_rn(acc, column_term(a, b, d, f, j, k / d.post, k % d.post));
-    acc = block_reduce(acc, shared, AddRn{});
-    if (threadIdx.x == 0) out[j] = from_float<TOut>(acc);
-  }
-}
-
-// post == 1, the first pass of a row-chunked column sum (device_ops.cuh):
-// partial[c, j] = the sum of column j over chunk c's rows (blockIdx.y = c) in
-// row order; one thread per column (blockIdx.x tiles them).
-template <typename T, typename F>
-__global__ void column_chunk_partials(const T* a, const T* b, float* partial, BroadcastDims d, int64_t rows_per_chunk,
-                                      F f) {
-  const int64_t j = static_cast<int64_t>(blockIdx.x) * kBlock + threadIdx.x;
-  if (j >= d.n) return;
-  const int64_t begin = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
-  const int64_t end = begin + rows_per_chunk < d.pre ? begin + rows_per_chunk : d.pre;
-  float acc = 0.f;
-  for (int64_t p = begin; p < end; ++p) acc = __fadd_rn(acc, column_term(a, b, d, f, j, p, 0));
-  partial[static_cast<int64_t>(blockIdx.y) * d.n + j] = acc;
-}
-
 // ---- launchers -----------------------------------------------------------------------
 
 // out = f(x, y broadcast as `d` says, not the same shape), by the BroadcastMap
-// that does the fewest divisions.
+// that does the fewest divisions (y_index_kind).
 template <typename T, typename F, typename I>
 void launch_broadcast_map(const Tensor& x, const Tensor& y, Tensor& out, const BroadcastDims& d, F f,
                           cudaStream_t stream) {
   const auto n = static_cast<I>(d.n), post = static_cast<I>(d.post);
   const auto launch = [&](auto map) { launch_packed<kPackWidth<T>>(x.numel(), stream, map); };
-  if (d.post == 1)
-    launch(BroadcastMap<T, F, I, YIndex::rows>{x.data<T>(), y.data<T>(), out.data<T>(), n, post, f});
-  else if (d.pre == 1)
-    launch(BroadcastMap<T, F, I, YIndex::blocks>{x.data<T>(), y.data<T>(), out.data<T>(), n, post, f});
-  else
-    launch(BroadcastMap<T, F, I, YIndex::general>{x.data<T>(), y.data<T>(), out.data<T>(), n, post, f});
+  switch (y_index_kind(d)) {
+    case YIndex::rows:
+      return launch(BroadcastMap<T, F, I, YIndex::rows>{x.data<T>(), y.data<T>(), out.data<T>(), n, post, f});
+    case YIndex::blocks:
+      return launch(BroadcastMap<T, F, I, YIndex::blocks>{x.data<T>(), y.data<T>(), out.data<T>(), n, post, f});
+    case YIndex::general:
+      return launch(BroadcastMap<T, F, I, YIndex::general>{x.data<T>(), y.data<T>(), out.data<T>(), n, post, f});
+  }
 }
 
 template <typename F>
@@ -187,22 +71,27 @@ void broadcast_reduce(const OpContext& ctx, const Tensor& a, const Tensor* b, Te
       using TOut = decltype(out_tag);
       const T* bp = b ? b->data<T>() : nullptr;
       if (d.n == 0) return;  // nothing to sum into (and a grid of 0 blocks is an error)
-      if (d.pre * d.post <= kSequentialMax) {
-        launch_grid_stride(d.n, stream, ColumnSumSequential<T, TOut, F>{a.data<T>(), bp, dy.data<TOut>(), d, f});
-      } else if (d.post == 1) {
-        const auto [chunks, rows_per_chunk] = row_chunks(d.pre, kRowsPerChunk, kMaxChunks);
-        // Scratch released at return: safe, the kernels below run on the compute stream (device_ops.cuh).
-        Tensor partial = Tensor::empty({chunks, d.n}, DType::f32, ctx.env.device);
-        const dim3 grid(static_cast<unsigned>((d.n + kBlock - 1) / kBlock), static_cast<unsigned>(chunks));
-        column_chunk_partials<T, F>
-            <<<grid, kBlock, 0, stream>>>(a.data<T>(), bp, partial.data<float>(), d, rows_per_chunk, f);
-        MIX_CUDA_CHECK(cudaGetLastError());
-        launch_grid_stride(d.n, stream,
-                           ChunkColumnSum<float, AddRn, TOut>{partial.data<float>(), dy.data<TOut>(), chunks, d.n});
-      } else {
-        const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(d.n, 65535));
-        column_sum_tree<T, TOut, F><<<blocks, kBlock, 0, stream>>>(a.data<T>(), bp, dy.data<TOut>(), d, f);
-        MIX_CUDA_CHECK(cudaGetLastError());
+      switch (column_sum_path(d)) {
+        case ColumnSumPath::sequential:
+          launch_grid_stride(d.n, stream, ColumnSumSequential<T, TOut, F>{a.data<T>(), bp, dy.data<TOut>(), d, f});
+          return;
+        case ColumnSumPath::row_chunks: {
+          const auto [chunks, rows_per_chunk] = row_chunks(d.pre, kColumnSumRowsPerChunk, kColumnSumMaxChunks);
+          // Scratch released at return: safe, the kernels below run on the compute stream (device_ops.cuh).
+          Tensor partial = Tensor::empty({chunks, d.n}, DType::f32, ctx.env.device);
+          const dim3 grid(static_cast<unsigned>((d.n + kBlock - 1) / kBlock), static_cast<unsigned>(chunks));
+          column_chunk_partials<T, F>
+              <<<grid, kBlock, 0, stream>>>(a.data<T>(), bp, partial.data<float>(), d, rows_per_chunk, f);
+          MIX_CUDA_CHECK(cudaGetLastError());
+          launch_grid_stride(d.n, stream,
+                             ChunkColumnSum<float, AddRn, TOut>{partial.data<float>(), dy.data<TOut>(), chunks, d.n});
+          return;
+        }
+        case ColumnSumPath::tree:
+          column_sum_tree<T, TOut, F>
+              <<<column_sum_tree_blocks(d.n), kBlock, 0, stream>>>(a.data<T>(), bp, dy.data<TOut>(), d, f);
+          MIX_CUDA_CHECK(cudaGetLastError());
+          return;
       }
     });
   });
