@@ -1,9 +1,10 @@
-// layer norm's CUDA row kernels (runtime/ops/cuda/layer_norm_kernels.cuh),
+// layer norm's CUDA kernels (runtime/ops/cuda/layer_norm_kernels.cuh),
 // their very source, run on the CPU (tests/unit/cuda_emulation.h): the
 // forward kernel of layer_norm and of fused_add_layer_norm (its residual add),
 // and X@GRAD's kernel with and without input Accumulate, on rows of a warp and
 // rows of a block of 256, with a grid that covers the rows and one that must
-// stride over them. It runs everywhere, so a change to the kernels' indexing,
+// stride over them; and Scale@GRAD's and Bias@GRAD's column sums in chunks of
+// rows (check_param_grads says how close they must be). It runs everywhere, so a change to the kernels' indexing,
 // their groups of threads or the residual add and Accumulate paths is checked
 // on every build; test_cuda_transformer_ops checks the GPU itself, with tight
 // bounds, where one is lent.
@@ -38,8 +39,10 @@
 
 // The emulation and its row launch, then the kernels (cuda_emulation.h defines
 // CUDA's keywords as macros).
+#include "tests/unit/emulated_map_launch.h"
 #include "tests/unit/emulated_row_launch.h"
 
+#include "runtime/ops/cuda/column_sums.cuh"
 #include "runtime/ops/cuda/layer_norm_kernels.cuh"  // and row_group.cuh, the warp and block trees
 
 using namespace mix;
@@ -245,6 +248,78 @@ void check_backward(DType x_dt, DType dy_dt) {
   }
 }
 
+// Scale@GRAD's and Bias@GRAD's column sums: layer_norm_param_partials over
+// chunks of rows, then ChunkColumnSum, as layer_norm.cu launches them, against
+// the CPU's layer_norm_grad. Both add the same double terms (dy, and dy·xhat
+// with xhat the same float), in different orders: at most one float ulp apart
+// (2^-23·|cpu|), plus the double sums' error where a column cancels
+// (rows·2^-52·sum|terms|). A missed or repeated row moves a column by a whole term.
+template <typename T, typename TDY>
+void check_param_grads(DType x_dt, DType dy_dt) {
+  // Rows of one chunk, and rows of several chunks over two tiles of 256 columns.
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{10, 70}, {100, 300}}) {
+    const std::string what =
+        dname(x_dt) + " [" + std::to_string(rows) + ", " + std::to_string(cols) + "], dY " + dname(dy_dt);
+    INFO(what);
+    const Shape shape{rows, cols};
+    const Tensor xt = random_tensor(shape, x_dt, 521, -1.f, 3.f);
+    const Tensor dyt = random_tensor(shape, dy_dt, 522);
+    const Tensor scale_t = random_tensor({cols}, DType::f32, 523, 0.5f, 1.5f);
+    const Tensor bias_t = random_tensor({cols}, DType::f32, 524, -0.5f, 0.5f);
+    const std::map<std::string, Attr> attrs{{"begin_norm_axis", int64_t{1}}, {"epsilon", double{kEps}}};
+    const auto fwd =
+        run_ops_on({make_op("layer_norm", {{"X", {"x"}}, {"Scale", {"scale"}}, {"Bias", {"bias"}}},
+                            {{"Y", {"y"}}, {"Mean", {"mean"}}, {"Variance", {"var"}}}, attrs)},
+                   {{"x", xt}, {"scale", scale_t}, {"bias", bias_t}}, cpu_device(), ExecEnv{}, {"mean", "var"});
+    const auto cpu = run_ops_on(
+        {make_op("layer_norm_grad",
+                 {{"X", {"x"}}, {"Scale", {"scale"}}, {"Mean", {"mean"}}, {"Variance", {"var"}}, {"Y@GRAD", {"dy"}}},
+                 {{"Scale@GRAD", {"dscale"}}, {"Bias@GRAD", {"dbias"}}}, attrs)},
+        {{"x", xt}, {"scale", scale_t}, {"mean", fwd.at("mean")}, {"var", fwd.at("var")}, {"dy", dyt}}, cpu_device(),
+        ExecEnv{}, {"dscale", "dbias"});
+
+    const std::vector<T> x = values_of<T>(xt);
+    const std::vector<TDY> dy = values_of<TDY>(dyt);
+    const std::vector<float> mean = values_of<float>(fwd.at("mean")), var = values_of<float>(fwd.at("var"));
+    const auto [chunks, rows_per_chunk] =
+        kernels::row_chunks(rows, kernels::kLayerNormParamRowsPerChunk, kernels::kLayerNormParamMaxChunks);
+    std::vector<double> partial_scale(static_cast<size_t>(chunks * cols), NAN), partial_bias(partial_scale);
+    emulated::run_grid(
+        static_cast<unsigned>((cols + kernels::kBlock - 1) / kernels::kBlock), static_cast<unsigned>(chunks),
+        [&] {
+          kernels::layer_norm_param_partials<T, TDY>(x.data(), dy.data(), mean.data(), var.data(), rows, cols,
+                                                     rows_per_chunk, kEps, partial_scale.data(), partial_bias.data());
+        },
+        kernels::kBlock);
+    std::vector<float> dscale(static_cast<size_t>(cols), NAN), dbias(dscale);
+    using Sum = kernels::ChunkColumnSum<double, kernels::AddRnDouble, float>;
+    emulated_grid_stride(cols, Sum{partial_scale.data(), dscale.data(), chunks, cols});
+    emulated_grid_stride(cols, Sum{partial_bias.data(), dbias.data(), chunks, cols});
+
+    // The magnitudes of the terms: sum|dy·xhat| and sum|dy| per column.
+    std::vector<double> ds_mag(static_cast<size_t>(cols)), db_mag(ds_mag.size());
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) {
+        const size_t e = static_cast<size_t>(i * cols + j);
+        const double g = to_float(dy[e]);
+        const double xhat = (to_float(x[e]) - mean[static_cast<size_t>(i)]) /
+                            std::sqrt(static_cast<double>(var[static_cast<size_t>(i)]) + kEps);
+        ds_mag[static_cast<size_t>(j)] += std::fabs(g * xhat);
+        db_mag[static_cast<size_t>(j)] += std::fabs(g);
+      }
+    const auto ulp_apart = [rows = rows](const Tensor& cpu_t, const std::vector<double>& mag) {
+      return [c = doubles(cpu_t), &mag, rows](int64_t j) {
+        const auto k = static_cast<size_t>(j);
+        return 0x1p-23 * std::fabs(c[k]) + static_cast<double>(rows) * 0x1p-52 * mag[k] + 0x1p-149;
+      };
+    };
+    expect_within(tensor_of(dscale, {cols}, DType::f32), doubles(cpu.at("dscale")), ulp_apart(cpu.at("dscale"), ds_mag),
+                  "Scale@GRAD against the CPU");
+    expect_within(tensor_of(dbias, {cols}, DType::f32), doubles(cpu.at("dbias")), ulp_apart(cpu.at("dbias"), db_mag),
+                  "Bias@GRAD against the CPU");
+  }
+}
+
 }  // namespace
 
 TEST_CASE(
@@ -268,4 +343,12 @@ TEST_CASE(
   check_backward<bf16_t, bf16_t>(DType::bf16, DType::bf16);
   // FP32 X with the FP16 gradient of a norm stored in FP16.
   check_backward<float, half_t>(DType::f32, DType::f16);
+}
+
+TEST_CASE("layer_norm_grad's Scale@GRAD and Bias@GRAD column sums, emulated: within an ulp of the CPU's",
+          "[layer_norm][emulated]") {
+  check_param_grads<float, float>(DType::f32, DType::f32);
+  check_param_grads<half_t, half_t>(DType::f16, DType::f16);
+  check_param_grads<bf16_t, bf16_t>(DType::bf16, DType::bf16);
+  check_param_grads<float, half_t>(DType::f32, DType::f16);  // FP32 X, the FP16 gradient of an FP16 norm
 }

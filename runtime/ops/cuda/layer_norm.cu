@@ -30,37 +30,6 @@
 namespace mix::cuda {
 namespace {
 
-// Rows per chunk of the parameter-gradient column sums (before the cap on chunks).
-constexpr int64_t kRowsPerChunk = 32;
-constexpr int64_t kMaxChunks = 1024;
-
-// ---- kernels -------------------------------------------------------------------------
-
-// Column partial sums over one chunk of rows (blockIdx.y), in double: Bias@GRAD's
-// dy and Scale@GRAD's dy·xhat (either output may be skipped: null).
-// partial_* are [chunks, cols].
-template <typename T, typename TDY>
-__global__ void layer_norm_param_partials(const T* x, const TDY* dy, const float* mean_in, const float* var_in,
-                                          int64_t rows, int64_t cols, int64_t rows_per_chunk, float eps,
-                                          double* partial_scale, double* partial_bias) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * kBlock + threadIdx.x;
-  if (c >= cols) return;
-  const int64_t begin = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
-  const int64_t end = begin + rows_per_chunk < rows ? begin + rows_per_chunk : rows;
-  double ds = 0.0, db = 0.0;
-  for (int64_t r = begin; r < end; ++r) {
-    const float g = to_float(dy[r * cols + c]);
-    if (partial_bias) db = __dadd_rn(db, static_cast<double>(g));
-    if (partial_scale) {
-      const float xhat = fn::ln_xhat(to_float(x[r * cols + c]), mean_in[r], fn::ln_inv_std(var_in[r], eps));
-      ds = __dadd_rn(ds, __dmul_rn(static_cast<double>(g), static_cast<double>(xhat)));
-    }
-  }
-  const int64_t at = static_cast<int64_t>(blockIdx.y) * cols + c;
-  if (partial_scale) partial_scale[at] = ds;
-  if (partial_bias) partial_bias[at] = db;
-}
-
 // ---- launchers -----------------------------------------------------------------------
 
 using layer_norm_rules::NormDims;
@@ -125,7 +94,7 @@ void layer_norm_grad_cuda(OpContext& ctx) {
   }
   // The partition of the rows into chunks depends on the shape only (never on
   // the GPU), so the column sums are reproducible everywhere.
-  const auto [chunks, rows_per_chunk] = row_chunks(d.rows, kRowsPerChunk, kMaxChunks);
+  const auto [chunks, rows_per_chunk] = row_chunks(d.rows, kLayerNormParamRowsPerChunk, kLayerNormParamMaxChunks);
   // Doubles in i64 tensors (the same 8 bytes; there is no f64 dtype), as reduce.cu does.
   Tensor partial_scale, partial_bias;
   if (want_scale) partial_scale = Tensor::empty({chunks, d.cols}, DType::i64, ctx.env.device);

@@ -1,9 +1,10 @@
 #pragma once
-// The row kernels of layer norm: the forward one, shared by layer_norm
+// The kernels of layer norm: the forward row kernel, shared by layer_norm
 // (layer_norm.cu) and fused_add_layer_norm (fused_add_layer_norm.cu), which
-// first adds a residual operand to X and normalises the stored sums, and
-// X@GRAD's (layer_norm.cu). Row sums and element steps as layer_norm.cu's
-// header describes them. Like row_group.cuh it needs no CUDA header, so
+// first adds a residual operand to X and normalises the stored sums; X@GRAD's
+// row kernel; and the first pass of Scale@GRAD's and Bias@GRAD's column sums
+// (layer_norm.cu). Sums and element steps as layer_norm.cu's header
+// describes them. Like row_group.cuh it needs no CUDA header, so
 // tests/unit/test_layer_norm_kernels_emulated.cc runs this same source on the CPU.
 #include <cstdint>
 
@@ -97,6 +98,38 @@ __global__ void layer_norm_grad_rows(const T* x, const TDY* dy, T* dx, const T* 
       dxr[j] = accr ? fn::add_grad_part<T>(own, to_float(accr[j])) : from_float<T>(own);
     }
   }
+}
+
+// ---- Scale@GRAD and Bias@GRAD: column sums in double over chunks of rows -------------------
+
+/// Rows per chunk of the parameter gradients' column sums (before the cap on chunks).
+inline constexpr int64_t kLayerNormParamRowsPerChunk = 32;
+inline constexpr int64_t kLayerNormParamMaxChunks = 1024;
+
+/// Column partial sums over one chunk of rows (blockIdx.y), in double: Bias@GRAD's
+/// dy and Scale@GRAD's dy·xhat (either output may be skipped: null). A thread a
+/// column (blockIdx.x tiles them by kBlock); partial_* are [chunks, cols], added
+/// in chunk order by ChunkColumnSum (column_sums.cuh).
+template <typename T, typename TDY>
+__global__ void layer_norm_param_partials(const T* x, const TDY* dy, const float* mean_in, const float* var_in,
+                                          int64_t rows, int64_t cols, int64_t rows_per_chunk, float eps,
+                                          double* partial_scale, double* partial_bias) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kBlock + threadIdx.x;
+  if (c >= cols) return;
+  const int64_t begin = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
+  const int64_t end = begin + rows_per_chunk < rows ? begin + rows_per_chunk : rows;
+  double ds = 0.0, db = 0.0;
+  for (int64_t r = begin; r < end; ++r) {
+    const float g = to_float(dy[r * cols + c]);
+    if (partial_bias) db = __dadd_rn(db, static_cast<double>(g));
+    if (partial_scale) {
+      const float xhat = fn::ln_xhat(to_float(x[r * cols + c]), mean_in[r], fn::ln_inv_std(var_in[r], eps));
+      ds = __dadd_rn(ds, __dmul_rn(static_cast<double>(g), static_cast<double>(xhat)));
+    }
+  }
+  const int64_t at = static_cast<int64_t>(blockIdx.y) * cols + c;
+  if (partial_scale) partial_scale[at] = ds;
+  if (partial_bias) partial_bias[at] = db;
 }
 
 }  // namespace mix::cuda
