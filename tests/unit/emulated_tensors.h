@@ -1,10 +1,12 @@
 #pragma once
 // What the tests of emulated CUDA kernels (test_*_emulated.cc) share on the
-// host side: a tensor's elements as the kernels' storage type and back, and
-// a comparison bit for bit. No CUDA here; the emulation is cuda_emulation.h,
-// and emulated_row_launch.h launches the row kernels.
+// host side: a tensor's elements as the kernels' storage type and back,
+// placed as device memory holds them, and a comparison bit for bit. No CUDA
+// here; the emulation is cuda_emulation.h, emulated_row_launch.h launches the
+// row kernels and emulated_map_launch.h the elementwise maps.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -27,6 +29,20 @@ Tensor tensor_of(const std::vector<T>& v, const Shape& shape, DType dt) {
   std::memcpy(t.raw(), v.data(), v.size() * sizeof(T));
   return t;
 }
+
+/// Values of T placed `offset` elements past a 64-byte boundary (the CPU
+/// allocator's): offset 0 is aligned as a tensor in device memory is, offset 1
+/// as a view into the middle of a buffer, which the maps must take unpacked.
+template <typename T>
+struct Placed {
+  Tensor storage;
+  T* p;
+  Placed(const std::vector<T>& v, int offset, DType dt)
+      : storage(Tensor::empty({static_cast<int64_t>(v.size()) + offset}, dt)), p(storage.data<T>() + offset) {
+    std::copy(v.begin(), v.end(), p);
+  }
+  std::vector<T> values(size_t n) const { return std::vector<T>(p, p + n); }
+};
 
 /// a and b hold the same bits, element for element.
 template <typename T>

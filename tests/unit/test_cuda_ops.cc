@@ -54,6 +54,7 @@
 #include "tests/unit/column_sum_check.h"
 #include "tests/unit/cuda_compare.h"
 #include "tests/unit/gradcheck.h"
+#include "tests/unit/mean_check.h"
 #include "tests/unit/padded_classes_check.h"
 #include "tests/unit/recompute_softmax_check.h"
 #include "tests/unit/softmax_reference.h"
@@ -549,31 +550,11 @@ TEST_CASE("mean and mean_grad match the CPU", "[cuda][mean]") {
       const Tensor x = random_tensor(s, dt, 41, -1.f, 3.f);
       const OneOp c{make_op("mean", {{"X", {"x"}}}, {{"Out", {"y"}}}), {{"x", x}}};
       const Both r = run_both(c, {"y"});
-      // Reference: the sum in long double (64-bit mantissa: exact to ~n·2^-64).
-      const std::vector<float> xv = x.to_floats();
-      long double sum = 0, abs_sum = 0;
-      for (float v : xv) {
-        sum += v;
-        abs_sum += std::fabs(v);
-      }
       const int64_t n = x.numel();
-      const std::vector<double> ref{static_cast<double>(sum / n)};
-      // Double summation error <= (terms added in sequence)·2^-53·sum|x|: the
-      // CPU's n, the GPU's ceil(n / (blocks·256)) per thread, two 8-level trees and
-      // ceil(blocks/256) in the second pass (+ slack 8); divided by n, then one
-      // rounding on store.
-      const int64_t blocks = std::min<int64_t>(std::max<int64_t>((n + 2047) / 2048, 1), 1024);
-      const int64_t per_thread = (n + blocks * 256 - 1) / (blocks * 256);
-      const double gpu_terms = static_cast<double>(per_thread + 16 + (blocks + 255) / 256 + 8);
-      const auto bound = [&](double terms) {
-        return [&, terms](int64_t) {
-          return terms * 0x1p-53 * static_cast<double>(abs_sum) / static_cast<double>(n) +
-                 store_rel(dt) * std::fabs(ref[0]) + store_abs(dt);
-        };
-      };
+      const MeanRef ref = mean_ref(x);
       const std::string what = "mean " + dname(dt) + " of " + std::to_string(n);
-      expect_within(r.gpu.at("y"), ref, bound(gpu_terms), what + " (GPU)");
-      expect_within(r.cpu.at("y"), ref, bound(static_cast<double>(n)), what + " (CPU)");
+      expect_within(r.gpu.at("y"), ref.mean, mean_bound(ref, gpu_mean_terms(n), dt), what + " (GPU)");
+      expect_within(r.cpu.at("y"), ref.mean, mean_bound(ref, static_cast<double>(n), dt), what + " (CPU)");
 
       const Tensor dout = floats({1}, {0.7f}, dt);
       const OneOp g{make_op("mean_grad", {{"X", {"x"}}, {"Out@GRAD", {"dout"}}}, {{"X@GRAD", {"dx"}}}),

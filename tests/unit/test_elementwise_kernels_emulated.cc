@@ -53,20 +53,6 @@ using kernels::YIndex;
 
 namespace {
 
-// Values of T placed `offset` elements past a 64-byte boundary (the CPU
-// allocator's): offset 0 is aligned as a tensor in device memory is, offset 1
-// as a view into the middle of a buffer, which the maps must take unpacked.
-template <typename T>
-struct Placed {
-  Tensor storage;
-  T* p;
-  Placed(const std::vector<T>& v, int offset, DType dt)
-      : storage(Tensor::empty({static_cast<int64_t>(v.size()) + offset}, dt)), p(storage.data<T>() + offset) {
-    std::copy(v.begin(), v.end(), p);
-  }
-  std::vector<T> values(size_t n) const { return std::vector<T>(p, p + n); }
-};
-
 // What the launcher's map wrote, and whether it ran in packs.
 struct MapRun {
   Tensor out;

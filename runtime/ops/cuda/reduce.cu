@@ -9,10 +9,12 @@
 // sum by far less than one float ulp of the mean: the float results agree
 // except where the double sum lies within that distance of a rounding boundary
 // (then by one ulp). The final division and rounding are fn::mean_from_sum.
+// mean's kernels are in reduce_kernels.cuh, sum's in sum_chunks_kernels.cuh.
 #include <vector>
 
 #include "runtime/kernels/functors.h"
 #include "runtime/ops/cuda/device_ops.cuh"
+#include "runtime/ops/cuda/reduce_kernels.cuh"
 #include "runtime/ops/cuda/sum_chunks.cuh"
 
 namespace mix::cuda {
@@ -31,33 +33,6 @@ void sum_cuda(OpContext& ctx) {
 }
 
 // ---- mean ----------------------------------------------------------------------------
-
-// Blocks of mean's first pass: a function of numel only (never of the GPU), so
-// the partition, hence the result, is the same on every device.
-int mean_blocks(int64_t n) {
-  constexpr int64_t kPerBlock = kBlock * 8;
-  return static_cast<int>(std::clamp<int64_t>((n + kPerBlock - 1) / kPerBlock, 1, 1024));
-}
-
-template <typename T>
-__global__ void mean_partial_sums(const T* x, int64_t n, double* partial) {
-  __shared__ double shared[kBlock];
-  double s = 0.0;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * kBlock;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(kBlock) + threadIdx.x; i < n; i += stride)
-    s = __dadd_rn(s, static_cast<double>(to_float(x[i])));
-  s = block_reduce(s, shared, AddRnDouble{});
-  if (threadIdx.x == 0) partial[blockIdx.x] = s;
-}
-
-template <typename T>
-__global__ void mean_finish(const double* partial, int blocks, int64_t n, T* out) {
-  __shared__ double shared[kBlock];
-  double s = 0.0;
-  for (int b = static_cast<int>(threadIdx.x); b < blocks; b += kBlock) s = __dadd_rn(s, partial[b]);
-  s = block_reduce(s, shared, AddRnDouble{});
-  if (threadIdx.x == 0) out[0] = from_float<T>(fn::mean_from_sum(s, n));
-}
 
 void mean_cuda(OpContext& ctx) {
   const Tensor x = ctx.in("X");
@@ -78,14 +53,6 @@ void mean_cuda(OpContext& ctx) {
     MIX_CUDA_CHECK(cudaGetLastError());
   });
 }
-
-template <typename T>
-struct MeanGradFill {
-  ScalarRef dout;
-  int64_t n;
-  T* dx;
-  __device__ void operator()(int64_t i) const { dx[i] = from_float<T>(fn::mean_grad_value(load_as_float(dout), n)); }
-};
 
 void mean_grad_cuda(OpContext& ctx) {
   const Tensor x = ctx.in("X");
