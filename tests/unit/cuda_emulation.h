@@ -286,6 +286,9 @@ void run_grid(unsigned gx, unsigned gy, Kernel kernel, int block_threads = kBloc
 #define gridDim emulated::g_grid
 #define blockDim emulated::g_block_dim
 
+struct uint2 {
+  unsigned x, y;
+};
 struct uint4 {
   unsigned x, y, z, w;
 };

@@ -36,38 +36,11 @@
 #include "runtime/kernels/lookup_row.h"
 #include "runtime/ops/accumulate_input.h"
 #include "runtime/ops/cuda/device_ops.cuh"
-#include "runtime/ops/cuda/lookup_table_grad_kernels.cuh"
+#include "runtime/ops/cuda/lookup_table_kernels.cuh"
 #include "runtime/ops/lookup_table_shapes.h"
 
 namespace mix::cuda {
 namespace {
-
-constexpr int kWarpsPerBlock = kBlock / kWarp;
-
-// ---- kernels -------------------------------------------------------------------------
-
-// Out[i] = W[Ids[i]], one warp per id; V is the copy unit (sizeof(V) divides
-// the row's bytes and both buffers are aligned to it).
-template <typename T, typename L, typename V>
-__global__ void lookup_rows(const T* w, const L* ids, T* out, int64_t n, int64_t rows, int64_t d, int64_t padding_idx) {
-  const int lane = static_cast<int>(threadIdx.x) % kWarp;
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
-  const int64_t vecs = d * static_cast<int64_t>(sizeof(T)) / static_cast<int64_t>(sizeof(V));
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp; i < n; i += warps) {
-    const int64_t id = static_cast<int64_t>(ids[i]);
-    T* o = out + i * d;
-    const bool valid = fn::lookup_id_valid(id, rows);
-    if (valid && !fn::lookup_is_padding(id, padding_idx)) {
-      const V* src = reinterpret_cast<const V*>(w + id * d);
-      V* dst = reinterpret_cast<V*>(o);
-      for (int64_t j = lane; j < vecs; j += kWarp) dst[j] = src[j];
-    } else {
-      // The padding row is zeros (fn::lookup_row); a bad id poisons its row (see the top).
-      const T fill = from_float<T>(valid ? 0.f : NAN);
-      for (int64_t j = lane; j < d; j += kWarp) o[j] = fill;
-    }
-  }
-}
 
 // ---- launchers -----------------------------------------------------------------------
 
@@ -78,22 +51,11 @@ void dispatch_ids(DType t, F&& f) {
   return f(int32_t{});
 }
 
-// The widest of 16, 8, 4, 2 bytes that divides `row_bytes` and aligns both pointers.
-int copy_unit(size_t row_bytes, const void* a, const void* b) {
-  for (int v : {16, 8, 4, 2}) {
-    const auto u = static_cast<size_t>(v);
-    if (row_bytes % u == 0 && reinterpret_cast<uintptr_t>(a) % u == 0 && reinterpret_cast<uintptr_t>(b) % u == 0)
-      return v;
-  }
-  return 1;
-}
-
 template <typename T, typename L, typename V>
 void launch_lookup_rows(const Tensor& w, const Tensor& ids, Tensor& out, int64_t padding_idx, cudaStream_t stream) {
   const int64_t n = ids.numel();
-  const auto blocks = static_cast<unsigned>(std::clamp<int64_t>((n + kWarpsPerBlock - 1) / kWarpsPerBlock, 1, 65535));
-  lookup_rows<T, L, V>
-      <<<blocks, kBlock, 0, stream>>>(w.data<T>(), ids.data<L>(), out.data<T>(), n, w.dim(0), w.dim(1), padding_idx);
+  lookup_rows<T, L, V><<<lookup_row_blocks(n), kBlock, 0, stream>>>(w.data<T>(), ids.data<L>(), out.data<T>(), n,
+                                                                    w.dim(0), w.dim(1), padding_idx);
   MIX_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -110,7 +72,7 @@ void lookup_table_cuda(OpContext& ctx) {
   Tensor& out = ctx.out("Out", lookup_rules::out_shape(ids.shape(), d), w.dtype());
   if (ids.numel() == 0 || d == 0) return;
   const cudaStream_t stream = compute_stream(ctx);
-  const int unit = copy_unit(static_cast<size_t>(d) * dtype_size(w.dtype()), w.raw(), out.raw());
+  const int unit = lookup_copy_unit(static_cast<size_t>(d) * dtype_size(w.dtype()), w.raw(), out.raw());
   dispatch_floating(w.dtype(), [&](auto tag) {
     using T = decltype(tag);
     dispatch_ids(ids.dtype(), [&](auto id_tag) {

@@ -1,24 +1,33 @@
-// lookup_table_grad's CUDA kernels (runtime/ops/cuda/lookup_table_grad_kernels.cuh),
-// their very source, run on the CPU (tests/unit/cuda_emulation.h), steps
-// as lookup_table.cu runs them: the keys and positions, a stable sort by key
-// (cub's radix sort on the GPU, std::stable_sort here: both keep positions
-// ascending within a key), each row's start (zeros, or with input Accumulate
-// the other part plus 0), and one block per run of equal ids. The kernels add
-// each id's rows in position order, the CPU loop's FP32 additions in its
-// order, so W@GRAD must be the CPU's bit for bit: FP32, FP16 and BF16 tables,
-// the tied embedding's FP32 table with an FP16 or BF16 other part, ids
-// repeated, the padding id and rows no id names, the other part holding -0.0
-// there (the result is +0, as the op then `sum` gives), columns over one block
-// and over several of its strides, a grid of a block an id and one that
-// strides over the ids. test_cuda_transformer_ops checks the GPU itself
-// where one is lent.
+// lookup_table's forward row copy and lookup_table_grad's CUDA kernels
+// (runtime/ops/cuda/lookup_table_kernels.cuh), their very source, run on the
+// CPU (tests/unit/cuda_emulation.h). test_cuda_transformer_ops checks the GPU
+// itself where one is lent.
+//
+// The copy must give the CPU's bits at each copy unit (16, 8, 4 and 2 bytes,
+// by the row's size and Out's alignment), the padding row zeros, and an id
+// out of range a row of NaN; through a block for every 8 ids and through one
+// block that strides over them.
+//
+// The gradient's steps run as lookup_table.cu runs them: the keys and
+// positions, a stable sort by key (cub's radix sort on the GPU,
+// std::stable_sort here: both keep positions ascending within a key), each
+// row's start (zeros, or with input Accumulate the other part plus 0), and
+// one block per run of equal ids. The kernels add each id's rows in position
+// order, the CPU loop's FP32 additions in its order, so W@GRAD must be the
+// CPU's bit for bit: FP32, FP16 and BF16 tables, the tied embedding's FP32
+// table with an FP16 or BF16 other part, ids repeated, the padding id and
+// rows no id names, the other part holding -0.0 there (the result is +0, as
+// the op then `sum` gives), columns over one block and over several of its
+// strides, a grid of a block an id and one that strides over the ids.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <numeric>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/core/half.h"
@@ -30,7 +39,7 @@
 // The emulation, then the kernels (cuda_emulation.h defines CUDA's keywords as macros).
 #include "tests/unit/cuda_emulation.h"
 
-#include "runtime/ops/cuda/lookup_table_grad_kernels.cuh"
+#include "runtime/ops/cuda/lookup_table_kernels.cuh"
 
 using namespace mix;
 using namespace mix::testing;
@@ -126,6 +135,85 @@ void check(DType w_dt, DType other_dt, bool accumulate) {
     }
 }
 
+// ---- the forward copy ----------------------------------------------------------------------
+
+// Out = W[Ids] by lookup_rows, its copy unit chosen as lookup_table.cu
+// chooses it for W and for an Out `offset` elements past alignment; through
+// lookup_row_blocks(n) blocks, or one that strides over the ids. Returns Out
+// and the unit.
+template <typename T>
+std::pair<std::vector<T>, int> emulated_lookup(const Tensor& w, const std::vector<int64_t>& ids, int offset,
+                                               bool strided) {
+  const int64_t d = w.dim(1), n = static_cast<int64_t>(ids.size());
+  Placed<T> out(std::vector<T>(static_cast<size_t>(n * d), from_float<T>(-7.f)), offset, w.dtype());
+  const T* wp = w.data<T>();
+  const int unit = kernels::lookup_copy_unit(static_cast<size_t>(d) * sizeof(T), wp, out.p);
+  const unsigned blocks = strided ? 1u : kernels::lookup_row_blocks(n);
+  const auto run = [&](auto unit_tag) {
+    using V = decltype(unit_tag);
+    emulated::run_grid(
+        blocks, 1, [&] { kernels::lookup_rows<T, int64_t, V>(wp, ids.data(), out.p, n, w.dim(0), d, kPadding); },
+        kernels::kBlock);
+  };
+  switch (unit) {
+    case 16:
+      run(uint4{});
+      break;
+    case 8:
+      run(uint2{});
+      break;
+    case 4:
+      run(uint32_t{});
+      break;
+    default:
+      run(uint16_t{});
+      break;
+  }
+  return {out.values(static_cast<size_t>(n * d)), unit};
+}
+
+template <typename T>
+void check_forward(DType dt, std::set<int>& units) {
+  // Ids out of range (-1 and kRows) get a row of NaN here, where the CPU
+  // kernel reports them: the CPU runs with 0 in their place, and those rows
+  // are checked apart.
+  std::vector<int64_t> ids = kIds;
+  ids.insert(ids.begin() + 5, -1);
+  ids.push_back(kRows);
+  std::vector<int64_t> cpu_ids = ids;
+  for (int64_t& id : cpu_ids) id = id < 0 || id >= kRows ? 0 : id;
+  // Rows of 8 values, 6, 3, 70 and 600 (past a warp's 32 lanes of the widest copy unit).
+  for (const int64_t d : {int64_t{8}, int64_t{6}, int64_t{3}, int64_t{70}, int64_t{600}})
+    for (int offset : {0, 1})
+      for (bool strided : {false, true}) {
+        const std::string what = dname(dt) + " rows of " + std::to_string(d) + (offset ? ", Out unaligned" : "") +
+                                 (strided ? ", one block" : "");
+        INFO(what);
+        const Tensor w = random_tensor({kRows, d}, dt, 611, -2.f, 2.f);
+        const auto [got, unit] = emulated_lookup<T>(w, ids, offset, strided);
+        units.insert(unit);
+        INFO("copy unit " << unit);
+        Tensor ids_t = Tensor::empty({static_cast<int64_t>(ids.size())}, DType::i64);
+        std::memcpy(ids_t.raw(), cpu_ids.data(), cpu_ids.size() * sizeof(int64_t));
+        const Tensor want = run_ops_on({make_op("lookup_table", {{"W", {"w"}}, {"Ids", {"ids"}}}, {{"Out", {"out"}}},
+                                                {{"padding_idx", kPadding}})},
+                                       {{"w", w}, {"ids", ids_t}}, cpu_device(), ExecEnv{}, {"out"})
+                                .at("out");
+        const std::vector<T> want_v = values_of<T>(want);
+        size_t differing = 0, not_nan = 0;
+        for (size_t i = 0; i < ids.size(); ++i)
+          for (int64_t c = 0; c < d; ++c) {
+            const size_t e = i * static_cast<size_t>(d) + static_cast<size_t>(c);
+            if (ids[i] != cpu_ids[i])
+              not_nan += !std::isnan(to_float(got[e]));
+            else
+              differing += std::memcmp(&got[e], &want_v[e], sizeof(T)) != 0;
+          }
+        CHECK(differing == 0);  // a copy, and the padding row's zeros: the CPU's bits
+        CHECK(not_nan == 0);    // the bad ids' rows
+      }
+}
+
 }  // namespace
 
 TEST_CASE("lookup_table_grad's kernels, emulated: the CPU's bits, with and without Accumulate",
@@ -139,4 +227,13 @@ TEST_CASE("lookup_table_grad's kernels, emulated: the CPU's bits, with and witho
   // The tied embedding under AMP: an FP32 table, the output layer's FP16 or BF16 part.
   check<float, half_t>(DType::f32, DType::f16, true);
   check<float, bf16_t>(DType::f32, DType::bf16, true);
+}
+
+TEST_CASE("lookup_table's row copy, emulated: the CPU's bits at every copy unit, NaN rows for bad ids",
+          "[lookup_table][emulated]") {
+  std::set<int> units;
+  check_forward<float>(DType::f32, units);
+  check_forward<half_t>(DType::f16, units);
+  check_forward<bf16_t>(DType::bf16, units);
+  CHECK(units == std::set<int>{2, 4, 8, 16});  // every copy unit was taken
 }
