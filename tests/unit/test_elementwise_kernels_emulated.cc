@@ -1,8 +1,9 @@
 // The CUDA kernels of elementwise_add, elementwise_mul and their gradients
 // (runtime/ops/cuda/elementwise_kernels.cuh, with the maps of maps.cuh and
-// the packed and grid-stride kernels of runtime/cuda/map_kernels.cuh), their
-// very source, run on the CPU (tests/unit/cuda_emulation.h) and launched as
-// elementwise.cu launches them. It runs everywhere, so a change to the
+// the packed and grid-stride kernels of runtime/cuda/map_kernels.cuh), and
+// cast's between float dtypes (maps.cuh), their very source, run on the CPU
+// (tests/unit/cuda_emulation.h) and launched as elementwise.cu and
+// device_ops.cuh launch them. It runs everywhere, so a change to the
 // broadcast indexing, the packs or the column sums is checked on every
 // build; test_cuda_ops checks the GPU itself where one is lent.
 //
@@ -13,7 +14,8 @@
 //    general case, a scalar Y), with 32- and 64-bit indices, on arrays
 //    aligned as device memory is (packs where the shape allows) and one
 //    element past it (no packs); and FP32 X beside an FP16 or BF16 Y, the AMP
-//    Transformer's residual add;
+//    Transformer's residual add; and the casts between float dtypes
+//    (FloatCast), NaN, infinities and values past FP16's range among them;
 //  - the Y gradients' column sums, each of the three kernels on the shapes
 //    it can take, not only where the launcher picks it (the tree on those of
 //    a few columns): the sequential one
@@ -176,6 +178,42 @@ void check_narrow_y(DType y_dt) {
 TEST_CASE("emulated elementwise_add of FP32 X and a narrower Y gives the CPU's bits", "[emulated][elementwise]") {
   check_narrow_y<half_t>(DType::f16);
   check_narrow_y<bf16_t>(DType::bf16);
+}
+
+namespace {
+
+// cast between float dtypes (FloatCast, as float_cast launches it) against the
+// CPU's cast: widening is exact, narrowing rounds once to nearest even on both
+// sides. The values hold infinities, a NaN, zeros of both signs and values
+// past FP16's range.
+template <typename From, typename To>
+void check_cast(DType from, DType to) {
+  for (const Shape& s : {Shape{3, 5}, Shape{40, 50}})
+    for (int offset : {0, 1}) {
+      const std::string what = dname(from) + " -> " + dname(to) + " " + shape_str(s) + (offset ? ", unaligned" : "");
+      INFO(what);
+      const Tensor x = with_specials(uniform_tensor(s, 81, -1e5f, 1e5f), from);
+      const Tensor want = run_ops_on({make_op("cast", {{"X", {"x"}}}, {{"Out", {"y"}}}, {{"out_dtype", dname(to)}})},
+                                     {{"x", x}}, cpu_device(), ExecEnv{}, {"y"})
+                              .at("y");
+      const int64_t n = x.numel();
+      const Placed<From> xs(values_of<From>(x), offset, from);
+      Placed<To> out(std::vector<To>(static_cast<size_t>(n), from_float<To>(-7.f)), offset, to);
+      const bool packed = emulated_packed<kernels::kPackWidth<From, To>>(n, kernels::FloatCast<From, To>{xs.p, out.p});
+      expect_identical(tensor_of(out.values(static_cast<size_t>(n)), s, to), want, what);
+      CHECK(packed == (offset == 0));
+    }
+}
+
+}  // namespace
+
+TEST_CASE("emulated casts between float dtypes give the CPU's bits", "[emulated][cast]") {
+  check_cast<float, half_t>(DType::f32, DType::f16);
+  check_cast<float, bf16_t>(DType::f32, DType::bf16);
+  check_cast<half_t, float>(DType::f16, DType::f32);
+  check_cast<bf16_t, float>(DType::bf16, DType::f32);
+  check_cast<half_t, bf16_t>(DType::f16, DType::bf16);
+  check_cast<bf16_t, half_t>(DType::bf16, DType::f16);
 }
 
 namespace {

@@ -7,47 +7,25 @@
 // one plane. Each value is fn::NormalizePixel's, the functor the CPU kernel
 // and the host's normalize_image run (IEEE division and subtraction on both
 // sides, nothing to contract), rounded on store with from_float<T> as the CPU
-// does: the twins agree bit for bit.
+// does: the twins agree bit for bit. The kernel is in
+// image_normalize_kernels.cuh.
 #include <cstdint>
 
 #include "runtime/ir/op_registry.h"
 #include "runtime/ops/cuda/device_ops.cuh"
+#include "runtime/ops/cuda/image_normalize_kernels.cuh"
 #include "runtime/ops/image_normalize_attrs.h"
 
 namespace mix::cuda {
 namespace {
-
-namespace rules = image_normalize_rules;
-
-// ---- kernels -------------------------------------------------------------------------
-
-// Pixel q of the batch (image n = q / pixels, place i = q % pixels in it).
-template <typename T>
-struct NormalizePixels {
-  const uint8_t* x;
-  T* out;
-  rules::Params p;
-  int64_t pixels;  // H * W
-  __device__ void operator()(int64_t q) const {
-    const int64_t channels = p.channels;
-    const uint8_t* in = x + q * channels;
-    if (p.channels_last) {
-      for (int64_t c = 0; c < channels; ++c) out[q * channels + c] = from_float<T>(p.per_channel[c](in[c]));
-      return;
-    }
-    const int64_t n = q / pixels, i = q - n * pixels;
-    T* first_plane = out + n * channels * pixels + i;
-    for (int64_t c = 0; c < channels; ++c) first_plane[c * pixels] = from_float<T>(p.per_channel[c](in[c]));
-  }
-};
 
 // ---- launcher ------------------------------------------------------------------------
 
 void image_normalize_cuda(OpContext& ctx) {
   const Tensor x = ctx.in("X");
   check_on_device(ctx, x, "X");
-  const rules::Params p = rules::params(ctx.op, x.dtype(), x.shape());
-  Tensor& out = ctx.out("Out", rules::out_shape(x.shape(), p.channels_last), p.out_dtype);
+  const image_normalize_rules::Params p = image_normalize_rules::params(ctx.op, x.dtype(), x.shape());
+  Tensor& out = ctx.out("Out", image_normalize_rules::out_shape(x.shape(), p.channels_last), p.out_dtype);
   const int64_t pixels = x.dim(1) * x.dim(2);
   const cudaStream_t stream = compute_stream(ctx);
   dispatch_floating(p.out_dtype, [&](auto tag) {
