@@ -14,12 +14,12 @@
 #include <string>
 #include <vector>
 
-#include "runtime/core/random.h"
 #include "runtime/ir/op_registry.h"
 #include "runtime/kernels/cpu_loops.h"
 #include "runtime/ops/image_normalize_attrs.h"
 #include "tests/unit/cuda_compare.h"
 #include "tests/unit/emulated_tensors.h"
+#include "tests/unit/image_normalize_cases.h"
 
 // The emulation and its map launches, then the kernel (cuda_emulation.h
 // defines CUDA's keywords as macros).
@@ -33,30 +33,15 @@ namespace kernels = mix::cuda;
 
 TEST_CASE("image_normalize's kernel, emulated: the CPU's bits in both layouts and every output dtype",
           "[emulated][image_normalize]") {
-  struct Case {
-    Shape x;  // [N, H, W, C]
-    std::vector<double> mean, stddev;
-  };
-  const std::vector<double> kMean = {0.485, 0.456, 0.406}, kStd = {0.229, 0.224, 0.225};
-  const Case cases[] = {
-      {{3, 17, 17, 3}, kMean, kStd},                                 // RGB, planes not a multiple of a warp
-      {{2, 5, 9, 1}, {0.286}, {0.353}},                              // one channel, not square
-      {{1, 6, 4, 4}, {0.5, 0.4, 0.3, 0.0}, {0.25, 0.5, 1.0, -2.0}},  // four channels, a negative std
-  };
   uint64_t seed = 1;
-  for (const Case& c : cases) {
-    Tensor pixels = Tensor::empty(c.x, DType::u8);
-    Rng rng(seed++);
-    for (int64_t i = 0; i < pixels.numel(); ++i)
-      pixels.data<uint8_t>()[i] = static_cast<uint8_t>(i < 256 ? i : rng.below(256));  // every value 0, 1, ... first
+  for (const ImageNormalizeCase& c : image_normalize_cases(false)) {
+    const Tensor pixels = every_byte_pixels(c.x, seed++);
     const int64_t images = c.x[0], image_pixels = c.x[1] * c.x[2];
     for (const std::string layout : {"NCHW", "NHWC"})
       for (DType t : kFloatTypes) {
         const std::string what = shape_str(c.x) + " " + layout + " " + dname(t);
         INFO(what);
-        const OpDesc op =
-            make_op("image_normalize", {{"X", {"x"}}}, {{"Out", {"out"}}},
-                    {{"mean", c.mean}, {"std", c.stddev}, {"data_format", layout}, {"out_dtype", dname(t)}});
+        const OpDesc op = image_normalize_op(c, layout, t);
         const Tensor want = run_ops_on({op}, {{"x", pixels}}, cpu_device(), ExecEnv{}, {"out"}).at("out");
         const image_normalize_rules::Params p = image_normalize_rules::params(op, DType::u8, c.x);
         cpu::dispatch_floating(t, [&](auto tag) {
