@@ -24,12 +24,15 @@
 // one. The trainer instead calls amp::check_loss_scale_not_stuck after the
 // step, when it reads the loss and found_inf anyway: the same error, from the
 // same state, for a step that was skipped either way.
+//
+// The kernels and multi-tensor bodies are in amp_kernels.cuh.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <vector>
 
+#include "amp/cuda/amp_kernels.cuh"
 #include "amp/loss_scaler.h"
 #include "amp/loss_scaling_math.h"
 #include "collective/communicator.h"
@@ -43,38 +46,6 @@ namespace {
 using cuda::ScalarRef;
 
 // ---- check_finite_and_unscale ----------------------------------------------------------
-
-// FoundInfinite = FoundInfiniteIn (when given) or an invalid scale.
-struct InitFoundInf {
-  int32_t* found;
-  ScalarRef prev;
-  const float* scale;
-  __device__ void operator()(int64_t) const {
-    found[0] = cuda::flag_set(prev) || !fn::valid_loss_scale(scale[0]) ? 1 : 0;
-  }
-};
-
-// A block's chunk of Out = X / scale (slot pointers: X, Out), raising `found`
-// and FoundInfiniteEach[X's index] (`each`, nullable) when it holds an inf or
-// NaN: one atomic per block that saw one.
-template <typename In, typename Out>
-struct UnscaleCheckChunk {
-  const float* scale;
-  int32_t* found;
-  int32_t* each;
-  __device__ void operator()(const cuda::TensorSlot<2>& s, int64_t begin, int64_t end) const {
-    const In* x = static_cast<const In*>(s.ptr[0]);
-    Out* out = static_cast<Out*>(s.ptr[1]);
-    const fn::UnscaleCheck f = fn::unscale_check_for(scale[0]);
-    bool any = false;
-    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) out[i] = from_float<Out>(f(to_float(x[i]), any));
-    // Every thread of the block reaches this (multi_tensor_kernel calls the body in all of them).
-    if (__syncthreads_or(any) && threadIdx.x == 0) {
-      atomicOr(reinterpret_cast<int*>(found), 1);
-      if (each) atomicOr(reinterpret_cast<int*>(each + s.index), 1);
-    }
-  }
-};
 
 void run_unscale(OpContext& ctx, bool to_f32) {
   const Tensor scale = ctx.in("Scale");
@@ -149,37 +120,6 @@ void cast_check_finite_and_unscale_cuda(OpContext& ctx) { run_unscale(ctx, true)
 
 // ---- update_loss_scaling ---------------------------------------------------------------
 
-struct LossScalingUpdate {
-  ScalarRef found_inf;
-  const float* scale_in;
-  const int64_t* good_in;
-  const int64_t* bad_in;
-  const int64_t* skipped_in;
-  const int64_t* at_min_in;
-  float* scale_out;
-  int64_t* good_out;
-  int64_t* bad_out;
-  int64_t* skipped_out;
-  int64_t* at_min_out;
-  LossScalingParams params;
-  __device__ void operator()(int64_t) const {
-    // Read everything before writing anything: outputs alias inputs.
-    const bool found = cuda::flag_set(found_inf);
-    LossScalerState s;
-    s.scale = scale_in[0];
-    s.good_steps = good_in[0];
-    s.bad_steps = bad_in[0];
-    s.skipped_steps = skipped_in[0];
-    s.consecutive_skips_at_min = at_min_in[0];
-    loss_scaling_step(params, s, found);  // "stuck" is the host's to report, after the step
-    scale_out[0] = s.scale;
-    good_out[0] = s.good_steps;
-    bad_out[0] = s.bad_steps;
-    skipped_out[0] = s.skipped_steps;
-    at_min_out[0] = s.consecutive_skips_at_min;
-  }
-};
-
 // A state input, by value (its output may replace the scope entry), checked.
 Tensor state_input(const OpContext& ctx, const char* slot, DType dtype) {
   const Tensor t = ctx.in(slot);
@@ -223,17 +163,6 @@ void update_loss_scaling_cuda(OpContext& ctx) {
 }
 
 // ---- inject_overflow -------------------------------------------------------------------
-
-// g[0] = +inf, in step `step` only when `now` (ExecEnv::device_step) is given.
-template <typename T>
-struct WriteInfFirst {
-  T* g;
-  const int64_t* now;
-  int64_t step;
-  __device__ void operator()(int64_t) const {
-    if (!now || *now == step) g[0] = from_float<T>(INFINITY);
-  }
-};
 
 void inject_overflow_cuda(OpContext& ctx) {
   const int64_t step = ctx.attr<int64_t>("step", 0);

@@ -339,6 +339,30 @@ inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v)
   *p = old + v;
   return old;
 }
+inline int atomicOr(int* p, int v) {
+  const int old = *p;
+  *p = old | v;
+  return old;
+}
+namespace emulated {
+inline int g_sync_or = 0;            // the block's OR of __syncthreads_or's predicates
+inline unsigned g_sync_or_read = 0;  // threads that have read it
+}  // namespace emulated
+// A barrier that returns, in every thread, whether any thread's predicate is
+// nonzero: each thread ORs its own in, all meet, each reads the result, and
+// the last to read clears it before the threads meet again, so the next call
+// starts from 0.
+inline int __syncthreads_or(int predicate) {
+  emulated::g_sync_or |= predicate != 0 ? 1 : 0;
+  __syncthreads();
+  const int any = emulated::g_sync_or;
+  if (++emulated::g_sync_or_read == blockDim.x) {
+    emulated::g_sync_or = 0;
+    emulated::g_sync_or_read = 0;
+  }
+  __syncthreads();
+  return any;
+}
 // Rounded as the device intrinsics round: one IEEE operation each (the host
 // build contracts nothing into an FMA: no -ffp-contract=fast, no -mfma).
 inline float __fadd_rn(float a, float b) { return a + b; }

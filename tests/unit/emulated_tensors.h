@@ -26,7 +26,7 @@ std::vector<T> values_of(const Tensor& t) {
 template <typename T>
 Tensor tensor_of(const std::vector<T>& v, const Shape& shape, DType dt) {
   Tensor t = Tensor::empty(shape, dt);
-  std::memcpy(t.raw(), v.data(), v.size() * sizeof(T));
+  if (!v.empty()) std::memcpy(t.raw(), v.data(), v.size() * sizeof(T));  // an empty one may have no storage
   return t;
 }
 

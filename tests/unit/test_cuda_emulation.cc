@@ -1,8 +1,9 @@
 // The CUDA emulation itself (tests/unit/cuda_emulation.h), on which every
 // test_*_emulated.cc rests: its barriers order what they must, its shuffles
-// exchange the lanes' values, a read that no barrier orders shows the
-// unwritten value, and a block whose barrier can never fill fails instead of
-// hanging.
+// exchange the lanes' values (8-byte ones too), its atomics and
+// __syncthreads_or count and answer as the GPU's, a read that no barrier
+// orders shows the unwritten value, and a block whose barrier can never fill
+// fails instead of hanging.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -81,6 +82,40 @@ TEST_CASE("the emulation's shuffles exchange the lanes' values within each warp"
     CHECK(sums[static_cast<size_t>(t)] == static_cast<float>(32 * 32 * w + 31 * 32 / 2));  // lanes 32w .. 32w + 31
     CHECK(firsts[static_cast<size_t>(t)] == static_cast<float>(32 * w));
   }
+}
+
+TEST_CASE("the emulation's 64-bit shuffles, atomics and __syncthreads_or", "[emulated]") {
+  // A warp's maximum of 64-bit keys (top1_correct's), a block's count by
+  // atomicAdd and its flag by atomicOr, and __syncthreads_or's answer in every
+  // thread, called twice so that the second starts from a cleared OR.
+  std::vector<unsigned long long> maxima(kThreads);
+  std::vector<int> first_or(kThreads), second_or(kThreads);
+  unsigned long long count = 0;
+  int flag = 0;
+  emulated::run_grid(
+      1, 1,
+      [&] {
+        const int t = static_cast<int>(threadIdx.x);
+        unsigned long long v = (static_cast<unsigned long long>(t) << 33) | 5u;
+        for (int o = 16; o > 0; o >>= 1) {
+          const unsigned long long w = __shfl_xor_sync(0xffffffffu, v, o);
+          v = w > v ? w : v;
+        }
+        maxima[static_cast<size_t>(t)] = v;
+        atomicAdd(&count, 1ull);
+        if (t == 70) atomicOr(&flag, 4);
+        first_or[static_cast<size_t>(t)] = __syncthreads_or(t == 70);
+        second_or[static_cast<size_t>(t)] = __syncthreads_or(0);
+      },
+      kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    const unsigned long long last_lane = static_cast<unsigned long long>(t / 32 * 32 + 31);
+    CHECK(maxima[static_cast<size_t>(t)] == ((last_lane << 33) | 5u));  // above 2^32: all 8 bytes moved
+    CHECK(first_or[static_cast<size_t>(t)] == 1);
+    CHECK(second_or[static_cast<size_t>(t)] == 0);
+  }
+  CHECK(count == static_cast<unsigned long long>(kThreads));
+  CHECK(flag == 4);
 }
 
 TEST_CASE("an emulated block whose barrier some threads never reach fails instead of hanging", "[emulated]") {

@@ -54,6 +54,7 @@
 #include "tests/unit/column_sum_check.h"
 #include "tests/unit/cuda_compare.h"
 #include "tests/unit/gradcheck.h"
+#include "tests/unit/loss_scaling_op.h"
 #include "tests/unit/mean_check.h"
 #include "tests/unit/padded_classes_check.h"
 #include "tests/unit/recompute_softmax_check.h"
@@ -1048,19 +1049,8 @@ struct ScalerProgram {
     p.add_var(var_desc("found", {1}, flag_dtype));
     p.add_var(var_desc("scale", {1}, DType::f32));
     for (const char* n : {"good", "bad", "skipped", "at_min"}) p.add_var(var_desc(n, {1}, DType::i64));
-    p.append_op(make_op("update_loss_scaling",
-                        {{"FoundInfinite", {"found"}},
-                         {"PrevLossScaling", {"scale"}},
-                         {"InGoodSteps", {"good"}},
-                         {"InBadSteps", {"bad"}},
-                         {"Skipped", {"skipped"}},
-                         {"ConsecutiveSkipsAtMin", {"at_min"}}},
-                        {{"LossScaling", {"scale"}},
-                         {"OutGoodSteps", {"good"}},
-                         {"OutBadSteps", {"bad"}},
-                         {"OutSkipped", {"skipped"}},
-                         {"OutConsecutiveSkipsAtMin", {"at_min"}}},
-                        mix::amp::to_op_attrs(config)));
+    p.append_op(mix::testing::update_loss_scaling_op("found", {"scale", "good", "bad", "skipped", "at_min"},
+                                                     mix::amp::to_op_attrs(config)));
   }
 };
 

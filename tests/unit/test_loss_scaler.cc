@@ -23,12 +23,14 @@
 #include "runtime/exec/executor.h"
 #include "runtime/ir/op_registry.h"
 #include "runtime/ir/program.h"
+#include "tests/unit/loss_scaling_op.h"
 
 namespace {
 
+using Catch::Matchers::Contains;
 using mix::DType;
-using mix::Executor;
 using mix::ExecEnv;
+using mix::Executor;
 using mix::Program;
 using mix::Scope;
 using mix::Tensor;
@@ -36,7 +38,6 @@ using mix::VarDesc;
 using mix::amp::LossScaler;
 using mix::amp::LossScalerConfig;
 using mix::amp::LossScalerState;
-using Catch::Matchers::Contains;
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
@@ -83,19 +84,8 @@ class ScalerProgram {
     program_.add_var(persistable("loss_scaling", DType::f32));
     for (const char* n : {"num_good_steps", "num_bad_steps", "num_skipped_steps", "skips_at_min"})
       program_.add_var(persistable(n, DType::i64));
-    mix::OpDesc& op = program_.append_op(mix::make_op(
-        "update_loss_scaling",
-        {{"FoundInfinite", {"found_inf"}},
-         {"PrevLossScaling", {"loss_scaling"}},
-         {"InGoodSteps", {"num_good_steps"}},
-         {"InBadSteps", {"num_bad_steps"}},
-         {"Skipped", {"num_skipped_steps"}},
-         {"ConsecutiveSkipsAtMin", {"skips_at_min"}}},
-        {{"LossScaling", {"loss_scaling"}},
-         {"OutGoodSteps", {"num_good_steps"}},
-         {"OutBadSteps", {"num_bad_steps"}},
-         {"OutSkipped", {"num_skipped_steps"}},
-         {"OutConsecutiveSkipsAtMin", {"skips_at_min"}}},
+    mix::OpDesc& op = program_.append_op(mix::testing::update_loss_scaling_op(
+        "found_inf", {"loss_scaling", "num_good_steps", "num_bad_steps", "num_skipped_steps", "skips_at_min"},
         mix::amp::to_op_attrs(c)));
     op.role = mix::OpRole::optimize;
     executor_ = std::make_unique<Executor>(program_, std::set<std::string>{});
@@ -176,12 +166,14 @@ void run_table(const LossScalerConfig& c, const std::vector<Row>& rows) {
   {
     INFO("host LossScaler");
     LossScaler scaler(c);
-    run_table_with(rows, init, [&](bool inf) { scaler.update(inf); }, [&] { return scaler.state(); });
+    run_table_with(
+        rows, init, [&](bool inf) { scaler.update(inf); }, [&] { return scaler.state(); });
   }
   {
     INFO("update_loss_scaling op through the Executor");
     ScalerProgram prog(c);
-    run_table_with(rows, init, [&](bool inf) { prog.step(inf); }, [&] { return prog.state(); });
+    run_table_with(
+        rows, init, [&](bool inf) { prog.step(inf); }, [&] { return prog.state(); });
   }
 }
 
@@ -229,8 +221,7 @@ TEST_CASE("mode and on-min-scale names parse and print", "[amp][loss_scaler]") {
   using O = LossScalerConfig::OnMinScale;
   for (M m : {M::dynamic, M::static_scale, M::none}) CHECK(mix::amp::parse_mode(mix::amp::mode_name(m)) == m);
   CHECK(mix::amp::mode_name(M::static_scale) == "static");
-  for (O o : {O::error, O::continue_})
-    CHECK(mix::amp::parse_on_min_scale(mix::amp::on_min_scale_name(o)) == o);
+  for (O o : {O::error, O::continue_}) CHECK(mix::amp::parse_on_min_scale(mix::amp::on_min_scale_name(o)) == o);
   CHECK(mix::amp::on_min_scale_name(O::continue_) == "continue");
   REQUIRE_THROWS_WITH(mix::amp::parse_mode("dynamc"), Contains("dynamic") && Contains("static") && Contains("none"));
   REQUIRE_THROWS_WITH(mix::amp::parse_on_min_scale("ignore"), Contains("error") && Contains("continue"));
@@ -586,12 +577,11 @@ TEST_CASE("update_loss_scaling raises the stuck error through the Executor, and 
     return std::string();
   };
   const std::string op_error = error_of([&] { prog.step(T); });
-  CHECK_THAT(op_error, Contains("stuck at the minimum") && Contains("--on-min-scale") &&
-                           Contains("update_loss_scaling"));
+  CHECK_THAT(op_error,
+             Contains("stuck at the minimum") && Contains("--on-min-scale") && Contains("update_loss_scaling"));
   CHECK(prog.state().consecutive_skips_at_min == 2);  // written back before the error
   CHECK(prog.state().skipped_steps == 2);
-  const std::string check_error =
-      error_of([&] { mix::amp::check_loss_scale_not_stuck(prog.program(), prog.scope()); });
+  const std::string check_error = error_of([&] { mix::amp::check_loss_scale_not_stuck(prog.program(), prog.scope()); });
   CHECK_THAT(check_error, Contains("2 consecutive steps") && Contains("--on-min-scale continue"));
   CHECK(check_error == op_error);  // the executor's words, the op named as the executor names it
 
@@ -600,7 +590,7 @@ TEST_CASE("update_loss_scaling raises the stuck error through the Executor, and 
   for (int i = 0; i < 10; ++i) REQUIRE_NOTHROW(cont.step(T));
   CHECK(cont.state().consecutive_skips_at_min == 10);
   CHECK_NOTHROW(mix::amp::check_loss_scale_not_stuck(cont.program(), cont.scope()));  // "continue": stuck, no error
-  CHECK_NOTHROW(mix::amp::check_loss_scale_not_stuck(Program{}, mix::Scope{}));      // no scaler op: nothing to check
+  CHECK_NOTHROW(mix::amp::check_loss_scale_not_stuck(Program{}, mix::Scope{}));       // no scaler op: nothing to check
 }
 
 TEST_CASE("update_loss_scaling rejects state of the wrong dtype when built", "[amp][loss_scaler][op]") {
@@ -670,8 +660,9 @@ struct UnscaleProgram {
       p.add_var(grad_var("prev_found_inf", {1}, DType::i32));
       ins["FoundInfiniteIn"] = {"prev_found_inf"};
     }
-    p.append_op(mix::make_op("check_finite_and_unscale", ins,
-                             {{"Out", grads}, {"FoundInfinite", {"found_inf"}}, {"FoundInfiniteEach", {"found_inf.each"}}}));
+    p.append_op(
+        mix::make_op("check_finite_and_unscale", ins,
+                     {{"Out", grads}, {"FoundInfinite", {"found_inf"}}, {"FoundInfiniteEach", {"found_inf.each"}}}));
   }
   void feed(const std::vector<std::vector<float>>& values, float scale) {
     scope.set(grads[0], Tensor::from_floats({2, 2}, values[0]));
@@ -720,7 +711,8 @@ TEST_CASE("check_finite_and_unscale declares its outputs", "[amp][unscale][op]")
 
 TEST_CASE("check_finite_and_unscale divides finite gradients by the scale in place", "[amp][unscale][op]") {
   UnscaleProgram u;
-  const std::vector<std::vector<float>> g{{1024.f, -512.f, 3.f, 0.f}, {0.25f, -1.f, 65504.f}, {1e-3f, 7.f, -7.f, 2048.f}};
+  const std::vector<std::vector<float>> g{
+      {1024.f, -512.f, 3.f, 0.f}, {0.25f, -1.f, 65504.f}, {1e-3f, 7.f, -7.f, 2048.f}};
   u.feed(g, 1024.f);
   const Tensor before = u.scope.get(u.grads[1]);
   u.run();
@@ -818,8 +810,9 @@ struct FusedProgram {
   FusedProgram() {
     for (size_t i = 0; i < 3; ++i) p.add_var(grad_var(xs[i], shapes[i], DType::f16));
     p.add_var(persistable("loss_scaling", DType::f32));
-    p.append_op(mix::make_op("cast_check_finite_and_unscale", {{"X", xs}, {"Scale", {"loss_scaling"}}},
-                             {{"Out", outs}, {"FoundInfinite", {"found_inf"}}, {"FoundInfiniteEach", {"found_inf.each"}}}));
+    p.append_op(
+        mix::make_op("cast_check_finite_and_unscale", {{"X", xs}, {"Scale", {"loss_scaling"}}},
+                     {{"Out", outs}, {"FoundInfinite", {"found_inf"}}, {"FoundInfiniteEach", {"found_inf.each"}}}));
   }
   void run(const std::vector<std::vector<float>>& values, float scale) {
     for (size_t i = 0; i < 3; ++i) scope.set(xs[i], f16_tensor(shapes[i], values[i]));
@@ -854,9 +847,8 @@ TEST_CASE("cast_check_finite_and_unscale casts FP16 gradients to FP32 and unscal
   FusedProgram f;
   // FP16 values whose quotients by 1024 are exact in FP32: the largest half, the
   // smallest normal and the smallest subnormal half among them.
-  const std::vector<std::vector<float>> g{{2048.f, -1.f, 0.5f, 65504.f, 0x1p-14f, 0x1p-24f},
-                                          {3.f, -1536.f, 0.f, 1000.f},
-                                          {-0x1p-24f, 7.f}};
+  const std::vector<std::vector<float>> g{
+      {2048.f, -1.f, 0.5f, 65504.f, 0x1p-14f, 0x1p-24f}, {3.f, -1536.f, 0.f, 1000.f}, {-0x1p-24f, 7.f}};
   f.run(g, 1024.f);
   CHECK(f.found_inf() == 0);
   CHECK(f.each() == std::vector<int32_t>{0, 0, 0});
@@ -894,18 +886,17 @@ TEST_CASE("cast_check_finite_and_unscale refuses to turn an FP16 variable into F
   Program p;
   p.add_var(grad_var("h", {3}, DType::f16));
   p.add_var(persistable("loss_scaling", DType::f32));
-  REQUIRE_THROWS_WITH(p.append_op(mix::make_op("cast_check_finite_and_unscale",
-                                               {{"X", {"h"}}, {"Scale", {"loss_scaling"}}},
-                                               {{"Out", {"h"}}, {"FoundInfinite", {"found_inf"}}})),
-                      Contains("new variable"));
+  REQUIRE_THROWS_WITH(
+      p.append_op(mix::make_op("cast_check_finite_and_unscale", {{"X", {"h"}}, {"Scale", {"loss_scaling"}}},
+                               {{"Out", {"h"}}, {"FoundInfinite", {"found_inf"}}})),
+      Contains("new variable"));
   // FP32 inputs may be unscaled in place by the fused op too.
   p.add_var(grad_var("g", {2}, DType::f32));
-  REQUIRE_NOTHROW(p.append_op(mix::make_op("cast_check_finite_and_unscale",
-                                           {{"X", {"g"}}, {"Scale", {"loss_scaling"}}},
+  REQUIRE_NOTHROW(p.append_op(mix::make_op("cast_check_finite_and_unscale", {{"X", {"g"}}, {"Scale", {"loss_scaling"}}},
                                            {{"Out", {"g"}}, {"FoundInfinite", {"found_inf"}}})));
   // X and Out must pair up.
-  REQUIRE_THROWS_WITH(p.append_op(mix::make_op("check_finite_and_unscale",
-                                               {{"X", {"g", "h"}}, {"Scale", {"loss_scaling"}}},
-                                               {{"Out", {"g"}}, {"FoundInfinite", {"found_inf"}}})),
-                      Contains("Out holds 1"));
+  REQUIRE_THROWS_WITH(
+      p.append_op(mix::make_op("check_finite_and_unscale", {{"X", {"g", "h"}}, {"Scale", {"loss_scaling"}}},
+                               {{"Out", {"g"}}, {"FoundInfinite", {"found_inf"}}})),
+      Contains("Out holds 1"));
 }

@@ -27,8 +27,9 @@
 #include "tests/unit/cuda_compare.h"
 #include "tests/unit/emulated_tensors.h"
 
-// The emulation, then the kernels (cuda_emulation.h defines CUDA's keywords as macros).
-#include "tests/unit/cuda_emulation.h"
+// The emulation and its multi-tensor launch, then the kernels (cuda_emulation.h
+// defines CUDA's keywords as macros).
+#include "tests/unit/emulated_multi_tensor_launch.h"
 
 #include "runtime/ops/cuda/grad_accumulate_kernels.cuh"
 #include "runtime/optim/cuda/clip_grad_kernels.cuh"  // and multi_tensor_kernels.cuh
@@ -38,31 +39,6 @@ using namespace mix::testing;
 namespace kernels = mix::cuda;
 
 namespace {
-
-// The launches an emulated launch_multi_tensor made, to show the test reaches both paths.
-struct Launches {
-  int alone = 0, shared = 0;
-};
-
-// launch_multi_tensor (runtime/cuda/multi_tensor.cuh) with each launch run by the emulation.
-template <int kPointers, typename Body>
-Launches launch_multi_tensor(const kernels::TensorList<kPointers>& list, const Body& body) {
-  Launches n;
-  kernels::for_each_multi_tensor_launch(
-      list,
-      [&](const kernels::TensorSlot<kPointers>& slot, int64_t numel, unsigned blocks) {
-        ++n.alone;
-        emulated::run_grid(
-            blocks, 1, [&] { kernels::single_tensor_kernel<kPointers>(slot, numel, body); },
-            kernels::kMultiTensorThreads);
-      },
-      [&](const kernels::MultiTensorArgs<kPointers>& args, unsigned blocks) {
-        ++n.shared;
-        emulated::run_grid(
-            blocks, 1, [&] { kernels::multi_tensor_kernel<kPointers>(args, body); }, kernels::kMultiTensorThreads);
-      });
-  return n;
-}
 
 struct Gradients {
   std::vector<std::string> names;
@@ -104,7 +80,7 @@ float emulated_norm(std::vector<std::vector<float>>& gs, Launches& launches) {
   kernels::TensorList<2> list;
   for (size_t i = 0; i < gs.size(); ++i)
     list.add({gs[i].data(), partial.data() + first_slot[i]}, static_cast<int64_t>(gs[i].size()));
-  launches = launch_multi_tensor<2>(list, kernels::SquareSums{});
+  launches = emulated_multi_tensor<2>(list, kernels::SquareSums{});
   float norm = NAN;
   emulated::run_grid(
       1, 1, [&] { kernels::finish_norm(partial.data(), slots, &norm); }, kernels::kMultiTensorThreads);
@@ -165,7 +141,7 @@ TEST_CASE(
     const int32_t amp_found = 1;
     kernels::raise_if_not_finite(&n, &amp_found, &found);
     CHECK(found == 1);
-    launch_multi_tensor<1>(list_of(clipped), kernels::ScaleByCoefficient{&n, 1e3f});
+    emulated_multi_tensor<1>(list_of(clipped), kernels::ScaleByCoefficient{&n, 1e3f});
     expect_gradients(clipped, cpu, g, "clip_by_global_norm");
   }
 
@@ -175,7 +151,7 @@ TEST_CASE(
   const OpDesc clamp = make_op("clip_by_value", {{"X", g.names}}, {{"Out", g.names}}, {{"max_value", 1e4}});
   const auto cpu = run_ops_on({clamp}, special, cpu_device(), ExecEnv{}, g.names);
   std::vector<std::vector<float>> clamped = values(special);
-  launch_multi_tensor<1>(list_of(clamped), kernels::ClampChunk{fn::ClipByValue{1e4f}});
+  emulated_multi_tensor<1>(list_of(clamped), kernels::ClampChunk{fn::ClipByValue{1e4f}});
   expect_gradients(clamped, cpu, g, "clip_by_value");
 }
 
@@ -241,9 +217,9 @@ TEST_CASE("grad_accumulate's body, emulated over many tensors: the CPU's bits, a
         for (size_t i = 0; i < acc.size(); ++i)
           list.add({xs[m][i].data(), acc[i].data()}, static_cast<int64_t>(acc[i].size()));
         if (m < 2)
-          launch_multi_tensor<2>(list, kernels::AccumulateChunk<T, false>{});
+          emulated_multi_tensor<2>(list, kernels::AccumulateChunk<T, false>{});
         else
-          launch_multi_tensor<2>(list, kernels::AccumulateChunk<T, true>{});
+          emulated_multi_tensor<2>(list, kernels::AccumulateChunk<T, true>{});
         if (m == 1)
           for (size_t i = 0; i < acc.size(); ++i)
             expect_same_bits(acc[i], values_of<float>(cpu_adds.at(accs[i])),
