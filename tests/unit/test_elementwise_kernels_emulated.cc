@@ -14,8 +14,10 @@
 //    general case, a scalar Y), with 32- and 64-bit indices, on arrays
 //    aligned as device memory is (packs where the shape allows) and one
 //    element past it (no packs); and FP32 X beside an FP16 or BF16 Y, the AMP
-//    Transformer's residual add; and the casts between float dtypes
-//    (FloatCast), NaN, infinities and values past FP16's range among them;
+//    Transformer's residual add; the casts between float dtypes (FloatCast),
+//    NaN, infinities and values past FP16's range among them; and the
+//    activations' maps (relu, gelu, tanh and their gradients), whose device
+//    math (erff, expf, tanhf) only the GPU test can check;
 //  - the Y gradients' column sums, each of the three kernels on the shapes
 //    it can take, not only where the launcher picks it (the tree on those of
 //    a few columns): the sequential one
@@ -214,6 +216,51 @@ TEST_CASE("emulated casts between float dtypes give the CPU's bits", "[emulated]
   check_cast<bf16_t, float>(DType::bf16, DType::f32);
   check_cast<half_t, bf16_t>(DType::f16, DType::bf16);
   check_cast<bf16_t, half_t>(DType::bf16, DType::f16);
+}
+
+namespace {
+
+// An activation and its gradient as activation.cu launches them (unary_tensor,
+// binary_tensor: UnaryMap and BinaryMap, packed where aligned) against the CPU
+// op: the same functor on the same values, so the same bits. The gradient
+// reads X (gelu) or Out (relu, tanh), as the op's saved slot says.
+template <typename T, typename Fwd, typename Bwd>
+void check_activation(const std::string& type, DType dt, bool grad_reads_x) {
+  for (const Shape& s : {Shape{3, 5}, Shape{40, 50}})
+    for (int offset : {0, 1}) {
+      const std::string what = type + " " + dname(dt) + shape_str(s) + (offset ? ", unaligned" : "");
+      INFO(what);
+      const Tensor x = with_specials(uniform_tensor(s, 91, -6.f, 6.f), dt), dout = random_tensor(s, dt, 92);
+      const auto cpu = run_ops_on(
+          {make_op(type, {{"X", {"x"}}}, {{"Out", {"y"}}}),
+           make_op(type + "_grad", {{grad_reads_x ? "X" : "Out", {grad_reads_x ? "x" : "y"}}, {"Out@GRAD", {"dy"}}},
+                   {{"X@GRAD", {"dx"}}})},
+          {{"x", x}, {"dy", dout}}, cpu_device(), ExecEnv{}, {"y", "dx"});
+      const int64_t n = x.numel();
+      constexpr int V = kernels::kPackWidth<T>;
+      const Placed<T> xs(values_of<T>(x), offset, dt), dys(values_of<T>(dout), offset, dt);
+      Placed<T> y(std::vector<T>(static_cast<size_t>(n), from_float<T>(-7.f)), offset, dt);
+      Placed<T> dx(std::vector<T>(static_cast<size_t>(n), from_float<T>(-7.f)), offset, dt);
+      emulated_packed<V>(n, kernels::UnaryMap<T, Fwd>{xs.p, y.p, Fwd{}});
+      emulated_packed<V>(n, kernels::BinaryMap<T, Bwd>{grad_reads_x ? xs.p : y.p, dys.p, dx.p, Bwd{}});
+      expect_identical(tensor_of(y.values(static_cast<size_t>(n)), s, dt), cpu.at("y"), what + " Out");
+      expect_identical(tensor_of(dx.values(static_cast<size_t>(n)), s, dt), cpu.at("dx"), what + " X@GRAD");
+    }
+}
+
+template <typename T>
+void check_activations(DType dt) {
+  check_activation<T, fn::ReluFwd, fn::ReluBwd>("relu", dt, false);
+  check_activation<T, fn::GeluFwd, fn::GeluBwd>("gelu", dt, true);
+  check_activation<T, fn::TanhFwd, fn::TanhBwd>("tanh", dt, false);
+}
+
+}  // namespace
+
+TEST_CASE("emulated activations and their gradients give the CPU's bits", "[emulated][activation]") {
+  check_activations<float>(DType::f32);
+  check_activations<half_t>(DType::f16);
+  check_activations<bf16_t>(DType::bf16);
 }
 
 namespace {
