@@ -51,6 +51,10 @@
 
 namespace mix::testing {
 
+/// base + i ("x3"), for the variables of a test program. It appends rather
+/// than write `"x" + std::to_string(i)`, on which GCC 12 warns falsely (-Wrestrict).
+inline std::string numbered(const char* base, size_t i) { return std::string(base).append(std::to_string(i)); }
+
 /// cuda:0, or the CPU where it stands in for the GPU (require_gpu.h).
 inline const Device kGpu = gpu_or_stand_in();
 inline constexpr DType kFloatTypes[] = {DType::f32, DType::f16, DType::bf16};
@@ -107,8 +111,8 @@ struct OneOp {
 /// Runs `ops` in order, as one program, on `device` over fresh copies of the
 /// feeds, with `env` (its device set here); returns `results` on the host.
 inline std::map<std::string, Tensor> run_ops_on(const std::vector<OpDesc>& ops,
-                                                const std::vector<std::pair<std::string, Tensor>>& feeds,
-                                                Device device, ExecEnv env, const std::vector<std::string>& results) {
+                                                const std::vector<std::pair<std::string, Tensor>>& feeds, Device device,
+                                                ExecEnv env, const std::vector<std::string>& results) {
   Program p;
   for (auto& [name, t] : feeds) p.add_var(var_desc(name, t.shape(), t.dtype()));
   std::set<std::string> keep;
@@ -219,8 +223,8 @@ inline void expect_within(const Tensor& got_t, const std::vector<double>& ref,
                 worst_ratio);
   INFO(bad << " of " << got.size() << " elements outside the bound; worst at [" << worst << "]: got "
            << (worst >= 0 ? got[static_cast<size_t>(worst)] : 0.0) << ", expected "
-           << (worst >= 0 ? ref[static_cast<size_t>(worst)] : 0.0) << ", allowed " << (worst >= 0 ? allowed(worst) : 0.0)
-           << " (err/allowed " << worst_ratio << ")");
+           << (worst >= 0 ? ref[static_cast<size_t>(worst)] : 0.0) << ", allowed "
+           << (worst >= 0 ? allowed(worst) : 0.0) << " (err/allowed " << worst_ratio << ")");
   CHECK(bad == 0);
 }
 
@@ -231,8 +235,8 @@ inline void expect_close_to_cpu(const Tensor& gpu, const Tensor& cpu, const std:
                                 const std::string& what) {
   const std::vector<double> ref = doubles(cpu);
   const DType t = cpu.dtype();
-  expect_within(gpu, ref, [&](int64_t i) { return 2.0 * f32_err(i) + 2.0 * store_err(t, ref[static_cast<size_t>(i)]); },
-                what);
+  expect_within(
+      gpu, ref, [&](int64_t i) { return 2.0 * f32_err(i) + 2.0 * store_err(t, ref[static_cast<size_t>(i)]); }, what);
 }
 
 }  // namespace mix::testing

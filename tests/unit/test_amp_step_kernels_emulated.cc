@@ -60,9 +60,6 @@ Tensor i64_scalar(int64_t v) {
   return t;
 }
 
-// Tensor names x0, x1, ... (appended, not "x" + ...: GCC 12 warns falsely on that, -Wrestrict).
-std::string named(const char* base, size_t i) { return std::string(base).append(std::to_string(i)); }
-
 // ---- check_finite_and_unscale ----------------------------------------------------------------
 
 // Sizes: empty, one element, shared launches' chunks cut short, and (when
@@ -121,8 +118,8 @@ void check_unscale(DType in_dt, DType out_dt, bool alone) {
       if (held == Held::nan_and_inf && i == 3) v[static_cast<size_t>(multi_tensor::kChunk + 5)] = NAN;
       if (held == Held::nan_and_inf && i + 1 == sizes.size()) v.back() = INFINITY;
       xs.push_back(floats({sizes[i]}, v, in_dt));
-      names.push_back(named("x", i));
-      outs.push_back(cast ? named("y", i) : names.back());
+      names.push_back(numbered("x", i));
+      outs.push_back(cast ? numbered("y", i) : names.back());
       feeds.push_back({names.back(), xs.back()});
     }
     std::map<std::string, std::vector<std::string>> ins{{"X", names}, {"Scale", {"scale"}}};
@@ -278,12 +275,12 @@ TEST_CASE("the optimizers' update bodies, emulated over many parameters: the CPU
       std::vector<std::vector<std::vector<float>>> state(kind.state.size());
       for (size_t k = 0; k < sizes.size(); ++k) {
         const Tensor pk = uniform_tensor({sizes[k]}, 800 + k, -2.f, 2.f), gk = uniform_tensor({sizes[k]}, 900 + k);
-        feeds.push_back({named("p", k), pk});
-        feeds.push_back({named("g", k), gk});
-        ins["Param"].push_back(named("p", k));
-        ins["Grad"].push_back(named("g", k));
-        outs["ParamOut"].push_back(named("p", k));
-        results.push_back(named("p", k));
+        feeds.push_back({numbered("p", k), pk});
+        feeds.push_back({numbered("g", k), gk});
+        ins["Param"].push_back(numbered("p", k));
+        ins["Grad"].push_back(numbered("g", k));
+        outs["ParamOut"].push_back(numbered("p", k));
+        results.push_back(numbered("p", k));
         p.push_back(values_of<float>(pk));
         g.push_back(values_of<float>(gk));
         for (size_t s = 0; s < kind.state.size(); ++s) {
@@ -291,10 +288,10 @@ TEST_CASE("the optimizers' update bodies, emulated over many parameters: the CPU
           // Second moments must be non-negative; the first moment and velocity any sign.
           const float lo = std::string(in_slot) == "Moment2" ? 0.f : -0.1f;
           const Tensor sk = uniform_tensor({sizes[k]}, 1000 + 7 * k + s, lo, 0.1f);
-          feeds.push_back({named(in_slot, k), sk});
-          ins[in_slot].push_back(named(in_slot, k));
-          outs[out_slot].push_back(named(in_slot, k));
-          results.push_back(named(in_slot, k));
+          feeds.push_back({numbered(in_slot, k), sk});
+          ins[in_slot].push_back(numbered(in_slot, k));
+          outs[out_slot].push_back(numbered(in_slot, k));
+          results.push_back(numbered(in_slot, k));
           state[s].push_back(values_of<float>(sk));
         }
       }
@@ -303,9 +300,9 @@ TEST_CASE("the optimizers' update bodies, emulated over many parameters: the CPU
       const std::vector<std::vector<float>> p_before = p;
       emulated_update(kind, p, state, g, skip, 3);
       for (size_t k = 0; k < sizes.size(); ++k) {
-        expect_same_bits(p[k], values_of<float>(cpu.at(named("p", k))), what + " p" + std::to_string(k));
+        expect_same_bits(p[k], values_of<float>(cpu.at(numbered("p", k))), what + " p" + std::to_string(k));
         for (size_t s = 0; s < kind.state.size(); ++s)
-          expect_same_bits(state[s][k], values_of<float>(cpu.at(named(kind.state[s].first, k))),
+          expect_same_bits(state[s][k], values_of<float>(cpu.at(numbered(kind.state[s].first, k))),
                            what + " " + kind.state[s].first + std::to_string(k));
       }
       CHECK((p == p_before) == (skip == 1));  // the update happened, unless skipped

@@ -70,13 +70,6 @@ using namespace mix::testing;
 
 namespace {
 
-// base + i ("x3"); appends rather than `"x" + std::to_string(i)`, on which GCC 12 warns falsely (-Wrestrict).
-std::string numbered(const char* base, size_t i) {
-  std::string s = base;
-  s += std::to_string(i);
-  return s;
-}
-
 // ---- tensors ----------------------------------------------------------------------------
 
 Tensor i64s(const Shape& s, const std::vector<int64_t>& v) { return mix::testing::i64_tensor(s, v); }

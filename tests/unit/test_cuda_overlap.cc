@@ -51,13 +51,6 @@ namespace mc = mix::collective;
 
 namespace {
 
-// base + i ("x3"); appends rather than `"x" + std::to_string(i)`, on which GCC 12 warns falsely (-Wrestrict).
-std::string numbered(const char* base, size_t i) {
-  std::string s = base;
-  s += std::to_string(i);
-  return s;
-}
-
 Tensor i32s(const Shape& s, const std::vector<int32_t>& v) {
   Tensor t = Tensor::empty(s, DType::i32);
   REQUIRE(t.numel() == static_cast<int64_t>(v.size()));

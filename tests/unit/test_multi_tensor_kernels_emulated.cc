@@ -54,7 +54,7 @@ Gradients gradients() {
                       : i == 100    ? multi_tensor::kLargeTensor + 5
                       : i % 10 == 3 ? 2 * multi_tensor::kChunk + 1 + i
                                     : 1 + (i * 397) % 5000;
-    g.names.push_back(std::string("g").append(std::to_string(i)));  // not "g" + ...: GCC 12's false -Wrestrict
+    g.names.push_back(numbered("g", static_cast<size_t>(i)));
     g.feeds.push_back({g.names.back(), uniform_tensor({n}, 700 + static_cast<uint64_t>(i), -7e4f, 7e4f)});
   }
   return g;

@@ -84,8 +84,7 @@ TEST_CASE("emulated sum and fused_sum_relu_grad give the CPU's bits, in place to
         std::vector<std::string> names;
         for (int i = 0; i < k; ++i) {
           xs.push_back(random_tensor(s, dt, 200 + static_cast<uint64_t>(i), -10.f, 10.f));
-          // Appended, not "x" + ...: GCC 12 warns falsely on that (-Wrestrict).
-          names.push_back(std::string("x").append(std::to_string(i)));
+          names.push_back(numbered("x", static_cast<size_t>(i)));
           feeds.push_back({names.back(), xs.back()});
         }
         const Tensor relu_out = with_specials(uniform_tensor(s, 3, -1.f, 1.f), dt);
