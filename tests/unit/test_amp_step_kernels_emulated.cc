@@ -4,7 +4,8 @@
 // unscale and raise FoundInfinite (amp/cuda/amp_kernels.cuh);
 // update_loss_scaling's one thread (the same file); and the optimizers'
 // updates, sgd, momentum and adamw, with increment_step
-// (runtime/optim/cuda/update_kernels.cuh). It runs everywhere, so a change to
+// (runtime/optim/cuda/update_kernels.cuh), and any_flag, which joins the
+// overflow and outlier flags into SkipUpdate (skip_update_kernels.cuh). It runs everywhere, so a change to
 // their indexing, their flags or their skipped steps is checked on every
 // build; test_cuda_ops checks the GPU itself where one is lent.
 //
@@ -41,6 +42,7 @@
 #include "tests/unit/emulated_multi_tensor_launch.h"
 
 #include "amp/cuda/amp_kernels.cuh"
+#include "runtime/optim/cuda/skip_update_kernels.cuh"
 #include "runtime/optim/cuda/update_kernels.cuh"
 
 using namespace mix;
@@ -312,5 +314,34 @@ TEST_CASE("the optimizers' update bodies, emulated over many parameters: the CPU
     int64_t step = 41;
     emulated_grid_stride(1, kernels::IncrementStep{&step, kernels::ScalarRef{&skip, DType::i32}});
     CHECK(step == (skip ? 41 : 42));
+  }
+}
+
+TEST_CASE("any_flag's kernel, emulated: the CPU's OR of the flags", "[optim][emulated]") {
+  // Launched as one thread (<<<1, 1>>>), so it runs here as a plain call.
+  const std::vector<std::vector<int32_t>> cases = {
+      {0}, {1}, {0, 0, 0}, {0, 2, 0}, {-1}, {0, 0, 0, 0, 0, 0, 0, 5}, {0, 0, 0, 0, 0, 0, 0, 0}};
+  for (const std::vector<int32_t>& flags : cases) {
+    INFO("flags " << ::Catch::Detail::stringify(flags));
+    std::vector<Tensor> xs;
+    std::vector<std::string> names;
+    std::vector<std::pair<std::string, Tensor>> feeds;
+    kernels::AnyFlags args{};
+    for (size_t i = 0; i < flags.size(); ++i) {
+      xs.push_back(i32_scalar(flags[i]));
+      names.push_back(numbered("f", i));
+      feeds.push_back({names.back(), xs.back()});
+      args.x[i] = xs.back().data<int32_t>();
+    }
+    args.n = static_cast<int>(flags.size());
+    int32_t out = -1;
+    kernels::any_flag_kernel(args, &out);
+    const Tensor cpu =
+        run_ops_on({make_op("any_flag", {{"X", names}}, {{"Out", {"any"}}})}, feeds, cpu_device(), ExecEnv{}, {"any"})
+            .at("any");
+    CHECK(out == cpu.data<int32_t>()[0]);
+    bool any = false;
+    for (int32_t f : flags) any = any || f != 0;
+    CHECK(out == (any ? 1 : 0));
   }
 }

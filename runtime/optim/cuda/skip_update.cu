@@ -1,30 +1,18 @@
 // CUDA kernel of any_flag (runtime/optim/skip_update.cc): one thread ORs the
-// flags on the device.
+// flags on the device (skip_update_kernels.cuh).
 #include <vector>
 
 #include "runtime/ir/op_registry.h"
 #include "runtime/ops/cuda/device_ops.cuh"
+#include "runtime/optim/cuda/skip_update_kernels.cuh"
 
 namespace mix::cuda {
 namespace {
 
-constexpr int kMaxFlags = 8;
-
-struct Flags {
-  const int32_t* x[kMaxFlags];
-  int n;
-};
-
-__global__ void any_flag_kernel(Flags flags, int32_t* out) {
-  int32_t any = 0;
-  for (int i = 0; i < flags.n; ++i) any |= *flags.x[i] != 0 ? 1 : 0;
-  *out = any;
-}
-
 void any_flag_cuda(OpContext& ctx) {
   const std::vector<const Tensor*> xs = ctx.ins("X");
-  MIX_CHECK(xs.size() <= kMaxFlags, "any_flag: at most " << kMaxFlags << " flags, got " << xs.size());
-  Flags flags{};
+  MIX_CHECK(xs.size() <= kMaxAnyFlags, "any_flag: at most " << kMaxAnyFlags << " flags, got " << xs.size());
+  AnyFlags flags{};
   for (size_t i = 0; i < xs.size(); ++i) {
     check_on_device(ctx, *xs[i], ctx.op.ins("X")[i]);
     flags.x[i] = xs[i]->data<int32_t>();
