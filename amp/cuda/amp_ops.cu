@@ -43,8 +43,6 @@
 namespace mix::amp {
 namespace {
 
-using cuda::ScalarRef;
-
 // ---- check_finite_and_unscale ----------------------------------------------------------
 
 void run_unscale(OpContext& ctx, bool to_f32) {

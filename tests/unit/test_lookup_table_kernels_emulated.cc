@@ -36,8 +36,9 @@
 #include "tests/unit/cuda_compare.h"
 #include "tests/unit/emulated_tensors.h"
 
-// The emulation, then the kernels (cuda_emulation.h defines CUDA's keywords as macros).
-#include "tests/unit/cuda_emulation.h"
+// The emulation and its map launches, then the kernels (cuda_emulation.h
+// defines CUDA's keywords as macros).
+#include "tests/unit/emulated_map_launch.h"
 
 #include "runtime/ops/cuda/lookup_table_kernels.cuh"
 
@@ -57,15 +58,15 @@ template <typename T, typename TA>
 std::vector<T> emulated_grad(const std::vector<T>& dout, const std::vector<TA>& other, int64_t d, bool strided) {
   const auto n = static_cast<int64_t>(kIds.size());
   std::vector<T> dw(static_cast<size_t>(kRows * d), from_float<T>(NAN));
-  // Step 0: zeros, or the other part plus 0 (OtherPartOnly, a grid-stride map on the GPU).
+  // Step 0: zeros (a memset on the GPU), or the other part plus 0 (OtherPartOnly).
   if (other.empty())
     std::fill(dw.begin(), dw.end(), from_float<T>(0.f));
   else
-    for (int64_t i = 0; i < kRows * d; ++i) kernels::OtherPartOnly<T, TA>{other.data(), dw.data()}(i);
-  // Step 1: keys and positions (GradKeys, a grid-stride map on the GPU).
+    emulated_grid_stride(kRows * d, kernels::OtherPartOnly<T, TA>{other.data(), dw.data()});
+  // Step 1: keys and positions (GradKeys).
   std::vector<uint32_t> keys(static_cast<size_t>(n));
   std::vector<int32_t> pos(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) kernels::GradKeys<int64_t>{kIds.data(), keys.data(), pos.data(), kRows, kPadding}(i);
+  emulated_grid_stride(n, kernels::GradKeys<int64_t>{kIds.data(), keys.data(), pos.data(), kRows, kPadding});
   // Step 2: sorted by key, stably.
   std::vector<size_t> order(static_cast<size_t>(n));
   std::iota(order.begin(), order.end(), size_t{0});

@@ -52,15 +52,13 @@ Tensor emulated_sum(const std::vector<Tensor>& xs, const Tensor* relu_out, bool 
   const DType dt = xs[0].dtype();
   std::vector<Placed<T>> in;
   for (const Tensor& x : xs) in.emplace_back(values_of<T>(x), offset, dt);
-  std::vector<const T*> in_p;
-  for (const Placed<T>& x : in) in_p.push_back(x.p);
   Placed<T> out(std::vector<T>(n, from_float<T>(NAN)), offset, dt);
   T* out_p = in_place ? in[0].p : out.p;
   Placed<float> acc(std::vector<float>(n, NAN), offset, DType::f32);
   const Placed<T> relu(relu_out ? values_of<T>(*relu_out) : std::vector<T>{}, offset, dt);
-  kernels::for_each_sum_chunk(in_p, acc.p, out_p, relu_out ? relu.p : nullptr, [&](const kernels::SumChunk<T>& f) {
-    emulated_packed<kernels::kPackWidth<T>>(static_cast<int64_t>(n), f);
-  });
+  kernels::for_each_sum_chunk(
+      in.size(), [&](size_t k) { return static_cast<const T*>(in[k].p); }, acc.p, out_p, relu_out ? relu.p : nullptr,
+      [&](const kernels::SumChunk<T>& f) { emulated_packed<kernels::kPackWidth<T>>(static_cast<int64_t>(n), f); });
   return tensor_of(in_place ? in[0].values(n) : out.values(n), xs[0].shape(), dt);
 }
 

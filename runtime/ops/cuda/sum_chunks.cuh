@@ -38,10 +38,10 @@ inline void sum_into(const OpContext& ctx, const std::vector<Tensor>& xs, Tensor
   }
   dispatch_floating(first.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    std::vector<const T*> in;
-    for (const Tensor& x : xs) in.push_back(x.data<T>());
-    for_each_sum_chunk(in, acc_p, out.data<T>(), relu_out ? relu_out->data<T>() : nullptr,
-                       [&](const SumChunk<T>& f) { launch_packed<kPackWidth<T>>(n, stream, f); });
+    for_each_sum_chunk(
+        xs.size(), [&](size_t k) { return xs[k].data<T>(); }, acc_p, out.data<T>(),
+        relu_out ? relu_out->data<T>() : nullptr,
+        [&](const SumChunk<T>& f) { launch_packed<kPackWidth<T>>(n, stream, f); });
   });
 }
 

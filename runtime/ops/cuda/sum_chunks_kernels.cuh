@@ -5,7 +5,6 @@
 // tests/unit/test_reduce_kernels_emulated.cc runs this same source on the CPU.
 #include <algorithm>
 #include <cstdint>
-#include <vector>
 
 #include "runtime/core/half.h"
 #include "runtime/cuda/map_kernels.cuh"
@@ -88,20 +87,21 @@ struct SumChunk {
   }
 };
 
-/// The launches of out = in[0] + in[1] + ... (masked by relu's gradient where
-/// relu_out is given; out may alias an input): chunks of kSumInputsPerLaunch
-/// inputs, handed to launch(SumChunk<T>) in order, with `acc` (as many floats
-/// as out has elements) carrying the FP32 sum between them; acc may be null
-/// when one chunk holds every input.
-template <typename T, typename Launch>
-void for_each_sum_chunk(const std::vector<const T*>& in, float* acc, T* out, const T* relu_out, Launch&& launch) {
-  for (size_t begin = 0; begin < in.size(); begin += kSumInputsPerLaunch) {
-    const size_t end = std::min(in.size(), begin + kSumInputsPerLaunch);
+/// The launches of out = in(0) + in(1) + ... + in(count - 1) (masked by
+/// relu's gradient where relu_out is given; out may alias an input): chunks
+/// of kSumInputsPerLaunch inputs, handed to launch(SumChunk<T>) in order, with
+/// `acc` (as many floats as out has elements) carrying the FP32 sum between
+/// them; acc may be null when one chunk holds every input. in(k) gives input
+/// k's elements, so the caller's own list needs no copy.
+template <typename T, typename Input, typename Launch>
+void for_each_sum_chunk(size_t count, Input&& in, float* acc, T* out, const T* relu_out, Launch&& launch) {
+  for (size_t begin = 0; begin < count; begin += kSumInputsPerLaunch) {
+    const size_t end = std::min(count, begin + static_cast<size_t>(kSumInputsPerLaunch));
     SumChunk<T> f{};
     f.count = static_cast<int>(end - begin);
-    for (size_t k = begin; k < end; ++k) f.in[k - begin] = in[k];
+    for (size_t k = begin; k < end; ++k) f.in[k - begin] = in(k);
     f.acc_in = begin == 0 ? nullptr : acc;
-    const bool last = end == in.size();
+    const bool last = end == count;
     f.acc_out = last ? nullptr : acc;
     f.out = last ? out : nullptr;
     f.relu_out = last ? relu_out : nullptr;
