@@ -1,8 +1,7 @@
-// The partial sums of batch_norm's channels-last CUDA kernels
+// The split of batch_norm's channels-last partial sums
 // (runtime/kernels/bn_channel_sums.h) run on the CPU: every block and thread
 // of a launch, one after another, through the same functions the kernel
-// calls, with the block's row-lane sums gathered as the kernel gathers them
-// in shared memory. Counting terms check that every value of every channel
+// calls (bn_partials_reference.h). Counting terms check that every value of every channel
 // is added exactly once, to its own chunk; the real forward and backward
 // terms check the sums themselves against double.
 #include <catch2/catch.hpp>
@@ -16,9 +15,13 @@
 #include "runtime/core/random.h"
 #include "runtime/kernels/bn_channel_sums.h"
 #include "runtime/kernels/functors.h"
+#include "tests/unit/bn_partials_reference.h"
 
 using namespace mix;
 using kernels::BnSumGeometry;
+using testing::bn_channel_totals;
+using testing::BnPartials;
+using testing::reference_bn_partials;
 
 namespace {
 
@@ -42,42 +45,6 @@ struct CountingTerms {
   }
 };
 
-// first and second [c, chunks]: what the kernel chunk_partials writes, computed
-// block by block and thread by thread.
-struct Partials {
-  std::vector<float> first, second;
-};
-
-template <int V, typename Terms>
-Partials run_launch(const BnSumGeometry& g, const Terms& terms) {
-  Partials out{std::vector<float>(static_cast<size_t>(g.c * g.chunks), NAN),
-               std::vector<float>(static_cast<size_t>(g.c * g.chunks), NAN)};
-  std::vector<float> lane_a(kernels::kBnSumThreads * V), lane_b(lane_a.size());
-  for (int64_t tile = 0; tile < g.tiles; ++tile)
-    for (int64_t chunk = 0; chunk < g.chunks; ++chunk) {
-      for (int t = 0; t < kernels::kBnSumThreads; ++t) {
-        const int lane = t % g.lanes, row_lane = t / g.lanes;
-        float a[V], b[V];
-        kernels::bn_thread_sums<V>(g, terms, tile, chunk, lane, row_lane, a, b);
-        for (int k = 0; k < V; ++k) {
-          lane_a[static_cast<size_t>((row_lane * g.lanes + lane) * V + k)] = a[k];
-          lane_b[static_cast<size_t>((row_lane * g.lanes + lane) * V + k)] = b[k];
-        }
-      }
-      for (int lane = 0; lane < g.lanes; ++lane) {
-        const int64_t group = tile * g.lanes + lane;
-        if (group >= g.groups()) continue;
-        for (int k = 0; k < V; ++k) {
-          const auto at = static_cast<size_t>(kernels::bn_partial_index(g, group * V + k, chunk));
-          REQUIRE(std::isnan(out.first[at]));  // written once
-          out.first[at] = kernels::bn_sum_row_lanes<V>(g, lane_a.data(), lane, k);
-          out.second[at] = kernels::bn_sum_row_lanes<V>(g, lane_b.data(), lane, k);
-        }
-      }
-    }
-  return out;
-}
-
 template <int V>
 void check_counts(int64_t rows, int64_t c) {
   const BnSumGeometry g = kernels::bn_sum_geometry(rows, c, V);
@@ -86,7 +53,7 @@ void check_counts(int64_t rows, int64_t c) {
   REQUIRE(g.lanes * g.row_lanes == kernels::kBnSumThreads);
   REQUIRE(g.tiles * g.lanes >= g.groups());
   REQUIRE(g.chunks * g.rows_per_chunk >= rows);
-  const Partials p = run_launch<V>(g, CountingTerms{c});
+  const BnPartials p = reference_bn_partials<V>(g, CountingTerms{c});
   for (int64_t ch = 0; ch < c; ++ch) {
     double count = 0, row_sum = 0;
     for (int64_t chunk = 0; chunk < g.chunks; ++chunk) {
@@ -115,15 +82,6 @@ std::vector<float> uniform(size_t n, uint64_t seed, float lo, float hi) {
   std::vector<float> v(n);
   for (float& x : v) x = lo + (hi - lo) * static_cast<float>(rng.uniform());
   return v;
-}
-
-// Each channel's total over the chunks, in double (the finalize's order does not matter here).
-std::vector<double> totals(const BnSumGeometry& g, const std::vector<float>& partial) {
-  std::vector<double> t(static_cast<size_t>(g.c), 0.0);
-  for (int64_t ch = 0; ch < g.c; ++ch)
-    for (int64_t chunk = 0; chunk < g.chunks; ++chunk)
-      t[static_cast<size_t>(ch)] += partial[static_cast<size_t>(kernels::bn_partial_index(g, ch, chunk))];
-  return t;
 }
 
 }  // namespace
@@ -179,10 +137,10 @@ TEST_CASE("the forward and backward terms sum to the channels' sums", "[bn_sums]
     const kernels::BnStatsTerms<half_t> stats{x.data()};
     const kernels::BnGradTerms<half_t> grads{x.data(),     dy.data(),   mean.data(), inv_std.data(),
                                              scale.data(), bias.data(), true};
-    const Partials s = vec == 8 ? run_launch<8>(geo, stats) : run_launch<1>(geo, stats);
-    const Partials gr = vec == 8 ? run_launch<8>(geo, grads) : run_launch<1>(geo, grads);
-    const std::vector<double> sum = totals(geo, s.first), sum_sq = totals(geo, s.second);
-    const std::vector<double> sum_g = totals(geo, gr.first), sum_g_xhat = totals(geo, gr.second);
+    const BnPartials s = vec == 8 ? reference_bn_partials<8>(geo, stats) : reference_bn_partials<1>(geo, stats);
+    const BnPartials gr = vec == 8 ? reference_bn_partials<8>(geo, grads) : reference_bn_partials<1>(geo, grads);
+    const std::vector<double> sum = bn_channel_totals(geo, s.first), sum_sq = bn_channel_totals(geo, s.second);
+    const std::vector<double> sum_g = bn_channel_totals(geo, gr.first), sum_g_xhat = bn_channel_totals(geo, gr.second);
     for (int64_t ch = 0; ch < c; ++ch) {
       const size_t k = static_cast<size_t>(ch);
       const double shift = to_float(x[k]);  // row 0's value
