@@ -150,26 +150,12 @@ std::pair<std::vector<T>, int> emulated_lookup(const Tensor& w, const std::vecto
   const T* wp = w.data<T>();
   const int unit = kernels::lookup_copy_unit(static_cast<size_t>(d) * sizeof(T), wp, out.p);
   const unsigned blocks = strided ? 1u : kernels::lookup_row_blocks(n);
-  const auto run = [&](auto unit_tag) {
-    using V = decltype(unit_tag);
+  kernels::with_copy_unit(static_cast<size_t>(unit), [&](auto unit_tag) {
+    using V = typename decltype(unit_tag)::type;
     emulated::run_grid(
         blocks, 1, [&] { kernels::lookup_rows<T, int64_t, V>(wp, ids.data(), out.p, n, w.dim(0), d, kPadding); },
         kernels::kBlock);
-  };
-  switch (unit) {
-    case 16:
-      run(uint4{});
-      break;
-    case 8:
-      run(uint2{});
-      break;
-    case 4:
-      run(uint32_t{});
-      break;
-    default:
-      run(uint16_t{});
-      break;
-  }
+  });
   return {out.values(static_cast<size_t>(n * d)), unit};
 }
 

@@ -77,16 +77,9 @@ void lookup_table_cuda(OpContext& ctx) {
     using T = decltype(tag);
     dispatch_ids(ids.dtype(), [&](auto id_tag) {
       using L = decltype(id_tag);
-      switch (unit) {
-        case 16:
-          return launch_lookup_rows<T, L, uint4>(w, ids, out, padding_idx, stream);
-        case 8:
-          return launch_lookup_rows<T, L, uint2>(w, ids, out, padding_idx, stream);
-        case 4:
-          return launch_lookup_rows<T, L, uint32_t>(w, ids, out, padding_idx, stream);
-        default:  // 2: every float dtype is at least 2 bytes
-          return launch_lookup_rows<T, L, uint16_t>(w, ids, out, padding_idx, stream);
-      }
+      with_copy_unit(static_cast<size_t>(unit), [&](auto unit_tag) {
+        launch_lookup_rows<T, L, typename decltype(unit_tag)::type>(w, ids, out, padding_idx, stream);
+      });
     });
   });
 }

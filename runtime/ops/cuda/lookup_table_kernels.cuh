@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "runtime/core/half.h"
+#include "runtime/cuda/copy_unit.cuh"
 #include "runtime/kernels/functors.h"
 #include "runtime/kernels/lookup_row.h"
 #include "runtime/ops/cuda/row_group.cuh"

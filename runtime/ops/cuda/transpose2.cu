@@ -14,109 +14,23 @@
 // The same copy, as gather_into and scatter_into, moves any strided view the
 // plan describes: conv2d's cuBLAS path gathers a strided 1x1 convolution's
 // sampled pixels (each a run of channels) and scatters their gradient back.
+// The kernel and the choice of unit: transpose_kernels.cuh.
 #include <cstdint>
 
 #include "runtime/kernels/transpose_index.h"
 #include "runtime/ops/cuda/device_ops.cuh"
+#include "runtime/ops/cuda/transpose_kernels.cuh"
 #include "runtime/ops/transpose2_shapes.h"
 
 namespace mix::cuda {
 namespace {
 
-// ---- kernels -------------------------------------------------------------------------
-
-// out[o] = x[plan.src_offset(o)] (a gather) or out[plan.src_offset(o)] =
-// x[o] (a scatter), for o in [0, n), in units of E.
-template <typename E, bool kScatter>
-struct PlannedCopy {
-  const E* x;
-  E* out;
-  fn::TransposePlan plan;
-  __device__ void operator()(int64_t o) const {
-    if constexpr (kScatter)
-      out[plan.src_offset(o)] = x[o];
-    else
-      out[o] = x[plan.src_offset(o)];
-  }
-};
-
-// Same-sized unsigned copy units (uint4 for 16 bytes).
-template <int kBytes>
-struct Unit;
-template <>
-struct Unit<1> {
-  using type = uint8_t;
-};
-template <>
-struct Unit<2> {
-  using type = uint16_t;
-};
-template <>
-struct Unit<4> {
-  using type = uint32_t;
-};
-template <>
-struct Unit<8> {
-  using type = uint2;
-};
-template <>
-struct Unit<16> {
-  using type = uint4;
-};
-
-// ---- launchers -----------------------------------------------------------------------
-
-template <int kBytes, bool kScatter>
-void launch_copy(const void* x, void* out, const fn::TransposePlan& plan, int64_t units, cudaStream_t stream) {
-  using E = typename Unit<kBytes>::type;
-  launch_grid_stride(units, stream, PlannedCopy<E, kScatter>{static_cast<const E*>(x), static_cast<E*>(out), plan});
-}
-
-// The copy of `numel` elements of `es` bytes between x and out that `plan`
-// maps (gather or scatter: the plan's strides are on the strided side, x for
-// a gather, out for a scatter), in the widest unit it allows.
+// The planned copy on the compute stream (transpose_kernels.cuh: its kernel and unit).
 template <bool kScatter>
-void planned_copy(const void* x, void* out, fn::TransposePlan plan, int64_t numel, size_t es, cudaStream_t stream,
-                  const std::string& op) {
-  if (numel == 0) return;
-  // The copy unit: elements, or a wider unit covering several of an innermost
-  // contiguous run, when every outer stride is whole units too (always so for
-  // a permutation: each steps over whole runs).
-  size_t unit = es;
-  if (plan.inner_contiguous()) {
-    const size_t run_bytes = static_cast<size_t>(plan.out_dims[plan.ndim - 1]) * es;
-    for (size_t u : {size_t{16}, size_t{8}, size_t{4}, size_t{2}}) {
-      if (u <= es) break;
-      const auto per = static_cast<int64_t>(u / es);
-      bool strides_whole = true;
-      for (int k = 0; k < plan.ndim - 1; ++k) strides_whole = strides_whole && plan.src_strides[k] % per == 0;
-      if (strides_whole && run_bytes % u == 0 && reinterpret_cast<uintptr_t>(x) % u == 0 &&
-          reinterpret_cast<uintptr_t>(out) % u == 0) {
-        unit = u;
-        break;
-      }
-    }
-  }
-  if (unit != es) {
-    const auto per = static_cast<int64_t>(unit / es);  // elements per unit
-    plan.out_dims[plan.ndim - 1] /= per;
-    for (int k = 0; k < plan.ndim - 1; ++k) plan.src_strides[k] /= per;
-  }
-  const int64_t units = numel * static_cast<int64_t>(es) / static_cast<int64_t>(unit);
-  switch (unit) {
-    case 1:
-      return launch_copy<1, kScatter>(x, out, plan, units, stream);
-    case 2:
-      return launch_copy<2, kScatter>(x, out, plan, units, stream);
-    case 4:
-      return launch_copy<4, kScatter>(x, out, plan, units, stream);
-    case 8:
-      return launch_copy<8, kScatter>(x, out, plan, units, stream);
-    case 16:
-      return launch_copy<16, kScatter>(x, out, plan, units, stream);
-    default:
-      MIX_FAIL(op << ": no copy for elements of " << es << " bytes");
-  }
+void planned_copy(const void* x, void* out, const fn::TransposePlan& plan, int64_t numel, size_t es,
+                  cudaStream_t stream, const std::string& op) {
+  planned_copy_in_units<kScatter>(x, out, plan, numel, es, op,
+                                  [&](auto copy, int64_t units) { launch_grid_stride(units, stream, copy); });
 }
 
 }  // namespace

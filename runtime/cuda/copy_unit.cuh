@@ -1,0 +1,35 @@
+#pragma once
+// Copies of raw bytes in the widest unit memory allows (lookup_table's rows,
+// transpose2's runs): the unsigned type of each unit's size, and the step from
+// a unit chosen at run time to a kernel template over its type. It needs no
+// CUDA header (uint2 and uint4 are CUDA's vector types, or
+// tests/unit/cuda_emulation.h's), so the *_emulated tests dispatch the same way.
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+namespace mix::cuda {
+
+/// The unsigned type of kBytes bytes (1, 2, 4, 8 or 16), as one load or store.
+template <int kBytes>
+struct CopyUnit {
+  static_assert(kBytes == 1 || kBytes == 2 || kBytes == 4 || kBytes == 8 || kBytes == 16, "a unit of 1 to 16 bytes");
+  using type = std::conditional_t<
+      kBytes == 1, uint8_t,
+      std::conditional_t<kBytes == 2, uint16_t,
+                         std::conditional_t<kBytes == 4, uint32_t, std::conditional_t<kBytes == 8, uint2, uint4>>>>;
+};
+
+/// f(CopyUnit<bytes>{}) for bytes of 1, 2, 4, 8 or 16; false (nothing run) for any other size.
+template <typename F>
+bool with_copy_unit(size_t bytes, F&& f) {
+  const auto run_if = [&](auto unit) {
+    if (bytes != sizeof(typename decltype(unit)::type)) return false;
+    f(unit);
+    return true;
+  };
+  return run_if(CopyUnit<1>{}) || run_if(CopyUnit<2>{}) || run_if(CopyUnit<4>{}) || run_if(CopyUnit<8>{}) ||
+         run_if(CopyUnit<16>{});
+}
+
+}  // namespace mix::cuda
