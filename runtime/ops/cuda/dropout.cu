@@ -7,56 +7,15 @@
 // Out = X * keep * (1 / (1 - p)) is one multiply by the same float on both:
 // identical too. Whether anything is dropped (training, not is_test, p > 0)
 // is decided by the same dropout_rules::active; otherwise Out is a copy of X
-// and Mask all ones.
+// and Mask all ones. The kernels: dropout_kernels.cuh.
 #include <cstdint>
 
-#include "runtime/kernels/dropout_mask.h"
 #include "runtime/ops/cuda/device_ops.cuh"
+#include "runtime/ops/cuda/dropout_kernels.cuh"
 #include "runtime/ops/dropout_attrs.h"
 
 namespace mix::cuda {
 namespace {
-
-// ---- kernels (grid-stride maps) ---------------------------------------------------------
-
-// The mask key from the step in device memory (ExecEnv::device_step), into `key`.
-struct MaskKeyOnDevice {
-  const int64_t* step;
-  dropout_rules::MaskKeyParts parts;
-  uint64_t* key;
-  __device__ void operator()(int64_t) const {
-    *key = fn::dropout_key(parts.seed, static_cast<uint64_t>(*step), parts.rank, parts.name_hash);
-  }
-};
-
-// mask[i] = keep(key, i); out[i] = x[i] * keep * scale. mask may be null (not
-// wanted). The key is `key_on_device[0]` when that is given, else `key`.
-template <typename T>
-struct DropoutForward {
-  const T* x;
-  T* out;
-  uint8_t* mask;
-  uint64_t key;
-  const uint64_t* key_on_device;
-  float p;
-  fn::DropoutApply f;
-  __device__ void operator()(int64_t i) const {
-    const uint64_t k = key_on_device ? *key_on_device : key;
-    const uint8_t keep = fn::dropout_keep(k, static_cast<uint64_t>(i), p) ? 1 : 0;
-    if (mask) mask[i] = keep;
-    out[i] = from_float<T>(f(to_float(x[i]), keep));
-  }
-};
-
-// dx[i] = dout[i] * mask[i] * scale.
-template <typename T>
-struct DropoutBackward {
-  const T* dout;
-  const uint8_t* mask;
-  T* dx;
-  fn::DropoutApply f;
-  __device__ void operator()(int64_t i) const { dx[i] = from_float<T>(f(to_float(dout[i]), mask[i])); }
-};
 
 // ---- launchers -----------------------------------------------------------------------
 
@@ -82,7 +41,9 @@ void dropout_cuda(OpContext& ctx) {
   if (ctx.env.device_step) {
     key_scratch = Tensor::empty({1}, DType::i64, ctx.env.device);
     auto* key = static_cast<uint64_t*>(key_scratch.raw());
-    launch_grid_stride(1, stream, MaskKeyOnDevice{ctx.env.device_step, dropout_rules::mask_key_parts(ctx), key});
+    const dropout_rules::MaskKeyParts parts = dropout_rules::mask_key_parts(ctx);
+    launch_grid_stride(1, stream,
+                       DropoutMaskKeyOnDevice{ctx.env.device_step, parts.seed, parts.rank, parts.name_hash, key});
     key_on_device = key;
   }
   const uint64_t key = key_on_device ? 0 : dropout_rules::mask_key(ctx, ctx.env.step);
