@@ -31,6 +31,7 @@
 // defines CUDA's keywords as macros).
 #include "tests/unit/emulated_multi_tensor_launch.h"
 
+#include "runtime/ops/cuda/fused_cast_kernels.cuh"
 #include "runtime/ops/cuda/grad_accumulate_kernels.cuh"
 #include "runtime/optim/cuda/clip_grad_kernels.cuh"  // and multi_tensor_kernels.cuh
 
@@ -57,6 +58,18 @@ Gradients gradients() {
     g.names.push_back(numbered("g", static_cast<size_t>(i)));
     g.feeds.push_back({g.names.back(), uniform_tensor({n}, 700 + static_cast<uint64_t>(i), -7e4f, 7e4f)});
   }
+  return g;
+}
+
+// The gradients above but the one launched alone: the tensors of the shared launches, all of them.
+Gradients shared_launch_gradients() {
+  Gradients g;
+  for (auto& [name, t] : gradients().feeds) {
+    if (multi_tensor::launched_alone(t.numel())) continue;
+    g.names.push_back(name);
+    g.feeds.push_back({name, t});
+  }
+  REQUIRE(g.names.size() == 130);
   return g;
 }
 
@@ -163,13 +176,7 @@ TEST_CASE("grad_accumulate's body, emulated over many tensors: the CPU's bits, a
   // micro-batches, with overflow, NaN and signed zeros; the accumulators
   // start from FP32 values of their own. Two micro-batches added, then the
   // last one's finish: X = Accum + X rounded once, Accum zeroed.
-  Gradients g;
-  for (auto& [name, t] : gradients().feeds) {
-    if (multi_tensor::launched_alone(t.numel())) continue;
-    g.names.push_back(name);
-    g.feeds.push_back({name, t});
-  }
-  REQUIRE(g.names.size() == 130);  // the shared launches' tensors, all of them
+  const Gradients g = shared_launch_gradients();
   std::vector<std::string> accs;
   std::vector<std::pair<std::string, Tensor>> acc_feeds;
   for (size_t i = 0; i < g.names.size(); ++i) {
@@ -231,4 +238,44 @@ TEST_CASE("grad_accumulate's body, emulated over many tensors: the CPU's bits, a
       }
     });
   }
+}
+
+TEST_CASE("fused_cast's body, emulated over many tensors: the CPU's bits between every pair of dtypes",
+          "[fused_cast][multi_tensor][emulated]") {
+  // The shared launches' tensors (the launch alone is the clips' and the
+  // norm's above), with specials: values past FP16's range, NaN, infinities,
+  // subnormals and signed zeros, stored in the source dtype.
+  const Gradients g = shared_launch_gradients();
+  std::vector<std::string> outs;
+  for (const std::string& name : g.names) outs.push_back(name + "_cast");
+  for (DType from : kFloatTypes)
+    for (DType to : kFloatTypes) {
+      if (from == to) continue;
+      const std::string what = "fused_cast " + dname(from) + " -> " + dname(to);
+      INFO(what);
+      std::vector<std::pair<std::string, Tensor>> feeds;
+      for (const auto& [name, t] : g.feeds) feeds.push_back({name, with_specials(t, from)});
+      const auto cpu =
+          run_ops_on({make_op("fused_cast", {{"X", g.names}}, {{"Out", outs}}, {{"out_dtype", dname(to)}})}, feeds,
+                     cpu_device(), ExecEnv{}, outs);
+      cpu::dispatch_floating(from, [&](auto from_tag) {
+        using From = decltype(from_tag);
+        cpu::dispatch_floating(to, [&](auto to_tag) {
+          using To = decltype(to_tag);
+          std::vector<std::vector<From>> xs;
+          std::vector<std::vector<To>> got;
+          kernels::TensorList<2> list;
+          for (const auto& [name, t] : feeds) {
+            xs.push_back(values_of<From>(t));
+            got.emplace_back(xs.back().size(), from_float<To>(-3.f));  // shows an element no block wrote
+          }
+          for (size_t i = 0; i < xs.size(); ++i)
+            list.add({xs[i].data(), got[i].data()}, static_cast<int64_t>(xs[i].size()));
+          const Launches launches = emulated_multi_tensor<2>(list, kernels::FusedCastChunk<From, To>{});
+          CHECK(launches.shared > 1);
+          for (size_t i = 0; i < got.size(); ++i)
+            expect_same_bits(got[i], values_of<To>(cpu.at(outs[i])), what + ", " + outs[i]);
+        });
+      });
+    }
 }

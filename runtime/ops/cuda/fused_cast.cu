@@ -2,25 +2,17 @@
 // semantics): every X[i] -> Out[i] in one multi-tensor launch
 // (runtime/cuda/multi_tensor.cuh), each element widened with to_float
 // (exact) and rounded once with from_float<To>, the conversions cast's CUDA
-// kernel uses and the CPU's converters are tested bit-identical against.
+// kernel uses and the CPU's converters are tested bit-identical against
+// (the body: fused_cast_kernels.cuh).
 #include <vector>
 
 #include "runtime/cuda/multi_tensor.cuh"
 #include "runtime/ir/op_registry.h"
 #include "runtime/ops/cuda/device_ops.cuh"
+#include "runtime/ops/cuda/fused_cast_kernels.cuh"
 
 namespace mix::cuda {
 namespace {
-
-// A block's chunk of one tensor (slot pointers: X, Out).
-template <typename From, typename To>
-struct CastChunk {
-  __device__ void operator()(const TensorSlot<2>& s, int64_t begin, int64_t end) const {
-    const From* x = static_cast<const From*>(s.ptr[0]);
-    To* out = static_cast<To*>(s.ptr[1]);
-    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) out[i] = from_float<To>(to_float(x[i]));
-  }
-};
 
 void fused_cast_cuda(OpContext& ctx) {
   const DType to = parse_dtype(ctx.attr<std::string>("out_dtype", "f32"));
@@ -45,7 +37,7 @@ void fused_cast_cuda(OpContext& ctx) {
     using From = decltype(in_tag);
     dispatch_floating(to, [&](auto out_tag) {
       using To = decltype(out_tag);
-      launch_multi_tensor<2>(list, stream, CastChunk<From, To>{});
+      launch_multi_tensor<2>(list, stream, FusedCastChunk<From, To>{});
     });
   });
 }
