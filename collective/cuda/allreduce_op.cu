@@ -5,7 +5,7 @@
 // Packing, unpacking and pre/post scaling are one pass each, on the compute
 // stream: multi-tensor launches (runtime/cuda/multi_tensor.cuh) copy every
 // tensor of the bucket, multiplied by the factor with fn::Scale, the functor
-// the CPU kernels run. Gradients share launches (up to 128 a launch), only
+// the CPU kernels run (the bodies: bucket_copy_kernels.cuh). Gradients share launches (up to 128 a launch), only
 // very large ones get one each; a ResNet-50 bucket of ~50 gradients so costs
 // one launch to pack, where a copy per tensor and a scaling pass cost ~50.
 //
@@ -32,6 +32,7 @@
 
 #include "collective/allreduce_bucket.h"
 #include "collective/communicator.h"
+#include "collective/cuda/bucket_copy_kernels.cuh"
 #include "runtime/core/check.h"
 #include "runtime/core/half.h"
 #include "runtime/cuda/context.h"
@@ -42,29 +43,6 @@
 
 namespace mix::collective {
 namespace {
-
-// A block's chunk of dst = src (slot pointers: src, dst), in units of U, an
-// unsigned type of the element's size: a copy of any dtype, bits unchanged.
-template <typename U>
-struct CopyChunk {
-  __device__ void operator()(const cuda::TensorSlot<2>& s, int64_t begin, int64_t end) const {
-    const U* src = static_cast<const U*>(s.ptr[0]);
-    U* dst = static_cast<U*>(s.ptr[1]);
-    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) dst[i] = src[i];
-  }
-};
-
-// A block's chunk of dst = src * factor (fn::Scale), rounded to T on store as
-// the CPU's copy_scaled does.
-template <typename T>
-struct ScaledCopyChunk {
-  fn::Scale op;
-  __device__ void operator()(const cuda::TensorSlot<2>& s, int64_t begin, int64_t end) const {
-    const T* src = static_cast<const T*>(s.ptr[0]);
-    T* dst = static_cast<T*>(s.ptr[1]);
-    for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) dst[i] = from_float<T>(op(to_float(src[i])));
-  }
-};
 
 // The copies of one pass over a bucket (pointers: src, dst).
 using Copies = cuda::TensorList<2>;
@@ -80,26 +58,7 @@ void add_copy(Copies& copies, const void* src, void* dst, int64_t n, float facto
 // floating dtype's scaling otherwise.
 void copy_scaled_on_device(const Copies& copies, DType dtype, float factor, cudaStream_t stream) {
   if (copies.numels.empty()) return;
-  if (factor == 1.f) {
-    switch (dtype_size(dtype)) {
-      case 1:
-        return cuda::launch_multi_tensor<2>(copies, stream, CopyChunk<uint8_t>{});
-      case 2:
-        return cuda::launch_multi_tensor<2>(copies, stream, CopyChunk<uint16_t>{});
-      case 4:
-        return cuda::launch_multi_tensor<2>(copies, stream, CopyChunk<uint32_t>{});
-      case 8:
-        return cuda::launch_multi_tensor<2>(copies, stream, CopyChunk<uint64_t>{});
-      default:
-        MIX_FAIL("cannot copy " << dtype_name(dtype) << " elements of " << dtype_size(dtype) << " bytes");
-    }
-  }
-  MIX_CHECK(dtype == DType::f32 || dtype == DType::f16 || dtype == DType::bf16,
-            "cannot scale a " << dtype_name(dtype) << " bucket (only floating buckets take pre/post scaling)");
-  cuda::dispatch_floating(dtype, [&](auto tag) {
-    using T = decltype(tag);
-    cuda::launch_multi_tensor<2>(copies, stream, ScaledCopyChunk<T>{fn::Scale{factor, 0.f, true}});
-  });
+  with_bucket_copy(dtype, factor, [&](auto body) { cuda::launch_multi_tensor<2>(copies, stream, body); });
 }
 
 // Copies the bucket's X tensors back to back into `buffer`, times `factor`

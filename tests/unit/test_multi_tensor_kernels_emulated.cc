@@ -14,6 +14,7 @@
 // the GPU itself where one is lent.
 #include <catch2/catch.hpp>
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <map>
@@ -21,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "collective/communicator.h"
 #include "runtime/kernels/cpu_loops.h"
 #include "runtime/kernels/multi_tensor_plan.h"
 #include "runtime/ops/grad_accumulate.h"
@@ -31,6 +33,7 @@
 // defines CUDA's keywords as macros).
 #include "tests/unit/emulated_multi_tensor_launch.h"
 
+#include "collective/cuda/bucket_copy_kernels.cuh"
 #include "runtime/ops/cuda/fused_cast_kernels.cuh"
 #include "runtime/ops/cuda/grad_accumulate_kernels.cuh"
 #include "runtime/optim/cuda/clip_grad_kernels.cuh"  // and multi_tensor_kernels.cuh
@@ -278,4 +281,80 @@ TEST_CASE("fused_cast's body, emulated over many tensors: the CPU's bits between
         });
       });
     }
+}
+
+// The bucket copies of c_allreduce_sum as allreduce_op.cu runs them on one
+// rank: the tensors packed back to back into a buffer times `prescale`, the
+// buffer (a one-rank sum leaves it as it is) unpacked into them times
+// `postscale`. Zero-size tensors take no copy. T: the dtype's storage type.
+template <typename T>
+Launches emulated_bucket_round_trip(std::vector<std::vector<T>>& xs, DType dt, float prescale, float postscale) {
+  size_t total = 0;
+  for (const auto& x : xs) total += x.size();
+  std::vector<T> buffer(total);
+  Launches launches;
+  for (bool pack : {true, false}) {
+    kernels::TensorList<2> copies;
+    size_t offset = 0;
+    for (auto& x : xs) {
+      if (!x.empty()) {
+        T* slot = buffer.data() + offset;
+        copies.add(pack ? std::array<void*, 2>{x.data(), slot} : std::array<void*, 2>{slot, x.data()},
+                   static_cast<int64_t>(x.size()));
+      }
+      offset += x.size();
+    }
+    collective::with_bucket_copy(dt, pack ? prescale : postscale, [&](auto body) {
+      const Launches n = emulated_multi_tensor<2>(copies, body);
+      launches.shared += n.shared;
+      launches.alone += n.alone;
+    });
+  }
+  return launches;
+}
+
+TEST_CASE("the all-reduce's bucket copies, emulated: the CPU op's bits, scaled and plain",
+          "[collective][multi_tensor][emulated]") {
+  // The shared launches' tensors with specials, as one bucket of c_allreduce_sum
+  // on one rank: prescaled by 1/3 (a rounding in every dtype) and postscaled
+  // by 3, or both 1 (a copy of the bits); and as integers, copied.
+  const Gradients g = shared_launch_gradients();
+  auto comm = collective::make_local_communicator();
+  ExecEnv env;
+  env.comm = comm.get();
+  for (DType dt : {DType::f32, DType::f16, DType::bf16, DType::i64})
+    for (bool scaled : {true, false}) {
+      if (dt == DType::i64 && scaled) continue;  // integer buckets take no scaling
+      const std::string what = dname(dt) + (scaled ? ", prescale 1/3, postscale 3" : ", no scaling");
+      INFO(what);
+      const float prescale = scaled ? 1.f / 3.f : 1.f, postscale = scaled ? 3.f : 1.f;
+      std::vector<std::pair<std::string, Tensor>> feeds;
+      for (const auto& [name, t] : g.feeds) {
+        Tensor v = with_specials(t, dt == DType::i64 ? DType::f32 : dt);
+        if (dt == DType::i64) {  // the values as integers, past 2^31 some of them
+          Tensor i = Tensor::empty(v.shape(), DType::i64);
+          for (int64_t k = 0; k < v.numel(); ++k) i.data<int64_t>()[k] = (k * 7919 - 5) * 1000003;
+          v = i;
+        }
+        feeds.push_back({name, v});
+      }
+      std::map<std::string, Attr> attrs;
+      if (scaled) attrs = {{"prescale", double{prescale}}, {"postscale", double{postscale}}};
+      const auto cpu = run_ops_on({make_op("c_allreduce_sum", {{"X", g.names}}, {{"Out", g.names}}, attrs)}, feeds,
+                                  cpu_device(), env, g.names);
+      auto check = [&](auto tag) {
+        using T = decltype(tag);
+        std::vector<std::vector<T>> xs;
+        for (const auto& [name, t] : feeds) xs.push_back(values_of<T>(t));
+        CHECK(emulated_bucket_round_trip<T>(xs, dt, prescale, postscale).shared > 2);
+        for (size_t i = 0; i < xs.size(); ++i)
+          expect_same_bits(xs[i], values_of<T>(cpu.at(g.names[i])), what + ", " + g.names[i]);
+      };
+      if (dt == DType::i64)
+        check(int64_t{});
+      else
+        cpu::dispatch_floating(dt, check);
+    }
+  CHECK_THROWS_WITH(collective::with_bucket_copy(DType::i64, 0.5f, [](auto) {}),
+                    Catch::Contains("cannot scale a i64 bucket"));
 }
