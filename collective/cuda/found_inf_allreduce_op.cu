@@ -11,7 +11,8 @@
 //
 // Each mask word is written by one thread of one launch at a time: row 0 by
 // thread 0 of each bucket's launch (launches on one stream run in order), row
-// 1 + j by the thread of parameter j. No atomics are needed.
+// 1 + j by the thread of parameter j. No atomics are needed. The maps:
+// found_inf_kernels.cuh.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "collective/communicator.h"
+#include "collective/cuda/found_inf_kernels.cuh"
 #include "collective/found_inf_allreduce_inputs.h"
 #include "collective/overflow_mask.h"
 #include "runtime/core/check.h"
@@ -27,31 +29,6 @@
 
 namespace mix::collective {
 namespace {
-
-// Bucket k's flags into the mask: thread 0 marks row 0 when the bucket's
-// FoundInfinite is raised, thread i (< n) marks row first_row + i when its
-// gradient's FoundInfiniteEach entry is (each == nullptr: no per-parameter flags).
-struct MarkBucket {
-  const int32_t* flag;
-  const int32_t* each;
-  int64_t n;
-  int32_t* mask;
-  int64_t first_row;
-  int words;
-  int rank;
-  __device__ void operator()(int64_t i) const {
-    if (i == 0 && flag[0] != 0) mark_rank(mask, rank);
-    if (each && i < n && each[i] != 0) mark_rank(mask + (first_row + i) * words, rank);
-  }
-};
-
-// Out = whether any rank's bit is set in row 0 (the global found_inf).
-struct AnyRank {
-  const int32_t* mask;
-  int words;
-  int32_t* out;
-  __device__ void operator()(int64_t) const { out[0] = any_rank(mask, words) ? 1 : 0; }
-};
 
 void found_inf_cuda(OpContext& ctx) {
   const FoundInfInputs in = found_inf_inputs(ctx);
@@ -71,8 +48,9 @@ void found_inf_cuda(OpContext& ctx) {
       each_p = e.data<int32_t>();
       n = e.numel();
     }
-    cuda::launch_grid_stride(std::max<int64_t>(n, 1), stream,
-                             MarkBucket{f.data<int32_t>(), n > 0 ? each_p : nullptr, n, m, row, words, in.rank});
+    cuda::launch_grid_stride(
+        std::max<int64_t>(n, 1), stream,
+        FoundInfMarkBucket{f.data<int32_t>(), n > 0 ? each_p : nullptr, n, m, row, words, in.rank});
     row += n;
   }
   // Started and waited for at once: on a device communicator the wait orders
@@ -83,7 +61,7 @@ void found_inf_cuda(OpContext& ctx) {
   // dead peer is still caught: the step ends in the watched synchronize().
   in.comm->wait(
       in.comm->all_reduce_start(m, static_cast<size_t>(in.mask->numel()), DType::i32, ReduceOp::sum, Traffic::control));
-  cuda::launch_grid_stride(1, stream, AnyRank{m, words, ctx.out("Out", {1}, DType::i32).data<int32_t>()});
+  cuda::launch_grid_stride(1, stream, FoundInfAnyRank{m, words, ctx.out("Out", {1}, DType::i32).data<int32_t>()});
 }
 
 const bool registered = OpRegistry::instance().add_cuda_kernel("c_allreduce_found_inf", found_inf_cuda);
