@@ -1,39 +1,16 @@
 // CUDA kernels of cast, scale, fill_constant and fill_like_scalar. Casts
 // between floating dtypes widen with half.h's to_float (exact) and round with
 // from_float<T>, the conversions the CPU's bulk converters are tested
-// bit-identical against; scale runs fn::Scale.
+// bit-identical against; scale runs fn::Scale. The other maps:
+// cast_scale_fill_kernels.cuh.
 #include <string>
 
 #include "runtime/kernels/functors.h"
+#include "runtime/ops/cuda/cast_scale_fill_kernels.cuh"
 #include "runtime/ops/cuda/device_ops.cuh"
 
 namespace mix::cuda {
 namespace {
-
-// ---- kernels -------------------------------------------------------------------------
-
-template <typename From, typename To>
-struct IntCast {
-  const From* x;
-  To* out;
-  __device__ void operator()(int64_t i) const { out[i] = static_cast<To>(x[i]); }
-};
-
-template <typename T>
-struct Fill {
-  T* out;
-  float value;
-  __device__ void operator()(int64_t i) const { out[i] = from_float<T>(value); }
-};
-
-// Out[i] = X[0]: the scalar is read on the device (no host round trip).
-template <typename T>
-struct FillLike {
-  const T* x;
-  T* out;
-  float multiplier;
-  __device__ void operator()(int64_t i) const { out[i] = from_float<T>(to_float(x[0]) * multiplier); }
-};
 
 // ---- launchers -----------------------------------------------------------------------
 
@@ -72,7 +49,7 @@ void fill_constant_cuda(OpContext& ctx) {
   const cudaStream_t stream = compute_stream(ctx);
   dispatch_floating(out.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    launch_grid_stride(out.numel(), stream, Fill<T>{out.data<T>(), value});
+    launch_grid_stride(out.numel(), stream, FillConstant<T>{out.data<T>(), value});
   });
 }
 
@@ -84,7 +61,8 @@ void fill_like_scalar_cuda(OpContext& ctx) {
   const cudaStream_t stream = compute_stream(ctx);
   dispatch_floating(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    launch_grid_stride(out.numel(), stream, FillLike<T>{x.data<T>(), out.data<T>(), ctx.attr<float>("multiplier", 1.f)});
+    launch_grid_stride(out.numel(), stream,
+                       FillLikeScalar<T>{x.data<T>(), out.data<T>(), ctx.attr<float>("multiplier", 1.f)});
   });
 }
 

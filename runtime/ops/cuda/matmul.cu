@@ -21,6 +21,7 @@
 #include "runtime/cuda/gemm.h"
 #include "runtime/cuda/launch.cuh"
 #include "runtime/ir/op_registry.h"
+#include "runtime/ops/cuda/device_ops.cuh"
 #include "runtime/ops/gemm_shapes.h"
 
 namespace mix {
@@ -28,18 +29,14 @@ namespace {
 
 // ---- kernels -------------------------------------------------------------------------------
 
-// dst[i] = round(src[i]) to f16 / bf16 (the one rounding of an FP32-accumulated gradient).
+// dst[i] = round(src[i]) to f16 / bf16 (the one rounding of an FP32-accumulated
+// gradient): cast's map (maps.cuh), in packs.
 void store_f32_as(const float* src, void* dst, DType dtype, int64_t n, cudaStream_t stream) {
-  uint16_t* out = static_cast<uint16_t*>(dst);
-  switch (dtype) {
-    case DType::f16:
-      cuda::launch_grid_stride(n, stream, [=] __device__(int64_t i) { out[i] = float_to_half_bits(src[i]); });
-      return;
-    case DType::bf16:
-      cuda::launch_grid_stride(n, stream, [=] __device__(int64_t i) { out[i] = float_to_bf16_bits(src[i]); });
-      return;
-    default: MIX_FAIL("matmul: cannot round FP32 sums to " << dtype_name(dtype));
-  }
+  MIX_CHECK(dtype == DType::f16 || dtype == DType::bf16, "matmul: cannot round FP32 sums to " << dtype_name(dtype));
+  cuda::dispatch_floating(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    cuda::launch_packed<cuda::kPackWidth<float, T>>(n, stream, cuda::FloatCast<float, T>{src, static_cast<T*>(dst)});
+  });
 }
 
 // ---- launchers -----------------------------------------------------------------------------
