@@ -37,6 +37,7 @@ namespace {
 // and scaling in one pass reads and writes the bucket once instead of twice,
 // which is most of the CPU cost of a sync besides MPI's own copies.
 void copy_scaled(const void* src, void* dst, int64_t n, DType dtype, float factor) {
+  if (n == 0) return;  // an empty tensor may have no storage: memcpy must not see its null pointer
   if (factor == 1.f) {
     if (src != dst) std::memcpy(dst, src, static_cast<size_t>(n) * dtype_size(dtype));
     return;
