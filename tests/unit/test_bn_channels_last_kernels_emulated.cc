@@ -58,19 +58,25 @@ constexpr float kMomentum = 0.9f;
 
 // X's shape (channels last: C is the last dim) and where the kernels' arrays
 // sit: `offset` elements past device memory's alignment (1: a view into a
-// buffer, which the kernels must read unpacked).
+// buffer, which the kernels must read unpacked), dY (backward) and Z (forward)
+// `second_offset` elements past it.
 struct Case {
   Shape shape;
-  int offset = 0;
+  int offset = 0, second_offset = 0;
 };
 int64_t channels(const Case& k) { return k.shape.back(); }
 int64_t rows(const Case& k) { return shape_numel(k.shape) / channels(k); }
 std::string what_of(const Case& k, DType dt) {
-  return dname(dt) + " " + shape_str(k.shape) + (k.offset ? " one element past alignment" : "");
+  return dname(dt) + " " + shape_str(k.shape) + (k.offset ? ", one element past alignment" : "") +
+         (k.second_offset ? ", dY and Z one element past alignment" : "");
 }
-// Whether the kernels take this case in packs of V channels (the partial sums)
-// and column groups of V (the maps).
-bool packed(const Case& k, int v) { return channels(k) % v == 0 && k.offset == 0; }
+// Whether the kernels can take this case in packs of V channels (the partial
+// sums) and column groups of V (the maps) when they read X alone (and write
+// Y), and when they also read dY or Z.
+bool packs_x(const Case& k, int v) { return channels(k) % v == 0 && k.offset == 0; }
+bool packs_all(const Case& k, int v) { return packs_x(k, v) && k.second_offset == 0; }
+// Forward pass 3 reads Z with a residual only.
+bool normalize_packs(const Case& k, int v, bool residual) { return residual ? packs_all(k, v) : packs_x(k, v); }
 
 // Exact-data cases (rows a power of two). [64, 8, 8, 24] packs: FP16 3
 // groups of 8 channels in a partly idle tile, over 4 chunks of rows; FP32 6
@@ -79,8 +85,8 @@ bool packed(const Case& k, int v) { return channels(k) % v == 0 && k.offset == 0
 // unpacked: 40 channels in 2 tiles. Channels are few and rows many because
 // the emulation's cost is a finalize block of 256 threads per channel.
 const Case kExactCases[] = {{{64, 8, 8, 24}}, {{16, 8, 8, 6}}, {{16, 5}}, {{4, 4, 4, 40}, 1}};
-// Random-data cases: rows no power of two.
-const Case kRandomCases[] = {{{8, 9, 9, 24}}, {{8, 11, 11, 6}}, {{8, 9, 9, 16}, 1}};
+// Random-data cases: rows no power of two; the last with X aligned but dY and Z not.
+const Case kRandomCases[] = {{{8, 9, 9, 24}}, {{8, 11, 11, 6}}, {{8, 9, 9, 16}, 1}, {{8, 9, 9, 16}, 0, 1}};
 
 enum class Fusion { none, relu, residual_relu };
 const char* fusion_name(Fusion f) {
@@ -177,7 +183,7 @@ template <typename T>
 Normalized<T> emulated_normalize(const Case& k, const Tensor& x, const Tensor& z, const std::vector<float>& mean,
                                  const std::vector<float>& inv_std, const Params& p, Fusion fusion) {
   const auto n = static_cast<size_t>(x.numel());
-  const Placed<T> xs(values_of<T>(x), k.offset, x.dtype()), zs(values_of<T>(z), k.offset, x.dtype());
+  const Placed<T> xs(values_of<T>(x), k.offset, x.dtype()), zs(values_of<T>(z), k.second_offset, x.dtype());
   Placed<T> ys(std::vector<T>(n, from_float<T>(NAN)), k.offset, x.dtype());
   const bool grouped = emulated_channel_map<cu::kPackWidth<T>>(
       rows(k), channels(k),
@@ -200,7 +206,7 @@ template <typename T>
 Backward<T> emulated_backward(const Case& k, const Tensor& x, const Tensor& dy, const Params& p, bool relu) {
   const int64_t c = channels(k), m = rows(k);
   const auto n = static_cast<size_t>(x.numel());
-  const Placed<T> xs(values_of<T>(x), k.offset, x.dtype()), dys(values_of<T>(dy), k.offset, x.dtype());
+  const Placed<T> xs(values_of<T>(x), k.offset, x.dtype()), dys(values_of<T>(dy), k.second_offset, x.dtype());
   Placed<T> dxs(std::vector<T>(n, from_float<T>(NAN)), k.offset, x.dtype());
   Backward<T> b;
   b.g = kernels::bn_sum_geometry(m, c, cu::bn_sums_packed<T>(c, xs.p, dys.p) ? cu::kPackWidth<T> : 1);
@@ -328,7 +334,7 @@ void check_exact_forward(DType dt) {
     const Tensor z = random_tensor(k.shape, dt, 602, -1.f, 1.f);
     const Params p = params(channels(k), 603);
     const Stats st = emulated_train_stats<T>(k, x, p);
-    CHECK(st.g.vec == (packed(k, cu::kPackWidth<T>) ? cu::kPackWidth<T> : 1));
+    CHECK(st.g.vec == (packs_x(k, cu::kPackWidth<T>) ? cu::kPackWidth<T> : 1));
     for (Fusion fusion : {Fusion::none, Fusion::relu, Fusion::residual_relu}) {
       const auto cpu = cpu_forward(x, z, p, fusion, true);
       if (fusion == Fusion::none) {  // the statistics do not depend on the fusion
@@ -338,7 +344,7 @@ void check_exact_forward(DType dt) {
         expect_same_bits(st.var_out, cpu.at("var").to_floats(), what + ": VarianceOut");
       }
       const Normalized<T> got = emulated_normalize<T>(k, x, z, st.saved_mean, st.saved_inv_std, p, fusion);
-      CHECK(got.grouped == packed(k, cu::kPackWidth<T>));
+      CHECK(got.grouped == normalize_packs(k, cu::kPackWidth<T>, fusion == Fusion::residual_relu));
       expect_same_bits(got.y, values_of<T>(cpu.at("y")), what + fusion_name(fusion) + ": Y");
       if (fusion != Fusion::none) expect_relu_mixed(got.y);
     }
@@ -360,8 +366,8 @@ void check_exact_backward(DType dt, bool relu) {
     }
     const auto cpu = cpu_backward(x, dy, p, relu);
     const Backward<T> got = emulated_backward<T>(k, x, dy, p, relu);
-    CHECK(got.g.vec == (packed(k, cu::kPackWidth<T>) ? cu::kPackWidth<T> : 1));
-    CHECK(got.grouped == packed(k, cu::kPackWidth<T>));
+    CHECK(got.g.vec == (packs_all(k, cu::kPackWidth<T>) ? cu::kPackWidth<T> : 1));
+    CHECK(got.grouped == packs_all(k, cu::kPackWidth<T>));
     expect_same_bits(got.dscale, cpu.at("dscale").to_floats(), what + ": Scale@GRAD");
     expect_same_bits(got.dbias, cpu.at("dbias").to_floats(), what + ": Bias@GRAD");
     expect_same_bits(got.dx, values_of<T>(cpu.at("dx")), what + ": X@GRAD");
@@ -379,6 +385,7 @@ void check_random_forward(DType dt) {
     const Tensor z = random_tensor(k.shape, dt, 622, -1.f, 1.f);
     const Params p = params(c, 623);
     const Stats st = emulated_train_stats<T>(k, x, p);
+    CHECK(st.g.vec == (packs_x(k, cu::kPackWidth<T>) ? cu::kPackWidth<T> : 1));
     const std::vector<T> xv = values_of<T>(x), zv = values_of<T>(z);
 
     // Sums of x - shift and of its square.
@@ -406,6 +413,7 @@ void check_random_forward(DType dt) {
                                                              : fn::BnNormalizeAct{f, fusion != Fusion::none}(xf));
       }
       const Normalized<T> got = emulated_normalize<T>(k, x, z, st.saved_mean, st.saved_inv_std, p, fusion);
+      CHECK(got.grouped == normalize_packs(k, cu::kPackWidth<T>, fusion == Fusion::residual_relu));
       expect_same_bits(got.y, y, what + fusion_name(fusion) + ": Y from its statistics");
     }
   }
@@ -422,6 +430,8 @@ void check_random_backward(DType dt, bool relu) {
     Params p = params(c, 633);
     for (float& mean : p.mean) mean += 3.5f;  // near X's mean, so that relu's mask passes some values
     const Backward<T> got = emulated_backward<T>(k, x, dy, p, relu);
+    CHECK(got.g.vec == (packs_all(k, cu::kPackWidth<T>) ? cu::kPackWidth<T> : 1));
+    CHECK(got.grouped == packs_all(k, cu::kPackWidth<T>));
     const std::vector<T> xv = values_of<T>(x), dyv = values_of<T>(dy);
     const kernels::BnGradTerms<T> terms{xv.data(),      dyv.data(),    p.mean.data(), p.var.data(),
                                         p.scale.data(), p.bias.data(), relu};
@@ -545,7 +555,7 @@ TEST_CASE("emulated channels-last batch_norm evaluation gives the CPU's bits", "
         std::vector<float> inv_std(static_cast<size_t>(c), NAN);
         emulated_grid_stride(c, cu::BnRunningInvStd{p.var.data(), kEps, inv_std.data()});
         const Normalized<T> got = emulated_normalize<T>(k, x, z, p.mean, inv_std, p, fusion);
-        CHECK(got.grouped == packed(k, cu::kPackWidth<T>));
+        CHECK(got.grouped == normalize_packs(k, cu::kPackWidth<T>, fusion == Fusion::residual_relu));
         expect_same_bits(got.y, values_of<T>(cpu_forward(x, z, p, fusion, false).at("y")), what + ": Y");
       }
   };
