@@ -53,8 +53,7 @@ TEST_CASE("fused_add_relu and fused_sum_relu_grad give the bits of the ops they 
         std::vector<std::pair<std::string, Tensor>> feeds{{"y", with_specials(uniform_tensor(s, 3, -1.f, 1.f), dt)}};
         std::vector<std::string> parts;
         for (int i = 0; i < k; ++i) {
-          parts.emplace_back("g");
-          parts.back() += std::to_string(i);  // not "g" + ...: GCC 12 warns falsely (-Wrestrict)
+          parts.push_back(numbered("g", static_cast<size_t>(i)));
           feeds.push_back({parts.back(), random_tensor(s, dt, 10 + static_cast<uint64_t>(i), -3e4f, 3e4f)});
         }
         const auto f =
