@@ -20,6 +20,16 @@ struct CopyUnit {
                          std::conditional_t<kBytes == 4, uint32_t, std::conditional_t<kBytes == 8, uint2, uint4>>>>;
 };
 
+/// The widest unit of 16, 8, 4 or 2 bytes that divides `bytes`, aligns both
+/// a and b, and that fits(unit) accepts; 1 when none does.
+template <typename Fits>
+size_t widest_copy_unit(size_t bytes, const void* a, const void* b, Fits&& fits) {
+  for (size_t u : {size_t{16}, size_t{8}, size_t{4}, size_t{2}})
+    if (bytes % u == 0 && reinterpret_cast<uintptr_t>(a) % u == 0 && reinterpret_cast<uintptr_t>(b) % u == 0 && fits(u))
+      return u;
+  return 1;
+}
+
 /// f(CopyUnit<bytes>{}) for bytes of 1, 2, 4, 8 or 16; false (nothing run) for any other size.
 template <typename F>
 bool with_copy_unit(size_t bytes, F&& f) {

@@ -52,12 +52,7 @@ inline unsigned lookup_row_blocks(int64_t n) {
 
 // The widest of 16, 8, 4, 2 bytes that divides `row_bytes` and aligns both pointers.
 inline int lookup_copy_unit(size_t row_bytes, const void* a, const void* b) {
-  for (int v : {16, 8, 4, 2}) {
-    const auto u = static_cast<size_t>(v);
-    if (row_bytes % u == 0 && reinterpret_cast<uintptr_t>(a) % u == 0 && reinterpret_cast<uintptr_t>(b) % u == 0)
-      return v;
-  }
-  return 1;
+  return static_cast<int>(widest_copy_unit(row_bytes, a, b, [](size_t) { return true; }));
 }
 
 // ---- lookup_table_grad -------------------------------------------------------------------

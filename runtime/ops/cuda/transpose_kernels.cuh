@@ -36,16 +36,14 @@ struct PlannedCopy {
 inline size_t planned_copy_unit(const fn::TransposePlan& plan, size_t es, const void* x, const void* out) {
   if (!plan.inner_contiguous()) return es;
   const size_t run_bytes = static_cast<size_t>(plan.out_dims[plan.ndim - 1]) * es;
-  for (size_t u : {size_t{16}, size_t{8}, size_t{4}, size_t{2}}) {
-    if (u <= es) break;
+  const size_t unit = widest_copy_unit(run_bytes, x, out, [&](size_t u) {
+    if (u <= es || u % es != 0) return false;  // whole elements, more than one
     const auto per = static_cast<int64_t>(u / es);
-    bool strides_whole = true;
-    for (int k = 0; k < plan.ndim - 1; ++k) strides_whole = strides_whole && plan.src_strides[k] % per == 0;
-    if (strides_whole && run_bytes % u == 0 && reinterpret_cast<uintptr_t>(x) % u == 0 &&
-        reinterpret_cast<uintptr_t>(out) % u == 0)
-      return u;
-  }
-  return es;
+    for (int k = 0; k < plan.ndim - 1; ++k)
+      if (plan.src_strides[k] % per != 0) return false;
+    return true;
+  });
+  return unit > es ? unit : es;
 }
 
 /// The copy of `numel` elements of `es` bytes between x and out that `plan`
