@@ -4,7 +4,7 @@
 // and Mask bit for bit (the same hash of the same key, one multiply by the same
 // float), with the key made on the host and, as in a recorded step, on the
 // device from the step in device memory; Mask not wanted; and X@GRAD bit for
-// bit. test_cuda_ops checks the GPU itself where one is lent.
+// bit. test_cuda_transformer_ops checks the GPU itself where one is lent.
 #include <catch2/catch.hpp>
 
 #include <cstdint>
