@@ -38,11 +38,21 @@ bool read_at(int fd, void* buf, size_t n, uint64_t offset, const std::string& pa
   return true;
 }
 
-// A header's numeric field: octal text, or base-256 (high bit set) for large sizes.
+// A header's numeric field: octal text, or GNU's base-256 for large sizes
+// (first byte 0x80, then the number big-endian; 0xff would start a negative
+// one). A number that does not fit in 63 bits is no size of a real file, and
+// would wrap the offsets computed from it: not ok.
 uint64_t header_number(const unsigned char* field, size_t width, bool* ok) {
   if (field[0] & 0x80) {
-    uint64_t v = field[0] & 0x7f;
-    for (size_t i = 1; i < width; ++i) v = (v << 8) | field[i];
+    if (field[0] != 0x80) *ok = false;
+    uint64_t v = 0;
+    for (size_t i = 1; i < width; ++i) {
+      if (v >> 55) {
+        *ok = false;
+        return 0;
+      }
+      v = (v << 8) | field[i];
+    }
     return v;
   }
   uint64_t v = 0;
@@ -75,7 +85,8 @@ std::string pax_path(const std::string& records) {
     const size_t space = records.find(' ', at);
     if (space == std::string::npos) break;
     const size_t len = std::strtoull(records.c_str() + at, nullptr, 10);
-    if (len == 0 || at + len > records.size()) break;
+    // A record's length counts its digits, space, text and newline.
+    if (len > records.size() - at || space + 1 >= at + len) break;
     const std::string record = records.substr(space + 1, at + len - space - 2);  // without the newline
     if (record.rfind("path=", 0) == 0) return record.substr(5);
     at += len;
@@ -114,8 +125,11 @@ void index_shard(const std::string& path, int32_t shard, std::vector<TarSample>&
     bool ok = true;
     const uint64_t size = header_number(h + 124, 12, &ok);
     const char type = static_cast<char>(h[156]);
-    const uint64_t data = offset + kBlock;
-    if (!ok || data + size > file_size)
+    const uint64_t data = offset + kBlock;  // within the file: the header was read whole
+    if (!ok)
+      MIX_FAIL("the shard " << path << " is damaged: the header at byte " << offset << " (" << field_text(h, 100)
+                            << ") has a size field that is not a tar number, or is too large for any file");
+    if (size > file_size - data)
       MIX_FAIL("the shard " << path << " is cut short: the member at byte " << offset << " ("
                             << field_text(h, 100) << ", " << size << " bytes) runs past its end (" << file_size
                             << " bytes)");

@@ -2,6 +2,8 @@
 // tarfile (ustar, GNU and pax formats, long names) index into the samples and
 // member bytes Python put there; damaged shards are errors naming the shard.
 #include <catch2/catch.hpp>
+#include <cstdio>
+#include <cstring>
 #include <string>
 
 #include "runtime/core/check.h"
@@ -98,6 +100,21 @@ TEST_CASE("damaged shards are errors naming the shard and where", "[data][tar]")
     bad[512 + 10] = static_cast<char>(bad[512 + 10] ^ 1);  // the second header's name
     write_bytes(shard, bad);
     REQUIRE_THROWS_WITH(index_tar_shards({shard}), Contains(shard) && Contains("checksum") && Contains("byte 512"));
+  }
+  SECTION("a base-256 size too large for any file, with a right checksum") {
+    // 2^64 - 512 once wrapped to 64 bits: before the reader refused such
+    // sizes, the member's end wrapped below the file's size and the next
+    // header's offset came back to this one, so indexing never ended.
+    std::string bad = good;
+    const size_t header = 512;  // the second member's header
+    const std::string size_field = std::string("\x80", 1) + std::string(9, '\xff') + std::string("\xfe\x00", 2);
+    bad.replace(header + 124, 12, size_field);
+    std::memset(bad.data() + header + 148, ' ', 8);
+    unsigned sum = 0;
+    for (size_t i = 0; i < 512; ++i) sum += static_cast<unsigned char>(bad[header + i]);
+    std::snprintf(bad.data() + header + 148, 8, "%06o", sum);
+    write_bytes(shard, bad);
+    REQUIRE_THROWS_WITH(index_tar_shards({shard}), Contains(shard) && Contains("byte 512") && Contains("too large"));
   }
   SECTION("not a tar file at all") {
     write_bytes(shard, std::string(4096, 'x'));
