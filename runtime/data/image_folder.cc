@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -84,9 +85,17 @@ Listing walk(const fs::path& split) {
   return l;
 }
 
+// A whole decimal integer, or false (a damaged cache is walked again, never an error).
+bool parse_int64(const std::string& text, int64_t& out) {
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, out);
+  return ec == std::errc() && ptr == end && !text.empty();
+}
+
 // The cache: a header, one "dir <mtime> <path>" line per folder walked, then
 // "class <name>" lines in order, then "file <class> <path>" lines. Paths run
-// to the end of the line (names with newlines are not cached).
+// to the end of the line (names with newlines are not cached). Anything
+// else, or a class index out of range, makes the cache damaged: false.
 bool read_cache(const fs::path& file, const fs::path& split, Listing& l) {
   std::ifstream in(file);
   std::string line;
@@ -98,7 +107,8 @@ bool read_cache(const fs::path& file, const fs::path& split, Listing& l) {
     if (kind == "dir") {
       const size_t sp2 = rest.find(' ');
       if (sp2 == std::string::npos) return false;
-      const int64_t t = std::stoll(rest.substr(0, sp2));
+      int64_t t = 0;
+      if (!parse_int64(rest.substr(0, sp2), t)) return false;
       const std::string rel = rest.substr(sp2 + 1);
       std::error_code ec;
       const auto now = fs::last_write_time(split / rel, ec);
@@ -109,12 +119,17 @@ bool read_cache(const fs::path& file, const fs::path& split, Listing& l) {
     } else if (kind == "file") {
       const size_t sp2 = rest.find(' ');
       if (sp2 == std::string::npos) return false;
-      l.class_of.push_back(std::stoll(rest.substr(0, sp2)));
+      int64_t c = 0;
+      if (!parse_int64(rest.substr(0, sp2), c) || c < 0) return false;
+      l.class_of.push_back(c);
       l.files.push_back(rest.substr(sp2 + 1));
     } else {
       return false;
     }
   }
+  // The class lines come first, so only now is their count known.
+  for (int64_t c : l.class_of)
+    if (c >= static_cast<int64_t>(l.classes.size())) return false;
   return !l.classes.empty() && !l.files.empty();
 }
 

@@ -453,6 +453,40 @@ TEST_CASE("the listing is cached and walked again when a folder changes", "[imag
   CHECK(third.files.size() == first.files.size() + 1);
 }
 
+TEST_CASE("a damaged listing cache is walked again, never an error or a class out of range", "[image_folder]") {
+  // Found by the image_index fuzz target (tests/fuzz/): a number that did not
+  // parse threw std::invalid_argument out of the listing, and a class index
+  // past the class lines was taken as a label.
+  TempDir d;
+  const std::string root = make_folder(d, 2);
+  const auto old = fs::file_time_type::clock::now() - std::chrono::seconds(60);
+  for (const auto& e : fs::recursive_directory_iterator(root))
+    if (e.is_directory()) fs::last_write_time(e.path(), old);
+  fs::last_write_time(root + "/train", old);
+  const ImageFolderIndex walked = list_image_folder(root + "/train");
+  const std::string cache = mix::test::read_bytes(walked.cache_file);
+  REQUIRE(list_image_folder(root + "/train").from_cache);
+  const size_t file_line = cache.find("\nfile 0 ");
+  const size_t dir_line = cache.find("\ndir ");
+  REQUIRE(file_line != std::string::npos);
+  REQUIRE(dir_line != std::string::npos);
+  const std::string damaged[] = {
+      cache.substr(0, file_line) + "\nfile x " + cache.substr(file_line + 8),                     // not a number
+      cache.substr(0, file_line) + "\nfile 99999999999999999999 " + cache.substr(file_line + 8),  // past int64
+      cache.substr(0, file_line) + "\nfile " + std::to_string(walked.classes.size()) + " " +
+          cache.substr(file_line + 8),                                          // past the last class
+      cache.substr(0, file_line) + "\nfile -1 " + cache.substr(file_line + 8),  // negative
+      cache.substr(0, dir_line) + "\ndir 12ab" + cache.substr(dir_line + 5),    // a time that is not one
+  };
+  for (const std::string& text : damaged) {
+    mix::test::write_bytes(walked.cache_file, text);
+    const ImageFolderIndex again = list_image_folder(root + "/train");
+    CHECK_FALSE(again.from_cache);
+    CHECK(again.files == walked.files);
+    CHECK(again.class_of == walked.class_of);
+  }
+}
+
 namespace {
 
 // scripts/make_image_shards.py's shards of the folder `root`, `per_shard`
