@@ -65,6 +65,15 @@ TokenShardSource::TokenShardSource(const std::vector<std::string>& files, bool h
     : names_(files), context_(context) {
   MIX_CHECK(context > 0, "token shards: the context must be positive, got " << context);
   window_start_.push_back(0);
+  // A constructor that throws runs no destructor: until every file has passed
+  // its checks, this guard unmaps what was mapped, so that a refused file
+  // leaves no mapping behind.
+  struct UnmapOnThrow {
+    TokenShardSource* source;
+    ~UnmapOnThrow() {
+      if (source) source->unmap_all();
+    }
+  } guard{this};
   for (const std::string& path : files) {
     Mapped m;
     m.path = path;
@@ -85,7 +94,7 @@ TokenShardSource::TokenShardSource(const std::vector<std::string>& files, bool h
     } else {
       ::close(fd);
     }
-    maps_.push_back(m);  // owned from here: the destructor unmaps it even if a check below throws
+    maps_.push_back(m);  // owned from here: unmapped by the guard if a check below throws
     Mapped& f = maps_.back();
     const auto* bytes = static_cast<const unsigned char*>(f.base);
 
@@ -155,11 +164,15 @@ TokenShardSource::TokenShardSource(const std::vector<std::string>& files, bool h
     if (f.base) ::madvise(f.base, f.bytes, MADV_RANDOM);
     window_start_.push_back(window_start_.back() + (f.count > context ? (f.count - 1) / context : 0));
   }
+  guard.source = nullptr;
 }
 
-TokenShardSource::~TokenShardSource() {
-  for (const Mapped& m : maps_)
+TokenShardSource::~TokenShardSource() { unmap_all(); }
+
+void TokenShardSource::unmap_all() {
+  for (Mapped& m : maps_)
     if (m.base && m.base != MAP_FAILED) ::munmap(m.base, m.bytes);
+  maps_.clear();
 }
 
 int64_t TokenShardSource::tokens() const {

@@ -80,6 +80,7 @@ class TokenShardSource : public ExampleSource {
   };
   int64_t token_at(const Mapped& m, int64_t i) const;
   void release(const Mapped& m, int64_t first, int64_t last) const;
+  void unmap_all();
 
   std::vector<Mapped> maps_;
   std::vector<std::string> names_;

@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <set>
 #include <string>
 #include <vector>
@@ -216,6 +217,32 @@ TEST_CASE("damaged token files are refused, naming the file", "[data][tokens]") 
                     Contains(dir.file("missing")) && Contains("does not exist"));
   write_bytes(dir.file("train.bin"), headerless(good, 2));
   CHECK_THROWS_WITH(load(), Contains(d) && Contains("no val.bin"));
+}
+
+TEST_CASE("a refused token file leaves no mapping behind", "[data][tokens]") {
+  // Found by the token_shards fuzz target (tests/fuzz/): a constructor that
+  // throws runs no destructor, so each refused file stayed mapped until the
+  // process ended; thousands of refusals made every later mapping slower.
+  TempDir dir;
+  const std::string good = dir.file("good_train_000000.bin"), bad = dir.file("bad_train_000000.bin");
+  write_bytes(good, shard(ramp(200, 0, 256)));
+  std::vector<uint64_t> tokens = ramp(200, 0, 256);
+  tokens[150] = 999;  // out of the vocabulary: refused after both files are mapped
+  write_bytes(bad, shard(tokens));
+  auto mappings_of = [](const std::string& path) {
+    std::ifstream maps("/proc/self/maps");
+    int n = 0;
+    for (std::string line; std::getline(maps, line);) n += line.find(path) != std::string::npos;
+    return n;
+  };
+  CHECK_THROWS_WITH(TokenShardSource({good, bad}, false, std::nullopt, 16, 256), Contains(bad));
+  CHECK(mappings_of(good) == 0);
+  CHECK(mappings_of(bad) == 0);
+  {
+    const TokenShardSource whole({good}, false, std::nullopt, 16, 256);
+    CHECK(mappings_of(good) == 1);  // the check above can see a mapping
+  }
+  CHECK(mappings_of(good) == 0);
 }
 
 TEST_CASE("the sampler's ranks read disjoint windows that together are one rank's", "[data][tokens]") {
