@@ -25,7 +25,7 @@ WATCHED = ("cmake", "ctest", "make", "ninja", "apt-get", "sudo", "dpkg", "dpkg-q
            "nvcc", "git")
 # The scripts that parse all their arguments themselves (no pass-through), refusing unknown flags.
 PARSERS = ("bandwidth.sh", "bench_data.sh", "bench_memory.sh", "bench_overlap.sh", "bench_vs_pytorch.sh", "convergence.sh",
-           "gpu_check.sh", "torch_compare.py")
+           "fuzz.sh", "gpu_check.sh", "torch_compare.py")
 
 
 def stand_ins(base):
