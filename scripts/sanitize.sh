@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Builds the CPU code with AddressSanitizer and UndefinedBehaviorSanitizer
 # into build-sanitize/ (or $MIX_BUILD_DIR) and runs the tests there; extra
-# arguments go to ctest (default: -L unit, the unit tests, the emulated CUDA
-# kernels among them; `-LE unit` runs the end-to-end and multi-rank ones,
-# which take longer). Not part of scripts/test.sh: the instrumented build is
-# long (docs/design.md, "Tests and oracles", gives its measured time). Any
-# sanitizer report fails its test.
+# arguments go to ctest (default: -L 'unit|fuzz', the unit tests, the emulated
+# CUDA kernels among them, and the file readers' fuzz sweeps; -L 'mpi|e2e'
+# runs the end-to-end and multi-rank ones, which take longer). Not part of
+# scripts/test.sh: the instrumented build is long (docs/design.md, "Tests and
+# oracles", gives its measured time). Any sanitizer report fails its test.
 # Leak checking is off: Open MPI and OpenBLAS keep memory to the end on purpose.
 #
 # --thread: ThreadSanitizer instead, into build-tsan/, over the tests of the
@@ -24,7 +24,8 @@ tests there; any sanitizer report fails its test (leak checking is off). Long: d
   --thread         ThreadSanitizer instead (build-tsan/): by default only the data readers' threads and the stop
                    signals' handler (unit.test_data, unit.test_image_folder, unit.test_stop_signals), only their
                    targets built
-  CTEST ARGS       go to ctest (default: -L unit, the unit tests; -LE unit runs the end-to-end and multi-rank ones)
+  CTEST ARGS       go to ctest (default: -L 'unit|fuzz', the unit tests and the file readers' fuzz sweeps;
+                   -L 'mpi|e2e' runs the end-to-end and multi-rank ones)
   MIX_BUILD_DIR    the build folder (default: build-sanitize/, or build-tsan/ with --thread, of this checkout)
   ASAN_OPTIONS     appended to detect_leaks=0:abort_on_error=1 (default: nothing more)
   UBSAN_OPTIONS    appended to print_stacktrace=1:halt_on_error=1 (default: nothing more)
@@ -51,7 +52,7 @@ else
   build="${MIX_BUILD_DIR:-$root/build-sanitize}"
   flags="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
   link_flags="-fsanitize=address,undefined"
-  if [ $# -eq 0 ]; then set -- -L unit; fi
+  if [ $# -eq 0 ]; then set -- -L 'unit|fuzz'; fi
 fi
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMIX_WITH_CUDA=OFF \
   -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="$link_flags" >/dev/null
