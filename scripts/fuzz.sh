@@ -3,7 +3,8 @@
 # target per reader) with libFuzzer, under AddressSanitizer and
 # UndefinedBehaviorSanitizer, from the seeds tests/fuzz/make_seeds.py writes.
 # Not part of scripts/test.sh: a campaign runs for as long as it is given,
-# and its finds become cases of the sweep that the tests do run (fuzz.*).
+# and what it finds becomes a unit test of the reader it broke (docs/design.md,
+# "Tests and oracles", lists them); the suite sweeps every target (fuzz.*).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 prog=fuzz.sh
