@@ -6,10 +6,10 @@
 // write as "@T@" (so that a seed's times stay right on any machine).
 #include <chrono>
 #include <fstream>
-#include <iterator>
 
 #include "runtime/data/image_folder.h"
 #include "tests/fuzz/fuzz_files.h"
+#include "tests/unit/temp_files.h"
 
 namespace mix::fuzz {
 
@@ -56,9 +56,7 @@ std::vector<std::pair<std::string, std::string>> own_seeds() {
   const Folder& f = folder();
   fs::remove(f.cache);
   data::list_image_folder(f.split.string());  // walks, and writes the cache
-  std::ifstream in(f.cache, std::ios::binary);
-  const std::string cache((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return {{"listing.txt", replaced(cache, f.time_text, "@T@")}};
+  return {{"listing.txt", replaced(test::read_bytes(f.cache.string()), f.time_text, "@T@")}};
 }
 
 Outcome run_one(const std::string& bytes) {

@@ -4,13 +4,12 @@
 // launch/checkpoint_state.h restores a training run. The seeds are
 // checkpoints that mixtrain's own --save code writes (own_seeds below).
 #include <cmath>
-#include <fstream>
-#include <iterator>
 
 #include "amp/loss_scaler.h"
 #include "launch/checkpoint_state.h"
 #include "runtime/io/checkpoint.h"
 #include "tests/fuzz/fuzz_files.h"
+#include "tests/unit/temp_files.h"
 
 namespace mix::fuzz {
 
@@ -59,11 +58,6 @@ Scope fresh_scope() {
   return s;
 }
 
-std::string read_back(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
 }  // namespace
 
 std::vector<std::pair<std::string, std::string>> own_seeds() {
@@ -84,7 +78,7 @@ std::vector<std::pair<std::string, std::string>> own_seeds() {
         launch::checkpoint_metadata(config(), kWorld, kTrainingExamples, steps_done, steps_per_epoch, s, amp);
     const std::string path = (scratch_dir() / "seed.safetensors").string();
     io::save_checkpoint(path, p, s, meta);
-    seeds.emplace_back(amp ? "amp_step40.safetensors" : "no_scaler_step3.safetensors", read_back(path));
+    seeds.emplace_back(amp ? "amp_step40.safetensors" : "no_scaler_step3.safetensors", test::read_bytes(path));
   }
   return seeds;
 }

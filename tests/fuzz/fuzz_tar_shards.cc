@@ -1,9 +1,7 @@
 // WebDataset tar shards (--data-format shards): the index and every member.
-#include <cstdio>
-#include <cstring>
-
 #include "runtime/data/tar_index.h"
 #include "tests/fuzz/fuzz_files.h"
+#include "tests/unit/tar_header.h"
 
 namespace mix::fuzz {
 
@@ -18,11 +16,7 @@ namespace {
 std::string with_checksums(std::string tar) {
   for (size_t at = 0; at + 512 <= tar.size(); at += 512) {
     char* h = tar.data() + at;
-    if (std::string(h + 257, 5) != "ustar") continue;
-    std::memset(h + 148, ' ', 8);
-    unsigned sum = 0;
-    for (size_t i = 0; i < 512; ++i) sum += static_cast<unsigned char>(h[i]);
-    std::snprintf(h + 148, 8, "%06o", sum);  // six octal digits and a NUL; the eighth byte stays a space
+    if (std::string(h + 257, 5) == "ustar") test::set_tar_checksum(h);
   }
   return tar;
 }

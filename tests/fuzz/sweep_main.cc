@@ -29,7 +29,6 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <iostream>
 #include <random>
@@ -39,6 +38,7 @@
 
 #include "runtime/core/check.h"
 #include "tests/fuzz/fuzz_target.h"
+#include "tests/unit/temp_files.h"
 
 extern "C" void __sanitizer_set_death_callback(void (*callback)(void)) __attribute__((weak));
 
@@ -108,7 +108,7 @@ struct Sweep {
     if (broken.empty()) return;
     const std::string file =
         std::string(mix::fuzz::kTargetName) + "-failure-" + std::to_string(g_failure_files++) + ".bin";
-    std::ofstream(file, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    mix::test::write_bytes(file, bytes);
     failures.push_back(std::string(g_current) + ": " + broken + " (input saved as " + file + ")");
   }
 };
@@ -183,13 +183,6 @@ void sweep_seed(Sweep& s, const std::string& seed, int max_random) {
   }
 }
 
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -203,17 +196,16 @@ int main(int argc, char** argv) {
     } else if (arg == "--write-seeds" && i + 1 < argc) {
       const fs::path dir = argv[++i];
       fs::create_directories(dir);
-      for (const auto& [name, bytes] : seeds)
-        std::ofstream(dir / name, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+      for (const auto& [name, bytes] : seeds) mix::test::write_bytes((dir / name).string(), bytes);
       return 0;
     } else if (fs::is_directory(arg)) {
       std::vector<fs::path> files;
       for (const auto& e : fs::directory_iterator(arg))
         if (e.is_regular_file()) files.push_back(e.path());
       std::sort(files.begin(), files.end());
-      for (const fs::path& f : files) seeds.emplace_back(f.filename().string(), read_file(f));
+      for (const fs::path& f : files) seeds.emplace_back(f.filename().string(), mix::test::read_bytes(f.string()));
     } else if (fs::is_regular_file(arg)) {
-      seeds.emplace_back(fs::path(arg).filename().string(), read_file(arg));
+      seeds.emplace_back(fs::path(arg).filename().string(), mix::test::read_bytes(arg));
     } else {
       std::cerr << "fuzz sweep: " << arg << " is neither a seed file nor a folder of seeds\n";
       return 2;

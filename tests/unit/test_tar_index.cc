@@ -2,12 +2,11 @@
 // tarfile (ustar, GNU and pax formats, long names) index into the samples and
 // member bytes Python put there; damaged shards are errors naming the shard.
 #include <catch2/catch.hpp>
-#include <cstdio>
-#include <cstring>
 #include <string>
 
 #include "runtime/core/check.h"
 #include "runtime/data/tar_index.h"
+#include "tests/unit/tar_header.h"
 #include "tests/unit/temp_files.h"
 
 using Catch::Matchers::Contains;
@@ -109,10 +108,7 @@ TEST_CASE("damaged shards are errors naming the shard and where", "[data][tar]")
     const size_t header = 512;  // the second member's header
     const std::string size_field = std::string("\x80", 1) + std::string(9, '\xff') + std::string("\xfe\x00", 2);
     bad.replace(header + 124, 12, size_field);
-    std::memset(bad.data() + header + 148, ' ', 8);
-    unsigned sum = 0;
-    for (size_t i = 0; i < 512; ++i) sum += static_cast<unsigned char>(bad[header + i]);
-    std::snprintf(bad.data() + header + 148, 8, "%06o", sum);
+    set_tar_checksum(bad.data() + header);
     write_bytes(shard, bad);
     REQUIRE_THROWS_WITH(index_tar_shards({shard}), Contains(shard) && Contains("byte 512") && Contains("too large"));
   }
